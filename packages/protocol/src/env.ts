@@ -1,0 +1,114 @@
+import { z } from "zod";
+
+/** Environment schemas for each app (DESIGN §6). A bad value is a start-up error, never a silent default. */
+
+const Port = z.coerce.number().int().min(0).max(65535);
+const LogLevel = z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info");
+const RedisUrl = z
+  .string()
+  .default("redis://127.0.0.1:6379")
+  .refine((u) => /^rediss?:\/\//.test(u), "must be a redis:// or rediss:// URL");
+const OptionalSecret = z
+  .string()
+  .optional()
+  .transform((s) => (s === "" ? undefined : s));
+/** Key prefix for every Redis key and BullMQ queue of one deployment (lets tests share a server). */
+const KeyPrefix = z
+  .string()
+  .regex(/^[A-Za-z0-9_-]+$/, "letters, digits, '_' or '-' only")
+  .default("rg");
+
+export const EngineConfig = z
+  .object({
+    kind: z.enum(["vllm", "sglang"]),
+    url: z.url({ protocol: /^https?$/ }).transform((u) => u.replace(/\/+$/, "")),
+    dp_size: z.number().int().positive().default(1),
+    /** The model name to send; when absent it is read from the engine's `/v1/models`. */
+    model: z.string().optional(),
+  })
+  .strict();
+export type EngineConfig = z.infer<typeof EngineConfig>;
+
+const EngineList = z
+  .string()
+  .transform((s, ctx) => {
+    try {
+      return JSON.parse(s) as unknown;
+    } catch {
+      ctx.addIssue({ code: "custom", message: "must be a JSON list of {kind, url, dp_size, model?}" });
+      return z.NEVER;
+    }
+  })
+  .pipe(z.array(EngineConfig).min(1));
+
+export const GatewayEnv = z.object({
+  PORT: Port.default(8080),
+  HOST: z.string().default("127.0.0.1"),
+  REDIS_URL: RedisUrl,
+  ROLLGATE_KEY_PREFIX: KeyPrefix,
+  ROLLGATE_API_KEY: OptionalSecret,
+  ROLLGATE_ENGINES: EngineList,
+  ROLLGATE_PUBLIC_URL: z.url().optional(),
+  ROLLGATE_ENGINE_TIMEOUT_S: z.coerce.number().positive().default(600),
+  LOG_LEVEL: LogLevel,
+});
+export type GatewayEnv = z.infer<typeof GatewayEnv>;
+
+export const WorkerEnv = z.object({
+  REDIS_URL: RedisUrl,
+  ROLLGATE_KEY_PREFIX: KeyPrefix,
+  /** Where the worker reaches the gateway's session API. */
+  ROLLGATE_GATEWAY_URL: z.url().default("http://127.0.0.1:8080"),
+  ROLLGATE_API_KEY: OptionalSecret,
+  ROLLGATE_WORKER_CONCURRENCY: z.coerce.number().int().positive().default(4),
+  ROLLGATE_WORKER_NAME: z.string().min(1).optional(),
+  /** Parent folder of the per-rollout working directories (default: the OS temp dir). */
+  ROLLGATE_SANDBOX_ROOT: z.string().optional(),
+  /** PATH given to sandboxed programs; default: node's folder, the install's bins, /usr/local/bin:/usr/bin:/bin. */
+  ROLLGATE_SANDBOX_PATH: z.string().optional(),
+  /** How long task records and results are kept in Redis. */
+  ROLLGATE_RESULT_TTL_S: z.coerce.number().int().positive().default(7 * 24 * 3600),
+  ROLLGATE_CALLBACK_ATTEMPTS: z.coerce.number().int().positive().default(12),
+  ROLLGATE_CALLBACK_BACKOFF_MS: z.coerce.number().int().positive().default(1000),
+  LOG_LEVEL: LogLevel,
+});
+export type WorkerEnv = z.infer<typeof WorkerEnv>;
+
+export const EngineSimEnv = z.object({
+  PORT: Port.default(8000),
+  HOST: z.string().default("127.0.0.1"),
+  SIM_KIND: z.enum(["vllm", "sglang"]).default("vllm"),
+  SIM_DP_SIZE: z.coerce.number().int().positive().default(1),
+  SIM_MODEL: z.string().default("Qwen/Qwen3-8B"),
+  SIM_SEED: z.coerce.number().int().default(0),
+  /** Tokens in an unscripted answer. */
+  SIM_RANDOM_TOKENS: z.coerce.number().int().positive().default(24),
+  SIM_TTFT_MS: z.coerce.number().nonnegative().default(0),
+  SIM_TPOT_MS: z.coerce.number().nonnegative().default(0),
+  SIM_MAX_MODEL_LEN: z.coerce.number().int().positive().default(40960),
+  LOG_LEVEL: LogLevel,
+});
+export type EngineSimEnv = z.infer<typeof EngineSimEnv>;
+
+export const ClusterEnv = z.object({
+  PORT: Port.default(8080),
+  HOST: z.string().default("127.0.0.1"),
+  REDIS_URL: z.string().optional(),
+  ROLLGATE_KEY_PREFIX: KeyPrefix,
+  ROLLGATE_API_KEY: OptionalSecret,
+  ROLLGATE_ENGINES: z.string().optional(),
+  ROLLGATE_PUBLIC_URL: z.url().optional(),
+  ROLLGATE_WORKER_CONCURRENCY: z.coerce.number().int().positive().default(4),
+  ROLLGATE_SIM_PORT: Port.default(0),
+  ROLLGATE_SIM_DP_SIZE: z.coerce.number().int().positive().default(2),
+  LOG_LEVEL: LogLevel,
+});
+export type ClusterEnv = z.infer<typeof ClusterEnv>;
+
+/** Parses an environment with a schema, or throws one error that lists every bad variable. */
+export function parseEnv<S extends z.ZodType>(schema: S, env: Record<string, string | undefined>): z.infer<S> {
+  const result = schema.safeParse(env);
+  if (result.success) return result.data;
+  const lines = result.error.issues.map((i) => `  ${i.path.join(".") || "(env)"}: ${i.message}`);
+  throw new Error(`invalid environment:\n${lines.join("\n")}`);
+}

@@ -1,0 +1,27 @@
+import { z } from "zod";
+import { AssistantOutput, CanonicalChatRequest, Usage } from "./chat.js";
+import { WeightVersion } from "./ids.js";
+
+export const ClientProtocol = z.enum(["openai_chat", "openai_responses", "anthropic_messages", "gemini"]);
+export type ClientProtocol = z.infer<typeof ClientProtocol>;
+
+/** One LLM call, appended to its session in order (DESIGN §3). Ids and logprobs come from the engine. */
+export const CompletionRecord = z.object({
+  id: z.string(),
+  session_id: z.string(),
+  seq: z.number().int().nonnegative(),
+  created_at: z.string(),
+  protocol: ClientProtocol,
+  engine: z.string(),
+  dp_rank: z.number().int().nonnegative(),
+  weight_version: WeightVersion,
+  request: CanonicalChatRequest.omit({ stream: true, client_logprobs: true }),
+  prompt_ids: z.array(z.number().int()),
+  output_ids: z.array(z.number().int()),
+  output_logprobs: z.array(z.number()),
+  finish_reason: z.string(),
+  message: AssistantOutput,
+  usage: Usage,
+  latency_ms: z.number(),
+});
+export type CompletionRecord = z.infer<typeof CompletionRecord>;

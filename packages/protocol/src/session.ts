@@ -1,0 +1,56 @@
+import { z } from "zod";
+import { SamplingParams } from "./chat.js";
+import { Id } from "./ids.js";
+
+export const SessionLimits = z
+  .object({
+    max_llm_calls: z.number().int().positive().optional(),
+    max_total_tokens: z.number().int().positive().optional(),
+  })
+  .strict();
+export type SessionLimits = z.infer<typeof SessionLimits>;
+
+export const CreateSessionRequest = z
+  .object({
+    id: Id.optional(),
+    model: z.string().optional(),
+    sampling: SamplingParams.default({}),
+    limits: SessionLimits.default({}),
+    affinity_key: z.string().min(1).max(256).optional(),
+    metadata: z.record(z.string(), z.unknown()).default({}),
+  })
+  .strict();
+export type CreateSessionRequest = z.infer<typeof CreateSessionRequest>;
+
+export const CreateSessionResponse = z.object({
+  id: z.string(),
+  token: z.string(),
+  base_url: z.string(),
+  urls: z.object({ openai: z.string(), anthropic: z.string(), gemini: z.string() }),
+});
+export type CreateSessionResponse = z.infer<typeof CreateSessionResponse>;
+
+export const RankRef = z.object({ engine: z.number().int().nonnegative(), dp_rank: z.number().int().nonnegative() });
+export type RankRef = z.infer<typeof RankRef>;
+
+/** A session as stored (without its token) and as `GET /v1/sessions/:id` shows it. */
+export const Session = z.object({
+  id: z.string(),
+  state: z.enum(["open", "closed"]),
+  created_at: z.string(),
+  closed_at: z.string().nullable(),
+  model: z.string().nullable(),
+  sampling: SamplingParams,
+  limits: SessionLimits,
+  affinity_key: z.string().nullable(),
+  metadata: z.record(z.string(), z.unknown()),
+  assignment: z
+    .object({ engine: z.number().int(), engine_url: z.string(), dp_rank: z.number().int(), served_model: z.string() })
+    .nullable(),
+  counts: z.object({
+    llm_calls: z.number().int(),
+    prompt_tokens: z.number().int(),
+    completion_tokens: z.number().int(),
+  }),
+});
+export type Session = z.infer<typeof Session>;

@@ -1,0 +1,55 @@
+import { z } from "zod";
+import { WeightVersion } from "./ids.js";
+
+export const TrajectoryBuilderName = z.enum(["per_request", "prefix_merging"]);
+export type TrajectoryBuilderName = z.infer<typeof TrajectoryBuilderName>;
+
+/** One training sample built from one or more completion records (DESIGN §3). */
+export const Trace = z.object({
+  prompt_ids: z.array(z.number().int()),
+  response_ids: z.array(z.number().int()),
+  response_logprobs: z.array(z.number()),
+  loss_mask: z.array(z.union([z.literal(0), z.literal(1)])),
+  weight_versions: z.array(WeightVersion),
+  completion_ids: z.array(z.string()),
+  finish_reason: z.string(),
+});
+export type Trace = z.infer<typeof Trace>;
+
+export const BreakReason = z.enum([
+  "history_rewritten",
+  "tools_changed",
+  "system_changed",
+  "sibling",
+  "truncated_output",
+  "unknown",
+]);
+export type BreakReason = z.infer<typeof BreakReason>;
+
+/** Why a record started a new trace instead of extending one. */
+export const TraceBreak = z.object({
+  record_id: z.string(),
+  /** Index of the trace whose tip this record came closest to extending. */
+  closest_trace: z.number().int().nullable(),
+  /** First token position where the record's prompt differs from that chain. */
+  position: z.number().int().nullable(),
+  reason: BreakReason,
+});
+export type TraceBreak = z.infer<typeof TraceBreak>;
+
+export const TrajectoryStats = z.object({
+  records: z.number().int(),
+  traces: z.number().int(),
+  response_tokens: z.number().int(),
+  trainable_tokens: z.number().int(),
+  breaks: z.array(TraceBreak),
+  weight_versions: z.array(WeightVersion),
+});
+export type TrajectoryStats = z.infer<typeof TrajectoryStats>;
+
+export const Trajectory = z.object({
+  builder: TrajectoryBuilderName,
+  traces: z.array(Trace),
+  stats: TrajectoryStats,
+});
+export type Trajectory = z.infer<typeof Trajectory>;

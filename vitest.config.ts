@@ -1,0 +1,12 @@
+import { defineConfig } from "vitest/config";
+
+// Tests import workspace packages through their built dist (the README's test command builds first).
+export default defineConfig({
+  test: {
+    include: ["packages/*/src/**/*.test.ts", "apps/*/src/**/*.test.ts", "test/**/*.test.ts"],
+    exclude: ["**/node_modules/**", "**/dist/**"],
+    testTimeout: 30_000,
+    hookTimeout: 60_000,
+    pool: "forks",
+  },
+});
