@@ -51,6 +51,7 @@ export const Session = z.object({
     llm_calls: z.number().int(),
     prompt_tokens: z.number().int(),
     completion_tokens: z.number().int(),
+    cached_tokens: z.number().int(),
   }),
 });
 export type Session = z.infer<typeof Session>;

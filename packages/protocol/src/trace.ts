@@ -34,8 +34,36 @@ export const TraceBreak = z.object({
   /** First token position where the record's prompt differs from that chain. */
   position: z.number().int().nullable(),
   reason: BreakReason,
+  /** A readable explanation of the break. */
+  detail: z.string(),
 });
 export type TraceBreak = z.infer<typeof TraceBreak>;
+
+/**
+ * Where one record's tokens sit in a trace's response arrays: `[start, output_start)` is the
+ * glue taken from its prompt (mask 0), `[output_start, end)` its sampled output (mask 1).
+ */
+export const RecordSpan = z.object({
+  record_id: z.string(),
+  start: z.number().int(),
+  output_start: z.number().int(),
+  end: z.number().int(),
+});
+export type RecordSpan = z.infer<typeof RecordSpan>;
+
+export const TraceStats = z.object({
+  /** Index into `traces`. */
+  trace: z.number().int(),
+  records: z.number().int(),
+  response_tokens: z.number().int(),
+  trainable_tokens: z.number().int(),
+  /** Distinct weight versions of the records merged into this trace, in order of first use. */
+  weight_versions: z.array(WeightVersion),
+  /** How many times the weight version changes between consecutive records of this trace. */
+  weight_changes: z.number().int(),
+  spans: z.array(RecordSpan),
+});
+export type TraceStats = z.infer<typeof TraceStats>;
 
 export const TrajectoryStats = z.object({
   records: z.number().int(),
@@ -44,6 +72,12 @@ export const TrajectoryStats = z.object({
   trainable_tokens: z.number().int(),
   breaks: z.array(TraceBreak),
   weight_versions: z.array(WeightVersion),
+  /** Records that extended an existing trace. */
+  merged_records: z.number().int(),
+  weight_changes: z.number().int(),
+  /** Traces whose tokens were sampled under more than one weight version. */
+  traces_with_weight_change: z.number().int(),
+  per_trace: z.array(TraceStats),
 });
 export type TrajectoryStats = z.infer<typeof TrajectoryStats>;
 

@@ -1,0 +1,107 @@
+#!/usr/bin/env node
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
+import { ClusterEnv, parseEnv } from "@rollgate/protocol";
+import { startChild, stopChild, type StartedChild } from "./children.js";
+import { resolveRedis } from "./redis.js";
+
+const HELP = `rollgate cluster: the all-in-one local cluster (DESIGN §6) in one process tree:
+engine-sim (unless ROLLGATE_ENGINES names real engines), the gateway and a worker, on a Redis
+(REDIS_URL, or the local default, or a private redis-server it starts itself).
+
+Usage: npm start            (from the repository root)
+       rollgate-cluster [--help]
+
+Environment:
+  PORT                        gateway port (default 8080; 0 picks a free one)
+  HOST                        gateway listen address (default 127.0.0.1)
+  REDIS_URL                   Redis to use (default redis://127.0.0.1:6379, else a private one)
+  ROLLGATE_ENGINES            JSON list of real engines; unset starts engine-sim
+  ROLLGATE_SIM_DP_SIZE        engine-sim data-parallel ranks (default 2)
+  ROLLGATE_SIM_PORT           engine-sim port (default: a free one)
+  ROLLGATE_WORKER_CONCURRENCY rollouts at once (default 4)
+  ROLLGATE_API_KEY            require this key on trainer/admin routes
+  ROLLGATE_PUBLIC_URL         how sandboxes reach the gateway
+  ROLLGATE_KEY_PREFIX         Redis key prefix (default rg)
+  LOG_LEVEL                   app log level (default info)
+
+Prints "rollgate ready: <gateway url>" on stdout once every part is up; app logs go to stderr.`;
+
+const { values } = parseArgs({ options: { help: { type: "boolean", short: "h" } } });
+if (values.help) {
+  console.log(HELP);
+  process.exit(0);
+}
+const say = (msg: string) => process.stderr.write(`[cluster] ${msg}\n`);
+
+let env: ClusterEnv;
+try {
+  env = parseEnv(ClusterEnv, process.env);
+} catch (err) {
+  console.error(`rollgate: ${(err as Error).message}`);
+  process.exit(2);
+}
+
+const appsDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+const appMain = (app: string) => path.join(appsDir, app, "dist", "main.js");
+const children: StartedChild[] = [];
+let stopRedis: (() => Promise<void>) | undefined;
+let stopping = false;
+
+async function shutdown(code: number) {
+  if (stopping) return;
+  stopping = true;
+  // Worker first (it finishes its rollouts), then the gateway, then the engines and Redis.
+  for (const child of [...children].reverse()) await stopChild(child.proc);
+  await stopRedis?.();
+  process.exit(code);
+}
+process.on("SIGINT", () => void shutdown(0));
+process.on("SIGTERM", () => void shutdown(0));
+
+try {
+  const redis = await resolveRedis(env.REDIS_URL, say);
+  stopRedis = redis.stop;
+  const base = { ...process.env, REDIS_URL: redis.url, LOG_LEVEL: env.LOG_LEVEL, ROLLGATE_KEY_PREFIX: env.ROLLGATE_KEY_PREFIX };
+
+  let engines = env.ROLLGATE_ENGINES;
+  if (!engines) {
+    const sim = await startChild(
+      "engine-sim",
+      process.execPath,
+      [appMain("engine-sim"), "--port", String(env.ROLLGATE_SIM_PORT), "--dp", String(env.ROLLGATE_SIM_DP_SIZE)],
+      base,
+      /^engine-sim ready: (\S+)/,
+    );
+    children.push(sim);
+    engines = JSON.stringify([{ kind: "vllm", url: sim.ready, dp_size: env.ROLLGATE_SIM_DP_SIZE }]);
+  }
+  const gateway = await startChild(
+    "gateway",
+    process.execPath,
+    [appMain("gateway")],
+    { ...base, PORT: String(env.PORT), HOST: env.HOST, ROLLGATE_ENGINES: engines },
+    /^gateway ready: (\S+)/,
+  );
+  children.push(gateway);
+  const worker = await startChild(
+    "worker",
+    process.execPath,
+    [appMain("worker")],
+    { ...base, ROLLGATE_GATEWAY_URL: gateway.ready, ROLLGATE_WORKER_CONCURRENCY: String(env.ROLLGATE_WORKER_CONCURRENCY) },
+    /^worker ready: (\S+)/,
+  );
+  children.push(worker);
+  for (const child of children) {
+    child.proc.on("exit", (code, sig) => {
+      if (stopping) return;
+      say(`${child.name} exited (${code ?? sig}); stopping the cluster`);
+      void shutdown(1);
+    });
+  }
+  console.log(`rollgate ready: ${gateway.ready}`);
+} catch (err) {
+  say((err as Error).message);
+  await shutdown(1);
+}

@@ -1,0 +1,72 @@
+import type { GatewayEnv } from "@rollgate/protocol";
+import { createRedis, rolloutQueue } from "@rollgate/queue";
+import { RankRouter, SessionStore, TaskStore, WeightStore } from "@rollgate/store";
+import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import { pino, type Logger } from "pino";
+import type { GatewayContext } from "./context.js";
+import { EngineRegistry } from "./engines/registry.js";
+import { ChatCaller } from "./llm/chat-call.js";
+import { openAIAgentRoutes } from "./routes/agent-openai.js";
+import { healthRoutes } from "./routes/health.js";
+import { sessionRoutes } from "./routes/sessions.js";
+import { taskRoutes } from "./routes/tasks.js";
+
+export interface BuildGatewayOptions {
+  env: GatewayEnv;
+  logger?: Logger;
+}
+
+/**
+ * The gateway app factory: builds every client and route but does not listen (tests use
+ * `inject()` or `listen({port: 0})`). Closing the app closes Redis, the queue and the engine pool.
+ */
+export async function buildGateway({ env, logger }: BuildGatewayOptions): Promise<FastifyInstance> {
+  const log =
+    logger ??
+    pino({ level: env.LOG_LEVEL, redact: ["req.headers.authorization", "req.headers[\"x-api-key\"]", "req.headers[\"x-goog-api-key\"]"] });
+  const redis = createRedis(env.REDIS_URL, "producer");
+  redis.on("error", (err) => log.warn({ err: err.message }, "redis connection error"));
+  const prefix = env.ROLLGATE_KEY_PREFIX;
+  const registry = new EngineRegistry(env.ROLLGATE_ENGINES, env.ROLLGATE_ENGINE_TIMEOUT_S * 1000);
+  const sessions = new SessionStore(redis, prefix);
+  const weights = new WeightStore(redis, prefix);
+  const rollouts = rolloutQueue({ connection: redis, keyPrefix: prefix });
+  rollouts.on("error", (err) => log.warn({ err: err.message }, "rollout queue error"));
+
+  const app = Fastify({ loggerInstance: log as FastifyBaseLogger, disableRequestLogging: env.LOG_LEVEL !== "debug" && env.LOG_LEVEL !== "trace" });
+  let publicUrl = env.ROLLGATE_PUBLIC_URL?.replace(/\/+$/, "");
+  app.addHook("onListen", async () => {
+    if (publicUrl) return;
+    const addr = app.server.address();
+    if (addr && typeof addr === "object") {
+      const host = addr.family === "IPv6" ? `[${addr.address}]` : addr.address;
+      publicUrl = `http://${host === "0.0.0.0" || host === "[::]" ? "127.0.0.1" : host}:${addr.port}`;
+    }
+  });
+
+  const ctx: GatewayContext = {
+    env,
+    redis,
+    log,
+    tasks: new TaskStore(redis, prefix),
+    sessions,
+    router: new RankRouter(redis, prefix),
+    weights,
+    registry,
+    caller: new ChatCaller({ registry, sessions, weights, log }),
+    rollouts,
+    publicUrl: () => publicUrl ?? `http://127.0.0.1:${env.PORT}`,
+  };
+
+  await app.register(healthRoutes(ctx));
+  await app.register(taskRoutes(ctx));
+  await app.register(sessionRoutes(ctx));
+  await app.register(openAIAgentRoutes(ctx));
+
+  app.addHook("onClose", async () => {
+    await rollouts.close();
+    await registry.close();
+    redis.disconnect();
+  });
+  return app as unknown as FastifyInstance;
+}

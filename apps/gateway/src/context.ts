@@ -1,0 +1,24 @@
+import type { GatewayEnv } from "@rollgate/protocol";
+import type { RolloutJob } from "@rollgate/queue";
+import type { RankRouter, SessionStore, TaskStore, WeightStore } from "@rollgate/store";
+import type { Queue } from "bullmq";
+import type { Redis } from "ioredis";
+import type { Logger } from "pino";
+import type { EngineRegistry } from "./engines/registry.js";
+import type { ChatCaller } from "./llm/chat-call.js";
+
+/** Everything the routes share. Built once per gateway process (see app.ts). */
+export interface GatewayContext {
+  env: GatewayEnv;
+  redis: Redis;
+  log: Logger;
+  tasks: TaskStore;
+  sessions: SessionStore;
+  router: RankRouter;
+  weights: WeightStore;
+  registry: EngineRegistry;
+  caller: ChatCaller;
+  rollouts: Queue<RolloutJob>;
+  /** How sandboxes reach this gateway; set once the server listens. */
+  publicUrl: () => string;
+}

@@ -1,0 +1,70 @@
+import type { EngineConfig } from "@rollgate/protocol";
+import { rankMember } from "@rollgate/store";
+import { Agent, request } from "undici";
+import { z } from "zod";
+
+const ModelList = z.object({ data: z.array(z.object({ id: z.string() })).min(1) });
+
+/** One routing target: an engine and one of its data-parallel ranks. */
+export interface RankTarget {
+  engineIndex: number;
+  engine: EngineConfig;
+  dpRank: number;
+}
+
+/**
+ * The configured engines, their ranks, and the model name each serves. Engines are HTTP servers
+ * we share one keep-alive pool with (undici Agent: one pool per origin).
+ */
+export class EngineRegistry {
+  private readonly servedModels = new Map<number, Promise<string>>();
+  readonly dispatcher: Agent;
+
+  constructor(
+    readonly engines: EngineConfig[],
+    timeoutMs: number,
+  ) {
+    this.dispatcher = new Agent({
+      connections: 256,
+      keepAliveTimeout: 60_000,
+      headersTimeout: timeoutMs,
+      bodyTimeout: timeoutMs,
+    });
+  }
+
+  members(): string[] {
+    return this.engines.flatMap((e, i) => Array.from({ length: e.dp_size }, (_, r) => rankMember(i, r)));
+  }
+
+  target(engineIndex: number, dpRank: number): RankTarget {
+    const engine = this.engines[engineIndex];
+    if (!engine || dpRank >= engine.dp_size) throw new Error(`no engine rank ${engineIndex}:${dpRank} is configured`);
+    return { engineIndex, engine, dpRank };
+  }
+
+  /** The model name to send to an engine: configured, or the first one its /v1/models lists. */
+  servedModel(engineIndex: number): Promise<string> {
+    const engine = this.engines[engineIndex];
+    if (!engine) return Promise.reject(new Error(`no engine ${engineIndex}`));
+    if (engine.model) return Promise.resolve(engine.model);
+    let pending = this.servedModels.get(engineIndex);
+    if (!pending) {
+      pending = this.fetchModel(engine.url);
+      // A failed lookup is retried on the next call instead of being cached.
+      pending.catch(() => this.servedModels.delete(engineIndex));
+      this.servedModels.set(engineIndex, pending);
+    }
+    return pending;
+  }
+
+  private async fetchModel(url: string): Promise<string> {
+    const res = await request(`${url}/v1/models`, { dispatcher: this.dispatcher, headersTimeout: 10_000, bodyTimeout: 10_000 });
+    const body = await res.body.json();
+    if (res.statusCode !== 200) throw new Error(`GET ${url}/v1/models answered ${res.statusCode}`);
+    return ModelList.parse(body).data[0]!.id;
+  }
+
+  async close(): Promise<void> {
+    await this.dispatcher.close();
+  }
+}

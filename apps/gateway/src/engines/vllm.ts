@@ -1,0 +1,293 @@
+import type { CanonicalChatRequest, ChatMessage, TokenLogprob } from "@rollgate/protocol";
+import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
+import { createParser } from "eventsource-parser";
+import { request, type Dispatcher } from "undici";
+import { z } from "zod";
+import { EngineError } from "./errors.js";
+import type { RankTarget } from "./registry.js";
+
+/**
+ * The vLLM adapter: canonical chat → vLLM's OpenAI server with its token extensions
+ * (`return_token_ids` ≥ v0.10.2, `logprobs`), routed by the `X-data-parallel-rank` header.
+ */
+
+export interface EngineCall {
+  target: RankTarget;
+  model: string;
+  request: CanonicalChatRequest;
+  requestId: string;
+  signal: AbortSignal;
+  dispatcher: Dispatcher;
+}
+
+function toVllmMessage(m: ChatMessage): Record<string, unknown> {
+  if (m.role !== "assistant" || m.reasoning == null) return m;
+  // vLLM renamed the field (reasoning_content → reasoning); chat templates read reasoning_content.
+  // Sending both keeps the history intact on every version.
+  return { ...m, reasoning: m.reasoning, reasoning_content: m.reasoning };
+}
+
+/** The request body vLLM gets. Pure, so it has golden tests. */
+export function buildVllmChatBody(model: string, req: CanonicalChatRequest): Record<string, unknown> {
+  const s = req.sampling;
+  const body: Record<string, unknown> = {
+    model,
+    messages: req.messages.map(toVllmMessage),
+    stream: req.stream,
+    logprobs: true,
+    top_logprobs: req.client_logprobs?.top_logprobs ?? 0,
+    return_token_ids: true,
+  };
+  if (req.stream) body.stream_options = { include_usage: true };
+  if (req.tools) body.tools = req.tools;
+  if (req.tool_choice) body.tool_choice = req.tool_choice;
+  if (req.enable_thinking !== undefined) body.chat_template_kwargs = { enable_thinking: req.enable_thinking };
+  for (const key of [
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+  ] as const) {
+    if (s[key] !== undefined) body[key] = s[key];
+  }
+  return body;
+}
+
+const VllmLogprob = z.object({
+  token: z.string(),
+  logprob: z.number(),
+  bytes: z.array(z.number().int()).nullable().optional(),
+  top_logprobs: z
+    .array(z.object({ token: z.string(), logprob: z.number(), bytes: z.array(z.number().int()).nullable().optional() }))
+    .nullable()
+    .optional(),
+});
+type VllmLogprob = z.infer<typeof VllmLogprob>;
+
+const VllmToolCall = z.object({
+  id: z.string().nullable().optional(),
+  type: z.literal("function").nullable().optional(),
+  index: z.number().int().optional(),
+  function: z.object({ name: z.string().nullable().optional(), arguments: z.string().nullable().optional() }),
+});
+
+const VllmUsage = z.object({
+  prompt_tokens: z.number().int(),
+  completion_tokens: z.number().int(),
+  prompt_tokens_details: z.object({ cached_tokens: z.number().int().nullable().optional() }).nullable().optional(),
+});
+
+const VllmChatResponse = z.object({
+  prompt_token_ids: z.array(z.number().int()).nullable().optional(),
+  choices: z
+    .array(
+      z.object({
+        message: z.object({
+          content: z.string().nullable().optional(),
+          reasoning: z.string().nullable().optional(),
+          reasoning_content: z.string().nullable().optional(),
+          tool_calls: z.array(VllmToolCall).nullable().optional(),
+        }),
+        logprobs: z.object({ content: z.array(VllmLogprob).nullable() }).nullable().optional(),
+        finish_reason: z.string().nullable(),
+        stop_reason: z.union([z.string(), z.number()]).nullable().optional(),
+        token_ids: z.array(z.number().int()).nullable().optional(),
+      }),
+    )
+    .min(1),
+  usage: VllmUsage.nullable().optional(),
+});
+
+const VllmChunk = z.object({
+  prompt_token_ids: z.array(z.number().int()).nullable().optional(),
+  choices: z.array(
+    z.object({
+      delta: z
+        .object({
+          role: z.string().optional(),
+          content: z.string().nullable().optional(),
+          reasoning: z.string().nullable().optional(),
+          reasoning_content: z.string().nullable().optional(),
+          tool_calls: z.array(VllmToolCall).nullable().optional(),
+        })
+        .optional(),
+      logprobs: z.object({ content: z.array(VllmLogprob).nullable() }).nullable().optional(),
+      finish_reason: z.string().nullable().optional(),
+      stop_reason: z.union([z.string(), z.number()]).nullable().optional(),
+      token_ids: z.array(z.number().int()).nullable().optional(),
+    }),
+  ),
+  usage: VllmUsage.nullable().optional(),
+});
+
+const VllmErrorBody = z.object({ error: z.object({ message: z.string() }).loose() }).loose();
+
+function toTokenLogprob(l: VllmLogprob): TokenLogprob {
+  return {
+    token: l.token,
+    logprob: l.logprob,
+    bytes: l.bytes ?? null,
+    top_logprobs: (l.top_logprobs ?? []).map((t) => ({ token: t.token, logprob: t.logprob, bytes: t.bytes ?? null })),
+  };
+}
+
+const MISSING_TOKENS =
+  "the engine returned no token ids: rollgate needs vLLM ≥ 0.10.2 (return_token_ids) with logprobs enabled";
+
+async function post(call: EngineCall): Promise<Dispatcher.ResponseData> {
+  const { target } = call;
+  try {
+    return await request(`${target.engine.url}/v1/chat/completions`, {
+      method: "POST",
+      dispatcher: call.dispatcher,
+      signal: call.signal,
+      headers: {
+        "content-type": "application/json",
+        "x-data-parallel-rank": String(target.dpRank),
+        "x-request-id": call.requestId,
+      },
+      body: JSON.stringify(buildVllmChatBody(call.model, call.request)),
+    });
+  } catch (err) {
+    if (call.signal.aborted) throw err;
+    throw new EngineError(`engine ${target.engine.url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
+  }
+}
+
+async function rejectUnlessOk(res: Dispatcher.ResponseData, url: string): Promise<void> {
+  if (res.statusCode === 200) return;
+  const text = await res.body.text();
+  let message = text.slice(0, 2_000);
+  const parsed = VllmErrorBody.safeParse(safeJson(text));
+  if (parsed.success) message = parsed.data.error.message;
+  const status = res.statusCode >= 400 && res.statusCode < 500 ? res.statusCode : 502;
+  throw new EngineError(`engine ${url} answered ${res.statusCode}: ${message}`, status, "rejected");
+}
+
+function safeJson(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+}
+
+/** One non-streaming call. */
+export async function vllmChat(call: EngineCall): Promise<EngineResult> {
+  const res = await post(call);
+  await rejectUnlessOk(res, call.target.engine.url);
+  const parsed = VllmChatResponse.safeParse(await res.body.json());
+  if (!parsed.success) throw new EngineError(`engine response is not a chat completion: ${parsed.error.message}`, 502, "bad_response");
+  const body = parsed.data;
+  const choice = body.choices[0]!;
+  const lps = choice.logprobs?.content ?? [];
+  if (!body.prompt_token_ids || !choice.token_ids) throw new EngineError(MISSING_TOKENS, 502, "bad_response");
+  if (lps.length !== choice.token_ids.length) {
+    throw new EngineError(`engine returned ${choice.token_ids.length} token ids but ${lps.length} logprobs`, 502, "bad_response");
+  }
+  const m = choice.message;
+  const logprobs = lps.map(toTokenLogprob);
+  return {
+    prompt_ids: body.prompt_token_ids,
+    output_ids: choice.token_ids,
+    output_logprobs: logprobs.map((l) => l.logprob),
+    logprobs,
+    message: {
+      content: m.content ?? null,
+      reasoning: m.reasoning ?? m.reasoning_content ?? null,
+      tool_calls: (m.tool_calls ?? []).map((t) => ({
+        id: t.id ?? "",
+        type: "function" as const,
+        function: { name: t.function.name ?? "", arguments: t.function.arguments ?? "" },
+      })),
+    },
+    finish_reason: choice.finish_reason ?? "stop",
+    stop_reason: choice.stop_reason ?? null,
+    usage: {
+      prompt_tokens: body.usage?.prompt_tokens ?? body.prompt_token_ids.length,
+      completion_tokens: body.usage?.completion_tokens ?? choice.token_ids.length,
+      cached_tokens: body.usage?.prompt_tokens_details?.cached_tokens ?? 0,
+    },
+  };
+}
+
+/** A streaming call: yields canonical events as vLLM's SSE chunks arrive. */
+export async function* vllmChatStream(call: EngineCall): AsyncGenerator<EngineStreamEvent> {
+  const res = await post(call);
+  await rejectUnlessOk(res, call.target.engine.url);
+  const pending: string[] = [];
+  const parser = createParser({ onEvent: (e) => pending.push(e.data) });
+  const decoder = new TextDecoder();
+  let started = false;
+  let tokens = 0;
+  let logprobCount = 0;
+  for await (const piece of res.body) {
+    parser.feed(decoder.decode(piece as Buffer, { stream: true }));
+    while (pending.length > 0) {
+      const data = pending.shift()!;
+      if (data === "[DONE]") continue;
+      const json = safeJson(data);
+      const err = VllmErrorBody.safeParse(json);
+      if (err.success) throw new EngineError(`engine error mid-stream: ${err.data.error.message}`, 502, "rejected");
+      const parsed = VllmChunk.safeParse(json);
+      if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
+      const c = parsed.data;
+      if (c.prompt_token_ids && !started) {
+        started = true;
+        yield { type: "start", prompt_ids: c.prompt_token_ids };
+      }
+      const choice = c.choices[0];
+      if (choice) {
+        const ids = choice.token_ids ?? [];
+        const lps = (choice.logprobs?.content ?? []).map(toTokenLogprob);
+        tokens += ids.length;
+        logprobCount += lps.length;
+        const d = choice.delta;
+        const reasoning = d?.reasoning ?? d?.reasoning_content ?? undefined;
+        const hasText = (d?.content ?? "") !== "" || (reasoning ?? "") !== "" || (d?.tool_calls?.length ?? 0) > 0;
+        if (ids.length > 0 || hasText) {
+          yield {
+            type: "delta",
+            ...(d?.content ? { content: d.content } : {}),
+            ...(reasoning ? { reasoning } : {}),
+            ...(d?.tool_calls && d.tool_calls.length > 0
+              ? {
+                  tool_calls: d.tool_calls.map((t, i) => ({
+                    index: t.index ?? i,
+                    ...(t.id ? { id: t.id, type: "function" as const } : {}),
+                    function: {
+                      ...(t.function.name ? { name: t.function.name } : {}),
+                      ...(t.function.arguments ? { arguments: t.function.arguments } : {}),
+                    },
+                  })),
+                }
+              : {}),
+            token_ids: ids,
+            logprobs: lps,
+          };
+        }
+        if (choice.finish_reason) {
+          yield { type: "finish", finish_reason: choice.finish_reason, stop_reason: choice.stop_reason ?? null };
+        }
+      }
+      if (c.usage) {
+        yield {
+          type: "usage",
+          usage: {
+            prompt_tokens: c.usage.prompt_tokens,
+            completion_tokens: c.usage.completion_tokens,
+            cached_tokens: c.usage.prompt_tokens_details?.cached_tokens ?? 0,
+          },
+        };
+      }
+    }
+  }
+  if (!started) throw new EngineError(MISSING_TOKENS, 502, "bad_response");
+  if (tokens !== logprobCount) throw new EngineError(`engine streamed ${tokens} token ids but ${logprobCount} logprobs`, 502, "bad_response");
+}

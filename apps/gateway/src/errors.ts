@@ -1,0 +1,27 @@
+import { describeIssues, issuesMessage, type ErrorBody } from "@rollgate/protocol";
+import type { FastifyError, FastifyReply, FastifyRequest } from "fastify";
+import { ZodError } from "zod";
+
+/** Our error body (DESIGN §2) for trainer and admin routes. */
+export function errorBody(type: string, message: string, details?: unknown): ErrorBody {
+  return { error: { type, message, ...(details !== undefined ? { details } : {}) } };
+}
+
+export function validationError(err: ZodError): ErrorBody {
+  return errorBody("invalid_request", issuesMessage(err), describeIssues(err));
+}
+
+/** Maps Fastify's own errors (bad JSON, body too large, wrong content type) to a status and a sentence. */
+export function fastifyErrorStatus(err: FastifyError): { status: number; message: string } {
+  const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
+  return { status, message: status >= 500 ? "internal error" : err.message };
+}
+
+/** Error handler for trainer/admin route plugins. */
+export function trainerErrorHandler(err: FastifyError, req: FastifyRequest, reply: FastifyReply) {
+  if (err instanceof ZodError) return reply.code(400).send(validationError(err));
+  const { status, message } = fastifyErrorStatus(err);
+  if (status >= 500) req.log.error({ err }, "request failed");
+  const type = status === 413 ? "payload_too_large" : status >= 500 ? "internal_error" : "invalid_request";
+  return reply.code(status).send(errorBody(type, message));
+}

@@ -1,0 +1,136 @@
+import { randomUUID } from "node:crypto";
+import type { CanonicalChatRequest, ClientProtocol, CompletionRecord, Session } from "@rollgate/protocol";
+import type { SessionStore, WeightStore } from "@rollgate/store";
+import {
+  StreamAccumulator,
+  applySessionSampling,
+  normalizeEchoedHistory,
+  type EngineResult,
+  type EngineStreamEvent,
+} from "@rollgate/transforms";
+import type { Logger } from "pino";
+import { EngineError } from "../engines/errors.js";
+import type { EngineRegistry, RankTarget } from "../engines/registry.js";
+import { vllmChat, vllmChatStream, type EngineCall } from "../engines/vllm.js";
+
+/** A call refused before it reached an engine (session limits); `status` and `code` go to the agent. */
+export class CallRejected extends Error {
+  constructor(
+    message: string,
+    readonly status: number,
+    readonly code: string,
+  ) {
+    super(message);
+  }
+}
+
+export interface PreparedCall {
+  session: Session;
+  protocol: ClientProtocol;
+  seq: number;
+  target: RankTarget;
+  engineCall: EngineCall;
+  weightVersion: string | null;
+  startedAt: number;
+}
+
+/**
+ * One agent LLM call, whatever the client protocol: apply the session's limits and sampling,
+ * route to its sticky rank, call the engine, and append the completion record.
+ */
+export class ChatCaller {
+  constructor(
+    private readonly deps: { registry: EngineRegistry; sessions: SessionStore; weights: WeightStore; log: Logger },
+  ) {}
+
+  async prepare(session: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal): Promise<PreparedCall> {
+    const { limits, counts, assignment } = session;
+    if (!assignment) throw new CallRejected("session has no engine assignment", 500, "no_assignment");
+    if (limits.max_total_tokens !== undefined && counts.prompt_tokens + counts.completion_tokens >= limits.max_total_tokens) {
+      throw new CallRejected(`session used its max_total_tokens (${limits.max_total_tokens})`, 400, "session_token_limit");
+    }
+    const seq = await this.deps.sessions.nextSeq(session.id);
+    if (limits.max_llm_calls !== undefined && seq >= limits.max_llm_calls) {
+      throw new CallRejected(`session used its max_llm_calls (${limits.max_llm_calls})`, 400, "session_call_limit");
+    }
+    const target = this.deps.registry.target(assignment.engine, assignment.dp_rank);
+    if (target.engine.kind !== "vllm") {
+      throw new CallRejected(`engine kind ${target.engine.kind} is not supported yet`, 501, "engine_unsupported");
+    }
+    const [model, weightVersion] = await Promise.all([
+      this.deps.registry.servedModel(assignment.engine).catch((err: Error) => {
+        throw new EngineError(`cannot read the engine's model name: ${err.message}`, 502, "unreachable");
+      }),
+      this.deps.weights.get(),
+    ]);
+    const request: CanonicalChatRequest = {
+      ...canonical,
+      messages: normalizeEchoedHistory(canonical.messages),
+      sampling: applySessionSampling(canonical.sampling, session.sampling),
+    };
+    return {
+      session,
+      protocol,
+      seq,
+      target,
+      weightVersion,
+      startedAt: Date.now(),
+      engineCall: {
+        target,
+        model,
+        request,
+        requestId: `${session.id}-${seq}`,
+        signal,
+        dispatcher: this.deps.registry.dispatcher,
+      },
+    };
+  }
+
+  async complete(call: PreparedCall): Promise<EngineResult> {
+    const result = await vllmChat({ ...call.engineCall, request: { ...call.engineCall.request, stream: false } });
+    await this.record(call, result);
+    return result;
+  }
+
+  /** Yields the engine's events as they come; the record is written once the stream has ended. */
+  async *stream(call: PreparedCall): AsyncGenerator<EngineStreamEvent, EngineResult> {
+    const acc = new StreamAccumulator();
+    for await (const event of vllmChatStream({ ...call.engineCall, request: { ...call.engineCall.request, stream: true } })) {
+      acc.push(event);
+      yield event;
+    }
+    if (!acc.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
+    const result = acc.result();
+    await this.record(call, result);
+    return result;
+  }
+
+  private async record(call: PreparedCall, result: EngineResult): Promise<void> {
+    const { request } = call.engineCall;
+    const record: CompletionRecord = {
+      id: `cmpl-${randomUUID()}`,
+      session_id: call.session.id,
+      seq: call.seq,
+      created_at: new Date(call.startedAt).toISOString(),
+      protocol: call.protocol,
+      engine: call.target.engine.url,
+      dp_rank: call.target.dpRank,
+      weight_version: call.weightVersion,
+      request: {
+        messages: request.messages,
+        sampling: request.sampling,
+        ...(request.tools ? { tools: request.tools } : {}),
+        ...(request.tool_choice ? { tool_choice: request.tool_choice } : {}),
+        ...(request.enable_thinking !== undefined ? { enable_thinking: request.enable_thinking } : {}),
+      },
+      prompt_ids: result.prompt_ids,
+      output_ids: result.output_ids,
+      output_logprobs: result.output_logprobs,
+      finish_reason: result.finish_reason,
+      message: result.message,
+      usage: result.usage,
+      latency_ms: Date.now() - call.startedAt,
+    };
+    await this.deps.sessions.appendRecord(record);
+  }
+}

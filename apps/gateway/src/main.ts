@@ -1,0 +1,50 @@
+#!/usr/bin/env node
+import { parseArgs } from "node:util";
+import closeWithGrace from "close-with-grace";
+import { buildGateway } from "./app.js";
+import { loadGatewayEnv } from "./env.js";
+
+const HELP = `rollgate-gateway: the rollgate HTTP gateway (task, session and agent-facing LLM routes)
+
+Usage: rollgate-gateway [--port N] [--host H]
+
+Options:
+  --port N    listen port (env PORT, default 8080; 0 picks a free one)
+  --host H    listen address (env HOST, default 127.0.0.1; 0.0.0.0 in containers)
+  -h, --help  this text
+
+Environment:
+  REDIS_URL                 redis://host:port[/db] (default redis://127.0.0.1:6379)
+  ROLLGATE_ENGINES          required: JSON list of {kind: "vllm"|"sglang", url, dp_size, model?}
+  ROLLGATE_PUBLIC_URL       how sandboxes reach this gateway (default: the listen address)
+  ROLLGATE_API_KEY          when set, trainer and admin routes require "Authorization: Bearer <key>"
+  ROLLGATE_KEY_PREFIX       prefix of every Redis key and queue (default rg)
+  ROLLGATE_ENGINE_TIMEOUT_S upstream timeout per engine call (default 600)
+  LOG_LEVEL                 fatal|error|warn|info|debug|trace|silent (default info)
+
+Prints "gateway ready: <url>" once listening.`;
+
+const { values } = parseArgs({
+  options: { port: { type: "string" }, host: { type: "string" }, help: { type: "boolean", short: "h" } },
+});
+if (values.help) {
+  console.log(HELP);
+  process.exit(0);
+}
+
+let env;
+try {
+  env = loadGatewayEnv({ ...process.env, ...(values.port ? { PORT: values.port } : {}), ...(values.host ? { HOST: values.host } : {}) });
+} catch (err) {
+  console.error(`rollgate-gateway: ${(err as Error).message}`);
+  process.exit(2);
+}
+const app = await buildGateway({ env });
+closeWithGrace({ delay: 10_000 }, async ({ err }) => {
+  if (err) app.log.error({ err }, "shutting down after an error");
+  await app.close();
+});
+await app.listen({ port: env.PORT, host: env.HOST });
+const addr = app.server.address();
+const port = addr && typeof addr === "object" ? addr.port : env.PORT;
+console.log(`gateway ready: http://${env.HOST}:${port}`);

@@ -1,0 +1,87 @@
+import { randomBytes, randomUUID } from "node:crypto";
+import { CreateSessionRequest, TrajectoryBuilderName, type CreateSessionResponse } from "@rollgate/protocol";
+import { hashToken, parseRankMember } from "@rollgate/store";
+import { TrajectoryInvariantError, buildTrajectory } from "@rollgate/trajectory";
+import type { FastifyPluginAsync } from "fastify";
+import { z } from "zod";
+import { requireApiKey } from "../auth.js";
+import type { GatewayContext } from "../context.js";
+import { errorBody, trainerErrorHandler, validationError } from "../errors.js";
+
+const IdParams = z.object({ id: z.string().min(1).max(256) });
+const TrajectoryQuery = z.object({ builder: TrajectoryBuilderName.default("prefix_merging") });
+
+export function sessionUrls(publicUrl: string, id: string): Pick<CreateSessionResponse, "base_url" | "urls"> {
+  const base = `${publicUrl}/s/${id}`;
+  return { base_url: base, urls: { openai: `${base}/v1`, anthropic: base, gemini: base } };
+}
+
+/** The session API (DESIGN §2): open, inspect, close, read records and trajectories. */
+export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
+  return async (app) => {
+    app.setErrorHandler(trainerErrorHandler);
+    app.addHook("onRequest", requireApiKey(ctx.env.ROLLGATE_API_KEY));
+
+    app.post("/v1/sessions", async (req, reply) => {
+      const parsed = CreateSessionRequest.safeParse(req.body ?? {});
+      if (!parsed.success) return reply.code(400).send(validationError(parsed.error));
+      const body = parsed.data;
+      const id = body.id ?? `s-${randomUUID()}`;
+      if (await ctx.sessions.get(id)) return reply.code(409).send(errorBody("conflict", `session ${id} exists`));
+      const member = await ctx.router.assign(ctx.registry.members(), body.affinity_key);
+      if (!member) return reply.code(503).send(errorBody("no_engine", "no engine rank is available"));
+      const { engine, dpRank } = parseRankMember(member);
+      const target = ctx.registry.target(engine, dpRank);
+      const servedModel = await ctx.registry.servedModel(engine).catch(() => body.model ?? "unknown");
+      const token = randomBytes(32).toString("base64url");
+      const assignment = { engine, engine_url: target.engine.url, dp_rank: dpRank, served_model: servedModel };
+      const created = await ctx.sessions.create(id, body, hashToken(token), assignment, member, new Date());
+      if (!created) return reply.code(409).send(errorBody("conflict", `session ${id} exists`));
+      const response: CreateSessionResponse = { id, token, ...sessionUrls(ctx.publicUrl(), id) };
+      return reply.code(201).send(response);
+    });
+
+    app.get("/v1/sessions/:id", async (req, reply) => {
+      const { id } = IdParams.parse(req.params);
+      const session = await ctx.sessions.get(id);
+      if (!session) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
+      return session;
+    });
+
+    app.post("/v1/sessions/:id/close", async (req, reply) => {
+      const { id } = IdParams.parse(req.params);
+      if (!(await ctx.sessions.get(id))) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
+      await ctx.sessions.close(id, new Date());
+      return ctx.sessions.get(id);
+    });
+
+    app.delete("/v1/sessions/:id", async (req, reply) => {
+      const { id } = IdParams.parse(req.params);
+      const existed = await ctx.sessions.delete(id, new Date());
+      if (!existed) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
+      return reply.code(204).send();
+    });
+
+    app.get("/v1/sessions/:id/completions", async (req, reply) => {
+      const { id } = IdParams.parse(req.params);
+      if (!(await ctx.sessions.get(id))) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
+      return { session_id: id, completions: await ctx.sessions.records(id) };
+    });
+
+    app.get("/v1/sessions/:id/trajectory", async (req, reply) => {
+      const { id } = IdParams.parse(req.params);
+      const query = TrajectoryQuery.safeParse(req.query);
+      if (!query.success) return reply.code(400).send(validationError(query.error));
+      if (!(await ctx.sessions.get(id))) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
+      const records = await ctx.sessions.records(id);
+      try {
+        return buildTrajectory(records, query.data.builder);
+      } catch (err) {
+        if (err instanceof TrajectoryInvariantError) {
+          return reply.code(422).send(errorBody("trajectory_invalid", err.message, { record_id: err.record_id }));
+        }
+        throw err;
+      }
+    });
+  };
+}

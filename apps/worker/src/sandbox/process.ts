@@ -1,0 +1,110 @@
+import { spawn } from "node:child_process";
+
+export interface RunOptions {
+  argv: string[];
+  cwd: string;
+  env: Record<string, string>;
+  timeoutMs: number;
+  /** Aborting kills the process group (cancellation, worker shutdown). */
+  signal?: AbortSignal;
+  /** How much of the combined stdout/stderr to keep (the tail). */
+  maxLogBytes?: number;
+}
+
+export interface RunResult {
+  exitCode: number | null;
+  signal: string | null;
+  timedOut: boolean;
+  aborted: boolean;
+  /** Set when the program could not be started at all (e.g. ENOENT). */
+  spawnError: string | null;
+  logTail: string;
+  durationMs: number;
+}
+
+const KILL_GRACE_MS = 2_000;
+
+/** Keeps the last `max` bytes of a stream of chunks. */
+class TailBuffer {
+  private chunks: Buffer[] = [];
+  private size = 0;
+  constructor(private readonly max: number) {}
+  push(b: Buffer) {
+    this.chunks.push(b);
+    this.size += b.length;
+    while (this.size - (this.chunks[0]?.length ?? 0) >= this.max && this.chunks.length > 1) {
+      this.size -= this.chunks.shift()!.length;
+    }
+  }
+  text(): string {
+    const all = Buffer.concat(this.chunks);
+    return all.subarray(Math.max(0, all.length - this.max)).toString("utf8");
+  }
+}
+
+function killGroup(pid: number, sig: NodeJS.Signals) {
+  try {
+    process.kill(-pid, sig);
+  } catch {
+    // already gone
+  }
+}
+
+/**
+ * Runs one program in its own process group (detached), so a timeout or a cancel kills the agent
+ * and everything it started: SIGTERM to the group, then SIGKILL after a short grace.
+ */
+export function runProcess(o: RunOptions): Promise<RunResult> {
+  const started = Date.now();
+  const tail = new TailBuffer(o.maxLogBytes ?? 64 * 1024);
+  return new Promise((resolve) => {
+    let timedOut = false;
+    let aborted = false;
+    let settled = false;
+    const child = spawn(o.argv[0]!, o.argv.slice(1), {
+      cwd: o.cwd,
+      env: o.env,
+      detached: true,
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    child.stdout.on("data", (b: Buffer) => tail.push(b));
+    child.stderr.on("data", (b: Buffer) => tail.push(b));
+
+    const stop = () => {
+      if (child.pid === undefined) return;
+      const pid = child.pid;
+      killGroup(pid, "SIGTERM");
+      setTimeout(() => killGroup(pid, "SIGKILL"), KILL_GRACE_MS).unref();
+    };
+    const timer = setTimeout(() => {
+      timedOut = true;
+      stop();
+    }, o.timeoutMs);
+    const onAbort = () => {
+      aborted = true;
+      stop();
+    };
+    o.signal?.addEventListener("abort", onAbort, { once: true });
+
+    const finish = (r: Omit<RunResult, "timedOut" | "aborted" | "logTail" | "durationMs">) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      o.signal?.removeEventListener("abort", onAbort);
+      resolve({ ...r, timedOut, aborted, logTail: tail.text(), durationMs: Date.now() - started });
+    };
+    child.on("error", (err) => finish({ exitCode: null, signal: null, spawnError: err.message }));
+    child.on("exit", (code, sig) => {
+      // The agent is done: whatever it left running in its group goes with it, and we stop
+      // waiting for pipes that an escaped grandchild might still hold open.
+      if (child.pid !== undefined) killGroup(child.pid, "SIGKILL");
+      const settle = () => finish({ exitCode: code, signal: sig, spawnError: null });
+      child.once("close", settle);
+      setTimeout(() => {
+        child.stdout.destroy();
+        child.stderr.destroy();
+        settle();
+      }, 1_000).unref();
+    });
+  });
+}

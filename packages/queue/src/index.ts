@@ -1,0 +1,4 @@
+export * from "./connection.js";
+export * from "./names.js";
+export * from "./jobs.js";
+export * from "./producers.js";

@@ -1,0 +1,5 @@
+export * from "./keys.js";
+export * from "./tasks.js";
+export * from "./sessions.js";
+export * from "./routing.js";
+export * from "./weights.js";

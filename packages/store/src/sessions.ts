@@ -1,0 +1,149 @@
+import { createHash, timingSafeEqual } from "node:crypto";
+import { Session, CompletionRecord, type CreateSessionRequest } from "@rollgate/protocol";
+import type { Redis } from "ioredis";
+import { parseStored } from "./json.js";
+import { keys, type Keys } from "./keys.js";
+
+export type SessionAssignment = NonNullable<Session["assignment"]>;
+
+/** What an agent call needs in one round trip: the session, its token hash and its routing. */
+export interface SessionForCall {
+  session: Session;
+  tokenHash: string;
+}
+
+export function hashToken(token: string): string {
+  return createHash("sha256").update(token).digest("hex");
+}
+
+export function tokenMatches(token: string, storedHash: string): boolean {
+  const a = Buffer.from(hashToken(token), "hex");
+  const b = Buffer.from(storedHash, "hex");
+  return a.length === b.length && timingSafeEqual(a, b);
+}
+
+// Closes an open session and gives its rank slot back in one step, so a double close never
+// releases the slot twice. KEYS: session, rank load. ARGV: closed_at.
+const CLOSE_SCRIPT = `
+if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'closed', 'closed_at', ARGV[1])
+local member = redis.call('HGET', KEYS[1], 'rank_member')
+if member and member ~= '' then
+  local load = tonumber(redis.call('ZSCORE', KEYS[2], member) or '0')
+  if load and load > 0 then redis.call('ZINCRBY', KEYS[2], -1, member) end
+end
+return 1
+`;
+
+/**
+ * The session key family: `session` (a hash: static JSON, state, token hash, assignment, counters)
+ * and `records` (a hash of seq → completion record JSON). Both share the session's hash tag.
+ */
+export class SessionStore {
+  private readonly k: Keys;
+  constructor(
+    private readonly redis: Redis,
+    prefix: string,
+  ) {
+    this.k = keys(prefix);
+  }
+
+  /** Creates a session; false when the id is taken. */
+  async create(
+    id: string,
+    req: CreateSessionRequest,
+    tokenHash: string,
+    assignment: SessionAssignment,
+    rankMember: string,
+    now: Date,
+  ): Promise<boolean> {
+    const key = this.k.session(id);
+    const created = await this.redis.hsetnx(key, "token_hash", tokenHash);
+    if (created === 0) return false;
+    await this.redis.hset(key, {
+      static: JSON.stringify({
+        id,
+        created_at: now.toISOString(),
+        model: req.model ?? null,
+        sampling: req.sampling,
+        limits: req.limits,
+        affinity_key: req.affinity_key ?? null,
+        metadata: req.metadata,
+      }),
+      state: "open",
+      closed_at: "",
+      assignment: JSON.stringify(assignment),
+      rank_member: rankMember,
+      llm_calls: "0",
+      prompt_tokens: "0",
+      completion_tokens: "0",
+      cached_tokens: "0",
+      next_seq: "0",
+    });
+    return true;
+  }
+
+  async getForCall(id: string): Promise<SessionForCall | null> {
+    const h = await this.redis.hgetall(this.k.session(id));
+    if (!h.static || !h.token_hash) return null;
+    const stat = JSON.parse(h.static) as Record<string, unknown>;
+    const session = parseStored(
+      Session,
+      JSON.stringify({
+        ...stat,
+        state: h.state,
+        closed_at: h.closed_at || null,
+        assignment: h.assignment ? JSON.parse(h.assignment) : null,
+        counts: {
+          llm_calls: Number(h.llm_calls ?? 0),
+          prompt_tokens: Number(h.prompt_tokens ?? 0),
+          completion_tokens: Number(h.completion_tokens ?? 0),
+          cached_tokens: Number(h.cached_tokens ?? 0),
+        },
+      }),
+      `session ${id}`,
+    );
+    return { session, tokenHash: h.token_hash };
+  }
+
+  async get(id: string): Promise<Session | null> {
+    return (await this.getForCall(id))?.session ?? null;
+  }
+
+  /** Returns true when this call closed it, false when it was already closed. */
+  async close(id: string, now: Date): Promise<boolean> {
+    const res = await this.redis.eval(CLOSE_SCRIPT, 2, this.k.session(id), this.k.rankLoad(), now.toISOString());
+    return res === 1;
+  }
+
+  /** Reserves the next sequence number: records are ordered by when their call started. */
+  async nextSeq(id: string): Promise<number> {
+    return (await this.redis.hincrby(this.k.session(id), "next_seq", 1)) - 1;
+  }
+
+  async appendRecord(record: CompletionRecord): Promise<void> {
+    const sid = record.session_id;
+    await this.redis
+      .multi()
+      .hset(this.k.records(sid), String(record.seq), JSON.stringify(record))
+      .hincrby(this.k.session(sid), "llm_calls", 1)
+      .hincrby(this.k.session(sid), "prompt_tokens", record.usage.prompt_tokens)
+      .hincrby(this.k.session(sid), "completion_tokens", record.usage.completion_tokens)
+      .hincrby(this.k.session(sid), "cached_tokens", record.usage.cached_tokens)
+      .exec();
+  }
+
+  async records(id: string): Promise<CompletionRecord[]> {
+    const all = await this.redis.hgetall(this.k.records(id));
+    return Object.entries(all)
+      .map(([seq, raw]) => parseStored(CompletionRecord, raw, `record ${seq} of session ${id}`))
+      .sort((a, b) => a.seq - b.seq);
+  }
+
+  /** Drops everything the session holds (its rank slot is released first if still open). */
+  async delete(id: string, now: Date): Promise<boolean> {
+    await this.close(id, now);
+    const n = await this.redis.del(this.k.session(id), this.k.records(id));
+    return n > 0;
+  }
+}

@@ -1,0 +1,101 @@
+import type { Trace, Trajectory } from "@rollgate/protocol";
+
+/**
+ * Output adapters: one training sample per trace, in the shape each trainer consumes. Arrays are
+ * unpadded per sample (each trainer pads its own batch). Every adapter keeps mask-1 logprobs exactly
+ * as the engine gave them and mask-0 positions at 0.
+ */
+
+export const TRAINER_FORMATS = ["rollgate", "verl", "slime", "prime-rl"] as const;
+export type TrainerFormat = (typeof TRAINER_FORMATS)[number];
+
+/**
+ * verl: the agent loop's `AgentLoopOutput` (`prompt_ids`, `response_ids`, `response_mask`,
+ * `response_logprobs` exported as `rollout_log_probs`) as verl PR #5931's `TrajectoryAssembler`
+ * batches it into `prompts` / `responses` / `response_mask` / `rollout_log_probs` (the rollout
+ * logprobs verl's rollout correction #2953/#3694 consumes). Source: shared/notes/anchors-verl-and-peers.md §1a, §1b.
+ */
+export interface VerlSample {
+  prompts: number[];
+  responses: number[];
+  response_mask: (0 | 1)[];
+  rollout_log_probs: number[];
+}
+
+/**
+ * slime: one `Sample` per trace, as Polar's `slime_bridge` builds them (shared/notes/anchors-polar.md,
+ * "slime_bridge") and slime's own OpenAI/Anthropic adapters return `list[Sample]`
+ * (shared/notes/anchors-verl-and-peers.md, "slime"): `tokens` is prompt + response, `response_length`
+ * the response's length, and `loss_mask` / `rollout_log_probs` cover the response tokens only.
+ */
+export interface SlimeSample {
+  tokens: number[];
+  response_length: number;
+  loss_mask: (0 | 1)[];
+  rollout_log_probs: number[];
+}
+
+/**
+ * prime-rl: the `tokens` of a verifiers `TrajectoryStep` (`TokensResponse`: `prompt_ids`,
+ * `prompt_mask` all 0, `completion_ids`, `completion_mask`, `completion_logprobs`, `is_truncated`),
+ * which prime-rl's orchestrator (`interleave_rollout`) trains on. Source:
+ * shared/notes/anchors-prime-rl-verifiers.md, "How token ids and logprobs are obtained" and
+ * "How multi-turn trajectories are assembled".
+ */
+export interface PrimeRlSample {
+  prompt_ids: number[];
+  prompt_mask: 0[];
+  completion_ids: number[];
+  completion_mask: (0 | 1)[];
+  completion_logprobs: number[];
+  is_truncated: boolean;
+}
+
+export interface TrainerFormatMap {
+  rollgate: Trajectory;
+  verl: VerlSample[];
+  slime: SlimeSample[];
+  "prime-rl": PrimeRlSample[];
+}
+
+function verl(t: Trace): VerlSample {
+  return {
+    prompts: t.prompt_ids.slice(),
+    responses: t.response_ids.slice(),
+    response_mask: t.loss_mask.slice(),
+    rollout_log_probs: t.response_logprobs.slice(),
+  };
+}
+
+function slime(t: Trace): SlimeSample {
+  return {
+    tokens: t.prompt_ids.concat(t.response_ids),
+    response_length: t.response_ids.length,
+    loss_mask: t.loss_mask.slice(),
+    rollout_log_probs: t.response_logprobs.slice(),
+  };
+}
+
+function primeRl(t: Trace): PrimeRlSample {
+  return {
+    prompt_ids: t.prompt_ids.slice(),
+    prompt_mask: t.prompt_ids.map(() => 0 as const),
+    completion_ids: t.response_ids.slice(),
+    completion_mask: t.loss_mask.slice(),
+    completion_logprobs: t.response_logprobs.slice(),
+    is_truncated: t.finish_reason === "length",
+  };
+}
+
+/** The trajectory in `format`; `rollgate` is the trajectory itself (traces + stats). */
+export function toTrainerFormat<F extends TrainerFormat>(trajectory: Trajectory, format: F): TrainerFormatMap[F] {
+  const out: { [K in TrainerFormat]: () => TrainerFormatMap[K] } = {
+    rollgate: () => trajectory,
+    verl: () => trajectory.traces.map(verl),
+    slime: () => trajectory.traces.map(slime),
+    "prime-rl": () => trajectory.traces.map(primeRl),
+  };
+  const make = out[format];
+  if (make === undefined) throw new TypeError(`unknown trainer format ${String(format)}; use one of ${TRAINER_FORMATS.join(", ")}`);
+  return make();
+}

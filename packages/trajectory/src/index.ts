@@ -1,0 +1,24 @@
+export { buildTrajectory, perRequest, prefixMerging } from "./build.js";
+export { perRequestTraces } from "./per-request.js";
+export { prefixMergingTraces } from "./prefix-merging.js";
+export { classifyBreak, type BreakEvidence, type ChainView } from "./breaks.js";
+export { checkRecordInvariants, checkTraceInvariants, type TraceCheckOptions } from "./invariants.js";
+export { TrajectoryInvariantError } from "./errors.js";
+export {
+  toTrainerFormat,
+  TRAINER_FORMATS,
+  type TrainerFormat,
+  type TrainerFormatMap,
+  type VerlSample,
+  type SlimeSample,
+  type PrimeRlSample,
+} from "./formats.js";
+export {
+  QWEN3_VOCAB_SIZE,
+  type BuildOptions,
+  type BuiltTrajectory,
+  type BuiltTrajectoryStats,
+  type BuiltTraceBreak,
+  type RecordSpan,
+  type TraceStats,
+} from "./types.js";

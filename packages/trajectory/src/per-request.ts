@@ -1,0 +1,20 @@
+import type { CompletionRecord } from "@rollgate/protocol";
+import type { BuiltTraces } from "./types.js";
+
+/** The `per_request` builder: one trace per record, its whole output trainable. */
+export function perRequestTraces(records: readonly CompletionRecord[]): BuiltTraces {
+  return {
+    traces: records.map((r) => ({
+      prompt_ids: r.prompt_ids.slice(),
+      response_ids: r.output_ids.slice(),
+      response_logprobs: r.output_logprobs.slice(),
+      loss_mask: r.output_ids.map(() => 1 as const),
+      weight_versions: r.output_ids.map(() => r.weight_version),
+      completion_ids: [r.id],
+      finish_reason: r.finish_reason,
+    })),
+    spans: records.map((r) => [{ record_id: r.id, start: 0, output_start: 0, end: r.output_ids.length }]),
+    record_versions: records.map((r) => [r.weight_version]),
+    breaks: [],
+  };
+}

@@ -1,0 +1,82 @@
+import type { ToolCall } from "@rollgate/protocol";
+import type { EngineResult, EngineStreamEvent } from "./canonical.js";
+
+/**
+ * Folds a stream of engine events into the same EngineResult a non-streaming call returns, so a
+ * streamed call is recorded exactly like an unstreamed one.
+ */
+export class StreamAccumulator {
+  private promptIds: number[] = [];
+  private readonly outputIds: number[] = [];
+  private readonly logprobs: EngineResult["logprobs"] = [];
+  private content = "";
+  private sawContent = false;
+  private reasoning = "";
+  private sawReasoning = false;
+  private readonly calls = new Map<number, ToolCall>();
+  private finishReason = "stop";
+  private stopReason: string | number | null = null;
+  private usage: EngineResult["usage"] | null = null;
+  private finished = false;
+
+  push(event: EngineStreamEvent): void {
+    switch (event.type) {
+      case "start":
+        this.promptIds = event.prompt_ids;
+        break;
+      case "delta":
+        this.outputIds.push(...event.token_ids);
+        this.logprobs.push(...event.logprobs);
+        if (event.content !== undefined) {
+          this.content += event.content;
+          this.sawContent = true;
+        }
+        if (event.reasoning !== undefined) {
+          this.reasoning += event.reasoning;
+          this.sawReasoning = true;
+        }
+        for (const d of event.tool_calls ?? []) {
+          const call = this.calls.get(d.index) ?? { id: "", type: "function" as const, function: { name: "", arguments: "" } };
+          if (d.id) call.id = d.id;
+          if (d.function?.name) call.function.name += d.function.name;
+          if (d.function?.arguments) call.function.arguments += d.function.arguments;
+          this.calls.set(d.index, call);
+        }
+        break;
+      case "finish":
+        this.finishReason = event.finish_reason;
+        this.stopReason = event.stop_reason;
+        this.finished = true;
+        break;
+      case "usage":
+        this.usage = event.usage;
+        break;
+    }
+  }
+
+  get isFinished(): boolean {
+    return this.finished;
+  }
+
+  result(): EngineResult {
+    const toolCalls = [...this.calls.entries()].sort(([a], [b]) => a - b).map(([, c]) => c);
+    return {
+      prompt_ids: this.promptIds,
+      output_ids: this.outputIds,
+      output_logprobs: this.logprobs.map((l) => l.logprob),
+      logprobs: this.logprobs,
+      message: {
+        content: this.sawContent && this.content !== "" ? this.content : null,
+        reasoning: this.sawReasoning ? this.reasoning : null,
+        tool_calls: toolCalls,
+      },
+      finish_reason: this.finishReason,
+      stop_reason: this.stopReason,
+      usage: this.usage ?? {
+        prompt_tokens: this.promptIds.length,
+        completion_tokens: this.outputIds.length,
+        cached_tokens: 0,
+      },
+    };
+  }
+}

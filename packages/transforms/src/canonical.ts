@@ -1,0 +1,38 @@
+import type { AssistantOutput, TokenLogprob, Usage } from "@rollgate/protocol";
+
+/**
+ * What an engine adapter hands back for one call, whatever the engine. Token ids and logprobs
+ * are the engine's own; `logprobs` keeps the per-token detail for clients that asked for it.
+ */
+export interface EngineResult {
+  prompt_ids: number[];
+  output_ids: number[];
+  output_logprobs: number[];
+  logprobs: TokenLogprob[];
+  message: AssistantOutput;
+  finish_reason: string;
+  stop_reason: string | number | null;
+  usage: Usage;
+}
+
+/** A streamed tool-call fragment, OpenAI-chunk shaped (the first fragment of a call has id and name). */
+export interface ToolCallDelta {
+  index: number;
+  id?: string;
+  type?: "function";
+  function?: { name?: string; arguments?: string };
+}
+
+/** The events an engine adapter yields while streaming, in order. */
+export type EngineStreamEvent =
+  | { type: "start"; prompt_ids: number[] }
+  | {
+      type: "delta";
+      content?: string;
+      reasoning?: string;
+      tool_calls?: ToolCallDelta[];
+      token_ids: number[];
+      logprobs: TokenLogprob[];
+    }
+  | { type: "finish"; finish_reason: string; stop_reason: string | number | null }
+  | { type: "usage"; usage: Usage };

@@ -1,0 +1,5 @@
+export * from "./canonical.js";
+export * from "./accumulate.js";
+export * from "./openai-chat.js";
+export * from "./sampling.js";
+export * from "./echoed-history.js";

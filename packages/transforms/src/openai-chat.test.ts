@@ -1,0 +1,190 @@
+import { describe, expect, it } from "vitest";
+import { ZodError } from "zod";
+import type { EngineResult } from "./canonical.js";
+import { StreamAccumulator } from "./accumulate.js";
+import { fromOpenAIChat, toOpenAIChatChunk, toOpenAIChatResponse } from "./openai-chat.js";
+import { normalizeEchoedHistory } from "./echoed-history.js";
+import { applySessionSampling } from "./sampling.js";
+
+// What the OpenAI SDK sends for an agent's second turn: the assistant message echoed back as it
+// came (vLLM's `reasoning` field and `content: "\n\n"` included), then the tool result.
+const secondTurn = {
+  model: "policy",
+  messages: [
+    { role: "developer", content: [{ type: "text", text: "Be brief." }] },
+    { role: "user", content: "Write hello.txt" },
+    {
+      role: "assistant",
+      content: "\n\n",
+      reasoning: "I will use the shell.",
+      tool_calls: [{ id: "chatcmpl-tool-1", type: "function", function: { name: "shell", arguments: '{"command": "echo hi"}' } }],
+    },
+    { role: "tool", tool_call_id: "chatcmpl-tool-1", content: "(no output)" },
+  ],
+  tools: [{ type: "function", function: { name: "shell", parameters: { type: "object" } } }],
+  temperature: 0.7,
+  max_completion_tokens: 512,
+  stop: "END",
+  stream: true,
+  stream_options: { include_usage: true },
+  parallel_tool_calls: true,
+  user: "ignored",
+};
+
+describe("fromOpenAIChat", () => {
+  it("turns an OpenAI SDK body into the canonical request", () => {
+    const call = fromOpenAIChat(secondTurn);
+    expect(call.clientModel).toBe("policy");
+    expect(call.includeUsage).toBe(true);
+    expect(call.canonical).toEqual({
+      messages: [
+        { role: "system", content: "Be brief." },
+        { role: "user", content: "Write hello.txt" },
+        {
+          role: "assistant",
+          content: "\n\n",
+          reasoning: "I will use the shell.",
+          tool_calls: [{ id: "chatcmpl-tool-1", type: "function", function: { name: "shell", arguments: '{"command": "echo hi"}' } }],
+        },
+        { role: "tool", tool_call_id: "chatcmpl-tool-1", content: "(no output)" },
+      ],
+      tools: secondTurn.tools,
+      sampling: { temperature: 0.7, max_tokens: 512, stop: ["END"] },
+      stream: true,
+      client_logprobs: null,
+    });
+  });
+
+  it("reads reasoning_content (older vLLM) and maps reasoning_effort to enable_thinking", () => {
+    const call = fromOpenAIChat({
+      messages: [
+        { role: "user", content: "q" },
+        { role: "assistant", content: "a", reasoning_content: "r" },
+        { role: "user", content: "q2" },
+      ],
+      reasoning_effort: "none",
+    });
+    expect(call.canonical.messages[1]).toEqual({ role: "assistant", content: "a", reasoning: "r" });
+    expect(call.canonical.enable_thinking).toBe(false);
+  });
+
+  it("names the bad field when the body is wrong", () => {
+    const bad = (body: unknown) => {
+      try {
+        fromOpenAIChat(body);
+      } catch (err) {
+        expect(err).toBeInstanceOf(ZodError);
+        return (err as ZodError).issues.map((i) => i.path.join("."));
+      }
+      throw new Error("accepted a bad body");
+    };
+    expect(bad({ messages: [] })).toEqual(["messages"]);
+    expect(bad({ messages: [{ role: "user", content: "x" }], temperature: "hot" })).toEqual(["temperature"]);
+    expect(bad({ messages: [{ role: "wizard", content: "x" }] })).toEqual(["messages.0.role"]);
+    expect(bad({ messages: [{ role: "user", content: "x" }], n: 3 })).toEqual(["n"]);
+    expect(bad({ messages: [{ role: "user", content: "x" }], top_logprobs: 2 })).toEqual(["top_logprobs"]);
+  });
+});
+
+const result: EngineResult = {
+  prompt_ids: [1, 2, 3],
+  output_ids: [10, 11, 151645],
+  output_logprobs: [-0.5, -0.25, -0.125],
+  logprobs: [
+    { token: "Hi", logprob: -0.5, bytes: [72, 105], top_logprobs: [{ token: "Hi", logprob: -0.5, bytes: [72, 105] }, { token: "Yo", logprob: -1, bytes: null }] },
+    { token: "!", logprob: -0.25, bytes: [33], top_logprobs: [] },
+    { token: "", logprob: -0.125, bytes: null, top_logprobs: [] },
+  ],
+  message: { content: "Hi!", reasoning: "think", tool_calls: [] },
+  finish_reason: "stop",
+  stop_reason: null,
+  usage: { prompt_tokens: 3, completion_tokens: 3, cached_tokens: 2 },
+};
+
+describe("toOpenAIChatResponse", () => {
+  it("hides the engine's token extensions and shows logprobs only when asked", () => {
+    const ctx = { id: "chatcmpl-x", created: 7, model: "policy", clientLogprobs: null };
+    const res = toOpenAIChatResponse(result, ctx);
+    expect(res).toEqual({
+      id: "chatcmpl-x",
+      object: "chat.completion",
+      created: 7,
+      model: "policy",
+      choices: [
+        {
+          index: 0,
+          message: { role: "assistant", content: "Hi!", reasoning: "think", reasoning_content: "think" },
+          logprobs: null,
+          finish_reason: "stop",
+        },
+      ],
+      usage: { prompt_tokens: 3, completion_tokens: 3, total_tokens: 6, prompt_tokens_details: { cached_tokens: 2 } },
+    });
+    const withLogprobs = toOpenAIChatResponse(result, { ...ctx, clientLogprobs: { top_logprobs: 1 } });
+    expect(withLogprobs.choices[0]!.logprobs!.content[0]!.top_logprobs).toHaveLength(1);
+    expect(withLogprobs.choices[0]!.logprobs!.content).toHaveLength(3);
+  });
+});
+
+describe("streaming", () => {
+  const ctx = { id: "c", created: 1, model: "m", clientLogprobs: null, includeUsage: false };
+  it("drops token-only deltas and unrequested usage, keeps text and tool-call deltas", () => {
+    expect(toOpenAIChatChunk({ type: "delta", token_ids: [151667], logprobs: [] }, ctx)).toBeNull();
+    expect(toOpenAIChatChunk({ type: "usage", usage: result.usage }, ctx)).toBeNull();
+    expect(toOpenAIChatChunk({ type: "usage", usage: result.usage }, { ...ctx, includeUsage: true })).toMatchObject({
+      choices: [],
+      usage: { total_tokens: 6 },
+    });
+    expect(toOpenAIChatChunk({ type: "delta", content: "Hi", token_ids: [10], logprobs: [] }, ctx)).toMatchObject({
+      choices: [{ index: 0, delta: { content: "Hi" }, finish_reason: null }],
+    });
+  });
+
+  it("accumulates a stream into the same result a non-streaming call gives", () => {
+    const acc = new StreamAccumulator();
+    acc.push({ type: "start", prompt_ids: [1, 2, 3] });
+    acc.push({ type: "delta", reasoning: "th", token_ids: [], logprobs: [] });
+    acc.push({ type: "delta", reasoning: "ink", token_ids: [], logprobs: [] });
+    acc.push({ type: "delta", content: "Hi", token_ids: [10], logprobs: [result.logprobs[0]!] });
+    acc.push({ type: "delta", content: "!", token_ids: [11], logprobs: [result.logprobs[1]!] });
+    acc.push({ type: "delta", token_ids: [151645], logprobs: [result.logprobs[2]!] });
+    acc.push({ type: "finish", finish_reason: "stop", stop_reason: null });
+    acc.push({ type: "usage", usage: result.usage });
+    expect(acc.isFinished).toBe(true);
+    expect(acc.result()).toEqual(result);
+  });
+
+  it("assembles streamed tool calls by index", () => {
+    const acc = new StreamAccumulator();
+    acc.push({ type: "delta", tool_calls: [{ index: 0, id: "t1", type: "function", function: { name: "shell" } }], token_ids: [], logprobs: [] });
+    acc.push({ type: "delta", tool_calls: [{ index: 0, function: { arguments: '{"command": ' } }], token_ids: [], logprobs: [] });
+    acc.push({ type: "delta", tool_calls: [{ index: 0, function: { arguments: '"ls"}' } }], token_ids: [], logprobs: [] });
+    expect(acc.result().message.tool_calls).toEqual([{ id: "t1", type: "function", function: { name: "shell", arguments: '{"command": "ls"}' } }]);
+    expect(acc.result().message.content).toBeNull();
+  });
+});
+
+describe("normalizeEchoedHistory", () => {
+  it("drops whitespace-only content beside tool calls, which Qwen3's template would re-render with an extra newline", () => {
+    const { canonical } = fromOpenAIChat(secondTurn);
+    const out = normalizeEchoedHistory(canonical.messages);
+    expect(out[2]).toMatchObject({ role: "assistant", content: "", reasoning: "I will use the shell." });
+    expect(out.filter((_, i) => i !== 2)).toEqual(canonical.messages.filter((_, i) => i !== 2));
+  });
+  it("keeps real text beside tool calls", () => {
+    const msgs = [{ role: "assistant" as const, content: "Let me look.", tool_calls: [{ id: "a", type: "function" as const, function: { name: "f", arguments: "{}" } }] }];
+    expect(normalizeEchoedHistory(msgs)).toEqual(msgs);
+  });
+});
+
+describe("applySessionSampling", () => {
+  it("lets the session's pinned sampling win and caps max_tokens", () => {
+    expect(applySessionSampling({ temperature: 0, max_tokens: 9000, seed: 1 }, { temperature: 1, top_p: 0.9, max_tokens: 4096 })).toEqual({
+      temperature: 1,
+      top_p: 0.9,
+      max_tokens: 4096,
+      seed: 1,
+    });
+    expect(applySessionSampling({ max_tokens: 100 }, { max_tokens: 4096 }).max_tokens).toBe(100);
+  });
+});
