@@ -1,0 +1,60 @@
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync, readdirSync, statSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { beforeAll, describe, expect, it } from "vitest";
+import { request } from "undici";
+
+const pkgDir = join(dirname(fileURLToPath(import.meta.url)), "..");
+const bin = join(pkgDir, "dist", "main.js");
+
+/** The CLI runs from dist; rebuild when a source file is newer than the build. */
+beforeAll(() => {
+  const srcDir = join(pkgDir, "src");
+  const newest = Math.max(...readdirSync(srcDir, { recursive: true }).map((f) => statSync(join(srcDir, String(f))).mtimeMs));
+  if (!existsSync(bin) || statSync(bin).mtimeMs < newest) {
+    const r = spawnSync(process.execPath, [join(pkgDir, "..", "..", "node_modules", "typescript", "bin", "tsc"), "-p", join(pkgDir, "tsconfig.build.json")], { encoding: "utf8" });
+    if (r.status !== 0) throw new Error(`build failed: ${r.stdout}${r.stderr}`);
+  }
+}, 60_000);
+
+describe("engine-sim CLI", () => {
+  it("--help documents every flag", () => {
+    const r = spawnSync(process.execPath, [bin, "--help"], { encoding: "utf8" });
+    expect(r.status).toBe(0);
+    for (const flag of ["--port", "--host", "--dp", "--model", "--kind", "--seed", "--random-tokens", "--ttft-ms", "--tpot-ms", "--reasoning-field", "--log-level"]) {
+      expect(r.stdout).toContain(flag);
+    }
+  });
+
+  it("--kind sglang exits with a clear message", () => {
+    const r = spawnSync(process.execPath, [bin, "--kind", "sglang", "--port", "0"], { encoding: "utf8" });
+    expect(r.status).not.toBe(0);
+    expect(r.stderr).toMatch(/sglang is not implemented yet/);
+  });
+
+  it("prints exactly one ready line with the real port for --port 0, serves, and exits on SIGTERM", async () => {
+    const child = spawn(process.execPath, [bin, "--port", "0", "--dp", "2", "--log-level", "silent"], { stdio: ["ignore", "pipe", "pipe"] });
+    let out = "";
+    child.stdout.on("data", (b: Buffer) => (out += b.toString()));
+    const url = await new Promise<string>((resolve, reject) => {
+      const t = setTimeout(() => reject(new Error(`no ready line; stdout=${out}`)), 15_000);
+      child.stdout.on("data", () => {
+        const m = /^engine-sim ready: (http:\/\/127\.0\.0\.1:(\d+))\n$/.exec(out);
+        if (m) {
+          clearTimeout(t);
+          resolve(m[1]!);
+        }
+      });
+      child.on("exit", (code) => reject(new Error(`exited ${code}`)));
+    });
+    expect(url).not.toMatch(/:0$/);
+    const res = await request(`${url}/v1/models`);
+    expect(res.statusCode).toBe(200);
+    expect(((await res.body.json()) as { data: { owned_by: string }[] }).data[0]!.owned_by).toBe("vllm");
+    const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
+    child.kill("SIGTERM");
+    expect(await exited).toBe(0);
+    expect(out.split("\n").filter(Boolean)).toHaveLength(1);
+  }, 30_000);
+});

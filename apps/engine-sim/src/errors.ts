@@ -1,0 +1,26 @@
+/** vLLM's error envelope (newer servers): `{"error": {"message", "type", "param", "code"}}`. */
+
+const TYPES: Record<number, string> = {
+  400: "BadRequestError",
+  404: "NotFoundError",
+  500: "InternalServerError",
+  503: "ServiceUnavailableError",
+};
+
+export interface VllmErrorBody {
+  error: { message: string; type: string; param: string | null; code: number };
+}
+
+export function vllmError(message: string, status = 400, param: string | null = null): VllmErrorBody {
+  return { error: { message, type: TYPES[status] ?? "BadRequestError", param, code: status } };
+}
+
+/** An error a route throws to answer with vLLM's envelope. */
+export class HttpError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+  ) {
+    super(message);
+  }
+}

@@ -1,0 +1,12 @@
+export { buildEngineSim, getSimState } from "./app.js";
+export type { EngineSimOptions, ReasoningField, SimKind } from "./state.js";
+export { SimState } from "./state.js";
+export { simLogprob, contextHash, extendContextHash, logprobAt, topLogprobs } from "./logprobs.js";
+export type { TokenLogprob } from "./logprobs.js";
+export { stepText } from "./policy.js";
+export { parseScript } from "./script.js";
+export type { SimStep, SimToolCall } from "./script.js";
+export { renderChat, QWEN3_CHAT_TEMPLATE } from "./template.js";
+export { getTokenizer, IM_END_ID } from "./tokenizer.js";
+export { pyDumps, parsePyJson } from "./pyjson.js";
+export { BLOCK_SIZE } from "./ranks.js";

@@ -1,0 +1,128 @@
+#!/usr/bin/env node
+import { parseArgs } from "node:util";
+import closeWithGrace from "close-with-grace";
+import { EngineSimEnv, parseEnv } from "@rollgate/protocol";
+
+const HELP = `engine-sim — a wire-faithful simulator of the vLLM OpenAI-compatible server (real Qwen3 tokenizer
+and chat template, token ids, deterministic logprobs, reasoning + tool-call parsing, DP ranks).
+
+Usage: engine-sim [flags]
+
+Flags (each defaults to its environment variable, then to the value shown):
+  --port N               port to listen on; 0 picks a free one            (PORT, 8000)
+  --host H               interface to bind                                (HOST, 127.0.0.1)
+  --kind vllm|sglang     server to imitate; sglang is not implemented yet (SIM_KIND, vllm)
+  --dp N                 data-parallel ranks behind the one port          (SIM_DP_SIZE, 1)
+  --model NAME           served model name                                (SIM_MODEL, Qwen/Qwen3-8B)
+  --seed N               seed of the random (unscripted) policy           (SIM_SEED, 0)
+  --random-tokens N      tokens in an unscripted answer                   (SIM_RANDOM_TOKENS, 24)
+  --ttft-ms MS           delay before the first generated token           (SIM_TTFT_MS, 0)
+  --tpot-ms MS           delay between generated tokens                   (SIM_TPOT_MS, 0)
+  --max-model-len N      context length                                   (SIM_MAX_MODEL_LEN, 40960)
+  --reasoning-field F    reasoning | reasoning_content (vLLM renamed it)  (reasoning)
+  --return-tokens-as-token-ids   logprob tokens as "token_id:N" by default
+  --log-level L          fatal|error|warn|info|debug|trace|silent         (LOG_LEVEL, info)
+  -h, --help             show this help
+
+Routes: POST /v1/chat/completions, GET /v1/models, GET /health, GET /version, POST /tokenize,
+POST /detokenize; sim-only: GET /sim/stats. Responses carry x-sim-dp-rank (the serving rank).
+A "#sim: [STEP, …]" line in a user/system message scripts the answers (see DESIGN.md §7).
+
+When listening it prints one line to stdout: "engine-sim ready: http://HOST:PORT".`;
+
+function fail(message: string): never {
+  process.stderr.write(`engine-sim: ${message}\n`);
+  process.exit(2);
+}
+
+async function main(): Promise<void> {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      options: {
+        port: { type: "string" },
+        host: { type: "string" },
+        kind: { type: "string" },
+        dp: { type: "string" },
+        model: { type: "string" },
+        seed: { type: "string" },
+        "random-tokens": { type: "string" },
+        "ttft-ms": { type: "string" },
+        "tpot-ms": { type: "string" },
+        "max-model-len": { type: "string" },
+        "reasoning-field": { type: "string" },
+        "return-tokens-as-token-ids": { type: "boolean" },
+        "log-level": { type: "string" },
+        help: { type: "boolean", short: "h" },
+      },
+      strict: true,
+    }));
+  } catch (e) {
+    fail(`${(e as Error).message}\n\n${HELP}`);
+  }
+  if (values.help) {
+    process.stdout.write(`${HELP}\n`);
+    return;
+  }
+  // CLI flags override the environment; both go through the same zod schema.
+  const env: Record<string, string | undefined> = { ...process.env };
+  const flagToEnv: [keyof typeof values, string][] = [
+    ["port", "PORT"],
+    ["host", "HOST"],
+    ["kind", "SIM_KIND"],
+    ["dp", "SIM_DP_SIZE"],
+    ["model", "SIM_MODEL"],
+    ["seed", "SIM_SEED"],
+    ["random-tokens", "SIM_RANDOM_TOKENS"],
+    ["ttft-ms", "SIM_TTFT_MS"],
+    ["tpot-ms", "SIM_TPOT_MS"],
+    ["max-model-len", "SIM_MAX_MODEL_LEN"],
+    ["log-level", "LOG_LEVEL"],
+  ];
+  for (const [flag, name] of flagToEnv) {
+    const v = values[flag];
+    if (typeof v === "string") env[name] = v;
+  }
+  let cfg: EngineSimEnv;
+  try {
+    cfg = parseEnv(EngineSimEnv, env);
+  } catch (e) {
+    fail((e as Error).message);
+  }
+  if (cfg.SIM_KIND === "sglang") fail('--kind sglang is not implemented yet; use --kind vllm');
+  const reasoningField = values["reasoning-field"] ?? "reasoning";
+  if (reasoningField !== "reasoning" && reasoningField !== "reasoning_content") fail(`--reasoning-field must be "reasoning" or "reasoning_content", got "${reasoningField}"`);
+
+  // Imported late: loading the tokenizer is the slow part, and --help should not pay for it.
+  const { buildEngineSim } = await import("./app.js");
+  const app = buildEngineSim({
+    kind: cfg.SIM_KIND,
+    dpSize: cfg.SIM_DP_SIZE,
+    model: cfg.SIM_MODEL,
+    seed: cfg.SIM_SEED,
+    randomTokens: cfg.SIM_RANDOM_TOKENS,
+    ttftMs: cfg.SIM_TTFT_MS,
+    tpotMs: cfg.SIM_TPOT_MS,
+    maxModelLen: cfg.SIM_MAX_MODEL_LEN,
+    reasoningField,
+    returnTokensAsTokenIds: values["return-tokens-as-token-ids"] === true,
+    // Logs go to stderr so stdout carries only the ready line.
+    logger: cfg.LOG_LEVEL === "silent" ? false : { level: cfg.LOG_LEVEL, stream: process.stderr },
+  });
+
+  closeWithGrace({ delay: 5000 }, async ({ err }) => {
+    if (err) process.stderr.write(`engine-sim: ${err.message}\n`);
+    await app.close();
+  });
+
+  await app.listen({ port: cfg.PORT, host: cfg.HOST });
+  const addr = app.server.address();
+  const port = typeof addr === "object" && addr ? addr.port : cfg.PORT;
+  const host = cfg.HOST.includes(":") ? `[${cfg.HOST}]` : cfg.HOST;
+  process.stdout.write(`engine-sim ready: http://${host}:${port}\n`);
+}
+
+main().catch((e: unknown) => {
+  process.stderr.write(`engine-sim: ${(e as Error).stack ?? String(e)}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,96 @@
+import { PyDict, PyFloat, PyInt, PyJsonError, parsePyJson } from "./pyjson.js";
+import type { PyValue } from "./pyjson.js";
+import { contentText } from "./template.js";
+
+/**
+ * The `#sim:` scripted policy (DESIGN §7). A line `#sim: [STEP, …]` in a user or system message is a
+ * script; the k-th assistant answer after the message that holds it plays STEP[k] (k = number of
+ * assistant messages after that message); past the end the model answers "done". When several
+ * messages hold a script, the latest one wins (a new user turn can start a new script).
+ */
+
+export interface SimToolCall {
+  name: string;
+  /** Kept with Python semantics so the emitted JSON keeps `1.0`, key order, big ints. */
+  arguments: PyValue;
+}
+
+export interface SimStep {
+  text?: string;
+  think?: string;
+  tool_calls?: SimToolCall[];
+  finish?: "stop" | "length";
+  tokens?: number;
+}
+
+export class ScriptError extends Error {}
+
+const SCRIPT_LINE = /^[ \t]*#sim:[ \t]*(\[.*\])[ \t]*$/m;
+const STEP_KEYS = new Set(["text", "think", "tool_calls", "finish", "tokens"]);
+
+function parseStep(v: PyValue, k: number): SimStep {
+  if (!(v instanceof PyDict)) throw new ScriptError(`step ${k} must be an object`);
+  const step: SimStep = {};
+  for (const [key, x] of v.entries) {
+    if (!STEP_KEYS.has(key)) throw new ScriptError(`step ${k}: unknown key "${key}"`);
+    if (key === "text" || key === "think") {
+      if (typeof x !== "string") throw new ScriptError(`step ${k}: "${key}" must be a string`);
+      step[key] = x;
+    } else if (key === "finish") {
+      if (x !== "stop" && x !== "length") throw new ScriptError(`step ${k}: "finish" must be "stop" or "length"`);
+      step.finish = x;
+    } else if (key === "tokens") {
+      const n = x instanceof PyInt ? Number(x.digits) : x instanceof PyFloat ? x.value : NaN;
+      if (!Number.isInteger(n) || n < 1) throw new ScriptError(`step ${k}: "tokens" must be a positive integer`);
+      step.tokens = n;
+    } else {
+      if (!Array.isArray(x)) throw new ScriptError(`step ${k}: "tool_calls" must be an array`);
+      step.tool_calls = x.map((c, j) => {
+        if (!(c instanceof PyDict) || typeof c.get("name") !== "string") throw new ScriptError(`step ${k}: tool_calls[${j}].name must be a string`);
+        const args = c.get("arguments") ?? new PyDict([]);
+        if (!(args instanceof PyDict)) throw new ScriptError(`step ${k}: tool_calls[${j}].arguments must be an object`);
+        return { name: c.get("name") as string, arguments: args };
+      });
+    }
+  }
+  return step;
+}
+
+/** Parses the JSON array after `#sim:`. */
+export function parseScript(json: string): SimStep[] {
+  let v: PyValue;
+  try {
+    v = parsePyJson(json);
+  } catch (e) {
+    if (e instanceof PyJsonError) throw new ScriptError(`not valid JSON: ${e.message}`);
+    throw e;
+  }
+  if (!Array.isArray(v)) throw new ScriptError("a script must be a JSON array of steps");
+  return v.map(parseStep);
+}
+
+/** Finds the script in a conversation and the step the next answer plays (null: no script). */
+export function findScriptStep(messages: readonly unknown[]): { step: SimStep | null; index: number } | null {
+  for (let i = messages.length - 1; i >= 0; i--) {
+    const m = messages[i] as { role?: unknown; content?: unknown } | null;
+    if (!m || (m.role !== "user" && m.role !== "system")) continue;
+    let text: string;
+    try {
+      text = contentText(m.content);
+    } catch {
+      continue;
+    }
+    const match = SCRIPT_LINE.exec(text);
+    if (!match) continue;
+    let steps: SimStep[];
+    try {
+      steps = parseScript(match[1]!);
+    } catch (e) {
+      throw new ScriptError(`invalid #sim script in messages[${i}]: ${(e as Error).message}`);
+    }
+    let k = 0;
+    for (let j = i + 1; j < messages.length; j++) if ((messages[j] as { role?: unknown } | null)?.role === "assistant") k++;
+    return { step: steps[k] ?? null, index: k };
+  }
+  return null;
+}

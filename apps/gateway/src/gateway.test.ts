@@ -1,0 +1,173 @@
+/**
+ * The gateway in-process (Fastify inject) against an in-process engine-sim on a real port and the
+ * real Redis, each test under its own key prefix.
+ */
+import { randomUUID } from "node:crypto";
+import { GatewayEnv, type CompletionRecord, type Session } from "@rollgate/protocol";
+import { buildEngineSim, getSimState } from "@rollgate/engine-sim";
+import type { FastifyInstance } from "fastify";
+import { Redis } from "ioredis";
+import { pino } from "pino";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { buildGateway } from "./app.js";
+
+const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
+const prefixes: string[] = [];
+let sim: FastifyInstance;
+let simUrl: string;
+
+async function gateway(engines: unknown[], extra: Record<string, string> = {}): Promise<FastifyInstance> {
+  const prefix = `test-gw-${randomUUID().slice(0, 8)}`;
+  prefixes.push(prefix);
+  const env = GatewayEnv.parse({ REDIS_URL, ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_ENGINES: JSON.stringify(engines), ...extra });
+  return buildGateway({ env, logger: pino({ level: "silent" }) });
+}
+
+async function openSession(app: FastifyInstance, body: Record<string, unknown> = {}) {
+  const res = await app.inject({ method: "POST", url: "/v1/sessions", payload: body });
+  expect(res.statusCode).toBe(201);
+  return res.json() as { id: string; token: string; base_url: string; urls: { openai: string } };
+}
+
+function chat(app: FastifyInstance, s: { id: string; token: string }, body: unknown, token = s.token) {
+  return app.inject({
+    method: "POST",
+    url: `/s/${s.id}/v1/chat/completions`,
+    headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+    payload: typeof body === "string" ? body : JSON.stringify(body),
+  });
+}
+
+beforeAll(async () => {
+  sim = buildEngineSim({ dpSize: 2, model: "Qwen/Qwen3-8B" });
+  await sim.listen({ port: 0, host: "127.0.0.1" });
+  const addr = sim.server.address();
+  simUrl = `http://127.0.0.1:${typeof addr === "object" && addr ? addr.port : 0}`;
+});
+
+afterAll(async () => {
+  await sim.close();
+  const redis = new Redis(REDIS_URL);
+  for (const p of prefixes) {
+    const found = [...(await redis.keys(`${p}:*`)), ...(await redis.keys(`{${p}:*`))];
+    if (found.length) await redis.del(...found);
+  }
+  redis.disconnect();
+});
+
+describe("sessions and the OpenAI chat route", () => {
+  it("assigns sessions to the least-loaded rank and sends every call of a session to its rank", async () => {
+    const app = await gateway([{ kind: "vllm", url: simUrl, dp_size: 2 }]);
+    const a = await openSession(app);
+    const b = await openSession(app);
+    const sa = (await app.inject({ url: `/v1/sessions/${a.id}` })).json() as Session;
+    const sb = (await app.inject({ url: `/v1/sessions/${b.id}` })).json() as Session;
+    expect(new Set([sa.assignment!.dp_rank, sb.assignment!.dp_rank])).toEqual(new Set([0, 1]));
+    expect(sa.assignment!.served_model).toBe("Qwen/Qwen3-8B");
+
+    const before = getSimState(sim)!.ranks;
+    const servedBefore = JSON.stringify(before);
+    for (let i = 0; i < 2; i++) {
+      const res = await chat(app, a, { model: "agent-name", messages: [{ role: "user", content: `q${i}` }] });
+      expect(res.statusCode).toBe(200);
+      // The agent's model name comes back; the engine got the served one (it 404s on others).
+      expect(res.json().model).toBe("agent-name");
+      expect(res.json()).not.toHaveProperty("prompt_token_ids");
+    }
+    expect(JSON.stringify(getSimState(sim)!.ranks)).not.toBe(servedBefore);
+    const { completions } = (await app.inject({ url: `/v1/sessions/${a.id}/completions` })).json() as { completions: CompletionRecord[] };
+    expect(completions.map((c) => c.dp_rank)).toEqual([sa.assignment!.dp_rank, sa.assignment!.dp_rank]);
+    expect(completions[0]!.output_ids.length).toBe(completions[0]!.output_logprobs.length);
+    expect(completions[0]!.prompt_ids.length).toBeGreaterThan(0);
+    await app.close();
+  });
+
+  it("shows logprobs to a client that asks, and pins the session's sampling", async () => {
+    const app = await gateway([{ kind: "vllm", url: simUrl, dp_size: 2 }]);
+    const s = await openSession(app, { sampling: { temperature: 1, max_tokens: 3 } });
+    const res = await chat(app, s, {
+      messages: [{ role: "user", content: "count" }],
+      temperature: 0,
+      max_tokens: 50,
+      logprobs: true,
+      top_logprobs: 2,
+    });
+    expect(res.statusCode).toBe(200);
+    const body = res.json();
+    expect(body.choices[0].finish_reason).toBe("length");
+    expect(body.choices[0].logprobs.content).toHaveLength(3);
+    expect(body.choices[0].logprobs.content[0].top_logprobs).toHaveLength(2);
+    const { completions } = (await app.inject({ url: `/v1/sessions/${s.id}/completions` })).json() as { completions: CompletionRecord[] };
+    expect(completions[0]!.request.sampling).toEqual({ temperature: 1, max_tokens: 3 });
+    expect(completions[0]!.output_ids).toHaveLength(3);
+    await app.close();
+  });
+
+  it("enforces max_llm_calls and refuses calls on a closed session, in OpenAI's error shape", async () => {
+    const app = await gateway([{ kind: "vllm", url: simUrl, dp_size: 2 }]);
+    const s = await openSession(app, { limits: { max_llm_calls: 1 } });
+    const msg = { messages: [{ role: "user", content: "hi" }] };
+    expect((await chat(app, s, msg)).statusCode).toBe(200);
+    const over = await chat(app, s, msg);
+    expect(over.statusCode).toBe(400);
+    expect(over.json().error).toMatchObject({ type: "invalid_request_error", code: "session_call_limit" });
+
+    const t = await openSession(app);
+    expect((await app.inject({ method: "POST", url: `/v1/sessions/${t.id}/close` })).json().state).toBe("closed");
+    const closed = await chat(app, t, msg);
+    expect(closed.statusCode).toBe(403);
+    expect(closed.json().error).toMatchObject({ type: "permission_error", code: "session_closed" });
+    await app.close();
+  });
+
+  it("answers malformed agent bodies with 400 naming the field, and records nothing", async () => {
+    const app = await gateway([{ kind: "vllm", url: simUrl, dp_size: 2 }]);
+    const s = await openSession(app);
+    const badJson = await chat(app, s, "{nope");
+    expect(badJson.statusCode).toBe(400);
+    expect(badJson.json().error.type).toBe("invalid_request_error");
+    const badField = await chat(app, s, { messages: [{ role: "user", content: "x" }], temperature: "warm" });
+    expect(badField.statusCode).toBe(400);
+    expect(badField.json().error).toMatchObject({ param: "temperature", type: "invalid_request_error" });
+    const { completions } = (await app.inject({ url: `/v1/sessions/${s.id}/completions` })).json() as { completions: unknown[] };
+    expect(completions).toEqual([]);
+    await app.close();
+  });
+
+  it("fails clearly with 502 when the engine is unreachable", async () => {
+    const app = await gateway([{ kind: "vllm", url: "http://127.0.0.1:9", dp_size: 1 }]);
+    const s = await openSession(app);
+    const res = await chat(app, s, { messages: [{ role: "user", content: "hi" }] });
+    expect(res.statusCode).toBe(502);
+    expect(res.json().error.type).toBe("api_error");
+    expect(res.json().error.message).toMatch(/engine/);
+    await app.close();
+  });
+
+  it("serves both trajectory builders and rejects an unknown one", async () => {
+    const app = await gateway([{ kind: "vllm", url: simUrl, dp_size: 2 }]);
+    const s = await openSession(app);
+    const first = await chat(app, s, { messages: [{ role: "user", content: "hi" }] });
+    const answer = first.json().choices[0].message;
+    await chat(app, s, { messages: [{ role: "user", content: "hi" }, answer, { role: "user", content: "more" }] });
+    const per = (await app.inject({ url: `/v1/sessions/${s.id}/trajectory?builder=per_request` })).json();
+    expect(per.traces).toHaveLength(2);
+    const merged = (await app.inject({ url: `/v1/sessions/${s.id}/trajectory` })).json();
+    expect(merged.builder).toBe("prefix_merging");
+    expect(merged.traces).toHaveLength(1);
+    const bad = await app.inject({ url: `/v1/sessions/${s.id}/trajectory?builder=magic` });
+    expect(bad.statusCode).toBe(400);
+    expect(bad.json().error.type).toBe("invalid_request");
+    expect((await app.inject({ url: `/v1/sessions/s-missing/trajectory` })).statusCode).toBe(404);
+    await app.close();
+  });
+
+  it("requires the API key on trainer routes when one is configured", async () => {
+    const app = await gateway([{ kind: "vllm", url: simUrl, dp_size: 1 }], { ROLLGATE_API_KEY: "k-1" });
+    expect((await app.inject({ method: "POST", url: "/v1/sessions", payload: {} })).statusCode).toBe(401);
+    const ok = await app.inject({ method: "POST", url: "/v1/sessions", payload: {}, headers: { authorization: "Bearer k-1" } });
+    expect(ok.statusCode).toBe(201);
+    expect((await app.inject({ url: "/healthz" })).json()).toEqual({ status: "ok" });
+    await app.close();
+  });
+});
