@@ -13,6 +13,7 @@ import { Redis } from "ioredis";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startCluster, type RunningCluster } from "../support/cluster.js";
+import { poll } from "../support/poll.js";
 import { TEST_REDIS_URL, dropPrefix, uniquePrefix } from "../support/redis.js";
 import { startTrainer } from "../support/trainer.js";
 
@@ -48,19 +49,19 @@ async function api(path: string, init: { method?: string; body?: unknown; raw?: 
 }
 
 async function waitForTerminal(id: string, timeoutMs = 60_000): Promise<TaskRecord> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const { body } = await api(`/v1/tasks/${id}`);
-    const record = body as TaskRecord;
-    if (record.result) return record;
-    if (Date.now() > deadline) throw new Error(`task ${id} still ${record.status}:\n${cluster.output()}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
+  const record = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (r) => r.result !== null, timeoutMs);
+  if (!record.result) throw new Error(`task ${id} still ${record.status}:\n${cluster.output()}`);
+  return record;
 }
 
 beforeAll(async () => {
   trainer = await startTrainer();
-  cluster = await startCluster({ REDIS_URL: TEST_REDIS_URL, ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_SIM_DP_SIZE: "2" });
+  cluster = await startCluster({
+    REDIS_URL: TEST_REDIS_URL,
+    ROLLGATE_KEY_PREFIX: prefix,
+    ROLLGATE_SIM_DP_SIZE: "2",
+    ROLLGATE_CALLBACK_BACKOFF_MS: "100",
+  });
 }, 90_000);
 
 afterAll(async () => {
@@ -144,6 +145,24 @@ describe("walking skeleton", () => {
 
     const { body: stored } = await api(`/v1/tasks/${task.id}`);
     expect((stored as TaskRecord).callback).toMatchObject({ state: "delivered", attempts: 1, delivery_id: delivery!.headers["x-rollgate-delivery"] });
+  });
+
+  it("retries a callback the trainer refused, with the same delivery id, until it is taken", async () => {
+    const flaky = await startTrainer({ failFirst: 2 });
+    try {
+      const task = exampleTask({ callback: { url: flaky.url, secret: "s" } });
+      expect((await api("/v1/tasks", { body: task })).status).toBe(202);
+      const deliveries = await flaky.waitFor(3);
+      expect(new Set(deliveries.map((d) => d.headers["x-rollgate-delivery"])).size).toBe(1);
+      expect(new Set(deliveries.map((d) => d.rawBody)).size).toBe(1);
+      const record = await poll(
+        async () => (await api(`/v1/tasks/${task.id}`)).body as TaskRecord,
+        (r) => r.callback.state === "delivered",
+      );
+      expect(record.callback).toMatchObject({ state: "delivered", attempts: 3, last_error: null });
+    } finally {
+      await flaky.close();
+    }
   });
 
   it("scores a failing evaluator as reward 0, still completed", async () => {

@@ -6,8 +6,8 @@ export interface ReceivedCallback {
   rawBody: string;
 }
 
-/** A tiny trainer: an HTTP server that records every callback it receives (and answers 200). */
-export async function startTrainer(): Promise<{
+/** A tiny trainer: an HTTP server that records every callback it receives (and answers 200, or 503 to the first `failFirst`). */
+export async function startTrainer(opts: { failFirst?: number } = {}): Promise<{
   url: string;
   received: ReceivedCallback[];
   waitFor: (n: number, timeoutMs?: number) => Promise<ReceivedCallback[]>;
@@ -20,7 +20,8 @@ export async function startTrainer(): Promise<{
     req.on("data", (c: Buffer) => chunks.push(c));
     req.on("end", () => {
       received.push({ headers: req.headers, rawBody: Buffer.concat(chunks).toString("utf8") });
-      res.writeHead(200).end("ok");
+      // A trainer that is briefly down answers 503 to its first deliveries.
+      res.writeHead(received.length <= (opts.failFirst ?? 0) ? 503 : 200).end("ok");
       waiters.splice(0).forEach((w) => w());
     });
   });

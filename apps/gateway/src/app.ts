@@ -1,7 +1,7 @@
 import type { GatewayEnv } from "@rollgate/protocol";
 import { createRedis, rolloutQueue } from "@rollgate/queue";
 import { RankRouter, SessionStore, TaskStore, WeightStore } from "@rollgate/store";
-import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import { pino, type Logger } from "pino";
 import type { GatewayContext } from "./context.js";
 import { EngineRegistry } from "./engines/registry.js";
@@ -33,7 +33,12 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   const rollouts = rolloutQueue({ connection: redis, keyPrefix: prefix });
   rollouts.on("error", (err) => log.warn({ err: err.message }, "rollout queue error"));
 
-  const app = Fastify({ loggerInstance: log as FastifyBaseLogger, disableRequestLogging: env.LOG_LEVEL !== "debug" && env.LOG_LEVEL !== "trace" });
+  // Per-request access logs only at debug: agent traffic would drown everything else at info.
+  const quietRequests = env.LOG_LEVEL !== "debug" && env.LOG_LEVEL !== "trace";
+  const app = Fastify({
+    loggerInstance: log as FastifyBaseLogger,
+    logController: new LogController({ disableRequestLogging: quietRequests }),
+  });
   let publicUrl = env.ROLLGATE_PUBLIC_URL?.replace(/\/+$/, "");
   app.addHook("onListen", async () => {
     if (publicUrl) return;
