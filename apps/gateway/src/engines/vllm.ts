@@ -291,3 +291,33 @@ export async function* vllmChatStream(call: EngineCall): AsyncGenerator<EngineSt
   if (!started) throw new EngineError(MISSING_TOKENS, 502, "bad_response");
   if (tokens !== logprobCount) throw new EngineError(`engine streamed ${tokens} token ids but ${logprobCount} logprobs`, 502, "bad_response");
 }
+
+const VllmTokenizeResponse = z.object({ count: z.number().int() });
+
+/** Counts a chat request's prompt tokens with the engine's own tokenizer and template (`POST /tokenize`, chat form). */
+export async function vllmCountTokens(call: Omit<EngineCall, "requestId">): Promise<number> {
+  const { target, request: req } = call;
+  const body: Record<string, unknown> = {
+    model: call.model,
+    messages: req.messages.map(toVllmMessage),
+    add_generation_prompt: true,
+    ...(req.tools ? { tools: req.tools } : {}),
+    ...(req.enable_thinking !== undefined ? { chat_template_kwargs: { enable_thinking: req.enable_thinking } } : {}),
+  };
+  let res: Dispatcher.ResponseData;
+  try {
+    res = await request(`${target.engine.url}/tokenize`, {
+      method: "POST",
+      dispatcher: call.dispatcher,
+      signal: call.signal,
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(body),
+    });
+  } catch (err) {
+    throw new EngineError(`engine ${target.engine.url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
+  }
+  await rejectUnlessOk(res, target.engine.url);
+  const parsed = VllmTokenizeResponse.safeParse(await res.body.json());
+  if (!parsed.success) throw new EngineError("engine /tokenize answer has no count", 502, "bad_response");
+  return parsed.data.count;
+}

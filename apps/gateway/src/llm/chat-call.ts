@@ -11,7 +11,7 @@ import {
 import type { Logger } from "pino";
 import { EngineError } from "../engines/errors.js";
 import type { EngineRegistry, RankTarget } from "../engines/registry.js";
-import { vllmChat, vllmChatStream, type EngineCall } from "../engines/vllm.js";
+import { vllmChat, vllmChatStream, vllmCountTokens, type EngineCall } from "../engines/vllm.js";
 
 /** A call refused before it reached an engine (session limits); `status` and `code` go to the agent. */
 export class CallRejected extends Error {
@@ -84,6 +84,14 @@ export class ChatCaller {
         dispatcher: this.deps.registry.dispatcher,
       },
     };
+  }
+
+  /** Prompt tokens of a request on the session's engine (Anthropic count_tokens); records nothing. */
+  async countTokens(session: Session, canonical: CanonicalChatRequest, signal: AbortSignal): Promise<number> {
+    if (!session.assignment) throw new CallRejected("session has no engine assignment", 500, "no_assignment");
+    const target = this.deps.registry.target(session.assignment.engine, session.assignment.dp_rank);
+    const model = await this.deps.registry.servedModel(session.assignment.engine);
+    return vllmCountTokens({ target, model, request: { ...canonical, messages: normalizeEchoedHistory(canonical.messages) }, signal, dispatcher: this.deps.registry.dispatcher });
   }
 
   async complete(call: PreparedCall): Promise<EngineResult> {
