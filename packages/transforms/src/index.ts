@@ -3,3 +3,4 @@ export * from "./accumulate.js";
 export * from "./openai-chat.js";
 export * from "./sampling.js";
 export * from "./echoed-history.js";
+export * from "./reasoning-seal.js";
