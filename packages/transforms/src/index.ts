@@ -4,3 +4,6 @@ export * from "./openai-chat.js";
 export * from "./sampling.js";
 export * from "./echoed-history.js";
 export * from "./reasoning-seal.js";
+export * from "./anthropic.js";
+export * from "./openai-responses.js";
+export * from "./gemini.js";

@@ -1,0 +1,291 @@
+/**
+ * The official OpenAI SDK (`client.responses.create`) against the gateway (listening on a real
+ * port) and an in-process engine-sim, on the real Redis under a test key prefix: a two-turn tool
+ * conversation as Codex sends it (store: false, encrypted reasoning replayed), streamed and not,
+ * and the recorded trajectory is one token-exact trace.
+ */
+import { randomUUID } from "node:crypto";
+import OpenAI from "openai";
+import { buildEngineSim, getTokenizer } from "@rollgate/engine-sim";
+import { GatewayEnv, type CompletionRecord, type Trace } from "@rollgate/protocol";
+import type { FastifyInstance } from "fastify";
+import { Redis } from "ioredis";
+import { pino } from "pino";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { buildGateway } from "./app.js";
+
+const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
+const prefix = `test-resp-${randomUUID().slice(0, 8)}`;
+let sim: FastifyInstance;
+let app: FastifyInstance;
+let gatewayUrl: string;
+
+function portOf(server: FastifyInstance): number {
+  const addr = server.server.address();
+  return typeof addr === "object" && addr ? addr.port : 0;
+}
+
+beforeAll(async () => {
+  sim = buildEngineSim({ dpSize: 1 });
+  await sim.listen({ port: 0, host: "127.0.0.1" });
+  const env = GatewayEnv.parse({
+    REDIS_URL,
+    ROLLGATE_KEY_PREFIX: prefix,
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: `http://127.0.0.1:${portOf(sim)}`, dp_size: 1 }]),
+  });
+  app = await buildGateway({ env, logger: pino({ level: "silent" }) });
+  await app.listen({ port: 0, host: "127.0.0.1" });
+  gatewayUrl = `http://127.0.0.1:${portOf(app)}`;
+});
+
+afterAll(async () => {
+  await app?.close();
+  await sim?.close();
+  const redis = new Redis(REDIS_URL);
+  const found = [...(await redis.keys(`${prefix}:*`)), ...(await redis.keys(`{${prefix}:*`))];
+  if (found.length) await redis.del(...found);
+  redis.disconnect();
+});
+
+async function openSession(): Promise<{ id: string; token: string; client: OpenAI }> {
+  const res = await fetch(`${gatewayUrl}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+  expect(res.status).toBe(201);
+  const s = (await res.json()) as { id: string; token: string; urls: { openai: string } };
+  return { ...s, client: new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 }) };
+}
+
+async function records(sid: string): Promise<CompletionRecord[]> {
+  const res = await fetch(`${gatewayUrl}/v1/sessions/${sid}/completions`);
+  return ((await res.json()) as { completions: CompletionRecord[] }).completions;
+}
+
+const SYSTEM = "You are a test agent in a terminal.";
+const THINK = "I should run the shell.";
+const THINK2 = "The command worked.";
+const ANSWER = "Done: out.txt holds hi.";
+const TOOL_OUTPUT = "Process exited with code 0";
+const script = [
+  { think: THINK, tool_calls: [{ name: "exec_command", arguments: { cmd: "echo hi > out.txt" } }] },
+  { think: THINK2, text: ANSWER },
+];
+const USER = `Create out.txt containing hi.\n#sim: ${JSON.stringify(script)}`;
+
+// What Codex sends (our own text): developer + user messages, a function tool, a namespace tool
+// and the hosted web_search tool, store:false, encrypted reasoning asked for.
+const firstTurn = {
+  model: "gpt-codex-test",
+  instructions: "",
+  input: [
+    { type: "message", role: "developer", content: [{ type: "input_text", text: SYSTEM }] },
+    { type: "message", role: "user", content: [{ type: "input_text", text: USER }] },
+  ],
+  tools: [
+    {
+      type: "function",
+      name: "exec_command",
+      description: "Runs a command",
+      strict: false,
+      parameters: { type: "object", properties: { cmd: { type: "string" } }, required: ["cmd"], additionalProperties: false },
+    },
+    {
+      type: "namespace",
+      name: "agents",
+      description: "Sub-agents",
+      tools: [{ type: "function", name: "spawn", description: "Spawn a sub-agent", strict: false, parameters: { type: "object", properties: {} } }],
+    },
+    { type: "web_search", external_web_access: true },
+  ],
+  tool_choice: "auto",
+  parallel_tool_calls: true,
+  reasoning: { summary: "auto" },
+  store: false,
+  include: ["reasoning.encrypted_content"],
+  prompt_cache_key: "thread-1",
+} as unknown as OpenAI.Responses.ResponseCreateParamsNonStreaming;
+
+type Item = OpenAI.Responses.ResponseOutputItem;
+
+/** One call; streamed, the output items are the `output_item.done` events, as Codex collects them. */
+async function call(client: OpenAI, body: OpenAI.Responses.ResponseCreateParamsNonStreaming, stream: boolean) {
+  if (!stream) {
+    const r = await client.responses.create(body);
+    return { response: r, items: r.output, events: [] as string[] };
+  }
+  const events: OpenAI.Responses.ResponseStreamEvent[] = [];
+  for await (const ev of await client.responses.create({ ...body, stream: true })) events.push(ev);
+  const items = events.flatMap((e) => (e.type === "response.output_item.done" ? [e.item] : []));
+  const done = events.at(-1) as OpenAI.Responses.ResponseCompletedEvent;
+  expect(events.map((e) => e.sequence_number)).toEqual(events.map((_, i) => i));
+  return { response: done.response, items, events: events.map((e) => e.type) };
+}
+
+/** Turn 1 → reasoning + function_call; turn 2, with everything replayed and the tool output → text. */
+async function conversation(client: OpenAI, stream: boolean) {
+  const t1 = await call(client, firstTurn, stream);
+  const fc = t1.items.find((i): i is OpenAI.Responses.ResponseFunctionToolCall => i.type === "function_call");
+  const input = [
+    ...(firstTurn.input as unknown[]),
+    ...t1.items,
+    { type: "function_call_output", call_id: fc?.call_id ?? "", output: TOOL_OUTPUT },
+  ] as OpenAI.Responses.ResponseInput;
+  const t2 = await call(client, { ...firstTurn, input }, stream);
+  return { t1, t2 };
+}
+
+/** Call ids are the engine's random ones, ids are per response, and sealed reasoning is per session. */
+const comparable = (items: Item[]) =>
+  items.map((i) => (i.type === "function_call" ? { ...i, call_id: "", id: "" } : i.type === "reasoning" ? { ...i, id: "", encrypted_content: "" } : { ...i, id: "" }));
+
+describe("OpenAI Responses through the gateway", () => {
+  const runs: Record<"stream" | "plain", { sid: string; t1: Awaited<ReturnType<typeof call>>; t2: Awaited<ReturnType<typeof call>> }> = {} as never;
+
+  it.each([
+    ["plain", false],
+    ["stream", true],
+  ] as const)("runs a two-turn tool conversation as Codex sends it (%s)", async (name, stream) => {
+    const s = await openSession();
+    const { t1, t2 } = await conversation(s.client, stream);
+    runs[name] = { sid: s.id, t1, t2 };
+
+    const r1 = t1.response;
+    expect(r1).toMatchObject({ object: "response", status: "completed", model: "gpt-codex-test" });
+    expect(r1.id).toMatch(/^resp_/);
+    expect(t1.items.map((i) => i.type)).toEqual(["reasoning", "function_call"]);
+    const [reasoning, fc] = t1.items as [OpenAI.Responses.ResponseReasoningItem, OpenAI.Responses.ResponseFunctionToolCall];
+    expect(reasoning.summary).toEqual([{ type: "summary_text", text: expect.stringContaining(THINK) }]);
+    expect(reasoning.encrypted_content).toBeTruthy();
+    expect(fc).toMatchObject({ type: "function_call", name: "exec_command", status: "completed" });
+    expect(JSON.parse(fc.arguments)).toEqual({ cmd: "echo hi > out.txt" });
+    expect(r1.usage?.output_tokens_details.reasoning_tokens).toBeGreaterThan(0);
+    expect(r1.output).toEqual(t1.items);
+
+    const r2 = t2.response;
+    expect(r2.status).toBe("completed");
+    expect(t2.items.map((i) => i.type)).toEqual(["reasoning", "message"]);
+    expect(r2.output_text ?? (t2.items[1] as OpenAI.Responses.ResponseOutputMessage).content[0]).toBeTruthy();
+    expect((t2.items[1] as OpenAI.Responses.ResponseOutputMessage).content).toMatchObject([{ type: "output_text", text: ANSWER }]);
+    // The engine's prefix cache served the repeated prompt.
+    expect(r2.usage?.input_tokens_details.cached_tokens).toBeGreaterThan(0);
+    if (stream) {
+      expect(t1.events).toEqual([
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.reasoning_summary_part.added",
+        ...t1.events.filter((e) => e === "response.reasoning_summary_text.delta"),
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        ...t1.events.filter((e) => e === "response.function_call_arguments.delta"),
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+      ]);
+      expect(t2.events).toContain("response.output_text.delta");
+      expect(t2.events).toContain("response.content_part.done");
+    }
+
+    const recs = await records(s.id);
+    expect(recs.map((r) => r.protocol)).toEqual(["openai_responses", "openai_responses"]);
+    // The replayed turn is one assistant message with the reasoning we sealed, opened again.
+    expect(recs[1]!.request.messages[2]).toEqual({
+      role: "assistant",
+      content: "",
+      reasoning: recs[0]!.message.reasoning,
+      tool_calls: [{ id: fc.call_id, type: "function", function: { name: "exec_command", arguments: fc.arguments } }],
+    });
+    // Hosted tools are not offered; the namespace is flattened.
+    expect(recs[0]!.request.tools?.map((t) => t.function.name)).toEqual(["exec_command", "agents__spawn"]);
+
+    // One trace, token-exact: it decodes to the whole conversation.
+    const res = await fetch(`${gatewayUrl}/v1/sessions/${s.id}/trajectory`);
+    const { traces } = (await res.json()) as { traces: Trace[] };
+    expect(traces).toHaveLength(1);
+    const t = traces[0]!;
+    expect(t.completion_ids).toEqual(recs.map((r) => r.id));
+    const text = getTokenizer().decode([...t.prompt_ids, ...t.response_ids], false);
+    const head = text.slice(0, text.indexOf("<|im_start|>user"));
+    expect(head.startsWith(`<|im_start|>system\n${SYSTEM}\n\n# Tools`)).toBe(true);
+    expect(head).toContain('"name": "exec_command"');
+    expect(head).toContain('"name": "agents__spawn"');
+    expect(head).not.toContain("web_search");
+    expect(text).toBe(
+      head +
+        `<|im_start|>user\n${USER}<|im_end|>\n` +
+        `<|im_start|>assistant\n<think>\n${THINK}\n</think>\n\n` +
+        `<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "echo hi > out.txt"}}\n</tool_call><|im_end|>\n` +
+        `<|im_start|>user\n<tool_response>\n${TOOL_OUTPUT}\n</tool_response><|im_end|>\n` +
+        `<|im_start|>assistant\n<think>\n${THINK2}\n</think>\n\n${ANSWER}<|im_end|>`,
+    );
+    const trained = t.response_ids.filter((_, i) => t.loss_mask[i] === 1);
+    expect(trained).toEqual([...recs[0]!.output_ids, ...recs[1]!.output_ids]);
+  });
+
+  it("records the streamed and the unstreamed conversation identically", async () => {
+    const [plain, streamed] = [await records(runs.plain.sid), await records(runs.stream.sid)];
+    expect(streamed).toHaveLength(2);
+    for (let i = 0; i < 2; i++) {
+      expect(streamed[i]!.prompt_ids).toEqual(plain[i]!.prompt_ids);
+      expect(streamed[i]!.output_ids).toEqual(plain[i]!.output_ids);
+      expect(streamed[i]!.output_logprobs).toEqual(plain[i]!.output_logprobs);
+    }
+    expect(comparable(runs.stream.t1.items)).toEqual(comparable(runs.plain.t1.items));
+    expect(comparable(runs.stream.t2.items)).toEqual(comparable(runs.plain.t2.items));
+  });
+
+  it("refuses a wrong key, a closed session, previous_response_id and a bad body in OpenAI's shape", async () => {
+    const s = await openSession();
+    const base = `${gatewayUrl}/s/${s.id}/v1`;
+    const ask = (client: OpenAI, extra: Record<string, unknown> = {}) =>
+      client.responses.create({ model: "m", input: "hi", ...extra } as OpenAI.Responses.ResponseCreateParamsNonStreaming).catch((e: unknown) => e);
+
+    const denied = await ask(new OpenAI({ apiKey: "sk-wrong", baseURL: base, maxRetries: 0 }));
+    expect(denied).toBeInstanceOf(OpenAI.AuthenticationError);
+    expect((denied as InstanceType<typeof OpenAI.AuthenticationError>).status).toBe(401);
+
+    const prev = await ask(s.client, { previous_response_id: "resp_123" });
+    expect(prev).toBeInstanceOf(OpenAI.BadRequestError);
+    const prevErr = prev as InstanceType<typeof OpenAI.BadRequestError>;
+    expect(prevErr.param).toBe("previous_response_id");
+    expect(prevErr.message).toMatch(/previous_response_id is not supported.*resend the whole conversation in input/);
+
+    const bad = await ask(s.client, { input: [{ type: "function_call", call_id: "c1", arguments: "{}" }] });
+    expect(bad).toBeInstanceOf(OpenAI.BadRequestError);
+    expect((bad as InstanceType<typeof OpenAI.BadRequestError>).param).toBe("input.0.name");
+    expect(await records(s.id)).toEqual([]);
+
+    const ok = await s.client.responses.create({ model: "m", input: "hi", max_output_tokens: 4 });
+    expect(ok.status).toBe("incomplete");
+    expect(ok.incomplete_details).toEqual({ reason: "max_output_tokens" });
+
+    expect((await fetch(`${gatewayUrl}/v1/sessions/${s.id}/close`, { method: "POST" })).status).toBe(200);
+    const closed = await ask(s.client);
+    expect(closed).toBeInstanceOf(OpenAI.PermissionDeniedError);
+  });
+
+  it("answers an unreachable engine with 502 in OpenAI's shape, streaming or not", async () => {
+    const p2 = `${prefix}-down`;
+    const env = GatewayEnv.parse({ REDIS_URL, ROLLGATE_KEY_PREFIX: p2, ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: "http://127.0.0.1:9", dp_size: 1 }]) });
+    const down = await buildGateway({ env, logger: pino({ level: "silent" }) });
+    try {
+      const s = (await down.inject({ method: "POST", url: "/v1/sessions", payload: {} })).json() as { id: string; token: string };
+      for (const stream of [false, true]) {
+        const res = await down.inject({
+          method: "POST",
+          url: `/s/${s.id}/v1/responses`,
+          headers: { authorization: `Bearer ${s.token}`, "content-type": "application/json" },
+          payload: { model: "m", input: "hi", stream },
+        });
+        expect(res.statusCode).toBe(502);
+        expect(res.json().error).toMatchObject({ type: "api_error", message: expect.stringMatching(/engine/) });
+      }
+    } finally {
+      await down.close();
+      const redis = new Redis(REDIS_URL);
+      const found = [...(await redis.keys(`${p2}:*`)), ...(await redis.keys(`{${p2}:*`))];
+      if (found.length) await redis.del(...found);
+      redis.disconnect();
+    }
+  });
+});

@@ -1,0 +1,63 @@
+import { randomUUID } from "node:crypto";
+import {
+  ResponsesStreamEncoder,
+  fromResponses,
+  responsesSseFrame,
+  toResponsesResponse,
+  type ResponsesContext,
+} from "@rollgate/transforms";
+import type { FastifyPluginAsync } from "fastify";
+import type { GatewayContext } from "../context.js";
+import { sendOpenAIAuthFailure, sendOpenAIError } from "./openai-errors.js";
+import {
+  AGENT_BODY_LIMIT,
+  authorizeSession,
+  clientAbortSignal,
+  failureOf,
+  isAuthFailure,
+  startSse,
+} from "./agent-common.js";
+
+/** The OpenAI Responses route of one session: `POST /s/:sid/v1/responses` (streaming and not). */
+export function responsesAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
+  return async (app) => {
+    app.setErrorHandler((err, _req, reply) => sendOpenAIError(reply, err));
+
+    app.post<{ Params: { sid: string } }>("/s/:sid/v1/responses", { bodyLimit: AGENT_BODY_LIMIT }, async (req, reply) => {
+      const auth = await authorizeSession(ctx, req, req.params.sid);
+      if (isAuthFailure(auth)) return sendOpenAIAuthFailure(reply, auth);
+      // Reasoning we hand out is sealed with the session's token hash; only this session can replay it.
+      const call = fromResponses(req.body, { reasoningKey: auth.tokenHash });
+      const prepared = await ctx.caller.prepare(auth.session, "openai_responses", call.canonical, clientAbortSignal(reply));
+      const out: ResponsesContext = {
+        id: `resp_${randomUUID().replaceAll("-", "")}`,
+        createdAt: Math.floor(Date.now() / 1000),
+        model: call.clientModel || prepared.engineCall.model,
+        reasoningKey: auth.tokenHash,
+        namespaced: call.namespaced,
+        echo: call.echo,
+      };
+      if (!call.canonical.stream) return toResponsesResponse(await ctx.caller.complete(prepared), out);
+
+      // Open the engine stream before answering, so an engine that refuses the call still gets a
+      // proper HTTP error; from the first event on, the answer is SSE.
+      const events = ctx.caller.stream(prepared);
+      const first = await events.next();
+      const write = startSse(reply);
+      const encoder = new ResponsesStreamEncoder(out);
+      const send = (frames: ReturnType<ResponsesStreamEncoder["start"]>) => {
+        for (const e of frames) write(responsesSseFrame(e));
+      };
+      send(encoder.start());
+      try {
+        for (let next = first; !next.done; next = await events.next()) send(encoder.push(next.value));
+        send(encoder.end());
+      } catch (err) {
+        req.log.warn({ err }, "stream failed");
+        const f = failureOf(err);
+        send(encoder.fail({ code: f.kind, message: f.message }));
+      }
+      reply.raw.end();
+    });
+  };
+}

@@ -1,0 +1,467 @@
+import { existsSync, readFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import fc from "fast-check";
+import { describe, expect, it } from "vitest";
+import { ZodError } from "zod";
+import type { EngineResult, EngineStreamEvent } from "./canonical.js";
+import {
+  GeminiStreamEncoder,
+  fromGemini,
+  geminiError,
+  geminiSchemaToJsonSchema,
+  geminiStreamClose,
+  geminiStreamFrame,
+  geminiStreamOpen,
+  geminiThoughtSignature,
+  toGeminiResponse,
+  type GeminiPart,
+  type GeminiResponse,
+  type GeminiResponseContext,
+  type GeminiStreamMode,
+} from "./gemini.js";
+
+const KEY = "session-token-hash";
+const REASONING = "\nI should run the shell.\n";
+const SIG = geminiThoughtSignature(KEY, REASONING);
+
+const shellDecl = {
+  name: "run_shell",
+  description: "Run a command",
+  parametersJsonSchema: { type: "object", properties: { command: { type: "string" } }, required: ["command"] },
+};
+
+// A second turn as @google/genai sends it: the model turn echoed with its thought and signature,
+// then the function response (no ids: pairing by name and order).
+const secondTurn = {
+  systemInstruction: { parts: [{ text: "Be brief." }] },
+  contents: [
+    { role: "user", parts: [{ text: "Write hi to out.txt" }] },
+    {
+      role: "model",
+      parts: [
+        { text: REASONING, thought: true },
+        { functionCall: { name: "run_shell", args: { command: "echo hi > out.txt", timeout: 5 } }, thoughtSignature: SIG },
+        { functionCall: { name: "read_file", args: { path: "out.txt" } } },
+      ],
+    },
+    {
+      role: "user",
+      parts: [
+        { functionResponse: { name: "read_file", response: { output: "hi" } } },
+        { functionResponse: { name: "run_shell", response: { output: "" } } },
+        { text: "Thanks" },
+      ],
+    },
+  ],
+  tools: [
+    {
+      functionDeclarations: [
+        shellDecl,
+        {
+          name: "read_file",
+          parameters: {
+            type: "OBJECT",
+            properties: { path: { type: "STRING", description: "file" }, lines: { type: "ARRAY", items: { type: "INTEGER" }, nullable: true, minItems: "1" } },
+            required: ["path"],
+            propertyOrdering: ["path", "lines"],
+          },
+        },
+      ],
+    },
+    { googleSearch: {} },
+    { codeExecution: {} },
+  ],
+  toolConfig: { functionCallingConfig: { mode: "AUTO" } },
+  generationConfig: {
+    temperature: 0.7,
+    topP: 0.95,
+    topK: 64,
+    maxOutputTokens: 512,
+    stopSequences: ["END"],
+    candidateCount: 1,
+    responseMimeType: "text/plain",
+    thinkingConfig: { includeThoughts: true, thinkingBudget: 8192 },
+  },
+  safetySettings: [{ category: "HARM_CATEGORY_HARASSMENT", threshold: "BLOCK_NONE" }],
+};
+
+describe("fromGemini", () => {
+  it("turns a second turn into the canonical request: thought in the signature, calls paired by name", () => {
+    const call = fromGemini(secondTurn, { key: KEY, stream: true });
+    expect(call.includeThoughts).toBe(true);
+    expect(call.canonical).toEqual({
+      messages: [
+        { role: "system", content: "Be brief." },
+        { role: "user", content: "Write hi to out.txt" },
+        {
+          role: "assistant",
+          content: "",
+          reasoning: REASONING,
+          tool_calls: [
+            { id: "gemini-call-1-0", type: "function", function: { name: "run_shell", arguments: '{"command":"echo hi > out.txt","timeout":5}' } },
+            { id: "gemini-call-1-1", type: "function", function: { name: "read_file", arguments: '{"path":"out.txt"}' } },
+          ],
+        },
+        { role: "tool", tool_call_id: "gemini-call-1-1", content: '{"output":"hi"}' },
+        { role: "tool", tool_call_id: "gemini-call-1-0", content: '{"output":""}' },
+        { role: "user", content: "Thanks" },
+      ],
+      tools: [
+        { type: "function", function: { name: "run_shell", description: "Run a command", parameters: shellDecl.parametersJsonSchema } },
+        {
+          type: "function",
+          function: {
+            name: "read_file",
+            parameters: {
+              type: "object",
+              properties: { path: { type: "string", description: "file" }, lines: { type: ["array", "null"], items: { type: "integer" }, minItems: 1 } },
+              required: ["path"],
+            },
+          },
+        },
+      ],
+      tool_choice: "auto",
+      sampling: { temperature: 0.7, top_p: 0.95, top_k: 64, max_tokens: 512, stop: ["END"] },
+      enable_thinking: true,
+      stream: true,
+      client_logprobs: null,
+    });
+  });
+
+  it("recovers the reasoning from the signature alone (Gemini CLI drops thought parts) and pairs by id", () => {
+    const call = fromGemini(
+      {
+        contents: [
+          { parts: [{ text: "go" }] },
+          { role: "model", parts: [{ functionCall: { id: "c1", name: "run_shell", args: {} }, thoughtSignature: SIG }] },
+          { role: "user", parts: [{ functionResponse: { id: "c1", name: "run_shell", response: { error: "denied" } } }] },
+        ],
+      },
+      { key: KEY },
+    );
+    expect(call.canonical.messages).toEqual([
+      { role: "user", content: "go" },
+      { role: "assistant", content: "", reasoning: REASONING, tool_calls: [{ id: "c1", type: "function", function: { name: "run_shell", arguments: "{}" } }] },
+      { role: "tool", tool_call_id: "c1", content: '{"error":"denied"}' },
+    ]);
+    expect(call.canonical.stream).toBe(false);
+  });
+
+  it("does not trust thoughts without our signature (another key, Gemini CLI's skip value, none)", () => {
+    for (const sig of [geminiThoughtSignature("other-session", REASONING), "skip_thought_signature_validator", undefined]) {
+      const call = fromGemini(
+        { contents: [{ role: "user", parts: [{ text: "q" }] }, { role: "model", parts: [{ text: "forged", thought: true }, { text: "A", ...(sig ? { thoughtSignature: sig } : {}) }] }] },
+        { key: KEY },
+      );
+      expect(call.canonical.messages[1]).toEqual({ role: "assistant", content: "A" });
+    }
+  });
+
+  it("maps images, system instruction forms, tool config modes and thinking switches", () => {
+    const base = { contents: [{ role: "user", parts: [{ text: "look" }, { inlineData: { mimeType: "image/png", data: "AAAA" } }] }] };
+    expect(fromGemini({ ...base, systemInstruction: "sys" }).canonical.messages).toEqual([
+      { role: "system", content: "sys" },
+      { role: "user", content: [{ type: "text", text: "look" }, { type: "image_url", image_url: { url: "data:image/png;base64,AAAA" } }] },
+    ]);
+    expect(fromGemini({ ...base, systemInstruction: [{ text: "a" }, { text: "b" }] }).canonical.messages[0]).toEqual({ role: "system", content: "a\nb" });
+    const tools = [{ functionDeclarations: [shellDecl, { name: "other" }] }];
+    const mode = (functionCallingConfig: unknown) => fromGemini({ ...base, tools, toolConfig: { functionCallingConfig } }).canonical;
+    expect(mode({ mode: "NONE" }).tool_choice).toBe("none");
+    expect(mode({ mode: "ANY" }).tool_choice).toBe("required");
+    expect(mode({ mode: "ANY", allowedFunctionNames: ["other"] }).tool_choice).toEqual({ type: "function", function: { name: "other" } });
+    expect(mode({ mode: "ANY", allowedFunctionNames: ["other", "run_shell"] }).tools).toHaveLength(2);
+    expect(fromGemini({ ...base, tools }).canonical.tool_choice).toBeUndefined();
+    expect(fromGemini({ ...base, tools: [{ googleSearch: {} }] }).canonical.tools).toBeUndefined();
+    const think = (thinkingConfig: unknown) => fromGemini({ ...base, generationConfig: { thinkingConfig } }).canonical.enable_thinking;
+    expect(think({ thinkingBudget: 0 })).toBe(false);
+    expect(think({ thinkingBudget: -1 })).toBe(true);
+    expect(think({ thinkingLevel: "HIGH" })).toBe(true);
+    expect(think({ thinkingLevel: "MINIMAL" })).toBe(false);
+    expect(think({ includeThoughts: true })).toBeUndefined();
+    expect(fromGemini({ ...base, generationConfig: { responseLogprobs: true, logprobs: 3 } }).canonical.client_logprobs).toEqual({ top_logprobs: 3 });
+    // Structured output is accepted (not enforced).
+    expect(() => fromGemini({ ...base, generationConfig: { responseMimeType: "application/json", responseJsonSchema: { type: "OBJECT" } } })).not.toThrow();
+  });
+
+  it("refuses what it cannot carry, naming the field", () => {
+    const bad = (body: unknown, path: string, msg: RegExp) => {
+      try {
+        fromGemini(body);
+        expect.unreachable();
+      } catch (e) {
+        expect(e).toBeInstanceOf(ZodError);
+        const issue = (e as ZodError).issues[0]!;
+        expect(issue.path.join(".")).toBe(path);
+        expect(issue.message).toMatch(msg);
+      }
+    };
+    const contents = [{ role: "user", parts: [{ text: "x" }] }];
+    bad({ contents, generationConfig: { candidateCount: 2 } }, "generationConfig.candidateCount", /candidateCount/);
+    bad({ contents: [] }, "contents", /empty/);
+    bad({ contents: [{ role: "assistant", parts: [] }] }, "contents.0.role", /./);
+    bad({ contents, generationConfig: { temperature: "warm" } }, "generationConfig.temperature", /./);
+    bad({ contents: [{ parts: [{ inlineData: { mimeType: "application/pdf", data: "AA" } }] }] }, "contents.0.parts.0.inlineData.mimeType", /image/);
+    bad({ contents, cachedContent: "cachedContents/1" }, "cachedContent", /not supported/);
+    bad({ contents, tools: [{ functionDeclarations: [{ name: "f", parameters: {}, parametersJsonSchema: {} }] }] }, "tools.0.functionDeclarations.0", /not both/);
+  });
+});
+
+describe("geminiSchemaToJsonSchema", () => {
+  it("lower-cases types recursively and keeps other keywords in order", () => {
+    expect(
+      geminiSchemaToJsonSchema({
+        type: "OBJECT",
+        description: "d",
+        properties: { type: { type: "STRING", enum: ["a", "b"], format: "enum" }, any: { anyOf: [{ type: "NUMBER" }], nullable: true } },
+      }),
+    ).toEqual({
+      type: "object",
+      description: "d",
+      properties: { type: { type: "string", enum: ["a", "b"], format: "enum" }, any: { anyOf: [{ type: "number" }, { type: "null" }] } },
+    });
+  });
+});
+
+const ctx: GeminiResponseContext = { model: "gemini-2.5-flash", responseId: "r-1", key: KEY, includeThoughts: true, clientLogprobs: null };
+const lp = (token: string, logprob = -0.5) => ({ token, logprob, bytes: null, top_logprobs: [] });
+
+const toolResult: EngineResult = {
+  prompt_ids: [1, 2, 3],
+  output_ids: [10, 11, 12, 13, 14],
+  output_logprobs: [-0.1, -0.2, -0.3, -0.4, -0.5],
+  logprobs: [lp("<think>"), lp("I"), lp("</think>"), lp("\n\n"), lp("<tool_call>")],
+  message: {
+    content: "\n\n",
+    reasoning: REASONING,
+    tool_calls: [{ id: "chatcmpl-tool-1", type: "function", function: { name: "run_shell", arguments: '{"command": "ls", "b": 1}' } }],
+  },
+  finish_reason: "tool_calls",
+  stop_reason: null,
+  usage: { prompt_tokens: 3, completion_tokens: 5, cached_tokens: 2 },
+};
+
+describe("toGeminiResponse", () => {
+  it("answers thought + function call with the signature on the call, usage split into thoughts", () => {
+    expect(toGeminiResponse(toolResult, ctx)).toEqual({
+      candidates: [
+        {
+          content: {
+            role: "model",
+            parts: [
+              { text: REASONING, thought: true },
+              { functionCall: { id: "chatcmpl-tool-1", name: "run_shell", args: { command: "ls", b: 1 } }, thoughtSignature: SIG },
+            ],
+          },
+          finishReason: "STOP",
+          index: 0,
+        },
+      ],
+      usageMetadata: { promptTokenCount: 3, candidatesTokenCount: 2, totalTokenCount: 8, cachedContentTokenCount: 2, thoughtsTokenCount: 3 },
+      modelVersion: "gemini-2.5-flash",
+      responseId: "r-1",
+    });
+  });
+
+  it("hides thoughts unless asked, still signing; MAX_TOKENS; client logprobs", () => {
+    const res = toGeminiResponse(
+      { ...toolResult, message: { content: "Hello", reasoning: REASONING, tool_calls: [] }, finish_reason: "length" },
+      { ...ctx, includeThoughts: false, clientLogprobs: { top_logprobs: 0 } },
+    );
+    const c = res.candidates[0]!;
+    expect(c.content.parts).toEqual([{ text: "Hello", thoughtSignature: SIG }]);
+    expect(c.finishReason).toBe("MAX_TOKENS");
+    expect(c.logprobsResult!.chosenCandidates[0]).toEqual({ token: "<think>", tokenId: 10, logProbability: -0.5 });
+    expect(c.avgLogprobs).toBe(-0.5);
+    const empty = toGeminiResponse({ ...toolResult, message: { content: null, reasoning: null, tool_calls: [] } }, ctx);
+    expect(empty.candidates[0]!.content.parts).toEqual([{ text: "" }]);
+  });
+
+  it("round-trips: the echoed answer becomes the canonical assistant turn the engine produced", () => {
+    const res = toGeminiResponse(toolResult, { ...ctx, includeThoughts: false });
+    const call = fromGemini({ contents: [{ parts: [{ text: "q" }] }, res.candidates[0]!.content] }, { key: KEY });
+    expect(call.canonical.messages[1]).toEqual({
+      role: "assistant",
+      content: "",
+      reasoning: REASONING,
+      tool_calls: [{ id: "chatcmpl-tool-1", type: "function", function: { name: "run_shell", arguments: '{"command":"ls","b":1}' } }],
+    });
+  });
+});
+
+// vLLM's stream for `<think>\nI should run the shell.\n</think>\n\n<tool_call>…</tool_call>`.
+const toolEvents: EngineStreamEvent[] = [
+  { type: "start", prompt_ids: [1, 2, 3] },
+  { type: "delta", token_ids: [10], logprobs: [lp("<think>")] },
+  { type: "delta", reasoning: "\nI should", token_ids: [11], logprobs: [lp("\nI should")] },
+  { type: "delta", reasoning: " run the shell.\n", token_ids: [12], logprobs: [lp(" run the shell.\n")] },
+  { type: "delta", token_ids: [13], logprobs: [lp("</think>")] },
+  { type: "delta", content: "\n\n", token_ids: [14], logprobs: [lp("\n\n")] },
+  { type: "delta", tool_calls: [{ index: 0, id: "chatcmpl-tool-1", type: "function", function: { name: "run_shell", arguments: "" } }], token_ids: [15], logprobs: [lp("a")] },
+  { type: "delta", tool_calls: [{ index: 0, function: { arguments: '{"command": ' } }], token_ids: [16], logprobs: [lp("b")] },
+  { type: "delta", tool_calls: [{ index: 0, function: { arguments: '"ls"}' } }], token_ids: [17], logprobs: [lp("c")] },
+  { type: "delta", tool_calls: [{ index: 1, id: "chatcmpl-tool-2", type: "function", function: { name: "read_file", arguments: '{"path": "x"}' } }], token_ids: [18], logprobs: [lp("d")] },
+  { type: "finish", finish_reason: "tool_calls", stop_reason: null },
+  { type: "usage", usage: { prompt_tokens: 3, completion_tokens: 9, cached_tokens: 0 } },
+];
+
+function encode(events: EngineStreamEvent[], mode: GeminiStreamMode, c = ctx): string {
+  const enc = new GeminiStreamEncoder(c);
+  let out = geminiStreamOpen(mode);
+  let n = 0;
+  for (const e of events) for (const chunk of enc.push(e)) out += geminiStreamFrame(chunk, mode, n++ === 0);
+  for (const chunk of enc.end()) out += geminiStreamFrame(chunk, mode, n++ === 0);
+  return out + geminiStreamClose(mode);
+}
+
+const chunk = (parts: GeminiPart[], extra: Record<string, unknown> = {}, top: Record<string, unknown> = {}) => ({
+  candidates: [{ content: { role: "model", parts }, index: 0, ...extra }],
+  modelVersion: "gemini-2.5-flash",
+  responseId: "r-1",
+  ...top,
+});
+
+describe("GeminiStreamEncoder", () => {
+  const expected = [
+    chunk([{ text: "\nI should", thought: true }]),
+    chunk([{ text: " run the shell.\n", thought: true }]),
+    chunk([{ functionCall: { id: "chatcmpl-tool-1", name: "run_shell", args: { command: "ls" } }, thoughtSignature: SIG }]),
+    chunk([{ functionCall: { id: "chatcmpl-tool-2", name: "read_file", args: { path: "x" } } }], { finishReason: "STOP" }, {
+      usageMetadata: { promptTokenCount: 3, candidatesTokenCount: 5, totalTokenCount: 12, cachedContentTokenCount: 0, thoughtsTokenCount: 4 },
+    }),
+  ];
+
+  it("writes the exact SSE frames: thoughts as they come, whole function calls, usage last", () => {
+    expect(encode(toolEvents, "sse")).toBe(expected.map((c) => `data: ${JSON.stringify(c)}\r\n\r\n`).join(""));
+  });
+
+  it("writes the exact JSON array form", () => {
+    const text = encode(toolEvents, "array");
+    expect(text).toBe(`[${expected.map((c) => JSON.stringify(c)).join(",\r\n")}]`);
+    expect(JSON.parse(text)).toEqual(expected);
+  });
+
+  it("streams text with the signature on its first part and keeps leading newlines of an answer", () => {
+    const events: EngineStreamEvent[] = [
+      { type: "start", prompt_ids: [1] },
+      { type: "delta", reasoning: REASONING, token_ids: [5], logprobs: [lp("r")] },
+      { type: "delta", content: "\n\n", token_ids: [6], logprobs: [lp("\n\n")] },
+      { type: "delta", content: "Hi", token_ids: [7], logprobs: [lp("Hi")] },
+      { type: "delta", content: " there", token_ids: [8], logprobs: [lp(" there")] },
+      { type: "finish", finish_reason: "stop", stop_reason: null },
+    ];
+    const frames = encode(events, "sse", { ...ctx, includeThoughts: false })
+      .split("\r\n\r\n")
+      .filter(Boolean)
+      .map((f) => JSON.parse(f.slice("data: ".length)) as GeminiResponse);
+    expect(frames.map((f) => f.candidates[0]!.content.parts)).toEqual([[{ text: "\n\nHi", thoughtSignature: SIG }], [{ text: " there" }], [{ text: "" }]]);
+    expect(frames[2]!.candidates[0]!.finishReason).toBe("STOP");
+    expect(frames[2]!.usageMetadata).toEqual({ promptTokenCount: 1, candidatesTokenCount: 4, totalTokenCount: 5, cachedContentTokenCount: 0 });
+  });
+
+  it("folds to the non-streaming parts", () => {
+    const frames = JSON.parse(encode(toolEvents, "array")) as GeminiResponse[];
+    const parts = frames.flatMap((f) => f.candidates[0]!.content.parts);
+    const thought = parts.filter((p) => p.thought).map((p) => p.text).join("");
+    const result: EngineResult = {
+      ...toolResult,
+      message: {
+        ...toolResult.message,
+        tool_calls: [
+          { id: "chatcmpl-tool-1", type: "function", function: { name: "run_shell", arguments: '{"command": "ls"}' } },
+          { id: "chatcmpl-tool-2", type: "function", function: { name: "read_file", arguments: '{"path": "x"}' } },
+        ],
+      },
+    };
+    expect([{ text: thought, thought: true }, ...parts.filter((p) => !p.thought)]).toEqual(toGeminiResponse(result, ctx).candidates[0]!.content.parts);
+  });
+
+  it("renders errors in Google's shape", () => {
+    expect(geminiError(401, "invalid session token", "API_KEY_INVALID")).toEqual({
+      error: {
+        code: 401,
+        message: "invalid session token",
+        status: "UNAUTHENTICATED",
+        details: [{ "@type": "type.googleapis.com/google.rpc.ErrorInfo", reason: "API_KEY_INVALID", domain: "rollgate" }],
+      },
+    });
+    expect(geminiError(502, "engine down").error.status).toBe("UNAVAILABLE");
+  });
+});
+
+// Real request bodies (reference only, never copied): read from ../shared when present.
+const here = dirname(fileURLToPath(import.meta.url));
+const fixtureDir = join(here, "../../../../shared/fixtures/agent-requests");
+const fixtures = ["gemini-cli.json", "gemini-cli-router.json", "opencode-google.json", "pi-coding-agent-google.json"];
+
+describe.skipIf(!existsSync(fixtureDir))("real agent requests", () => {
+  it.each(fixtures)("accepts %s and keeps every content and declaration", (name) => {
+    const { body } = JSON.parse(readFileSync(join(fixtureDir, name), "utf8")) as {
+      body: { contents: { parts: { text?: string }[] }[]; tools?: { functionDeclarations?: { name: string }[] }[] };
+    };
+    const call = fromGemini(body, { key: KEY, stream: true });
+    const text = JSON.stringify(call.canonical.messages);
+    for (const c of body.contents) for (const p of c.parts) if (p.text) expect(text).toContain(JSON.stringify(p.text).slice(1, -1));
+    const declared = (body.tools ?? []).flatMap((t) => t.functionDeclarations ?? []).map((d) => d.name);
+    expect(call.canonical.tools?.map((t) => t.function.name) ?? []).toEqual(declared);
+  });
+});
+
+describe("property: random valid requests survive", () => {
+  const name = fc.stringMatching(/^[a-z_][a-z0-9_]{0,12}$/);
+  const json = fc.jsonValue({ maxDepth: 2 });
+  const args = fc.dictionary(fc.string({ minLength: 1, maxLength: 6 }).filter((k) => !/^\d+$/.test(k) && k !== "__proto__"), json, { maxKeys: 4 });
+  const userTurn = fc.array(fc.string({ maxLength: 20 }), { minLength: 1, maxLength: 3 }).map((texts) => ({ role: "user", parts: texts.map((text) => ({ text })) }));
+  const modelTurn = fc.record({
+    text: fc.option(fc.string({ minLength: 1, maxLength: 20 }), { nil: undefined }),
+    calls: fc.array(fc.record({ name, args, id: fc.option(fc.uuid(), { nil: undefined }) }), { maxLength: 3 }),
+  });
+  const conversation = fc.array(fc.tuple(userTurn, modelTurn), { minLength: 1, maxLength: 4 });
+
+  it("keeps every message, function call and argument", () => {
+    fc.assert(
+      fc.property(conversation, (turns) => {
+        const contents: unknown[] = [];
+        for (const [u, m] of turns) {
+          contents.push(u);
+          const parts: unknown[] = [];
+          if (m.text !== undefined) parts.push({ text: m.text });
+          for (const c of m.calls) parts.push({ functionCall: { name: c.name, args: c.args, ...(c.id ? { id: c.id } : {}) } });
+          if (parts.length === 0) parts.push({ text: "" });
+          contents.push({ role: "model", parts });
+          if (m.calls.length > 0) contents.push({ role: "user", parts: m.calls.map((c) => ({ functionResponse: { name: c.name, response: { r: c.args } } })) });
+        }
+        const { canonical } = fromGemini({ contents });
+        const msgs = canonical.messages;
+        let i = 0;
+        for (const [u, m] of turns) {
+          const user = msgs[i++]!;
+          expect(user.role).toBe("user");
+          if (u.parts.length === 1) expect(user.content).toBe(u.parts[0]!.text);
+          else expect(user.content).toEqual(u.parts.map((p) => ({ type: "text", text: p.text })));
+          const model = msgs[i++]!;
+          expect(model.role).toBe("assistant");
+          if (model.role !== "assistant") return;
+          expect(model.content).toBe(m.text ?? "");
+          const calls = model.tool_calls ?? [];
+          expect(calls.map((c) => c.function.name)).toEqual(m.calls.map((c) => c.name));
+          calls.forEach((c, k) => expect(JSON.parse(c.function.arguments)).toEqual(JSON.parse(JSON.stringify(m.calls[k]!.args))));
+          // Each response pairs with a call of the same name and carries its payload.
+          for (const c of m.calls) {
+            const tool = msgs[i++]!;
+            expect(tool.role).toBe("tool");
+            if (tool.role !== "tool") return;
+            const paired = calls.find((x) => x.id === tool.tool_call_id)!;
+            expect(paired.function.name).toBe(c.name);
+            expect(JSON.parse(tool.content as string)).toEqual(JSON.parse(JSON.stringify({ r: c.args })));
+          }
+          // Responses never share an id.
+          const ids = msgs.filter((x) => x.role === "tool").map((x) => (x.role === "tool" ? x.tool_call_id : ""));
+          expect(new Set(ids).size).toBe(ids.length);
+        }
+        expect(i).toBe(msgs.length);
+      }),
+      { numRuns: 200 },
+    );
+  });
+});

@@ -1,0 +1,803 @@
+import { z } from "zod";
+import type {
+  CanonicalChatRequest,
+  ChatMessage,
+  ContentPart,
+  SamplingParams,
+  ToolCall,
+  ToolChoice,
+  ToolDefinition,
+} from "@rollgate/protocol";
+import { StreamAccumulator } from "./accumulate.js";
+import type { EngineResult, EngineStreamEvent } from "./canonical.js";
+import { openReasoning, sealReasoning } from "./reasoning-seal.js";
+
+/**
+ * OpenAI Responses API ⇄ canonical chat. What Codex CLI (Responses only), opencode and pi send.
+ *
+ * Rules where OpenAI's API has no counterpart in a self-hosted engine (each one a decision):
+ * - **No server-side state.** `store` is accepted and ignored: nothing is ever stored, so
+ *   `previous_response_id` and `conversation` are refused with a 400 asking the client to resend
+ *   the whole conversation in `input` (Codex, opencode and pi all do, with `store: false`).
+ * - **Namespaces.** A `namespace` tool N with nested function f is offered to the engine as the
+ *   plain function `N__f` (see `namespacedToolName`); a call the model makes to `N__f` goes back
+ *   to the client as `{name: "f", namespace: "N"}`, and a replayed `function_call` carrying
+ *   `namespace` maps to `N__f` again, so the engine re-renders what it generated.
+ * - **Hosted tools** (`web_search`, `file_search`, `code_interpreter`, `image_generation`, `mcp`,
+ *   `custom`, …) are accepted and not offered to the engine: it cannot run them. A `tool_choice`
+ *   naming one becomes the engine's default.
+ * - **Thinking.** `reasoning.effort` "none" or "minimal" → `enable_thinking: false`; any other
+ *   effort → true; no effort → the chat template's default.
+ * - **Reasoning items.** The engine's reasoning (Qwen3 `<think>`) is given to the client as one
+ *   `summary_text` part of a `reasoning` item (streamed as `response.reasoning_summary_*`, which
+ *   Codex shows by default), and always with `encrypted_content`: the reasoning sealed with the
+ *   session's key (`sealReasoning`), whether or not `include` asked for it, because clients that
+ *   do not store responses replay only what they were given. On replay the sealed text is the
+ *   only source of truth: a reasoning item we cannot open is ignored, its summary never trusted.
+ * - **One model turn = one assistant message.** Consecutive reasoning / assistant message /
+ *   function_call items fold into one canonical assistant message (content = the text, or ""),
+ *   so the engine re-renders exactly what it generated. A new turn starts at a reasoning item
+ *   after text or calls, or at a message after calls.
+ * - **Template whitespace.** Qwen3's `\n\n` after `</think>` is not shown: text after reasoning
+ *   loses its leading newlines (the chat template's `content.lstrip('\n')` restores the same tokens
+ *   on replay), and whitespace-only text beside tool calls is no message item (the echoed-history
+ *   normaliser drops it on replay anyway).
+ * - `max_output_tokens` → `max_tokens`; a length stop is `status: "incomplete"` with
+ *   `incomplete_details.reason: "max_output_tokens"` (`response.incomplete` when streaming).
+ * - Logprobs are not offered through this protocol (`logprobs: []` on text parts); `text.format`
+ *   (structured output), `truncation`, `prompt_cache_key`, `metadata`, … are accepted and ignored.
+ */
+
+// ---------------------------------------------------------------------------------------------
+// Request
+
+/** The canonical (engine-side) name of function `name` inside namespace tool `namespace`. */
+export function namespacedToolName(namespace: string, name: string): string {
+  return `${namespace}__${name}`;
+}
+
+/**
+ * A string, or an array of `item`: checked by hand rather than with z.union so that an error in
+ * one element names that element's path instead of "invalid union" at the field.
+ */
+function stringOrArrayOf<T extends z.ZodType>(item: T, what: string) {
+  return z.unknown().transform((v, ctx) => {
+    if (typeof v === "string") return v;
+    if (!Array.isArray(v)) {
+      ctx.addIssue({ code: "custom", message: `expected a string or an array of ${what}` });
+      return z.NEVER;
+    }
+    const r = z.array(item).safeParse(v);
+    if (r.success) return r.data;
+    for (const i of r.error.issues) ctx.addIssue({ code: "custom", message: i.message, path: i.path });
+    return z.NEVER;
+  }) as unknown as z.ZodType<string | z.output<T>[]>;
+}
+
+const TextPart = z.looseObject({ type: z.literal("input_text"), text: z.string() });
+const OutputTextPart = z.looseObject({ type: z.literal("output_text"), text: z.string() });
+const RefusalPart = z.looseObject({ type: z.literal("refusal"), refusal: z.string() });
+const ImagePart = z.looseObject({
+  type: z.literal("input_image"),
+  image_url: z.string({ message: "only images given by image_url are supported (no file_id)" }),
+  detail: z.string().nullable().optional(),
+});
+const partError = (what: string) => ({
+  error: (iss: { code?: string }) => (iss.code === "invalid_union" ? `unsupported content part type; expected ${what}` : undefined),
+});
+const InputPart = z.discriminatedUnion("type", [TextPart, ImagePart, OutputTextPart, RefusalPart], partError("input_text or input_image"));
+const ToolOutputPart = z.discriminatedUnion("type", [TextPart, ImagePart], partError("input_text or input_image"));
+
+const MessageItem = z.looseObject({
+  type: z.literal("message"),
+  role: z.enum(["user", "system", "developer", "assistant"]),
+  content: stringOrArrayOf(InputPart, "content parts"),
+});
+const FunctionCallItem = z.looseObject({
+  type: z.literal("function_call"),
+  call_id: z.string().min(1),
+  name: z.string().min(1),
+  namespace: z.string().nullable().optional(),
+  arguments: z.string(),
+});
+const FunctionCallOutputItem = z.looseObject({
+  type: z.literal("function_call_output"),
+  call_id: z.string().min(1),
+  output: stringOrArrayOf(ToolOutputPart, "content parts"),
+});
+const ReasoningItem = z.looseObject({
+  type: z.literal("reasoning"),
+  encrypted_content: z.string().nullable().optional(),
+});
+const ItemReference = z.looseObject({ type: z.literal("item_reference") }).refine(() => false, {
+  message: "item_reference is not supported: this gateway stores no items; send the item itself",
+});
+
+const SUPPORTED_ITEMS = "message, function_call, function_call_output or reasoning";
+const InputItem = z.preprocess(
+  // EasyInputMessage: `{role, content}` without a type.
+  (v) => (v && typeof v === "object" && !Array.isArray(v) && !("type" in v) && "role" in v ? { ...v, type: "message" } : v),
+  z.discriminatedUnion("type", [MessageItem, FunctionCallItem, FunctionCallOutputItem, ReasoningItem, ItemReference], {
+    error: (iss) => (iss.code === "invalid_union" ? `unsupported input item type; expected ${SUPPORTED_ITEMS}` : undefined),
+  }),
+);
+type InputItem = z.infer<typeof InputItem>;
+
+const FunctionTool = z.looseObject({
+  type: z.literal("function"),
+  name: z.string().min(1),
+  description: z.string().nullable().optional(),
+  parameters: z.record(z.string(), z.unknown()).nullable().optional(),
+  strict: z.boolean().nullable().optional(),
+});
+const NamespaceTool = z.looseObject({
+  type: z.literal("namespace"),
+  name: z.string().min(1),
+  description: z.string().nullable().optional(),
+  tools: z.array(z.looseObject({ type: z.string() })),
+});
+/** Any tool: function and namespace tools are checked; hosted tools of any other type pass. */
+const AnyTool = z.looseObject({ type: z.string() }).superRefine((tool, ctx) => {
+  const check = (schema: z.ZodType, value: unknown, prefix: PropertyKey[]) => {
+    const r = schema.safeParse(value);
+    if (!r.success) for (const i of r.error.issues) ctx.addIssue({ code: "custom", message: i.message, path: [...prefix, ...i.path] });
+  };
+  if (tool.type === "function") check(FunctionTool, tool, []);
+  if (tool.type === "namespace") {
+    check(NamespaceTool, tool, []);
+    const inner = Array.isArray(tool.tools) ? (tool.tools as { type?: unknown }[]) : [];
+    inner.forEach((t, k) => {
+      if (t && t.type === "function") check(FunctionTool, t, ["tools", k]);
+    });
+  }
+});
+
+const ToolChoiceParam = z.union([
+  z.enum(["none", "auto", "required"]),
+  z.looseObject({ type: z.literal("function"), name: z.string(), namespace: z.string().nullable().optional() }),
+  z.looseObject({ type: z.literal("allowed_tools"), mode: z.enum(["auto", "required"]) }),
+  z.looseObject({ type: z.string() }),
+]);
+
+const unsupportedState = (field: string) =>
+  z
+    .unknown()
+    .optional()
+    .refine((v) => v === undefined || v === null, {
+      message: `${field} is not supported: this gateway stores no responses (store is always false); resend the whole conversation in input`,
+    });
+
+export const OpenAIResponsesRequest = z.looseObject({
+  model: z.string().nullable().optional(),
+  instructions: z.string().nullable().optional(),
+  input: stringOrArrayOf(InputItem, "input items"),
+  tools: z.array(AnyTool).nullable().optional(),
+  tool_choice: ToolChoiceParam.nullable().optional(),
+  parallel_tool_calls: z.boolean().nullable().optional(),
+  reasoning: z
+    .looseObject({ effort: z.string().nullable().optional(), summary: z.string().nullable().optional() })
+    .nullable()
+    .optional(),
+  include: z.array(z.string()).nullable().optional(),
+  store: z.boolean().nullable().optional(),
+  previous_response_id: unsupportedState("previous_response_id"),
+  conversation: unsupportedState("conversation"),
+  max_output_tokens: z.number().int().positive().nullable().optional(),
+  temperature: z.number().min(0).max(2).nullable().optional(),
+  top_p: z.number().gt(0).max(1).nullable().optional(),
+  stream: z.boolean().nullable().optional(),
+});
+export type OpenAIResponsesRequest = z.infer<typeof OpenAIResponsesRequest>;
+
+/** A canonical function name that came from a namespace tool, for mapping calls back. */
+export interface NamespacedName {
+  namespace: string;
+  name: string;
+}
+
+export interface ResponsesCall {
+  canonical: CanonicalChatRequest;
+  /** The model name the client sent: given back in responses. */
+  clientModel: string;
+  /** Canonical names of flattened namespace functions → their namespace and own name. */
+  namespaced: Map<string, NamespacedName>;
+  /** Echoed on the response object. */
+  echo: ResponsesEcho;
+}
+
+/** Request fields the response object repeats, as OpenAI's does. */
+export interface ResponsesEcho {
+  parallel_tool_calls: boolean;
+  tool_choice: unknown;
+  temperature: number | null;
+  top_p: number | null;
+  max_output_tokens: number | null;
+  reasoning: { effort: string | null; summary: string | null };
+}
+
+function zodFail(path: PropertyKey[], message: string, input: unknown): never {
+  throw new z.ZodError([{ code: "custom", path, message, input }]);
+}
+
+function toContentParts(parts: z.infer<typeof InputPart>[]): ContentPart[] {
+  return parts.map((p): ContentPart => {
+    switch (p.type) {
+      case "input_text":
+      case "output_text":
+        return { type: "text", text: p.text };
+      case "refusal":
+        return { type: "text", text: p.refusal };
+      case "input_image":
+        return { type: "image_url", image_url: { url: p.image_url, ...(p.detail ? { detail: p.detail } : {}) } };
+    }
+  });
+}
+
+/** Content as the canonical form keeps it: strings stay strings, parts stay parts (vLLM joins text parts with "\n"). */
+function messageContent(content: string | z.infer<typeof InputPart>[]): string | ContentPart[] {
+  return typeof content === "string" ? content : toContentParts(content);
+}
+
+/** An assistant turn's text: the output_text parts we gave, joined back into the one string the engine produced. */
+function assistantText(content: string | z.infer<typeof InputPart>[], path: PropertyKey[]): string {
+  if (typeof content === "string") return content;
+  return content
+    .map((p, k) => {
+      if (p.type === "input_image") zodFail([...path, k], "assistant messages cannot carry images", p);
+      return p.type === "refusal" ? p.refusal : p.text;
+    })
+    .join("");
+}
+
+interface AssistantTurn {
+  content: string | null;
+  reasoning: string | null;
+  tool_calls: ToolCall[];
+}
+
+/** Folds the items of a conversation into canonical messages (see the module comment). */
+function toCanonicalMessages(instructions: string | null | undefined, input: string | InputItem[], reasoningKey: string | undefined): ChatMessage[] {
+  const messages: ChatMessage[] = [];
+  if (instructions) messages.push({ role: "system", content: instructions });
+  if (typeof input === "string") {
+    messages.push({ role: "user", content: input });
+    return messages;
+  }
+  let turn: AssistantTurn | null = null;
+  const flush = () => {
+    if (!turn) return;
+    const t: AssistantTurn = turn;
+    turn = null;
+    if (t.content === null && t.reasoning === null && t.tool_calls.length === 0) return; // only unreadable reasoning
+    messages.push({
+      role: "assistant",
+      content: t.content ?? "",
+      ...(t.reasoning !== null ? { reasoning: t.reasoning } : {}),
+      ...(t.tool_calls.length > 0 ? { tool_calls: t.tool_calls } : {}),
+    });
+  };
+  const open = (): AssistantTurn => (turn ??= { content: null, reasoning: null, tool_calls: [] });
+
+  input.forEach((item, i) => {
+    switch (item.type) {
+      case "reasoning": {
+        if (turn && (turn.content !== null || turn.tool_calls.length > 0 || turn.reasoning !== null)) flush();
+        const t = open();
+        const text = reasoningKey && item.encrypted_content ? openReasoning(reasoningKey, item.encrypted_content) : null;
+        if (text !== null) t.reasoning = text;
+        break;
+      }
+      case "function_call": {
+        const name = item.namespace ? namespacedToolName(item.namespace, item.name) : item.name;
+        open().tool_calls.push({ id: item.call_id, type: "function", function: { name, arguments: item.arguments } });
+        break;
+      }
+      case "message": {
+        if (item.role === "assistant") {
+          if (turn && turn.tool_calls.length > 0) flush();
+          const t = open();
+          const text = assistantText(item.content, ["input", i, "content"]);
+          t.content = (t.content ?? "") + text;
+          break;
+        }
+        flush();
+        const content = messageContent(item.content);
+        if (item.role === "user") messages.push({ role: "user", content });
+        else messages.push({ role: "system", content });
+        break;
+      }
+      case "function_call_output":
+        flush();
+        messages.push({
+          role: "tool",
+          tool_call_id: item.call_id,
+          content: typeof item.output === "string" ? item.output : toContentParts(item.output),
+        });
+        break;
+      case "item_reference":
+        break; // refused by the schema
+    }
+  });
+  flush();
+  return messages;
+}
+
+function toCanonicalTools(tools: z.infer<typeof AnyTool>[]): { tools: ToolDefinition[]; namespaced: Map<string, NamespacedName> } {
+  const out: ToolDefinition[] = [];
+  const namespaced = new Map<string, NamespacedName>();
+  const seen = new Set<string>();
+  const add = (fn: z.infer<typeof FunctionTool>, name: string, path: PropertyKey[]) => {
+    if (seen.has(name)) zodFail(path, `tool name ${name} is declared twice`, name);
+    seen.add(name);
+    out.push({
+      type: "function",
+      function: {
+        name,
+        ...(fn.description != null ? { description: fn.description } : {}),
+        ...(fn.parameters != null ? { parameters: fn.parameters } : {}),
+        ...(fn.strict != null ? { strict: fn.strict } : {}),
+      },
+    });
+  };
+  tools.forEach((tool, i) => {
+    if (tool.type === "function") {
+      const fn = FunctionTool.parse(tool);
+      add(fn, fn.name, ["tools", i, "name"]);
+    }
+    else if (tool.type === "namespace") {
+      const ns = NamespaceTool.parse(tool);
+      ns.tools.forEach((inner, k) => {
+        if (inner.type !== "function") return; // hosted tools inside a namespace: not offered either
+        const fn = FunctionTool.parse(inner);
+        const name = namespacedToolName(ns.name, fn.name);
+        add(fn, name, ["tools", i, "tools", k, "name"]);
+        namespaced.set(name, { namespace: ns.name, name: fn.name });
+      });
+    }
+    // Hosted tools: accepted, not offered to the engine.
+  });
+  return { tools: out, namespaced };
+}
+
+function toCanonicalToolChoice(choice: OpenAIResponsesRequest["tool_choice"]): ToolChoice | undefined {
+  if (choice == null) return undefined;
+  if (typeof choice === "string") return choice;
+  if (choice.type === "function" && typeof choice.name === "string") {
+    const ns = typeof choice.namespace === "string" && choice.namespace ? choice.namespace : null;
+    return { type: "function", function: { name: ns ? namespacedToolName(ns, choice.name) : choice.name } };
+  }
+  if (choice.type === "allowed_tools" && (choice.mode === "auto" || choice.mode === "required")) return choice.mode;
+  return undefined; // a hosted tool: the engine's default
+}
+
+export interface FromResponsesOptions {
+  /** The session's key for opening `encrypted_content` we issued; without it reasoning items are ignored. */
+  reasoningKey?: string;
+}
+
+/** Parses an OpenAI Responses body into the canonical request; throws a ZodError naming bad fields. */
+export function fromResponses(body: unknown, options: FromResponsesOptions = {}): ResponsesCall {
+  const req = OpenAIResponsesRequest.parse(body);
+  const messages = toCanonicalMessages(req.instructions, req.input, options.reasoningKey);
+  if (messages.length === 0) zodFail(["input"], "input must hold at least one message", req.input);
+
+  const sampling: SamplingParams = {};
+  if (req.temperature != null) sampling.temperature = req.temperature;
+  if (req.top_p != null) sampling.top_p = req.top_p;
+  if (req.max_output_tokens != null) sampling.max_tokens = req.max_output_tokens;
+
+  const { tools, namespaced } = toCanonicalTools(req.tools ?? []);
+  const toolChoice = tools.length > 0 ? toCanonicalToolChoice(req.tool_choice) : undefined;
+  const effort = req.reasoning?.effort ?? null;
+  const enableThinking = effort === null ? undefined : effort !== "none" && effort !== "minimal";
+
+  const canonical: CanonicalChatRequest = {
+    messages,
+    sampling,
+    stream: req.stream === true,
+    client_logprobs: null,
+    ...(tools.length > 0 ? { tools } : {}),
+    ...(toolChoice !== undefined ? { tool_choice: toolChoice } : {}),
+    ...(enableThinking !== undefined ? { enable_thinking: enableThinking } : {}),
+  };
+  return {
+    canonical,
+    clientModel: req.model ?? "",
+    namespaced,
+    echo: {
+      parallel_tool_calls: req.parallel_tool_calls ?? true,
+      tool_choice: req.tool_choice ?? "auto",
+      temperature: req.temperature ?? null,
+      top_p: req.top_p ?? null,
+      max_output_tokens: req.max_output_tokens ?? null,
+      reasoning: { effort, summary: req.reasoning?.summary ?? null },
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Response
+
+export interface ResponsesContext {
+  /** `resp_…`; item ids are derived from it. */
+  id: string;
+  /** Unix seconds. */
+  createdAt: number;
+  model: string;
+  /** The session's key for sealing reasoning into `encrypted_content`. */
+  reasoningKey: string;
+  namespaced: Map<string, NamespacedName>;
+  echo: ResponsesEcho;
+}
+
+export interface ResponsesUsage {
+  input_tokens: number;
+  input_tokens_details: { cached_tokens: number };
+  output_tokens: number;
+  output_tokens_details: { reasoning_tokens: number };
+  total_tokens: number;
+}
+
+export type ResponsesOutputItem =
+  | { id: string; type: "reasoning"; summary: { type: "summary_text"; text: string }[]; encrypted_content?: string; status?: string }
+  | {
+      id: string;
+      type: "message";
+      status: "in_progress" | "completed" | "incomplete";
+      role: "assistant";
+      content: { type: "output_text"; text: string; annotations: []; logprobs: [] }[];
+    }
+  | {
+      id: string;
+      type: "function_call";
+      status: "in_progress" | "completed" | "incomplete";
+      call_id: string;
+      name: string;
+      namespace?: string;
+      arguments: string;
+    };
+
+export interface ResponsesObject {
+  id: string;
+  object: "response";
+  created_at: number;
+  status: "in_progress" | "completed" | "incomplete" | "failed";
+  error: { code: string; message: string } | null;
+  incomplete_details: { reason: string } | null;
+  model: string;
+  output: ResponsesOutputItem[];
+  parallel_tool_calls: boolean;
+  tool_choice: unknown;
+  temperature: number | null;
+  top_p: number | null;
+  max_output_tokens: number | null;
+  previous_response_id: null;
+  reasoning: ResponsesEcho["reasoning"];
+  store: false;
+  text: { format: { type: "text" } };
+  truncation: "disabled";
+  metadata: Record<string, string>;
+  usage: ResponsesUsage | null;
+}
+
+const idBase = (ctx: ResponsesContext) => ctx.id.replace(/^resp_/, "");
+const reasoningId = (ctx: ResponsesContext) => `rs_${idBase(ctx)}`;
+const messageId = (ctx: ResponsesContext) => `msg_${idBase(ctx)}`;
+const callItemId = (ctx: ResponsesContext, k: number) => `fc_${idBase(ctx)}_${k}`;
+
+/** Output tokens up to and including `</think>` (all of them when the answer stopped inside it). */
+function reasoningTokens(result: EngineResult): number {
+  if (!result.message.reasoning) return 0;
+  const end = result.logprobs.findIndex((l) => l.token === "</think>");
+  return end >= 0 ? end + 1 : result.logprobs.length;
+}
+
+export function toResponsesUsage(result: EngineResult): ResponsesUsage {
+  const u = result.usage;
+  return {
+    input_tokens: u.prompt_tokens,
+    input_tokens_details: { cached_tokens: u.cached_tokens },
+    output_tokens: u.completion_tokens,
+    output_tokens_details: { reasoning_tokens: reasoningTokens(result) },
+    total_tokens: u.prompt_tokens + u.completion_tokens,
+  };
+}
+
+function isIncomplete(finishReason: string): boolean {
+  return finishReason === "length";
+}
+
+/** Whether the answer's text is shown as a message item (not whitespace beside tool calls). */
+function showsText(content: string | null, hasCalls: boolean): content is string {
+  return content !== null && content !== "" && !(hasCalls && content.trim() === "");
+}
+
+function callItem(ctx: ResponsesContext, call: ToolCall, k: number, status: "in_progress" | "completed"): ResponsesOutputItem {
+  const ns = ctx.namespaced.get(call.function.name);
+  return {
+    id: callItemId(ctx, k),
+    type: "function_call",
+    status,
+    call_id: call.id,
+    name: ns ? ns.name : call.function.name,
+    ...(ns ? { namespace: ns.namespace } : {}),
+    arguments: status === "completed" ? call.function.arguments : "",
+  };
+}
+
+function reasoningItem(ctx: ResponsesContext, text: string): ResponsesOutputItem {
+  return {
+    id: reasoningId(ctx),
+    type: "reasoning",
+    summary: [{ type: "summary_text", text }],
+    encrypted_content: sealReasoning(ctx.reasoningKey, text),
+  };
+}
+
+function messageItem(ctx: ResponsesContext, text: string, status: "completed" | "incomplete"): ResponsesOutputItem {
+  return {
+    id: messageId(ctx),
+    type: "message",
+    status,
+    role: "assistant",
+    content: [{ type: "output_text", text, annotations: [], logprobs: [] }],
+  };
+}
+
+/** The output items for a finished answer, in the order the model produced them. */
+export function toResponsesOutput(result: EngineResult, ctx: ResponsesContext): ResponsesOutputItem[] {
+  const m = result.message;
+  const output: ResponsesOutputItem[] = [];
+  if (m.reasoning) output.push(reasoningItem(ctx, m.reasoning));
+  const text = m.content !== null && m.reasoning ? m.content.replace(/^\n+/, "") : m.content;
+  if (showsText(text, m.tool_calls.length > 0)) {
+    output.push(messageItem(ctx, text, isIncomplete(result.finish_reason) ? "incomplete" : "completed"));
+  }
+  m.tool_calls.forEach((c, k) => output.push(callItem(ctx, c, k, "completed")));
+  return output;
+}
+
+function responseObject(
+  ctx: ResponsesContext,
+  status: ResponsesObject["status"],
+  output: ResponsesOutputItem[],
+  usage: ResponsesUsage | null,
+  extra: Partial<Pick<ResponsesObject, "error" | "incomplete_details">> = {},
+): ResponsesObject {
+  return {
+    id: ctx.id,
+    object: "response",
+    created_at: ctx.createdAt,
+    status,
+    error: extra.error ?? null,
+    incomplete_details: extra.incomplete_details ?? null,
+    model: ctx.model,
+    output,
+    parallel_tool_calls: ctx.echo.parallel_tool_calls,
+    tool_choice: ctx.echo.tool_choice,
+    temperature: ctx.echo.temperature,
+    top_p: ctx.echo.top_p,
+    max_output_tokens: ctx.echo.max_output_tokens,
+    previous_response_id: null,
+    reasoning: ctx.echo.reasoning,
+    store: false,
+    text: { format: { type: "text" } },
+    truncation: "disabled",
+    metadata: {},
+    usage,
+  };
+}
+
+/** The non-streaming Responses object for an engine result. */
+export function toResponsesResponse(result: EngineResult, ctx: ResponsesContext): ResponsesObject {
+  const incomplete = isIncomplete(result.finish_reason);
+  return responseObject(ctx, incomplete ? "incomplete" : "completed", toResponsesOutput(result, ctx), toResponsesUsage(result), {
+    incomplete_details: incomplete ? { reason: "max_output_tokens" } : null,
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streaming
+
+/** One Responses streaming event (`type` plus its fields, `sequence_number` included). */
+export type ResponsesStreamEvent = { type: string; sequence_number: number } & Record<string, unknown>;
+
+type OpenItem =
+  | { kind: "reasoning"; index: number; text: string }
+  | { kind: "message"; index: number; text: string }
+  | { kind: "call"; index: number; k: number; call: ToolCall };
+
+/**
+ * Re-encodes engine stream events into the Responses event sequence as they arrive:
+ * `response.created`, `response.in_progress`, then per output item `output_item.added` …
+ * (`reasoning_summary_part.added`, `reasoning_summary_text.delta/.done`, `reasoning_summary_part.done`
+ * | `content_part.added`, `output_text.delta/.done`, `content_part.done` |
+ * `function_call_arguments.delta/.done`) … `output_item.done`, and finally `response.completed`
+ * (or `response.incomplete`) with usage — or `response.failed` when the engine fails mid-stream.
+ * The final output is built from the same accumulated result a non-streaming call returns.
+ */
+export class ResponsesStreamEncoder {
+  private seq = 0;
+  private readonly acc = new StreamAccumulator();
+  private current: OpenItem | null = null;
+  private readonly done: ResponsesOutputItem[] = [];
+  /** Whitespace-only text not yet shown: it becomes a message only if no tool call follows. */
+  private pendingText = "";
+  private readonly calls = new Map<number, OpenItem & { kind: "call" }>();
+  private callCount = 0;
+  private hadReasoning = false;
+
+  constructor(private readonly ctx: ResponsesContext) {}
+
+  private ev(type: string, fields: Record<string, unknown>): ResponsesStreamEvent {
+    return { type, sequence_number: this.seq++, ...fields };
+  }
+
+  /** `response.created` and `response.in_progress`. */
+  start(): ResponsesStreamEvent[] {
+    const r = responseObject(this.ctx, "in_progress", [], null);
+    return [this.ev("response.created", { response: r }), this.ev("response.in_progress", { response: r })];
+  }
+
+  push(event: EngineStreamEvent): ResponsesStreamEvent[] {
+    this.acc.push(event);
+    if (event.type !== "delta") return [];
+    const out: ResponsesStreamEvent[] = [];
+    if (event.reasoning) this.reasoningDelta(event.reasoning, out);
+    if (event.content) this.textDelta(event.content, out);
+    for (const d of event.tool_calls ?? []) {
+      let open = this.calls.get(d.index);
+      if (!open) {
+        this.close(out);
+        this.pendingText = ""; // whitespace before a tool call is not shown
+        open = {
+          kind: "call",
+          index: this.done.length,
+          k: this.callCount++,
+          call: { id: d.id ?? "", type: "function", function: { name: d.function?.name ?? "", arguments: "" } },
+        };
+        this.calls.set(d.index, open);
+        this.current = open;
+        out.push(this.ev("response.output_item.added", { output_index: open.index, item: callItem(this.ctx, open.call, open.k, "in_progress") }));
+      } else if (this.current !== open) {
+        // Fragments of an earlier call after another item started: should not happen; keep them in that call.
+        open.call.function.arguments += d.function?.arguments ?? "";
+        continue;
+      }
+      const args = d.function?.arguments ?? "";
+      if (args) {
+        open.call.function.arguments += args;
+        out.push(this.ev("response.function_call_arguments.delta", { item_id: callItemId(this.ctx, open.k), output_index: open.index, delta: args }));
+      }
+    }
+    return out;
+  }
+
+  private reasoningDelta(text: string, out: ResponsesStreamEvent[]) {
+    if (this.current?.kind !== "reasoning") {
+      this.close(out);
+      this.hadReasoning = true;
+      this.current = { kind: "reasoning", index: this.done.length, text: "" };
+      const id = reasoningId(this.ctx);
+      out.push(this.ev("response.output_item.added", { output_index: this.current.index, item: { id, type: "reasoning", summary: [] } }));
+      out.push(
+        this.ev("response.reasoning_summary_part.added", {
+          item_id: id,
+          output_index: this.current.index,
+          summary_index: 0,
+          part: { type: "summary_text", text: "" },
+        }),
+      );
+    }
+    this.current.text += text;
+    out.push(
+      this.ev("response.reasoning_summary_text.delta", {
+        item_id: reasoningId(this.ctx),
+        output_index: this.current.index,
+        summary_index: 0,
+        delta: text,
+      }),
+    );
+  }
+
+  private textDelta(text: string, out: ResponsesStreamEvent[]) {
+    if (this.current?.kind !== "message") {
+      text = this.leadingText(this.pendingText + text);
+      if (text.trim() === "") {
+        this.pendingText = text;
+        return;
+      }
+      this.pendingText = "";
+      this.openMessage(out);
+    }
+    const cur = this.current as OpenItem & { kind: "message" };
+    cur.text += text;
+    out.push(this.ev("response.output_text.delta", { item_id: messageId(this.ctx), output_index: cur.index, content_index: 0, delta: text, logprobs: [] }));
+  }
+
+  /** The start of the answer's text as shown: after reasoning, without the template's newlines. */
+  private leadingText(text: string): string {
+    return this.hadReasoning ? text.replace(/^\n+/, "") : text;
+  }
+
+  private openMessage(out: ResponsesStreamEvent[]) {
+    this.close(out);
+    this.current = { kind: "message", index: this.done.length, text: "" };
+    const id = messageId(this.ctx);
+    out.push(
+      this.ev("response.output_item.added", {
+        output_index: this.current.index,
+        item: { id, type: "message", status: "in_progress", role: "assistant", content: [] },
+      }),
+    );
+    out.push(
+      this.ev("response.content_part.added", {
+        item_id: id,
+        output_index: this.current.index,
+        content_index: 0,
+        part: { type: "output_text", text: "", annotations: [], logprobs: [] },
+      }),
+    );
+  }
+
+  /** Closes the open item with its `.done` events. */
+  private close(out: ResponsesStreamEvent[], incomplete = false) {
+    const cur = this.current;
+    if (!cur) return;
+    this.current = null;
+    if (cur.kind === "reasoning") {
+      const id = reasoningId(this.ctx);
+      const part = { type: "summary_text", text: cur.text };
+      out.push(this.ev("response.reasoning_summary_text.done", { item_id: id, output_index: cur.index, summary_index: 0, text: cur.text }));
+      out.push(this.ev("response.reasoning_summary_part.done", { item_id: id, output_index: cur.index, summary_index: 0, part }));
+      const item = reasoningItem(this.ctx, cur.text);
+      this.done.push(item);
+      out.push(this.ev("response.output_item.done", { output_index: cur.index, item }));
+    } else if (cur.kind === "message") {
+      const id = messageId(this.ctx);
+      const part = { type: "output_text", text: cur.text, annotations: [], logprobs: [] };
+      out.push(this.ev("response.output_text.done", { item_id: id, output_index: cur.index, content_index: 0, text: cur.text, logprobs: [] }));
+      out.push(this.ev("response.content_part.done", { item_id: id, output_index: cur.index, content_index: 0, part }));
+      const item = messageItem(this.ctx, cur.text, incomplete ? "incomplete" : "completed");
+      this.done.push(item);
+      out.push(this.ev("response.output_item.done", { output_index: cur.index, item }));
+    } else {
+      const item = callItem(this.ctx, cur.call, cur.k, "completed");
+      const fields = { item_id: item.id, output_index: cur.index };
+      out.push(this.ev("response.function_call_arguments.done", { ...fields, name: item.type === "function_call" ? item.name : "", arguments: cur.call.function.arguments }));
+      this.done.push(item);
+      out.push(this.ev("response.output_item.done", { output_index: cur.index, item }));
+    }
+  }
+
+  /** After the engine stream ended: closes what is open and sends `response.completed` (or `.incomplete`). */
+  end(): ResponsesStreamEvent[] {
+    const out: ResponsesStreamEvent[] = [];
+    const result = this.acc.result();
+    const incomplete = isIncomplete(result.finish_reason);
+    if (this.leadingText(this.pendingText) !== "" && this.calls.size === 0) {
+      const text = this.leadingText(this.pendingText);
+      this.pendingText = "";
+      this.openMessage(out);
+      const cur = this.current as unknown as OpenItem & { kind: "message" };
+      cur.text = text;
+      out.push(this.ev("response.output_text.delta", { item_id: messageId(this.ctx), output_index: cur.index, content_index: 0, delta: text, logprobs: [] }));
+    }
+    this.close(out, incomplete);
+    const response = responseObject(this.ctx, incomplete ? "incomplete" : "completed", this.done, toResponsesUsage(result), {
+      incomplete_details: incomplete ? { reason: "max_output_tokens" } : null,
+    });
+    out.push(this.ev(incomplete ? "response.incomplete" : "response.completed", { response }));
+    return out;
+  }
+
+  /** The engine failed mid-stream: `response.failed` with the error; nothing follows. */
+  fail(error: { code: string; message: string }): ResponsesStreamEvent[] {
+    return [this.ev("response.failed", { response: responseObject(this.ctx, "failed", this.done, null, { error }) })];
+  }
+}
+
+/** One SSE frame as the Responses API writes it. */
+export function responsesSseFrame(event: ResponsesStreamEvent): string {
+  return `event: ${event.type}\ndata: ${JSON.stringify(event)}\n\n`;
+}
