@@ -6,7 +6,10 @@ import { pino, type Logger } from "pino";
 import type { GatewayContext } from "./context.js";
 import { EngineRegistry } from "./engines/registry.js";
 import { ChatCaller } from "./llm/chat-call.js";
+import { anthropicAgentRoutes } from "./routes/agent-anthropic.js";
+import { geminiAgentRoutes } from "./routes/agent-gemini.js";
 import { openAIAgentRoutes } from "./routes/agent-openai.js";
+import { responsesAgentRoutes } from "./routes/agent-responses.js";
 import { healthRoutes } from "./routes/health.js";
 import { sessionRoutes } from "./routes/sessions.js";
 import { taskRoutes } from "./routes/tasks.js";
@@ -39,6 +42,18 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
     loggerInstance: log as FastifyBaseLogger,
     logController: new LogController({ disableRequestLogging: quietRequests }),
   });
+  // JSON bodies: an empty body (a DELETE sent with a JSON content type) is no body, and a
+  // malformed one is a 400 every route renders in its own protocol's error shape.
+  app.removeContentTypeParser("application/json");
+  app.addContentTypeParser("application/json", { parseAs: "string" }, (_req, body, done) => {
+    const text = body as string;
+    if (text.trim() === "") return done(null, undefined);
+    try {
+      done(null, JSON.parse(text));
+    } catch (err) {
+      done(Object.assign(new Error(`the body is not valid JSON: ${(err as Error).message}`), { statusCode: 400, code: "invalid_json" }), undefined);
+    }
+  });
   let publicUrl = env.ROLLGATE_PUBLIC_URL?.replace(/\/+$/, "");
   app.addHook("onListen", async () => {
     if (publicUrl) return;
@@ -49,16 +64,17 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
     }
   });
 
+  const tasks = new TaskStore(redis, prefix);
   const ctx: GatewayContext = {
     env,
     redis,
     log,
-    tasks: new TaskStore(redis, prefix),
+    tasks,
     sessions,
     router: new RankRouter(redis, prefix),
     weights,
     registry,
-    caller: new ChatCaller({ registry, sessions, weights, log }),
+    caller: new ChatCaller({ registry, sessions, tasks, weights, log }),
     rollouts,
     publicUrl: () => publicUrl ?? `http://127.0.0.1:${env.PORT}`,
   };
@@ -67,6 +83,9 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   await app.register(taskRoutes(ctx));
   await app.register(sessionRoutes(ctx));
   await app.register(openAIAgentRoutes(ctx));
+  await app.register(responsesAgentRoutes(ctx));
+  await app.register(anthropicAgentRoutes(ctx));
+  await app.register(geminiAgentRoutes(ctx));
 
   app.addHook("onClose", async () => {
     await rollouts.close();

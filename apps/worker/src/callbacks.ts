@@ -1,3 +1,4 @@
+import type { CallbackState } from "@rollgate/protocol";
 import type { CallbackJob } from "@rollgate/queue";
 import type { TaskStore } from "@rollgate/store";
 import type { Job } from "bullmq";
@@ -11,49 +12,76 @@ export interface CallbackDeps {
   timeoutMs?: number;
 }
 
-/**
- * Delivers one task result to its callback URL. The body is the stored result's exact bytes, so
- * the signature a trainer checks is over what it receives; the delivery id is the same on every
- * retry. A non-2xx answer or a network error throws, and BullMQ retries with backoff.
- */
-export async function deliverCallback(deps: CallbackDeps, job: Job<CallbackJob>): Promise<void> {
-  const { task_id, delivery_id } = job.data;
-  const record = await deps.tasks.get(task_id);
-  const raw = await deps.tasks.rawResult(task_id);
-  const spec = record?.task.callback;
-  if (!record || !raw || !spec || !record.result) {
-    deps.log.warn({ task: task_id }, "callback for a task without a stored result: dropped");
-    return;
-  }
-  if (record.callback.state === "delivered" && record.callback.delivery_id === delivery_id) return;
-  const attempt = job.attemptsMade + 1;
-  const lastAttempt = attempt >= (job.opts.attempts ?? 1);
-  let error: string | null = null;
+interface Delivery {
+  url: string;
+  secret: string;
+  event: string;
+  body: string;
+}
+
+/** POSTs one delivery; the error text, or null on a 2xx. */
+async function post(d: Delivery, deliveryId: string, timeoutMs: number): Promise<string | null> {
   try {
-    const res = await request(spec.url, {
+    const res = await request(d.url, {
       method: "POST",
       headers: {
         "content-type": "application/json",
         "user-agent": "rollgate-callback/1",
-        "x-rollgate-event": `task.${record.result.status}`,
-        "x-rollgate-delivery": delivery_id,
-        "x-rollgate-signature": signBody(raw, spec.secret),
+        "x-rollgate-event": d.event,
+        "x-rollgate-delivery": deliveryId,
+        "x-rollgate-signature": signBody(d.body, d.secret),
       },
-      body: raw,
-      headersTimeout: deps.timeoutMs ?? 30_000,
-      bodyTimeout: deps.timeoutMs ?? 30_000,
+      body: d.body,
+      headersTimeout: timeoutMs,
+      bodyTimeout: timeoutMs,
     });
     await res.body.dump();
-    if (res.statusCode < 200 || res.statusCode >= 300) error = `callback answered ${res.statusCode}`;
+    return res.statusCode >= 200 && res.statusCode < 300 ? null : `callback answered ${res.statusCode}`;
   } catch (err) {
-    error = `callback unreachable: ${(err as Error).message}`;
+    return `callback unreachable: ${(err as Error).message}`;
   }
-  await deps.tasks.setCallback(task_id, {
+}
+
+/** What to send for a job: a task's stored result, or a group's results; null when there is nothing. */
+async function deliveryFor(deps: CallbackDeps, data: CallbackJob): Promise<Delivery | null> {
+  if ("task_id" in data) {
+    const record = await deps.tasks.get(data.task_id);
+    const raw = await deps.tasks.rawResult(data.task_id);
+    if (!record?.task.callback || !raw || !record.result) return null;
+    return { ...record.task.callback, event: `task.${record.result.status}`, body: raw };
+  }
+  const spec = await deps.tasks.groupCallback(data.group_id);
+  if (!spec) return null;
+  const body = await deps.tasks.groupBody(data.group_id, async () => {
+    const ids = await deps.tasks.groupTaskIds(data.group_id);
+    const results = await Promise.all(ids.map(async (id) => JSON.parse((await deps.tasks.rawResult(id)) ?? "null") as unknown));
+    return JSON.stringify({ group_id: data.group_id, tasks: results });
+  });
+  return { ...spec, event: "group.completed", body };
+}
+
+/**
+ * Delivers one callback. The body is the stored bytes, so the signature a trainer checks is over
+ * what it receives; the delivery id is the same on every retry. A non-2xx answer or a network
+ * error throws, and BullMQ retries with exponential backoff and jitter.
+ */
+export async function deliverCallback(deps: CallbackDeps, job: Job<CallbackJob>): Promise<void> {
+  const delivery = await deliveryFor(deps, job.data);
+  if (!delivery) {
+    deps.log.warn({ job: job.data }, "callback with nothing to deliver: dropped");
+    return;
+  }
+  const attempt = job.attemptsMade + 1;
+  const lastAttempt = attempt >= (job.opts.attempts ?? 1);
+  const error = await post(delivery, job.data.delivery_id, deps.timeoutMs ?? 30_000);
+  const state: CallbackState = {
     state: error === null ? "delivered" : lastAttempt ? "failed" : "pending",
-    delivery_id,
+    delivery_id: job.data.delivery_id,
     attempts: attempt,
     last_error: error,
     delivered_at: error === null ? new Date().toISOString() : null,
-  });
+  };
+  if ("task_id" in job.data) await deps.tasks.setCallback(job.data.task_id, state);
+  else await deps.tasks.setGroupCallbackState(job.data.group_id, state);
   if (error !== null) throw new Error(error);
 }

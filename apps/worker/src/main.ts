@@ -31,10 +31,13 @@ Environment:
   ROLLGATE_RESULT_TTL_S        how long results are kept (default 7 days)
   ROLLGATE_CALLBACK_ATTEMPTS   callback delivery attempts (default 12)
   ROLLGATE_CALLBACK_BACKOFF_MS first callback retry delay, doubled each time (default 1000)
+  ROLLGATE_SHUTDOWN_GRACE_S    on SIGTERM, how long running rollouts may finish before being cancelled (default 30)
+  ROLLGATE_JOB_LOCK_MS         BullMQ job lock; a dead worker's rollout is recovered after about this (default 30000)
+  ROLLGATE_STALLED_INTERVAL_MS how often workers look for stalled rollouts (default 15000)
   LOG_LEVEL                    fatal|error|warn|info|debug|trace|silent (default info)
 
 Prints "worker ready: <name>" once it takes jobs. SIGTERM/SIGINT: stop taking jobs, let running
-rollouts finish (up to 60 s), then stop.`;
+rollouts finish for ROLLGATE_SHUTDOWN_GRACE_S, then cancel them (status "cancelled" with the reason).`;
 
 const { values } = parseArgs({ options: { concurrency: { type: "string" }, help: { type: "boolean", short: "h" } } });
 if (values.help) {
@@ -65,6 +68,8 @@ const workers = new WorkerSet({
   connection,
   keyPrefix: env.ROLLGATE_KEY_PREFIX,
   concurrency: env.ROLLGATE_WORKER_CONCURRENCY,
+  lockMs: env.ROLLGATE_JOB_LOCK_MS,
+  stalledIntervalMs: env.ROLLGATE_STALLED_INTERVAL_MS,
   log,
   callback: { tasks, log },
   rollout: {
@@ -79,12 +84,14 @@ const workers = new WorkerSet({
   },
 });
 
-closeWithGrace({ delay: 60_000 }, async ({ signal, err }) => {
+// close-with-grace's own delay is a last resort above our grace, for a stop that hangs.
+closeWithGrace({ delay: env.ROLLGATE_SHUTDOWN_GRACE_S * 1000 + 30_000 }, async ({ signal, err }) => {
   if (err) log.error({ err }, "shutting down after an error");
-  log.info({ signal }, "stopping: no new rollouts; waiting for running ones");
-  await workers.close();
+  log.info({ signal, grace_s: env.ROLLGATE_SHUTDOWN_GRACE_S }, "stopping: no new rollouts; running ones may finish");
+  await workers.close(env.ROLLGATE_SHUTDOWN_GRACE_S * 1000);
   await callbacks.close();
   connection.disconnect();
 });
 await workers.waitUntilReady();
+await workers.listenForCancels(tasks.cancelChannel());
 console.log(`worker ready: ${name}`);

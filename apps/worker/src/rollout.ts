@@ -2,12 +2,15 @@ import { randomUUID } from "node:crypto";
 import type { AcceptedTask, TaskError, TaskRecord, TaskResult, TerminalStatus, Trajectory } from "@rollgate/protocol";
 import type { CallbackJob, RolloutJob } from "@rollgate/queue";
 import type { TaskStore } from "@rollgate/store";
-import { UnrecoverableError, type Job, type Queue } from "bullmq";
+import type { Job, Queue } from "bullmq";
 import type { Logger } from "pino";
+import { evaluate } from "./evaluators.js";
 import { GatewayUnavailable, type GatewayClient } from "./gateway-client.js";
-import { runProcess, type RunResult } from "./sandbox/process.js";
+import { planHarness } from "./harnesses.js";
 import { sandboxEnv } from "./sandbox/environment.js";
-import { makeWorkdir, removeWorkdir } from "./sandbox/workdir.js";
+import { bwrapArgv, bwrapUsable } from "./sandbox/isolation.js";
+import { runProcess, type RunResult } from "./sandbox/process.js";
+import { makeSandboxDirs, removeSandboxDirs, writeFilesInside, type SandboxDirs } from "./sandbox/workdir.js";
 
 export interface RolloutDeps {
   tasks: TaskStore;
@@ -21,6 +24,7 @@ export interface RolloutDeps {
 }
 
 const TERMINAL = new Set(["completed", "failed", "timed_out", "cancelled"]);
+const LOG_FLUSH_MS = 2_000;
 
 interface Outcome {
   status: TerminalStatus;
@@ -32,62 +36,98 @@ interface Outcome {
   evalMs: number;
 }
 
-/** Runs prepare steps and the harness under one deadline (limits.timeout_s). */
-async function runAgent(task: AcceptedTask, workdir: string, env: Record<string, string>, signal: AbortSignal | undefined) {
-  const deadline = Date.now() + task.limits.timeout_s * 1000;
-  for (const argv of task.runtime.prepare) {
-    const r = await runProcess({ argv, cwd: workdir, env, timeoutMs: Math.max(1, deadline - Date.now()), ...(signal ? { signal } : {}) });
-    if (r.timedOut || r.aborted || r.spawnError || r.exitCode !== 0) return { stage: "prepare" as const, run: r, argv };
-  }
-  const argv = [...task.agent.command, ...task.agent.args];
-  const run = await runProcess({ argv, cwd: workdir, env, timeoutMs: Math.max(1, deadline - Date.now()), ...(signal ? { signal } : {}) });
-  return { stage: "harness" as const, run, argv };
-}
+const NO_AGENT: TaskResult["agent"] = { exit_code: null, signal: null, log_tail: "" };
 
 function agentInfo(run: RunResult): TaskResult["agent"] {
   return { exit_code: run.exitCode, signal: run.signal, log_tail: run.logTail.slice(-16_384) };
 }
 
-/** Prepare, run the harness, evaluate: everything that happens inside the sandbox. */
-async function runInSandbox(task: AcceptedTask, workdir: string, env: Record<string, string>, signal?: AbortSignal): Promise<Outcome> {
-  const started = Date.now();
-  const { stage, run, argv } = await runAgent(task, workdir, env, signal);
-  const runMs = Date.now() - started;
-  const base = { agent: agentInfo(run), runMs, evalMs: 0, evaluation: null, reward: null };
-  if (run.aborted) return { ...base, status: "cancelled", error: { kind: "cancelled", message: "the rollout was cancelled" } };
-  if (run.timedOut) {
-    return { ...base, status: "timed_out", error: { kind: "timeout", message: `${stage} exceeded limits.timeout_s (${task.limits.timeout_s}s)` } };
-  }
-  if (run.spawnError) {
-    return { ...base, status: "failed", error: { kind: `${stage}_missing`, message: `cannot start ${argv[0]}: ${run.spawnError}` } };
-  }
-  if (stage === "prepare") {
-    return { ...base, status: "failed", error: { kind: "prepare_failed", message: `${argv.join(" ")} exited with ${run.exitCode ?? run.signal}` } };
-  }
-  if (!task.evaluator) return { ...base, status: "completed", error: null };
-
-  // An agent that exits non-zero is still evaluated (DESIGN §2): its exit code is in agent.exit_code.
-  const evalStart = Date.now();
-  const ev = await runProcess({ argv: task.evaluator.command, cwd: workdir, env, timeoutMs: task.evaluator.timeout_s * 1000, ...(signal ? { signal } : {}) });
-  const evalMs = Date.now() - evalStart;
-  const evaluation = { exit_code: ev.exitCode, stdout_tail: ev.logTail.slice(-4_096) };
-  if (ev.aborted) return { ...base, evalMs, evaluation, status: "cancelled", error: { kind: "cancelled", message: "the rollout was cancelled" } };
-  if (ev.spawnError || ev.timedOut || ev.exitCode === null) {
-    const why = ev.spawnError ?? (ev.timedOut ? `timed out after ${task.evaluator.timeout_s}s` : `killed by ${ev.signal}`);
-    return { ...base, evalMs, evaluation, status: "failed", error: { kind: "evaluator_error", message: `evaluator could not score: ${why}` } };
-  }
-  return { ...base, evalMs, evaluation, status: "completed", error: null, reward: ev.exitCode === 0 ? 1 : 0 };
+function cancelReason(signal: AbortSignal | undefined): string {
+  const r: unknown = signal?.reason;
+  if (typeof r === "string" && r) return r;
+  if (r instanceof Error && r.message) return r.message;
+  return "the rollout was cancelled";
 }
 
-function emptyUsage(): TaskResult["usage"] {
-  return { llm_calls: 0, prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0 };
+interface SandboxRun {
+  task: AcceptedTask;
+  dirs: SandboxDirs;
+  env: Record<string, string>;
+  argv: string[];
+  wrap: (argv: string[]) => string[];
+  signal: AbortSignal | undefined;
+  onOutput: (chunk: Buffer) => void;
+  sessionId: string;
+}
+
+/** Prepare, harness and evaluator: everything that happens inside the sandbox. */
+async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> {
+  const { task, dirs, env, signal } = r;
+  const started = Date.now();
+  const deadline = started + task.limits.timeout_s * 1000;
+  const run = (argv: string[]) =>
+    runProcess({
+      argv: r.wrap(argv),
+      cwd: dirs.work,
+      env,
+      timeoutMs: Math.max(1, deadline - Date.now()),
+      onOutput: r.onOutput,
+      ...(signal ? { signal } : {}),
+    });
+  let stage: "prepare" | "harness" = "prepare";
+  let last: RunResult | null = null;
+  for (const argv of task.runtime.prepare) {
+    last = await run(argv);
+    if (last.timedOut || last.aborted || last.spawnError || last.exitCode !== 0) break;
+  }
+  const prepareOk = !last || (!last.timedOut && !last.aborted && !last.spawnError && last.exitCode === 0);
+  if (prepareOk) {
+    stage = "harness";
+    last = await run(r.argv);
+  }
+  const result = last!;
+  const runMs = Date.now() - started;
+  const base = { agent: agentInfo(result), runMs, evalMs: 0, evaluation: null, reward: null };
+  if (result.aborted) return { ...base, status: "cancelled", error: { kind: "cancelled", message: cancelReason(signal) } };
+  if (result.timedOut) {
+    return { ...base, status: "timed_out", error: { kind: "timeout", message: `${stage} exceeded limits.timeout_s (${task.limits.timeout_s}s)` } };
+  }
+  if (result.spawnError) {
+    const what = stage === "harness" ? r.argv[0] : "a prepare step";
+    return { ...base, status: "failed", error: { kind: `${stage}_missing`, message: `cannot start ${what}: ${result.spawnError}` } };
+  }
+  if (stage === "prepare") {
+    return { ...base, status: "failed", error: { kind: "prepare_failed", message: `a prepare step exited with ${result.exitCode ?? result.signal}` } };
+  }
+
+  // An agent that exits non-zero is still evaluated (DESIGN §2): its exit code is in agent.exit_code.
+  await deps.tasks.appendEvent(task.id, "evaluating", { agent_exit_code: result.exitCode });
+  const evalStart = Date.now();
+  const ev = await evaluate(task.evaluator, {
+    workdir: dirs.work,
+    env,
+    wrap: r.wrap,
+    ...(signal ? { signal } : {}),
+    summary: () => ({
+      id: task.id,
+      group_id: task.group_id ?? null,
+      instruction: task.instruction,
+      session_id: r.sessionId,
+      agent: base.agent,
+      metadata: task.metadata,
+    }),
+  });
+  const evalMs = Date.now() - evalStart;
+  if (ev.kind === "cancelled") return { ...base, evalMs, evaluation: ev.evaluation, status: "cancelled", error: { kind: "cancelled", message: cancelReason(signal) } };
+  if (ev.kind === "broken") return { ...base, evalMs, evaluation: ev.evaluation, status: "failed", error: ev.error };
+  return { ...base, evalMs, evaluation: ev.evaluation, status: "completed", error: null, reward: ev.reward };
 }
 
 /**
- * One rollout job (DESIGN §1): open a session, run the agent in a fresh working directory,
- * evaluate, close the session, build the trajectory, store the result, queue the callback.
- * Infrastructure failures throw (BullMQ retries with backoff); agent and evaluator outcomes are
- * results and never retried.
+ * One rollout job (DESIGN §1): open a session, run the agent in fresh sandbox folders, evaluate,
+ * close the session, build the trajectory, store the result, queue the callback. Gateway
+ * failures throw so BullMQ retries with backoff; agent and evaluator outcomes are results and
+ * are never retried; a job that runs out of attempts ends the task as `failed` (onRolloutExhausted).
  */
 export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal?: AbortSignal): Promise<void> {
   const record = await deps.tasks.get(job.data.task_id);
@@ -96,30 +136,38 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
     return;
   }
   if (TERMINAL.has(record.status)) return;
-  const attempt = job.attemptsMade + 1;
-  const lastAttempt = attempt >= (job.opts.attempts ?? 1);
-  try {
-    await attemptRollout(deps, record, attempt, signal);
-  } catch (err) {
-    if (!(err instanceof GatewayUnavailable) || lastAttempt) {
-      await finishTask(deps, record, attempt, null, {
-        status: "failed",
-        reward: null,
-        evaluation: null,
-        error: { kind: err instanceof GatewayUnavailable ? "infrastructure" : "internal", message: (err as Error).message },
-        agent: { exit_code: null, signal: null, log_tail: "" },
-        runMs: 0,
-        evalMs: 0,
-      }, null, emptyUsage());
-      if (err instanceof GatewayUnavailable) return;
-      throw new UnrecoverableError((err as Error).message);
-    }
-    throw err;
+  const cancel = await deps.tasks.cancelRequested(record.id);
+  if (cancel) {
+    await finishTask(deps, record, record.attempts, record.session_id, { ...failedOutcome("cancelled", cancel), status: "cancelled" }, null);
+    return;
   }
+  // A task found `running` was started by a worker that died: its session is closed so an
+  // orphaned agent cannot keep writing into it, and this attempt opens a fresh one.
+  if (record.status === "running" && record.session_id) {
+    await deps.gateway.closeSession(record.session_id).catch(() => undefined);
+    await deps.tasks.appendEvent(record.id, "retrying", { previous_worker: record.worker, previous_session: record.session_id });
+  }
+  await attemptRollout(deps, record, record.attempts + 1, signal);
+}
+
+function failedOutcome(kind: string, message: string): Outcome {
+  return { status: "failed", reward: null, evaluation: null, error: { kind, message }, agent: NO_AGENT, runMs: 0, evalMs: 0 };
+}
+
+/** BullMQ gave up on the job (attempts used up, or stalled too often): the task must not stay `running`. */
+export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err: Error): Promise<void> {
+  const record = await deps.tasks.get(taskId);
+  if (!record || TERMINAL.has(record.status)) return;
+  const kind = /stalled/i.test(err.message) ? "worker_lost" : "infrastructure";
+  await finishTask(deps, record, record.attempts, record.session_id, failedOutcome(kind, err.message), null);
 }
 
 async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: number, signal?: AbortSignal) {
   const task = record.task as AcceptedTask;
+  if (task.runtime.isolation === "bwrap" && !bwrapUsable()) {
+    await finishTask(deps, record, attempt, null, failedOutcome("sandbox_unavailable", "runtime.isolation is bwrap but bubblewrap cannot run on this worker"), null);
+    return;
+  }
   const session = await deps.gateway.openSession({
     sampling: task.sampling,
     limits: {
@@ -131,22 +179,38 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: nu
     metadata: { task_id: task.id, attempt },
   });
   await deps.tasks.markRunning(task.id, { worker: deps.workerName, attempt, sessionId: session.id, now: new Date() });
-  const workdir = await makeWorkdir(deps.sandboxRoot, task.id, task.runtime.files);
+  const dirs = await makeSandboxDirs(deps.sandboxRoot, task.id, task.runtime.files);
+  let logs = "";
+  let lastFlush = 0;
+  const onOutput = (chunk: Buffer) => {
+    logs = (logs + chunk.toString("utf8")).slice(-256 * 1024);
+    if (Date.now() - lastFlush > LOG_FLUSH_MS) {
+      lastFlush = Date.now();
+      void deps.tasks.setLogs(task.id, logs).catch(() => undefined);
+    }
+  };
   let outcome: Outcome;
   try {
+    const plan = planHarness(task.agent, { instruction: task.instruction, sessionUrl: session.base_url, token: session.token });
+    await writeFilesInside(dirs.home, plan.homeFiles);
     const env = sandboxEnv({
       sessionUrl: session.base_url,
       token: session.token,
       sessionId: session.id,
       taskId: task.id,
       instruction: task.instruction,
-      workdir,
+      home: dirs.home,
+      tmp: dirs.tmp,
       path: deps.sandboxPath,
+      harnessEnv: plan.env,
       agentEnv: task.agent.env,
     });
-    outcome = await runInSandbox(task, workdir, env, signal);
+    const wrap = task.runtime.isolation === "bwrap" ? (argv: string[]) => bwrapArgv(dirs.base, dirs.work, argv) : (argv: string[]) => argv;
+    outcome = await runInSandbox(deps, { task, dirs, env, argv: plan.argv, wrap, signal, onOutput, sessionId: session.id });
   } finally {
-    await removeWorkdir(workdir).catch(() => undefined);
+    await deps.tasks.setLogs(task.id, logs).catch(() => undefined);
+    if (task.runtime.keep) deps.log.info({ task: task.id, dir: dirs.base }, "runtime.keep: sandbox folders kept");
+    else await removeSandboxDirs(dirs).catch(() => undefined);
   }
   await deps.gateway.closeSession(session.id);
   const [state, trajectory] = await Promise.all([
@@ -160,8 +224,7 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: nu
   if (trajectory instanceof Error) {
     outcome = { ...outcome, status: "failed", error: { kind: "trajectory_invalid", message: trajectory.message } };
   }
-  const traj = trajectory instanceof Error ? null : trajectory;
-  await finishTask(deps, record, attempt, session.id, outcome, traj, state.counts);
+  await finishTask(deps, record, attempt, session.id, outcome, trajectory instanceof Error ? null : trajectory, state.counts);
 }
 
 async function finishTask(
@@ -171,12 +234,12 @@ async function finishTask(
   sessionId: string | null,
   o: Outcome,
   trajectory: Trajectory | null,
-  usage: TaskResult["usage"],
+  usage: TaskResult["usage"] = { llm_calls: 0, prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0 },
 ) {
   const task = record.task as AcceptedTask;
   const now = new Date();
   const created = Date.parse(record.created_at);
-  const started = record.started_at ? Date.parse(record.started_at) : now.getTime() - o.runMs - o.evalMs;
+  const total = Math.max(0, now.getTime() - created);
   const result: TaskResult = {
     id: task.id,
     group_id: task.group_id ?? null,
@@ -187,22 +250,22 @@ async function finishTask(
     session_id: sessionId,
     trajectory,
     usage,
-    timings: {
-      queued_ms: Math.max(0, started - created),
-      run_ms: o.runMs,
-      eval_ms: o.evalMs,
-      total_ms: Math.max(0, now.getTime() - created),
-    },
+    timings: { queued_ms: Math.max(0, total - o.runMs - o.evalMs), run_ms: o.runMs, eval_ms: o.evalMs, total_ms: total },
     attempts: attempt,
     worker: deps.workerName,
     agent: o.agent,
     metadata: task.metadata,
   };
-  await deps.tasks.finish(task.id, result, now, deps.resultTtlSeconds);
+  const stored = await deps.tasks.finish(task.id, result, now, deps.resultTtlSeconds);
+  if (!stored) return; // someone else ended it first (a cancel of a queued task): one result only
   deps.log.info({ task: task.id, status: result.status, reward: result.reward }, "rollout finished");
   if (task.callback) {
     const deliveryId = randomUUID();
     await deps.tasks.setCallback(task.id, { state: "pending", delivery_id: deliveryId, attempts: 0, last_error: null, delivered_at: null });
     await deps.callbacks.add("deliver", { task_id: task.id, delivery_id: deliveryId }, { jobId: deliveryId });
+  }
+  if (task.group_id && (await deps.tasks.groupTaskFinished(task.group_id))) {
+    const deliveryId = randomUUID();
+    await deps.callbacks.add("deliver-group", { group_id: task.group_id, delivery_id: deliveryId }, { jobId: `group-${deliveryId}` });
   }
 }

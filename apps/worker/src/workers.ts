@@ -3,12 +3,14 @@ import { Worker } from "bullmq";
 import type { Redis } from "ioredis";
 import type { Logger } from "pino";
 import { deliverCallback, type CallbackDeps } from "./callbacks.js";
-import { runRollout, type RolloutDeps } from "./rollout.js";
+import { onRolloutExhausted, runRollout, type RolloutDeps } from "./rollout.js";
 
 export interface WorkerSetOptions {
   connection: Redis;
   keyPrefix: string;
   concurrency: number;
+  lockMs: number;
+  stalledIntervalMs: number;
   rollout: RolloutDeps;
   callback: CallbackDeps;
   log: Logger;
@@ -16,47 +18,67 @@ export interface WorkerSetOptions {
 
 /**
  * The single owner of every BullMQ Worker in this process: rollouts and callback deliveries.
- * A rollout's lock is renewed by BullMQ while it runs (lockDuration is a visibility window, not
- * a job timeout), so a 30-minute agent keeps its job as long as the event loop is free.
+ * A rollout's lock is renewed by BullMQ while it runs (lockDuration is a visibility window, not a
+ * job timeout), so a 30-minute agent keeps its job as long as the event loop is free; a worker
+ * that dies stops renewing, and the stalled check hands the job to another worker.
  */
 export class WorkerSet {
-  private readonly workers: Worker[] = [];
+  readonly rollouts: Worker<RolloutJob>;
+  private readonly callbacks: Worker<CallbackJob>;
+  private subscriber: Redis | null = null;
 
   constructor(private readonly o: WorkerSetOptions) {
-    const rollouts = new Worker<RolloutJob>(
-      QueueName.rollouts,
-      (job, _token, signal) => runRollout(o.rollout, job, signal),
-      {
-        connection: o.connection,
-        prefix: queuePrefix(o.keyPrefix, QueueName.rollouts),
-        concurrency: o.concurrency,
-        lockDuration: 60_000,
-        maxStalledCount: 2,
-      },
-    );
-    const callbacks = new Worker<CallbackJob>(
-      QueueName.callbacks,
-      (job) => deliverCallback(o.callback, job),
-      {
-        connection: o.connection,
-        prefix: queuePrefix(o.keyPrefix, QueueName.callbacks),
-        concurrency: Math.max(4, o.concurrency),
-      },
-    );
-    for (const w of [rollouts, callbacks]) {
+    this.rollouts = new Worker<RolloutJob>(QueueName.rollouts, (job, _token, signal) => runRollout(o.rollout, job, signal), {
+      connection: o.connection,
+      prefix: queuePrefix(o.keyPrefix, QueueName.rollouts),
+      concurrency: o.concurrency,
+      lockDuration: o.lockMs,
+      stalledInterval: o.stalledIntervalMs,
+      maxStalledCount: 2,
+    });
+    this.callbacks = new Worker<CallbackJob>(QueueName.callbacks, (job) => deliverCallback(o.callback, job), {
+      connection: o.connection,
+      prefix: queuePrefix(o.keyPrefix, QueueName.callbacks),
+      concurrency: Math.max(4, o.concurrency),
+    });
+    for (const w of [this.rollouts, this.callbacks] as Worker[]) {
       w.on("error", (err) => o.log.warn({ err: err.message, queue: w.name }, "worker error"));
-      w.on("failed", (job, err) => o.log.warn({ queue: w.name, job: job?.id, err: err.message, attempts: job?.attemptsMade }, "job failed"));
-      w.on("stalled", (jobId) => o.log.warn({ queue: w.name, job: jobId }, "job stalled; it will be retried"));
-      this.workers.push(w);
+      w.on("stalled", (jobId) => o.log.warn({ queue: w.name, job: jobId }, "job stalled: it goes back to the queue"));
     }
+    this.rollouts.on("failed", (job, err) => {
+      o.log.warn({ job: job?.id, err: err.message, attempts: job?.attemptsMade }, "rollout job failed");
+      const exhausted = !job || job.attemptsMade >= (job.opts.attempts ?? 1) || /stalled/i.test(err.message);
+      const taskId = job?.data.task_id ?? job?.id;
+      if (exhausted && taskId) void onRolloutExhausted(o.rollout, taskId, err).catch((e: Error) => o.log.error({ err: e.message }, "cannot end an exhausted task"));
+    });
+  }
+
+  /** Listens for cancel requests (DELETE /v1/tasks/:id) and aborts the rollout if it runs here. */
+  async listenForCancels(channel: string): Promise<void> {
+    this.subscriber = this.o.connection.duplicate();
+    this.subscriber.on("error", (err) => this.o.log.warn({ err: err.message }, "cancel subscriber error"));
+    this.subscriber.on("message", (_ch, taskId: string) => {
+      if (this.rollouts.cancelJob(taskId, "cancelled by DELETE /v1/tasks/:id")) this.o.log.info({ task: taskId }, "cancelling rollout");
+    });
+    await this.subscriber.subscribe(channel);
   }
 
   async waitUntilReady(): Promise<void> {
-    await Promise.all(this.workers.map((w) => w.waitUntilReady()));
+    await Promise.all([this.rollouts.waitUntilReady(), this.callbacks.waitUntilReady()]);
   }
 
-  /** Stops taking jobs and lets running ones finish (BullMQ waits for them). */
-  async close(force = false): Promise<void> {
-    await Promise.all(this.workers.map((w) => w.close(force)));
+  /**
+   * Graceful stop: take no new jobs, let running rollouts finish for `graceMs`, then cancel them
+   * (each ends as `cancelled` with the reason) and wait for them to record it.
+   */
+  async close(graceMs: number): Promise<void> {
+    const closing = Promise.all([this.rollouts.close(), this.callbacks.close()]);
+    const timer = setTimeout(() => {
+      this.o.log.warn({ graceMs }, "shutdown grace over: cancelling running rollouts");
+      this.rollouts.cancelAllJobs("worker shutting down");
+    }, graceMs);
+    await closing;
+    clearTimeout(timer);
+    if (this.subscriber) this.subscriber.disconnect();
   }
 }

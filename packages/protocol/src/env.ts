@@ -69,6 +69,11 @@ export const WorkerEnv = z.object({
   /** How long task records and results are kept in Redis. */
   ROLLGATE_RESULT_TTL_S: z.coerce.number().int().positive().default(7 * 24 * 3600),
   ROLLGATE_CALLBACK_ATTEMPTS: z.coerce.number().int().positive().default(12),
+  /** On SIGTERM: how long running rollouts may finish before they are cancelled. */
+  ROLLGATE_SHUTDOWN_GRACE_S: z.coerce.number().nonnegative().default(30),
+  /** BullMQ lock (renewed while a rollout runs); a dead worker's job is recovered after about this long. */
+  ROLLGATE_JOB_LOCK_MS: z.coerce.number().int().min(1000).default(30_000),
+  ROLLGATE_STALLED_INTERVAL_MS: z.coerce.number().int().min(500).default(15_000),
   ROLLGATE_CALLBACK_BACKOFF_MS: z.coerce.number().int().positive().default(1000),
   LOG_LEVEL: LogLevel,
 });

@@ -14,16 +14,32 @@ export const Limits = z
   .strict();
 export type Limits = z.infer<typeof Limits>;
 
-export const AgentSpec = z
-  .object({
-    /** Only the `command` harness exists so far; named CLI presets come with the fleet issue. */
-    harness: z.literal("command"),
-    command: Argv,
-    model: z.string().optional(),
-    args: z.array(z.string()).default([]),
-    env: z.record(z.string(), z.string()).default({}),
-  })
-  .strict();
+/** The agent CLIs rollgate knows how to run unmodified (the worker's harness presets). */
+export const HarnessPreset = z.enum(["claude-code", "codex", "gemini-cli", "opencode", "qwen-code", "pi"]);
+export type HarnessPreset = z.infer<typeof HarnessPreset>;
+
+/** Which wire protocol a multi-protocol CLI (opencode, pi) should speak. */
+export const AgentProtocol = z.enum(["openai_chat", "openai_responses", "anthropic_messages", "gemini"]);
+export type AgentProtocol = z.infer<typeof AgentProtocol>;
+
+const AgentCommon = {
+  /** The model name the agent is told to use (the gateway serves the engine's model whatever it is). */
+  model: z.string().min(1).optional(),
+  /** Extra argv appended to the harness's own. */
+  args: z.array(z.string()).default([]),
+  env: z.record(z.string(), z.string()).default({}),
+};
+
+export const AgentSpec = z.discriminatedUnion("harness", [
+  z.object({ harness: z.literal("command"), command: Argv, ...AgentCommon }).strict(),
+  z
+    .object({
+      harness: HarnessPreset,
+      protocol: AgentProtocol.optional(),
+      ...AgentCommon,
+    })
+    .strict(),
+]);
 export type AgentSpec = z.infer<typeof AgentSpec>;
 
 /** Relative paths only: a file may never land outside the sandbox's working directory. */
@@ -38,18 +54,57 @@ export const RuntimeSpec = z
     files: z.record(RelativePath, z.string()).default({}),
     prepare: z.array(Argv).default([]),
     image: z.string().nullable().default(null),
+    /** Keep the working directory after the rollout (for debugging); it is removed by default. */
+    keep: z.boolean().default(false),
+    /** `bwrap`: run every step inside bubblewrap with the working directory as the only writable path. */
+    isolation: z.enum(["none", "bwrap"]).default("none"),
   })
   .strict();
 export type RuntimeSpec = z.infer<typeof RuntimeSpec>;
 
-export const EvaluatorSpec = z
-  .object({
-    kind: z.literal("command"),
-    command: Argv,
-    reward: z.literal("exit_code").default("exit_code"),
-    timeout_s: z.number().positive().max(24 * 3600).default(600),
-  })
-  .strict();
+const EvalTimeout = z.number().positive().max(24 * 3600).default(600);
+
+export const EvaluatorSpec = z.discriminatedUnion("kind", [
+  /** Runs a command in the working directory; `reward` says how its outcome becomes a number. */
+  z
+    .object({
+      kind: z.literal("command"),
+      command: Argv,
+      /** exit_code: 1 on exit 0 else 0 · last_line_float: the last stdout line · json: `{reward, ...}` on stdout. */
+      reward: z.enum(["exit_code", "last_line_float", "json"]).default("exit_code"),
+      timeout_s: EvalTimeout,
+    })
+    .strict(),
+  /** Reward 1 when a file in the working directory matches exactly (`equals`) or by `regex`, else 0. */
+  z
+    .object({
+      kind: z.literal("file"),
+      path: RelativePath,
+      equals: z.string().optional(),
+      regex: z.string().optional(),
+    })
+    .strict()
+    .refine((e) => (e.equals === undefined) !== (e.regex === undefined), "give exactly one of equals or regex"),
+  /** Harbor-style: reads `reward.json` ({reward}) or `reward.txt` (a number), after an optional `command`. */
+  z
+    .object({
+      kind: z.literal("reward_file"),
+      path: RelativePath.optional(),
+      command: Argv.optional(),
+      timeout_s: EvalTimeout,
+    })
+    .strict(),
+  /** POSTs the result (without the trajectory) to `url`, which answers `{reward}`. */
+  z
+    .object({
+      kind: z.literal("http"),
+      url: z.url({ protocol: /^https?$/ }),
+      headers: z.record(z.string(), z.string()).default({}),
+      timeout_s: EvalTimeout,
+    })
+    .strict(),
+  z.object({ kind: z.literal("none") }).strict(),
+]);
 export type EvaluatorSpec = z.infer<typeof EvaluatorSpec>;
 
 export const CallbackSpec = z
@@ -67,7 +122,7 @@ export const Task = z
     group_id: Id.optional(),
     instruction: z.string(),
     agent: AgentSpec,
-    runtime: RuntimeSpec.default({ kind: "local", files: {}, prepare: [], image: null }),
+    runtime: RuntimeSpec.default({ kind: "local", files: {}, prepare: [], image: null, keep: false, isolation: "none" }),
     evaluator: EvaluatorSpec.nullable().default(null),
     sampling: SamplingParams.default({}),
     limits: Limits.default({ timeout_s: 1800 }),
@@ -95,7 +150,15 @@ export const TaskResult = z.object({
   group_id: z.string().nullable(),
   status: TerminalStatus,
   reward: z.number().nullable(),
-  evaluation: z.object({ exit_code: z.number().int().nullable(), stdout_tail: z.string() }).nullable(),
+  evaluation: z
+    .object({
+      kind: z.string(),
+      exit_code: z.number().int().nullable(),
+      stdout_tail: z.string(),
+      /** What the evaluator read: the parsed JSON, the matched file, the HTTP answer. */
+      details: z.unknown().optional(),
+    })
+    .nullable(),
   error: TaskError.nullable(),
   session_id: z.string().nullable(),
   trajectory: Trajectory.nullable(),
@@ -146,3 +209,38 @@ export type TaskRecord = z.infer<typeof TaskRecord>;
 
 export const TaskAccepted = z.object({ id: z.string(), status: TaskStatus });
 export type TaskAccepted = z.infer<typeof TaskAccepted>;
+
+/** `POST /v1/tasks/batch`: a list of tasks, or a GRPO group of `n` copies of one task. */
+export const GroupCallback = CallbackSpec;
+export const BatchRequest = z.union([
+  z.object({ tasks: z.array(Task).min(1).max(10_000), group_callback: GroupCallback.optional() }).strict(),
+  z
+    .object({
+      group_id: Id,
+      n: z.number().int().min(1).max(4096),
+      task: Task,
+      group_callback: GroupCallback.optional(),
+    })
+    .strict(),
+]);
+export type BatchRequest = z.infer<typeof BatchRequest>;
+
+export const TaskEventType = z.enum(["queued", "started", "llm_call", "evaluating", "terminal", "cancel_requested", "retrying"]);
+export type TaskEventType = z.infer<typeof TaskEventType>;
+
+/** One lifecycle event of a task, as `GET /v1/tasks/:id/events` streams it. */
+export const TaskEvent = z.object({
+  id: z.string(),
+  type: TaskEventType,
+  at: z.string(),
+  data: z.record(z.string(), z.unknown()),
+});
+export type TaskEvent = z.infer<typeof TaskEvent>;
+
+export const TaskListQuery = z.object({
+  status: TaskStatus.optional(),
+  group_id: z.string().optional(),
+  limit: z.coerce.number().int().min(1).max(1000).default(100),
+  cursor: z.string().optional(),
+});
+export type TaskListQuery = z.infer<typeof TaskListQuery>;

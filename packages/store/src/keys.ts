@@ -5,12 +5,16 @@
 export function keys(prefix: string) {
   return {
     task: (id: string) => `${prefix}:{t:${id}}:task`,
+    taskEvents: (id: string) => `${prefix}:{t:${id}}:events`,
     taskIndex: () => `${prefix}:{tasks}:index`,
+    group: (id: string) => `${prefix}:{g:${id}}:group`,
+    groupTasks: (id: string) => `${prefix}:{g:${id}}:tasks`,
     session: (id: string) => `${prefix}:{s:${id}}:session`,
     records: (id: string) => `${prefix}:{s:${id}}:records`,
     rankLoad: () => `${prefix}:{routing}:load`,
     affinity: (key: string) => `${prefix}:{routing}:affinity:${key}`,
     weightVersion: () => `${prefix}:{admin}:weight_version`,
+    cancelChannel: () => `${prefix}:cancel`,
   };
 }
 export type Keys = ReturnType<typeof keys>;

@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import type { AcceptedTask, CompletionRecord } from "@rollgate/protocol";
+import { Task, type AcceptedTask, type CompletionRecord, type TaskResult } from "@rollgate/protocol";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RankRouter } from "./routing.js";
@@ -101,27 +101,80 @@ describe("SessionStore", () => {
   });
 });
 
+const taskInput = (id: string, extra: Record<string, unknown> = {}) =>
+  Task.parse({ id, instruction: "do it", agent: { harness: "command", command: ["true"] }, limits: { timeout_s: 5 }, ...extra }) as AcceptedTask;
+
+const resultOf = (id: string, status: TaskResult["status"]): TaskResult => ({
+  id,
+  group_id: null,
+  status,
+  reward: status === "completed" ? 1 : null,
+  evaluation: null,
+  error: null,
+  session_id: null,
+  trajectory: null,
+  usage: { llm_calls: 0, prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0 },
+  timings: { queued_ms: 0, run_ms: 0, eval_ms: 0, total_ms: 0 },
+  attempts: 1,
+  worker: "w",
+  agent: { exit_code: 0, signal: null, log_tail: "" },
+  metadata: {},
+});
+
 describe("TaskStore", () => {
   it("creates a task once; later submissions of the same id change nothing", async () => {
     const store = new TaskStore(redis, `${prefix}-t1`);
-    const task = {
-      id: "t-1",
-      instruction: "do it",
-      agent: { harness: "command", command: ["true"], args: [], env: {} },
-      runtime: { kind: "local", files: {}, prepare: [], image: null },
-      evaluator: null,
-      sampling: {},
-      limits: { timeout_s: 5 },
-      trajectory: { builder: "prefix_merging" },
-      callback: null,
-      metadata: {},
-    } as AcceptedTask;
-    expect(await store.create(task, new Date())).toBe(true);
-    expect(await store.create({ ...task, instruction: "other" }, new Date())).toBe(false);
+    expect(await store.create(taskInput("t-1"), new Date())).toBe(true);
+    expect(await store.create({ ...taskInput("t-1"), instruction: "other" }, new Date())).toBe(false);
     const rec = (await store.get("t-1"))!;
     expect(rec.status).toBe("queued");
     expect(rec.task.instruction).toBe("do it");
     expect(rec.callback.state).toBe("none");
     expect(await store.get("t-missing")).toBeNull();
+  });
+
+  it("keeps the first terminal result: a cancel racing a finishing worker yields one result", async () => {
+    const store = new TaskStore(redis, `${prefix}-t2`);
+    await store.create(taskInput("t-2"), new Date());
+    expect(await store.finish("t-2", resultOf("t-2", "cancelled"), new Date(), 60)).toBe(true);
+    expect(await store.finish("t-2", resultOf("t-2", "completed"), new Date(), 60)).toBe(false);
+    expect((await store.get("t-2"))!.result!.status).toBe("cancelled");
+    expect(await store.finish("t-unknown", resultOf("t-unknown", "completed"), new Date(), 60)).toBe(false);
+    const events = await store.events("t-2", null);
+    expect(events.map((e) => e.type)).toEqual(["queued", "terminal"]);
+    expect(await store.events("t-2", events[0]!.id)).toEqual([events[1]]);
+  });
+
+  it("lists newest first with filters and a cursor that neither skips nor repeats", async () => {
+    const store = new TaskStore(redis, `${prefix}-t3`);
+    const t0 = Date.now();
+    for (let i = 0; i < 7; i++) {
+      // Two tasks share each millisecond, so the cursor must break ties.
+      await store.create(taskInput(`t-${i}`, i % 2 === 0 ? { group_id: "g-1" } : {}), new Date(t0 + Math.floor(i / 2)));
+    }
+    await store.finish("t-3", resultOf("t-3", "completed"), new Date(), 60);
+    const seen: string[] = [];
+    let cursor: string | undefined;
+    do {
+      const page = await store.list({ limit: 3, ...(cursor ? { cursor } : {}) });
+      seen.push(...page.tasks.map((t) => t.id));
+      cursor = page.next_cursor ?? undefined;
+    } while (cursor);
+    expect(seen.sort()).toEqual(["t-0", "t-1", "t-2", "t-3", "t-4", "t-5", "t-6"]);
+    expect(new Set(seen).size).toBe(7);
+    const group = await store.list({ limit: 100, groupId: "g-1" });
+    expect(group.tasks.map((t) => t.id).sort()).toEqual(["t-0", "t-2", "t-4", "t-6"]);
+    const done = await store.list({ limit: 100, status: "completed" });
+    expect(done.tasks.map((t) => t.id)).toEqual(["t-3"]);
+    expect(done.next_cursor).toBeNull();
+  });
+
+  it("announces a group as complete exactly once", async () => {
+    const store = new TaskStore(redis, `${prefix}-t4`);
+    await store.defineGroup("g-2", 3, { url: "http://x", secret: "s" });
+    const done = [await store.groupTaskFinished("g-2"), await store.groupTaskFinished("g-2"), await store.groupTaskFinished("g-2")];
+    expect(done).toEqual([false, false, true]);
+    await store.defineGroup("g-3", 1, null);
+    expect(await store.groupTaskFinished("g-3")).toBe(false);
   });
 });

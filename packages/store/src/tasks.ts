@@ -4,6 +4,8 @@ import {
   TaskResult,
   TaskStatus,
   type AcceptedTask,
+  type TaskEvent,
+  type TaskEventType,
   type TaskRecord,
   type TerminalStatus,
 } from "@rollgate/protocol";
@@ -11,9 +13,32 @@ import type { Redis } from "ioredis";
 import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
 
+const MAX_EVENTS = 2_000;
+const MAX_LOG_BYTES = 256 * 1024;
+
+// Writes a terminal result unless the task already has one, and appends the terminal event, in
+// one step: a cancel racing a finishing worker produces exactly one result.
+// KEYS: task, events. ARGV: status, finished_at, result json, ttl, event json, maxlen.
+const FINISH_SCRIPT = `
+local s = redis.call('HGET', KEYS[1], 'status')
+if s == 'completed' or s == 'failed' or s == 'timed_out' or s == 'cancelled' then return 0 end
+if not redis.call('HGET', KEYS[1], 'task') then return -1 end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'finished_at', ARGV[2], 'result', ARGV[3])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+return 1
+`;
+
+export interface TaskPage {
+  tasks: TaskRecord[];
+  next_cursor: string | null;
+}
+
 /**
- * The task key family: one Redis hash per task, one field per concern, so the worker writing a
- * result and the callback worker writing delivery state never overwrite each other.
+ * The task key family: one hash per task (one field per concern, so the worker writing a result
+ * and the callback worker writing delivery state never overwrite each other), its event stream,
+ * the creation-time index and per-group indexes.
  */
 export class TaskStore {
   private readonly k: Keys;
@@ -36,7 +61,7 @@ export class TaskStore {
     };
     const created = await this.redis.hsetnx(key, "task", JSON.stringify(task));
     if (created === 0) return false;
-    await this.redis
+    const tx = this.redis
       .multi()
       .hset(key, {
         status: "queued",
@@ -45,15 +70,20 @@ export class TaskStore {
         callback: JSON.stringify(callback),
         group_id: task.group_id ?? "",
       })
-      .zadd(this.k.taskIndex(), now.getTime(), task.id)
-      .exec();
+      .zadd(this.k.taskIndex(), now.getTime(), task.id);
+    if (task.group_id) tx.zadd(this.k.groupTasks(task.group_id), now.getTime(), task.id);
+    await tx.exec();
+    await this.appendEvent(task.id, "queued", {}, now);
     return true;
   }
 
   async get(id: string): Promise<TaskRecord | null> {
     const h = await this.redis.hgetall(this.k.task(id));
-    if (!h.task) return null;
-    const task = parseStored(Task, h.task, `task ${id}`) as AcceptedTask;
+    return h.task ? this.fromHash(id, h) : null;
+  }
+
+  private fromHash(id: string, h: Record<string, string>): TaskRecord {
+    const task = parseStored(Task, h.task!, `task ${id}`) as AcceptedTask;
     return {
       id,
       group_id: task.group_id ?? null,
@@ -85,18 +115,28 @@ export class TaskStore {
       attempts: String(fields.attempt),
       session_id: fields.sessionId,
     });
+    await this.appendEvent(id, "started", { worker: fields.worker, attempt: fields.attempt, session_id: fields.sessionId }, fields.now);
   }
 
-  /** Stores the terminal result. The raw JSON is kept so a callback can sign exactly these bytes. */
-  async finish(id: string, result: TaskResult, now: Date, ttlSeconds: number): Promise<string> {
-    const raw = JSON.stringify(result);
-    const key = this.k.task(id);
-    await this.redis
-      .multi()
-      .hset(key, { status: result.status satisfies TerminalStatus, finished_at: now.toISOString(), result: raw })
-      .expire(key, ttlSeconds)
-      .exec();
-    return raw;
+  /**
+   * Stores the terminal result unless the task already ended (returns false then). The raw JSON
+   * is kept so a callback signs exactly these bytes.
+   */
+  async finish(id: string, result: TaskResult, now: Date, ttlSeconds: number): Promise<boolean> {
+    const event = JSON.stringify({ type: "terminal", at: now.toISOString(), data: { status: result.status, reward: result.reward, error: result.error } });
+    const res = await this.redis.eval(
+      FINISH_SCRIPT,
+      2,
+      this.k.task(id),
+      this.k.taskEvents(id),
+      result.status satisfies TerminalStatus,
+      now.toISOString(),
+      JSON.stringify(result),
+      String(ttlSeconds),
+      event,
+      String(MAX_EVENTS),
+    );
+    return res === 1;
   }
 
   async rawResult(id: string): Promise<string | null> {
@@ -105,5 +145,141 @@ export class TaskStore {
 
   async setCallback(id: string, state: CallbackState): Promise<void> {
     await this.redis.hset(this.k.task(id), "callback", JSON.stringify(state));
+  }
+
+  /** Marks a cancel request (read by the worker when it starts or runs the task) and tells workers. */
+  async requestCancel(id: string, reason: string, now: Date): Promise<void> {
+    await this.redis.hset(this.k.task(id), "cancel_requested", reason);
+    await this.appendEvent(id, "cancel_requested", { reason }, now);
+    await this.redis.publish(this.k.cancelChannel(), id);
+  }
+
+  async cancelRequested(id: string): Promise<string | null> {
+    return this.redis.hget(this.k.task(id), "cancel_requested");
+  }
+
+  cancelChannel(): string {
+    return this.k.cancelChannel();
+  }
+
+  /** The agent's output so far (bounded; the newest bytes are kept). */
+  async setLogs(id: string, text: string): Promise<void> {
+    await this.redis.hset(this.k.task(id), "logs", text.length > MAX_LOG_BYTES ? text.slice(-MAX_LOG_BYTES) : text);
+  }
+
+  async logs(id: string): Promise<string | null> {
+    return this.redis.hget(this.k.task(id), "logs");
+  }
+
+  async appendEvent(id: string, type: TaskEventType, data: Record<string, unknown>, now = new Date()): Promise<void> {
+    await this.redis.xadd(this.k.taskEvents(id), "MAXLEN", "~", MAX_EVENTS, "*", "e", JSON.stringify({ type, at: now.toISOString(), data }));
+  }
+
+  /** Events after `afterId` (exclusive; all when null), oldest first. */
+  async events(id: string, afterId: string | null, count = 500): Promise<TaskEvent[]> {
+    const start = afterId ? `(${afterId}` : "-";
+    const rows = await this.redis.xrange(this.k.taskEvents(id), start, "+", "COUNT", count);
+    return rows.map(([eventId, fields]) => {
+      const raw = fields[1] ?? "{}";
+      const e = JSON.parse(raw) as Omit<TaskEvent, "id">;
+      return { id: eventId, type: e.type, at: e.at, data: e.data ?? {} };
+    });
+  }
+
+  /**
+   * Tasks newest first, optionally of one group and/or status. The cursor is opaque
+   * ("<created ms>:<id>" of the last task returned).
+   */
+  async list(opts: { status?: TaskStatus; groupId?: string; limit: number; cursor?: string }): Promise<TaskPage> {
+    const index = opts.groupId ? this.k.groupTasks(opts.groupId) : this.k.taskIndex();
+    let max = "+inf";
+    let skipUntil: string | null = null;
+    if (opts.cursor) {
+      const [ms, ...rest] = opts.cursor.split(":");
+      max = ms ?? "+inf";
+      skipUntil = rest.join(":");
+    }
+    const out: TaskRecord[] = [];
+    let lastCursor: string | null = null;
+    let exhausted = false;
+    const batch = Math.max(opts.limit * 2, 50);
+    let offset = 0;
+    while (out.length < opts.limit) {
+      const flat = await this.redis.zrevrangebyscore(index, max, "-inf", "WITHSCORES", "LIMIT", offset, batch);
+      if (flat.length === 0) {
+        exhausted = true;
+        break;
+      }
+      offset += flat.length / 2;
+      const ids: [string, string][] = [];
+      for (let i = 0; i + 1 < flat.length; i += 2) ids.push([flat[i]!, flat[i + 1]!]);
+      const pipe = this.redis.pipeline();
+      for (const [id] of ids) pipe.hgetall(this.k.task(id));
+      const hashes = (await pipe.exec()) ?? [];
+      for (let i = 0; i < ids.length && out.length < opts.limit; i++) {
+        const [id, score] = ids[i]!;
+        if (skipUntil !== null) {
+          // Ties on the creation ms: skip up to and including the cursor's id.
+          if (score === max && id !== skipUntil) continue;
+          if (id === skipUntil) {
+            skipUntil = null;
+            continue;
+          }
+          skipUntil = null;
+        }
+        const h = hashes[i]?.[1] as Record<string, string> | undefined;
+        if (!h?.task) continue; // expired
+        lastCursor = `${score}:${id}`;
+        if (opts.status && h.status !== opts.status) continue;
+        out.push(this.fromHash(id, h));
+      }
+      if (flat.length / 2 < batch) {
+        exhausted = true;
+        break;
+      }
+    }
+    return { tasks: out, next_cursor: exhausted && out.length < opts.limit ? null : lastCursor };
+  }
+
+  /** Records a group's size and optional group callback (batch submission). */
+  async defineGroup(groupId: string, size: number, callback: { url: string; secret: string } | null): Promise<void> {
+    await this.redis.hset(this.k.group(groupId), { size: String(size), callback: callback ? JSON.stringify(callback) : "" });
+  }
+
+  /**
+   * Counts one more terminal task of a group; true exactly once, when the last one ends and the
+   * group has a callback to send.
+   */
+  async groupTaskFinished(groupId: string): Promise<boolean> {
+    const key = this.k.group(groupId);
+    const [size, cb] = await this.redis.hmget(key, "size", "callback");
+    if (!size || !cb) return false;
+    const done = await this.redis.hincrby(key, "done", 1);
+    return done === Number(size);
+  }
+
+  async groupCallback(groupId: string): Promise<{ url: string; secret: string } | null> {
+    const cb = await this.redis.hget(this.k.group(groupId), "callback");
+    return cb ? (JSON.parse(cb) as { url: string; secret: string }) : null;
+  }
+
+  /**
+   * The group callback body, built once by `build` and kept, so every retry sends (and signs)
+   * the same bytes.
+   */
+  async groupBody(groupId: string, build: () => Promise<string>): Promise<string> {
+    const key = this.k.group(groupId);
+    const existing = await this.redis.hget(key, "body");
+    if (existing) return existing;
+    await this.redis.hsetnx(key, "body", await build());
+    return (await this.redis.hget(key, "body"))!;
+  }
+
+  async setGroupCallbackState(groupId: string, state: CallbackState): Promise<void> {
+    await this.redis.hset(this.k.group(groupId), "callback_state", JSON.stringify(state));
+  }
+
+  async groupTaskIds(groupId: string): Promise<string[]> {
+    return this.redis.zrange(this.k.groupTasks(groupId), "0", "-1");
   }
 }

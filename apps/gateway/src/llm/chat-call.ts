@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import type { CanonicalChatRequest, ClientProtocol, CompletionRecord, Session } from "@rollgate/protocol";
-import type { SessionStore, WeightStore } from "@rollgate/store";
+import type { SessionStore, TaskStore, WeightStore } from "@rollgate/store";
 import {
   StreamAccumulator,
   applySessionSampling,
@@ -40,7 +40,7 @@ export interface PreparedCall {
  */
 export class ChatCaller {
   constructor(
-    private readonly deps: { registry: EngineRegistry; sessions: SessionStore; weights: WeightStore; log: Logger },
+    private readonly deps: { registry: EngineRegistry; sessions: SessionStore; tasks: TaskStore; weights: WeightStore; log: Logger },
   ) {}
 
   async prepare(session: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal): Promise<PreparedCall> {
@@ -140,5 +140,16 @@ export class ChatCaller {
       latency_ms: Date.now() - call.startedAt,
     };
     await this.deps.sessions.appendRecord(record);
+    const taskId = call.session.metadata.task_id;
+    if (typeof taskId === "string") {
+      await this.deps.tasks.appendEvent(taskId, "llm_call", {
+        seq: record.seq,
+        prompt_tokens: record.usage.prompt_tokens,
+        completion_tokens: record.usage.completion_tokens,
+        cached_tokens: record.usage.cached_tokens,
+        finish_reason: record.finish_reason,
+        latency_ms: record.latency_ms,
+      });
+    }
   }
 }

@@ -6,22 +6,26 @@ export interface SandboxEnvInput {
   sessionId: string;
   taskId: string;
   instruction: string;
-  workdir: string;
+  home: string;
+  tmp: string;
   path: string;
+  /** What the harness preset sets (telemetry off, config content). */
+  harnessEnv: Record<string, string>;
+  /** The task's own `agent.env`: wins over everything else. */
   agentEnv: Record<string, string>;
 }
 
 /**
  * The whole environment an agent gets (DESIGN §6): the gateway URLs for every SDK, the session
- * token as every key, the task's identity and instruction, the task's own `agent.env`, and the
- * minimum a program needs to start (PATH, HOME, TMPDIR, LANG). Nothing of the worker's own
- * environment is copied.
+ * token as every key, the task's identity and instruction, its harness preset's variables, the
+ * task's own `agent.env`, and the minimum a program needs to start (PATH, HOME, TMPDIR, LANG).
+ * Nothing of the worker's own environment is copied.
  */
 export function sandboxEnv(i: SandboxEnvInput): Record<string, string> {
   return {
     PATH: i.path,
-    HOME: i.workdir,
-    TMPDIR: path.join(i.workdir, ".tmp"),
+    HOME: i.home,
+    TMPDIR: i.tmp,
     LANG: "C.UTF-8",
     OPENAI_BASE_URL: `${i.sessionUrl}/v1`,
     OPENAI_API_KEY: i.token,
@@ -32,6 +36,7 @@ export function sandboxEnv(i: SandboxEnvInput): Record<string, string> {
     ROLLGATE_SESSION_ID: i.sessionId,
     ROLLGATE_TASK_ID: i.taskId,
     ROLLGATE_INSTRUCTION: i.instruction,
+    ...i.harnessEnv,
     ...i.agentEnv,
   };
 }

@@ -9,6 +9,8 @@ export interface RunOptions {
   signal?: AbortSignal;
   /** How much of the combined stdout/stderr to keep (the tail). */
   maxLogBytes?: number;
+  /** Called with each chunk of output as it arrives (live logs). */
+  onOutput?: (chunk: Buffer) => void;
 }
 
 export interface RunResult {
@@ -18,7 +20,10 @@ export interface RunResult {
   aborted: boolean;
   /** Set when the program could not be started at all (e.g. ENOENT). */
   spawnError: string | null;
+  /** The tail of stdout and stderr interleaved as they came. */
   logTail: string;
+  /** The tail of stdout alone (evaluators read their answer from it). */
+  stdoutTail: string;
   durationMs: number;
 }
 
@@ -57,6 +62,7 @@ function killGroup(pid: number, sig: NodeJS.Signals) {
 export function runProcess(o: RunOptions): Promise<RunResult> {
   const started = Date.now();
   const tail = new TailBuffer(o.maxLogBytes ?? 64 * 1024);
+  const stdoutTail = new TailBuffer(o.maxLogBytes ?? 64 * 1024);
   return new Promise((resolve) => {
     let timedOut = false;
     let aborted = false;
@@ -67,8 +73,15 @@ export function runProcess(o: RunOptions): Promise<RunResult> {
       detached: true,
       stdio: ["ignore", "pipe", "pipe"],
     });
-    child.stdout.on("data", (b: Buffer) => tail.push(b));
-    child.stderr.on("data", (b: Buffer) => tail.push(b));
+    child.stdout.on("data", (b: Buffer) => {
+      tail.push(b);
+      stdoutTail.push(b);
+      o.onOutput?.(b);
+    });
+    child.stderr.on("data", (b: Buffer) => {
+      tail.push(b);
+      o.onOutput?.(b);
+    });
 
     const stop = () => {
       if (child.pid === undefined) return;
@@ -86,12 +99,12 @@ export function runProcess(o: RunOptions): Promise<RunResult> {
     };
     o.signal?.addEventListener("abort", onAbort, { once: true });
 
-    const finish = (r: Omit<RunResult, "timedOut" | "aborted" | "logTail" | "durationMs">) => {
+    const finish = (r: Omit<RunResult, "timedOut" | "aborted" | "logTail" | "stdoutTail" | "durationMs">) => {
       if (settled) return;
       settled = true;
       clearTimeout(timer);
       o.signal?.removeEventListener("abort", onAbort);
-      resolve({ ...r, timedOut, aborted, logTail: tail.text(), durationMs: Date.now() - started });
+      resolve({ ...r, timedOut, aborted, logTail: tail.text(), stdoutTail: stdoutTail.text(), durationMs: Date.now() - started });
     };
     child.on("error", (err) => finish({ exitCode: null, signal: null, spawnError: err.message }));
     child.on("exit", (code, sig) => {

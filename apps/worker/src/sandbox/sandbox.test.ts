@@ -5,7 +5,10 @@ import path from "node:path";
 import { describe, expect, it } from "vitest";
 import { defaultSandboxPath, sandboxEnv } from "./environment.js";
 import { runProcess } from "./process.js";
-import { makeWorkdir, removeWorkdir } from "./workdir.js";
+import { makeSandboxDirs, removeSandboxDirs } from "./workdir.js";
+import { bwrapArgv, bwrapUsable } from "./isolation.js";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import os from "node:os";
 
 const pathEnv = defaultSandboxPath(process.cwd());
 
@@ -23,14 +26,16 @@ describe("sandboxEnv", () => {
       sessionId: "s-1",
       taskId: "t-1",
       instruction: "do it",
-      workdir: "/tmp/w",
+      home: "/tmp/w/home",
+      tmp: "/tmp/w/tmp",
       path: "/usr/bin:/bin",
+      harnessEnv: { DISABLE_TELEMETRY: "1", FOO: "preset" },
       agentEnv: { FOO: "bar" },
     });
     expect(env).toEqual({
       PATH: "/usr/bin:/bin",
-      HOME: "/tmp/w",
-      TMPDIR: "/tmp/w/.tmp",
+      HOME: "/tmp/w/home",
+      TMPDIR: "/tmp/w/tmp",
       LANG: "C.UTF-8",
       OPENAI_BASE_URL: "http://gw/s/s-1/v1",
       OPENAI_API_KEY: "tok",
@@ -41,22 +46,44 @@ describe("sandboxEnv", () => {
       ROLLGATE_SESSION_ID: "s-1",
       ROLLGATE_TASK_ID: "t-1",
       ROLLGATE_INSTRUCTION: "do it",
+      DISABLE_TELEMETRY: "1",
       FOO: "bar",
     });
     delete process.env.WORKER_SECRET;
   });
 });
 
-describe("makeWorkdir", () => {
-  it("writes runtime.files into a fresh directory and removes it afterwards", async () => {
-    const dir = await makeWorkdir(undefined, "t-files", { "a.txt": "A", "repo/src/b.py": "print(1)\n" });
-    expect(readFileSync(path.join(dir, "a.txt"), "utf8")).toBe("A");
-    expect(readFileSync(path.join(dir, "repo/src/b.py"), "utf8")).toBe("print(1)\n");
-    await removeWorkdir(dir);
-    expect(existsSync(dir)).toBe(false);
+describe("makeSandboxDirs", () => {
+  it("writes runtime.files into a fresh working directory beside HOME and TMPDIR, and removes it all", async () => {
+    const dirs = await makeSandboxDirs(undefined, "t-files", { "a.txt": "A", "repo/src/b.py": "print(1)\n" });
+    expect(readFileSync(path.join(dirs.work, "a.txt"), "utf8")).toBe("A");
+    expect(readFileSync(path.join(dirs.work, "repo/src/b.py"), "utf8")).toBe("print(1)\n");
+    expect(existsSync(dirs.home) && existsSync(dirs.tmp)).toBe(true);
+    await removeSandboxDirs(dirs);
+    expect(existsSync(dirs.base)).toBe(false);
   });
   it("refuses a path that escapes the directory", async () => {
-    await expect(makeWorkdir(undefined, "t-esc", { "../evil": "x" })).rejects.toThrow(/escapes/);
+    await expect(makeSandboxDirs(undefined, "t-esc", { "../evil": "x" })).rejects.toThrow(/escapes/);
+  });
+});
+
+describe.skipIf(!bwrapUsable())("bubblewrap isolation", () => {
+  it("lets the agent write only inside its sandbox folders", async () => {
+    const base = mkdtempSync(path.join(os.tmpdir(), "rg-bwrap-"));
+    const outside = mkdtempSync("/var/tmp/rg-outside-");
+    writeFileSync(path.join(outside, "keep.txt"), "original");
+    const r = await runProcess({
+      argv: bwrapArgv(base, base, ["bash", "-c", `echo inside > ok.txt; echo changed > ${outside}/keep.txt; echo "exit=$?"`]),
+      cwd: base,
+      env: { PATH: pathEnv },
+      timeoutMs: 10_000,
+    });
+    expect(r.exitCode).toBe(0);
+    expect(readFileSync(path.join(base, "ok.txt"), "utf8")).toBe("inside\n");
+    expect(readFileSync(path.join(outside, "keep.txt"), "utf8")).toBe("original");
+    expect(r.logTail).toMatch(/Read-only file system/);
+    rmSync(base, { recursive: true, force: true });
+    rmSync(outside, { recursive: true, force: true });
   });
 });
 

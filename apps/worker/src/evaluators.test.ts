@@ -1,0 +1,97 @@
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import os from "node:os";
+import path from "node:path";
+import { EvaluatorSpec } from "@rollgate/protocol";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { evaluate, rewardFromOutput, type EvalContext } from "./evaluators.js";
+import { defaultSandboxPath } from "./sandbox/environment.js";
+
+let workdir: string;
+let ctx: EvalContext;
+let server: http.Server;
+let serverUrl: string;
+const received: unknown[] = [];
+
+beforeAll(async () => {
+  workdir = mkdtempSync(path.join(os.tmpdir(), "rg-eval-"));
+  ctx = { workdir, env: { PATH: defaultSandboxPath(process.cwd()) }, wrap: (a) => a, summary: () => ({ id: "t-1", agent: { exit_code: 0 } }) };
+  server = http.createServer((req, res) => {
+    let body = "";
+    req.on("data", (c: Buffer) => (body += c));
+    req.on("end", () => {
+      received.push(JSON.parse(body));
+      if (req.url === "/bad") return res.writeHead(200).end("not json");
+      res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reward: 0.75, note: "graded" }));
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  serverUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+});
+afterAll(async () => {
+  rmSync(workdir, { recursive: true, force: true });
+  await new Promise((r) => server.close(r));
+});
+
+const spec = (s: unknown) => EvaluatorSpec.parse(s);
+
+describe("rewardFromOutput", () => {
+  it("reads exit codes, a last-line float, or a JSON line", () => {
+    expect(rewardFromOutput("exit_code", 0, "")).toEqual({ reward: 1 });
+    expect(rewardFromOutput("exit_code", 2, "")).toEqual({ reward: 0 });
+    expect(rewardFromOutput("last_line_float", 0, "running tests\n0.625\n\n")).toEqual({ reward: 0.625 });
+    expect(rewardFromOutput("last_line_float", 0, "all good")).toMatch(/not a number/);
+    expect(rewardFromOutput("json", 0, 'log\n{"reward": 0.5, "passed": 3}\ntrailing')).toEqual({ reward: 0.5, details: { reward: 0.5, passed: 3 } });
+    expect(rewardFromOutput("json", 0, '{"score": 1}')).toMatch(/no stdout line/);
+  });
+});
+
+describe("evaluate", () => {
+  it("command: each reward mode, and a broken evaluator fails instead of scoring", async () => {
+    expect(await evaluate(spec({ kind: "command", command: ["bash", "-c", "exit 0"] }), ctx)).toMatchObject({ kind: "scored", reward: 1 });
+    expect(await evaluate(spec({ kind: "command", command: ["bash", "-c", "echo 0.3"], reward: "last_line_float" }), ctx)).toMatchObject({ kind: "scored", reward: 0.3 });
+    expect(await evaluate(spec({ kind: "command", command: ["bash", "-c", 'echo \'{"reward": 2}\''], reward: "json" }), ctx)).toMatchObject({
+      kind: "scored",
+      reward: 2,
+      evaluation: { kind: "command", exit_code: 0, details: { reward: 2 } },
+    });
+    expect(await evaluate(spec({ kind: "command", command: ["no-such-evaluator"] }), ctx)).toMatchObject({ kind: "broken", error: { kind: "evaluator_error" } });
+    expect(await evaluate(spec({ kind: "command", command: ["bash", "-c", "echo oops"], reward: "last_line_float" }), ctx)).toMatchObject({ kind: "broken" });
+  });
+
+  it("file: exact content or a regex", async () => {
+    writeFileSync(path.join(workdir, "out.txt"), "hello world\n");
+    expect(await evaluate(spec({ kind: "file", path: "out.txt", equals: "hello world\n" }), ctx)).toMatchObject({ reward: 1 });
+    expect(await evaluate(spec({ kind: "file", path: "out.txt", regex: "^hello\\s+w" }), ctx)).toMatchObject({ reward: 1 });
+    expect(await evaluate(spec({ kind: "file", path: "out.txt", equals: "hello" }), ctx)).toMatchObject({ reward: 0 });
+    expect(await evaluate(spec({ kind: "file", path: "missing.txt", equals: "x" }), ctx)).toMatchObject({ reward: 0, evaluation: { details: { exists: false } } });
+    expect(() => spec({ kind: "file", path: "out.txt" })).toThrow(/exactly one of equals or regex/);
+  });
+
+  it("reward_file: reward.json or reward.txt, written by the agent or a test command", async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), "rg-reward-"));
+    const c = { ...ctx, workdir: dir };
+    expect(await evaluate(spec({ kind: "reward_file" }), c)).toMatchObject({ kind: "broken", error: { message: expect.stringMatching(/no reward file/) } });
+    writeFileSync(path.join(dir, "reward.txt"), "0.25\n");
+    expect(await evaluate(spec({ kind: "reward_file" }), c)).toMatchObject({ kind: "scored", reward: 0.25 });
+    expect(await evaluate(spec({ kind: "reward_file", command: ["bash", "-c", 'echo \'{"reward": 1, "tests": 4}\' > reward.json'] }), c)).toMatchObject({
+      kind: "scored",
+      reward: 1,
+      evaluation: { details: { reward: 1, tests: 4 } },
+    });
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("http: posts the result summary and reads {reward}", async () => {
+    expect(await evaluate(spec({ kind: "http", url: `${serverUrl}/grade` }), ctx)).toMatchObject({ kind: "scored", reward: 0.75 });
+    expect(received.at(-1)).toEqual({ id: "t-1", agent: { exit_code: 0 } });
+    expect(await evaluate(spec({ kind: "http", url: `${serverUrl}/bad` }), ctx)).toMatchObject({ kind: "broken" });
+    expect(await evaluate(spec({ kind: "http", url: "http://127.0.0.1:9/x", timeout_s: 2 }), ctx)).toMatchObject({ kind: "broken" });
+  });
+
+  it("none (or no evaluator): no reward, nothing run", async () => {
+    expect(await evaluate(spec({ kind: "none" }), ctx)).toEqual({ kind: "scored", reward: null, evaluation: null });
+    expect(await evaluate(null, ctx)).toEqual({ kind: "scored", reward: null, evaluation: null });
+  });
+});

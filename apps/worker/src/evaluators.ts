@@ -1,0 +1,150 @@
+import { readFile } from "node:fs/promises";
+import path from "node:path";
+import type { EvaluatorSpec, TaskError, TaskResult } from "@rollgate/protocol";
+import { request } from "undici";
+import { z } from "zod";
+import { runProcess, type RunResult } from "./sandbox/process.js";
+
+export type Evaluation = NonNullable<TaskResult["evaluation"]>;
+
+export type EvalOutcome =
+  | { kind: "scored"; reward: number | null; evaluation: Evaluation | null }
+  | { kind: "cancelled"; evaluation: Evaluation | null }
+  | { kind: "broken"; error: TaskError; evaluation: Evaluation | null };
+
+export interface EvalContext {
+  workdir: string;
+  env: Record<string, string>;
+  /** Wraps an argv for the sandbox (bubblewrap), or returns it unchanged. */
+  wrap: (argv: string[]) => string[];
+  signal?: AbortSignal;
+  /** What an `http` evaluator is sent: the result so far, without the trajectory. */
+  summary: () => Record<string, unknown>;
+}
+
+const RewardJson = z.object({ reward: z.number() }).loose();
+
+function broken(message: string, evaluation: Evaluation | null = null): EvalOutcome {
+  return { kind: "broken", error: { kind: "evaluator_error", message }, evaluation };
+}
+
+/** A reward from a command's stdout, per `reward` mode; a string is the reason it could not be read. */
+export function rewardFromOutput(mode: "exit_code" | "last_line_float" | "json", exitCode: number, stdout: string): { reward: number; details?: unknown } | string {
+  if (mode === "exit_code") return { reward: exitCode === 0 ? 1 : 0 };
+  const lines = stdout.split("\n").map((l) => l.trim()).filter(Boolean);
+  if (mode === "last_line_float") {
+    const last = lines.at(-1) ?? "";
+    const value = Number(last);
+    return last !== "" && Number.isFinite(value) ? { reward: value } : `last stdout line is not a number: ${JSON.stringify(last.slice(0, 200))}`;
+  }
+  // json: the last line that parses as an object with a numeric reward.
+  for (const line of [...lines].reverse()) {
+    try {
+      const parsed = RewardJson.safeParse(JSON.parse(line));
+      if (parsed.success) return { reward: parsed.data.reward, details: parsed.data };
+    } catch {
+      // not JSON: keep looking
+    }
+  }
+  return "no stdout line is a JSON object with a numeric reward";
+}
+
+async function runCommand(argv: string[], timeoutS: number, ctx: EvalContext): Promise<RunResult> {
+  return runProcess({ argv: ctx.wrap(argv), cwd: ctx.workdir, env: ctx.env, timeoutMs: timeoutS * 1000, ...(ctx.signal ? { signal: ctx.signal } : {}) });
+}
+
+function commandFailure(r: RunResult, timeoutS: number): string | null {
+  if (r.spawnError) return `cannot start the evaluator: ${r.spawnError}`;
+  if (r.timedOut) return `the evaluator timed out after ${timeoutS}s`;
+  if (r.exitCode === null) return `the evaluator was killed by ${r.signal}`;
+  return null;
+}
+
+async function readRewardFile(workdir: string, rel: string | undefined): Promise<{ reward: number; details: unknown } | string> {
+  const candidates = rel ? [rel] : ["reward.json", "reward.txt"];
+  for (const name of candidates) {
+    let text: string;
+    try {
+      text = await readFile(path.join(workdir, name), "utf8");
+    } catch {
+      continue;
+    }
+    if (name.endsWith(".json")) {
+      try {
+        const parsed = RewardJson.safeParse(JSON.parse(text));
+        if (parsed.success) return { reward: parsed.data.reward, details: parsed.data };
+      } catch {
+        // fall through
+      }
+      return `${name} is not {"reward": <number>, ...}`;
+    }
+    const value = Number(text.trim());
+    return Number.isFinite(value) && text.trim() !== "" ? { reward: value, details: { file: name } } : `${name} does not hold a number`;
+  }
+  return `no reward file (${candidates.join(" or ")}) in the working directory`;
+}
+
+/** Scores a finished rollout with the task's evaluator (DESIGN §2: evaluation kept in `evaluation`). */
+export async function evaluate(spec: EvaluatorSpec | null, ctx: EvalContext): Promise<EvalOutcome> {
+  if (!spec || spec.kind === "none") return { kind: "scored", reward: null, evaluation: null };
+  switch (spec.kind) {
+    case "command": {
+      const r = await runCommand(spec.command, spec.timeout_s, ctx);
+      const evaluation: Evaluation = { kind: "command", exit_code: r.exitCode, stdout_tail: r.logTail.slice(-4_096) };
+      if (r.aborted) return { kind: "cancelled", evaluation };
+      const failure = commandFailure(r, spec.timeout_s);
+      if (failure) return broken(failure, evaluation);
+      const reward = rewardFromOutput(spec.reward, r.exitCode!, r.stdoutTail);
+      if (typeof reward === "string") return broken(reward, evaluation);
+      return { kind: "scored", reward: reward.reward, evaluation: { ...evaluation, ...(reward.details !== undefined ? { details: reward.details } : {}) } };
+    }
+    case "file": {
+      let text: string | null = null;
+      try {
+        text = await readFile(path.join(ctx.workdir, spec.path), "utf8");
+      } catch {
+        text = null;
+      }
+      const matched = text !== null && (spec.equals !== undefined ? text === spec.equals : new RegExp(spec.regex!).test(text));
+      return {
+        kind: "scored",
+        reward: matched ? 1 : 0,
+        evaluation: { kind: "file", exit_code: null, stdout_tail: "", details: { path: spec.path, exists: text !== null, matched } },
+      };
+    }
+    case "reward_file": {
+      let evaluation: Evaluation = { kind: "reward_file", exit_code: null, stdout_tail: "" };
+      if (spec.command) {
+        const r = await runCommand(spec.command, spec.timeout_s, ctx);
+        evaluation = { ...evaluation, exit_code: r.exitCode, stdout_tail: r.logTail.slice(-4_096) };
+        if (r.aborted) return { kind: "cancelled", evaluation };
+        const failure = r.spawnError || r.timedOut ? commandFailure(r, spec.timeout_s) : null;
+        if (failure) return broken(failure, evaluation);
+      }
+      const reward = await readRewardFile(ctx.workdir, spec.path);
+      if (typeof reward === "string") return broken(reward, evaluation);
+      return { kind: "scored", reward: reward.reward, evaluation: { ...evaluation, details: reward.details } };
+    }
+    case "http": {
+      try {
+        const res = await request(spec.url, {
+          method: "POST",
+          headers: { "content-type": "application/json", ...spec.headers },
+          body: JSON.stringify(ctx.summary()),
+          headersTimeout: spec.timeout_s * 1000,
+          bodyTimeout: spec.timeout_s * 1000,
+          ...(ctx.signal ? { signal: ctx.signal } : {}),
+        });
+        const text = await res.body.text();
+        const evaluation: Evaluation = { kind: "http", exit_code: null, stdout_tail: text.slice(-4_096) };
+        if (res.statusCode < 200 || res.statusCode >= 300) return broken(`evaluator ${spec.url} answered ${res.statusCode}`, evaluation);
+        const parsed = RewardJson.safeParse(JSON.parse(text));
+        if (!parsed.success) return broken(`evaluator ${spec.url} did not answer {"reward": <number>}`, evaluation);
+        return { kind: "scored", reward: parsed.data.reward, evaluation: { ...evaluation, details: parsed.data } };
+      } catch (err) {
+        if (ctx.signal?.aborted) return { kind: "cancelled", evaluation: null };
+        return broken(`evaluator ${spec.url} unreachable or invalid: ${(err as Error).message}`);
+      }
+    }
+  }
+}

@@ -1,0 +1,258 @@
+/**
+ * The rollout fleet on real Redis with real processes: a gateway, several workers, engine-sim.
+ * Each block runs its own fleet under its own key prefix.
+ */
+import { createHmac, randomUUID } from "node:crypto";
+import type { TaskRecord, TaskResult } from "@rollgate/protocol";
+import type { StartedChild } from "@rollgate/cluster/children";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startApp, startFleet, stopChild } from "../support/apps.js";
+import { apiClient } from "../support/http.js";
+import { poll } from "../support/poll.js";
+import { dropPrefix, uniquePrefix } from "../support/redis.js";
+import { startTrainer } from "../support/trainer.js";
+
+let engine: StartedChild;
+const prefixes: string[] = [];
+
+beforeAll(async () => {
+  engine = await startApp("engine-sim", ["--port", "0", "--dp", "2"], {});
+}, 60_000);
+
+afterAll(async () => {
+  await stopChild(engine.proc);
+  for (const p of prefixes) await dropPrefix(p);
+});
+
+function newPrefix(name: string) {
+  const p = uniquePrefix(name);
+  prefixes.push(p);
+  return p;
+}
+
+/** One LLM call through the example agent, then an evaluator that passes. */
+const quickTask = (extra: Record<string, unknown> = {}) => ({
+  instruction: 'Say done.\n#sim: [{"text": "done"}]',
+  agent: { harness: "command", command: ["rollgate-example-agent"] },
+  evaluator: { kind: "command", command: ["true"] },
+  limits: { timeout_s: 60 },
+  ...extra,
+});
+
+/** An agent that just waits (to be cancelled, interrupted or killed). */
+const sleepyTask = (seconds: number, extra: Record<string, unknown> = {}) => ({
+  instruction: "wait",
+  agent: { harness: "command", command: ["bash", "-c", `sleep ${seconds}; echo finished`] },
+  evaluator: { kind: "none" },
+  limits: { timeout_s: 120 },
+  ...extra,
+});
+
+async function terminal(api: ReturnType<typeof apiClient>, id: string, timeoutMs = 60_000): Promise<TaskRecord> {
+  const r = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.result !== null, timeoutMs, 150);
+  if (!r.result) throw new Error(`task ${id} is still ${r.status}`);
+  return r;
+}
+
+async function running(api: ReturnType<typeof apiClient>, id: string): Promise<TaskRecord> {
+  const r = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.status === "running", 20_000, 100);
+  expect(r.status).toBe("running");
+  return r;
+}
+
+describe("a GRPO batch across three workers", () => {
+  let fleet: Awaited<ReturnType<typeof startFleet>>;
+  const api = apiClient(() => fleet.url);
+  beforeAll(async () => {
+    fleet = await startFleet({ prefix: newPrefix("batch"), engineUrl: engine.ready, workers: 3 });
+  }, 60_000);
+  afterAll(() => fleet?.stop());
+
+  it("runs 50 tasks to completion with exactly one callback delivery each, and one group callback", async () => {
+    const trainer = await startTrainer();
+    try {
+      const secret = "batch-secret";
+      const groupId = `g-${randomUUID().slice(0, 8)}`;
+      const res = await api("/v1/tasks/batch", {
+        body: { group_id: groupId, n: 50, task: quickTask({ callback: { url: trainer.url, secret } }), group_callback: { url: trainer.url, secret } },
+      });
+      expect(res.status).toBe(202);
+      expect(res.body.tasks).toHaveLength(50);
+      expect(res.body.tasks[7]).toEqual({ id: `${groupId}-7`, status: "queued" });
+
+      // 50 task callbacks + 1 group callback.
+      const got = await trainer.waitFor(51, 120_000);
+      await new Promise((r) => setTimeout(r, 1_000));
+      expect(trainer.received).toHaveLength(51);
+      const taskDeliveries = got.filter((d) => d.headers["x-rollgate-event"] !== "group.completed");
+      const group = got.filter((d) => d.headers["x-rollgate-event"] === "group.completed");
+      expect(group).toHaveLength(1);
+      const results = taskDeliveries.map((d) => JSON.parse(d.rawBody) as TaskResult);
+      expect(new Set(results.map((r) => r.id)).size).toBe(50);
+      expect(new Set(taskDeliveries.map((d) => d.headers["x-rollgate-delivery"])).size).toBe(50);
+      expect(results.every((r) => r.status === "completed" && r.reward === 1)).toBe(true);
+      // The fleet shared the work.
+      expect(new Set(results.map((r) => r.worker)).size).toBeGreaterThan(1);
+      for (const d of got) {
+        expect(d.headers["x-rollgate-signature"]).toBe(`sha256=${createHmac("sha256", secret).update(d.rawBody).digest("hex")}`);
+      }
+      const groupBody = JSON.parse(group[0]!.rawBody) as { group_id: string; tasks: TaskResult[] };
+      expect(groupBody.group_id).toBe(groupId);
+      expect(groupBody.tasks.map((t) => t.id).sort()).toEqual(results.map((r) => r.id).sort());
+
+      // One routing affinity per group: every session of the group sat on one engine rank.
+      const ranks = new Set<number>();
+      for (const r of results.slice(0, 10)) {
+        const s = await api(`/v1/sessions/${r.session_id}`);
+        ranks.add(s.body.assignment.dp_rank);
+      }
+      expect(ranks.size).toBe(1);
+
+      // Listing by group pages through all 50 without repeats.
+      const seen: string[] = [];
+      let cursor: string | null = null;
+      do {
+        const page: { body: { tasks: TaskRecord[]; next_cursor: string | null } } = await api(
+          `/v1/tasks?group_id=${groupId}&limit=20${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`,
+        );
+        seen.push(...page.body.tasks.map((t) => t.id));
+        cursor = page.body.next_cursor;
+      } while (cursor);
+      expect(new Set(seen).size).toBe(50);
+      expect((await api(`/v1/tasks?group_id=${groupId}&status=failed`)).body.tasks).toEqual([]);
+    } finally {
+      await trainer.close();
+    }
+  }, 150_000);
+
+  it("streams a task's lifecycle as SSE and replays after Last-Event-ID", async () => {
+    const { body } = await api("/v1/tasks", { body: quickTask() });
+    const res = await fetch(`${fleet.url}/v1/tasks/${body.id}/events`);
+    const text = await res.text(); // the stream ends after the terminal event
+    const events = text
+      .split("\n\n")
+      .filter((f) => f.includes("data: "))
+      .map((f) => JSON.parse(f.slice(f.indexOf("data: ") + 6)) as { id: string; type: string; data: Record<string, unknown> });
+    expect(events.map((e) => e.type)).toEqual(["queued", "started", "llm_call", "evaluating", "terminal"]);
+    expect(events[2]!.data).toMatchObject({ seq: 0, completion_tokens: expect.any(Number) });
+    expect(events[4]!.data).toMatchObject({ status: "completed", reward: 1 });
+    const replay = await fetch(`${fleet.url}/v1/tasks/${body.id}/events`, { headers: { "last-event-id": events[2]!.id } });
+    expect((await replay.text()).match(/^event: (\w+)/gm)).toEqual(["event: evaluating", "event: terminal"]);
+
+    const logs = await api(`/v1/tasks/${body.id}/logs`);
+    expect(logs.status).toBe(200);
+    expect(logs.body).toContain("done");
+  });
+
+  it("rejects bad task bodies with 400 naming the field", async () => {
+    const bad = async (task: Record<string, unknown>) => {
+      const r = await api("/v1/tasks", { body: task });
+      expect(r.status).toBe(400);
+      return r.body.error.message as string;
+    };
+    expect(await bad(quickTask({ agent: { harness: "cursor" } }))).toContain("agent.harness");
+    expect(await bad(quickTask({ runtime: { files: { "../../etc/passwd": "x" } } }))).toContain("runtime.files");
+    expect(await bad(quickTask({ limits: { timeout_s: -5 } }))).toContain("limits.timeout_s");
+    expect(await bad(quickTask({ evaluator: { kind: "magic" } }))).toContain("evaluator.kind");
+    const batch = await api("/v1/tasks/batch", { body: { tasks: [quickTask(), quickTask({ limits: { timeout_s: 0 } })] } });
+    expect(batch.status).toBe(400);
+    expect(batch.body.error.message).toContain("tasks.1.limits.timeout_s");
+  });
+});
+
+describe("cancellation", () => {
+  let fleet: Awaited<ReturnType<typeof startFleet>>;
+  const api = apiClient(() => fleet.url);
+  beforeAll(async () => {
+    fleet = await startFleet({ prefix: newPrefix("cancel"), engineUrl: engine.ready, workers: 1, workerEnv: { ROLLGATE_WORKER_CONCURRENCY: "1" } });
+  }, 60_000);
+  afterAll(() => fleet?.stop());
+
+  it("kills a running task's sandbox within seconds and never starts a queued one", async () => {
+    const first = (await api("/v1/tasks", { body: sleepyTask(60) })).body.id as string;
+    const second = (await api("/v1/tasks", { body: sleepyTask(60) })).body.id as string;
+    await running(api, first);
+    // Concurrency 1: the second waits in the queue.
+    const q = await api(`/v1/tasks/${second}`, { method: "DELETE" });
+    expect(q.body).toEqual({ id: second, status: "cancelled" });
+    const t0 = Date.now();
+    const r = await api(`/v1/tasks/${first}`, { method: "DELETE" });
+    expect(r.status).toBe(202);
+    const a = await terminal(api, first, 15_000);
+    expect(Date.now() - t0).toBeLessThan(10_000);
+    expect(a.status).toBe("cancelled");
+    expect(a.result!.error).toMatchObject({ kind: "cancelled", message: expect.stringMatching(/DELETE/) });
+    const b = await terminal(api, second);
+    expect(b.status).toBe("cancelled");
+    expect(b.started_at).toBeNull();
+    const events = await fetch(`${fleet.url}/v1/tasks/${second}/events`).then((x) => x.text());
+    expect(events).not.toContain("event: started");
+    expect((await api(`/v1/tasks/${first}`, { method: "DELETE" })).status).toBe(200);
+    const done = (await api("/v1/tasks", { body: quickTask() })).body.id as string;
+    await terminal(api, done);
+    expect((await api(`/v1/tasks/${done}`, { method: "DELETE" })).status).toBe(409);
+  }, 60_000);
+});
+
+describe("workers going away", () => {
+  it("SIGTERM lets a worker end its running rollout as cancelled with a reason after the grace period", async () => {
+    const fleet = await startFleet({
+      prefix: newPrefix("sigterm"),
+      engineUrl: engine.ready,
+      workers: 1,
+      workerEnv: { ROLLGATE_SHUTDOWN_GRACE_S: "1" },
+    });
+    const api = apiClient(() => fleet.url);
+    try {
+      const id = (await api("/v1/tasks", { body: sleepyTask(60) })).body.id as string;
+      await running(api, id);
+      await stopChild(fleet.workers[0]!.proc);
+      const r = await terminal(api, id, 15_000);
+      expect(r.status).toBe("cancelled");
+      expect(r.result!.error!.message).toBe("worker shutting down");
+    } finally {
+      await fleet.stop();
+    }
+  }, 60_000);
+
+  it("SIGTERM lets a short rollout finish normally", async () => {
+    const fleet = await startFleet({ prefix: newPrefix("sigterm2"), engineUrl: engine.ready, workers: 1, workerEnv: { ROLLGATE_SHUTDOWN_GRACE_S: "20" } });
+    const api = apiClient(() => fleet.url);
+    try {
+      const id = (await api("/v1/tasks", { body: sleepyTask(2, { evaluator: { kind: "command", command: ["true"] } }) })).body.id as string;
+      await running(api, id);
+      await stopChild(fleet.workers[0]!.proc, 30_000);
+      const r = await terminal(api, id, 5_000);
+      expect(r.status).toBe("completed");
+      expect(r.result!.reward).toBe(1);
+    } finally {
+      await fleet.stop();
+    }
+  }, 60_000);
+
+  it("a worker SIGKILLed mid-rollout: another worker takes the task over and it ends, never stuck in running", async () => {
+    const fleet = await startFleet({
+      prefix: newPrefix("sigkill"),
+      engineUrl: engine.ready,
+      workers: 2,
+      workerEnv: { ROLLGATE_JOB_LOCK_MS: "2000", ROLLGATE_STALLED_INTERVAL_MS: "1000", ROLLGATE_WORKER_CONCURRENCY: "1" },
+    });
+    const api = apiClient(() => fleet.url);
+    try {
+      const id = (await api("/v1/tasks", { body: quickTask({ agent: { harness: "command", command: ["bash", "-c", "sleep 4; rollgate-example-agent"] } }) })).body.id as string;
+      const r1 = await running(api, id);
+      const victim = fleet.workers.find((w) => w.ready === r1.worker)!;
+      victim.proc.kill("SIGKILL");
+      const r = await terminal(api, id, 45_000);
+      expect(r.status).toBe("completed");
+      expect(r.worker).not.toBe(r1.worker);
+      expect(r.result!.attempts).toBe(2);
+      // The dead worker's session was closed before the new attempt opened its own.
+      const old = await api(`/v1/sessions/${r1.session_id}`);
+      expect(old.body.state).toBe("closed");
+      expect(r.session_id).not.toBe(r1.session_id);
+    } finally {
+      await fleet.stop();
+    }
+  }, 90_000);
+});

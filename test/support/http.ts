@@ -1,0 +1,20 @@
+/** A small JSON client for the trainer API. */
+export function apiClient(base: () => string) {
+  return async function api(path: string, init: { method?: string; body?: unknown; raw?: string } = {}) {
+    const hasBody = init.body !== undefined || init.raw !== undefined;
+    const res = await fetch(`${base()}${path}`, {
+      method: init.method ?? (hasBody ? "POST" : "GET"),
+      headers: hasBody ? { "content-type": "application/json" } : {},
+      ...(init.raw !== undefined ? { body: init.raw } : init.body !== undefined ? { body: JSON.stringify(init.body) } : {}),
+    });
+    const text = await res.text();
+    let body: unknown = text;
+    try {
+      body = text ? JSON.parse(text) : null;
+    } catch {
+      // not JSON (logs)
+    }
+    // eslint-disable-next-line @typescript-eslint/no-explicit-any
+    return { status: res.status, body: body as any, headers: res.headers };
+  };
+}
