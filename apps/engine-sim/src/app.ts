@@ -1,9 +1,13 @@
 import Fastify from "fastify";
 import type { FastifyInstance } from "fastify";
-import { vllmError } from "./errors.js";
 import { registerChatRoutes } from "./routes/openai-chat.js";
+import { registerCompletionRoutes } from "./routes/completions.js";
 import { registerMiscRoutes } from "./routes/misc.js";
-import { setRawBody } from "./routes/common.js";
+import { registerSglangGenerateRoutes } from "./routes/sglang-generate.js";
+import { registerSglangMiscRoutes } from "./routes/sglang-misc.js";
+import { registerSimAdminRoutes } from "./routes/sim-admin.js";
+import { registerVllmControlRoutes } from "./routes/vllm-control.js";
+import { errorBody, setRawBody } from "./routes/common.js";
 import { SimState } from "./state.js";
 import type { EngineSimOptions } from "./state.js";
 
@@ -17,12 +21,14 @@ export function getSimState(app: FastifyInstance): SimState {
 }
 
 /**
- * Builds the simulator's Fastify app (not listening). The kind picks the wire flavour; only vLLM
- * exists so far, an SGLang flavour will register its own routes beside it.
+ * Builds the simulator's Fastify app (not listening). The kind picks the wire flavour: vLLM's
+ * OpenAI server, or SGLang's server (native /generate plus its OpenAI routes). The sim-only
+ * `/sim/*` admin routes exist in both.
  */
 export function buildEngineSim(options: EngineSimOptions = {}): FastifyInstance {
   const sim = new SimState(options);
-  if (sim.opts.kind !== "vllm") throw new Error(`engine-sim kind "${sim.opts.kind}" is not implemented yet (only "vllm")`);
+  if (sim.opts.kind !== "vllm" && sim.opts.kind !== "sglang") throw new Error(`engine-sim kind "${String(sim.opts.kind)}" is unknown (vllm | sglang)`);
+  const sglang = sim.opts.kind === "sglang";
   const app = Fastify({ logger: options.logger ?? false, bodyLimit: 256 * 1024 * 1024 });
   states.set(app, sim);
 
@@ -41,15 +47,25 @@ export function buildEngineSim(options: EngineSimOptions = {}): FastifyInstance 
       done(err, undefined);
     }
   });
-  app.setErrorHandler((err: Error & { statusCode?: number }, _req, reply) => {
+  app.setErrorHandler((err: Error & { statusCode?: number }, req, reply) => {
     const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
     if (status >= 500) app.log.error(err);
-    return reply.code(status).send(vllmError(err.message, status));
+    // vLLM's envelope; SGLang answers body errors with its flat OpenAI envelope or {"error":{"message"}}.
+    const openai = req.url.startsWith("/v1/");
+    return reply.code(status).send(errorBody(sglang ? (openai ? "sglang-openai" : "sglang") : "vllm", status, err.message));
   });
   // FastAPI's 404 shape.
   app.setNotFoundHandler((_req, reply) => reply.code(404).send({ detail: "Not Found" }));
 
   registerChatRoutes(app, sim);
-  registerMiscRoutes(app, sim);
+  registerCompletionRoutes(app, sim);
+  if (sglang) {
+    registerSglangGenerateRoutes(app, sim);
+    registerSglangMiscRoutes(app, sim);
+  } else {
+    registerMiscRoutes(app, sim);
+    registerVllmControlRoutes(app, sim);
+  }
+  registerSimAdminRoutes(app, sim);
   return app;
 }

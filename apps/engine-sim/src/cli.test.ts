@@ -22,15 +22,18 @@ describe("engine-sim CLI", () => {
   it("--help documents every flag", () => {
     const r = spawnSync(process.execPath, [bin, "--help"], { encoding: "utf8" });
     expect(r.status).toBe(0);
-    for (const flag of ["--port", "--host", "--dp", "--model", "--kind", "--seed", "--random-tokens", "--ttft-ms", "--tpot-ms", "--reasoning-field", "--log-level"]) {
+    for (const flag of ["--port", "--host", "--dp", "--model", "--kind", "--seed", "--random-tokens", "--ttft-ms", "--tpot-ms", "--max-running", "--max-model-len", "--weight-version", "--reasoning-field", "--return-tokens-as-token-ids", "--incremental-streaming-output", "--fault", "--log-level"]) {
       expect(r.stdout).toContain(flag);
     }
   });
 
-  it("--kind sglang exits with a clear message", () => {
-    const r = spawnSync(process.execPath, [bin, "--kind", "sglang", "--port", "0"], { encoding: "utf8" });
+  it("bad flag values exit with a clear message", () => {
+    const r = spawnSync(process.execPath, [bin, "--max-running", "abc", "--port", "0"], { encoding: "utf8" });
     expect(r.status).not.toBe(0);
-    expect(r.stderr).toMatch(/sglang is not implemented yet/);
+    expect(r.stderr).toMatch(/SIM_MAX_RUNNING/);
+    const f = spawnSync(process.execPath, [bin, "--fault", "0:melt", "--port", "0"], { encoding: "utf8" });
+    expect(f.status).not.toBe(0);
+    expect(f.stderr).toMatch(/invalid --fault/);
   });
 
   it("prints exactly one ready line with the real port for --port 0, serves, and exits on SIGTERM", async () => {
@@ -56,5 +59,28 @@ describe("engine-sim CLI", () => {
     child.kill("SIGTERM");
     expect(await exited).toBe(0);
     expect(out.split("\n").filter(Boolean)).toHaveLength(1);
+  }, 30_000);
+
+  it("--kind sglang --incremental-streaming-output --fault serves /generate with the fault in force", async () => {
+    const child = spawn(process.execPath, [bin, "--kind", "sglang", "--port", "0", "--dp", "2", "--fault", "1:down", "--incremental-streaming-output", "--log-level", "silent"], { stdio: ["ignore", "pipe", "pipe"] });
+    let out = "";
+    child.stdout.on("data", (b: Buffer) => (out += b.toString()));
+    const url = await new Promise<string>((resolve, reject) => {
+      const t = setTimeout(() => reject(new Error(`no ready line; stdout=${out}`)), 15_000);
+      child.stdout.on("data", () => {
+        const m = /^engine-sim ready: (http:\/\/127\.0\.0\.1:\d+)\n$/.exec(out);
+        if (m) {
+          clearTimeout(t);
+          resolve(m[1]!);
+        }
+      });
+    });
+    const faults = (await (await request(`${url}/sim/faults`)).body.json()) as { faults: { mode: string }[] };
+    expect(faults.faults.map((f) => f.mode)).toEqual(["none", "down"]);
+    const res = await request(`${url}/generate`, { method: "POST", body: JSON.stringify({ text: "hi", sampling_params: { max_new_tokens: 2 } }), headers: { "content-type": "application/json" } });
+    expect(((await res.body.json()) as { meta_info: { dp_rank: number } }).meta_info.dp_rank).toBe(0);
+    const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
+    child.kill("SIGTERM");
+    expect(await exited).toBe(0);
   }, 30_000);
 });

@@ -24,3 +24,13 @@ export class HttpError extends Error {
     super(message);
   }
 }
+
+/** SGLang's OpenAI-route envelope (its ErrorResponse model, flat): `{object:"error", message, type, param, code}`. */
+export function sglangOpenAIError(message: string, status = 400, param: string | null = null) {
+  return { object: "error", message, type: TYPES[status] ?? "BadRequestError", param, code: status };
+}
+
+/** SGLang's native-route envelope (`/generate` etc.): `{"error": {"message"}}`. */
+export function sglangError(message: string) {
+  return { error: { message } };
+}

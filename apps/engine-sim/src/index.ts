@@ -10,3 +10,6 @@ export { renderChat, QWEN3_CHAT_TEMPLATE } from "./template.js";
 export { getTokenizer, IM_END_ID } from "./tokenizer.js";
 export { pyDumps, parsePyJson } from "./pyjson.js";
 export { BLOCK_SIZE } from "./ranks.js";
+export type { PauseMode, Outcome } from "./engine.js";
+export type { FaultMode, FaultSpec } from "./faults.js";
+export { parseFaultFlag } from "./faults.js";

@@ -17,6 +17,8 @@ export interface StopParams {
   stopTokenIds: readonly number[];
   includeStopStrInOutput: boolean;
   skipSpecialTokens: boolean;
+  /** `ignore_eos`: `<|im_end|>` is an ordinary token. */
+  ignoreEos?: boolean;
 }
 
 export interface Completion {
@@ -36,7 +38,7 @@ export function applyLimits(policy: PolicyOutput, p: StopParams, tok: SimTokeniz
   let stopTerminated = false;
   for (let i = 0; i < ids.length; i++) {
     const id = ids[i]!;
-    if (id === IM_END_ID) {
+    if (id === IM_END_ID && !p.ignoreEos) {
       ids = ids.slice(0, i + 1);
       finishReason = "stop";
       stopTerminated = true;

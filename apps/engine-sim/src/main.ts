@@ -3,30 +3,43 @@ import { parseArgs } from "node:util";
 import closeWithGrace from "close-with-grace";
 import { EngineSimEnv, parseEnv } from "@rollgate/protocol";
 
-const HELP = `engine-sim — a wire-faithful simulator of the vLLM OpenAI-compatible server (real Qwen3 tokenizer
-and chat template, token ids, deterministic logprobs, reasoning + tool-call parsing, DP ranks).
+const HELP = `engine-sim — a wire-faithful simulator of the vLLM OpenAI-compatible server or the SGLang server
+(real Qwen3 tokenizer and chat template, token ids, deterministic logprobs, reasoning + tool-call parsing,
+DP ranks with prefix caches, latency, batch-limit queueing, pause/resume, weight versions, fault injection).
 
 Usage: engine-sim [flags]
 
 Flags (each defaults to its environment variable, then to the value shown):
   --port N               port to listen on; 0 picks a free one            (PORT, 8000)
   --host H               interface to bind                                (HOST, 127.0.0.1)
-  --kind vllm|sglang     server to imitate; sglang is not implemented yet (SIM_KIND, vllm)
+  --kind vllm|sglang     server to imitate                                (SIM_KIND, vllm)
   --dp N                 data-parallel ranks behind the one port          (SIM_DP_SIZE, 1)
   --model NAME           served model name                                (SIM_MODEL, Qwen/Qwen3-8B)
   --seed N               seed of the random (unscripted) policy           (SIM_SEED, 0)
   --random-tokens N      tokens in an unscripted answer                   (SIM_RANDOM_TOKENS, 24)
   --ttft-ms MS           delay before the first generated token           (SIM_TTFT_MS, 0)
   --tpot-ms MS           delay between generated tokens                   (SIM_TPOT_MS, 0)
+  --max-running N        per-rank batch limit; more requests wait (0 = no limit)   (SIM_MAX_RUNNING, 0)
   --max-model-len N      context length                                   (SIM_MAX_MODEL_LEN, 40960)
-  --reasoning-field F    reasoning | reasoning_content (vLLM renamed it)  (reasoning)
-  --return-tokens-as-token-ids   logprob tokens as "token_id:N" by default
+  --weight-version V     initial weight version (logprobs depend on it)   (SIM_WEIGHT_VERSION, vllm "0", sglang "default")
+  --reasoning-field F    vLLM: reasoning | reasoning_content (vLLM renamed it)     (reasoning)
+  --return-tokens-as-token-ids   vLLM: logprob tokens as "token_id:N" by default
+  --incremental-streaming-output SGLang: /generate streams deltas instead of cumulative events
+  --fault SPEC           initial fault, repeatable: RANK|*:MODE[:key=value,…], MODE = down|slow|error|disconnect,
+                         keys delay_ms, error_rate, after_tokens; e.g. --fault 1:slow:delay_ms=200
   --log-level L          fatal|error|warn|info|debug|trace|silent         (LOG_LEVEL, info)
   -h, --help             show this help
 
-Routes: POST /v1/chat/completions, GET /v1/models, GET /health, GET /version, POST /tokenize,
-POST /detokenize; sim-only: GET /sim/stats. Responses carry x-sim-dp-rank (the serving rank).
-A "#sim: [STEP, …]" line in a user/system message scripts the answers (see DESIGN.md §7).
+vLLM routes: POST /v1/chat/completions, POST /v1/completions, POST /tokenize, POST /detokenize, GET /v1/models,
+GET /health, GET /version, POST /pause?mode=abort|wait|keep, POST /resume, GET /is_paused, GET /weight_info,
+POST /update_weight_version, POST /reset_prefix_cache.
+SGLang routes: POST /generate, POST /v1/chat/completions, POST /v1/completions, POST /tokenize, POST /detokenize,
+GET /v1/models, GET /health, GET /health_generate, POST /pause_generation, POST /continue_generation,
+GET|POST /flush_cache, POST /abort_request, GET /model_info, GET /server_info, POST /update_weights_from_disk,
+POST /update_weight_version.
+Sim-only (both): GET /sim/stats, GET|POST /sim/faults {rank?, mode, error_rate?, delay_ms?, after_tokens?},
+POST /sim/weights {version?}. Responses carry x-sim-dp-rank (the serving rank).
+A "#sim: [STEP, …]" line in a user/system message (or a raw prompt) scripts the answers (DESIGN.md §7).
 
 When listening it prints one line to stdout: "engine-sim ready: http://HOST:PORT".`;
 
@@ -52,6 +65,10 @@ async function main(): Promise<void> {
         "max-model-len": { type: "string" },
         "reasoning-field": { type: "string" },
         "return-tokens-as-token-ids": { type: "boolean" },
+        "max-running": { type: "string" },
+        "weight-version": { type: "string" },
+        "incremental-streaming-output": { type: "boolean" },
+        fault: { type: "string", multiple: true },
         "log-level": { type: "string" },
         help: { type: "boolean", short: "h" },
       },
@@ -77,6 +94,8 @@ async function main(): Promise<void> {
     ["ttft-ms", "SIM_TTFT_MS"],
     ["tpot-ms", "SIM_TPOT_MS"],
     ["max-model-len", "SIM_MAX_MODEL_LEN"],
+    ["max-running", "SIM_MAX_RUNNING"],
+    ["weight-version", "SIM_WEIGHT_VERSION"],
     ["log-level", "LOG_LEVEL"],
   ];
   for (const [flag, name] of flagToEnv) {
@@ -89,7 +108,15 @@ async function main(): Promise<void> {
   } catch (e) {
     fail((e as Error).message);
   }
-  if (cfg.SIM_KIND === "sglang") fail('--kind sglang is not implemented yet; use --kind vllm');
+  const maxRunning = cfg.SIM_MAX_RUNNING;
+  const weightVersion = cfg.SIM_WEIGHT_VERSION;
+  const { parseFaultFlag } = await import("./faults.js");
+  let faults;
+  try {
+    faults = (values.fault ?? []).map(parseFaultFlag);
+  } catch (e) {
+    fail((e as Error).message);
+  }
   const reasoningField = values["reasoning-field"] ?? "reasoning";
   if (reasoningField !== "reasoning" && reasoningField !== "reasoning_content") fail(`--reasoning-field must be "reasoning" or "reasoning_content", got "${reasoningField}"`);
 
@@ -106,6 +133,10 @@ async function main(): Promise<void> {
     maxModelLen: cfg.SIM_MAX_MODEL_LEN,
     reasoningField,
     returnTokensAsTokenIds: values["return-tokens-as-token-ids"] === true,
+    maxRunning,
+    ...(weightVersion !== undefined ? { weightVersion } : {}),
+    incrementalStreamingOutput: values["incremental-streaming-output"] === true,
+    faults,
     // Logs go to stderr so stdout carries only the ready line.
     logger: cfg.LOG_LEVEL === "silent" ? false : { level: cfg.LOG_LEVEL, stream: process.stderr },
   });

@@ -3,6 +3,7 @@ import type { SimStep } from "./script.js";
 import { IM_END_ID } from "./tokenizer.js";
 import type { SimTokenizer } from "./tokenizer.js";
 import { fnv1a, hashIds, mix32 } from "./hash.js";
+import { findScriptInText } from "./script.js";
 
 /**
  * What the simulated model generates: the scripted step or seeded random text, as the real Qwen3
@@ -84,4 +85,23 @@ export function randomOutput(seed: number, promptIds: readonly number[], n: numb
   const ids = tok.encode(picked.join(" "));
   ids.push(IM_END_ID);
   return { ids, finish: "stop" };
+}
+
+/**
+ * The policy for a raw prompt (completions, SGLang /generate): a `#sim:` script found in the
+ * decoded prompt text (see findScriptInText), else the seeded random answer.
+ */
+export function promptPolicy(seed: number, randomTokens: number, promptIds: readonly number[], tok: SimTokenizer): PolicyOutput {
+  const found = findScriptInText(tok.decode(promptIds));
+  return found ? scriptedOutput(found.step, tok) : randomOutput(seed, promptIds, randomTokens, tok);
+}
+
+/** `ignore_eos`: the answer goes on past `<|im_end|>` with seeded words until `n` tokens. */
+export function extendPastEos(out: PolicyOutput, n: number, seed: number, promptIds: readonly number[], tok: SimTokenizer): PolicyOutput {
+  const ids = [...out.ids];
+  for (let round = 0; ids.length < n; round++) {
+    const more = randomOutput(seed + round + 1, [...promptIds, ...ids.slice(-8)], Math.min(64, n - ids.length), tok).ids.slice(0, -1);
+    ids.push(...more);
+  }
+  return { ids: ids.slice(0, n), finish: "length" };
 }

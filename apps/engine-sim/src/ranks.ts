@@ -1,3 +1,5 @@
+import { NO_FAULT } from "./faults.js";
+import type { Fault } from "./faults.js";
 import { fnv1a, mix32 } from "./hash.js";
 
 /**
@@ -59,9 +61,17 @@ export class PrefixCache {
 export class Rank {
   served = 0;
   running = 0;
+  /** Requests admitted to the rank but waiting for a batch slot (or retracted by a pause). */
   waiting = 0;
+  /** Generation requests routed here (the error fault's draw counter). */
+  routed = 0;
+  fault: Fault = NO_FAULT;
   readonly cache = new PrefixCache();
   constructor(readonly index: number) {}
+
+  get down(): boolean {
+    return this.fault.mode === "down";
+  }
 
   /** vLLM's DP load-balancing score (DPLBAsyncMPClient): waiting * 4 + running. */
   get score(): number {
@@ -79,10 +89,10 @@ export class Ranks {
     return this.ranks.length;
   }
 
-  /** The least-loaded rank (lowest index on ties). */
-  pick(): Rank {
-    let best = this.ranks[0]!;
-    for (const r of this.ranks) if (r.score < best.score) best = r;
+  /** The least-loaded rank that is not down (lowest index on ties); undefined when all are down. */
+  pick(): Rank | undefined {
+    let best: Rank | undefined;
+    for (const r of this.ranks) if (!r.down && (!best || r.score < best.score)) best = r;
     return best;
   }
 }
@@ -99,4 +109,15 @@ export function parseRankHeader(value: string | string[] | undefined, dpSize: nu
   const rank = Number(v.trim().replace(/_/g, ""));
   if (rank < 0 || rank >= dpSize) return { kind: "out_of_range", rank };
   return { kind: "rank", rank };
+}
+
+/**
+ * SGLang's rank choice: `routed_dp_rank` (older `data_parallel_rank`, PR #6884 → renamed in PR
+ * #19268) in the body, else (OpenAI routes only) the `X-Data-Parallel-Rank` header. A rank outside
+ * [0, n) falls back to load balancing (PR #19762) instead of failing.
+ */
+export function sglangRank(bodyRank: number | null | undefined, header: string | string[] | undefined, dpSize: number): number | undefined {
+  if (bodyRank !== null && bodyRank !== undefined) return Number.isInteger(bodyRank) && bodyRank >= 0 && bodyRank < dpSize ? bodyRank : undefined;
+  const h = parseRankHeader(header, dpSize);
+  return h.kind === "rank" ? h.rank : undefined;
 }

@@ -94,3 +94,25 @@ export function findScriptStep(messages: readonly unknown[]): { step: SimStep | 
   }
   return null;
 }
+
+const TEXT_SCRIPT_LINE = /^[ \t]*#sim:[ \t]*(\[.*\])[ \t]*(?:<\|im_end\|>)?[ \t]*$/gm;
+const DONE_ASSISTANT_TURN = /<\|im_start\|>assistant[\s\S]*?<\|im_end\|>/g;
+
+/**
+ * The script in a raw prompt (completions, /generate): the last `#sim:` line, and as step the number
+ * of finished assistant turns (`<|im_start|>assistant … <|im_end|>`) after it, so a rendered chat
+ * prompt plays the same step as the chat route would.
+ */
+export function findScriptInText(text: string): { step: SimStep | null; index: number } | null {
+  let last: RegExpExecArray | undefined;
+  for (const m of text.matchAll(TEXT_SCRIPT_LINE)) last = m as RegExpExecArray;
+  if (!last) return null;
+  let steps: SimStep[];
+  try {
+    steps = parseScript(last[1]!);
+  } catch (e) {
+    throw new ScriptError(`invalid #sim script in the prompt: ${(e as Error).message}`);
+  }
+  const k = [...text.slice(last.index + last[0].length).matchAll(DONE_ASSISTANT_TURN)].length;
+  return { step: steps[k] ?? null, index: k };
+}

@@ -1,3 +1,6 @@
+import { Engine } from "./engine.js";
+import { toFault } from "./faults.js";
+import type { FaultSpec } from "./faults.js";
 import { Ranks } from "./ranks.js";
 import { getTokenizer } from "./tokenizer.js";
 import type { SimTokenizer } from "./tokenizer.js";
@@ -6,7 +9,7 @@ export type SimKind = "vllm" | "sglang";
 export type ReasoningField = "reasoning" | "reasoning_content";
 
 export interface EngineSimOptions {
-  /** Which server to imitate; only "vllm" exists so far. Default "vllm". */
+  /** Which server to imitate: vLLM's OpenAI server or SGLang's server. Default "vllm". */
   kind?: SimKind;
   /** Data-parallel ranks behind the one port. Default 1. */
   dpSize?: number;
@@ -26,13 +29,19 @@ export interface EngineSimOptions {
   reasoningField?: ReasoningField;
   /** Server default for `return_tokens_as_token_ids` (vLLM's `--return-tokens-as-token-ids`). Default false. */
   returnTokensAsTokenIds?: boolean;
-  /** Initial weight version (changes the deterministic logprobs). Default "0". */
+  /** Initial weight version (changes the deterministic logprobs). Default "0" (vLLM), "default" (SGLang, as its `--weight-version`). */
   weightVersion?: string;
+  /** Per-rank batch limit (running requests, vLLM `--max-num-seqs` / SGLang `--max-running-requests`); beyond it requests wait. 0 = unlimited (default). */
+  maxRunning?: number;
+  /** SGLang `--incremental-streaming-output`: /generate stream events carry deltas instead of cumulative text/ids/logprobs. Default false. */
+  incrementalStreamingOutput?: boolean;
+  /** Faults in force from the start (as `POST /sim/faults` bodies). */
+  faults?: FaultSpec[];
   /** Fastify logger: false (default), true, or pino options. */
   logger?: boolean | Record<string, unknown>;
 }
 
-export type ResolvedOptions = Required<Omit<EngineSimOptions, "logger">>;
+export type ResolvedOptions = Required<Omit<EngineSimOptions, "logger" | "faults">>;
 
 export function resolveOptions(o: EngineSimOptions): ResolvedOptions {
   return {
@@ -46,7 +55,9 @@ export function resolveOptions(o: EngineSimOptions): ResolvedOptions {
     maxModelLen: o.maxModelLen ?? 40960,
     reasoningField: o.reasoningField ?? "reasoning",
     returnTokensAsTokenIds: o.returnTokensAsTokenIds ?? false,
-    weightVersion: o.weightVersion ?? "0",
+    weightVersion: o.weightVersion ?? (o.kind === "sglang" ? "default" : "0"),
+    maxRunning: o.maxRunning ?? 0,
+    incrementalStreamingOutput: o.incrementalStreamingOutput ?? false,
   };
 }
 
@@ -58,12 +69,29 @@ export class SimState {
   /** Current weight version; every generated token's logprob is derived from it. */
   weightVersion: string;
   readonly startedAt = Math.floor(Date.now() / 1000);
+  readonly engine: Engine;
 
   constructor(options: EngineSimOptions) {
     this.opts = resolveOptions(options);
     if (!Number.isInteger(this.opts.dpSize) || this.opts.dpSize < 1) throw new Error(`dpSize must be a positive integer, got ${this.opts.dpSize}`);
+    if (!Number.isInteger(this.opts.maxRunning) || this.opts.maxRunning < 0) throw new Error(`maxRunning must be a non-negative integer, got ${this.opts.maxRunning}`);
     this.tok = getTokenizer();
     this.ranks = new Ranks(this.opts.dpSize);
     this.weightVersion = this.opts.weightVersion;
+    this.engine = new Engine(this.ranks, this.opts, () => this.weightVersion);
+    for (const f of options.faults ?? []) this.setFault(f);
+  }
+
+  /** Applies a fault to one rank (or every rank when `rank` is absent). */
+  setFault(spec: FaultSpec): void {
+    if (spec.rank !== null && spec.rank !== undefined && spec.rank >= this.ranks.size) throw new Error(`rank ${spec.rank} is out of range [0, ${this.ranks.size})`);
+    const targets = spec.rank === null || spec.rank === undefined ? this.ranks.ranks : [this.ranks.ranks[spec.rank]!];
+    for (const r of targets) r.fault = toFault(spec);
+  }
+
+  /** The next weight version when an admin route bumps it without naming one: n → n+1, else "<v>+1". */
+  nextWeightVersion(): string {
+    const v = this.weightVersion;
+    return /^\d+$/.test(v) ? String(Number(v) + 1) : `${v}+1`;
   }
 }

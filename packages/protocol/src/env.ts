@@ -91,6 +91,10 @@ export const EngineSimEnv = z.object({
   SIM_TTFT_MS: z.coerce.number().nonnegative().default(0),
   SIM_TPOT_MS: z.coerce.number().nonnegative().default(0),
   SIM_MAX_MODEL_LEN: z.coerce.number().int().positive().default(40960),
+  /** Per-rank batch limit; more requests wait (0 = no limit). */
+  SIM_MAX_RUNNING: z.coerce.number().int().nonnegative().default(0),
+  /** Initial weight version (default: vLLM "0", SGLang "default"). */
+  SIM_WEIGHT_VERSION: z.string().min(1).optional(),
   LOG_LEVEL: LogLevel,
 });
 export type EngineSimEnv = z.infer<typeof EngineSimEnv>;

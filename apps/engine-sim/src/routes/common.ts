@@ -1,6 +1,7 @@
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { z } from "zod";
-import { vllmError } from "../errors.js";
+import { sglangError, sglangOpenAIError, vllmError } from "../errors.js";
+import type { SimKind } from "../state.js";
 
 /** Raw JSON bodies, kept so tool schemas can be re-read with Python number semantics. */
 const rawBodies = new WeakMap<FastifyRequest, string>();
@@ -13,12 +14,56 @@ export function getRawBody(req: FastifyRequest): string | undefined {
   return rawBodies.get(req);
 }
 
+/** vLLM's envelope (`{error:{message,type,param,code}}`). */
 export function sendError(reply: FastifyReply, status: number, message: string, param: string | null = null): FastifyReply {
   return reply.code(status).send(vllmError(message, status, param));
+}
+
+/** Which error envelope a route answers with. */
+export type Envelope = "vllm" | "sglang-openai" | "sglang";
+
+export function envelopeFor(kind: SimKind, openai: boolean): Envelope {
+  return kind === "vllm" ? "vllm" : openai ? "sglang-openai" : "sglang";
+}
+
+export function errorBody(env: Envelope, status: number, message: string): unknown {
+  if (env === "vllm") return vllmError(message, status);
+  if (env === "sglang-openai") return sglangOpenAIError(message, status);
+  return sglangError(message);
+}
+
+export function sendEnvError(reply: FastifyReply, env: Envelope, status: number, message: string): FastifyReply {
+  return reply.code(status).send(errorBody(env, status, message));
 }
 
 /** One line per issue, like pydantic's validation error listing. */
 export function formatZodError(err: z.ZodError): string {
   const lines = err.issues.map((i) => `${i.path.length ? i.path.join(".") : "body"}: ${i.message}`);
   return `${err.issues.length} validation error${err.issues.length === 1 ? "" : "s"}:\n  ${lines.join("\n  ")}`;
+}
+
+/** Aborts generation when the client goes away before the answer is complete. */
+export function disconnectSignal(reply: FastifyReply): AbortController {
+  const ac = new AbortController();
+  reply.raw.on("close", () => {
+    if (!reply.raw.writableFinished) ac.abort();
+  });
+  return ac;
+}
+
+/**
+ * The disconnect fault: drop the connection mid-response. What was already written still reaches the
+ * client (as from a server that died), then the socket closes without the end of the chunked body.
+ */
+export function cutConnection(reply: FastifyReply): void {
+  const sock = reply.raw.socket;
+  if (sock) sock.destroySoon();
+  else reply.raw.destroy();
+}
+
+/** Python's `len()` of a string (code points), for offsets vLLM computes in Python. */
+export function pyLen(s: string): number {
+  let n = 0;
+  for (const _ of s) n++;
+  return n;
 }

@@ -27,7 +27,7 @@ const TokenizeCompletion = z.object({
 });
 const Detokenize = z.object({ model: z.string().nullish(), tokens: z.array(z.number().int()) });
 
-/** vLLM's small routes: models, health, tokenize/detokenize, version; plus the sim-only `/sim/stats`. */
+/** vLLM's small routes: models, health, tokenize/detokenize, version. */
 export function registerMiscRoutes(app: FastifyInstance, sim: SimState): void {
   const o = sim.opts;
   const checkModel = (model: string | null | undefined) => {
@@ -65,8 +65,8 @@ export function registerMiscRoutes(app: FastifyInstance, sim: SimState): void {
     ],
   }));
 
-  // vLLM: 200 with an empty body.
-  app.get("/health", async (_req, reply) => reply.code(200).send(""));
+  // vLLM: 200 with an empty body; 503 (empty) when the engine is dead — here, when a rank is down.
+  app.get("/health", async (_req, reply) => reply.code(sim.ranks.ranks.some((r) => r.down) ? 503 : 200).send(""));
   app.get("/ping", async (_req, reply) => reply.code(200).send(""));
   app.post("/ping", async (_req, reply) => reply.code(200).send(""));
   app.get("/version", async () => ({ version: SIM_VLLM_VERSION }));
@@ -110,13 +110,4 @@ export function registerMiscRoutes(app: FastifyInstance, sim: SimState): void {
     if (bad !== undefined) return sendError(reply, 400, `Token id ${bad} is out of vocabulary`);
     return { prompt: sim.tok.decode(parsed.data.tokens) };
   });
-
-  // Sim-only: per-rank counters, so tests can see where requests went.
-  app.get("/sim/stats", async () => ({
-    kind: o.kind,
-    model: o.model,
-    dp_size: sim.ranks.size,
-    weight_version: sim.weightVersion,
-    ranks: sim.ranks.ranks.map((r) => ({ rank: r.index, served: r.served, running: r.running, waiting: r.waiting, cached_blocks: r.cache.size })),
-  }));
 }

@@ -1,22 +1,22 @@
 import { randomBytes } from "node:crypto";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
-import { admit, generate } from "../engine.js";
-import type { GenToken } from "../engine.js";
+import { EngineError } from "../engine.js";
+import type { Generation } from "../engine.js";
 import { HttpError } from "../errors.js";
 import { applyLimits } from "../limits.js";
 import type { Completion } from "../limits.js";
-import { contextHash, extendContextHash, topLogprobs } from "../logprobs.js";
 import { StreamParser, extractReasoning, extractToolCalls } from "../parsers.js";
 import type { Delta, ToolCall } from "../parsers.js";
 import { randomOutput, scriptedOutput } from "../policy.js";
 import { renderPrompt } from "../prompt.js";
-import { parseRankHeader } from "../ranks.js";
-import type { Rank } from "../ranks.js";
+import { parseRankHeader, sglangRank } from "../ranks.js";
 import { ScriptError, findScriptStep } from "../script.js";
 import type { SimState } from "../state.js";
-import type { SimTokenizer } from "../tokenizer.js";
-import { formatZodError, getRawBody, sendError } from "./common.js";
+import { IM_END_ID } from "../tokenizer.js";
+import { chatLogprobEntry, vllmPromptLogprobs } from "../wire-logprobs.js";
+import { cutConnection, disconnectSignal, errorBody, formatZodError, getRawBody, sendEnvError } from "./common.js";
+import type { Envelope } from "./common.js";
 
 /**
  * `POST /v1/chat/completions` with vLLM's wire format (v0.10.2+ token extensions: `return_token_ids`,
@@ -24,6 +24,14 @@ import { formatZodError, getRawBody, sendError } from "./common.js";
  * #27752) or `reasoning_content`; the server is assumed to run with `--reasoning-parser qwen3
  * --enable-auto-tool-choice --tool-call-parser hermes --enable-prompt-tokens-details`).
  * Test-only extra: every response carries `x-sim-dp-rank: <rank>` (the DP rank that served it).
+ *
+ * In SGLang mode the same route answers as SGLang v0.5.x's `serving_chat.py` with `--reasoning-parser
+ * qwen3 --tool-call-parser qwen25 --enable-cache-report` plus the token-id fields of PR #30917
+ * (`return_token_ids` → `choices[].token_ids`, `return_prompt_token_ids` → `choices[].prompt_token_ids`,
+ * rejected when streaming): `id` is the request's rid (uuid hex), `message.reasoning_content`,
+ * `tool_calls: null` when none, `matched_stop`, logprob entries without ids, `metadata.weight_version`,
+ * the flat `{object:"error",…}` envelope, `routed_dp_rank` / `X-Data-Parallel-Rank` with out-of-range
+ * falling back to load balancing.
  */
 
 const ChatRequest = z.object({
@@ -51,6 +59,12 @@ const ChatRequest = z.object({
   n: z.number().int().nullish(),
   cache_salt: z.string().nullish(),
   request_id: z.string().nullish(),
+  // SGLang extras.
+  rid: z.string().nullish(),
+  routed_dp_rank: z.number().int().nullish(),
+  data_parallel_rank: z.number().int().nullish(),
+  return_prompt_token_ids: z.boolean().nullish(),
+  separate_reasoning: z.boolean().nullish(),
 });
 type ChatRequest = z.infer<typeof ChatRequest>;
 
@@ -59,19 +73,24 @@ const MAX_TOP_LOGPROBS = 20;
 
 interface Prepared {
   body: ChatRequest;
+  sglang: boolean;
   requestId: string;
   created: number;
   promptIds: number[];
   completion: Completion;
-  rank: Rank;
+  /** Pinned DP rank (undefined: the engine load-balances). */
+  rank: number | undefined;
   topN: number;
   wantLogprobs: boolean;
   asTokenIds: boolean;
   returnTokenIds: boolean;
+  returnPromptTokenIds: boolean;
   toolParsing: boolean;
+  reasoningField: string;
 }
 
-function requestId(body: ChatRequest, req: FastifyRequest): string {
+function requestId(body: ChatRequest, req: FastifyRequest, sglang: boolean): string {
+  if (sglang) return body.rid ?? randomBytes(16).toString("hex");
   const given = body.request_id ?? (req.headers["x-request-id"] as string | undefined);
   return `chatcmpl-${given ?? randomBytes(16).toString("hex")}`;
 }
@@ -82,7 +101,8 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
   if (!parsed.success) throw new HttpError(400, formatZodError(parsed.error));
   const body = parsed.data;
   const o = sim.opts;
-  if (body.model && body.model !== o.model) throw new HttpError(404, `The model \`${body.model}\` does not exist.`);
+  const sglang = o.kind === "sglang";
+  if (body.model && body.model !== o.model && !sglang) throw new HttpError(404, `The model \`${body.model}\` does not exist.`);
   if (body.add_generation_prompt !== false && body.continue_final_message === true) {
     throw new HttpError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
   }
@@ -98,6 +118,9 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
   }
   if ((body.n ?? 1) !== 1) throw new HttpError(400, "engine-sim supports only n=1.");
   if (body.tools && body.tools.length === 0) throw new HttpError(400, "`tools` must not be an empty list.");
+  if (sglang && body.stream && (body.return_token_ids || body.return_prompt_token_ids)) {
+    throw new HttpError(400, "return_token_ids / return_prompt_token_ids are not supported with stream=True for chat completions.");
+  }
 
   const prompt = renderPrompt(body, getRawBody(req), sim.tok);
   const promptIds = prompt.ids;
@@ -116,10 +139,14 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
   }
   const maxTokens = requested ?? o.maxModelLen - promptIds.length;
 
-  // The DP rank: header first (out of range is a 400 as in vLLM's input processor), else least loaded.
-  const header = parseRankHeader(req.headers["x-data-parallel-rank"], sim.ranks.size);
-  if (header.kind === "out_of_range") throw new HttpError(400, `data_parallel_rank ${header.rank} is out of range [0, ${sim.ranks.size}).`);
-  const rank = header.kind === "rank" ? sim.ranks.ranks[header.rank]! : sim.ranks.pick();
+  // The DP rank. vLLM: the header; out of range is a 400 (input processor). SGLang: body or header; out of range → load balancing.
+  let rank: number | undefined;
+  if (sglang) rank = sglangRank(body.routed_dp_rank ?? body.data_parallel_rank, req.headers["x-data-parallel-rank"], sim.ranks.size);
+  else {
+    const header = parseRankHeader(req.headers["x-data-parallel-rank"], sim.ranks.size);
+    if (header.kind === "out_of_range") throw new HttpError(400, `data_parallel_rank ${header.rank} is out of range [0, ${sim.ranks.size}).`);
+    rank = header.kind === "rank" ? header.rank : undefined;
+  }
 
   let found;
   try {
@@ -146,62 +173,28 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
   const toolChoice = body.tool_choice ?? (body.tools ? "auto" : "none");
   return {
     body,
-    requestId: requestId(body, req),
+    sglang,
+    requestId: requestId(body, req, sglang),
     created: Math.floor(Date.now() / 1000),
     promptIds,
     completion,
     rank,
     topN,
     wantLogprobs,
-    asTokenIds: body.return_tokens_as_token_ids ?? o.returnTokensAsTokenIds,
+    asTokenIds: !sglang && (body.return_tokens_as_token_ids ?? o.returnTokensAsTokenIds),
     returnTokenIds: body.return_token_ids === true,
+    returnPromptTokenIds: sglang && body.return_prompt_token_ids === true,
     toolParsing: !!body.tools && toolChoice !== "none",
+    reasoningField: sglang ? "reasoning_content" : o.reasoningField,
   };
 }
 
-const utf8 = new TextEncoder();
-const lossy = new TextDecoder("utf-8", { fatal: false });
+const envOf = (p: { sglang: boolean }): Envelope => (p.sglang ? "sglang-openai" : "vllm");
 
-/** vLLM's logprob token string: the token decoded alone (lossy for split UTF-8), or "token_id:N". */
-function tokenString(tok: SimTokenizer, id: number, asIds: boolean): string {
-  return asIds ? `token_id:${id}` : lossy.decode(tok.tokenBytes(id));
-}
-
-function logprobEntry(tok: SimTokenizer, t: GenToken, asIds: boolean) {
-  const token = tokenString(tok, t.id, asIds);
-  return {
-    token,
-    logprob: Math.max(t.logprob, -9999),
-    bytes: Array.from(utf8.encode(token)),
-    top_logprobs: t.top.map((a) => {
-      const s = tokenString(tok, a.id, asIds);
-      return { token: s, logprob: Math.max(a.logprob, -9999), bytes: Array.from(utf8.encode(s)) };
-    }),
-  };
-}
-
-/** vLLM's `prompt_logprobs`: entry 0 null, then {"<id>": {logprob, rank, decoded_token}} incl. top-k. */
-function promptLogprobs(sim: SimState, promptIds: readonly number[], k: number) {
-  const out: (Record<string, { logprob: number; rank: number; decoded_token: string }> | null)[] = [null];
-  let h = contextHash(sim.weightVersion, promptIds.slice(0, 1));
-  for (let i = 1; i < promptIds.length; i++) {
-    const id = promptIds[i]!;
-    const top = topLogprobs(h, id, Math.max(1, k + 1));
-    const actual = top[0]!;
-    const alts = top.slice(1, k + 1);
-    const entry: Record<string, { logprob: number; rank: number; decoded_token: string }> = {};
-    entry[String(id)] = {
-      logprob: actual.logprob,
-      rank: 1 + alts.filter((a) => a.logprob > actual.logprob).length,
-      decoded_token: sim.tok.decode([id]),
-    };
-    alts.forEach((a, r) => {
-      entry[String(a.id)] ??= { logprob: a.logprob, rank: r + 1, decoded_token: sim.tok.decode([a.id]) };
-    });
-    out.push(entry);
-    h = extendContextHash(h, id);
-  }
-  return out;
+/** SGLang's `matched_stop`: the EOS / stop token id or the stop string; null on length or abort. */
+function matchedStop(c: Completion, outcome: string): number | string | null {
+  if (outcome === "abort" || c.finishReason !== "stop") return null;
+  return c.stopReason ?? IM_END_ID;
 }
 
 function usage(promptTokens: number, completionTokens: number, cached: number) {
@@ -213,26 +206,46 @@ function usage(promptTokens: number, completionTokens: number, cached: number) {
   };
 }
 
-/** Aborts generation when the client goes away before the answer is complete. */
-function disconnectSignal(reply: FastifyReply): AbortController {
-  const ac = new AbortController();
-  reply.raw.on("close", () => {
-    if (!reply.raw.writableFinished) ac.abort();
-  });
-  return ac;
+/** SGLang tool-call ids are `call_` + 24 hex digits. */
+function sglangToolId(id: string): string {
+  return `call_${id.replace(/^chatcmpl-tool-/, "").slice(0, 24)}`;
+}
+
+/** The ids and text of what actually went out (all of it, or an aborted request's partial tokens). */
+export function emitted(c: Completion, n: number): { ids: number[]; text: string } {
+  if (n >= c.ids.length) return { ids: c.ids, text: c.text };
+  return { ids: c.ids.slice(0, n), text: n === 0 ? "" : c.text.slice(0, c.ends[n - 1]!) };
+}
+
+/** Admission in the route's envelope: undefined when an error answer was sent. */
+async function admitOrFail(sim: SimState, p: Prepared, reply: FastifyReply, signal: AbortSignal): Promise<Generation | undefined> {
+  try {
+    return await sim.engine.admit({ promptIds: p.promptIds, ids: p.completion.ids, topN: p.topN, cacheSalt: p.body.cache_salt ?? undefined, rank: p.rank, signal });
+  } catch (e) {
+    if (e instanceof EngineError) {
+      sendEnvError(reply, envOf(p), e.status, e.message);
+      return undefined;
+    }
+    throw e;
+  }
 }
 
 async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
   const ac = disconnectSignal(reply);
-  const cached = admit({ rank: p.rank, promptIds: p.promptIds, ids: p.completion.ids, topN: p.topN, cacheSalt: p.body.cache_salt ?? undefined });
-  const tokens: GenToken[] = [];
-  for await (const t of generate(sim, { rank: p.rank, promptIds: p.promptIds, ids: p.completion.ids, topN: p.topN, cacheSalt: p.body.cache_salt ?? undefined }, ac.signal)) {
-    tokens.push(t);
+  const g = await admitOrFail(sim, p, reply, ac.signal);
+  if (!g) return reply;
+  for await (const _ of sim.engine.run(g)) {
+    // tokens are collected on g
   }
-  if (ac.signal.aborted) return reply.code(499).send();
+  if (g.outcome === "client") return reply.code(499).send();
+  if (g.outcome === "disconnect") {
+    cutConnection(reply);
+    return reply;
+  }
+  const aborted = g.outcome === "abort";
   const c = p.completion;
-  const o = sim.opts;
-  const { reasoning, content: afterReasoning } = extractReasoning(c.text);
+  const out = emitted(c, g.tokens.length);
+  const { reasoning, content: afterReasoning } = extractReasoning(out.text);
   let content = afterReasoning;
   let toolCalls: ToolCall[] = [];
   let toolsCalled = false;
@@ -244,6 +257,29 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
       toolCalls = info.toolCalls;
     } else if (info.content) content = info.content;
   }
+  const finishReason = aborted ? "abort" : toolsCalled ? "tool_calls" : c.finishReason;
+  const logprobs = p.wantLogprobs ? { content: g.tokens.map((t) => chatLogprobEntry(sim.tok, t, p.asTokenIds, p.sglang)) } : null;
+  reply.header("x-sim-dp-rank", String(g.rank.index));
+  if (p.sglang) {
+    const message = {
+      role: "assistant",
+      content,
+      reasoning_content: p.body.separate_reasoning === false ? null : reasoning,
+      tool_calls: toolCalls.length > 0 ? toolCalls.map((t) => ({ ...t, id: sglangToolId(t.id), index: toolCalls.indexOf(t) })) : null,
+    };
+    const choice: Record<string, unknown> = { index: 0, message, logprobs, finish_reason: finishReason, matched_stop: matchedStop(c, g.outcome ?? "") };
+    if (p.returnTokenIds) choice.token_ids = out.ids;
+    if (p.returnPromptTokenIds) choice.prompt_token_ids = p.promptIds;
+    return reply.send({
+      id: p.requestId,
+      object: "chat.completion",
+      created: p.created,
+      model: p.body.model ?? sim.opts.model,
+      choices: [choice],
+      usage: usage(p.promptIds.length, out.ids.length, g.cached),
+      metadata: { weight_version: sim.weightVersion },
+    });
+  }
   const message: Record<string, unknown> = {
     role: "assistant",
     content,
@@ -253,73 +289,91 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
     function_call: null,
   };
   if (toolCalls.length > 0) message.tool_calls = toolCalls;
-  message[o.reasoningField] = p.body.include_reasoning === false ? null : reasoning;
+  message[p.reasoningField] = p.body.include_reasoning === false ? null : reasoning;
   const choice: Record<string, unknown> = {
     index: 0,
     message,
-    logprobs: p.wantLogprobs ? { content: tokens.map((t) => logprobEntry(sim.tok, t, p.asTokenIds)) } : null,
-    finish_reason: toolsCalled ? "tool_calls" : c.finishReason,
-    stop_reason: c.stopReason,
+    logprobs,
+    finish_reason: finishReason,
+    stop_reason: aborted ? null : c.stopReason,
   };
-  if (p.returnTokenIds) choice.token_ids = [...c.ids];
+  if (p.returnTokenIds) choice.token_ids = [...out.ids];
   const pl = p.body.prompt_logprobs;
   const body: Record<string, unknown> = {
     id: p.requestId,
     object: "chat.completion",
     created: p.created,
-    model: o.model,
+    model: sim.opts.model,
     choices: [choice],
     service_tier: null,
     system_fingerprint: null,
-    usage: usage(p.promptIds.length, c.ids.length, cached),
-    prompt_logprobs: pl === null || pl === undefined ? null : promptLogprobs(sim, p.promptIds, pl === -1 ? MAX_TOP_LOGPROBS : pl),
+    usage: usage(p.promptIds.length, out.ids.length, g.cached),
+    prompt_logprobs: pl === null || pl === undefined ? null : vllmPromptLogprobs(sim.tok, sim.weightVersion, p.promptIds, pl === -1 ? MAX_TOP_LOGPROBS : pl),
   };
   if (p.returnTokenIds) body.prompt_token_ids = p.promptIds;
   body.kv_transfer_params = null;
-  return reply.header("x-sim-dp-rank", String(p.rank.index)).send(body);
+  return reply.send(body);
+}
+
+/** SGLang's DeltaMessage as model_dump_json() writes it (every field, nulls included). */
+function sglangDelta(d: { role?: string; content?: string; reasoning?: string; tool_calls?: unknown[] }) {
+  return { role: d.role ?? null, content: d.content ?? null, reasoning_content: d.reasoning ?? null, tool_calls: d.tool_calls ?? null };
 }
 
 async function stream(sim: SimState, p: Prepared, reply: FastifyReply) {
   const o = sim.opts;
   const c = p.completion;
   const ac = disconnectSignal(reply);
+  const g = await admitOrFail(sim, p, reply, ac.signal);
+  if (!g) return reply;
   reply.hijack();
   const res = reply.raw;
-  res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "x-sim-dp-rank": String(p.rank.index) });
+  res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "x-sim-dp-rank": String(g.rank.index) });
   const send = (obj: unknown) => res.write(`data: ${JSON.stringify(obj)}\n\n`);
-  const base = { id: p.requestId, object: "chat.completion.chunk", created: p.created, model: o.model };
+  const base = { id: p.requestId, object: "chat.completion.chunk", created: p.created, model: p.sglang ? (p.body.model ?? o.model) : o.model };
   const includeUsage = p.body.stream_options?.include_usage === true;
   const continuous = includeUsage && p.body.stream_options?.continuous_usage_stats === true;
-  const cached = admit({ rank: p.rank, promptIds: p.promptIds, ids: c.ids, topN: p.topN, cacheSalt: p.body.cache_salt ?? undefined });
   const partialUsage = (n: number) => ({ prompt_tokens: p.promptIds.length, completion_tokens: n, total_tokens: p.promptIds.length + n });
+  const sg = p.sglang;
 
-  const roleChunk: Record<string, unknown> = { ...base, choices: [{ index: 0, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null }] };
+  const roleChunk: Record<string, unknown> = sg
+    ? { ...base, choices: [{ index: 0, delta: sglangDelta({ role: "assistant", content: "" }), logprobs: null, finish_reason: null, matched_stop: null }], usage: null }
+    : { ...base, choices: [{ index: 0, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null }] };
   if (continuous) roleChunk.usage = partialUsage(0);
-  if (p.returnTokenIds) roleChunk.prompt_token_ids = p.promptIds;
+  if (p.returnTokenIds && !sg) roleChunk.prompt_token_ids = p.promptIds;
   send(roleChunk);
 
   const parser = new StreamParser(true, p.toolParsing);
   const last = c.ids.length - 1;
   try {
-    for await (const t of generate(sim, { rank: p.rank, promptIds: p.promptIds, ids: c.ids, topN: p.topN, cacheSalt: p.body.cache_salt ?? undefined }, ac.signal)) {
+    for await (const t of sim.engine.run(g)) {
       const from = t.index === 0 ? 0 : c.ends[t.index - 1]!;
       const deltaText = c.text.slice(from, c.ends[t.index]!);
       let delta: Delta | null = parser.push(t.id, deltaText);
-      if (delta && delta.reasoning !== undefined && p.body.include_reasoning === false) {
+      if (delta && delta.reasoning !== undefined && (p.body.include_reasoning === false || p.body.separate_reasoning === false)) {
         const { reasoning: _drop, ...rest } = delta;
         delta = Object.keys(rest).length > 0 ? rest : null;
       }
       const isLast = t.index === last;
+      const logprobs = p.wantLogprobs ? { content: [chatLogprobEntry(sim.tok, t, p.asTokenIds, sg)] } : null;
+      if (sg) {
+        // SGLang sends a chunk only when a parser produced text; the finish chunk follows separately.
+        if (delta === null) continue;
+        const tc = delta.tool_calls?.map((x) => (x.id ? { ...x, id: sglangToolId(x.id) } : x));
+        const chunk = { ...base, choices: [{ index: 0, delta: sglangDelta({ ...delta, ...(tc ? { tool_calls: tc } : {}) }), logprobs, finish_reason: null, matched_stop: null }], usage: continuous ? partialUsage(t.index + 1) : null };
+        send(chunk);
+        continue;
+      }
       // A token a parser swallowed goes out (as an empty delta) only with return_token_ids, as in vLLM.
       if (delta === null && !isLast && !p.returnTokenIds) continue;
       const wire: Record<string, unknown> = {};
       if (delta?.content !== undefined) wire.content = delta.content;
-      if (delta?.reasoning !== undefined) wire[o.reasoningField] = delta.reasoning;
+      if (delta?.reasoning !== undefined) wire[p.reasoningField] = delta.reasoning;
       if (delta?.tool_calls !== undefined) wire.tool_calls = delta.tool_calls;
       const choice: Record<string, unknown> = {
         index: 0,
         delta: wire,
-        logprobs: p.wantLogprobs ? { content: [logprobEntry(sim.tok, t, p.asTokenIds)] } : null,
+        logprobs,
         finish_reason: isLast ? (parser.toolsStreamed > 0 ? "tool_calls" : c.finishReason) : null,
       };
       if (isLast) choice.stop_reason = c.stopReason;
@@ -330,13 +384,27 @@ async function stream(sim: SimState, p: Prepared, reply: FastifyReply) {
     }
   } catch (e) {
     if (!ac.signal.aborted) {
-      send({ error: { message: (e as Error).message, type: "InternalServerError", param: null, code: 500 } });
+      send(errorBody(envOf(p), 500, (e as Error).message));
       res.end("data: [DONE]\n\n");
     }
     return;
   }
-  if (ac.signal.aborted) return;
-  if (includeUsage) send({ ...base, choices: [], usage: usage(p.promptIds.length, c.ids.length, cached) });
+  if (g.outcome === "client") return;
+  if (g.outcome === "disconnect") {
+    cutConnection(reply);
+    return;
+  }
+  const n = g.tokens.length;
+  if (sg) {
+    const fr = g.outcome === "abort" ? "abort" : parser.toolsStreamed > 0 && c.finishReason === "stop" ? "tool_calls" : c.finishReason;
+    send({ ...base, choices: [{ index: 0, delta: sglangDelta({}), logprobs: null, finish_reason: fr, matched_stop: matchedStop(c, g.outcome ?? "") }], usage: null });
+  } else if (g.outcome === "abort") {
+    // vLLM: the abort output carries no new token; its chunk has an empty delta and finish_reason "abort".
+    const choice: Record<string, unknown> = { index: 0, delta: {}, logprobs: null, finish_reason: "abort", stop_reason: null };
+    if (p.returnTokenIds) choice.token_ids = [];
+    send({ ...base, choices: [choice] });
+  }
+  if (includeUsage) send({ ...base, choices: [], usage: usage(p.promptIds.length, n, g.cached) });
   res.end("data: [DONE]\n\n");
 }
 
@@ -346,7 +414,7 @@ export function registerChatRoutes(app: FastifyInstance, sim: SimState): void {
     try {
       p = prepare(sim, req);
     } catch (e) {
-      if (e instanceof HttpError) return sendError(reply, e.status, e.message);
+      if (e instanceof HttpError) return sendEnvError(reply, sim.opts.kind === "sglang" ? "sglang-openai" : "vllm", e.status, e.message);
       throw e;
     }
     if (p.body.stream) return stream(sim, p, reply);

@@ -1,0 +1,150 @@
+import type { FastifyInstance, FastifyReply } from "fastify";
+import { z } from "zod";
+import type { PauseMode } from "../engine.js";
+import { EngineError } from "../engine.js";
+import { sglangError } from "../errors.js";
+import type { SimState } from "../state.js";
+import { formatZodError } from "./common.js";
+
+/** The SGLang version whose behaviour the SGLang mode follows (reported by /server_info). */
+export const SIM_SGLANG_VERSION = "0.5.5+enginesim";
+
+/**
+ * SGLang's control and info routes (v0.5.x `http_server.py`):
+ *   GET /health, GET /health_generate (a 1-token generation with input_ids [0]): 200 empty; 503 when a rank is down
+ *   POST /pause_generation {mode: abort|in_place|retract} → {"message":"Generation paused successfully.","status":"ok"}
+ *   POST /continue_generation → {"message":"Generation continued successfully.","status":"ok"}
+ *   GET|POST /flush_cache → 200 text, or 400 (same text) while requests run, wait or are paused in place
+ *   POST /abort_request {rid?, abort_all?} → 200 empty
+ *   POST /tokenize {prompt: str|str[], add_special_tokens} → {tokens, count, max_model_len}
+ *   POST /detokenize {tokens, skip_special_tokens=true} → {text}
+ *   GET /model_info (/get_model_info), GET /server_info (/get_server_info), GET /v1/models (owned_by "sglang")
+ *   POST /update_weights_from_disk {model_path, weight_version?} → {"success":true,"message":…,"num_paused_requests":0};
+ *     sets `weight_version` when given, else bumps it (sim choice: a real server keeps it unless given)
+ *   POST /update_weight_version {new_version} → {"success":true,"message":…,"new_version"}
+ */
+
+const Pause = z.object({ mode: z.enum(["abort", "in_place", "retract"]).nullish() });
+const Tokenize = z.object({ model: z.string().nullish(), prompt: z.union([z.string(), z.array(z.string())]), add_special_tokens: z.boolean().nullish() });
+const Detokenize = z.object({ model: z.string().nullish(), tokens: z.array(z.number().int()), skip_special_tokens: z.boolean().nullish() });
+const UpdateFromDisk = z.object({ model_path: z.string(), load_format: z.string().nullish(), weight_version: z.string().nullish(), abort_all_requests: z.boolean().nullish() });
+const UpdateVersion = z.object({ new_version: z.string(), abort_all_requests: z.boolean().nullish() });
+const AbortRequest = z.object({ rid: z.string().nullish(), abort_all: z.boolean().nullish() });
+
+const FLUSH_TEXT = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n";
+
+export function registerSglangMiscRoutes(app: FastifyInstance, sim: SimState): void {
+  const o = sim.opts;
+  const anyDown = () => sim.ranks.ranks.some((r) => r.down);
+
+  app.get("/health", async (_req, reply) => reply.code(anyDown() ? 503 : 200).send(""));
+  app.get("/health_generate", async (_req, reply) => {
+    if (anyDown()) return reply.code(503).send("");
+    try {
+      const g = await sim.engine.admit({ promptIds: [0], ids: [0], topN: 0 });
+      for await (const _ of sim.engine.run(g)) {
+        // one token is enough
+      }
+    } catch (e) {
+      if (e instanceof EngineError) return reply.code(503).send("");
+      throw e;
+    }
+    return reply.code(200).send("");
+  });
+
+  app.post("/pause_generation", async (req, reply) => {
+    const parsed = Pause.safeParse(req.body ?? {});
+    if (!parsed.success) return reply.code(400).send(sglangError(formatZodError(parsed.error)));
+    await sim.engine.pause((parsed.data.mode ?? "abort") as PauseMode);
+    return { message: "Generation paused successfully.", status: "ok" };
+  });
+  app.post("/continue_generation", async () => {
+    sim.engine.resume();
+    return { message: "Generation continued successfully.", status: "ok" };
+  });
+
+  const flush = async (_req: unknown, reply: FastifyReply) => {
+    if (sim.engine.busy) return reply.code(400).type("text/plain; charset=utf-8").send(FLUSH_TEXT);
+    for (const r of sim.ranks.ranks) r.cache.clear();
+    return reply.code(200).type("text/plain; charset=utf-8").send(FLUSH_TEXT);
+  };
+  app.get("/flush_cache", flush);
+  app.post("/flush_cache", flush);
+
+  app.post("/abort_request", async (req, reply) => {
+    const parsed = AbortRequest.safeParse(req.body ?? {});
+    if (!parsed.success) return reply.code(400).send(sglangError(formatZodError(parsed.error)));
+    if (parsed.data.abort_all) for (const g of [...sim.engine.active]) sim.engine.stop(g, "abort");
+    return reply.code(200).send("");
+  });
+
+  app.post("/tokenize", async (req, reply) => {
+    const parsed = Tokenize.safeParse(req.body);
+    if (!parsed.success) return reply.code(400).send(sglangError(formatZodError(parsed.error)));
+    const p = parsed.data.prompt;
+    if (typeof p === "string") {
+      const tokens = sim.tok.encode(p);
+      return { tokens, count: tokens.length, max_model_len: o.maxModelLen };
+    }
+    const tokens = p.map((t) => sim.tok.encode(t));
+    return { tokens, count: tokens.map((t) => t.length), max_model_len: o.maxModelLen };
+  });
+  app.post("/detokenize", async (req, reply) => {
+    const parsed = Detokenize.safeParse(req.body);
+    if (!parsed.success) return reply.code(400).send(sglangError(formatZodError(parsed.error)));
+    const bad = parsed.data.tokens.find((id) => !sim.tok.isValidId(id));
+    if (bad !== undefined) return reply.code(400).send(sglangError(`Token id ${bad} is out of vocabulary`));
+    return { text: sim.tok.decode(parsed.data.tokens, parsed.data.skip_special_tokens ?? true) };
+  });
+
+  const modelInfo = async () => ({
+    model_path: o.model,
+    tokenizer_path: o.model,
+    is_generation: true,
+    preferred_sampling_params: null,
+    weight_version: sim.weightVersion,
+    has_image_understanding: false,
+    has_audio_understanding: false,
+    model_type: "qwen3",
+    architectures: ["Qwen3ForCausalLM"],
+  });
+  app.get("/model_info", modelInfo);
+  app.get("/get_model_info", modelInfo);
+  const serverInfo = async () => ({
+    model_path: o.model,
+    served_model_name: o.model,
+    dp_size: sim.ranks.size,
+    tp_size: 1,
+    context_length: o.maxModelLen,
+    max_running_requests: o.maxRunning || null,
+    incremental_streaming_output: o.incrementalStreamingOutput,
+    reasoning_parser: "qwen3",
+    tool_call_parser: "qwen25",
+    enable_cache_report: true,
+    weight_version: sim.weightVersion,
+    version: SIM_SGLANG_VERSION,
+    internal_states: sim.ranks.ranks.map((r) => ({ dp_rank: r.index, num_running_reqs: r.running, num_waiting_reqs: r.waiting })),
+  });
+  app.get("/server_info", serverInfo);
+  app.get("/get_server_info", serverInfo);
+
+  app.get("/v1/models", async () => ({
+    object: "list",
+    data: [{ id: o.model, object: "model", created: sim.startedAt, owned_by: "sglang", root: o.model, parent: null, max_model_len: o.maxModelLen }],
+  }));
+
+  app.post("/update_weights_from_disk", async (req, reply) => {
+    const parsed = UpdateFromDisk.safeParse(req.body);
+    if (!parsed.success) return reply.code(400).send(sglangError(formatZodError(parsed.error)));
+    if (parsed.data.abort_all_requests) for (const g of [...sim.engine.active]) sim.engine.stop(g, "abort");
+    sim.weightVersion = parsed.data.weight_version ?? sim.nextWeightVersion();
+    return { success: true, message: "Succeeded to update model weights.", num_paused_requests: 0 };
+  });
+  app.post("/update_weight_version", async (req, reply) => {
+    const parsed = UpdateVersion.safeParse(req.body);
+    if (!parsed.success) return reply.code(400).send(sglangError(formatZodError(parsed.error)));
+    if (parsed.data.abort_all_requests) for (const g of [...sim.engine.active]) sim.engine.stop(g, "abort");
+    sim.weightVersion = parsed.data.new_version;
+    return { success: true, message: `Weight version updated to ${sim.weightVersion}`, new_version: sim.weightVersion };
+  });
+}
