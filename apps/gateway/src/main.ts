@@ -20,6 +20,7 @@ Environment:
   ROLLGATE_API_KEY          when set, trainer and admin routes require "Authorization: Bearer <key>"
   ROLLGATE_KEY_PREFIX       prefix of every Redis key and queue (default rg)
   ROLLGATE_ENGINE_TIMEOUT_S upstream timeout per engine call (default 600)
+  ROLLGATE_ROUTING          affinity (default) | least_loaded | round_robin: how sessions pick a rank
   LOG_LEVEL                 fatal|error|warn|info|debug|trace|silent (default info)
 
 Prints "gateway ready: <url>" once listening.`;

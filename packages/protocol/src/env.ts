@@ -50,6 +50,8 @@ export const GatewayEnv = z.object({
   ROLLGATE_ENGINES: EngineList,
   ROLLGATE_PUBLIC_URL: z.url().optional(),
   ROLLGATE_ENGINE_TIMEOUT_S: z.coerce.number().positive().default(600),
+  /** How a new session picks its engine rank (see RankRouter). */
+  ROLLGATE_ROUTING: z.enum(["affinity", "least_loaded", "round_robin"]).default("affinity"),
   LOG_LEVEL: LogLevel,
 });
 export type GatewayEnv = z.infer<typeof GatewayEnv>;

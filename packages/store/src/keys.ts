@@ -13,6 +13,7 @@ export function keys(prefix: string) {
     records: (id: string) => `${prefix}:{s:${id}}:records`,
     rankLoad: () => `${prefix}:{routing}:load`,
     affinity: (key: string) => `${prefix}:{routing}:affinity:${key}`,
+    roundRobin: () => `${prefix}:{routing}:rr`,
     weightVersion: () => `${prefix}:{admin}:weight_version`,
     cancelChannel: () => `${prefix}:cancel`,
   };

@@ -37,6 +37,22 @@ end
 return false
 `;
 
+// Round robin: the next configured rank in turn, counted like the others.
+// KEYS: load zset, counter. ARGV: members...
+const ROUND_ROBIN_SCRIPT = `
+local n = redis.call('INCR', KEYS[2])
+local m = ARGV[((n - 1) % #ARGV) + 1]
+redis.call('ZINCRBY', KEYS[1], 1, m)
+return m
+`;
+
+/**
+ * How a new session picks its rank: `affinity` (default) keeps sessions that share an affinity
+ * key (a GRPO group) on one rank and sends the rest to the least-loaded one; `least_loaded`
+ * ignores affinity keys; `round_robin` takes ranks in turn.
+ */
+export type RoutingPolicy = "affinity" | "least_loaded" | "round_robin";
+
 /** The routing key family: open sessions per rank, and affinity key → rank. */
 export class RankRouter {
   private readonly k: Keys;
@@ -49,9 +65,13 @@ export class RankRouter {
   }
 
   /** Assigns a session to a rank among `members`; null when there is none. */
-  async assign(members: string[], affinityKey: string | undefined): Promise<string | null> {
+  async assign(members: string[], affinityKey: string | undefined, policy: RoutingPolicy = "affinity"): Promise<string | null> {
     if (members.length === 0) return null;
-    const ttl = affinityKey ? this.affinityTtlSeconds : 0;
+    if (policy === "round_robin") {
+      const res = await this.redis.eval(ROUND_ROBIN_SCRIPT, 2, this.k.rankLoad(), this.k.roundRobin(), ...members);
+      return typeof res === "string" ? res : null;
+    }
+    const ttl = affinityKey && policy === "affinity" ? this.affinityTtlSeconds : 0;
     const res = await this.redis.eval(
       ASSIGN_SCRIPT,
       2,

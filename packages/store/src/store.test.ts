@@ -39,6 +39,17 @@ describe("RankRouter", () => {
     expect(Object.values(loads).reduce((a, b) => a + b, 0)).toBe(6);
   });
 
+  it("round robin takes ranks in turn; least_loaded ignores affinity keys", async () => {
+    const rr = new RankRouter(redis, `${prefix}-r3`);
+    const got = [];
+    for (let i = 0; i < 6; i++) got.push(await rr.assign(members, "g", "round_robin"));
+    expect(got).toEqual([...members, ...members]);
+    const ll = new RankRouter(redis, `${prefix}-r4`);
+    const spread = [];
+    for (let i = 0; i < 3; i++) spread.push(await ll.assign(members, "same-group", "least_loaded"));
+    expect(new Set(spread).size).toBe(3);
+  });
+
   it("ignores ranks no longer configured", async () => {
     const router = new RankRouter(redis, `${prefix}-r2`);
     await router.assign(["9:9"], undefined);

@@ -28,7 +28,7 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const body = parsed.data;
       const id = body.id ?? `s-${randomUUID()}`;
       if (await ctx.sessions.get(id)) return reply.code(409).send(errorBody("conflict", `session ${id} exists`));
-      const member = await ctx.router.assign(ctx.registry.members(), body.affinity_key);
+      const member = await ctx.router.assign(ctx.registry.members(), body.affinity_key, ctx.env.ROLLGATE_ROUTING);
       if (!member) return reply.code(503).send(errorBody("no_engine", "no engine rank is available"));
       const { engine, dpRank } = parseRankMember(member);
       const target = ctx.registry.target(engine, dpRank);
