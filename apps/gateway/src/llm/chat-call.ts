@@ -11,7 +11,8 @@ import {
 import type { Logger } from "pino";
 import { EngineError } from "../engines/errors.js";
 import type { EngineRegistry, RankTarget } from "../engines/registry.js";
-import { vllmChat, vllmChatStream, vllmCountTokens, type EngineCall } from "../engines/vllm.js";
+import { adapterFor, type EngineAdapter } from "../engines/adapter.js";
+import type { EngineCall } from "../engines/vllm.js";
 
 /** A call refused before it reached an engine (session limits); `status` and `code` go to the agent. */
 export class CallRejected extends Error {
@@ -26,6 +27,7 @@ export class CallRejected extends Error {
 
 export interface PreparedCall {
   session: Session;
+  adapter: EngineAdapter;
   protocol: ClientProtocol;
   seq: number;
   target: RankTarget;
@@ -54,9 +56,8 @@ export class ChatCaller {
       throw new CallRejected(`session used its max_llm_calls (${limits.max_llm_calls})`, 400, "session_call_limit");
     }
     const target = this.deps.registry.target(assignment.engine, assignment.dp_rank);
-    if (target.engine.kind !== "vllm") {
-      throw new CallRejected(`engine kind ${target.engine.kind} is not supported yet`, 501, "engine_unsupported");
-    }
+    const adapter = adapterFor(target.engine.kind);
+    if (!adapter) throw new CallRejected(`engine kind ${target.engine.kind} is not supported yet`, 501, "engine_unsupported");
     const [model, weightVersion] = await Promise.all([
       this.deps.registry.servedModel(assignment.engine).catch((err: Error) => {
         throw new EngineError(`cannot read the engine's model name: ${err.message}`, 502, "unreachable");
@@ -70,6 +71,7 @@ export class ChatCaller {
     };
     return {
       session,
+      adapter,
       protocol,
       seq,
       target,
@@ -90,12 +92,14 @@ export class ChatCaller {
   async countTokens(session: Session, canonical: CanonicalChatRequest, signal: AbortSignal): Promise<number> {
     if (!session.assignment) throw new CallRejected("session has no engine assignment", 500, "no_assignment");
     const target = this.deps.registry.target(session.assignment.engine, session.assignment.dp_rank);
+    const adapter = adapterFor(target.engine.kind);
+    if (!adapter) throw new CallRejected(`engine kind ${target.engine.kind} is not supported yet`, 501, "engine_unsupported");
     const model = await this.deps.registry.servedModel(session.assignment.engine);
-    return vllmCountTokens({ target, model, request: { ...canonical, messages: normalizeEchoedHistory(canonical.messages) }, signal, dispatcher: this.deps.registry.dispatcher });
+    return adapter.countTokens({ target, model, request: { ...canonical, messages: normalizeEchoedHistory(canonical.messages) }, signal, dispatcher: this.deps.registry.dispatcher });
   }
 
   async complete(call: PreparedCall): Promise<EngineResult> {
-    const result = await vllmChat({ ...call.engineCall, request: { ...call.engineCall.request, stream: false } });
+    const result = await call.adapter.chat({ ...call.engineCall, request: { ...call.engineCall.request, stream: false } });
     await this.record(call, result);
     return result;
   }
@@ -103,7 +107,7 @@ export class ChatCaller {
   /** Yields the engine's events as they come; the record is written once the stream has ended. */
   async *stream(call: PreparedCall): AsyncGenerator<EngineStreamEvent, EngineResult> {
     const acc = new StreamAccumulator();
-    for await (const event of vllmChatStream({ ...call.engineCall, request: { ...call.engineCall.request, stream: true } })) {
+    for await (const event of call.adapter.chatStream({ ...call.engineCall, request: { ...call.engineCall.request, stream: true } })) {
       acc.push(event);
       yield event;
     }
