@@ -2,9 +2,10 @@ import type { FastifyInstance, FastifyReply } from "fastify";
 import { z } from "zod";
 import type { PauseMode } from "../engine.js";
 import { EngineError } from "../engine.js";
-import { sglangError } from "../errors.js";
+import { HttpError, sglangError } from "../errors.js";
+import { renderPrompt } from "../prompt.js";
 import type { SimState } from "../state.js";
-import { formatZodError } from "./common.js";
+import { formatZodError, getRawBody } from "./common.js";
 
 /** The SGLang version whose behaviour the SGLang mode follows (reported by /server_info). */
 export const SIM_SGLANG_VERSION = "0.5.5+enginesim";
@@ -16,7 +17,7 @@ export const SIM_SGLANG_VERSION = "0.5.5+enginesim";
  *   POST /continue_generation → {"message":"Generation continued successfully.","status":"ok"}
  *   GET|POST /flush_cache → 200 text, or 400 (same text) while requests run, wait or are paused in place
  *   POST /abort_request {rid?, abort_all?} → 200 empty
- *   POST /tokenize {prompt: str|str[], add_special_tokens} → {tokens, count, max_model_len}
+ *   POST /tokenize {prompt: str|str[], add_special_tokens} or {messages, tools?, chat_template_kwargs?} → {tokens, count, max_model_len}
  *   POST /detokenize {tokens, skip_special_tokens=true} → {text}
  *   GET /model_info (/get_model_info), GET /server_info (/get_server_info), GET /v1/models (owned_by "sglang")
  *   POST /update_weights_from_disk {model_path, weight_version?} → {"success":true,"message":…,"num_paused_requests":0};
@@ -26,6 +27,14 @@ export const SIM_SGLANG_VERSION = "0.5.5+enginesim";
 
 const Pause = z.object({ mode: z.enum(["abort", "in_place", "retract"]).nullish() });
 const Tokenize = z.object({ model: z.string().nullish(), prompt: z.union([z.string(), z.array(z.string())]), add_special_tokens: z.boolean().nullish() });
+/** SGLang's chat form of /tokenize: messages rendered with the chat template (with tools and template kwargs). */
+const TokenizeChat = z.object({
+  model: z.string().nullish(),
+  messages: z.array(z.record(z.string(), z.unknown())),
+  tools: z.array(z.record(z.string(), z.unknown())).nullish(),
+  chat_template_kwargs: z.record(z.string(), z.unknown()).nullish(),
+  add_special_tokens: z.boolean().nullish(),
+});
 const Detokenize = z.object({ model: z.string().nullish(), tokens: z.array(z.number().int()), skip_special_tokens: z.boolean().nullish() });
 const UpdateFromDisk = z.object({ model_path: z.string(), load_format: z.string().nullish(), weight_version: z.string().nullish(), abort_all_requests: z.boolean().nullish() });
 const UpdateVersion = z.object({ new_version: z.string(), abort_all_requests: z.boolean().nullish() });
@@ -79,6 +88,18 @@ export function registerSglangMiscRoutes(app: FastifyInstance, sim: SimState): v
   });
 
   app.post("/tokenize", async (req, reply) => {
+    const body = req.body as Record<string, unknown> | null;
+    if (body && typeof body === "object" && "messages" in body) {
+      const chat = TokenizeChat.safeParse(body);
+      if (!chat.success) return reply.code(400).send(sglangError(formatZodError(chat.error)));
+      try {
+        const { ids } = renderPrompt({ ...chat.data, add_generation_prompt: true }, getRawBody(req), sim.tok);
+        return { tokens: ids, count: ids.length, max_model_len: o.maxModelLen };
+      } catch (e) {
+        if (e instanceof HttpError) return reply.code(e.status).send(sglangError(e.message));
+        throw e;
+      }
+    }
     const parsed = Tokenize.safeParse(req.body);
     if (!parsed.success) return reply.code(400).send(sglangError(formatZodError(parsed.error)));
     const p = parsed.data.prompt;

@@ -1,5 +1,6 @@
 import type { EngineConfig } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
+import { sglangChat, sglangChatStream, sglangCountTokens } from "./sglang.js";
 import { vllmChat, vllmChatStream, vllmCountTokens, type EngineCall } from "./vllm.js";
 
 /**
@@ -14,14 +15,11 @@ export interface EngineAdapter {
 
 const vllm: EngineAdapter = { chat: vllmChat, chatStream: vllmChatStream, countTokens: vllmCountTokens };
 
-const adapters: Partial<Record<EngineConfig["kind"], EngineAdapter>> = { vllm };
+const sglang: EngineAdapter = { chat: sglangChat, chatStream: sglangChatStream, countTokens: sglangCountTokens };
 
-/** The adapter for an engine kind, or undefined when rollgate cannot drive it yet. */
-export function adapterFor(kind: EngineConfig["kind"]): EngineAdapter | undefined {
-  return adapters[kind];
-}
+const adapters: Record<EngineConfig["kind"], EngineAdapter> = { vllm, sglang };
 
-/** Registers an adapter (the SGLang one registers itself from its module). */
-export function registerAdapter(kind: EngineConfig["kind"], adapter: EngineAdapter): void {
-  adapters[kind] = adapter;
+/** The adapter for an engine kind, or undefined when rollgate cannot drive it. */
+export function adapterFor(kind: string): EngineAdapter | undefined {
+  return adapters[kind as EngineConfig["kind"]];
 }

@@ -1,0 +1,128 @@
+/**
+ * The same contract for every engine adapter, run against engine-sim in each engine's mode:
+ * token ids and logprobs are the engine's, parsed reasoning and tool calls come through, the
+ * session's rank is the one that serves, streaming gives the same result, and an engine that
+ * leaves out what we asked for fails clearly.
+ */
+import { buildEngineSim, getSimState, getTokenizer, simLogprob } from "@rollgate/engine-sim";
+import type { CanonicalChatRequest, EngineConfig } from "@rollgate/protocol";
+import { StreamAccumulator } from "@rollgate/transforms";
+import Fastify, { type FastifyInstance } from "fastify";
+import { Agent } from "undici";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { adapterFor } from "./adapter.js";
+import { EngineError } from "./errors.js";
+import type { EngineCall } from "./vllm.js";
+
+const dispatcher = new Agent();
+afterAll(() => dispatcher.close());
+
+const SCRIPT = [{ think: "List first.", tool_calls: [{ name: "shell", arguments: { command: "ls -la", timeout: 5 } }] }];
+const request = (stream: boolean, text = `go\n#sim: ${JSON.stringify(SCRIPT)}`): CanonicalChatRequest => ({
+  messages: [{ role: "user", content: text }],
+  tools: [{ type: "function", function: { name: "shell", parameters: { type: "object", properties: { command: { type: "string" } } } } }],
+  sampling: { temperature: 1 },
+  stream,
+  client_logprobs: null,
+});
+
+async function listen(app: FastifyInstance): Promise<string> {
+  await app.listen({ port: 0, host: "127.0.0.1" });
+  const addr = app.server.address();
+  return `http://127.0.0.1:${typeof addr === "object" && addr ? addr.port : 0}`;
+}
+
+for (const kind of ["vllm", "sglang"] as const) {
+  describe(`${kind} adapter contract`, () => {
+    let sim: FastifyInstance;
+    let engine: EngineConfig;
+    const adapter = adapterFor(kind)!;
+    const call = (req: CanonicalChatRequest, dpRank = 1, model = "Qwen/Qwen3-8B"): EngineCall => ({
+      target: { engineIndex: 0, engine, dpRank },
+      model,
+      request: req,
+      requestId: `r-${Math.random()}`,
+      signal: new AbortController().signal,
+      dispatcher,
+    });
+
+    beforeAll(async () => {
+      sim = buildEngineSim({ kind, dpSize: 2 });
+      engine = { kind, url: await listen(sim), dp_size: 2 };
+    });
+    afterAll(() => sim.close());
+
+    it("returns the engine's own ids and logprobs with reasoning and tool calls parsed", async () => {
+      const r = await adapter.chat(call(request(false)));
+      const tok = getTokenizer();
+      expect(tok.decode(r.output_ids, false)).toBe(
+        '<think>\nList first.\n</think>\n\n<tool_call>\n{"name": "shell", "arguments": {"command": "ls -la", "timeout": 5}}\n</tool_call><|im_end|>',
+      );
+      expect(tok.decode(r.prompt_ids, false)).toContain("<|im_start|>user\ngo\n#sim:");
+      expect(r.message.reasoning?.trim()).toBe("List first.");
+      expect(r.message.tool_calls.map((t) => t.function)).toEqual([{ name: "shell", arguments: '{"command": "ls -la", "timeout": 5}' }]);
+      expect(r.finish_reason).toBe("tool_calls");
+      const version = getSimState(sim).weightVersion;
+      r.output_ids.forEach((id, i) => {
+        expect(r.output_logprobs[i]).toBe(simLogprob(version, [...r.prompt_ids, ...r.output_ids.slice(0, i)], id));
+      });
+      expect(r.usage).toMatchObject({ prompt_tokens: r.prompt_ids.length, completion_tokens: r.output_ids.length });
+    });
+
+    it("sends the call to the session's data-parallel rank", async () => {
+      const ranks = getSimState(sim).ranks.ranks;
+      const before = ranks.map((x) => x.served);
+      await adapter.chat(call(request(false), 0));
+      await adapter.chat(call(request(false), 1));
+      await adapter.chat(call(request(false), 1));
+      expect(ranks.map((x, i) => x.served - before[i]!)).toEqual([1, 2]);
+    });
+
+    it("streams events that fold into the non-streaming result", async () => {
+      const acc = new StreamAccumulator();
+      for await (const e of adapter.chatStream(call(request(true)))) acc.push(e);
+      const streamed = acc.result();
+      const plain = await adapter.chat(call(request(false)));
+      expect(streamed.prompt_ids).toEqual(plain.prompt_ids);
+      expect(streamed.output_ids).toEqual(plain.output_ids);
+      expect(streamed.output_logprobs).toEqual(plain.output_logprobs);
+      expect(streamed.message.tool_calls.map((t) => t.function)).toEqual(plain.message.tool_calls.map((t) => t.function));
+      expect(streamed.finish_reason).toBe(plain.finish_reason);
+    });
+
+    it("counts prompt tokens with the engine's own template", async () => {
+      const plain = await adapter.chat(call(request(false)));
+      expect(await adapter.countTokens(call(request(false)))).toBe(plain.prompt_ids.length);
+    });
+
+    it("passes an engine's 4xx on with its message", async () => {
+      const tooLong = { ...request(false), sampling: { max_tokens: 10_000_000 } };
+      const err = await adapter.chat(call(tooLong)).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(EngineError);
+      expect((err as EngineError).status).toBe(400);
+      expect((err as EngineError).message).toMatch(/max|context|length/i);
+    });
+
+    it("fails clearly (502) when the engine leaves out the token ids it was asked for", async () => {
+      const old = Fastify();
+      old.post("/v1/chat/completions", async () => ({
+        choices: [{ message: { content: "hi" }, finish_reason: "stop", logprobs: { content: [{ token: "hi", logprob: -1 }] } }],
+        usage: { prompt_tokens: 3, completion_tokens: 1 },
+      }));
+      const url = await listen(old);
+      const err = await adapter
+        .chat({ ...call(request(false)), target: { engineIndex: 0, engine: { kind, url, dp_size: 1 }, dpRank: 0 } })
+        .catch((e: unknown) => e);
+      await old.close();
+      expect(err).toBeInstanceOf(EngineError);
+      expect(err).toMatchObject({ status: 502, kind: "bad_response", message: expect.stringMatching(/token ids/) });
+    });
+
+    it("says an unreachable engine is unreachable", async () => {
+      const err = await adapter
+        .chat({ ...call(request(false)), target: { engineIndex: 0, engine: { kind, url: "http://127.0.0.1:9", dp_size: 1 }, dpRank: 0 } })
+        .catch((e: unknown) => e);
+      expect(err).toMatchObject({ status: 502, kind: "unreachable" });
+    });
+  });
+}

@@ -1,0 +1,204 @@
+import type { CanonicalChatRequest, ChatMessage, TokenLogprob } from "@rollgate/protocol";
+import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
+import { request, type Dispatcher } from "undici";
+import { z } from "zod";
+import { EngineError } from "./errors.js";
+import type { EngineCall } from "./vllm.js";
+
+/**
+ * The SGLang adapter, on SGLang's OpenAI chat route with the token-id extensions of PR #30917
+ * (`return_token_ids` → `choices[].token_ids`, `return_prompt_token_ids` →
+ * `choices[].prompt_token_ids`), `logprobs` (token text only: values line up with the ids by
+ * position), `separate_reasoning` (→ `reasoning_content`) and `routed_dp_rank` in the body.
+ *
+ * SGLang refuses those extensions on streamed chat, so a streaming agent call is answered from one
+ * non-streaming engine call replayed as events: the agent still gets a well-formed stream and the
+ * record is identical to the non-streaming one, but time-to-first-token is the whole generation.
+ */
+
+function toSglangMessage(m: ChatMessage): Record<string, unknown> {
+  if (m.role !== "assistant" || m.reasoning == null) return m;
+  return { ...m, reasoning_content: m.reasoning };
+}
+
+/** The request body SGLang gets. Pure, so it has golden tests. */
+export function buildSglangChatBody(model: string, req: CanonicalChatRequest, dpRank: number): Record<string, unknown> {
+  const s = req.sampling;
+  const body: Record<string, unknown> = {
+    model,
+    messages: req.messages.map(toSglangMessage),
+    stream: false,
+    logprobs: true,
+    top_logprobs: req.client_logprobs?.top_logprobs ?? 0,
+    return_token_ids: true,
+    return_prompt_token_ids: true,
+    separate_reasoning: true,
+    routed_dp_rank: dpRank,
+  };
+  if (req.tools) body.tools = req.tools;
+  if (req.tool_choice) body.tool_choice = req.tool_choice;
+  if (req.enable_thinking !== undefined) body.chat_template_kwargs = { enable_thinking: req.enable_thinking };
+  for (const key of ["temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty"] as const) {
+    if (s[key] !== undefined) body[key] = s[key];
+  }
+  return body;
+}
+
+const SglangLogprob = z.object({
+  token: z.string(),
+  logprob: z.number(),
+  bytes: z.array(z.number().int()).nullable().optional(),
+  top_logprobs: z
+    .array(z.object({ token: z.string(), logprob: z.number(), bytes: z.array(z.number().int()).nullable().optional() }))
+    .nullable()
+    .optional(),
+});
+
+const SglangChatResponse = z.object({
+  choices: z
+    .array(
+      z.object({
+        message: z.object({
+          content: z.string().nullable().optional(),
+          reasoning_content: z.string().nullable().optional(),
+          tool_calls: z
+            .array(z.object({ id: z.string().nullable().optional(), function: z.object({ name: z.string().nullable().optional(), arguments: z.string().nullable().optional() }) }))
+            .nullable()
+            .optional(),
+        }),
+        logprobs: z.object({ content: z.array(SglangLogprob).nullable() }).nullable().optional(),
+        finish_reason: z.string().nullable(),
+        matched_stop: z.union([z.string(), z.number()]).nullable().optional(),
+        token_ids: z.array(z.number().int()).nullable().optional(),
+        prompt_token_ids: z.array(z.number().int()).nullable().optional(),
+      }),
+    )
+    .min(1),
+  usage: z
+    .object({
+      prompt_tokens: z.number().int(),
+      completion_tokens: z.number().int(),
+      prompt_tokens_details: z.object({ cached_tokens: z.number().int().nullable().optional() }).nullable().optional(),
+    })
+    .nullable()
+    .optional(),
+});
+
+/** SGLang answers errors flat (`{object:"error", message}`) or nested (`{error:{message}}`). */
+function errorMessage(text: string): string {
+  try {
+    const j = JSON.parse(text) as { message?: unknown; error?: { message?: unknown } };
+    if (typeof j.error?.message === "string") return j.error.message;
+    if (typeof j.message === "string") return j.message;
+  } catch {
+    // not JSON
+  }
+  return text.slice(0, 2_000);
+}
+
+async function post(call: Omit<EngineCall, "requestId"> & { requestId?: string }, path: string, body: unknown): Promise<Dispatcher.ResponseData> {
+  const url = call.target.engine.url;
+  let res: Dispatcher.ResponseData;
+  try {
+    res = await request(`${url}${path}`, {
+      method: "POST",
+      dispatcher: call.dispatcher,
+      signal: call.signal,
+      headers: {
+        "content-type": "application/json",
+        "x-data-parallel-rank": String(call.target.dpRank),
+        ...(call.requestId ? { "x-request-id": call.requestId } : {}),
+      },
+      body: JSON.stringify(body),
+    });
+  } catch (err) {
+    if (call.signal.aborted) throw err;
+    throw new EngineError(`engine ${url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
+  }
+  if (res.statusCode !== 200) {
+    const message = errorMessage(await res.body.text());
+    const status = res.statusCode >= 400 && res.statusCode < 500 ? res.statusCode : 502;
+    throw new EngineError(`engine ${url} answered ${res.statusCode}: ${message}`, status, "rejected");
+  }
+  return res;
+}
+
+function toTokenLogprob(l: z.infer<typeof SglangLogprob>): TokenLogprob {
+  return {
+    token: l.token,
+    logprob: l.logprob,
+    bytes: l.bytes ?? null,
+    top_logprobs: (l.top_logprobs ?? []).map((t) => ({ token: t.token, logprob: t.logprob, bytes: t.bytes ?? null })),
+  };
+}
+
+export async function sglangChat(call: EngineCall): Promise<EngineResult> {
+  const res = await post(call, "/v1/chat/completions", buildSglangChatBody(call.model, call.request, call.target.dpRank));
+  const parsed = SglangChatResponse.safeParse(await res.body.json());
+  if (!parsed.success) throw new EngineError(`engine response is not a chat completion: ${parsed.error.message}`, 502, "bad_response");
+  const choice = parsed.data.choices[0]!;
+  if (!choice.token_ids || !choice.prompt_token_ids) {
+    throw new EngineError("the engine returned no token ids: rollgate needs an SGLang with return_token_ids / return_prompt_token_ids on its chat route", 502, "bad_response");
+  }
+  const lps = (choice.logprobs?.content ?? []).map(toTokenLogprob);
+  if (lps.length !== choice.token_ids.length) {
+    throw new EngineError(`engine returned ${choice.token_ids.length} token ids but ${lps.length} logprobs`, 502, "bad_response");
+  }
+  const usage = parsed.data.usage;
+  return {
+    prompt_ids: choice.prompt_token_ids,
+    output_ids: choice.token_ids,
+    output_logprobs: lps.map((l) => l.logprob),
+    logprobs: lps,
+    message: {
+      content: choice.message.content ?? null,
+      reasoning: choice.message.reasoning_content ?? null,
+      tool_calls: (choice.message.tool_calls ?? []).map((t, i) => ({
+        id: t.id ?? `call_${i}`,
+        type: "function" as const,
+        function: { name: t.function.name ?? "", arguments: t.function.arguments ?? "" },
+      })),
+    },
+    finish_reason: choice.finish_reason ?? "stop",
+    stop_reason: choice.matched_stop ?? null,
+    usage: {
+      prompt_tokens: usage?.prompt_tokens ?? choice.prompt_token_ids.length,
+      completion_tokens: usage?.completion_tokens ?? choice.token_ids.length,
+      cached_tokens: usage?.prompt_tokens_details?.cached_tokens ?? 0,
+    },
+  };
+}
+
+/** A streaming call answered from one non-streaming engine call (see the module comment). */
+export async function* sglangChatStream(call: EngineCall): AsyncGenerator<EngineStreamEvent> {
+  const r = await sglangChat(call);
+  yield { type: "start", prompt_ids: r.prompt_ids };
+  yield {
+    type: "delta",
+    ...(r.message.reasoning ? { reasoning: r.message.reasoning } : {}),
+    ...(r.message.content ? { content: r.message.content } : {}),
+    ...(r.message.tool_calls.length > 0
+      ? { tool_calls: r.message.tool_calls.map((t, index) => ({ index, id: t.id, type: "function" as const, function: { ...t.function } })) }
+      : {}),
+    token_ids: r.output_ids,
+    logprobs: r.logprobs,
+  };
+  yield { type: "finish", finish_reason: r.finish_reason, stop_reason: r.stop_reason };
+  yield { type: "usage", usage: r.usage };
+}
+
+const SglangTokenizeResponse = z.object({ count: z.number().int() });
+
+/** Prompt tokens of a chat request via SGLang's `/tokenize` (messages form). */
+export async function sglangCountTokens(call: Omit<EngineCall, "requestId">): Promise<number> {
+  const req = call.request;
+  const res = await post(call, "/tokenize", {
+    model: call.model,
+    messages: req.messages.map(toSglangMessage),
+    ...(req.tools ? { tools: req.tools } : {}),
+    ...(req.enable_thinking !== undefined ? { chat_template_kwargs: { enable_thinking: req.enable_thinking } } : {}),
+  });
+  const parsed = SglangTokenizeResponse.safeParse(await res.body.json());
+  if (!parsed.success) throw new EngineError("engine /tokenize answer has no count", 502, "bad_response");
+  return parsed.data.count;
+}
