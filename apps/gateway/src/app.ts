@@ -1,12 +1,17 @@
 import type { GatewayEnv } from "@rollgate/protocol";
 import { createRedis, rolloutQueue } from "@rollgate/queue";
-import { RankRouter, SessionStore, TaskStore, WeightStore } from "@rollgate/store";
+import { AdminStore, RankRouter, SessionStore, TaskStore, WeightStore } from "@rollgate/store";
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import { pino, type Logger } from "pino";
 import type { GatewayContext } from "./context.js";
 import { EngineRegistry } from "./engines/registry.js";
 import { ChatCaller } from "./llm/chat-call.js";
+import { EngineHealth } from "./ops/engine-health.js";
+import { PauseGate } from "./ops/pause-gate.js";
+import { Rerouter } from "./ops/reroute.js";
+import { adminRoutes } from "./routes/admin.js";
 import { anthropicAgentRoutes } from "./routes/agent-anthropic.js";
+import { dashboardRoutes } from "./routes/dashboard.js";
 import { geminiAgentRoutes } from "./routes/agent-gemini.js";
 import { openAIAgentRoutes } from "./routes/agent-openai.js";
 import { responsesAgentRoutes } from "./routes/agent-responses.js";
@@ -65,16 +70,28 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   });
 
   const tasks = new TaskStore(redis, prefix);
+  const router = new RankRouter(redis, prefix);
+  const admin = new AdminStore(redis, prefix);
+  const subscriber = redis.duplicate();
+  subscriber.on("error", (err) => log.warn({ err: err.message }, "redis subscriber error"));
+  const pause = new PauseGate(admin, subscriber, log);
+  await pause.start();
+  const health = new EngineHealth(registry, router, env.ROLLGATE_HEALTH_FAILURES, log);
+  health.start(env.ROLLGATE_HEALTH_INTERVAL_S);
+  const rerouter = new Rerouter(registry, router, sessions, health, env.ROLLGATE_ROUTING);
   const ctx: GatewayContext = {
     env,
     redis,
     log,
     tasks,
     sessions,
-    router: new RankRouter(redis, prefix),
+    router,
     weights,
     registry,
-    caller: new ChatCaller({ registry, sessions, tasks, weights, log }),
+    caller: new ChatCaller({ registry, sessions, tasks, weights, pause, rerouter, log }),
+    admin,
+    pause,
+    health,
     rollouts,
     publicUrl: () => publicUrl ?? `http://127.0.0.1:${env.PORT}`,
   };
@@ -82,12 +99,16 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   await app.register(healthRoutes(ctx));
   await app.register(taskRoutes(ctx));
   await app.register(sessionRoutes(ctx));
+  await app.register(adminRoutes(ctx));
   await app.register(openAIAgentRoutes(ctx));
   await app.register(responsesAgentRoutes(ctx));
   await app.register(anthropicAgentRoutes(ctx));
   await app.register(geminiAgentRoutes(ctx));
+  await app.register(dashboardRoutes(ctx));
 
   app.addHook("onClose", async () => {
+    health.stop();
+    await pause.stop();
     await rollouts.close();
     await registry.close();
     redis.disconnect();

@@ -1,11 +1,13 @@
 import type { GatewayEnv } from "@rollgate/protocol";
 import type { RolloutJob } from "@rollgate/queue";
-import type { RankRouter, SessionStore, TaskStore, WeightStore } from "@rollgate/store";
+import type { AdminStore, RankRouter, SessionStore, TaskStore, WeightStore } from "@rollgate/store";
 import type { Queue } from "bullmq";
 import type { Redis } from "ioredis";
 import type { Logger } from "pino";
 import type { EngineRegistry } from "./engines/registry.js";
 import type { ChatCaller } from "./llm/chat-call.js";
+import type { EngineHealth } from "./ops/engine-health.js";
+import type { PauseGate } from "./ops/pause-gate.js";
 
 /** Everything the routes share. Built once per gateway process (see app.ts). */
 export interface GatewayContext {
@@ -18,6 +20,9 @@ export interface GatewayContext {
   weights: WeightStore;
   registry: EngineRegistry;
   caller: ChatCaller;
+  admin: AdminStore;
+  pause: PauseGate;
+  health: EngineHealth;
   rollouts: Queue<RolloutJob>;
   /** How sandboxes reach this gateway; set once the server listens. */
   publicUrl: () => string;

@@ -52,6 +52,17 @@ export const GatewayEnv = z.object({
   ROLLGATE_ENGINE_TIMEOUT_S: z.coerce.number().positive().default(600),
   /** How a new session picks its engine rank (see RankRouter). */
   ROLLGATE_ROUTING: z.enum(["affinity", "least_loaded", "round_robin"]).default("affinity"),
+  /** Seconds between health probes of every engine rank (0 turns them off). */
+  ROLLGATE_HEALTH_INTERVAL_S: z.coerce.number().nonnegative().default(10),
+  /** Consecutive failed probes before a rank is drained. */
+  ROLLGATE_HEALTH_FAILURES: z.coerce.number().int().positive().default(2),
+  /**
+   * How a call that continues a recorded one reaches the engine (README "Trajectories"):
+   * `auto` lets the engine render the chat unless its template would rewrite the recorded tokens,
+   * then continues token-in (recorded prompt + output ids + the new turns' ids); `token_in` always
+   * continues token-in when the call extends a recorded one; `render` never does.
+   */
+  ROLLGATE_CONTINUATION: z.enum(["auto", "render", "token_in"]).default("auto"),
   LOG_LEVEL: LogLevel,
 });
 export type GatewayEnv = z.infer<typeof GatewayEnv>;

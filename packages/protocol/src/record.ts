@@ -23,5 +23,9 @@ export const CompletionRecord = z.object({
   message: AssistantOutput,
   usage: Usage,
   latency_ms: z.number(),
+  /** Set when the session's rank was drained and this call moved it (the old rank's prefix cache is lost). */
+  rerouted_from: z.object({ engine: z.number().int(), dp_rank: z.number().int() }).nullable().optional(),
+  /** Set when a pause aborted the first attempt of this call and it was sent again after resume. */
+  reissued_after_pause: z.boolean().optional(),
 });
 export type CompletionRecord = z.infer<typeof CompletionRecord>;

@@ -3,3 +3,4 @@ export * from "./tasks.js";
 export * from "./sessions.js";
 export * from "./routing.js";
 export * from "./weights.js";
+export * from "./admin.js";

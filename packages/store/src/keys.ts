@@ -15,6 +15,11 @@ export function keys(prefix: string) {
     affinity: (key: string) => `${prefix}:{routing}:affinity:${key}`,
     roundRobin: () => `${prefix}:{routing}:rr`,
     weightVersion: () => `${prefix}:{admin}:weight_version`,
+    pause: () => `${prefix}:{admin}:pause`,
+    replicas: () => `${prefix}:{admin}:replicas`,
+    replicaInflight: (replica: string) => `${prefix}:{admin}:inflight:${replica}`,
+    adminChannel: () => `${prefix}:admin`,
+    downRanks: () => `${prefix}:{routing}:down`,
     cancelChannel: () => `${prefix}:cancel`,
   };
 }

@@ -83,6 +83,21 @@ export class RankRouter {
     return typeof res === "string" ? res : null;
   }
 
+  /** Marks a rank down (no new sessions; its sessions move on their next call) or up again. */
+  async setDown(member: string, down: boolean): Promise<void> {
+    if (down) await this.redis.sadd(this.k.downRanks(), member);
+    else await this.redis.srem(this.k.downRanks(), member);
+  }
+
+  async downRanks(): Promise<Set<string>> {
+    return new Set(await this.redis.smembers(this.k.downRanks()));
+  }
+
+  /** Gives back one session's slot on a rank (its session moved to another rank). */
+  async release(member: string): Promise<void> {
+    await this.redis.zincrby(this.k.rankLoad(), -1, member);
+  }
+
   async loads(): Promise<Record<string, number>> {
     const flat = await this.redis.zrange(this.k.rankLoad(), "0", "-1", "WITHSCORES");
     const out: Record<string, number> = {};

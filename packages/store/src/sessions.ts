@@ -110,6 +110,15 @@ export class SessionStore {
     return (await this.getForCall(id))?.session ?? null;
   }
 
+  /** Moves an open session to another rank (its old rank was drained). */
+  async reassign(id: string, assignment: SessionAssignment, rankMember: string): Promise<void> {
+    await this.redis.hset(this.k.session(id), { assignment: JSON.stringify(assignment), rank_member: rankMember });
+  }
+
+  async rankMember(id: string): Promise<string | null> {
+    return this.redis.hget(this.k.session(id), "rank_member");
+  }
+
   /** Returns true when this call closed it, false when it was already closed. */
   async close(id: string, now: Date): Promise<boolean> {
     const res = await this.redis.eval(CLOSE_SCRIPT, 2, this.k.session(id), this.k.rankLoad(), now.toISOString());

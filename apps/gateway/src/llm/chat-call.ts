@@ -11,6 +11,8 @@ import {
 import type { Logger } from "pino";
 import { EngineError } from "../engines/errors.js";
 import type { EngineRegistry, RankTarget } from "../engines/registry.js";
+import type { PauseGate } from "../ops/pause-gate.js";
+import type { Rerouter } from "../ops/reroute.js";
 import { adapterFor, type EngineAdapter } from "../engines/adapter.js";
 import type { EngineCall } from "../engines/vllm.js";
 
@@ -28,6 +30,9 @@ export class CallRejected extends Error {
 export interface PreparedCall {
   session: Session;
   adapter: EngineAdapter;
+  reroutedFrom: { engine: number; dp_rank: number } | null;
+  /** Set when a pause aborted the first attempt and the call was sent again. */
+  reissued?: boolean;
   protocol: ClientProtocol;
   seq: number;
   target: RankTarget;
@@ -42,10 +47,21 @@ export interface PreparedCall {
  */
 export class ChatCaller {
   constructor(
-    private readonly deps: { registry: EngineRegistry; sessions: SessionStore; tasks: TaskStore; weights: WeightStore; log: Logger },
+    private readonly deps: {
+      registry: EngineRegistry;
+      sessions: SessionStore;
+      tasks: TaskStore;
+      weights: WeightStore;
+      pause: PauseGate;
+      rerouter: Rerouter;
+      log: Logger;
+      /** Told of every recorded call (metrics). */
+      observe?: (record: CompletionRecord, call: PreparedCall) => void;
+    },
   ) {}
 
-  async prepare(session: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal): Promise<PreparedCall> {
+  async prepare(given: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal): Promise<PreparedCall> {
+    const { session, reroutedFrom } = await this.deps.rerouter.ensureHealthy(given);
     const { limits, counts, assignment } = session;
     if (!assignment) throw new CallRejected("session has no engine assignment", 500, "no_assignment");
     if (limits.max_total_tokens !== undefined && counts.prompt_tokens + counts.completion_tokens >= limits.max_total_tokens) {
@@ -72,6 +88,7 @@ export class ChatCaller {
     return {
       session,
       adapter,
+      reroutedFrom,
       protocol,
       seq,
       target,
@@ -98,18 +115,38 @@ export class ChatCaller {
     return adapter.countTokens({ target, model, request: { ...canonical, messages: normalizeEchoedHistory(canonical.messages) }, signal, dispatcher: this.deps.registry.dispatcher });
   }
 
+  /**
+   * A non-streamed call waits while inference is paused; if an abort-mode pause cuts it short it
+   * is sent again after resume, so the agent only sees latency.
+   */
   async complete(call: PreparedCall): Promise<EngineResult> {
-    const result = await call.adapter.chat({ ...call.engineCall, request: { ...call.engineCall.request, stream: false } });
-    await this.record(call, result);
-    return result;
+    for (;;) {
+      const slot = await this.deps.pause.enter(call.engineCall.signal, true);
+      try {
+        const result = await call.adapter.chat({ ...call.engineCall, signal: slot.signal, request: { ...call.engineCall.request, stream: false } });
+        await this.record(call, result);
+        return result;
+      } catch (err) {
+        if (!slot.abortedByPause()) throw err;
+        call.reissued = true;
+      } finally {
+        slot.release();
+      }
+    }
   }
 
   /** Yields the engine's events as they come; the record is written once the stream has ended. */
   async *stream(call: PreparedCall): AsyncGenerator<EngineStreamEvent, EngineResult> {
     const acc = new StreamAccumulator();
-    for await (const event of call.adapter.chatStream({ ...call.engineCall, request: { ...call.engineCall.request, stream: true } })) {
-      acc.push(event);
-      yield event;
+    // A stream the agent has started reading cannot be restarted invisibly: it drains a pause.
+    const slot = await this.deps.pause.enter(call.engineCall.signal, false);
+    try {
+      for await (const event of call.adapter.chatStream({ ...call.engineCall, signal: slot.signal, request: { ...call.engineCall.request, stream: true } })) {
+        acc.push(event);
+        yield event;
+      }
+    } finally {
+      slot.release();
     }
     if (!acc.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
     const result = acc.result();
@@ -142,8 +179,11 @@ export class ChatCaller {
       message: result.message,
       usage: result.usage,
       latency_ms: Date.now() - call.startedAt,
+      ...(call.reroutedFrom ? { rerouted_from: call.reroutedFrom } : {}),
+      ...(call.reissued ? { reissued_after_pause: true } : {}),
     };
     await this.deps.sessions.appendRecord(record);
+    this.deps.observe?.(record, call);
     const taskId = call.session.metadata.task_id;
     if (typeof taskId === "string") {
       await this.deps.tasks.appendEvent(taskId, "llm_call", {

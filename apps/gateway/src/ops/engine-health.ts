@@ -1,0 +1,94 @@
+import { parseRankMember, type RankRouter } from "@rollgate/store";
+import type { Logger } from "pino";
+import type { EngineRegistry } from "../engines/registry.js";
+import { probeRank } from "./engine-control.js";
+
+export interface RankHealth {
+  member: string;
+  healthy: boolean;
+  consecutiveFailures: number;
+  lastLatencyMs: number | null;
+  lastCheck: string | null;
+  detail: string;
+}
+
+/**
+ * Probes every rank periodically. A rank that fails `failures` probes in a row is marked down in
+ * Redis (no new sessions; its sessions move on their next call); one good probe brings it back.
+ * Every replica probes, and they agree through the shared down set.
+ */
+export class EngineHealth {
+  private readonly state = new Map<string, RankHealth>();
+  private timer: NodeJS.Timeout | null = null;
+  private running = false;
+  /** Ranks down fleet-wide (the shared Redis set, refreshed every round). */
+  private down = new Set<string>();
+
+  constructor(
+    private readonly registry: EngineRegistry,
+    private readonly router: RankRouter,
+    private readonly failures: number,
+    private readonly log: Logger,
+  ) {
+    for (const m of registry.members()) {
+      this.state.set(m, { member: m, healthy: true, consecutiveFailures: 0, lastLatencyMs: null, lastCheck: null, detail: "not probed yet" });
+    }
+  }
+
+  start(intervalS: number): void {
+    if (intervalS <= 0) return;
+    this.timer = setInterval(() => void this.checkAll(), intervalS * 1000);
+    this.timer.unref();
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+  }
+
+  isDown(member: string): boolean {
+    return this.down.has(member);
+  }
+
+  snapshot(): RankHealth[] {
+    return [...this.state.values()];
+  }
+
+  /** One round of probes (also callable directly, e.g. from tests). */
+  async checkAll(): Promise<void> {
+    if (this.running) return;
+    this.running = true;
+    try {
+      await Promise.all(
+        this.registry.members().map(async (member) => {
+          const { engine, dpRank } = parseRankMember(member);
+          const cfg = this.registry.engines[engine]!;
+          const model = await this.registry.servedModel(engine).catch(() => cfg.model ?? "");
+          const probe = await probeRank(this.registry.dispatcher, cfg, model, dpRank);
+          const h = this.state.get(member)!;
+          h.lastCheck = new Date().toISOString();
+          h.lastLatencyMs = probe.latencyMs;
+          h.detail = probe.detail;
+          if (probe.ok) {
+            if (!h.healthy) this.log.warn({ rank: member }, "engine rank healthy again");
+            h.consecutiveFailures = 0;
+            h.healthy = true;
+            await this.router.setDown(member, false);
+            this.down.delete(member);
+          } else {
+            h.consecutiveFailures++;
+            if (h.consecutiveFailures >= this.failures && h.healthy) {
+              h.healthy = false;
+              this.log.warn({ rank: member, detail: probe.detail }, "engine rank failing health checks: drained");
+              await this.router.setDown(member, true);
+              this.down.add(member);
+            }
+          }
+        }),
+      );
+      this.down = await this.router.downRanks();
+    } finally {
+      this.running = false;
+    }
+  }
+}
+

@@ -1,0 +1,97 @@
+import { randomUUID } from "node:crypto";
+import { parseRankMember } from "@rollgate/store";
+import type { FastifyPluginAsync } from "fastify";
+import { z } from "zod";
+import { requireApiKey } from "../auth.js";
+import type { GatewayContext } from "../context.js";
+import { trainerErrorHandler, validationError } from "../errors.js";
+import { pauseEngine, resumeEngine } from "../ops/engine-control.js";
+
+const PauseBody = z
+  .object({
+    mode: z.enum(["drain", "abort"]).default("drain"),
+    /** How long to wait for in-flight calls (every replica) to finish. */
+    timeout_s: z.number().nonnegative().max(3600).default(60),
+  })
+  .strict();
+const WeightsBody = z.object({ version: z.union([z.string().min(1).max(128), z.number().int().nonnegative()]) }).strict();
+
+/** The RL loop's admin routes (DESIGN §2): pause/resume inference, the weight version, engine state. */
+export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
+  return async (app) => {
+    app.setErrorHandler(trainerErrorHandler);
+    app.addHook("onRequest", requireApiKey(ctx.env.ROLLGATE_API_KEY));
+
+    /**
+     * Every replica stops sending new calls (agents wait, they are not failed); in `abort` mode
+     * non-streamed in-flight calls are aborted and sent again after resume (the agent sees only
+     * latency); streams drain. Once the fleet has drained (or `timeout_s` passed) the engines'
+     * own pause routes are called.
+     */
+    app.post("/admin/inference/pause", async (req, reply) => {
+      const parsed = PauseBody.safeParse(req.body ?? {});
+      if (!parsed.success) return reply.code(400).send(validationError(parsed.error));
+      const { mode, timeout_s } = parsed.data;
+      const state = { mode, since: new Date().toISOString(), id: randomUUID() };
+      await ctx.admin.pause(state);
+      // Give every replica a moment to hear the pause and report its in-flight count.
+      await new Promise((r) => setTimeout(r, 200));
+      const inflightAtPause = await ctx.admin.inflight();
+      const deadline = Date.now() + timeout_s * 1000;
+      let remaining = inflightAtPause;
+      while (remaining > 0 && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 100));
+        remaining = await ctx.admin.inflight();
+      }
+      const engines = await Promise.all(ctx.registry.engines.map((e) => pauseEngine(ctx.registry.dispatcher, e, mode === "abort")));
+      return { paused: true, mode, id: state.id, inflight_at_pause: inflightAtPause, drained: remaining === 0, still_inflight: remaining, engines };
+    });
+
+    app.post("/admin/inference/resume", async () => {
+      const engines = await Promise.all(ctx.registry.engines.map((e) => resumeEngine(ctx.registry.dispatcher, e)));
+      const was = await ctx.admin.resume();
+      return { paused: false, was_paused: was !== null, engines };
+    });
+
+    app.get("/admin/inference", async () => ({ paused: ctx.pause.paused, inflight: await ctx.admin.inflight() }));
+
+    app.post("/admin/weights", async (req, reply) => {
+      const parsed = WeightsBody.safeParse(req.body);
+      if (!parsed.success) return reply.code(400).send(validationError(parsed.error));
+      const version = String(parsed.data.version);
+      await ctx.weights.set(version);
+      await ctx.admin.publish({ type: "weights", version });
+      return { version };
+    });
+
+    app.get("/admin/weights", async () => ({ version: await ctx.weights.get() }));
+
+    app.get("/admin/engines", async () => {
+      const [loads, down] = await Promise.all([ctx.router.loads(), ctx.router.downRanks()]);
+      const health = new Map(ctx.health.snapshot().map((h) => [h.member, h]));
+      return {
+        engines: ctx.registry.engines.map((e, index) => ({
+          index,
+          kind: e.kind,
+          url: e.url,
+          dp_size: e.dp_size,
+          ranks: ctx.registry
+            .members()
+            .filter((m) => parseRankMember(m).engine === index)
+            .map((m) => {
+              const h = health.get(m);
+              return {
+                dp_rank: parseRankMember(m).dpRank,
+                healthy: !down.has(m),
+                sessions: loads[m] ?? 0,
+                last_probe_latency_ms: h?.lastLatencyMs ?? null,
+                last_probe: h?.lastCheck ?? null,
+                detail: h?.detail ?? null,
+              };
+            }),
+        })),
+        inflight_this_replica: ctx.pause.inflightCount,
+      };
+    });
+  };
+}

@@ -1,0 +1,95 @@
+import { z } from "zod";
+import type { Redis } from "ioredis";
+import { keys, type Keys } from "./keys.js";
+
+export const PauseState = z.object({
+  mode: z.enum(["drain", "abort"]),
+  since: z.string(),
+  /** Which pause this is: replicas ignore a resume for an older pause. */
+  id: z.string(),
+});
+export type PauseState = z.infer<typeof PauseState>;
+
+/** What replicas tell each other over the admin channel. */
+export const AdminMessage = z.discriminatedUnion("type", [
+  z.object({ type: z.literal("pause"), state: PauseState }),
+  z.object({ type: z.literal("resume"), id: z.string() }),
+  z.object({ type: z.literal("weights"), version: z.string() }),
+]);
+export type AdminMessage = z.infer<typeof AdminMessage>;
+
+const INFLIGHT_TTL_S = 15;
+
+/**
+ * The admin key family: pause state (a key, so a replica that starts while paused is paused, plus
+ * pub/sub so running replicas hear it at once) and each replica's in-flight engine calls (a key
+ * per replica with a TTL, so a dead replica stops counting).
+ */
+export class AdminStore {
+  private readonly k: Keys;
+  constructor(
+    private readonly redis: Redis,
+    prefix: string,
+  ) {
+    this.k = keys(prefix);
+  }
+
+  channel(): string {
+    return this.k.adminChannel();
+  }
+
+  async pauseState(): Promise<PauseState | null> {
+    const raw = await this.redis.get(this.k.pause());
+    if (!raw) return null;
+    const parsed = PauseState.safeParse(JSON.parse(raw));
+    return parsed.success ? parsed.data : null;
+  }
+
+  async pause(state: PauseState): Promise<void> {
+    await this.redis.set(this.k.pause(), JSON.stringify(state));
+    await this.publish({ type: "pause", state });
+  }
+
+  async resume(): Promise<PauseState | null> {
+    const state = await this.pauseState();
+    await this.redis.del(this.k.pause());
+    if (state) await this.publish({ type: "resume", id: state.id });
+    return state;
+  }
+
+  async publish(msg: AdminMessage): Promise<void> {
+    await this.redis.publish(this.k.adminChannel(), JSON.stringify(msg));
+  }
+
+  /** Reports this replica's in-flight engine calls (refreshed periodically; expires if the replica dies). */
+  async reportInflight(replica: string, count: number): Promise<void> {
+    await this.redis
+      .multi()
+      .sadd(this.k.replicas(), replica)
+      .set(this.k.replicaInflight(replica), String(count), "EX", INFLIGHT_TTL_S)
+      .exec();
+  }
+
+  /** In-flight engine calls summed over live replicas. */
+  async inflight(): Promise<number> {
+    const replicas = await this.redis.smembers(this.k.replicas());
+    if (replicas.length === 0) return 0;
+    const counts = await this.redis.mget(...replicas.map((r) => this.k.replicaInflight(r)));
+    const dead = replicas.filter((_, i) => counts[i] === null);
+    if (dead.length > 0) await this.redis.srem(this.k.replicas(), ...dead);
+    return counts.reduce((n, c) => n + Number(c ?? 0), 0);
+  }
+
+  async forgetReplica(replica: string): Promise<void> {
+    await this.redis.multi().srem(this.k.replicas(), replica).del(this.k.replicaInflight(replica)).exec();
+  }
+}
+
+export function parseAdminMessage(raw: string): AdminMessage | null {
+  try {
+    const parsed = AdminMessage.safeParse(JSON.parse(raw));
+    return parsed.success ? parsed.data : null;
+  } catch {
+    return null;
+  }
+}
