@@ -33,10 +33,11 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       if (!parsed.success) return reply.code(400).send(validationError(parsed.error));
       const { mode, timeout_s } = parsed.data;
       const state = { mode, since: new Date().toISOString(), id: randomUUID() };
-      await ctx.admin.pause(state);
-      // Give every replica a moment to hear the pause and report its in-flight count.
-      await new Promise((r) => setTimeout(r, 200));
+      // Replicas report their in-flight count on every call start and end, so this is current.
       const inflightAtPause = await ctx.admin.inflight();
+      await ctx.admin.pause(state);
+      // Give every replica a moment to hear the pause (and, in abort mode, cut its calls short).
+      await new Promise((r) => setTimeout(r, 200));
       const deadline = Date.now() + timeout_s * 1000;
       let remaining = inflightAtPause;
       while (remaining > 0 && Date.now() < deadline) {

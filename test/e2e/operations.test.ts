@@ -1,0 +1,180 @@
+/**
+ * Operations on real processes and real Redis: two gateway replicas sharing sessions, inference
+ * pause/resume with weight versions, and a rank that goes down being drained.
+ */
+import type { CompletionRecord } from "@rollgate/protocol";
+import type { StartedChild } from "@rollgate/cluster/children";
+import OpenAI from "openai";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { getTokenizer } from "@rollgate/engine-sim";
+import { startApp, stopChild } from "../support/apps.js";
+import { apiClient } from "../support/http.js";
+import { poll } from "../support/poll.js";
+import { dropPrefix, uniquePrefix } from "../support/redis.js";
+
+const prefix = uniquePrefix("ops");
+let engine: StartedChild;
+let gwA: StartedChild;
+let gwB: StartedChild;
+const a = apiClient(() => gwA.ready);
+const b = apiClient(() => gwB.ready);
+
+async function gateway(extra: Record<string, string> = {}) {
+  return startApp("gateway", ["--port", "0"], {
+    ROLLGATE_KEY_PREFIX: prefix,
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2 }]),
+    ROLLGATE_HEALTH_INTERVAL_S: "0.3",
+    ROLLGATE_HEALTH_FAILURES: "1",
+    ...extra,
+  });
+}
+
+beforeAll(async () => {
+  // Slow enough generation (30 ms a token) that calls are still running when a pause arrives.
+  engine = await startApp("engine-sim", ["--port", "0", "--dp", "2", "--tpot-ms", "30"], {});
+  gwA = await gateway();
+  gwB = await gateway();
+}, 60_000);
+
+afterAll(async () => {
+  await Promise.all([gwA, gwB].map((g) => g && stopChild(g.proc)));
+  await stopChild(engine.proc);
+  await dropPrefix(prefix);
+});
+
+const client = (base: string, s: { id: string; token: string }) => new OpenAI({ baseURL: `${base}/s/${s.id}/v1`, apiKey: s.token, maxRetries: 0 });
+const script = (steps: unknown[]) => `go\n#sim: ${JSON.stringify(steps)}`;
+
+describe("stateless replicas", () => {
+  it("serve one session interchangeably: alternate calls through two replicas give one coherent trajectory", async () => {
+    const s = (await a("/v1/sessions", { body: {} })).body as { id: string; token: string };
+    const steps = [{ tool_calls: [{ name: "ls", arguments: {} }] }, { tool_calls: [{ name: "ls", arguments: { a: 1 } }] }, { text: "done" }];
+    const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: script(steps) }];
+    const tools: OpenAI.ChatCompletionTool[] = [{ type: "function", function: { name: "ls", parameters: { type: "object" } } }];
+    for (let turn = 0; turn < 3; turn++) {
+      const via = turn % 2 === 0 ? gwA.ready : gwB.ready;
+      const res = await client(via, s).chat.completions.create({ model: "m", messages, tools });
+      const msg = res.choices[0]!.message;
+      messages.push(msg);
+      for (const call of msg.tool_calls ?? []) messages.push({ role: "tool", tool_call_id: call.id, content: "file.txt" });
+    }
+    expect(messages.at(-1)).toMatchObject({ role: "assistant", content: "done" });
+    const traj = (await b(`/v1/sessions/${s.id}/trajectory`)).body;
+    expect(traj.traces).toHaveLength(1);
+    expect(traj.traces[0].completion_ids).toHaveLength(3);
+    const recs = (await a(`/v1/sessions/${s.id}/completions`)).body.completions as CompletionRecord[];
+    expect(recs.map((r) => r.seq)).toEqual([0, 1, 2]);
+    expect(new Set(recs.map((r) => r.dp_rank)).size).toBe(1);
+  });
+});
+
+describe("pause, resume and weight versions", () => {
+  it("drain: calls in flight finish, new calls wait (not fail) through the pause, and carry the new weight version", async () => {
+    await a("/admin/weights", { body: { version: "v1" } });
+    const s = (await a("/v1/sessions", { body: {} })).body as { id: string; token: string };
+    const long = script([{ text: "x", tokens: 40 }]);
+    // One non-streamed and one streamed call in flight on different replicas.
+    const inflight = [
+      client(gwA.ready, s).chat.completions.create({ model: "m", messages: [{ role: "user", content: long }] }),
+      (async () => {
+        const stream = await client(gwB.ready, s).chat.completions.create({ model: "m", messages: [{ role: "user", content: long }], stream: true });
+        let text = "";
+        for await (const c of stream) text += c.choices[0]?.delta.content ?? "";
+        return text;
+      })(),
+    ];
+    await new Promise((r) => setTimeout(r, 300));
+    const paused = (await b("/admin/inference/pause", { body: { mode: "drain", timeout_s: 20 } })).body;
+    expect(paused).toMatchObject({ paused: true, mode: "drain", drained: true });
+    expect(paused.inflight_at_pause).toBe(2);
+    expect(paused.engines[0]).toMatchObject({ ok: true });
+    const [first, streamed] = await Promise.all(inflight);
+    expect(first.choices[0]!.message.content).toMatch(/^x( ok)+$/);
+    expect(streamed).toMatch(/^x( ok)+$/);
+
+    // A call made while paused waits...
+    let settled = false;
+    const waiting = client(gwA.ready, s)
+      .chat.completions.create({ model: "m", messages: [{ role: "user", content: script([{ text: "after" }]) }] })
+      .finally(() => (settled = true));
+    await new Promise((r) => setTimeout(r, 800));
+    expect(settled).toBe(false);
+    // ...the trainer updates the weights, and resumes.
+    await b("/admin/weights", { body: { version: "v2" } });
+    const resumed = (await a("/admin/inference/resume", { body: {} })).body;
+    expect(resumed).toMatchObject({ paused: false, was_paused: true });
+    expect((await waiting).choices[0]!.message.content).toBe("after");
+
+    const recs = (await a(`/v1/sessions/${s.id}/completions`)).body.completions as CompletionRecord[];
+    expect(recs.map((r) => r.weight_version)).toEqual(["v1", "v1", "v2"]);
+  }, 60_000);
+
+  it("abort: a non-streamed call cut short by the pause is sent again after resume; the agent sees one answer", async () => {
+    const s = (await a("/v1/sessions", { body: {} })).body as { id: string; token: string };
+    const call = client(gwA.ready, s).chat.completions.create({ model: "m", messages: [{ role: "user", content: script([{ text: "y", tokens: 60 }]) }] });
+    await new Promise((r) => setTimeout(r, 400));
+    const paused = (await b("/admin/inference/pause", { body: { mode: "abort", timeout_s: 5 } })).body;
+    expect(paused).toMatchObject({ mode: "abort", drained: true, inflight_at_pause: 1 });
+    await b("/admin/weights", { body: { version: "v3" } });
+    await b("/admin/inference/resume", { body: {} });
+    const res = await call;
+    expect(res.choices[0]!.message.content).toMatch(/^y( ok)+$/);
+    const recs = (await a(`/v1/sessions/${s.id}/completions`)).body.completions as CompletionRecord[];
+    expect(recs).toHaveLength(1);
+    expect(recs[0]).toMatchObject({ weight_version: "v3", reissued_after_pause: true });
+    expect(recs[0]!.output_ids).toHaveLength(60);
+    // The whole answer is the new weights' own: its tokens decode to what the agent got.
+    expect(getTokenizer().decode(recs[0]!.output_ids, true)).toBe(res.choices[0]!.message.content);
+  }, 60_000);
+
+  it("a replica started while paused is paused too", async () => {
+    await a("/admin/inference/pause", { body: { mode: "drain", timeout_s: 1 } });
+    const late = await gateway();
+    const api = apiClient(() => late.ready);
+    try {
+      expect((await api("/admin/inference")).body.paused).toMatchObject({ mode: "drain" });
+      await a("/admin/inference/resume", { body: {} });
+      await poll(async () => (await api("/admin/inference")).body.paused, (p) => p === null, 5_000);
+      expect((await api("/admin/inference")).body.paused).toBeNull();
+    } finally {
+      await stopChild(late.proc);
+    }
+  }, 30_000);
+
+  it("rejects a bad pause body and an empty weight version", async () => {
+    expect((await a("/admin/inference/pause", { body: { mode: "freeze" } })).status).toBe(400);
+    const w = await a("/admin/weights", { body: { version: "" } });
+    expect(w.status).toBe(400);
+    expect(w.body.error.message).toContain("version");
+  });
+});
+
+describe("engine rank health", () => {
+  it("drains a rank that goes down: its session moves to a healthy rank and the record says so", async () => {
+    const s = (await a("/v1/sessions", { body: {} })).body as { id: string; token: string };
+    const rank = (await a(`/v1/sessions/${s.id}`)).body.assignment.dp_rank as number;
+    const res0 = await client(gwA.ready, s).chat.completions.create({ model: "m", messages: [{ role: "user", content: script([{ text: "one" }]) }] });
+    expect(res0.choices[0]!.message.content).toBe("one");
+    await fetch(`${engine.ready}/sim/faults`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ rank, mode: "down" }) });
+    try {
+      const engines = await poll(
+        async () => (await a("/admin/engines")).body,
+        (e) => e.engines[0].ranks[rank].healthy === false,
+        10_000,
+      );
+      expect(engines.engines[0].ranks[rank].healthy).toBe(false);
+      const res1 = await client(gwA.ready, s).chat.completions.create({ model: "m", messages: [{ role: "user", content: script([{ text: "two" }]) }] });
+      expect(res1.choices[0]!.message.content).toBe("two");
+      const recs = (await a(`/v1/sessions/${s.id}/completions`)).body.completions as CompletionRecord[];
+      expect(recs[1]).toMatchObject({ dp_rank: 1 - rank, rerouted_from: { engine: 0, dp_rank: rank } });
+      expect((await a(`/v1/sessions/${s.id}`)).body.assignment.dp_rank).toBe(1 - rank);
+      // New sessions avoid the down rank.
+      const t = (await a("/v1/sessions", { body: {} })).body as { id: string };
+      expect((await a(`/v1/sessions/${t.id}`)).body.assignment.dp_rank).toBe(1 - rank);
+    } finally {
+      await fetch(`${engine.ready}/sim/faults`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ rank, mode: "none" }) });
+    }
+    const back = await poll(async () => (await a("/admin/engines")).body, (e) => e.engines[0].ranks[rank].healthy === true, 10_000);
+    expect(back.engines[0].ranks[rank].healthy).toBe(true);
+  }, 60_000);
+});
