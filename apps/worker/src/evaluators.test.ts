@@ -1,12 +1,13 @@
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { writeFileSync } from "node:fs";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
-import os from "node:os";
 import path from "node:path";
-import { EvaluatorSpec } from "@rollgate/protocol";
+import { EvaluatorSpec, RuntimeSpec } from "@rollgate/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { evaluate, rewardFromOutput, type EvalContext } from "./evaluators.js";
 import { defaultSandboxPath } from "./sandbox/environment.js";
+import { LocalRuntime } from "./sandbox/local-runtime.js";
+import type { Sandbox } from "./sandbox/runtime.js";
 
 let workdir: string;
 let ctx: EvalContext;
@@ -14,9 +15,20 @@ let server: http.Server;
 let serverUrl: string;
 const received: unknown[] = [];
 
+const runtime = new LocalRuntime(undefined);
+const localSpec = RuntimeSpec.parse({});
+const env = { PATH: defaultSandboxPath(process.cwd()) };
+const sandboxes: Sandbox[] = [];
+async function newSandbox(): Promise<Sandbox> {
+  const s = await runtime.create("t-eval", localSpec);
+  sandboxes.push(s);
+  return s;
+}
+
 beforeAll(async () => {
-  workdir = mkdtempSync(path.join(os.tmpdir(), "rg-eval-"));
-  ctx = { workdir, env: { PATH: defaultSandboxPath(process.cwd()) }, wrap: (a) => a, summary: () => ({ id: "t-1", agent: { exit_code: 0 } }) };
+  const sandbox = await newSandbox();
+  workdir = sandbox.workdir;
+  ctx = { sandbox, env, summary: () => ({ id: "t-1", agent: { exit_code: 0 } }) };
   server = http.createServer((req, res) => {
     let body = "";
     req.on("data", (c: Buffer) => (body += c));
@@ -30,7 +42,7 @@ beforeAll(async () => {
   serverUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
 });
 afterAll(async () => {
-  rmSync(workdir, { recursive: true, force: true });
+  for (const s of sandboxes) await s.destroy();
   await new Promise((r) => server.close(r));
 });
 
@@ -70,8 +82,9 @@ describe("evaluate", () => {
   });
 
   it("reward_file: reward.json or reward.txt, written by the agent or a test command", async () => {
-    const dir = mkdtempSync(path.join(os.tmpdir(), "rg-reward-"));
-    const c = { ...ctx, workdir: dir };
+    const sb = await newSandbox();
+    const dir = sb.workdir;
+    const c = { ...ctx, sandbox: sb };
     expect(await evaluate(spec({ kind: "reward_file" }), c)).toMatchObject({ kind: "broken", error: { message: expect.stringMatching(/no reward file/) } });
     writeFileSync(path.join(dir, "reward.txt"), "0.25\n");
     expect(await evaluate(spec({ kind: "reward_file" }), c)).toMatchObject({ kind: "scored", reward: 0.25 });
@@ -80,7 +93,6 @@ describe("evaluate", () => {
       reward: 1,
       evaluation: { details: { reward: 1, tests: 4 } },
     });
-    rmSync(dir, { recursive: true, force: true });
   });
 
   it("http: posts the result summary and reads {reward}", async () => {

@@ -1,9 +1,8 @@
-import { readFile } from "node:fs/promises";
-import path from "node:path";
 import type { EvaluatorSpec, TaskError, TaskResult } from "@rollgate/protocol";
 import { request } from "undici";
 import { z } from "zod";
-import { runProcess, type RunResult } from "./sandbox/process.js";
+import type { RunResult } from "./sandbox/process.js";
+import type { Sandbox } from "./sandbox/runtime.js";
 
 export type Evaluation = NonNullable<TaskResult["evaluation"]>;
 
@@ -13,10 +12,8 @@ export type EvalOutcome =
   | { kind: "broken"; error: TaskError; evaluation: Evaluation | null };
 
 export interface EvalContext {
-  workdir: string;
+  sandbox: Pick<Sandbox, "exec" | "readFile">;
   env: Record<string, string>;
-  /** Wraps an argv for the sandbox (bubblewrap), or returns it unchanged. */
-  wrap: (argv: string[]) => string[];
   signal?: AbortSignal;
   /** What an `http` evaluator is sent: the result so far, without the trajectory. */
   summary: () => Record<string, unknown>;
@@ -50,7 +47,7 @@ export function rewardFromOutput(mode: "exit_code" | "last_line_float" | "json",
 }
 
 async function runCommand(argv: string[], timeoutS: number, ctx: EvalContext): Promise<RunResult> {
-  return runProcess({ argv: ctx.wrap(argv), cwd: ctx.workdir, env: ctx.env, timeoutMs: timeoutS * 1000, ...(ctx.signal ? { signal: ctx.signal } : {}) });
+  return ctx.sandbox.exec(argv, { env: ctx.env, timeoutMs: timeoutS * 1000, ...(ctx.signal ? { signal: ctx.signal } : {}) });
 }
 
 function commandFailure(r: RunResult, timeoutS: number): string | null {
@@ -60,15 +57,11 @@ function commandFailure(r: RunResult, timeoutS: number): string | null {
   return null;
 }
 
-async function readRewardFile(workdir: string, rel: string | undefined): Promise<{ reward: number; details: unknown } | string> {
+async function readRewardFile(sandbox: EvalContext["sandbox"], rel: string | undefined): Promise<{ reward: number; details: unknown } | string> {
   const candidates = rel ? [rel] : ["reward.json", "reward.txt"];
   for (const name of candidates) {
-    let text: string;
-    try {
-      text = await readFile(path.join(workdir, name), "utf8");
-    } catch {
-      continue;
-    }
+    const text = await sandbox.readFile(name);
+    if (text === null) continue;
     if (name.endsWith(".json")) {
       try {
         const parsed = RewardJson.safeParse(JSON.parse(text));
@@ -99,12 +92,7 @@ export async function evaluate(spec: EvaluatorSpec | null, ctx: EvalContext): Pr
       return { kind: "scored", reward: reward.reward, evaluation: { ...evaluation, ...(reward.details !== undefined ? { details: reward.details } : {}) } };
     }
     case "file": {
-      let text: string | null = null;
-      try {
-        text = await readFile(path.join(ctx.workdir, spec.path), "utf8");
-      } catch {
-        text = null;
-      }
+      const text = await ctx.sandbox.readFile(spec.path);
       const matched = text !== null && (spec.equals !== undefined ? text === spec.equals : new RegExp(spec.regex!).test(text));
       return {
         kind: "scored",
@@ -121,7 +109,7 @@ export async function evaluate(spec: EvaluatorSpec | null, ctx: EvalContext): Pr
         const failure = r.spawnError || r.timedOut ? commandFailure(r, spec.timeout_s) : null;
         if (failure) return broken(failure, evaluation);
       }
-      const reward = await readRewardFile(ctx.workdir, spec.path);
+      const reward = await readRewardFile(ctx.sandbox, spec.path);
       if (typeof reward === "string") return broken(reward, evaluation);
       return { kind: "scored", reward: reward.reward, evaluation: { ...evaluation, details: reward.details } };
     }

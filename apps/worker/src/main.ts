@@ -10,6 +10,7 @@ import { pino } from "pino";
 import { loadWorkerEnv } from "./env.js";
 import { GatewayClient } from "./gateway-client.js";
 import { defaultSandboxPath } from "./sandbox/environment.js";
+import { LocalRuntime } from "./sandbox/local-runtime.js";
 import { WorkerSet } from "./workers.js";
 
 const HELP = `rollgate-worker: runs rollouts (BullMQ "rollouts" queue) and delivers callbacks
@@ -77,7 +78,7 @@ const workers = new WorkerSet({
     gateway: new GatewayClient(env.ROLLGATE_GATEWAY_URL.replace(/\/+$/, ""), env.ROLLGATE_API_KEY),
     callbacks,
     workerName: name,
-    sandboxRoot: env.ROLLGATE_SANDBOX_ROOT,
+    runtimes: { local: new LocalRuntime(env.ROLLGATE_SANDBOX_ROOT) },
     sandboxPath: env.ROLLGATE_SANDBOX_PATH ?? defaultSandboxPath(installRoot),
     resultTtlSeconds: env.ROLLGATE_RESULT_TTL_S,
     log,

@@ -8,16 +8,17 @@ import { evaluate } from "./evaluators.js";
 import { GatewayUnavailable, type GatewayClient } from "./gateway-client.js";
 import { planHarness } from "./harnesses.js";
 import { sandboxEnv } from "./sandbox/environment.js";
-import { bwrapArgv, bwrapUsable } from "./sandbox/isolation.js";
-import { runProcess, type RunResult } from "./sandbox/process.js";
-import { makeSandboxDirs, removeSandboxDirs, writeFilesInside, type SandboxDirs } from "./sandbox/workdir.js";
+import { SandboxUnavailable } from "./sandbox/local-runtime.js";
+import type { RunResult } from "./sandbox/process.js";
+import type { Sandbox, SandboxRuntime } from "./sandbox/runtime.js";
 
 export interface RolloutDeps {
   tasks: TaskStore;
   gateway: GatewayClient;
   callbacks: Queue<CallbackJob>;
   workerName: string;
-  sandboxRoot: string | undefined;
+  /** One runtime per `runtime.kind` this worker can run. */
+  runtimes: Partial<Record<AcceptedTask["runtime"]["kind"], SandboxRuntime>>;
   sandboxPath: string;
   resultTtlSeconds: number;
   log: Logger;
@@ -51,10 +52,9 @@ function cancelReason(signal: AbortSignal | undefined): string {
 
 interface SandboxRun {
   task: AcceptedTask;
-  dirs: SandboxDirs;
+  sandbox: Sandbox;
   env: Record<string, string>;
   argv: string[];
-  wrap: (argv: string[]) => string[];
   signal: AbortSignal | undefined;
   onOutput: (chunk: Buffer) => void;
   sessionId: string;
@@ -62,18 +62,11 @@ interface SandboxRun {
 
 /** Prepare, harness and evaluator: everything that happens inside the sandbox. */
 async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> {
-  const { task, dirs, env, signal } = r;
+  const { task, sandbox, env, signal } = r;
   const started = Date.now();
   const deadline = started + task.limits.timeout_s * 1000;
   const run = (argv: string[]) =>
-    runProcess({
-      argv: r.wrap(argv),
-      cwd: dirs.work,
-      env,
-      timeoutMs: Math.max(1, deadline - Date.now()),
-      onOutput: r.onOutput,
-      ...(signal ? { signal } : {}),
-    });
+    sandbox.exec(argv, { env, timeoutMs: Math.max(1, deadline - Date.now()), onOutput: r.onOutput, ...(signal ? { signal } : {}) });
   let stage: "prepare" | "harness" = "prepare";
   let last: RunResult | null = null;
   for (const argv of task.runtime.prepare) {
@@ -104,9 +97,8 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
   await deps.tasks.appendEvent(task.id, "evaluating", { agent_exit_code: result.exitCode });
   const evalStart = Date.now();
   const ev = await evaluate(task.evaluator, {
-    workdir: dirs.work,
+    sandbox,
     env,
-    wrap: r.wrap,
     ...(signal ? { signal } : {}),
     summary: () => ({
       id: task.id,
@@ -164,8 +156,9 @@ export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err:
 
 async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: number, signal?: AbortSignal) {
   const task = record.task as AcceptedTask;
-  if (task.runtime.isolation === "bwrap" && !bwrapUsable()) {
-    await finishTask(deps, record, attempt, null, failedOutcome("sandbox_unavailable", "runtime.isolation is bwrap but bubblewrap cannot run on this worker"), null);
+  const runtime = deps.runtimes[task.runtime.kind];
+  if (!runtime) {
+    await finishTask(deps, record, attempt, null, failedOutcome("sandbox_unavailable", `this worker cannot run runtime.kind ${task.runtime.kind}`), null);
     return;
   }
   const session = await deps.gateway.openSession({
@@ -179,7 +172,16 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: nu
     metadata: { task_id: task.id, attempt },
   });
   await deps.tasks.markRunning(task.id, { worker: deps.workerName, attempt, sessionId: session.id, now: new Date() });
-  const dirs = await makeSandboxDirs(deps.sandboxRoot, task.id, task.runtime.files);
+  let sandbox: Sandbox;
+  try {
+    sandbox = await runtime.create(task.id, task.runtime);
+  } catch (err) {
+    // A sandbox that cannot start is the rollout's failure, not a retry: it would fail again.
+    if (!(err instanceof SandboxUnavailable)) throw err;
+    await deps.gateway.closeSession(session.id).catch(() => undefined);
+    await finishTask(deps, record, attempt, session.id, failedOutcome("sandbox_unavailable", err.message), null);
+    return;
+  }
   let logs = "";
   let lastFlush = 0;
   const onOutput = (chunk: Buffer) => {
@@ -192,25 +194,24 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: nu
   let outcome: Outcome;
   try {
     const plan = planHarness(task.agent, { instruction: task.instruction, sessionUrl: session.base_url, token: session.token });
-    await writeFilesInside(dirs.home, plan.homeFiles);
+    await sandbox.writeHomeFiles(plan.homeFiles);
     const env = sandboxEnv({
       sessionUrl: session.base_url,
       token: session.token,
       sessionId: session.id,
       taskId: task.id,
       instruction: task.instruction,
-      home: dirs.home,
-      tmp: dirs.tmp,
+      home: sandbox.home,
+      tmp: sandbox.tmp,
       path: deps.sandboxPath,
       harnessEnv: plan.env,
       agentEnv: task.agent.env,
     });
-    const wrap = task.runtime.isolation === "bwrap" ? (argv: string[]) => bwrapArgv(dirs.base, dirs.work, argv) : (argv: string[]) => argv;
-    outcome = await runInSandbox(deps, { task, dirs, env, argv: plan.argv, wrap, signal, onOutput, sessionId: session.id });
+    outcome = await runInSandbox(deps, { task, sandbox, env, argv: plan.argv, signal, onOutput, sessionId: session.id });
   } finally {
     await deps.tasks.setLogs(task.id, logs).catch(() => undefined);
-    if (task.runtime.keep) deps.log.info({ task: task.id, dir: dirs.base }, "runtime.keep: sandbox folders kept");
-    else await removeSandboxDirs(dirs).catch(() => undefined);
+    if (task.runtime.keep) deps.log.info({ task: task.id, sandbox: sandbox.describe() }, "runtime.keep: sandbox kept");
+    await sandbox.destroy();
   }
   await deps.gateway.closeSession(session.id);
   const [state, trajectory] = await Promise.all([

@@ -1,0 +1,35 @@
+import type { RuntimeSpec } from "@rollgate/protocol";
+import type { RunResult } from "./process.js";
+
+export interface ExecOptions {
+  env: Record<string, string>;
+  timeoutMs: number;
+  signal?: AbortSignal;
+  onOutput?: (chunk: Buffer) => void;
+}
+
+/**
+ * One rollout's sandbox, wherever it runs (a local folder, a container, a pod): the same
+ * prepare / harness / evaluator steps go through `exec`, and evaluators read results with
+ * `readFile`, so the rollout logic never knows which runtime it is on.
+ */
+export interface Sandbox {
+  /** The working directory as the sandboxed programs see it. */
+  readonly workdir: string;
+  /** HOME and TMPDIR as the sandboxed programs see them. */
+  readonly home: string;
+  readonly tmp: string;
+  exec(argv: string[], opts: ExecOptions): Promise<RunResult>;
+  /** Writes files relative to HOME (harness config files). */
+  writeHomeFiles(files: Record<string, string>): Promise<void>;
+  /** A file of the working directory, or null when it does not exist. */
+  readFile(relPath: string): Promise<string | null>;
+  /** Removes everything (unless the task asked to keep it); always safe to call. */
+  destroy(): Promise<void>;
+  /** Where a kept sandbox can be found, for the logs. */
+  describe(): string;
+}
+
+export interface SandboxRuntime {
+  create(taskId: string, runtime: RuntimeSpec): Promise<Sandbox>;
+}
