@@ -3,12 +3,17 @@ import { mkdtempSync, rmSync } from "node:fs";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { Redis } from "ioredis";
+import { parseRedisUrl } from "@rollgate/queue";
+import { Cluster, Redis } from "ioredis";
 
 export const DEFAULT_REDIS_URL = "redis://127.0.0.1:6379";
 
 export async function redisAnswers(url: string, timeoutMs = 2_000): Promise<boolean> {
-  const client = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0, connectTimeout: timeoutMs, retryStrategy: () => null });
+  const target = parseRedisUrl(url);
+  const client =
+    target.kind === "cluster"
+      ? new Cluster(target.nodes, { lazyConnect: true, clusterRetryStrategy: () => null, redisOptions: { connectTimeout: timeoutMs, maxRetriesPerRequest: 0 } })
+      : new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0, connectTimeout: timeoutMs, retryStrategy: () => null });
   client.on("error", () => undefined);
   try {
     await client.connect();

@@ -1,5 +1,5 @@
 import type { GatewayEnv } from "@rollgate/protocol";
-import { createRedis, rolloutQueue } from "@rollgate/queue";
+import { createRedis, duplicateClient, rolloutQueue } from "@rollgate/queue";
 import { AdminStore, RankRouter, SessionStore, TaskStore, WeightStore } from "@rollgate/store";
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import { pino, type Logger } from "pino";
@@ -72,8 +72,8 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   const tasks = new TaskStore(redis, prefix);
   const router = new RankRouter(redis, prefix);
   const admin = new AdminStore(redis, prefix);
-  const subscriber = redis.duplicate();
-  subscriber.on("error", (err) => log.warn({ err: err.message }, "redis subscriber error"));
+  const subscriber = duplicateClient(redis);
+  subscriber.on("error", (err: Error) => log.warn({ err: err.message }, "redis subscriber error"));
   const pause = new PauseGate(admin, subscriber, log);
   await pause.start();
   const health = new EngineHealth(registry, router, env.ROLLGATE_HEALTH_FAILURES, log);

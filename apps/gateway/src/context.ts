@@ -2,7 +2,7 @@ import type { GatewayEnv } from "@rollgate/protocol";
 import type { RolloutJob } from "@rollgate/queue";
 import type { AdminStore, RankRouter, SessionStore, TaskStore, WeightStore } from "@rollgate/store";
 import type { Queue } from "bullmq";
-import type { Redis } from "ioredis";
+import type { RedisClient } from "@rollgate/queue";
 import type { Logger } from "pino";
 import type { EngineRegistry } from "./engines/registry.js";
 import type { ChatCaller } from "./llm/chat-call.js";
@@ -12,7 +12,7 @@ import type { PauseGate } from "./ops/pause-gate.js";
 /** Everything the routes share. Built once per gateway process (see app.ts). */
 export interface GatewayContext {
   env: GatewayEnv;
-  redis: Redis;
+  redis: RedisClient;
   log: Logger;
   tasks: TaskStore;
   sessions: SessionStore;

@@ -1,12 +1,11 @@
-import { QueueName, queuePrefix, type CallbackJob, type RolloutJob } from "@rollgate/queue";
 import { Worker } from "bullmq";
-import type { Redis } from "ioredis";
+import { QueueName, duplicateClient, queuePrefix, type CallbackJob, type RedisClient, type RolloutJob } from "@rollgate/queue";
 import type { Logger } from "pino";
 import { deliverCallback, type CallbackDeps } from "./callbacks.js";
 import { onRolloutExhausted, runRollout, type RolloutDeps } from "./rollout.js";
 
 export interface WorkerSetOptions {
-  connection: Redis;
+  connection: RedisClient;
   keyPrefix: string;
   concurrency: number;
   lockMs: number;
@@ -25,7 +24,7 @@ export interface WorkerSetOptions {
 export class WorkerSet {
   readonly rollouts: Worker<RolloutJob>;
   private readonly callbacks: Worker<CallbackJob>;
-  private subscriber: Redis | null = null;
+  private subscriber: RedisClient | null = null;
 
   constructor(private readonly o: WorkerSetOptions) {
     this.rollouts = new Worker<RolloutJob>(QueueName.rollouts, (job, _token, signal) => runRollout(o.rollout, job, signal), {
@@ -43,24 +42,26 @@ export class WorkerSet {
     });
     for (const w of [this.rollouts, this.callbacks] as Worker[]) {
       w.on("error", (err) => o.log.warn({ err: err.message, queue: w.name }, "worker error"));
-      w.on("stalled", (jobId) => o.log.warn({ queue: w.name, job: jobId }, "job stalled: it goes back to the queue"));
+      // A rollout job's id is its task id.
+      w.on("stalled", (jobId) => o.log.warn({ queue: w.name, job: jobId, ...(w === this.rollouts ? { task_id: jobId } : {}) }, "job stalled: it goes back to the queue"));
     }
     this.rollouts.on("failed", (job, err) => {
-      o.log.warn({ job: job?.id, err: err.message, attempts: job?.attemptsMade }, "rollout job failed");
+      o.log.warn({ task_id: job?.data.task_id, job: job?.id, err: err.message, attempts: job?.attemptsMade }, "rollout job failed");
       const exhausted = !job || job.attemptsMade >= (job.opts.attempts ?? 1) || /stalled/i.test(err.message);
       const taskId = job?.data.task_id ?? job?.id;
-      if (exhausted && taskId) void onRolloutExhausted(o.rollout, taskId, err).catch((e: Error) => o.log.error({ err: e.message }, "cannot end an exhausted task"));
+      if (exhausted && taskId) void onRolloutExhausted(o.rollout, taskId, err).catch((e: Error) => o.log.error({ task_id: taskId, err: e.message }, "cannot end an exhausted task"));
     });
   }
 
   /** Listens for cancel requests (DELETE /v1/tasks/:id) and aborts the rollout if it runs here. */
   async listenForCancels(channel: string): Promise<void> {
-    this.subscriber = this.o.connection.duplicate();
-    this.subscriber.on("error", (err) => this.o.log.warn({ err: err.message }, "cancel subscriber error"));
-    this.subscriber.on("message", (_ch, taskId: string) => {
-      if (this.rollouts.cancelJob(taskId, "cancelled by DELETE /v1/tasks/:id")) this.o.log.info({ task: taskId }, "cancelling rollout");
+    const subscriber = duplicateClient(this.o.connection);
+    this.subscriber = subscriber;
+    subscriber.on("error", (err: Error) => this.o.log.warn({ err: err.message }, "cancel subscriber error"));
+    subscriber.on("message", (_ch: string, taskId: string) => {
+      if (this.rollouts.cancelJob(taskId, "cancelled by DELETE /v1/tasks/:id")) this.o.log.info({ task_id: taskId }, "cancelling rollout");
     });
-    await this.subscriber.subscribe(channel);
+    await subscriber.subscribe(channel);
   }
 
   async waitUntilReady(): Promise<void> {

@@ -12,7 +12,8 @@ describe("app environments", () => {
   it("stops on a bad value with a message naming every bad variable, never a silent default", () => {
     expect(() => parseEnv(GatewayEnv, { PORT: "eighty", ROLLGATE_ENGINES: "[" })).toThrow(/PORT[\s\S]*ROLLGATE_ENGINES: must be a JSON list/);
     expect(() => parseEnv(GatewayEnv, { ROLLGATE_ENGINES: '[{"kind":"tgi","url":"http://e"}]' })).toThrow(/ROLLGATE_ENGINES\.0\.kind/);
-    expect(() => parseEnv(WorkerEnv, { REDIS_URL: "localhost:6379" })).toThrow(/REDIS_URL: must be a redis:\/\//);
+    expect(() => parseEnv(WorkerEnv, { REDIS_URL: "localhost:6379" })).toThrow(/REDIS_URL: must be redis:\/\//);
+    expect(parseEnv(WorkerEnv, { REDIS_URL: "redis+cluster://10.0.0.1:7000,10.0.0.2:7001" }).REDIS_URL).toContain("cluster");
     expect(() => parseEnv(WorkerEnv, { ROLLGATE_WORKER_CONCURRENCY: "0" })).toThrow(/ROLLGATE_WORKER_CONCURRENCY/);
   });
 });

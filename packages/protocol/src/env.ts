@@ -4,10 +4,14 @@ import { z } from "zod";
 
 const Port = z.coerce.number().int().min(0).max(65535);
 const LogLevel = z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info");
+/** One server (`redis://host:port/db`) or a Redis Cluster by its seed nodes (`redis+cluster://h1:p1,h2:p2`). */
 const RedisUrl = z
   .string()
   .default("redis://127.0.0.1:6379")
-  .refine((u) => /^rediss?:\/\//.test(u), "must be a redis:// or rediss:// URL");
+  .refine(
+    (u) => /^rediss?:\/\//.test(u) || /^rediss?\+cluster:\/\/(?:[^@/]*@)?[^/:,]+:\d+(?:,[^/:,]+:\d+)*\/?$/.test(u),
+    "must be redis://host:port[/db], rediss://…, or redis+cluster://host1:port1,host2:port2",
+  );
 const OptionalSecret = z
   .string()
   .optional()
@@ -67,6 +71,20 @@ export const GatewayEnv = z.object({
 });
 export type GatewayEnv = z.infer<typeof GatewayEnv>;
 
+const RUNTIME_KINDS = ["local", "docker", "kubernetes"] as const;
+const SandboxRuntimes = z
+  .string()
+  .default("local")
+  .transform((s, ctx) => {
+    const kinds = [...new Set(s.split(",").map((k) => k.trim()).filter(Boolean))];
+    const bad = kinds.filter((k) => !(RUNTIME_KINDS as readonly string[]).includes(k));
+    if (kinds.length === 0 || bad.length > 0) {
+      ctx.addIssue({ code: "custom", message: `must be a comma list of ${RUNTIME_KINDS.join(", ")}${bad.length ? ` (unknown: ${bad.join(", ")})` : ""}` });
+      return z.NEVER;
+    }
+    return kinds as (typeof RUNTIME_KINDS)[number][];
+  });
+
 export const WorkerEnv = z.object({
   REDIS_URL: RedisUrl,
   ROLLGATE_KEY_PREFIX: KeyPrefix,
@@ -88,6 +106,24 @@ export const WorkerEnv = z.object({
   ROLLGATE_JOB_LOCK_MS: z.coerce.number().int().min(1000).default(30_000),
   ROLLGATE_STALLED_INTERVAL_MS: z.coerce.number().int().min(500).default(15_000),
   ROLLGATE_CALLBACK_BACKOFF_MS: z.coerce.number().int().positive().default(1000),
+  /** Which `runtime.kind`s this worker runs: a comma list of local, docker, kubernetes (default local). */
+  ROLLGATE_RUNTIMES: SandboxRuntimes,
+  /** The Docker engine (`docker` runtime): unix:///path/docker.sock, a bare socket path, or tcp://host:port. */
+  DOCKER_HOST: z
+    .string()
+    .default("unix:///var/run/docker.sock")
+    .refine((h) => /^(unix:\/\/\/|\/|tcp:\/\/|https?:\/\/)/.test(h), "must be unix:///path, /path, tcp://host:port or http(s)://host:port"),
+  /** The Docker network sandbox containers join unless the task names one (it must reach ROLLGATE_PUBLIC_URL). */
+  ROLLGATE_DOCKER_NETWORK: z.string().min(1).default("bridge"),
+  /** The namespace sandbox pods and their Secrets are created in (`kubernetes` runtime). */
+  ROLLGATE_K8S_NAMESPACE: z
+    .string()
+    .regex(/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/, "must be a Kubernetes namespace name")
+    .default("rollgate-sandboxes"),
+  /** Sandbox pods one worker keeps at once; more rollouts wait for a slot (default: ROLLGATE_WORKER_CONCURRENCY). */
+  ROLLGATE_K8S_MAX_PODS: z.coerce.number().int().positive().optional(),
+  /** How long a sandbox pod may take to be Running (scheduling, image pull) before the attempt fails. */
+  ROLLGATE_K8S_START_TIMEOUT_S: z.coerce.number().positive().default(300),
   LOG_LEVEL: LogLevel,
 });
 export type WorkerEnv = z.infer<typeof WorkerEnv>;

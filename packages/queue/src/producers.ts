@@ -1,10 +1,10 @@
 import { Queue } from "bullmq";
-import type { Redis } from "ioredis";
+import type { RedisClient } from "./connection.js";
 import type { CallbackJob, RolloutJob } from "./jobs.js";
 import { QueueName, queuePrefix } from "./names.js";
 
 export interface QueueOptions {
-  connection: Redis;
+  connection: RedisClient;
   keyPrefix: string;
 }
 

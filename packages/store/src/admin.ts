@@ -1,5 +1,5 @@
 import { z } from "zod";
-import type { Redis } from "ioredis";
+import type { RedisClient } from "./client.js";
 import { keys, type Keys } from "./keys.js";
 
 export const PauseState = z.object({
@@ -28,7 +28,7 @@ const INFLIGHT_TTL_S = 15;
 export class AdminStore {
   private readonly k: Keys;
   constructor(
-    private readonly redis: Redis,
+    private readonly redis: RedisClient,
     prefix: string,
   ) {
     this.k = keys(prefix);

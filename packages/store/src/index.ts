@@ -4,3 +4,4 @@ export * from "./sessions.js";
 export * from "./routing.js";
 export * from "./weights.js";
 export * from "./admin.js";
+export * from "./client.js";

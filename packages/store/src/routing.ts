@@ -1,4 +1,4 @@
-import type { Redis } from "ioredis";
+import type { RedisClient } from "./client.js";
 import { keys, type Keys } from "./keys.js";
 
 /** A routing target: one data-parallel rank of one engine, as `"<engine index>:<rank>"`. */
@@ -57,7 +57,7 @@ export type RoutingPolicy = "affinity" | "least_loaded" | "round_robin";
 export class RankRouter {
   private readonly k: Keys;
   constructor(
-    private readonly redis: Redis,
+    private readonly redis: RedisClient,
     prefix: string,
     private readonly affinityTtlSeconds = 24 * 3600,
   ) {

@@ -1,6 +1,6 @@
 import { createHash, timingSafeEqual } from "node:crypto";
 import { Session, CompletionRecord, type CreateSessionRequest } from "@rollgate/protocol";
-import type { Redis } from "ioredis";
+import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
 
@@ -22,16 +22,18 @@ export function tokenMatches(token: string, storedHash: string): boolean {
   return a.length === b.length && timingSafeEqual(a, b);
 }
 
-// Closes an open session and gives its rank slot back in one step, so a double close never
-// releases the slot twice. KEYS: session, rank load. ARGV: closed_at.
+// Closes an open session in one step and returns the rank it held, so a double close never frees
+// the slot twice. KEYS: session. ARGV: closed_at.
 const CLOSE_SCRIPT = `
-if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return 0 end
+if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return false end
 redis.call('HSET', KEYS[1], 'state', 'closed', 'closed_at', ARGV[1])
-local member = redis.call('HGET', KEYS[1], 'rank_member')
-if member and member ~= '' then
-  local load = tonumber(redis.call('ZSCORE', KEYS[2], member) or '0')
-  if load and load > 0 then redis.call('ZINCRBY', KEYS[2], -1, member) end
-end
+return redis.call('HGET', KEYS[1], 'rank_member') or ''
+`;
+
+// Gives one slot back on a rank, never below zero. KEYS: rank load. ARGV: member.
+const RELEASE_SCRIPT = `
+local load = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0')
+if load and load > 0 then redis.call('ZINCRBY', KEYS[1], -1, ARGV[1]) end
 return 1
 `;
 
@@ -42,7 +44,7 @@ return 1
 export class SessionStore {
   private readonly k: Keys;
   constructor(
-    private readonly redis: Redis,
+    private readonly redis: RedisClient,
     prefix: string,
   ) {
     this.k = keys(prefix);
@@ -121,8 +123,11 @@ export class SessionStore {
 
   /** Returns true when this call closed it, false when it was already closed. */
   async close(id: string, now: Date): Promise<boolean> {
-    const res = await this.redis.eval(CLOSE_SCRIPT, 2, this.k.session(id), this.k.rankLoad(), now.toISOString());
-    return res === 1;
+    // Two steps, because the session and the routing keys live in different cluster slots.
+    const member = await this.redis.eval(CLOSE_SCRIPT, 1, this.k.session(id), now.toISOString());
+    if (typeof member !== "string") return false;
+    if (member !== "") await this.redis.eval(RELEASE_SCRIPT, 1, this.k.rankLoad(), member);
+    return true;
   }
 
   /** Reserves the next sequence number: records are ordered by when their call started. */

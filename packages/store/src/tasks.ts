@@ -9,7 +9,7 @@ import {
   type TaskRecord,
   type TerminalStatus,
 } from "@rollgate/protocol";
-import type { Redis } from "ioredis";
+import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
 
@@ -43,7 +43,7 @@ export interface TaskPage {
 export class TaskStore {
   private readonly k: Keys;
   constructor(
-    private readonly redis: Redis,
+    private readonly redis: RedisClient,
     prefix: string,
   ) {
     this.k = keys(prefix);
@@ -61,18 +61,16 @@ export class TaskStore {
     };
     const created = await this.redis.hsetnx(key, "task", JSON.stringify(task));
     if (created === 0) return false;
-    const tx = this.redis
-      .multi()
-      .hset(key, {
-        status: "queued",
-        created_at: now.toISOString(),
-        attempts: "0",
-        callback: JSON.stringify(callback),
-        group_id: task.group_id ?? "",
-      })
-      .zadd(this.k.taskIndex(), now.getTime(), task.id);
-    if (task.group_id) tx.zadd(this.k.groupTasks(task.group_id), now.getTime(), task.id);
-    await tx.exec();
+    // Separate commands: the task, the index and the group live in different cluster slots.
+    await this.redis.hset(key, {
+      status: "queued",
+      created_at: now.toISOString(),
+      attempts: "0",
+      callback: JSON.stringify(callback),
+      group_id: task.group_id ?? "",
+    });
+    await this.redis.zadd(this.k.taskIndex(), now.getTime(), task.id);
+    if (task.group_id) await this.redis.zadd(this.k.groupTasks(task.group_id), now.getTime(), task.id);
     await this.appendEvent(task.id, "queued", {}, now);
     return true;
   }
@@ -213,9 +211,8 @@ export class TaskStore {
       offset += flat.length / 2;
       const ids: [string, string][] = [];
       for (let i = 0; i + 1 < flat.length; i += 2) ids.push([flat[i]!, flat[i + 1]!]);
-      const pipe = this.redis.pipeline();
-      for (const [id] of ids) pipe.hgetall(this.k.task(id));
-      const hashes = (await pipe.exec()) ?? [];
+      // One slot per task: concurrent commands, not a pipeline (a cluster pipeline must stay in one slot).
+      const hashes = await Promise.all(ids.map(([id]) => this.redis.hgetall(this.k.task(id))));
       for (let i = 0; i < ids.length && out.length < opts.limit; i++) {
         const [id, score] = ids[i]!;
         if (skipUntil !== null) {
@@ -227,7 +224,7 @@ export class TaskStore {
           }
           skipUntil = null;
         }
-        const h = hashes[i]?.[1] as Record<string, string> | undefined;
+        const h = hashes[i];
         if (!h?.task) continue; // expired
         lastCursor = `${score}:${id}`;
         if (opts.status && h.status !== opts.status) continue;

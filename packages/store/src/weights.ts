@@ -1,11 +1,11 @@
-import type { Redis } from "ioredis";
+import type { RedisClient } from "./client.js";
 import { keys, type Keys } from "./keys.js";
 
 /** The policy weight version stamped on every completion (set by the admin route). */
 export class WeightStore {
   private readonly k: Keys;
   constructor(
-    private readonly redis: Redis,
+    private readonly redis: RedisClient,
     prefix: string,
   ) {
     this.k = keys(prefix);

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { parseAdminMessage, type AdminStore, type PauseState } from "@rollgate/store";
-import type { Redis } from "ioredis";
+import type { RedisClient } from "@rollgate/queue";
 import type { Logger } from "pino";
 
 /** Why an engine call was aborted: the caller sends it again after resume. */
@@ -36,7 +36,7 @@ export class PauseGate {
 
   constructor(
     private readonly admin: AdminStore,
-    private readonly subscriber: Redis,
+    private readonly subscriber: RedisClient,
     private readonly log: Logger,
   ) {}
 
