@@ -222,6 +222,13 @@ describe("Anthropic Messages through the gateway", () => {
       expect((refused as Error).message).toMatch(/engine/);
     }
 
+    // Claude Code's connectivity probe: HEAD on the base URL, no credentials. 200, whatever the id.
+    for (const sid of [s.id, "s-unknown"]) {
+      const probe = await fetch(`${gatewayUrl}/s/${sid}`, { method: "HEAD" });
+      expect(probe.status).toBe(200);
+      expect(await probe.text()).toBe("");
+    }
+
     expect((await records(s.id)).length).toBe(1);
     await fetch(`${gatewayUrl}/v1/sessions/${s.id}/close`, { method: "POST" });
     const closed = await s.client.messages.create({ model: "m", max_tokens: 16, messages: [{ role: "user", content: "hi" }] }).catch((e: unknown) => e);

@@ -7,12 +7,24 @@ const plan = (agent: unknown) => planHarness(AgentSpec.parse(agent), ctx);
 
 describe("harness presets", () => {
   it("passes the instruction as one argv element, never through a shell", () => {
-    for (const harness of ["claude-code", "codex", "gemini-cli", "opencode", "qwen-code", "pi"]) {
+    for (const harness of ["claude-code", "codex", "gemini-cli", "qwen-code", "pi"]) {
       const p = plan({ harness });
       expect(p.argv).toContain(ctx.instruction);
       expect(p.argv.join(" ")).not.toMatch(/bash -c|sh -c/);
     }
     expect(plan({ harness: "command", command: ["my-agent", "--x"], args: ["--y"] }).argv).toEqual(["my-agent", "--x", "--y"]);
+  });
+
+  it("gives opencode its instruction split at the spaces after --, so `opencode run` joins it back unquoted", () => {
+    // opencode wraps every message word holding a space in quotes and escapes the quotes inside:
+    // a #sim: script passed as one argv element would reach the model as `"…#sim: [{\"think\"…]"`.
+    const instruction = 'Write it.\n#sim: [{"text": "a  b", "tool_calls": []}] -x --help';
+    const p = planHarness(AgentSpec.parse({ harness: "opencode", args: ["--print-logs"] }), { ...ctx, instruction });
+    const dash = p.argv.indexOf("--");
+    expect(p.argv.slice(0, dash)).toEqual(["opencode", "run", "--print-logs"]);
+    const words = p.argv.slice(dash + 1);
+    expect(words.some((w) => w.includes(" "))).toBe(false);
+    expect(words.join(" ")).toBe(instruction);
   });
 
   it("points Codex at the session through a custom Responses provider", () => {

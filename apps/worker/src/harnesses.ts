@@ -8,6 +8,8 @@ import type { AgentProtocol, AgentSpec, HarnessPreset } from "@rollgate/protocol
  */
 export interface HarnessPlan {
   argv: string[];
+  /** Argv that must come after the task's `agent.args` (the message of `opencode run -- …`). */
+  trailing?: string[];
   /** Files to write, relative to the sandbox HOME. */
   homeFiles: Record<string, string>;
   env: Record<string, string>;
@@ -118,8 +120,12 @@ function presetPlan(harness: HarnessPreset, protocol: AgentProtocol | undefined,
         autoupdate: false,
         share: "disabled",
       };
+      // `opencode run` joins its message words with " " and wraps every word holding a space in
+      // quotes, escaping the quotes inside (JSON, `#sim:` scripts): split the instruction at the
+      // spaces after `--`, so the join gives it back byte for byte and nothing is read as a flag.
       return {
-        argv: ["opencode", "run", c.instruction],
+        argv: ["opencode", "run"],
+        trailing: ["--", ...c.instruction.split(" ")],
         homeFiles: {},
         env: {
           ...QUIET,
@@ -161,6 +167,6 @@ function presetPlan(harness: HarnessPreset, protocol: AgentProtocol | undefined,
 /** The argv, HOME files and environment for a task's agent. */
 export function planHarness(agent: AgentSpec, c: HarnessContext): HarnessPlan {
   if (agent.harness === "command") return { argv: [...agent.command, ...agent.args], homeFiles: {}, env: {} };
-  const plan = presetPlan(agent.harness, agent.protocol, agent.model ?? DEFAULT_AGENT_MODEL, c);
-  return { ...plan, argv: [...plan.argv, ...agent.args] };
+  const { trailing = [], ...plan } = presetPlan(agent.harness, agent.protocol, agent.model ?? DEFAULT_AGENT_MODEL, c);
+  return { ...plan, argv: [...plan.argv, ...agent.args, ...trailing] };
 }

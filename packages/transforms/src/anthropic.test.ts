@@ -110,6 +110,66 @@ describe("fromAnthropic", () => {
     });
   });
 
+  it("accepts the fields Claude Code, opencode and pi send (agent suite), ignoring the cache and streaming hints", () => {
+    // Shapes the real CLIs sent through the gateway in test/e2e-agents (our own text).
+    // cache_control (on tools, text, tool_use and tool_result blocks), eager_input_streaming and
+    // `is_error: false` change nothing the engine sees: ignored on purpose.
+    const body = {
+      model: "claude-opus-test",
+      max_tokens: 64000,
+      stream: true,
+      system: [{ type: "text", text: "You are a coding agent.", cache_control: { type: "ephemeral" } }],
+      messages: [
+        { role: "user", content: [{ type: "text", text: "Write the file.", cache_control: { type: "ephemeral" } }] },
+        {
+          role: "assistant",
+          content: [{ type: "tool_use", id: "toolu_1", name: "Bash", input: { command: "ls" }, cache_control: { type: "ephemeral" } }],
+        },
+        {
+          role: "user",
+          content: [{ type: "tool_result", tool_use_id: "toolu_1", content: "(Bash completed with no output)", is_error: false, cache_control: { type: "ephemeral" } }],
+        },
+      ],
+      tools: [
+        {
+          name: "Bash",
+          description: "Run a command",
+          input_schema: { type: "object", properties: { command: { type: "string" } }, required: ["command"] },
+          cache_control: { type: "ephemeral" },
+          eager_input_streaming: true,
+        },
+      ],
+      tool_choice: { type: "auto" },
+      thinking: { type: "adaptive" },
+      output_config: { effort: "high" },
+      context_management: { edits: [{ type: "clear_thinking_20251015", keep: "all" }] },
+      metadata: { user_id: '{"device_id":"d","session_id":"s"}' },
+    };
+    const call = fromAnthropic(body, { reasoningKey: KEY });
+    expect(call.canonical).toEqual({
+      messages: [
+        { role: "system", content: "You are a coding agent." },
+        { role: "user", content: "Write the file." },
+        { role: "assistant", content: "", tool_calls: [{ id: "toolu_1", type: "function", function: { name: "Bash", arguments: '{"command":"ls"}' } }] },
+        { role: "tool", tool_call_id: "toolu_1", content: "(Bash completed with no output)" },
+      ],
+      tools: [
+        {
+          type: "function",
+          function: { name: "Bash", description: "Run a command", parameters: { type: "object", properties: { command: { type: "string" } }, required: ["command"] } },
+        },
+      ],
+      tool_choice: "auto",
+      sampling: { max_tokens: 64000 },
+      enable_thinking: true,
+      stream: true,
+      client_logprobs: null,
+    });
+    // opencode and pi send no thinking field: the template's default holds.
+    const { thinking: _t, output_config: _o, ...plain } = body;
+    expect(fromAnthropic(plain, { reasoningKey: KEY }).canonical).not.toHaveProperty("enable_thinking");
+  });
+
   it("maps images, text documents, mixed tool results and is_error", () => {
     const call = fromAnthropic({
       messages: [

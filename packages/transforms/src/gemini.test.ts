@@ -129,6 +129,45 @@ describe("fromGemini", () => {
     });
   });
 
+  it("accepts opencode's and pi's requests (agent suite): lower-case `parameters`, id-less calls, AUTO mode", () => {
+    // Shapes the real CLIs sent through the gateway in test/e2e-agents (our own text). opencode
+    // declares tools with JSON-Schema `parameters` (lower-case types), answers with
+    // `response: {name, content}`; pi's calls and responses carry no id (paired by name and order).
+    const call = fromGemini(
+      {
+        systemInstruction: { parts: [{ text: "You are a coding agent." }] },
+        contents: [
+          { role: "user", parts: [{ text: "Write the file." }] },
+          { role: "model", parts: [{ functionCall: { name: "bash", args: { command: "ls" } }, thoughtSignature: SIG }] },
+          { role: "user", parts: [{ functionResponse: { name: "bash", response: { name: "bash", content: "(no output)" } } }] },
+        ],
+        tools: [
+          {
+            functionDeclarations: [
+              { name: "bash", description: "Run", parameters: { type: "object", properties: { command: { type: "string" } }, required: ["command"] } },
+            ],
+          },
+        ],
+        toolConfig: { functionCallingConfig: { mode: "AUTO" } },
+        generationConfig: { maxOutputTokens: 32000 },
+      },
+      { key: KEY, stream: true },
+    );
+    expect(call.canonical).toEqual({
+      messages: [
+        { role: "system", content: "You are a coding agent." },
+        { role: "user", content: "Write the file." },
+        { role: "assistant", content: "", reasoning: REASONING, tool_calls: [{ id: "gemini-call-1-0", type: "function", function: { name: "bash", arguments: '{"command":"ls"}' } }] },
+        { role: "tool", tool_call_id: "gemini-call-1-0", content: '{"name":"bash","content":"(no output)"}' },
+      ],
+      tools: [{ type: "function", function: { name: "bash", description: "Run", parameters: { type: "object", properties: { command: { type: "string" } }, required: ["command"] } } }],
+      tool_choice: "auto",
+      sampling: { max_tokens: 32000 },
+      stream: true,
+      client_logprobs: null,
+    });
+  });
+
   it("recovers the reasoning from the signature alone (Gemini CLI drops thought parts) and pairs by id", () => {
     const call = fromGemini(
       {

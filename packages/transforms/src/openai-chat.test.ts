@@ -55,6 +55,49 @@ describe("fromOpenAIChat", () => {
     });
   });
 
+  it("accepts what qwen-code, opencode and pi send (agent suite): content parts in tool messages, store, strict", () => {
+    // Shapes the real CLIs sent through the gateway in test/e2e-agents (our own text). `store` and
+    // tool `strict` are ignored on purpose (vLLM ignores them too); `max_tokens` (qwen-code,
+    // opencode) and `max_completion_tokens` (pi) are both the ceiling.
+    const body = {
+      model: "rollgate-policy",
+      messages: [
+        { role: "system", content: "You are a coding agent." },
+        { role: "user", content: [{ type: "text", text: "Write the file." }] },
+        {
+          role: "assistant",
+          content: "",
+          reasoning_content: "I will use the shell.",
+          tool_calls: [{ id: "call_1", type: "function", function: { name: "run_shell_command", arguments: '{"command":"ls"}' } }],
+        },
+        { role: "tool", tool_call_id: "call_1", content: [{ type: "text", text: "Exit Code: 0" }] },
+      ],
+      tools: [{ type: "function", function: { name: "run_shell_command", description: "Run", parameters: { type: "object" }, strict: false } }],
+      tool_choice: "auto",
+      store: false,
+      stream: true,
+      stream_options: { include_usage: true },
+    };
+    for (const limit of [{ max_tokens: 8000 }, { max_completion_tokens: 8000 }]) {
+      const call = fromOpenAIChat({ ...body, ...limit });
+      expect(call.includeUsage).toBe(true);
+      expect(call.canonical.sampling).toEqual({ max_tokens: 8000 });
+      expect(call.canonical.messages).toEqual([
+        { role: "system", content: "You are a coding agent." },
+        { role: "user", content: [{ type: "text", text: "Write the file." }] },
+        {
+          role: "assistant",
+          content: "",
+          reasoning: "I will use the shell.",
+          tool_calls: [{ id: "call_1", type: "function", function: { name: "run_shell_command", arguments: '{"command":"ls"}' } }],
+        },
+        { role: "tool", tool_call_id: "call_1", content: "Exit Code: 0" },
+      ]);
+      expect(call.canonical.tool_choice).toBe("auto");
+      expect(call.canonical).not.toHaveProperty("store");
+    }
+  });
+
   it("reads reasoning_content (older vLLM) and maps reasoning_effort to enable_thinking", () => {
     const call = fromOpenAIChat({
       messages: [

@@ -166,6 +166,42 @@ describe("fromResponses", () => {
     expect(call.canonical.stream).toBe(false);
   });
 
+  it("accepts opencode's and pi's requests (agent suite): type-less system and user items, id-less calls, store", () => {
+    // Shapes the real CLIs sent through the gateway in test/e2e-agents (our own text): the system
+    // prompt as a `role: "system"` item, items without `type` or `id`, `store: false` and
+    // `prompt_cache_key` (ignored on purpose: the gateway keeps no response state, and caching
+    // is the engine's prefix cache).
+    const call = fromResponses(
+      {
+        model: "rollgate-policy",
+        input: [
+          { role: "system", content: "You are a coding agent." },
+          { role: "user", content: [{ type: "input_text", text: "Write the file." }] },
+          { type: "reasoning", summary: [{ type: "summary_text", text: "shown, not trusted" }], encrypted_content: sealReasoning(KEY, "I will use bash.") },
+          { type: "function_call", call_id: "c1", name: "bash", arguments: '{"command":"ls"}' },
+          { type: "function_call_output", call_id: "c1", output: "(no output)" },
+        ],
+        tools: [{ type: "function", name: "bash", description: "Run", parameters: { type: "object", properties: { command: { type: "string" } } }, strict: false }],
+        tool_choice: "auto",
+        max_output_tokens: 32000,
+        store: false,
+        prompt_cache_key: "ses_1",
+        stream: true,
+      },
+      { reasoningKey: KEY },
+    );
+    expect(call.canonical.messages).toEqual([
+      { role: "system", content: "You are a coding agent." },
+      { role: "user", content: [{ type: "text", text: "Write the file." }] },
+      { role: "assistant", content: "", reasoning: "I will use bash.", tool_calls: [{ id: "c1", type: "function", function: { name: "bash", arguments: '{"command":"ls"}' } }] },
+      { role: "tool", tool_call_id: "c1", content: "(no output)" },
+    ] satisfies ChatMessage[]);
+    expect(call.canonical.sampling).toEqual({ max_tokens: 32000 });
+    expect(call.canonical.tool_choice).toBe("auto");
+    expect(call.canonical.stream).toBe(true);
+    expect(call.canonical).not.toHaveProperty("store");
+  });
+
   it("maps reasoning.effort, tool_choice forms and string input", () => {
     const base = { input: "hi", tools: [{ type: "function", name: "f" }, { type: "namespace", name: "n", tools: [{ type: "function", name: "g" }] }] };
     expect(fromResponses({ ...base, reasoning: { effort: "none" } }).canonical.enable_thinking).toBe(false);

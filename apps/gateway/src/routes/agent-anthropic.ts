@@ -73,6 +73,11 @@ export function anthropicAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
   return async (app) => {
     app.setErrorHandler((err, _req, reply) => sendAnthropicError(reply, err));
 
+    // Claude Code (2.1.1xx) probes `HEAD <ANTHROPIC_BASE_URL>` without credentials before its first
+    // call. Answer that the gateway is there: an empty 200 for any session id (no auth, so it says
+    // nothing about which sessions exist), and nothing is recorded.
+    app.head<{ Params: { sid: string } }>("/s/:sid", async (_req, reply) => reply.code(200).send());
+
     app.post<{ Params: { sid: string } }>("/s/:sid/v1/messages/count_tokens", { bodyLimit: AGENT_BODY_LIMIT }, async (req, reply) => {
       const ok = await authorizeAndParse(ctx, req, reply);
       if (!ok) return reply;
