@@ -21,6 +21,7 @@ Environment:
   ROLLGATE_KEY_PREFIX       prefix of every Redis key and queue (default rg)
   ROLLGATE_ENGINE_TIMEOUT_S upstream timeout per engine call (default 600)
   ROLLGATE_ROUTING          affinity (default) | least_loaded | round_robin: how sessions pick a rank
+  ROLLGATE_CONTINUATION     auto (default) | token_in | render: when a call continues a recorded one token-in
   LOG_LEVEL                 fatal|error|warn|info|debug|trace|silent (default info)
 
 Prints "gateway ready: <url>" once listening.`;

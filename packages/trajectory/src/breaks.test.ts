@@ -73,6 +73,32 @@ describe("break reasons", () => {
     expect(t.traces[1]).toMatchObject({ prompt_ids: p2, response_ids: [2, IM_END], loss_mask: [1, 1] });
   });
 
+  it("history_rewritten names Qwen3's reasoning drop when a user query follows the turn", () => {
+    const a = makeRecord({
+      id: "a", seq: 0, prompt_ids: P1, output_ids: [THINK, 11, END_THINK, 271, 300, IM_END], messages: MSGS,
+      message: { content: "\n\nok", reasoning: "\nhmm\n" },
+    });
+    const b = makeRecord({
+      id: "b", seq: 1, prompt_ids: [...P1, 271, 300, IM_END, NL, ...user(5), ...GEN], output_ids: [2, IM_END],
+      messages: [...MSGS, { role: "assistant", content: "\n\nok", reasoning: "\nhmm\n" }, { role: "user", content: "next" }],
+    });
+    const [brk] = prefixMerging([a, b]).stats.breaks;
+    expect(brk).toMatchObject({ record_id: "b", position: P1.length, reason: "history_rewritten" });
+    expect(brk!.detail).toMatch(/dropped that turn's reasoning/);
+  });
+
+  it("history_rewritten names the generation prompt the template does not re-render (Qwen3, thinking off)", () => {
+    const GEN_OFF = [...GEN, THINK, 271, END_THINK, 271];
+    const a = makeRecord({ id: "a", seq: 0, prompt_ids: [...SYS, ...user(200), ...GEN_OFF], output_ids: [300, IM_END], messages: MSGS, message: { content: "ok" } });
+    const b = makeRecord({
+      id: "b", seq: 1, prompt_ids: [...SYS, ...user(200), ...GEN, 300, IM_END, NL, ...user(5), ...GEN_OFF], output_ids: [2, IM_END],
+      messages: [...MSGS, { role: "assistant", content: "ok" }, { role: "user", content: "next" }],
+    });
+    const [brk] = prefixMerging([a, b]).stats.breaks;
+    expect(brk).toMatchObject({ record_id: "b", position: P1.length, reason: "history_rewritten" });
+    expect(brk!.detail).toMatch(/4 tokens before record a's output, in the generation prompt/);
+  });
+
   it("history_rewritten: the messages show an earlier assistant turn changed (compaction)", () => {
     const a = makeRecord({ id: "a", seq: 0, prompt_ids: P1, output_ids: [1, IM_END], messages: MSGS, message: { content: "step 1" } });
     const p2 = [...SYS, ...user(201), ...GEN, 9, IM_END, NL, ...user(5), ...GEN];

@@ -73,7 +73,8 @@ export function changedAssistantTurn(
     if (m === undefined) continue;
     if (m.role !== "assistant") return { record_id: prev.id, why: `its answer was replaced by a ${m.role} message` };
     const out = prev.message;
-    if (text(m.content) !== (out.content ?? "")) return { record_id: prev.id, why: "its answer's content changed" };
+    // Surrounding whitespace is template glue the gateway normalises (e.g. "\n" before a tool call).
+    if (text(m.content).trim() !== (out.content ?? "").trim()) return { record_id: prev.id, why: "its answer's content changed" };
     if ((m.reasoning ?? "") !== (out.reasoning ?? "")) {
       return { record_id: prev.id, why: m.reasoning ? "its reasoning changed" : "its reasoning was dropped" };
     }
@@ -91,6 +92,25 @@ export function changedAssistantTurn(
     }
   }
   return null;
+}
+
+/** A generation prompt is short (Qwen3's with thinking off: `<|im_start|>assistant\n<think>\n\n</think>\n\n`, 7 tokens). */
+const GENERATION_PROMPT_TOKENS = 16;
+
+function isQuery(m: ChatMessage): boolean {
+  if (m.role !== "user") return false;
+  const t = text(m.content);
+  return !(t.startsWith("<tool_response>") && t.endsWith("</tool_response>"));
+}
+
+/**
+ * Whether the record's request echoes `produced`'s answer with its reasoning while a later user
+ * query follows it: the situation in which Qwen3's template leaves that reasoning out.
+ */
+function reasoningDropped(record: CompletionRecord, produced: CompletionRecord): boolean {
+  if (!produced.message.reasoning) return false;
+  const at = produced.request.messages.length;
+  return record.request.messages.slice(at + 1).some(isQuery);
 }
 
 /** The span whose output region contains response offset `r`, if any. */
@@ -137,10 +157,16 @@ export function classifyBreak(e: BreakEvidence): BuiltTraceBreak {
   const r = position - closest.prompt_length;
   const span = r >= 0 ? outputSpanAt(closest.spans, r) : undefined;
   if (span) {
-    return make(
-      "history_rewritten",
-      `diverges at token ${r - span.output_start} of record ${span.record_id}'s generated output (the history was re-rendered differently)`,
-    );
+    const j = closest.spans.indexOf(span);
+    const produced = closest.records[j];
+    const at = `diverges at token ${r - span.output_start} of record ${span.record_id}'s generated output`;
+    if (produced && reasoningDropped(record, produced)) {
+      return make(
+        "history_rewritten",
+        `${at}: the chat template dropped that turn's reasoning, as Qwen3's does for turns before the last user query`,
+      );
+    }
+    return make("history_rewritten", `${at} (the history was re-rendered differently)`);
   }
   const changed = changedAssistantTurn(record, closest.records);
   if (changed) return make("history_rewritten", `record ${changed.record_id}: ${changed.why}`);
@@ -150,6 +176,13 @@ export function classifyBreak(e: BreakEvidence): BuiltTraceBreak {
   const j = closest.spans.findIndex((s) => r < s.end);
   const echoedAt = j >= 0 ? closest.records[j] : undefined;
   if (echoedAt && record.request.messages[echoedAt.request.messages.length]?.role === "assistant") {
+    const gap = (closest.spans[j] as RecordSpan).output_start - r;
+    if (gap > 0 && gap <= GENERATION_PROMPT_TOKENS) {
+      return make(
+        "history_rewritten",
+        `diverges ${gap} tokens before record ${echoedAt.id}'s output, in the generation prompt it was sampled after: the chat template renders that turn without it (Qwen3 with thinking off leaves out the empty <think></think> block)`,
+      );
+    }
     return make(
       "history_rewritten",
       `diverges before the end of record ${echoedAt.id}'s turn, which the request echoes: the chat template re-rendered that turn differently`,

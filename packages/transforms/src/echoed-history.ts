@@ -1,19 +1,213 @@
-import type { ChatMessage } from "@rollgate/protocol";
+import type { CanonicalChatRequest, ChatMessage, CompletionRecord, ContentPart, ToolCall } from "@rollgate/protocol";
 
 /**
- * Agents send earlier assistant turns back as they received them, and the engine renders them
- * again through the chat template. Where the template cannot reproduce what the engine generated,
- * the trajectory breaks. This normalises the known cases so the re-render is token-exact:
+ * Agents send earlier assistant turns back as they received them — or their own way — and the
+ * engine renders them again through the chat template. Where the re-render differs from what the
+ * engine generated, the trajectory breaks. Three layers close that gap (README "Trajectories"):
  *
- * - Qwen3 (vLLM's reasoning + hermes parsers): the answer `<think>…</think>\n\n<tool_call>…` comes
- *   back as `content: "\n\n"` plus tool_calls. The template strips leading newlines from content
- *   but still writes a "\n" before the first tool call when content is non-empty, adding a token
- *   the model never produced. Whitespace-only content beside tool calls carries nothing: drop it.
+ * 1. `normalizeEchoedHistory` — the known case the template cannot round-trip (below);
+ * 2. `matchEchoedHistory` / `restoreEchoedHistory` — each echoed assistant turn is matched to the
+ *    session record that produced it and restored to exactly what the engine generated (content,
+ *    reasoning, tool-call names and arguments; the agent's tool-call ids are kept);
+ * 3. `findExtendedRecord` — the recorded call the conversation continues, so the gateway can
+ *    continue token-in from that record's own ids where the template still cannot round-trip
+ *    (Qwen3 with thinking off, or reasoning dropped before a new user query).
+ *
+ * All pure: the records are read by the caller.
+ */
+
+type AssistantMessage = Extract<ChatMessage, { role: "assistant" }>;
+
+/**
+ * What Qwen3's template cannot round-trip beside tool calls (vLLM's reasoning + hermes parsers make
+ * the content "the text before the first `<tool_call>`", and the template writes a "\n" before
+ * the first tool call whenever content is non-empty):
+ *
+ * - `<think>…</think>\n\n<tool_call>…` comes back as `content: "\n\n"`: the template strips
+ *   leading newlines from content but would still add that "\n", a token the model never
+ *   produced. Whitespace-only content beside tool calls carries nothing: drop it.
+ * - `text\n<tool_call>…` comes back as `content: "text\n"`, and the template would render
+ *   `text\n\n<tool_call>`: the trailing "\n" is the template's own separator, so one is dropped.
  */
 export function normalizeEchoedHistory(messages: ChatMessage[]): ChatMessage[] {
   return messages.map((m) => {
-    if (m.role !== "assistant" || !m.tool_calls || m.tool_calls.length === 0) return m;
-    if (typeof m.content === "string" && m.content !== "" && /^\n+$/.test(m.content)) return { ...m, content: "" };
+    if (m.role !== "assistant" || !m.tool_calls || m.tool_calls.length === 0 || typeof m.content !== "string") return m;
+    if (m.content !== "" && /^\n+$/.test(m.content)) return { ...m, content: "" };
+    if (m.content.endsWith("\n")) return { ...m, content: m.content.slice(0, -1) };
     return m;
   });
+}
+
+/** Text of a message's content as vLLM's "string" content format joins it. */
+function contentText(content: string | ContentPart[] | null | undefined): string {
+  if (content == null) return "";
+  if (typeof content === "string") return content;
+  return content.map((p) => (p.type === "text" ? p.text : `[image:${p.image_url.url}]`)).join("\n");
+}
+
+/** JSON with sorted keys, so equal objects compare equal whatever their key order. */
+function stable(v: unknown): string {
+  if (v === undefined) return "null";
+  if (v === null || typeof v !== "object") return JSON.stringify(v);
+  if (Array.isArray(v)) return `[${v.map(stable).join(",")}]`;
+  const o = v as Record<string, unknown>;
+  return `{${Object.keys(o)
+    .filter((k) => o[k] !== undefined)
+    .sort()
+    .map((k) => `${JSON.stringify(k)}:${stable(o[k])}`)
+    .join(",")}}`;
+}
+
+/** Arguments compared by value: `{"a": 1}` and `{"a":1}` are the same call. */
+function argsKey(args: string): string {
+  try {
+    return stable(JSON.parse(args));
+  } catch {
+    return `raw:${args}`;
+  }
+}
+
+function sameCalls(a: readonly ToolCall[], b: readonly ToolCall[]): boolean {
+  return (
+    a.length === b.length &&
+    a.every((c, i) => c.function.name === b[i]!.function.name && argsKey(c.function.arguments) === argsKey(b[i]!.function.arguments))
+  );
+}
+
+/** The assistant message a record's answer is, as an agent would echo it (normalised). */
+export function recordedAssistantMessage(record: CompletionRecord): AssistantMessage {
+  const out = record.message;
+  const m: AssistantMessage = { role: "assistant", content: out.content, reasoning: out.reasoning };
+  if (out.tool_calls.length > 0) m.tool_calls = out.tool_calls.map((c) => ({ ...c, function: { ...c.function } }));
+  return normalizeEchoedHistory([m])[0] as AssistantMessage;
+}
+
+/**
+ * Whether an echoed assistant message is the record's answer, serialised the agent's way: the same
+ * visible text up to surrounding whitespace, the same tool calls (names, arguments by value), and
+ * the same reasoning or none at all (agents drop the non-standard field). An agent that really
+ * changed a turn (edited text, removed a call) does not match: its history is its own, and a break
+ * in the trajectory is then the truth.
+ */
+export function echoesRecord(m: AssistantMessage, record: CompletionRecord): boolean {
+  const out = record.message;
+  if (contentText(m.content).trim() !== (out.content ?? "").trim()) return false;
+  if (!sameCalls(m.tool_calls ?? [], out.tool_calls)) return false;
+  const r = (m.reasoning ?? "").trim();
+  return r === "" || r === (out.reasoning ?? "").trim();
+}
+
+/** The echoed assistant turn with the engine's own answer put back; the agent's tool-call ids are kept. */
+function restore(m: AssistantMessage, record: CompletionRecord): AssistantMessage {
+  const out = record.message;
+  const restored: AssistantMessage = { role: "assistant", content: out.content, reasoning: out.reasoning };
+  if (out.tool_calls.length > 0) {
+    restored.tool_calls = out.tool_calls.map((c, i) => ({
+      id: m.tool_calls?.[i]?.id ?? c.id,
+      type: "function",
+      function: { name: c.function.name, arguments: c.function.arguments },
+    }));
+  }
+  return restored;
+}
+
+export interface EchoedHistory {
+  /** The conversation with every matched assistant turn restored, then normalised. */
+  messages: ChatMessage[];
+  /** Per message: the record whose answer it is (assistant turns only), else null. */
+  producers: (CompletionRecord | null)[];
+}
+
+/**
+ * Matches each assistant turn of `messages` to the session record that produced it and restores
+ * it. A turn is looked up by its tool-call ids first (the engine issued them and agents keep them),
+ * then by content; among several candidates the latest record that answered a conversation of
+ * exactly this turn's position wins, else the latest. Linear in the records plus the messages.
+ */
+export function matchEchoedHistory(messages: readonly ChatMessage[], records: readonly CompletionRecord[]): EchoedHistory {
+  const byCallId = new Map<string, CompletionRecord>();
+  const byText = new Map<string, CompletionRecord[]>();
+  for (const r of records) {
+    for (const c of r.message.tool_calls) if (c.id) byCallId.set(c.id, r);
+    const key = (r.message.content ?? "").trim();
+    const list = byText.get(key);
+    if (list) list.push(r);
+    else byText.set(key, [r]);
+  }
+  const producers: (CompletionRecord | null)[] = [];
+  const out = messages.map((m, i): ChatMessage => {
+    if (m.role !== "assistant") {
+      producers.push(null);
+      return m;
+    }
+    let found: CompletionRecord | undefined;
+    const ids = (m.tool_calls ?? []).map((c) => c.id);
+    const byId = ids.length > 0 ? byCallId.get(ids[0]!) : undefined;
+    if (byId && ids.every((id) => byCallId.get(id) === byId) && echoesRecord(m, byId)) found = byId;
+    if (!found) {
+      const candidates = (byText.get(contentText(m.content).trim()) ?? []).filter((r) => echoesRecord(m, r));
+      // A retry answers the same position again; the agent kept the latest answer.
+      found = [...candidates].reverse().find((r) => r.request.messages.length === i) ?? candidates.at(-1);
+    }
+    producers.push(found ?? null);
+    return found ? restore(m, found) : m;
+  });
+  return { messages: normalizeEchoedHistory(out), producers };
+}
+
+/** `matchEchoedHistory` without the provenance: the conversation with the engine's own answers put back. */
+export function restoreEchoedHistory(messages: readonly ChatMessage[], records: readonly CompletionRecord[]): ChatMessage[] {
+  return matchEchoedHistory(messages, records).messages;
+}
+
+/**
+ * A message as the chat template sees it. Ids are left out: Qwen3's template renders neither
+ * tool-call ids nor tool_call_id, and agents (Gemini's) may mint their own.
+ */
+function messageKey(m: ChatMessage): string {
+  switch (m.role) {
+    case "system":
+      return stable(["system", contentText(m.content)]);
+    case "user":
+      return stable(["user", contentText(m.content), m.name ?? null]);
+    case "tool":
+      return stable(["tool", contentText(m.content)]);
+    case "assistant":
+      return stable([
+        "assistant",
+        contentText(m.content),
+        m.reasoning ?? "",
+        (m.tool_calls ?? []).map((c) => [c.function.name, argsKey(c.function.arguments)]),
+      ]);
+  }
+}
+
+export interface ExtendedRecord {
+  record: CompletionRecord;
+  /** Index in the request's messages of the record's own answer; the new turns follow it. */
+  index: number;
+}
+
+/**
+ * The recorded call this request continues: the record whose request messages plus its own answer
+ * are a prefix of the request's (restored) messages, with at least one new message after, and the
+ * same tools (they are rendered into the prompt's head). The longest such prefix wins. Only turns
+ * `matchEchoedHistory` attributed are candidates, so this costs one prefix comparison in practice.
+ */
+export function findExtendedRecord(
+  request: Pick<CanonicalChatRequest, "messages" | "tools">,
+  history: Pick<EchoedHistory, "producers">,
+): ExtendedRecord | null {
+  const messages = request.messages;
+  const tools = stable(request.tools ?? []);
+  let keys: string[] | undefined;
+  for (let i = messages.length - 2; i >= 1; i--) {
+    const r = history.producers[i];
+    if (!r || r.request.messages.length !== i) continue;
+    if (stable(r.request.tools ?? []) !== tools) continue;
+    keys ??= messages.map(messageKey);
+    if (messageKey(recordedAssistantMessage(r)) !== keys[i]) continue;
+    if (r.request.messages.every((m, j) => messageKey(m) === keys![j])) return { record: r, index: i };
+  }
+  return null;
 }

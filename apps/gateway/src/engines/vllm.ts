@@ -20,7 +20,7 @@ export interface EngineCall {
   dispatcher: Dispatcher;
 }
 
-function toVllmMessage(m: ChatMessage): Record<string, unknown> {
+export function toVllmMessage(m: ChatMessage): Record<string, unknown> {
   if (m.role !== "assistant" || m.reasoning == null) return m;
   // vLLM renamed the field (reasoning_content → reasoning); chat templates read reasoning_content.
   // Sending both keeps the history intact on every version.
@@ -126,7 +126,7 @@ const VllmChunk = z.object({
   usage: VllmUsage.nullable().optional(),
 });
 
-const VllmErrorBody = z.object({ error: z.object({ message: z.string() }).loose() }).loose();
+export const VllmErrorBody = z.object({ error: z.object({ message: z.string() }).loose() }).loose();
 
 function toTokenLogprob(l: VllmLogprob): TokenLogprob {
   return {
@@ -137,7 +137,7 @@ function toTokenLogprob(l: VllmLogprob): TokenLogprob {
   };
 }
 
-const MISSING_TOKENS =
+export const MISSING_TOKENS =
   "the engine returned no token ids: rollgate needs vLLM ≥ 0.10.2 (return_token_ids) with logprobs enabled";
 
 async function post(call: EngineCall): Promise<Dispatcher.ResponseData> {
@@ -160,7 +160,7 @@ async function post(call: EngineCall): Promise<Dispatcher.ResponseData> {
   }
 }
 
-async function rejectUnlessOk(res: Dispatcher.ResponseData, url: string): Promise<void> {
+export async function rejectUnlessOk(res: Dispatcher.ResponseData, url: string): Promise<void> {
   if (res.statusCode === 200) return;
   const text = await res.body.text();
   let message = text.slice(0, 2_000);
@@ -170,7 +170,7 @@ async function rejectUnlessOk(res: Dispatcher.ResponseData, url: string): Promis
   throw new EngineError(`engine ${url} answered ${res.statusCode}: ${message}`, status, "rejected");
 }
 
-function safeJson(text: string): unknown {
+export function safeJson(text: string): unknown {
   try {
     return JSON.parse(text);
   } catch {

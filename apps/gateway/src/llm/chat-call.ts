@@ -4,7 +4,10 @@ import type { SessionStore, TaskStore, WeightStore } from "@rollgate/store";
 import {
   StreamAccumulator,
   applySessionSampling,
+  findExtendedRecord,
+  matchEchoedHistory,
   normalizeEchoedHistory,
+  type EchoedHistory,
   type EngineResult,
   type EngineStreamEvent,
 } from "@rollgate/transforms";
@@ -14,7 +17,9 @@ import type { EngineRegistry, RankTarget } from "../engines/registry.js";
 import type { PauseGate } from "../ops/pause-gate.js";
 import type { Rerouter } from "../ops/reroute.js";
 import { adapterFor, type EngineAdapter } from "../engines/adapter.js";
+import { tokenInFor, type TokenInEngine } from "../engines/token-in.js";
 import type { EngineCall } from "../engines/vllm.js";
+import { planContinuation, type ContinuationMode, type TokenInPlan } from "./continuation.js";
 
 /** A call refused before it reached an engine (session limits); `status` and `code` go to the agent. */
 export class CallRejected extends Error {
@@ -39,6 +44,8 @@ export interface PreparedCall {
   engineCall: EngineCall;
   weightVersion: string | null;
   startedAt: number;
+  /** Set when the call continues a recorded one token-in (see continuation.ts); null: the engine renders. */
+  tokenIn: { engine: TokenInEngine; plan: TokenInPlan } | null;
 }
 
 /**
@@ -57,6 +64,8 @@ export class ChatCaller {
       log: Logger;
       /** Told of every recorded call (metrics). */
       observe?: (record: CompletionRecord, call: PreparedCall) => void;
+      /** ROLLGATE_CONTINUATION (default auto): when a call continues a recorded one token-in. */
+      continuation?: ContinuationMode;
     },
   ) {}
 
@@ -80,29 +89,61 @@ export class ChatCaller {
       }),
       this.deps.weights.get(),
     ]);
+    // Echoed history: each assistant turn is restored from the session's own records (what the
+    // engine generated). The records are read once per call, and only when there are such turns.
+    let messages = normalizeEchoedHistory(canonical.messages);
+    let history: EchoedHistory | null = null;
+    if (messages.some((m) => m.role === "assistant")) {
+      history = matchEchoedHistory(messages, await this.deps.sessions.records(session.id));
+      messages = history.messages;
+    }
     const request: CanonicalChatRequest = {
       ...canonical,
-      messages: normalizeEchoedHistory(canonical.messages),
+      messages,
       sampling: applySessionSampling(canonical.sampling, session.sampling),
     };
-    return {
-      session,
-      adapter,
-      reroutedFrom,
-      protocol,
-      seq,
+    const engineCall: EngineCall = {
       target,
-      weightVersion,
-      startedAt: Date.now(),
-      engineCall: {
-        target,
-        model,
-        request,
-        requestId: `${session.id}-${seq}`,
-        signal,
-        dispatcher: this.deps.registry.dispatcher,
-      },
+      model,
+      request,
+      requestId: `${session.id}-${seq}`,
+      signal,
+      dispatcher: this.deps.registry.dispatcher,
     };
+    const tokenIn = history ? await this.planTokenIn(engineCall, history, session.id, seq) : null;
+    return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), engineCall, tokenIn };
+  }
+
+  /** Whether this call continues a recorded one token-in (continuation.ts); a plan that fails falls back to rendering. */
+  private async planTokenIn(call: EngineCall, history: EchoedHistory, sid: string, seq: number): Promise<PreparedCall["tokenIn"]> {
+    const mode = this.deps.continuation ?? "auto";
+    if (mode === "render") return null;
+    const engine = tokenInFor(call.target.engine.kind);
+    try {
+      const outcome = await planContinuation({ mode, engine, call, request: call.request, extended: findExtendedRecord(call.request, history) });
+      if (!outcome.plan || !engine) {
+        this.deps.log.debug({ session: sid, seq, why: outcome.plan ? "no engine" : outcome.why }, "call rendered by the engine");
+        return null;
+      }
+      this.deps.log.debug({ session: sid, seq, base: outcome.plan.base.seq, diverges_at: outcome.plan.divergesAt }, "call continues token-in");
+      return { engine, plan: outcome.plan };
+    } catch (err) {
+      if (call.signal.aborted) throw err;
+      this.deps.log.warn({ session: sid, seq, err: (err as Error).message }, "token-in planning failed; the engine renders this call");
+      return null;
+    }
+  }
+
+  /** The engine call of a prepared call: token-in when planned, else the adapter's chat route. */
+  private send(call: PreparedCall, signal: AbortSignal, stream: false): Promise<EngineResult>;
+  private send(call: PreparedCall, signal: AbortSignal, stream: true): AsyncGenerator<EngineStreamEvent>;
+  private send(call: PreparedCall, signal: AbortSignal, stream: boolean): Promise<EngineResult> | AsyncGenerator<EngineStreamEvent> {
+    const engineCall = { ...call.engineCall, signal, request: { ...call.engineCall.request, stream } };
+    if (call.tokenIn) {
+      const tokenInCall = { ...engineCall, promptIds: call.tokenIn.plan.promptIds, maxModelLen: call.tokenIn.plan.maxModelLen };
+      return stream ? call.tokenIn.engine.generateStream(tokenInCall) : call.tokenIn.engine.generate(tokenInCall);
+    }
+    return stream ? call.adapter.chatStream(engineCall) : call.adapter.chat(engineCall);
   }
 
   /** Prompt tokens of a request on the session's engine (Anthropic count_tokens); records nothing. */
@@ -123,7 +164,9 @@ export class ChatCaller {
     for (;;) {
       const slot = await this.deps.pause.enter(call.engineCall.signal, true);
       try {
-        const result = await call.adapter.chat({ ...call.engineCall, signal: slot.signal, request: { ...call.engineCall.request, stream: false } });
+        // Read once the gate is open: a call that waited through a pause runs on the new weights.
+        call.weightVersion = await this.deps.weights.get();
+        const result = await this.send(call, slot.signal, false);
         await this.record(call, result);
         return result;
       } catch (err) {
@@ -141,7 +184,8 @@ export class ChatCaller {
     // A stream the agent has started reading cannot be restarted invisibly: it drains a pause.
     const slot = await this.deps.pause.enter(call.engineCall.signal, false);
     try {
-      for await (const event of call.adapter.chatStream({ ...call.engineCall, signal: slot.signal, request: { ...call.engineCall.request, stream: true } })) {
+      call.weightVersion = await this.deps.weights.get();
+      for await (const event of this.send(call, slot.signal, true)) {
         acc.push(event);
         yield event;
       }

@@ -1,0 +1,243 @@
+import type { ChatMessage, TokenLogprob } from "@rollgate/protocol";
+import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
+import { createParser } from "eventsource-parser";
+import { request, type Dispatcher } from "undici";
+import { z } from "zod";
+import { EngineError } from "./errors.js";
+import { Qwen3OutputParser, parseQwen3Output, type ParsedDelta } from "./qwen3-parsers.js";
+import type { TokenInCall, TokenInEngine, TokenizeCall } from "./token-in.js";
+import { MISSING_TOKENS, VllmErrorBody, rejectUnlessOk, safeJson, toVllmMessage } from "./vllm.js";
+
+/**
+ * vLLM's token-in route: `POST /v1/completions` with `prompt` = token ids, `return_token_ids`
+ * (≥ v0.10.2) and legacy `logprobs: k` (`{tokens, token_logprobs, top_logprobs, text_offset}`),
+ * routed by `X-data-parallel-rank` like the chat route. The generated text is parsed by the
+ * gateway's copy of vLLM's Qwen3 reasoning + hermes tool parsers (qwen3-parsers.ts), which the
+ * completions route does not run. Also the engine's own renderer and tokenizer (`POST /tokenize`,
+ * chat and text forms), which the continuation planner uses to derive the new turns' ids.
+ */
+
+/** The completions body. Pure, so it has golden tests. */
+export function buildVllmCompletionBody(call: TokenInCall): Record<string, unknown> {
+  const req = call.request;
+  const s = req.sampling;
+  const maxTokens = s.max_tokens ?? (call.maxModelLen !== null ? call.maxModelLen - call.promptIds.length : undefined);
+  const body: Record<string, unknown> = {
+    model: call.model,
+    prompt: call.promptIds,
+    stream: req.stream,
+    // k+1 entries per step (the sampled token first): the chat route's top_logprobs = k.
+    logprobs: req.client_logprobs?.top_logprobs ?? 0,
+    return_token_ids: true,
+  };
+  if (maxTokens !== undefined) body.max_tokens = maxTokens;
+  if (req.stream) body.stream_options = { include_usage: true };
+  for (const key of ["temperature", "top_p", "top_k", "min_p", "stop", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty"] as const) {
+    if (s[key] !== undefined) body[key] = s[key];
+  }
+  return body;
+}
+
+/** vLLM parses tool calls only when the request has tools and tool_choice is not "none". */
+export function parsesTools(call: TokenInCall): boolean {
+  return (call.request.tools?.length ?? 0) > 0 && call.request.tool_choice !== "none";
+}
+
+const LegacyLogprobs = z.object({
+  tokens: z.array(z.string()),
+  token_logprobs: z.array(z.number().nullable()),
+  top_logprobs: z.array(z.record(z.string(), z.number()).nullable()).nullable().optional(),
+});
+type LegacyLogprobs = z.infer<typeof LegacyLogprobs>;
+
+const Usage = z.object({
+  prompt_tokens: z.number().int(),
+  completion_tokens: z.number().int(),
+  prompt_tokens_details: z.object({ cached_tokens: z.number().int().nullable().optional() }).nullable().optional(),
+});
+
+const Choice = z.object({
+  text: z.string(),
+  logprobs: LegacyLogprobs.nullable().optional(),
+  finish_reason: z.string().nullable().optional(),
+  stop_reason: z.union([z.string(), z.number()]).nullable().optional(),
+  token_ids: z.array(z.number().int()).nullable().optional(),
+  prompt_token_ids: z.array(z.number().int()).nullable().optional(),
+});
+
+const CompletionResponse = z.object({ choices: z.array(Choice).min(1), usage: Usage.nullable().optional() });
+const CompletionChunk = z.object({ choices: z.array(Choice), usage: Usage.nullable().optional() });
+
+const utf8 = new TextEncoder();
+
+/** Legacy logprobs → the chat shape: the sampled token's logprob, and the client's top k (best first). */
+function toTokenLogprobs(l: LegacyLogprobs | null | undefined, topK: number): TokenLogprob[] {
+  if (!l) return [];
+  return l.tokens.map((token, i) => {
+    const lp = l.token_logprobs[i];
+    if (lp === null || lp === undefined) throw new EngineError(`engine returned no logprob for generated token ${i}`, 502, "bad_response");
+    const tops = Object.entries(l.top_logprobs?.[i] ?? {})
+      .sort((a, b) => b[1] - a[1])
+      .slice(0, topK)
+      .map(([t, v]) => ({ token: t, logprob: v, bytes: Array.from(utf8.encode(t)) }));
+    return { token, logprob: lp, bytes: Array.from(utf8.encode(token)), top_logprobs: tops };
+  });
+}
+
+/** The finish reason the chat route would give: "tool_calls" once a call was parsed (vLLM's rule). */
+function finishReason(engine: string, toolCalls: number): string {
+  return toolCalls > 0 && engine !== "abort" ? "tool_calls" : engine;
+}
+
+async function post(url: string, path: string, body: unknown, call: TokenizeCall, headers: Record<string, string> = {}): Promise<Dispatcher.ResponseData> {
+  try {
+    return await request(`${url}${path}`, {
+      method: "POST",
+      dispatcher: call.dispatcher,
+      signal: call.signal,
+      headers: { "content-type": "application/json", ...headers },
+      body: JSON.stringify(body),
+    });
+  } catch (err) {
+    if (call.signal.aborted) throw err;
+    throw new EngineError(`engine ${url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
+  }
+}
+
+function postCompletion(call: TokenInCall): Promise<Dispatcher.ResponseData> {
+  return post(call.target.engine.url, "/v1/completions", buildVllmCompletionBody(call), call, {
+    "x-data-parallel-rank": String(call.target.dpRank),
+    "x-request-id": call.requestId,
+  });
+}
+
+/** One non-streaming token-in generation. */
+async function generate(call: TokenInCall): Promise<EngineResult> {
+  const res = await postCompletion(call);
+  await rejectUnlessOk(res, call.target.engine.url);
+  const parsed = CompletionResponse.safeParse(await res.body.json());
+  if (!parsed.success) throw new EngineError(`engine response is not a completion: ${parsed.error.message}`, 502, "bad_response");
+  const body = parsed.data;
+  const choice = body.choices[0]!;
+  if (!choice.token_ids || !choice.prompt_token_ids) throw new EngineError(MISSING_TOKENS, 502, "bad_response");
+  const logprobs = toTokenLogprobs(choice.logprobs, call.request.client_logprobs?.top_logprobs ?? 0);
+  if (logprobs.length !== choice.token_ids.length) {
+    throw new EngineError(`engine returned ${choice.token_ids.length} token ids but ${logprobs.length} logprobs`, 502, "bad_response");
+  }
+  const message = parseQwen3Output(choice.text, parsesTools(call));
+  return {
+    prompt_ids: choice.prompt_token_ids,
+    output_ids: choice.token_ids,
+    output_logprobs: logprobs.map((l) => l.logprob),
+    logprobs,
+    message,
+    finish_reason: finishReason(choice.finish_reason ?? "stop", message.tool_calls.length),
+    stop_reason: choice.stop_reason ?? null,
+    usage: {
+      prompt_tokens: body.usage?.prompt_tokens ?? choice.prompt_token_ids.length,
+      completion_tokens: body.usage?.completion_tokens ?? choice.token_ids.length,
+      cached_tokens: body.usage?.prompt_tokens_details?.cached_tokens ?? 0,
+    },
+  };
+}
+
+function deltaEvent(d: ParsedDelta | null, ids: number[], logprobs: TokenLogprob[]): EngineStreamEvent | null {
+  if (ids.length === 0 && !d) return null;
+  return { type: "delta", ...(d ?? {}), token_ids: ids, logprobs };
+}
+
+/**
+ * A streaming token-in generation, as canonical events: content and reasoning deltas as the text
+ * arrives, a tool-call delta when each `</tool_call>` closes, then finish and usage.
+ */
+async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEvent> {
+  const res = await postCompletion(call);
+  await rejectUnlessOk(res, call.target.engine.url);
+  const topK = call.request.client_logprobs?.top_logprobs ?? 0;
+  const parser = new Qwen3OutputParser(parsesTools(call));
+  const pending: string[] = [];
+  const sse = createParser({ onEvent: (e) => pending.push(e.data) });
+  const decoder = new TextDecoder();
+  let started = false;
+  let finished = false;
+  let tokens = 0;
+  let logprobCount = 0;
+  for await (const piece of res.body) {
+    sse.feed(decoder.decode(piece as Buffer, { stream: true }));
+    while (pending.length > 0) {
+      const data = pending.shift()!;
+      if (data === "[DONE]") continue;
+      const json = safeJson(data);
+      const err = VllmErrorBody.safeParse(json);
+      if (err.success) throw new EngineError(`engine error mid-stream: ${err.data.error.message}`, 502, "rejected");
+      const parsed = CompletionChunk.safeParse(json);
+      if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
+      const chunk = parsed.data;
+      const choice = chunk.choices[0];
+      if (choice) {
+        if (!started) {
+          if (!choice.prompt_token_ids) throw new EngineError(MISSING_TOKENS, 502, "bad_response");
+          started = true;
+          yield { type: "start", prompt_ids: choice.prompt_token_ids };
+        }
+        if (!choice.token_ids && choice.text !== "") throw new EngineError(MISSING_TOKENS, 502, "bad_response");
+        const ids = choice.token_ids ?? [];
+        const lps = toTokenLogprobs(choice.logprobs, topK);
+        tokens += ids.length;
+        logprobCount += lps.length;
+        const ev = deltaEvent(choice.text ? parser.push(choice.text) : null, ids, lps);
+        if (ev) yield ev;
+        if (choice.finish_reason && !finished) {
+          finished = true;
+          const tail = deltaEvent(parser.end(), [], []);
+          if (tail) yield tail;
+          yield { type: "finish", finish_reason: finishReason(choice.finish_reason, parser.toolCalls), stop_reason: choice.stop_reason ?? null };
+        }
+      }
+      if (chunk.usage) {
+        yield {
+          type: "usage",
+          usage: {
+            prompt_tokens: chunk.usage.prompt_tokens,
+            completion_tokens: chunk.usage.completion_tokens,
+            cached_tokens: chunk.usage.prompt_tokens_details?.cached_tokens ?? 0,
+          },
+        };
+      }
+    }
+  }
+  if (!started) throw new EngineError(MISSING_TOKENS, 502, "bad_response");
+  if (tokens !== logprobCount) throw new EngineError(`engine streamed ${tokens} token ids but ${logprobCount} logprobs`, 502, "bad_response");
+}
+
+const TokenizeResponse = z.object({
+  tokens: z.array(z.number().int()),
+  max_model_len: z.number().int().nullable().optional(),
+});
+
+async function tokenize(call: TokenizeCall, body: Record<string, unknown>): Promise<z.infer<typeof TokenizeResponse>> {
+  const url = call.target.engine.url;
+  const res = await post(url, "/tokenize", { model: call.model, ...body }, call);
+  await rejectUnlessOk(res, url);
+  const parsed = TokenizeResponse.safeParse(await res.body.json());
+  if (!parsed.success) throw new EngineError("engine /tokenize answer has no tokens", 502, "bad_response");
+  return parsed.data;
+}
+
+export const vllmTokenIn: TokenInEngine = {
+  async tokenizeChat(call, messages: ChatMessage[], addGenerationPrompt) {
+    const req = call.request;
+    const r = await tokenize(call, {
+      messages: messages.map(toVllmMessage),
+      add_generation_prompt: addGenerationPrompt,
+      ...(req.tools ? { tools: req.tools } : {}),
+      ...(req.enable_thinking !== undefined ? { chat_template_kwargs: { enable_thinking: req.enable_thinking } } : {}),
+    });
+    return { ids: r.tokens, maxModelLen: r.max_model_len ?? null };
+  },
+  async tokenizeText(call, text) {
+    return (await tokenize(call, { prompt: text, add_special_tokens: false })).tokens;
+  },
+  generate,
+  generateStream,
+};

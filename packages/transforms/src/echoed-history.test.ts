@@ -1,0 +1,138 @@
+import type { AssistantOutput, ChatMessage, CompletionRecord, ToolDefinition } from "@rollgate/protocol";
+import { describe, expect, it } from "vitest";
+import { findExtendedRecord, matchEchoedHistory, normalizeEchoedHistory, restoreEchoedHistory } from "./echoed-history.js";
+
+function record(seq: number, messages: ChatMessage[], message: Partial<AssistantOutput>, tools?: ToolDefinition[]): CompletionRecord {
+  return {
+    id: `r${seq}`,
+    session_id: "s",
+    seq,
+    created_at: "2026-01-01T00:00:00.000Z",
+    protocol: "openai_chat",
+    engine: "http://e",
+    dp_rank: 0,
+    weight_version: null,
+    request: { messages, sampling: {}, ...(tools ? { tools } : {}) },
+    prompt_ids: [1],
+    output_ids: [2],
+    output_logprobs: [-0.5],
+    finish_reason: "stop",
+    message: { content: null, reasoning: null, tool_calls: [], ...message },
+    usage: { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0 },
+    latency_ms: 1,
+  };
+}
+
+const call = (id: string, name: string, args: string) => ({ id, type: "function" as const, function: { name, arguments: args } });
+const TOOLS: ToolDefinition[] = [{ type: "function", function: { name: "shell" } }];
+const SYS: ChatMessage = { role: "system", content: "sys" };
+const USER: ChatMessage = { role: "user", content: "do it" };
+
+// The engine's answers: reasoning + tool call (content "\n\n" from vLLM), then text + tool call, then text.
+const r0 = record(0, [SYS, USER], { content: "\n\n", reasoning: "\nlook\n", tool_calls: [call("chatcmpl-tool-a", "shell", '{"command": "ls", "n": 1.0}')] }, TOOLS);
+const afterR0: ChatMessage[] = [
+  SYS,
+  USER,
+  { role: "assistant", content: "", reasoning: "\nlook\n", tool_calls: [call("chatcmpl-tool-a", "shell", '{"command": "ls", "n": 1.0}')] },
+  { role: "tool", content: "a.txt", tool_call_id: "chatcmpl-tool-a" },
+];
+const r1 = record(1, afterR0, { content: "\n\nReading.\n", reasoning: "\nread it\n", tool_calls: [call("chatcmpl-tool-b", "shell", '{"command": "cat a.txt"}')] }, TOOLS);
+const afterR1: ChatMessage[] = [
+  ...afterR0,
+  { role: "assistant", content: "\n\nReading.", reasoning: "\nread it\n", tool_calls: [call("chatcmpl-tool-b", "shell", '{"command": "cat a.txt"}')] },
+  { role: "tool", content: "hello", tool_call_id: "chatcmpl-tool-b" },
+];
+const r2 = record(2, afterR1, { content: "It says hello.", reasoning: "\ndone\n" }, TOOLS);
+
+/** What an OpenAI-SDK agent sends back: no reasoning, content as received, arguments re-serialised its own way. */
+const agentEcho: ChatMessage[] = [
+  SYS,
+  USER,
+  { role: "assistant", content: "\n\n", tool_calls: [call("chatcmpl-tool-a", "shell", '{"command":"ls","n":1}')] },
+  { role: "tool", content: "a.txt", tool_call_id: "chatcmpl-tool-a" },
+  { role: "assistant", content: "\n\nReading.\n", tool_calls: [call("chatcmpl-tool-b", "shell", '{"command":"cat a.txt"}')] },
+  { role: "tool", content: "hello", tool_call_id: "chatcmpl-tool-b" },
+  { role: "assistant", content: "It says hello." },
+  { role: "user", content: "thanks, now more" },
+];
+
+describe("normalizeEchoedHistory", () => {
+  it("drops what Qwen3's template adds beside tool calls: whitespace-only content, one trailing newline", () => {
+    const c = call("x", "f", "{}");
+    expect(
+      normalizeEchoedHistory([
+        { role: "assistant", content: "\n\n", tool_calls: [c] },
+        { role: "assistant", content: "text\n", tool_calls: [c] },
+        { role: "assistant", content: "text\n\n", tool_calls: [c] },
+        { role: "assistant", content: "text\n" },
+        { role: "user", content: "text\n" },
+      ]),
+    ).toEqual([
+      { role: "assistant", content: "", tool_calls: [c] },
+      { role: "assistant", content: "text", tool_calls: [c] },
+      { role: "assistant", content: "text\n", tool_calls: [c] },
+      { role: "assistant", content: "text\n" },
+      { role: "user", content: "text\n" },
+    ]);
+  });
+});
+
+describe("restoreEchoedHistory (golden)", () => {
+  it("puts back reasoning, exact arguments and content; keeps the agent's ids and every other message", () => {
+    expect(restoreEchoedHistory(agentEcho, [r0, r1, r2])).toEqual([
+      SYS,
+      USER,
+      { role: "assistant", content: "", reasoning: "\nlook\n", tool_calls: [call("chatcmpl-tool-a", "shell", '{"command": "ls", "n": 1.0}')] },
+      { role: "tool", content: "a.txt", tool_call_id: "chatcmpl-tool-a" },
+      { role: "assistant", content: "\n\nReading.", reasoning: "\nread it\n", tool_calls: [call("chatcmpl-tool-b", "shell", '{"command": "cat a.txt"}')] },
+      { role: "tool", content: "hello", tool_call_id: "chatcmpl-tool-b" },
+      { role: "assistant", content: "It says hello.", reasoning: "\ndone\n" },
+      { role: "user", content: "thanks, now more" },
+    ]);
+  });
+
+  it("matches by content when the agent minted its own tool-call ids (Gemini), and keeps those ids", () => {
+    const echo: ChatMessage[] = [SYS, USER, { role: "assistant", content: null, tool_calls: [call("gemini-call-0-0", "shell", '{"n":1,"command":"ls"}')] }];
+    const [, , restored] = restoreEchoedHistory(echo, [r0]);
+    expect(restored).toEqual({ role: "assistant", content: "", reasoning: "\nlook\n", tool_calls: [call("gemini-call-0-0", "shell", '{"command": "ls", "n": 1.0}')] });
+  });
+
+  it("leaves a turn the agent really changed as it is (the break is then the truth)", () => {
+    const edited: ChatMessage[] = [SYS, USER, { role: "assistant", content: "", tool_calls: [call("chatcmpl-tool-a", "shell", '{"command":"rm -rf /"}')] }];
+    expect(restoreEchoedHistory(edited, [r0])).toEqual(edited);
+    const otherText: ChatMessage[] = [SYS, USER, { role: "assistant", content: "Something else." }];
+    expect(restoreEchoedHistory(otherText, [r2])).toEqual(otherText);
+    const otherReasoning: ChatMessage[] = [SYS, USER, { role: "assistant", content: "It says hello.", reasoning: "made up" }];
+    expect(restoreEchoedHistory(otherReasoning, [r2])).toEqual(otherReasoning);
+  });
+
+  it("among identical answers, picks the record that answered this position", () => {
+    const a = record(0, [USER], { content: "done", reasoning: "first" });
+    const b = record(1, [USER, { role: "assistant", content: "done" }, USER], { content: "done", reasoning: "second" });
+    const c = record(2, [USER], { content: "done", reasoning: "retry" });
+    const { messages, producers } = matchEchoedHistory([USER, { role: "assistant", content: "done" }, USER, { role: "assistant", content: "done" }, USER], [a, b, c]);
+    expect(producers.map((p) => p?.id ?? null)).toEqual([null, "r2", null, "r1", null]);
+    expect(messages[3]).toEqual({ role: "assistant", content: "done", reasoning: "second" });
+  });
+});
+
+describe("findExtendedRecord", () => {
+  it("finds the record the conversation continues (the longest), ignoring ids", () => {
+    const history = matchEchoedHistory(agentEcho, [r0, r1, r2]);
+    expect(findExtendedRecord({ messages: history.messages, tools: TOOLS }, history)).toEqual({ record: r2, index: 6 });
+    const short = agentEcho.slice(0, 4);
+    const h2 = matchEchoedHistory(short, [r0, r1, r2]);
+    expect(findExtendedRecord({ messages: h2.messages, tools: TOOLS }, h2)).toEqual({ record: r0, index: 2 });
+  });
+
+  it("finds none when the tools changed, the prefix differs, or nothing follows the answer", () => {
+    const history = matchEchoedHistory(agentEcho, [r0, r1, r2]);
+    expect(findExtendedRecord({ messages: history.messages, tools: [] }, history)).toBeNull();
+    const changed = history.messages.map((m, i) => (i === 3 ? { ...m, content: "b.txt" } : m)) as ChatMessage[];
+    const h2 = matchEchoedHistory(changed, [r0, r1, r2]);
+    // r0's answer is still echoed (index 2), and nothing after the changed tool result matches.
+    expect(findExtendedRecord({ messages: h2.messages, tools: TOOLS }, h2)).toEqual({ record: r0, index: 2 });
+    const ending = matchEchoedHistory(agentEcho.slice(0, 3), [r0]);
+    expect(findExtendedRecord({ messages: ending.messages, tools: TOOLS }, ending)).toBeNull();
+  });
+});
