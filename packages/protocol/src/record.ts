@@ -29,3 +29,19 @@ export const CompletionRecord = z.object({
   reissued_after_pause: z.boolean().optional(),
 });
 export type CompletionRecord = z.infer<typeof CompletionRecord>;
+
+/**
+ * What the gateway reads of every earlier call on each new call (to restore echoed history and find
+ * the call a conversation continues): small, unlike the record with its token ids and request.
+ */
+export const RecordHead = z.object({
+  id: z.string(),
+  seq: z.number().int().nonnegative(),
+  message: AssistantOutput,
+  finish_reason: z.string(),
+  /** How many messages the call's request had. */
+  message_count: z.number().int().nonnegative(),
+  /** A hash of the request's messages and tools as the chat template sees them (echoed-history.ts). */
+  conversation_key: z.string(),
+});
+export type RecordHead = z.infer<typeof RecordHead>;

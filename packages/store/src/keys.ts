@@ -11,6 +11,7 @@ export function keys(prefix: string) {
     groupTasks: (id: string) => `${prefix}:{g:${id}}:tasks`,
     session: (id: string) => `${prefix}:{s:${id}}:session`,
     records: (id: string) => `${prefix}:{s:${id}}:records`,
+    recordHeads: (id: string) => `${prefix}:{s:${id}}:heads`,
     rankLoad: () => `${prefix}:{routing}:load`,
     affinity: (key: string) => `${prefix}:{routing}:affinity:${key}`,
     roundRobin: () => `${prefix}:{routing}:rr`,

@@ -1,5 +1,5 @@
 import { createHash, timingSafeEqual } from "node:crypto";
-import { Session, CompletionRecord, type CreateSessionRequest } from "@rollgate/protocol";
+import { Session, CompletionRecord, RecordHead, type CreateSessionRequest } from "@rollgate/protocol";
 import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
@@ -135,11 +135,16 @@ export class SessionStore {
     return (await this.redis.hincrby(this.k.session(id), "next_seq", 1)) - 1;
   }
 
-  async appendRecord(record: CompletionRecord): Promise<void> {
+  /**
+   * Appends a record and its head (the small part later calls of the session read on every call;
+   * see RecordHead).
+   */
+  async appendRecord(record: CompletionRecord, head: RecordHead): Promise<void> {
     const sid = record.session_id;
     await this.redis
       .multi()
       .hset(this.k.records(sid), String(record.seq), JSON.stringify(record))
+      .hset(this.k.recordHeads(sid), String(record.seq), JSON.stringify(head))
       .hincrby(this.k.session(sid), "llm_calls", 1)
       .hincrby(this.k.session(sid), "prompt_tokens", record.usage.prompt_tokens)
       .hincrby(this.k.session(sid), "completion_tokens", record.usage.completion_tokens)
@@ -154,10 +159,24 @@ export class SessionStore {
       .sort((a, b) => a.seq - b.seq);
   }
 
+  /** Every record's head, in call order. */
+  async recordHeads(id: string): Promise<RecordHead[]> {
+    const all = await this.redis.hgetall(this.k.recordHeads(id));
+    return Object.entries(all)
+      .map(([seq, raw]) => parseStored(RecordHead, raw, `record head ${seq} of session ${id}`))
+      .sort((a, b) => a.seq - b.seq);
+  }
+
+  /** One record by its sequence number. */
+  async record(id: string, seq: number): Promise<CompletionRecord | null> {
+    const raw = await this.redis.hget(this.k.records(id), String(seq));
+    return raw ? parseStored(CompletionRecord, raw, `record ${seq} of session ${id}`) : null;
+  }
+
   /** Drops everything the session holds (its rank slot is released first if still open). */
   async delete(id: string, now: Date): Promise<boolean> {
     await this.close(id, now);
-    const n = await this.redis.del(this.k.session(id), this.k.records(id));
+    const n = await this.redis.del(this.k.session(id), this.k.records(id), this.k.recordHeads(id));
     return n > 0;
   }
 }

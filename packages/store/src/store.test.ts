@@ -102,9 +102,13 @@ describe("SessionStore", () => {
       latency_ms: 1,
     });
     // The later call finishes first: order still follows seq.
-    await store.appendRecord(rec(1));
-    await store.appendRecord(rec(0));
+    const head = (r: CompletionRecord) => ({ id: r.id, seq: r.seq, message: r.message, finish_reason: r.finish_reason, message_count: 1, conversation_key: `k${r.seq}` });
+    await store.appendRecord(rec(1), head(rec(1)));
+    await store.appendRecord(rec(0), head(rec(0)));
     expect((await store.records("s-2")).map((r) => r.id)).toEqual(["c0", "c1"]);
+    expect((await store.recordHeads("s-2")).map((h) => [h.id, h.conversation_key])).toEqual([["c0", "k0"], ["c1", "k1"]]);
+    expect((await store.record("s-2", 1))!.id).toBe("c1");
+    expect(await store.record("s-2", 7)).toBeNull();
     expect((await store.get("s-2"))!.counts).toEqual({ llm_calls: 2, prompt_tokens: 2, completion_tokens: 2, cached_tokens: 2 });
     expect(await store.delete("s-2", new Date())).toBe(true);
     expect(await store.get("s-2")).toBeNull();

@@ -1,9 +1,10 @@
-import type { AssistantOutput, ChatMessage, CompletionRecord, ToolDefinition } from "@rollgate/protocol";
+import type { AssistantOutput, ChatMessage, RecordHead, ToolDefinition } from "@rollgate/protocol";
 import { describe, expect, it } from "vitest";
-import { findExtendedRecord, matchEchoedHistory, normalizeEchoedHistory, restoreEchoedHistory } from "./echoed-history.js";
+import { findExtendedRecord, matchEchoedHistory, normalizeEchoedHistory, recordHead, restoreEchoedHistory } from "./echoed-history.js";
 
-function record(seq: number, messages: ChatMessage[], message: Partial<AssistantOutput>, tools?: ToolDefinition[]): CompletionRecord {
-  return {
+/** A record as the gateway stores it, read back as its head (what the functions see). */
+function record(seq: number, messages: ChatMessage[], message: Partial<AssistantOutput>, tools?: ToolDefinition[]): RecordHead {
+  return recordHead({
     id: `r${seq}`,
     session_id: "s",
     seq,
@@ -20,7 +21,7 @@ function record(seq: number, messages: ChatMessage[], message: Partial<Assistant
     message: { content: null, reasoning: null, tool_calls: [], ...message },
     usage: { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0 },
     latency_ms: 1,
-  };
+  });
 }
 
 const call = (id: string, name: string, args: string) => ({ id, type: "function" as const, function: { name, arguments: args } });

@@ -1,4 +1,5 @@
-import type { CanonicalChatRequest, ChatMessage, CompletionRecord, ContentPart, ToolCall } from "@rollgate/protocol";
+import { createHash } from "node:crypto";
+import type { AssistantOutput, CanonicalChatRequest, ChatMessage, CompletionRecord, ContentPart, RecordHead, ToolCall } from "@rollgate/protocol";
 
 /**
  * Agents send earlier assistant turns back as they received them — or their own way — and the
@@ -13,8 +14,13 @@ import type { CanonicalChatRequest, ChatMessage, CompletionRecord, ContentPart, 
  *    continue token-in from that record's own ids where the template still cannot round-trip
  *    (Qwen3 with thinking off, or reasoning dropped before a new user query).
  *
- * All pure: the records are read by the caller.
+ * All pure: the records are read by the caller. They work on record heads (`recordHead`): the
+ * answer, the request's message count and a hash of its conversation, so a call reads a few hundred
+ * bytes per earlier call, not every earlier prompt.
  */
+
+/** The part of a record these functions read. */
+export type HeadLike = Pick<RecordHead, "message" | "message_count">;
 
 type AssistantMessage = Extract<ChatMessage, { role: "assistant" }>;
 
@@ -75,7 +81,7 @@ function sameCalls(a: readonly ToolCall[], b: readonly ToolCall[]): boolean {
 }
 
 /** The assistant message a record's answer is, as an agent would echo it (normalised). */
-export function recordedAssistantMessage(record: CompletionRecord): AssistantMessage {
+export function recordedAssistantMessage(record: { message: AssistantOutput }): AssistantMessage {
   const out = record.message;
   const m: AssistantMessage = { role: "assistant", content: out.content, reasoning: out.reasoning };
   if (out.tool_calls.length > 0) m.tool_calls = out.tool_calls.map((c) => ({ ...c, function: { ...c.function } }));
@@ -89,7 +95,7 @@ export function recordedAssistantMessage(record: CompletionRecord): AssistantMes
  * changed a turn (edited text, removed a call) does not match: its history is its own, and a break
  * in the trajectory is then the truth.
  */
-export function echoesRecord(m: AssistantMessage, record: CompletionRecord): boolean {
+export function echoesRecord(m: AssistantMessage, record: { message: AssistantOutput }): boolean {
   const out = record.message;
   if (contentText(m.content).trim() !== (out.content ?? "").trim()) return false;
   if (!sameCalls(m.tool_calls ?? [], out.tool_calls)) return false;
@@ -98,7 +104,7 @@ export function echoesRecord(m: AssistantMessage, record: CompletionRecord): boo
 }
 
 /** The echoed assistant turn with the engine's own answer put back; the agent's tool-call ids are kept. */
-function restore(m: AssistantMessage, record: CompletionRecord): AssistantMessage {
+function restore(m: AssistantMessage, record: { message: AssistantOutput }): AssistantMessage {
   const out = record.message;
   const restored: AssistantMessage = { role: "assistant", content: out.content, reasoning: out.reasoning };
   if (out.tool_calls.length > 0) {
@@ -111,11 +117,11 @@ function restore(m: AssistantMessage, record: CompletionRecord): AssistantMessag
   return restored;
 }
 
-export interface EchoedHistory {
+export interface EchoedHistory<R extends HeadLike = RecordHead> {
   /** The conversation with every matched assistant turn restored, then normalised. */
   messages: ChatMessage[];
   /** Per message: the record whose answer it is (assistant turns only), else null. */
-  producers: (CompletionRecord | null)[];
+  producers: (R | null)[];
 }
 
 /**
@@ -124,9 +130,9 @@ export interface EchoedHistory {
  * then by content; among several candidates the latest record that answered a conversation of
  * exactly this turn's position wins, else the latest. Linear in the records plus the messages.
  */
-export function matchEchoedHistory(messages: readonly ChatMessage[], records: readonly CompletionRecord[]): EchoedHistory {
-  const byCallId = new Map<string, CompletionRecord>();
-  const byText = new Map<string, CompletionRecord[]>();
+export function matchEchoedHistory<R extends HeadLike>(messages: readonly ChatMessage[], records: readonly R[]): EchoedHistory<R> {
+  const byCallId = new Map<string, R>();
+  const byText = new Map<string, R[]>();
   for (const r of records) {
     for (const c of r.message.tool_calls) if (c.id) byCallId.set(c.id, r);
     const key = (r.message.content ?? "").trim();
@@ -134,20 +140,20 @@ export function matchEchoedHistory(messages: readonly ChatMessage[], records: re
     if (list) list.push(r);
     else byText.set(key, [r]);
   }
-  const producers: (CompletionRecord | null)[] = [];
+  const producers: (R | null)[] = [];
   const out = messages.map((m, i): ChatMessage => {
     if (m.role !== "assistant") {
       producers.push(null);
       return m;
     }
-    let found: CompletionRecord | undefined;
+    let found: R | undefined;
     const ids = (m.tool_calls ?? []).map((c) => c.id);
     const byId = ids.length > 0 ? byCallId.get(ids[0]!) : undefined;
     if (byId && ids.every((id) => byCallId.get(id) === byId) && echoesRecord(m, byId)) found = byId;
     if (!found) {
       const candidates = (byText.get(contentText(m.content).trim()) ?? []).filter((r) => echoesRecord(m, r));
       // A retry answers the same position again; the agent kept the latest answer.
-      found = [...candidates].reverse().find((r) => r.request.messages.length === i) ?? candidates.at(-1);
+      found = [...candidates].reverse().find((r) => r.message_count === i) ?? candidates.at(-1);
     }
     producers.push(found ?? null);
     return found ? restore(m, found) : m;
@@ -156,7 +162,7 @@ export function matchEchoedHistory(messages: readonly ChatMessage[], records: re
 }
 
 /** `matchEchoedHistory` without the provenance: the conversation with the engine's own answers put back. */
-export function restoreEchoedHistory(messages: readonly ChatMessage[], records: readonly CompletionRecord[]): ChatMessage[] {
+export function restoreEchoedHistory(messages: readonly ChatMessage[], records: readonly HeadLike[]): ChatMessage[] {
   return matchEchoedHistory(messages, records).messages;
 }
 
@@ -182,8 +188,31 @@ function messageKey(m: ChatMessage): string {
   }
 }
 
-export interface ExtendedRecord {
-  record: CompletionRecord;
+/**
+ * A hash of a conversation as the chat template sees it (messages by `messageKey`, and the tools,
+ * which are rendered into the prompt's head). Equal keys: the engine renders the same prompt.
+ */
+export function conversationKey(messages: readonly ChatMessage[], tools: CanonicalChatRequest["tools"]): string {
+  const h = createHash("sha256");
+  h.update(stable(tools ?? []));
+  for (const m of messages) h.update("\u0000").update(messageKey(m));
+  return h.digest("base64url");
+}
+
+/** The head of a record: what later calls read to restore history and find what they continue. */
+export function recordHead(record: CompletionRecord): RecordHead {
+  return {
+    id: record.id,
+    seq: record.seq,
+    message: record.message,
+    finish_reason: record.finish_reason,
+    message_count: record.request.messages.length,
+    conversation_key: conversationKey(record.request.messages, record.request.tools),
+  };
+}
+
+export interface ExtendedRecord<R = RecordHead> {
+  record: R;
   /** Index in the request's messages of the record's own answer; the new turns follow it. */
   index: number;
 }
@@ -194,20 +223,18 @@ export interface ExtendedRecord {
  * same tools (they are rendered into the prompt's head). The longest such prefix wins. Only turns
  * `matchEchoedHistory` attributed are candidates, so this costs one prefix comparison in practice.
  */
-export function findExtendedRecord(
+export function findExtendedRecord<R extends HeadLike & Pick<RecordHead, "conversation_key">>(
   request: Pick<CanonicalChatRequest, "messages" | "tools">,
-  history: Pick<EchoedHistory, "producers">,
-): ExtendedRecord | null {
+  history: Pick<EchoedHistory<R>, "producers">,
+): ExtendedRecord<R> | null {
   const messages = request.messages;
-  const tools = stable(request.tools ?? []);
   let keys: string[] | undefined;
   for (let i = messages.length - 2; i >= 1; i--) {
     const r = history.producers[i];
-    if (!r || r.request.messages.length !== i) continue;
-    if (stable(r.request.tools ?? []) !== tools) continue;
+    if (!r || r.message_count !== i) continue;
     keys ??= messages.map(messageKey);
     if (messageKey(recordedAssistantMessage(r)) !== keys[i]) continue;
-    if (r.request.messages.every((m, j) => messageKey(m) === keys![j])) return { record: r, index: i };
+    if (conversationKey(messages.slice(0, i), request.tools) === r.conversation_key) return { record: r, index: i };
   }
   return null;
 }

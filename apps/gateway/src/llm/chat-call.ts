@@ -7,6 +7,7 @@ import {
   findExtendedRecord,
   matchEchoedHistory,
   normalizeEchoedHistory,
+  recordHead,
   type EchoedHistory,
   type EngineResult,
   type EngineStreamEvent,
@@ -90,11 +91,12 @@ export class ChatCaller {
       this.deps.weights.get(),
     ]);
     // Echoed history: each assistant turn is restored from the session's own records (what the
-    // engine generated). The records are read once per call, and only when there are such turns.
+    // engine generated). Only the records' small heads are read, once per call and only when
+    // there are such turns; the one full record a token-in continuation needs is read after.
     let messages = normalizeEchoedHistory(canonical.messages);
     let history: EchoedHistory | null = null;
     if (messages.some((m) => m.role === "assistant")) {
-      history = matchEchoedHistory(messages, await this.deps.sessions.records(session.id));
+      history = matchEchoedHistory(messages, await this.deps.sessions.recordHeads(session.id));
       messages = history.messages;
     }
     const request: CanonicalChatRequest = {
@@ -120,7 +122,10 @@ export class ChatCaller {
     if (mode === "render") return null;
     const engine = tokenInFor(call.target.engine.kind);
     try {
-      const outcome = await planContinuation({ mode, engine, call, request: call.request, extended: findExtendedRecord(call.request, history) });
+      const found = findExtendedRecord(call.request, history);
+      const full = found ? await this.deps.sessions.record(sid, found.record.seq) : null;
+      const extended = found && full ? { record: full, index: found.index } : null;
+      const outcome = await planContinuation({ mode, engine, call, request: call.request, extended });
       if (!outcome.plan || !engine) {
         this.deps.log.debug({ session: sid, seq, why: outcome.plan ? "no engine" : outcome.why }, "call rendered by the engine");
         return null;
@@ -226,7 +231,7 @@ export class ChatCaller {
       ...(call.reroutedFrom ? { rerouted_from: call.reroutedFrom } : {}),
       ...(call.reissued ? { reissued_after_pause: true } : {}),
     };
-    await this.deps.sessions.appendRecord(record);
+    await this.deps.sessions.appendRecord(record, recordHead(record));
     this.deps.observe?.(record, call);
     const taskId = call.session.metadata.task_id;
     if (typeof taskId === "string") {

@@ -5,7 +5,7 @@
  */
 import type { CanonicalChatRequest, ChatMessage, CompletionRecord } from "@rollgate/protocol";
 import { getTokenizer, parsePyJson, renderChat } from "@rollgate/engine-sim";
-import { findExtendedRecord, matchEchoedHistory } from "@rollgate/transforms";
+import { findExtendedRecord, matchEchoedHistory, recordHead } from "@rollgate/transforms";
 import { describe, expect, it } from "vitest";
 import type { TokenInEngine, TokenizeCall } from "../engines/token-in.js";
 import { planContinuation, type ContinuationMode } from "./continuation.js";
@@ -78,9 +78,10 @@ const START: ChatMessage[] = [
 const CALL = { id: "chatcmpl-tool-1", type: "function" as const, function: { name: "shell", arguments: '{"command": "ls"}' } };
 
 async function plan(mode: ContinuationMode, record: CompletionRecord, next: ChatMessage[], extra: Partial<CanonicalChatRequest> = {}, engine = fakeEngine()) {
-  const history = matchEchoedHistory(next, [record]);
+  const history = matchEchoedHistory(next, [recordHead(record)]);
   const request: CanonicalChatRequest = { messages: history.messages, tools: TOOLS, sampling: {}, stream: false, client_logprobs: null, enable_thinking: record.request.enable_thinking!, ...extra };
-  return planContinuation({ mode, engine, call: callFor(request), request, extended: findExtendedRecord(request, history) });
+  const found = findExtendedRecord(request, history);
+  return planContinuation({ mode, engine, call: callFor(request), request, extended: found && { record, index: found.index } });
 }
 
 describe("planContinuation", () => {
@@ -112,7 +113,7 @@ describe("planContinuation", () => {
     const next: ChatMessage[] = [...START, { role: "assistant", content: "\n\n", tool_calls: [CALL] }, { role: "tool", content: "x", tool_call_id: CALL.id }];
     expect(await plan("auto", on, next)).toEqual({ plan: null, why: "the engine's rendering reproduces the recorded tokens" });
     const forced = await plan("token_in", on, next);
-    expect(forced.plan?.promptIds).toEqual(render(matchEchoedHistory(next, [on]).messages, true, true));
+    expect(forced.plan?.promptIds).toEqual(render(matchEchoedHistory(next, [recordHead(on)]).messages, true, true));
     expect(forced.plan?.divergesAt).toBeNull();
     // A new user query: the template would drop the reasoning; the sentinel is then a user turn.
     const q = await plan("auto", on, [...next.slice(0, 4), { role: "user", content: "more" }]);

@@ -100,7 +100,8 @@ export async function planContinuation(args: {
   engine: TokenInEngine | undefined;
   call: TokenizeCall;
   request: CanonicalChatRequest;
-  extended: ExtendedRecord | null;
+  /** The full record (its token ids are the prefix), not just its head. */
+  extended: ExtendedRecord<CompletionRecord> | null;
 }): Promise<PlanOutcome> {
   const { mode, engine, call, request, extended } = args;
   if (mode === "render") return { plan: null, why: "ROLLGATE_CONTINUATION=render" };
