@@ -1,7 +1,7 @@
 import { randomBytes, randomUUID } from "node:crypto";
 import { CreateSessionRequest, TrajectoryBuilderName, type CreateSessionResponse } from "@rollgate/protocol";
 import { hashToken, parseRankMember } from "@rollgate/store";
-import { TrajectoryInvariantError, buildTrajectory } from "@rollgate/trajectory";
+import { TRAINER_FORMATS, TrajectoryInvariantError, buildTrajectory, toTrainerFormat } from "@rollgate/trajectory";
 import type { FastifyPluginAsync } from "fastify";
 import { z } from "zod";
 import { requireApiKey } from "../auth.js";
@@ -9,7 +9,11 @@ import type { GatewayContext } from "../context.js";
 import { errorBody, trainerErrorHandler, validationError } from "../errors.js";
 
 const IdParams = z.object({ id: z.string().min(1).max(256) });
-const TrajectoryQuery = z.object({ builder: TrajectoryBuilderName.default("prefix_merging") });
+const TrajectoryQuery = z.object({
+  builder: TrajectoryBuilderName.default("prefix_merging"),
+  /** `rollgate` (default): the trajectory itself; a trainer's name: `{builder, format, samples}`, one sample per trace. */
+  format: z.enum(TRAINER_FORMATS).default("rollgate"),
+});
 
 export function sessionUrls(publicUrl: string, id: string): Pick<CreateSessionResponse, "base_url" | "urls"> {
   const base = `${publicUrl}/s/${id}`;
@@ -28,7 +32,8 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const body = parsed.data;
       const id = body.id ?? `s-${randomUUID()}`;
       if (await ctx.sessions.get(id)) return reply.code(409).send(errorBody("conflict", `session ${id} exists`));
-      const member = await ctx.router.assign(ctx.registry.members(), body.affinity_key, ctx.env.ROLLGATE_ROUTING);
+      const healthy = ctx.registry.members().filter((m) => !ctx.health.isDown(m));
+      const member = await ctx.router.assign(healthy, body.affinity_key, ctx.env.ROLLGATE_ROUTING);
       if (!member) return reply.code(503).send(errorBody("no_engine", "no engine rank is available"));
       const { engine, dpRank } = parseRankMember(member);
       const target = ctx.registry.target(engine, dpRank);
@@ -75,7 +80,9 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       if (!(await ctx.sessions.get(id))) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
       const records = await ctx.sessions.records(id);
       try {
-        return buildTrajectory(records, query.data.builder);
+        const trajectory = buildTrajectory(records, query.data.builder);
+        const { format, builder } = query.data;
+        return format === "rollgate" ? trajectory : { builder, format, samples: toTrainerFormat(trajectory, format) };
       } catch (err) {
         if (err instanceof TrajectoryInvariantError) {
           return reply.code(422).send(errorBody("trajectory_invalid", err.message, { record_id: err.record_id }));

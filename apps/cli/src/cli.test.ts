@@ -1,0 +1,102 @@
+import { describe, expect, it } from "vitest";
+import { GLOBAL_OPTIONS } from "./cli.js";
+import { allCommands } from "./commands/index.js";
+import { UsageError, findCommand, parseCommand } from "./framework.js";
+import { makeStyle, prettyJson } from "./output.js";
+import { ProgressView, emptyCounts } from "./progress.js";
+import { renderTable } from "./table.js";
+import { TasksFileError, readTasksFile } from "./tasks-file.js";
+
+const submit = allCommands.find((c) => c.name === "submit")!;
+
+describe("argument parsing", () => {
+  it("finds the command after global options that take values", () => {
+    expect(findCommand(["--url", "http://x", "submit", "f.jsonl", "-n", "4"], GLOBAL_OPTIONS)).toEqual({ name: "submit", rest: ["--url", "http://x", "f.jsonl", "-n", "4"] });
+    expect(findCommand(["--json"], GLOBAL_OPTIONS).name).toBeUndefined();
+  });
+
+  it("parses options, defaults, negations and env, and refuses mistakes", () => {
+    const { args, values } = parseCommand(submit, ["f.jsonl", "-n", "4", "--no-wait"], GLOBAL_OPTIONS);
+    expect(args).toEqual(["f.jsonl"]);
+    expect(values).toMatchObject({ "group-size": "4", wait: false, interval: "1" });
+    expect(() => parseCommand(submit, [], GLOBAL_OPTIONS)).toThrow(UsageError);
+    expect(() => parseCommand(submit, ["a", "b"], GLOBAL_OPTIONS)).toThrow(/unexpected argument "b"/);
+    expect(() => parseCommand(submit, ["a", "--frob"], GLOBAL_OPTIONS)).toThrow(/--frob/);
+    const traj = allCommands.find((c) => c.name === "trajectory")!;
+    expect(() => parseCommand(traj, ["a", "--format", "megatron"], GLOBAL_OPTIONS)).toThrow(/--format must be one of rollgate, verl, slime, prime-rl/);
+  });
+});
+
+describe("progress rendering", () => {
+  const counts = { ...emptyCounts(10), queued: 2, running: 3, done: 4, failed: 1, completionTokens: 5000, rewardSum: 3, rewardCount: 4 };
+
+  it("writes plain lines (no control characters) at most every everyMs when not on a terminal", () => {
+    let now = 0;
+    const out: string[] = [];
+    const p = new ProgressView((s) => out.push(s), { tty: false, everyMs: 1000, style: makeStyle(false), now: () => now });
+    p.update(counts);
+    now = 500;
+    p.update(counts);
+    now = 10_000;
+    p.update(counts);
+    p.finish(counts);
+    expect(out).toEqual([
+      "[0:00] 5/10 ended · queued 2 · running 3 · done 4 · failed 1 · 0.0 tok/s · mean reward 0.750\n",
+      "[0:10] 5/10 ended · queued 2 · running 3 · done 4 · failed 1 · 500.0 tok/s · mean reward 0.750\n",
+    ]);
+    expect(out.join("")).not.toMatch(/[\r\x1b]/); // eslint-disable-line no-control-regex
+  });
+
+  it("redraws one line in place on a terminal (cli-progress), within the width", () => {
+    const out: string[] = [];
+    const p = new ProgressView((s) => out.push(s), { tty: true, everyMs: 1000, style: makeStyle(true), columns: 120 });
+    p.update(counts);
+    p.update(counts, true);
+    p.finish(counts);
+    const text = out.join("");
+    expect(text.endsWith("\n")).toBe(true);
+    // Every frame starts at column 1 of the same line: no newline before the final one.
+    expect(text.slice(0, -1)).not.toContain("\n");
+    const frames = text
+      .replace(/\x1b\[[0-9;]*m/g, "") // eslint-disable-line no-control-regex -- colours don't take columns
+      .replace(/\x1b\[[0-9;?]*[a-zA-Z]|\x1b[78]/g, "\u0000") // eslint-disable-line no-control-regex -- cursor moves separate the frames
+      .split("\u0000")
+      .filter((f) => f.includes("/10"));
+    expect(frames.length).toBeGreaterThanOrEqual(2);
+    for (const f of frames) {
+      expect(f.length).toBeLessThanOrEqual(120);
+      expect(f).toContain("5/10 │ queued 2  running 3  done 4  failed 1 │");
+    }
+  });
+});
+
+describe("tasks files", () => {
+  const ok = { instruction: "x", agent: { harness: "command", command: ["true"] } };
+  it("reads JSONL with comments and blank lines, and .json objects or arrays", () => {
+    expect(readTasksFile("t.jsonl", `# c\n\n${JSON.stringify(ok)}\n// c\n${JSON.stringify(ok)}\n`).map((l) => l.line)).toEqual([3, 5]);
+    expect(readTasksFile("t.json", JSON.stringify(ok))).toHaveLength(1);
+    expect(readTasksFile("t.json", JSON.stringify([ok, ok, ok]))).toHaveLength(3);
+  });
+  it("lists every bad line, in order", () => {
+    const bad = `${JSON.stringify({ instruction: 1 })}\n{oops\n${JSON.stringify({ ...ok, id: "a" })}\n${JSON.stringify({ ...ok, id: "a" })}\n`;
+    expect(() => readTasksFile("t.jsonl", bad)).toThrow(TasksFileError);
+    try {
+      readTasksFile("t.jsonl", bad);
+    } catch (err) {
+      expect((err as Error).message).toMatch(/has 2 invalid task\(s\):\n {2}line 1: instruction: .*\n {2}line 2: not JSON/);
+    }
+    expect(() => readTasksFile("t.jsonl", `${JSON.stringify({ ...ok, id: "a" })}\n${JSON.stringify({ ...ok, id: "a" })}`)).toThrow(/task id a appears on lines 1 and 2/);
+    expect(() => readTasksFile("t.jsonl", "\n# nothing\n")).toThrow(/holds no tasks/);
+  });
+});
+
+describe("output helpers", () => {
+  it("renders tables with colour-blind widths", () => {
+    const s = makeStyle(true);
+    const t = renderTable(["a", "bb"], [[s.green("x"), "1"], ["yyy", "22"]], { right: [1], ascii: true });
+    expect(t.replace(/\x1b\[[0-9;]*m/g, "")).toBe(["+-----+----+", "| a   | bb |", "+-----+----+", "| x   |  1 |", "| yyy | 22 |", "+-----+----+"].join("\n")); // eslint-disable-line no-control-regex
+  });
+  it("keeps token arrays on one line in pretty JSON", () => {
+    expect(prettyJson({ ids: [1, 2, -3.5e-2], s: ["a", "b"] })).toBe('{\n  "ids": [1,2,-3.5e-2],\n  "s": [\n    "a",\n    "b"\n  ]\n}'.replace("-3.5e-2", String(-3.5e-2)));
+  });
+});

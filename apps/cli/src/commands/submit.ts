@@ -1,0 +1,250 @@
+import { randomUUID } from "node:crypto";
+import { closeSync, openSync, writeSync } from "node:fs";
+import path from "node:path";
+import { isTerminal, type TaskResult } from "@rollgate/client";
+import type { TaskInput, TaskStatus } from "@rollgate/protocol";
+import { UsageError, numberOption, type CommandSpec } from "../framework.js";
+import { EXIT, fmt, statusColor, type Context } from "../output.js";
+import { ProgressView, emptyCounts, type ProgressCounts } from "../progress.js";
+import { renderTable } from "../table.js";
+import { TasksFileError, readTasksFile } from "../tasks-file.js";
+
+const STATUSES = ["completed", "failed", "timed_out", "cancelled"] as const;
+
+interface Tracked {
+  id: string;
+  status: TaskStatus;
+  result: TaskResult | null;
+}
+
+function defaultOut(file: string): string {
+  if (file === "-") return "rollgate-results.jsonl";
+  // In the current directory, named after the input: never next to a task file in a repository.
+  return `${path.basename(file).replace(/\.(jsonl|ndjson|json)$/i, "")}.results.jsonl`;
+}
+
+function mean(xs: number[]): number | null {
+  return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null;
+}
+
+function std(xs: number[]): number | null {
+  const m = mean(xs);
+  return m === null ? null : Math.sqrt(xs.reduce((a, x) => a + (x - m) ** 2, 0) / xs.length);
+}
+
+/** Runs `work` over `items` with at most `limit` at once. */
+async function pool<T>(items: T[], limit: number, work: (item: T) => Promise<void>): Promise<void> {
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: Math.min(limit, items.length) }, async () => {
+      while (next < items.length) await work(items[next++]!);
+    }),
+  );
+}
+
+export const submitCommand: CommandSpec<Context> = {
+  name: "submit",
+  summary: "submit tasks from a JSONL file, follow them with a live progress bar, write the results",
+  description: `Submits every task of a JSONL file (one task per line; a .json file may hold one task or an
+array) in batches, then follows them to the end: a live progress bar on a terminal (queued /
+running / done / failed, tokens/s, mean reward), plain progress lines every few seconds
+otherwise. Each result is appended to the --out JSONL file as its task ends (one TaskResult per
+line, the callback body); a summary table follows. With -n, every task becomes a GRPO group of n
+rollouts. Exit code 0 when every task completed, 1 when some failed, timed out or were cancelled.`,
+  args: [{ name: "tasks.jsonl", required: true, description: "tasks to submit ('-' reads stdin)" }],
+  options: [
+    { name: "out", short: "o", type: "string", value: "<file>", description: "results JSONL ('-' = stdout); default ./<tasks name>.results.jsonl" },
+    { name: "group-size", short: "n", type: "string", value: "<n>", description: "submit each task as a GRPO group of n rollouts (ids <group_id>-<k>)" },
+    { name: "wait", type: "boolean", default: true, description: "follow the tasks to the end (--no-wait: submit, print the ids and exit)" },
+    { name: "interval", type: "string", value: "<s>", default: "1", description: "seconds between status polls" },
+    { name: "progress-every", type: "string", value: "<s>", default: "5", description: "seconds between plain progress lines (when not on a terminal)" },
+    { name: "timeout", type: "string", value: "<s>", description: "stop waiting after this many seconds (exit 1; tasks keep running)" },
+    { name: "chunk", type: "string", value: "<n>", default: "500", description: "tasks per batch request" },
+    { name: "quiet", short: "q", type: "boolean", description: "no progress output" },
+  ],
+  examples: [
+    "rollgate submit examples/react-agent/task.json",
+    "rollgate submit tasks.jsonl -n 8 --out rollouts.jsonl",
+    "rollgate submit tasks.jsonl --json | jq .mean_reward",
+  ],
+  async run(ctx, [file], values) {
+    const groupSize = numberOption(values, "group-size", "submit", { integer: true, min: 1 });
+    const intervalMs = (numberOption(values, "interval", "submit", { min: 0.05 }) ?? 1) * 1000;
+    const everyMs = (numberOption(values, "progress-every", "submit", { min: 0.1 }) ?? 5) * 1000;
+    const timeoutS = numberOption(values, "timeout", "submit", { min: 0.1 });
+    const chunk = numberOption(values, "chunk", "submit", { integer: true, min: 1 }) ?? 500;
+    let lines;
+    try {
+      lines = readTasksFile(file!);
+    } catch (err) {
+      if (err instanceof TasksFileError) {
+        if (ctx.json) ctx.printJson({ error: { type: "invalid_tasks_file", message: err.message } });
+        ctx.err(`${ctx.errStyle.red("rollgate:")} ${err.message}`);
+        return EXIT.usage;
+      }
+      throw err;
+    }
+    const outPath = (values.out as string | undefined) ?? defaultOut(file!);
+    const resultsToStdout = outPath === "-";
+    if (resultsToStdout && ctx.json) throw new UsageError("--out - and --json both want stdout: pick one", "submit");
+    const say = (line: string) => (resultsToStdout || ctx.json ? ctx.err(line) : ctx.out(line));
+
+    // ── submit ──
+    const ids: string[] = [];
+    const startedAt = Date.now();
+    if (groupSize) {
+      const runTag = randomUUID().slice(0, 8);
+      for (const { line, task } of lines) {
+        const groupId = task.group_id ?? task.id ?? `g-${runTag}-${line}`;
+        const { id: _id, group_id: _gid, ...rest } = task;
+        const accepted = await ctx.client.submitGroup({ group_id: groupId, n: groupSize, task: rest as TaskInput });
+        ids.push(...accepted.map((a) => a.id));
+      }
+    } else {
+      for (let i = 0; i < lines.length; i += chunk) {
+        const accepted = await ctx.client.submitBatch(lines.slice(i, i + chunk).map((l) => l.task));
+        ids.push(...accepted.map((a) => a.id));
+      }
+    }
+    if (!values.quiet) say(`submitted ${ids.length} task(s) from ${file} to ${ctx.url}${values.wait === false ? "" : `; results → ${resultsToStdout ? "stdout" : outPath}`}`);
+    if (values.wait === false) {
+      if (ctx.json) ctx.printJson({ submitted: ids.length, task_ids: ids });
+      else for (const id of ids) ctx.out(id);
+      return EXIT.ok;
+    }
+
+    // ── follow ──
+    const tracked = new Map<string, Tracked>(ids.map((id) => [id, { id, status: "queued", result: null }]));
+    const counts: ProgressCounts = emptyCounts(ids.length);
+    const fd = resultsToStdout ? 1 : openSync(outPath, "w");
+    const tty = process.stderr.isTTY === true && !process.env.CI;
+    const progress = new ProgressView((s) => void process.stderr.write(s), {
+      tty,
+      everyMs,
+      style: ctx.errStyle,
+      columns: process.stderr.columns ?? 100,
+    });
+    let interrupted = false;
+    const onSigint = () => {
+      if (interrupted) process.exit(130);
+      interrupted = true;
+    };
+    process.on("SIGINT", onSigint);
+    const recount = () => {
+      const all = [...tracked.values()];
+      counts.queued = all.filter((t) => t.status === "queued").length;
+      counts.running = all.filter((t) => t.status === "running").length;
+      counts.done = all.filter((t) => t.status === "completed").length;
+      counts.failed = all.filter((t) => isTerminal(t.status) && t.status !== "completed").length;
+    };
+    const deadline = timeoutS !== undefined ? startedAt + timeoutS * 1000 : Infinity;
+    let lastError: unknown = null;
+    try {
+      while (!interrupted) {
+        const pending = [...tracked.values()].filter((t) => !t.result);
+        if (pending.length === 0) break;
+        await pool(pending, 16, async (t) => {
+          try {
+            const record = await ctx.client.getTask(t.id);
+            t.status = record.status;
+            if (record.result) {
+              t.result = record.result;
+              t.status = record.result.status;
+              writeSync(fd, `${JSON.stringify(record.result)}\n`);
+              counts.completionTokens += record.result.usage.completion_tokens;
+              if (record.result.status === "completed" && record.result.reward !== null) {
+                counts.rewardSum += record.result.reward;
+                counts.rewardCount++;
+              }
+            }
+            lastError = null;
+          } catch (err) {
+            lastError = err; // a blip: retried on the next sweep
+          }
+        });
+        recount();
+        if (!values.quiet) progress.update(counts);
+        if (!tracked.size || [...tracked.values()].every((t) => t.result)) break;
+        if (Date.now() >= deadline) break;
+        await new Promise((r) => setTimeout(r, intervalMs));
+      }
+    } finally {
+      process.off("SIGINT", onSigint);
+      if (!resultsToStdout) closeSync(fd);
+    }
+    recount();
+    if (!values.quiet) progress.finish(counts);
+    const elapsedMs = Date.now() - startedAt;
+    const results = [...tracked.values()].flatMap((t) => (t.result ? [t.result] : []));
+    const unfinished = ids.length - results.length;
+    if (unfinished && lastError) ctx.err(`${ctx.errStyle.yellow("warning:")} last status poll failed: ${(lastError as Error).message}`);
+
+    // ── summary ──
+    const byStatus = Object.fromEntries(STATUSES.map((s) => [s, results.filter((r) => r.status === s)]));
+    const rewards = results.filter((r) => r.status === "completed" && r.reward !== null).map((r) => r.reward!);
+    const groups = new Map<string, TaskResult[]>();
+    for (const r of results) if (r.group_id) groups.set(r.group_id, [...(groups.get(r.group_id) ?? []), r]);
+    const groupRows = [...groups.entries()].map(([group_id, rs]) => {
+      const rw = rs.filter((r) => r.reward !== null && r.status === "completed").map((r) => r.reward!);
+      return { group_id, tasks: rs.length, completed: rs.filter((r) => r.status === "completed").length, mean_reward: mean(rw), std_reward: std(rw) };
+    });
+    const tokens = results.reduce((a, r) => a + r.usage.completion_tokens, 0);
+    const summary = {
+      submitted: ids.length,
+      ended: results.length,
+      unfinished,
+      interrupted,
+      by_status: Object.fromEntries(STATUSES.map((s) => [s, byStatus[s]!.length])),
+      mean_reward: mean(rewards),
+      llm_calls: results.reduce((a, r) => a + r.usage.llm_calls, 0),
+      completion_tokens: tokens,
+      tokens_per_s: elapsedMs > 0 ? (tokens * 1000) / elapsedMs : 0,
+      elapsed_ms: elapsedMs,
+      results_file: resultsToStdout ? null : path.resolve(outPath),
+      groups: groupRows,
+      task_ids: ids,
+    };
+    if (ctx.json) {
+      ctx.printJson(summary);
+    } else {
+      const s = ctx.style;
+      const rows = STATUSES.filter((st) => byStatus[st]!.length > 0).map((st) => {
+        const rs = byStatus[st]!;
+        const rw = rs.filter((r) => r.reward !== null).map((r) => r.reward!);
+        return [
+          statusColor(s, st),
+          String(rs.length),
+          fmt.reward(mean(rw)),
+          (rs.reduce((a, r) => a + r.usage.llm_calls, 0) / rs.length).toFixed(1),
+          fmt.int(rs.reduce((a, r) => a + r.usage.completion_tokens, 0)),
+          fmt.ms(mean(rs.map((r) => r.timings.total_ms))),
+        ];
+      });
+      if (unfinished) rows.push([s.yellow("unfinished"), String(unfinished), "–", "–", "–", "–"]);
+      rows.push([s.bold("total"), s.bold(String(ids.length)), s.bold(fmt.reward(mean(rewards))), "", s.bold(fmt.int(tokens)), fmt.ms(elapsedMs)]);
+      say("");
+      say(renderTable(["status", "tasks", "mean reward", "LLM calls/task", "tokens", "mean time"], rows, { right: [1, 2, 3, 4, 5], ascii: !s.enabled && !process.env.LANG?.includes("UTF") }));
+      if (groupRows.length > 0) {
+        const shown = groupRows.slice(0, 30);
+        say(
+          renderTable(
+            ["group", "tasks", "completed", "mean reward", "std"],
+            shown.map((g) => [g.group_id, String(g.tasks), String(g.completed), fmt.reward(g.mean_reward), fmt.reward(g.std_reward)]),
+            { right: [1, 2, 3, 4], ascii: !s.enabled && !process.env.LANG?.includes("UTF") },
+          ),
+        );
+        if (groupRows.length > shown.length) say(`… and ${groupRows.length - shown.length} more groups`);
+      }
+      say(`${(summary.tokens_per_s).toFixed(1)} tok/s over ${fmt.ms(elapsedMs)}${resultsToStdout ? "" : `; results in ${outPath}`}`);
+      if (interrupted || unfinished) {
+        say(
+          s.yellow(
+            `${unfinished} task(s) had not ended when we stopped ${interrupted ? "(interrupted)" : "(timeout)"}; they keep running on the cluster: rollgate watch <id> follows one.`,
+          ),
+        );
+      }
+    }
+    if (interrupted) return 130;
+    return unfinished || results.some((r) => r.status !== "completed") ? EXIT.failed : EXIT.ok;
+  },
+};

@@ -1,0 +1,163 @@
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import { TaskResult } from "@rollgate/protocol";
+import { RollgateError } from "./errors.js";
+import { verifySignature } from "./signature.js";
+
+/** One verified callback delivery. */
+export interface CallbackDelivery {
+  /** `X-Rollgate-Event`: `task.<status>` or `group.completed`. */
+  event: string;
+  /** `X-Rollgate-Delivery`: stable across retries (deliveries are de-duplicated on it). */
+  deliveryId: string;
+  rawBody: string;
+  body: unknown;
+}
+
+export interface GroupCallbackBody {
+  group_id: string;
+  tasks: (TaskResult | null)[];
+}
+
+export interface CallbackServerOptions {
+  /** The `callback.secret` the tasks were submitted with: deliveries with a bad signature get 401. */
+  secret: string;
+  /** Default 0 (a free port). */
+  port?: number;
+  /** Default 127.0.0.1; use 0.0.0.0 when the workers run on other hosts. */
+  host?: string;
+  /** The URL workers should call, when it differs from the listen address (NAT, containers). */
+  publicUrl?: string;
+  /** Called for every new verified delivery (retries of an acknowledged one are not repeated). */
+  onDelivery?: (delivery: CallbackDelivery) => void | Promise<void>;
+}
+
+export interface CallbackServer {
+  /** Put this in `task.callback.url` (or `group_callback.url`). */
+  url: string;
+  /** Every verified delivery so far, in arrival order. */
+  deliveries: CallbackDelivery[];
+  /** How many deliveries were refused for a bad signature. */
+  rejected: () => number;
+  /** The result of task `id`, once its callback arrives. */
+  waitForResult: (id: string, opts?: { timeoutMs?: number; signal?: AbortSignal }) => Promise<TaskResult>;
+  /** A group's results, once its group callback arrives. */
+  waitForGroup: (groupId: string, opts?: { timeoutMs?: number; signal?: AbortSignal }) => Promise<GroupCallbackBody>;
+  close: () => Promise<void>;
+}
+
+/**
+ * A small HTTP server that receives rollgate callbacks: it checks `X-Rollgate-Signature`
+ * (HMAC-SHA256 of the raw body with `secret`), answers 401 to a forgery and 200 to the rest,
+ * de-duplicates retries by `X-Rollgate-Delivery`, and lets you await a task's or a group's result.
+ */
+export async function startCallbackServer(opts: CallbackServerOptions): Promise<CallbackServer> {
+  const deliveries: CallbackDelivery[] = [];
+  const seen = new Set<string>();
+  const taskResults = new Map<string, TaskResult>();
+  const groups = new Map<string, GroupCallbackBody>();
+  const waiters = new Set<() => void>();
+  let rejected = 0;
+
+  const server = http.createServer((req, res) => {
+    if (req.method !== "POST") {
+      res.writeHead(405, { allow: "POST" }).end();
+      return;
+    }
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      void (async () => {
+        const raw = Buffer.concat(chunks);
+        if (!verifySignature(raw, req.headers["x-rollgate-signature"], opts.secret)) {
+          rejected++;
+          res.writeHead(401, { "content-type": "application/json" }).end(JSON.stringify({ error: "bad signature" }));
+          return;
+        }
+        const deliveryId = String(req.headers["x-rollgate-delivery"] ?? "");
+        if (deliveryId && seen.has(deliveryId)) {
+          res.writeHead(200).end("duplicate");
+          return;
+        }
+        let body: unknown;
+        try {
+          body = JSON.parse(raw.toString("utf8"));
+        } catch {
+          res.writeHead(400).end("not JSON");
+          return;
+        }
+        const delivery: CallbackDelivery = { event: String(req.headers["x-rollgate-event"] ?? ""), deliveryId, rawBody: raw.toString("utf8"), body };
+        try {
+          await opts.onDelivery?.(delivery);
+        } catch {
+          // The handler failed: answer 500 so the gateway retries this delivery.
+          res.writeHead(500).end("handler failed");
+          return;
+        }
+        if (deliveryId) seen.add(deliveryId);
+        deliveries.push(delivery);
+        if (delivery.event.startsWith("group.")) {
+          const g = body as GroupCallbackBody;
+          if (g && typeof g.group_id === "string") groups.set(g.group_id, g);
+        } else {
+          const r = TaskResult.safeParse(body);
+          if (r.success) taskResults.set(r.data.id, r.data);
+        }
+        res.writeHead(200).end("ok");
+        for (const w of [...waiters]) w();
+      })();
+    });
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(opts.port ?? 0, opts.host ?? "127.0.0.1", () => resolve());
+  });
+  const addr = server.address() as AddressInfo;
+  const host = opts.host && opts.host !== "0.0.0.0" && opts.host !== "::" ? opts.host : "127.0.0.1";
+  const url = opts.publicUrl ?? `http://${host.includes(":") ? `[${host}]` : host}:${addr.port}/rollouts`;
+
+  function waitFor<T>(get: () => T | undefined, what: string, o: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<T> {
+    return new Promise((resolve, reject) => {
+      const ready = get();
+      if (ready !== undefined) return resolve(ready);
+      const check = () => {
+        const v = get();
+        if (v !== undefined) {
+          done();
+          resolve(v);
+        }
+      };
+      const timer =
+        o.timeoutMs !== undefined
+          ? setTimeout(() => {
+              done();
+              reject(new RollgateError(`no callback for ${what} within ${o.timeoutMs} ms`, 0, "timeout"));
+            }, o.timeoutMs)
+          : undefined;
+      const onAbort = () => {
+        done();
+        reject(new RollgateError(`stopped waiting for ${what}`, 0, "aborted"));
+      };
+      function done() {
+        waiters.delete(check);
+        if (timer) clearTimeout(timer);
+        o.signal?.removeEventListener("abort", onAbort);
+      }
+      waiters.add(check);
+      o.signal?.addEventListener("abort", onAbort, { once: true });
+    });
+  }
+
+  return {
+    url,
+    deliveries,
+    rejected: () => rejected,
+    waitForResult: (id, o) => waitFor(() => taskResults.get(id), `task ${id}`, o),
+    waitForGroup: (groupId, o) => waitFor(() => groups.get(groupId), `group ${groupId}`, o),
+    close: () =>
+      new Promise((resolve) => {
+        server.closeAllConnections?.();
+        server.close(() => resolve());
+      }),
+  };
+}

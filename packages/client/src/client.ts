@@ -1,0 +1,430 @@
+import {
+  CreateSessionResponse,
+  Session,
+  TaskAccepted,
+  TaskEvent,
+  TaskRecord,
+  Trajectory,
+  type CompletionRecord,
+  type CreateSessionRequest,
+  type TaskInput,
+  type TaskResult,
+  type TaskStatus,
+  type TrajectoryBuilderName,
+} from "@rollgate/protocol";
+import { toTrainerFormat, type TrainerFormat, type TrainerFormatMap } from "@rollgate/trajectory";
+import type { z } from "zod";
+import { RollgateError } from "./errors.js";
+import { BatchAccepted, CancelAnswer, CompletionsAnswer, TaskPageSchema, type CreateSessionRequestInput } from "./schemas.js";
+import { SseParser } from "./sse.js";
+
+export interface RollgateClientOptions {
+  /** The gateway, e.g. `http://127.0.0.1:8080` (a trailing slash is fine). */
+  baseUrl: string;
+  /** Sent as `Authorization: Bearer <apiKey>` (the gateway's ROLLGATE_API_KEY). */
+  apiKey?: string;
+  /** Per-request timeout for ordinary calls (not event streams). Default 30 s. */
+  timeoutMs?: number;
+  /** A fetch implementation (tests); default the global one. */
+  fetch?: typeof fetch;
+  /** Extra headers on every request. */
+  headers?: Record<string, string>;
+}
+
+export interface GroupRequest {
+  group_id: string;
+  n: number;
+  task: TaskInput;
+  group_callback?: { url: string; secret: string };
+}
+
+export interface ListTasksOptions {
+  status?: TaskStatus;
+  group_id?: string;
+  /** Page size (1..1000, default 100). */
+  limit?: number;
+  cursor?: string;
+}
+
+export interface TaskPage {
+  tasks: TaskRecord[];
+  next_cursor: string | null;
+}
+
+export interface WaitOptions {
+  /** Poll period; default 1000 ms. */
+  intervalMs?: number;
+  /** Give up (RollgateError type "timeout") after this long; default: wait forever. */
+  timeoutMs?: number;
+  signal?: AbortSignal;
+}
+
+export interface StreamEventsOptions {
+  /** Resume after this event id (as `Last-Event-ID`). */
+  lastEventId?: string;
+  signal?: AbortSignal;
+  /** Reconnections allowed after a dropped stream before giving up; default 5. */
+  maxReconnects?: number;
+}
+
+export interface TrajectoryOptions<F extends TrainerFormat = "rollgate"> {
+  builder?: TrajectoryBuilderName;
+  /** `rollgate` (default: traces + stats), `verl`, `slime` or `prime-rl`. */
+  format?: F;
+}
+
+export interface PauseOptions {
+  /** What to do with in-flight engine calls: let them finish (`drain`) or abort them. */
+  mode?: "drain" | "abort";
+}
+
+const TERMINAL = new Set<TaskStatus>(["completed", "failed", "timed_out", "cancelled"]);
+export const isTerminal = (status: TaskStatus): boolean => TERMINAL.has(status);
+
+const sleep = (ms: number, signal?: AbortSignal) =>
+  new Promise<void>((resolve, reject) => {
+    if (signal?.aborted) return reject(new RollgateError("aborted", 0, "aborted"));
+    const t = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(t);
+      reject(new RollgateError("aborted", 0, "aborted"));
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+
+function describeNetworkError(err: unknown): string {
+  const e = err as { cause?: { code?: string; message?: string }; message?: string; name?: string };
+  if (e?.name === "TimeoutError") return "timed out";
+  return e?.cause?.code ?? e?.cause?.message ?? e?.message ?? String(err);
+}
+
+/**
+ * The typed SDK for rollgate's trainer and admin API (DESIGN §2). Every method validates the
+ * gateway's answer with the protocol's zod schemas and throws `RollgateError` on any failure.
+ */
+export class RollgateClient {
+  readonly baseUrl: string;
+  private readonly apiKey: string | undefined;
+  private readonly timeoutMs: number;
+  private readonly fetchImpl: typeof fetch;
+  private readonly extraHeaders: Record<string, string>;
+
+  constructor(opts: RollgateClientOptions) {
+    if (!opts?.baseUrl) throw new TypeError("RollgateClient needs a baseUrl, e.g. http://127.0.0.1:8080");
+    try {
+      new URL(opts.baseUrl);
+    } catch {
+      throw new TypeError(`RollgateClient: baseUrl ${JSON.stringify(opts.baseUrl)} is not a URL`);
+    }
+    this.baseUrl = opts.baseUrl.replace(/\/+$/, "");
+    this.apiKey = opts.apiKey || undefined;
+    this.timeoutMs = opts.timeoutMs ?? 30_000;
+    this.fetchImpl = opts.fetch ?? globalThis.fetch;
+    this.extraHeaders = opts.headers ?? {};
+  }
+
+  private headers(extra: Record<string, string> = {}): Record<string, string> {
+    return {
+      ...this.extraHeaders,
+      ...(this.apiKey ? { authorization: `Bearer ${this.apiKey}` } : {}),
+      ...extra,
+    };
+  }
+
+  /** One request; the raw Response when it is 2xx, else a RollgateError. */
+  private async send(
+    method: string,
+    path: string,
+    init: { body?: unknown; query?: Record<string, string | number | undefined>; signal?: AbortSignal; timeoutMs?: number | null; headers?: Record<string, string>; notFoundHint?: string } = {},
+  ): Promise<Response> {
+    const url = new URL(this.baseUrl + path);
+    for (const [k, v] of Object.entries(init.query ?? {})) if (v !== undefined && v !== "") url.searchParams.set(k, String(v));
+    const label = `${method} ${url.pathname}`;
+    const signals = [init.signal, init.timeoutMs === null ? undefined : AbortSignal.timeout(init.timeoutMs ?? this.timeoutMs)].filter(
+      (s): s is AbortSignal => s !== undefined,
+    );
+    let res: Response;
+    try {
+      res = await this.fetchImpl(url, {
+        method,
+        headers: this.headers({ ...(init.body !== undefined ? { "content-type": "application/json" } : {}), ...init.headers }),
+        ...(init.body !== undefined ? { body: JSON.stringify(init.body) } : {}),
+        ...(signals.length ? { signal: signals.length === 1 ? signals[0] : AbortSignal.any(signals) } : {}),
+      });
+    } catch (err) {
+      if (init.signal?.aborted) throw new RollgateError(`${label}: aborted`, 0, "aborted", undefined, label, { cause: err });
+      throw new RollgateError(
+        `cannot reach the rollgate gateway at ${this.baseUrl} (${describeNetworkError(err)})`,
+        0,
+        "unreachable",
+        undefined,
+        label,
+        { cause: err },
+      );
+    }
+    if (!res.ok) {
+      const text = await res.text().catch(() => "");
+      throw RollgateError.fromResponse(res.status, text, label, res.status === 404 ? init.notFoundHint : undefined);
+    }
+    return res;
+  }
+
+  private async json<S extends z.ZodType>(schema: S, method: string, path: string, init: Parameters<RollgateClient["send"]>[2] = {}): Promise<z.infer<S>> {
+    const res = await this.send(method, path, init);
+    const text = await res.text();
+    let body: unknown;
+    try {
+      body = text ? JSON.parse(text) : null;
+    } catch {
+      throw new RollgateError(`${method} ${path} answered non-JSON: ${text.slice(0, 200)}`, res.status, "invalid_response");
+    }
+    const parsed = schema.safeParse(body);
+    if (!parsed.success) {
+      throw new RollgateError(`${method} ${path}: unexpected answer: ${parsed.error.message.slice(0, 500)}`, res.status, "invalid_response", body);
+    }
+    return parsed.data;
+  }
+
+  private async anyJson(method: string, path: string, init: Parameters<RollgateClient["send"]>[2] = {}): Promise<unknown> {
+    const res = await this.send(method, path, init);
+    const text = await res.text();
+    try {
+      return text ? JSON.parse(text) : null;
+    } catch {
+      return text;
+    }
+  }
+
+  // ── tasks ──────────────────────────────────────────────────────────────────────────────
+
+  /** `POST /v1/tasks`: validate and enqueue one task (idempotent on `task.id`). */
+  submitTask(task: TaskInput, opts: { signal?: AbortSignal } = {}): Promise<TaskAccepted> {
+    return this.json(TaskAccepted, "POST", "/v1/tasks", { body: task, ...opts });
+  }
+
+  /** `POST /v1/tasks/batch {tasks}`: several tasks at once. */
+  async submitBatch(tasks: TaskInput[], opts: { groupCallback?: { url: string; secret: string }; signal?: AbortSignal } = {}): Promise<TaskAccepted[]> {
+    const body = { tasks, ...(opts.groupCallback ? { group_callback: opts.groupCallback } : {}) };
+    const res = await this.json(BatchAccepted, "POST", "/v1/tasks/batch", { body, ...(opts.signal ? { signal: opts.signal } : {}) });
+    return res.tasks;
+  }
+
+  /** `POST /v1/tasks/batch {group_id, n, task}`: a GRPO group of `n` rollouts with ids `<group_id>-<k>`. */
+  async submitGroup(group: GroupRequest, opts: { signal?: AbortSignal } = {}): Promise<TaskAccepted[]> {
+    const res = await this.json(BatchAccepted, "POST", "/v1/tasks/batch", { body: group, ...opts });
+    return res.tasks;
+  }
+
+  /** `GET /v1/tasks/:id`: status, timings, callback state, and the result once terminal. */
+  getTask(id: string, opts: { signal?: AbortSignal } = {}): Promise<TaskRecord> {
+    return this.json(TaskRecord, "GET", `/v1/tasks/${encodeURIComponent(id)}`, opts);
+  }
+
+  /** One page of `GET /v1/tasks` (newest first). */
+  listTasksPage(opts: ListTasksOptions = {}): Promise<TaskPage> {
+    return this.json(TaskPageSchema, "GET", "/v1/tasks", {
+      query: { status: opts.status, group_id: opts.group_id, limit: opts.limit, cursor: opts.cursor },
+    });
+  }
+
+  /** Every task matching the filters, newest first, fetching pages as you iterate. */
+  async *listTasks(opts: Omit<ListTasksOptions, "cursor"> & { max?: number } = {}): AsyncGenerator<TaskRecord> {
+    let cursor: string | undefined;
+    let yielded = 0;
+    do {
+      const page = await this.listTasksPage({ ...opts, ...(cursor ? { cursor } : {}) });
+      for (const t of page.tasks) {
+        if (opts.max !== undefined && yielded >= opts.max) return;
+        yielded++;
+        yield t;
+      }
+      cursor = page.next_cursor ?? undefined;
+    } while (cursor);
+  }
+
+  /** `DELETE /v1/tasks/:id`: `cancelled` at once when it had not started, `cancelling` while its sandbox is killed. */
+  cancelTask(id: string): Promise<{ id: string; status: string }> {
+    return this.json(CancelAnswer, "DELETE", `/v1/tasks/${encodeURIComponent(id)}`);
+  }
+
+  /** `GET /v1/tasks/:id/logs`: the agent's output (bounded, newest kept). */
+  async getLogs(id: string): Promise<string> {
+    const res = await this.send("GET", `/v1/tasks/${encodeURIComponent(id)}/logs`);
+    return res.text();
+  }
+
+  /** Polls `GET /v1/tasks/:id` until the task ends; resolves to its result. */
+  async waitForResult(id: string, opts: WaitOptions = {}): Promise<TaskResult> {
+    const deadline = opts.timeoutMs !== undefined ? Date.now() + opts.timeoutMs : Infinity;
+    for (;;) {
+      const record = await this.getTask(id, opts.signal ? { signal: opts.signal } : {});
+      if (record.result) return record.result;
+      if (Date.now() >= deadline) throw new RollgateError(`task ${id} is still ${record.status} after ${opts.timeoutMs} ms`, 0, "timeout");
+      await sleep(Math.min(opts.intervalMs ?? 1000, Math.max(0, deadline - Date.now())), opts.signal);
+    }
+  }
+
+  /** Waits for several tasks (polling each until it ends); results in the order of `ids`. */
+  async waitForResults(ids: string[], opts: WaitOptions & { onResult?: (r: TaskResult) => void } = {}): Promise<TaskResult[]> {
+    const results = new Map<string, TaskResult>();
+    const deadline = opts.timeoutMs !== undefined ? Date.now() + opts.timeoutMs : Infinity;
+    while (results.size < ids.length) {
+      const pending = ids.filter((id) => !results.has(id));
+      for (const id of pending) {
+        const record = await this.getTask(id, opts.signal ? { signal: opts.signal } : {});
+        if (record.result) {
+          results.set(id, record.result);
+          opts.onResult?.(record.result);
+        }
+      }
+      if (results.size === ids.length) break;
+      if (Date.now() >= deadline) throw new RollgateError(`${ids.length - results.size} of ${ids.length} tasks still running after ${opts.timeoutMs} ms`, 0, "timeout");
+      await sleep(opts.intervalMs ?? 1000, opts.signal);
+    }
+    return ids.map((id) => results.get(id)!);
+  }
+
+  /**
+   * `GET /v1/tasks/:id/events` as an async iterator of events, ending after the `terminal` event.
+   * A dropped stream is resumed with `Last-Event-ID`, so no event is lost or repeated.
+   */
+  async *streamEvents(id: string, opts: StreamEventsOptions = {}): AsyncGenerator<TaskEvent> {
+    let lastId = opts.lastEventId ?? null;
+    let reconnects = 0;
+    const max = opts.maxReconnects ?? 5;
+    for (;;) {
+      let ended = false;
+      try {
+        const res = await this.send("GET", `/v1/tasks/${encodeURIComponent(id)}/events`, {
+          timeoutMs: null,
+          headers: { accept: "text/event-stream", ...(lastId ? { "last-event-id": lastId } : {}) },
+          ...(opts.signal ? { signal: opts.signal } : {}),
+        });
+        if (!res.body) throw new RollgateError(`event stream of ${id} has no body`, res.status, "invalid_response");
+        const parser = new SseParser();
+        const decoder = new TextDecoder();
+        const reader = res.body.getReader();
+        try {
+          for (;;) {
+            const { done, value } = await reader.read();
+            if (done) break;
+            for (const msg of parser.push(decoder.decode(value, { stream: true }))) {
+              let data: unknown;
+              try {
+                data = JSON.parse(msg.data);
+              } catch {
+                continue;
+              }
+              const event = TaskEvent.safeParse(data);
+              if (!event.success) continue;
+              lastId = event.data.id;
+              reconnects = 0;
+              yield event.data;
+              if (event.data.type === "terminal") {
+                ended = true;
+                return;
+              }
+            }
+          }
+        } finally {
+          if (!ended) await reader.cancel().catch(() => undefined);
+        }
+      } catch (err) {
+        if (opts.signal?.aborted) return;
+        // A 4xx is final; a dropped connection or a 5xx is retried below.
+        if (err instanceof RollgateError && err.status >= 400 && err.status < 500) throw err;
+        if (reconnects >= max) throw err;
+      }
+      if (opts.signal?.aborted) return;
+      if (reconnects >= max) throw new RollgateError(`event stream of task ${id} kept closing before the task ended`, 0, "stream_closed");
+      reconnects++;
+      await sleep(Math.min(200 * 2 ** reconnects, 5_000), opts.signal).catch(() => undefined);
+    }
+  }
+
+  // ── sessions and trajectories ──────────────────────────────────────────────────────────
+
+  /** `POST /v1/sessions`: a session for agents you run yourself; its URLs take its token. */
+  createSession(body: z.input<typeof CreateSessionRequestInput> = {}): Promise<CreateSessionResponse> {
+    return this.json(CreateSessionResponse, "POST", "/v1/sessions", { body });
+  }
+
+  getSession(id: string): Promise<Session> {
+    return this.json(Session, "GET", `/v1/sessions/${encodeURIComponent(id)}`);
+  }
+
+  closeSession(id: string): Promise<Session> {
+    return this.json(Session, "POST", `/v1/sessions/${encodeURIComponent(id)}/close`);
+  }
+
+  async deleteSession(id: string): Promise<void> {
+    await this.send("DELETE", `/v1/sessions/${encodeURIComponent(id)}`);
+  }
+
+  async getCompletions(sessionId: string): Promise<CompletionRecord[]> {
+    const res = await this.json(CompletionsAnswer, "GET", `/v1/sessions/${encodeURIComponent(sessionId)}/completions`);
+    return res.completions;
+  }
+
+  /**
+   * A session's trajectory, built by `builder` (default prefix_merging), in a trainer's format:
+   * `rollgate` (traces + stats, the default), `verl`, `slime` or `prime-rl` (one sample per trace).
+   */
+  async getTrajectory<F extends TrainerFormat = "rollgate">(sessionId: string, opts: TrajectoryOptions<F> = {}): Promise<TrainerFormatMap[F]> {
+    const trajectory = await this.json(Trajectory, "GET", `/v1/sessions/${encodeURIComponent(sessionId)}/trajectory`, {
+      query: { builder: opts.builder },
+    });
+    // Converted here with the same adapters the gateway's `?format=` uses, so any gateway version works.
+    return toTrainerFormat(trajectory, (opts.format ?? "rollgate") as F);
+  }
+
+  /** The trajectory of a task's session (the task must have started). */
+  async getTaskTrajectory<F extends TrainerFormat = "rollgate">(taskId: string, opts: TrajectoryOptions<F> = {}): Promise<TrainerFormatMap[F]> {
+    const task = await this.getTask(taskId);
+    const sessionId = task.session_id ?? task.result?.session_id;
+    if (!sessionId) throw new RollgateError(`task ${taskId} has no session yet (it is ${task.status})`, 409, "no_session");
+    return this.getTrajectory(sessionId, opts);
+  }
+
+  // ── admin ──────────────────────────────────────────────────────────────────────────────
+
+  /** `POST /admin/inference/pause`: hold new engine calls on every replica (weight sync). */
+  pause(opts: PauseOptions = {}): Promise<unknown> {
+    return this.anyJson("POST", "/admin/inference/pause", { body: opts, notFoundHint: adminHint("POST /admin/inference/pause") });
+  }
+
+  /** `POST /admin/inference/resume`. */
+  resume(): Promise<unknown> {
+    return this.anyJson("POST", "/admin/inference/resume", { body: {}, notFoundHint: adminHint("POST /admin/inference/resume") });
+  }
+
+  /** `POST /admin/weights {version}`: the policy version stamped on every completion from now on. */
+  setWeightVersion(version: string): Promise<unknown> {
+    return this.anyJson("POST", "/admin/weights", { body: { version }, notFoundHint: adminHint("POST /admin/weights") });
+  }
+
+  /** `GET /admin/engines`: ranks, health, load, sessions. */
+  engines(): Promise<unknown> {
+    return this.anyJson("GET", "/admin/engines", { notFoundHint: adminHint("GET /admin/engines") });
+  }
+
+  /** `GET /readyz`: true when the gateway answers and its Redis does. */
+  async ready(): Promise<boolean> {
+    try {
+      await this.send("GET", "/readyz", { timeoutMs: 5_000 });
+      return true;
+    } catch (err) {
+      if (err instanceof RollgateError && err.status === 503) return false;
+      throw err;
+    }
+  }
+}
+
+function adminHint(route: string): string {
+  return `this gateway has no ${route} route: it is older than the admin API; upgrade the gateway`;
+}
+
+export type { CreateSessionRequest };

@@ -1,0 +1,18 @@
+export { RollgateClient, isTerminal } from "./client.js";
+export type {
+  RollgateClientOptions,
+  GroupRequest,
+  ListTasksOptions,
+  TaskPage,
+  WaitOptions,
+  StreamEventsOptions,
+  TrajectoryOptions,
+  PauseOptions,
+  CreateSessionRequest,
+} from "./client.js";
+export { RollgateError } from "./errors.js";
+export { SseParser, type SseMessage } from "./sse.js";
+export { signBody, verifySignature } from "./signature.js";
+export { startCallbackServer, type CallbackServer, type CallbackServerOptions, type CallbackDelivery, type GroupCallbackBody } from "./callback.js";
+export { TRAINER_FORMATS, type TrainerFormat, type TrainerFormatMap, type VerlSample, type SlimeSample, type PrimeRlSample } from "@rollgate/trajectory";
+export type { TaskInput, TaskRecord, TaskResult, TaskEvent, TaskStatus, TaskAccepted, Trajectory, Trace, Session, CompletionRecord } from "@rollgate/protocol";

@@ -1,0 +1,251 @@
+/**
+ * The `rollgate` CLI as a user runs it: the built bin spawned as a process against a real cluster,
+ * stdout and stderr pipes (not a terminal), output and exit codes checked.
+ */
+import { spawn } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import readline from "node:readline";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { REPO_ROOT, startCluster, type RunningCluster } from "../support/cluster.js";
+import { TEST_REDIS_URL, dropPrefix, uniquePrefix } from "../support/redis.js";
+
+const BIN = path.join(REPO_ROOT, "apps/cli/dist/main.js");
+
+interface Run {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** The working directory the CLI runs in (default result files land there). */
+let workDir: string | undefined;
+
+function rollgate(args: string[], env: Record<string, string> = {}, timeoutMs = 90_000): Promise<Run> {
+  return new Promise((resolve, reject) => {
+    const proc = spawn(process.execPath, [BIN, ...args], {
+      ...(workDir ? { cwd: workDir } : {}),
+      env: { ...process.env, NO_COLOR: "", ROLLGATE_URL: "", ROLLGATE_API_KEY: "", ...env },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let stdout = "";
+    let stderr = "";
+    proc.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
+    proc.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+    const timer = setTimeout(() => {
+      proc.kill("SIGKILL");
+      reject(new Error(`rollgate ${args.join(" ")} did not exit in ${timeoutMs} ms\n${stdout}\n${stderr}`));
+    }, timeoutMs);
+    proc.on("exit", (code) => {
+      clearTimeout(timer);
+      resolve({ code, stdout, stderr });
+    });
+  });
+}
+
+const quick = (text: string, extra: Record<string, unknown> = {}) => ({
+  instruction: `Create hello.txt containing the word hello.\n#sim: [{"think": "Use the shell.", "tool_calls": [{"name": "shell", "arguments": {"command": "echo hello > hello.txt"}}]}, {"text": "${text}"}]`,
+  agent: { harness: "command", command: ["rollgate-example-agent"] },
+  evaluator: { kind: "command", command: ["bash", "-c", 'test "$(cat hello.txt)" = hello'] },
+  limits: { timeout_s: 60 },
+  ...extra,
+});
+
+describe("the rollgate CLI", () => {
+  const prefix = uniquePrefix("cli");
+  const apiKey = "cli-key";
+  let cluster: RunningCluster;
+  let dir: string;
+  let env: Record<string, string>;
+  let firstTask = "";
+  let groupId = "";
+
+  beforeAll(async () => {
+    dir = mkdtempSync(path.join(os.tmpdir(), "rollgate-cli-"));
+    workDir = dir;
+    cluster = await startCluster({ ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_API_KEY: apiKey });
+    env = { ROLLGATE_URL: cluster.url, ROLLGATE_API_KEY: apiKey };
+  }, 90_000);
+
+  afterAll(async () => {
+    await cluster?.stop();
+    await dropPrefix(prefix);
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("has --help for itself and every command", async () => {
+    const top = await rollgate(["--help"]);
+    expect(top.code).toBe(0);
+    for (const cmd of ["up", "submit", "watch", "task", "trajectory", "pause", "resume", "weights"]) {
+      expect(top.stdout).toContain(`  ${cmd} `);
+      const help = await rollgate([cmd, "--help"]);
+      expect(help.code, help.stderr).toBe(0);
+      expect(help.stdout).toContain(`Usage: rollgate ${cmd}`);
+      expect(help.stdout).toContain("--json");
+    }
+    expect((await rollgate(["help", "trajectory"])).stdout).toContain("--decode");
+  });
+
+  it("submits a JSONL file: plain progress lines in a pipe, a summary table, results as JSONL", async () => {
+    const file = path.join(dir, "tasks.jsonl");
+    writeFileSync(file, ["# two tasks", JSON.stringify(quick("first", { id: `cli-a-${prefix.slice(-8)}` })), "", JSON.stringify(quick("second"))].join("\n"));
+    const out = path.join(dir, "results.jsonl");
+    const run = await rollgate(["submit", file, "--out", out, "--interval", "0.2", "--progress-every", "0.2"], env);
+    expect(run.code, run.stderr + run.stdout + cluster.output()).toBe(0);
+    // Not a terminal: no cursor movement or colour, just lines.
+    expect(run.stderr).not.toMatch(/\r|\x1b\[/); // eslint-disable-line no-control-regex
+    const progress = run.stderr.split("\n").filter((l) => / ended · queued /.test(l));
+    expect(progress.length).toBeGreaterThanOrEqual(1);
+    expect(progress.at(-1)).toMatch(/2\/2 ended · queued 0 · running 0 · done 2 · failed 0 · [\d.]+ tok\/s · mean reward 1\.000/);
+    expect(run.stdout).toContain("submitted 2 task(s)");
+    expect(run.stdout).toMatch(/completed\s*[|│]\s*2\s*[|│]\s*1\.000/);
+    expect(run.stdout).toContain(`results in ${out}`);
+    const results = readFileSync(out, "utf8").trim().split("\n").map((l) => JSON.parse(l));
+    expect(results).toHaveLength(2);
+    expect(results.every((r) => r.status === "completed" && r.reward === 1)).toBe(true);
+    firstTask = `cli-a-${prefix.slice(-8)}`;
+    expect(results.map((r) => r.id)).toContain(firstTask);
+  }, 120_000);
+
+  it("submits GRPO groups with -n and --json prints a parsable summary", async () => {
+    const file = path.join(dir, "group.jsonl");
+    groupId = `g-cli-${prefix.slice(-8)}`;
+    writeFileSync(file, `${JSON.stringify(quick("grouped", { group_id: groupId }))}\n`);
+    const run = await rollgate(["submit", file, "-n", "3", "--json", "--interval", "0.2", "--progress-every", "0.5"], env);
+    expect(run.code, run.stderr).toBe(0);
+    const summary = JSON.parse(run.stdout);
+    expect(summary.submitted).toBe(3);
+    expect(summary.by_status.completed).toBe(3);
+    expect(summary.mean_reward).toBe(1);
+    expect(summary.groups).toEqual([{ group_id: groupId, tasks: 3, completed: 3, mean_reward: 1, std_reward: 0 }]);
+    expect(summary.task_ids).toEqual([0, 1, 2].map((k) => `${groupId}-${k}`));
+    expect(readFileSync(path.join(dir, "group.results.jsonl"), "utf8").trim().split("\n")).toHaveLength(3);
+  }, 120_000);
+
+  it("task: human and --json", async () => {
+    const human = await rollgate(["task", firstTask, "--logs"], env);
+    expect(human.code, human.stderr).toBe(0);
+    expect(human.stdout).toMatch(/status\s+completed/);
+    expect(human.stdout).toMatch(/reward\s+1\.000/);
+    expect(human.stdout).toContain("── agent output ──");
+    expect(human.stdout).toContain("first");
+    const json = await rollgate(["task", firstTask, "--json"], env);
+    expect(JSON.parse(json.stdout).result.reward).toBe(1);
+  });
+
+  it("watch: a task's events, and a whole group as NDJSON", async () => {
+    const one = await rollgate(["watch", firstTask], env);
+    expect(one.code, one.stderr).toBe(0);
+    expect(one.stdout).toMatch(/started on /);
+    expect(one.stdout).toMatch(/llm_call #0: prompt \d+/);
+    expect(one.stdout).toMatch(/ended completed · reward 1\.000/);
+    const group = await rollgate(["watch", groupId, "--json"], env);
+    expect(group.code, group.stderr).toBe(0);
+    const events = group.stdout.trim().split("\n").map((l) => JSON.parse(l));
+    expect(events.filter((e) => e.type === "terminal").map((e) => e.task_id).sort()).toEqual([0, 1, 2].map((k) => `${groupId}-${k}`));
+    const human = await rollgate(["watch", groupId], env);
+    expect(human.stdout).toMatch(/3\/3 completed · mean reward 1\.000/);
+  });
+
+  it("trajectory: masks, --decode with masked text in brackets, and every trainer format", async () => {
+    const ids = await rollgate(["trajectory", firstTask], env);
+    expect(ids.code, ids.stderr).toBe(0);
+    expect(ids.stdout).toMatch(/1 trace\(s\) from 2 record\(s\)/);
+    expect(ids.stdout).toMatch(/\[\d+\]/); // masked ids in brackets
+    const decoded = await rollgate(["trajectory", firstTask, "--decode", "--no-prompt"], env);
+    expect(decoded.code, decoded.stderr).toBe(0);
+    // Trainable text as is, masked text (the tool result, template glue) in [[…]].
+    expect(decoded.stdout).toContain('<tool_call>\n{"name": "shell", "arguments": {"command": "echo hello > hello.txt"}}\n</tool_call><|im_end|>[[');
+    expect(decoded.stdout).toMatch(/\[\[\n<\|im_start\|>user\n<tool_response>[\s\S]*?<\|im_start\|>assistant\n\]\]first<\|im_end\|>/);
+    const dj = JSON.parse((await rollgate(["trajectory", firstTask, "--decode", "--json"], env)).stdout);
+    expect(dj.traces[0].segments.filter((s: { trainable: boolean }) => s.trainable).map((s: { text: string }) => s.text).join("")).toContain("first<|im_end|>");
+    const verl = JSON.parse((await rollgate(["trajectory", firstTask, "--format", "verl"], env)).stdout);
+    expect(Object.keys(verl[0]).sort()).toEqual(["prompts", "response_mask", "responses", "rollout_log_probs"]);
+    const slime = JSON.parse((await rollgate(["trajectory", firstTask, "-f", "slime"], env)).stdout);
+    expect(slime[0].response_length).toBe(verl[0].responses.length);
+    const prime = JSON.parse((await rollgate(["trajectory", firstTask, "--format", "prime-rl"], env)).stdout);
+    expect(prime[0].completion_mask).toEqual(verl[0].response_mask);
+    const raw = JSON.parse((await rollgate(["trajectory", firstTask, "--json"], env)).stdout);
+    expect(raw.traces[0].loss_mask).toEqual(verl[0].response_mask);
+  });
+
+  it("pause / resume / weights reach the admin API (or say clearly that this gateway lacks it)", async () => {
+    for (const args of [["weights", "step-7"], ["pause"], ["resume"]]) {
+      const run = await rollgate([...args, "--json"], env);
+      if (run.code === 0) {
+        expect(() => JSON.parse(run.stdout)).not.toThrow();
+      } else {
+        expect(run.code, `${args.join(" ")}: ${run.stderr}`).toBe(4);
+        expect(run.stderr).toMatch(/404 not_found: .*no POST \/admin\//);
+      }
+    }
+  });
+
+  it("fails clearly, with distinct non-zero exit codes", async () => {
+    const unreachable = await rollgate(["task", "t-1", "--url", "http://127.0.0.1:9"]);
+    expect(unreachable.code).toBe(3);
+    expect(unreachable.stderr).toContain("cannot reach the rollgate gateway at http://127.0.0.1:9");
+    expect(unreachable.stderr).toContain("rollgate up");
+
+    const missing = await rollgate(["task", "no-such-task"], env);
+    expect(missing.code).toBe(4);
+    expect(missing.stderr).toContain("404 not_found: no task no-such-task");
+    const missingJson = await rollgate(["task", "no-such-task", "--json"], env);
+    expect(JSON.parse(missingJson.stdout)).toEqual({ error: { type: "not_found", message: "no task no-such-task" } });
+
+    const noKey = await rollgate(["task", firstTask], { ROLLGATE_URL: cluster.url });
+    expect(noKey.code).toBe(4);
+    expect(noKey.stderr).toContain("401 unauthorized");
+    expect(noKey.stderr).toContain("ROLLGATE_API_KEY");
+
+    const bad = path.join(dir, "bad.jsonl");
+    writeFileSync(bad, '{"instruction": "x"}\nnot json\n');
+    const invalid = await rollgate(["submit", bad], env);
+    expect(invalid.code).toBe(2);
+    expect(invalid.stderr).toContain("line 1: agent:");
+    expect(invalid.stderr).toContain("line 2: not JSON");
+
+    const rejected = await rollgate(["submit", path.join(dir, "tasks.jsonl"), "--url", cluster.url, "--api-key", "wrong"]);
+    expect(rejected.code).toBe(4);
+
+    for (const args of [["frobnicate"], ["submit"], ["task", "a", "b"], ["trajectory", "x", "--format", "nope"], ["watch", "x", "--bogus"], ["trajectory", "x", "--decode", "--format", "verl"]]) {
+      const r = await rollgate(args, env);
+      expect(r.code, args.join(" ")).toBe(2);
+      expect(r.stderr).toMatch(/rollgate: .*\n {2}See: rollgate /);
+    }
+  });
+
+  it("up: runs the all-in-one cluster, prints the ready line, stops on SIGINT", async () => {
+    const upPrefix = uniquePrefix("cli-up");
+    const proc = spawn(process.execPath, [BIN, "up", "--port", "0", "--dp", "1"], {
+      env: { ...process.env, REDIS_URL: TEST_REDIS_URL, ROLLGATE_KEY_PREFIX: upPrefix, LOG_LEVEL: "warn", NO_COLOR: "1" },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    const lines: string[] = [];
+    try {
+      const url = await new Promise<string>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`not ready:\n${lines.join("\n")}`)), 60_000);
+        readline.createInterface({ input: proc.stdout! }).on("line", (l) => {
+          lines.push(l);
+          const m = /^rollgate ready: (\S+)/.exec(l);
+          if (m) {
+            clearTimeout(timer);
+            resolve(m[1]!);
+          }
+        });
+        proc.on("exit", (c) => reject(new Error(`exited ${c}`)));
+      });
+      expect((await fetch(`${url}/healthz`)).status).toBe(200);
+      await new Promise((r) => setTimeout(r, 200));
+      expect(lines.join("\n")).toContain(`dashboard  ${url}/dashboard`);
+    } finally {
+      const code = await new Promise<number | null>((resolve) => {
+        proc.on("exit", (c) => resolve(c));
+        proc.kill("SIGINT");
+      });
+      expect(code).toBe(0);
+      await dropPrefix(upPrefix);
+    }
+  }, 90_000);
+});
