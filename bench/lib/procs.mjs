@@ -1,0 +1,173 @@
+// Child processes of the benchmarks: every app runs as its own process (as in production), is
+// tracked here, and is stopped at the end of its benchmark, or at exit and on failure.
+import { spawn } from "node:child_process";
+import { readFileSync } from "node:fs";
+import net from "node:net";
+import path from "node:path";
+import readline from "node:readline";
+import { fileURLToPath } from "node:url";
+
+export const BENCH_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+export const REPO_ROOT = path.resolve(BENCH_DIR, "..");
+export const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
+
+const live = new Set();
+const verbose = process.env.BENCH_VERBOSE === "1";
+
+/**
+ * Starts a process and waits for its ready line on stdout (the first capture group, or the line, is
+ * returned as `ready`). Its output goes to our stderr only with BENCH_VERBOSE=1, or when it fails.
+ */
+export function start(name, args, { env = {}, ready, timeoutMs = 60_000, nodeArgs = [] } = {}) {
+  const proc = spawn(process.execPath, [...nodeArgs, ...args], {
+    env: { ...process.env, LOG_LEVEL: "warn", ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const child = { name, proc, ready: "", tail: [] };
+  live.add(child);
+  proc.once("exit", () => live.delete(child));
+  const keep = (line) => {
+    child.tail.push(line);
+    if (child.tail.length > 40) child.tail.shift();
+    if (verbose) process.stderr.write(`[${name}] ${line}\n`);
+  };
+  readline.createInterface({ input: proc.stderr }).on("line", keep);
+  const out = readline.createInterface({ input: proc.stdout });
+  return new Promise((resolve, reject) => {
+    let done = false;
+    const fail = (msg) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      proc.kill("SIGKILL");
+      reject(new Error(`${name}: ${msg}\n${child.tail.join("\n")}`));
+    };
+    const timer = setTimeout(() => fail(`not ready within ${timeoutMs} ms`), timeoutMs);
+    out.on("line", (line) => {
+      keep(line);
+      if (done) return;
+      const m = ready.exec(line);
+      if (m) {
+        done = true;
+        clearTimeout(timer);
+        child.ready = m[1] ?? line;
+        resolve(child);
+      }
+    });
+    proc.once("error", (err) => fail(`could not start: ${err.message}`));
+    proc.once("exit", (code, sig) => fail(`exited before it was ready (${code ?? sig})`));
+  });
+}
+
+/** SIGTERM, then SIGKILL after `graceMs`. */
+export function stop(child, graceMs = 10_000) {
+  if (!child) return Promise.resolve();
+  const { proc } = child;
+  if (proc.exitCode !== null || proc.signalCode !== null) return Promise.resolve();
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => proc.kill("SIGKILL"), graceMs);
+    proc.once("exit", () => {
+      clearTimeout(timer);
+      resolve();
+    });
+    proc.kill("SIGTERM");
+  });
+}
+
+export async function stopAll() {
+  await Promise.all([...live].map((c) => stop(c, 5_000)));
+}
+
+/** Last resort: whatever is still running when we exit is killed (by its own pid only). */
+process.once("exit", () => {
+  for (const c of live) c.proc.kill("SIGKILL");
+});
+/** Called on SIGINT/SIGTERM after the children are stopped (redis.mjs drops its key prefixes). */
+const onInterrupt = [];
+export function atInterrupt(fn) {
+  onInterrupt.push(fn);
+}
+for (const sig of ["SIGINT", "SIGTERM"]) {
+  process.once(sig, () => {
+    process.stderr.write(`\nbench: ${sig}, stopping ${live.size} child process(es) and removing their Redis keys\n`);
+    void stopAll()
+      .then(() => Promise.all(onInterrupt.map((fn) => fn().catch(() => {}))))
+      .finally(() => process.exit(130));
+  });
+}
+
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+const app = (name) => path.join(REPO_ROOT, "apps", name, "dist", "main.js");
+
+/** engine-sim: `opts` are its CLI flags, e.g. {dp: 4, "ttft-ms": 20}. */
+export function startEngineSim(opts = {}) {
+  const flags = Object.entries({ port: 0, "log-level": "warn", ...opts }).flatMap(([k, v]) => [`--${k}`, String(v)]);
+  return start("engine-sim", [app("engine-sim"), ...flags], { ready: /^engine-sim ready: (\S+)/ });
+}
+
+export function startGateway({ prefix, engineUrl, dp = 1, env = {}, nodeArgs = [] }) {
+  return start("gateway", [app("gateway"), "--port", "0"], {
+    nodeArgs,
+    ready: /^gateway ready: (\S+)/,
+    env: {
+      REDIS_URL,
+      ROLLGATE_KEY_PREFIX: prefix,
+      ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: dp }]),
+      ...env,
+    },
+  });
+}
+
+export function startWorker({ prefix, gatewayUrl, name, env = {}, nodeArgs = [] }) {
+  return start(`worker-${name}`, [app("worker")], {
+    nodeArgs,
+    ready: /^worker ready: (\S+)/,
+    env: { REDIS_URL, ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_GATEWAY_URL: gatewayUrl, ROLLGATE_WORKER_NAME: name, ...env },
+  });
+}
+
+/** The bare @fastify/http-proxy pass-through (bench/servers/fastify-proxy.mjs). */
+export function startFastifyProxy(upstream) {
+  return start("fastify-proxy", [path.join(BENCH_DIR, "servers", "fastify-proxy.mjs")], {
+    ready: /^proxy ready: (\S+)/,
+    env: { UPSTREAM: upstream },
+  });
+}
+
+/** The Portkey gateway from npm (`@portkey-ai/gateway`), headless, on a free port. */
+export async function startPortkey() {
+  const port = await freePort();
+  const entry = path.join(REPO_ROOT, "node_modules", "@portkey-ai", "gateway", "build", "start-server.js");
+  const child = await start("portkey", [entry, `--port=${port}`, "--headless"], {
+    ready: /Ready for connections/,
+    env: { NODE_ENV: "production" },
+  });
+  child.ready = `http://127.0.0.1:${port}`;
+  return child;
+}
+
+/** Resident set size of a process, from /proc/<pid>/status (kB → bytes). */
+export function procMemory(pid) {
+  const status = readFileSync(`/proc/${pid}/status`, "utf8");
+  const kb = (key) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, "m").exec(status)?.[1] ?? NaN) * 1024;
+  return { rss: kb("VmRSS"), hwm: kb("VmHWM") };
+}
+
+/** CPU time of a process from /proc/<pid>/stat, in ms: its own and that of its reaped children. */
+export function procCpu(pid) {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  // Fields after the name: state(3) … utime(14) stime(15) cutime(16) cstime(17), 1-based from pid.
+  const tick = 10; // ms per clock tick (USER_HZ = 100 on Linux)
+  return { self: (Number(f[11]) + Number(f[12])) * tick, children: (Number(f[13]) + Number(f[14])) * tick };
+}

@@ -1,0 +1,223 @@
+// 1. Per-call overhead: the same chat calls straight to engine-sim, through a bare
+// @fastify/http-proxy, through the Portkey gateway, and through rollgate (recording on).
+import { mkdtempSync, rmSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { newestProfile, printProfile, summarizeProfile } from "./lib/cpuprofile.mjs";
+import { load } from "./lib/load.mjs";
+import { procCpu, startEngineSim, startFastifyProxy, startGateway, startPortkey, stop } from "./lib/procs.mjs";
+import { dropPrefix, uniquePrefix } from "./lib/redis.mjs";
+import { openSessions } from "./lib/rollgate.mjs";
+import { median, percentile, printTable, round } from "./lib/stats.mjs";
+
+export const TTFT_MS = 20;
+const MODEL = "Qwen/Qwen3-8B";
+const SYSTEM = "You are a careful software engineering agent. Work step by step, run the tests, and keep answers short.";
+const USER = "The test suite in repo/ fails on test_parse_dates with a timezone error. Find the cause and describe the fix in two sentences.";
+
+export const openaiBody = JSON.stringify({
+  model: MODEL,
+  messages: [
+    { role: "system", content: SYSTEM },
+    { role: "user", content: USER },
+  ],
+  max_tokens: 16,
+  temperature: 1,
+});
+/** What rollgate asks the engine for the same call: token ids and logprobs (vLLM extensions). */
+export const openaiTokensBody = JSON.stringify({ ...JSON.parse(openaiBody), logprobs: true, top_logprobs: 0, return_token_ids: true });
+export const anthropicBody = JSON.stringify({
+  model: MODEL,
+  system: SYSTEM,
+  messages: [{ role: "user", content: USER }],
+  max_tokens: 16,
+  temperature: 1,
+});
+
+async function probe(name, url, headers, body) {
+  const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json", ...headers }, body });
+  const text = await res.text();
+  return { name, ok: res.ok, status: res.status, text: text.slice(0, 240) };
+}
+
+export async function run({ quick = false, profile = !quick } = {}) {
+  const cfg = quick
+    ? { conc: [1, 64], rounds: 3, durationS: 1, warmupS: 1 }
+    : { conc: [1, 16, 64, 256], rounds: 3, durationS: 3, warmupS: 2 };
+  const maxConc = Math.max(...cfg.conc);
+  const prefix = uniquePrefix("overhead");
+  const procs = [];
+  const notes = [];
+  try {
+    const engine = await startEngineSim({ "ttft-ms": TTFT_MS, "tpot-ms": 0, "random-tokens": 16 });
+    procs.push(engine);
+    const [proxy, portkey, gateway] = await Promise.all([
+      startFastifyProxy(engine.ready),
+      startPortkey(),
+      startGateway({ prefix, engineUrl: engine.ready }),
+    ]);
+    procs.push(proxy, portkey, gateway);
+    const oa = await openSessions(gateway.ready, maxConc);
+    const an = await openSessions(gateway.ready, maxConc);
+    const portkeyHeaders = { "x-portkey-provider": "openai", "x-portkey-custom-host": `${engine.ready}/v1`, authorization: "Bearer sk-bench" };
+
+    // Each target: a function of the connection index → {url, headers, body}.
+    const targets = {
+      direct: () => ({ url: `${engine.ready}/v1/chat/completions`, headers: {}, body: openaiBody }),
+      // The engine request rollgate makes for the same call (token ids + logprobs): engine-side cost.
+      direct_tokens: () => ({ url: `${engine.ready}/v1/chat/completions`, headers: {}, body: openaiTokensBody }),
+      fastify_proxy: () => ({ url: `${proxy.ready}/v1/chat/completions`, headers: {}, body: openaiBody }),
+      portkey: () => ({ url: `${portkey.ready}/v1/chat/completions`, headers: portkeyHeaders, body: openaiBody }),
+      rollgate: (i) => ({ url: `${oa[i].urls.openai}/chat/completions`, headers: { authorization: `Bearer ${oa[i].token}` }, body: openaiBody }),
+      rollgate_anthropic: (i) => ({
+        url: `${an[i].urls.anthropic}/v1/messages`,
+        headers: { "x-api-key": an[i].token, "anthropic-version": "2023-06-01" },
+        body: anthropicBody,
+      }),
+    };
+    // One call each before any load: every target must answer 200, or the run says why.
+    const probes = await Promise.all([
+      ...Object.entries(targets).map(([name, t]) => {
+        const x = t(0);
+        return probe(name, x.url, x.headers, x.body);
+      }),
+      probe("portkey_anthropic", `${portkey.ready}/v1/messages`, { ...portkeyHeaders, "anthropic-version": "2023-06-01" }, anthropicBody),
+      probe("direct_anthropic", `${engine.ready}/v1/messages`, {}, anthropicBody),
+    ]);
+    for (const p of probes) {
+      if (!p.ok) {
+        if (!p.name.endsWith("_anthropic") || p.name === "rollgate_anthropic") throw new Error(`${p.name} probe failed: ${p.status} ${p.text}`);
+        notes.push(`${p.name}: not measurable, HTTP ${p.status} ${p.text}`);
+      }
+    }
+
+    // CPU per call of the process in the middle (proxy, Portkey, gateway) and of the engine.
+    const middle = { direct: null, direct_tokens: null, fastify_proxy: proxy, portkey, rollgate: gateway, rollgate_anthropic: gateway };
+    const cpu = (name) => ({ middle: middle[name] ? procCpu(middle[name].proc.pid).self : 0, engine: procCpu(engine.proc.pid).self });
+    const raw = {}; // raw[c][target] = [{rps, p50, p99, ok, non2xx, errors, cpu}]
+    for (const c of cfg.conc) {
+      raw[c] = {};
+      for (const [name, t] of Object.entries(targets)) {
+        raw[c][name] = [];
+        const conns = Array.from({ length: c }, (_, i) => t(i));
+        await load(conns, cfg.warmupS);
+      }
+      for (let r = 0; r < cfg.rounds; r++) {
+        for (const [name, t] of Object.entries(targets)) {
+          const conns = Array.from({ length: c }, (_, i) => t(i));
+          const cpu0 = cpu(name);
+          const res = await load(conns, cfg.durationS);
+          const cpu1 = cpu(name);
+          raw[c][name].push({
+            middle_cpu_ms_per_call: (cpu1.middle - cpu0.middle) / Math.max(1, res.ok),
+            engine_cpu_ms_per_call: (cpu1.engine - cpu0.engine) / Math.max(1, res.ok),
+            rps: res.rps,
+            p50: percentile(res.latencies, 50),
+            p99: percentile(res.latencies, 99),
+            ok: res.ok,
+            non2xx: res.non2xx,
+            errors: res.errors,
+            first_bad_status: res.firstBadStatus,
+          });
+          process.stderr.write(`overhead c=${c} ${name} round ${r + 1}: ${round(res.rps, 0)} req/s p50 ${round(percentile(res.latencies, 50))} ms\n`);
+        }
+      }
+    }
+
+    const summary = {};
+    const rows = [];
+    for (const c of cfg.conc) {
+      summary[c] = {};
+      for (const name of Object.keys(targets)) {
+        const runs = raw[c][name];
+        summary[c][name] = {
+          rps: round(median(runs.map((x) => x.rps)), 1),
+          p50_ms: round(median(runs.map((x) => x.p50)), 3),
+          p99_ms: round(median(runs.map((x) => x.p99)), 3),
+          non2xx: runs.reduce((a, x) => a + x.non2xx, 0),
+          errors: runs.reduce((a, x) => a + x.errors, 0),
+          middle_cpu_ms_per_call: round(median(runs.map((x) => x.middle_cpu_ms_per_call)), 3),
+          engine_cpu_ms_per_call: round(median(runs.map((x) => x.engine_cpu_ms_per_call)), 3),
+        };
+      }
+      const s = summary[c];
+      const d = s.direct;
+      for (const name of Object.keys(targets)) {
+        const x = s[name];
+        x.added_p50_ms = round(x.p50_ms - d.p50_ms, 3);
+        x.added_p99_ms = round(x.p99_ms - d.p99_ms, 3);
+        // Versus the engine doing the same work rollgate asks of it (ids + logprobs).
+        x.added_p50_vs_tokens_ms = round(x.p50_ms - s.direct_tokens.p50_ms, 3);
+        x.rps_vs_fastify_proxy = round(x.rps / s.fastify_proxy.rps, 3);
+        x.rps_vs_portkey = round(x.rps / s.portkey.rps, 3);
+        const base = name === "direct" || name === "direct_tokens";
+        rows.push([c, name, x.rps, x.p50_ms, x.p99_ms, name === "direct" ? null : x.added_p50_ms, name === "direct" ? null : x.added_p99_ms, base ? null : x.added_p50_vs_tokens_ms, x.rps_vs_fastify_proxy, x.rps_vs_portkey, base ? null : x.middle_cpu_ms_per_call, x.engine_cpu_ms_per_call, x.non2xx + x.errors]);
+      }
+    }
+    printTable(
+      `1. Per-call overhead (engine-sim TTFT ${TTFT_MS} ms, 16 tokens; medians of ${cfg.rounds} runs × ${cfg.durationS} s)`,
+      ["conc", "target", "req/s", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms", "+p50 vs tok", "×fastify", "×portkey", "proxy CPU ms/call", "engine CPU ms/call", "errors"],
+      rows,
+    );
+    for (const n of notes) console.log(`note: ${n}`);
+
+    const at64 = summary[64];
+    const targetsCheck = at64
+      ? {
+          p50_overhead_le_1ms_at_64: { value: at64.rollgate.added_p50_ms, met: at64.rollgate.added_p50_ms <= 1 },
+          p99_overhead_le_5ms_at_64: { value: at64.rollgate.added_p99_ms, met: at64.rollgate.added_p99_ms <= 5 },
+          throughput_ge_0_7x_fastify_at_64: { value: at64.rollgate.rps_vs_fastify_proxy, met: at64.rollgate.rps_vs_fastify_proxy >= 0.7 },
+          throughput_ge_2x_portkey_at_64: { value: at64.rollgate.rps_vs_portkey, met: at64.rollgate.rps_vs_portkey >= 2 },
+        }
+      : {};
+    console.log(`targets at 64: ${JSON.stringify(targetsCheck)}`);
+
+    let prof = null;
+    if (profile) prof = await profileGateway(engine.ready, cfg);
+    return {
+      config: { engine: { ttft_ms: TTFT_MS, tpot_ms: 0, output_tokens: 16, dp: 1 }, ...cfg },
+      summary,
+      targets: targetsCheck,
+      notes,
+      raw,
+      profile: prof,
+    };
+  } finally {
+    for (const p of procs.reverse()) await stop(p);
+    await dropPrefix(prefix);
+  }
+}
+
+/** One c=64 run through a gateway started with --cpu-prof: where the gateway's CPU goes. */
+async function profileGateway(engineUrl, cfg) {
+  const prefix = uniquePrefix("overhead-prof");
+  const dir = mkdtempSync(path.join(os.tmpdir(), "rollgate-prof-"));
+  let gateway = null;
+  try {
+    const spawned = Date.now();
+    gateway = await startGateway({ prefix, engineUrl, nodeArgs: ["--cpu-prof", `--cpu-prof-dir=${dir}`] });
+    const ss = await openSessions(gateway.ready, 64);
+    const conns = ss.map((s) => ({ url: `${s.urls.openai}/chat/completions`, headers: { authorization: `Bearer ${s.token}` }, body: openaiBody }));
+    await load(conns, cfg.warmupS);
+    // Start-up, session creation and warm-up are left out of the summary.
+    const skipMs = Date.now() - spawned;
+    const cpu0 = procCpu(gateway.proc.pid).self;
+    const res = await load(conns, cfg.durationS * 2);
+    const cpuMs = procCpu(gateway.proc.pid).self - cpu0;
+    await stop(gateway);
+    gateway = null;
+    const file = newestProfile(dir);
+    const summary = file ? summarizeProfile(file, { skipMs }) : null;
+    const cpuPerCall = round(cpuMs / Math.max(1, res.ok), 3);
+    if (summary) {
+      // Sample times are wall-clock stacks (a descheduled thread still gets samples), so the shares
+      // matter, not the absolute ms; the CPU per call comes from /proc.
+      printProfile(`1b. Gateway --cpu-prof at 64 sessions, measured window (${round(res.rps, 0)} req/s, ${cpuPerCall} ms CPU/call from /proc)`, summary, printTable);
+    }
+    return summary && { rps: round(res.rps, 1), calls: res.ok, cpu_ms_per_call: cpuPerCall, ...summary };
+  } finally {
+    await stop(gateway);
+    await dropPrefix(prefix);
+    rmSync(dir, { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,167 @@
+// 2. Streaming: time to first content token and total time, through rollgate vs straight to the engine.
+import { mkdtempSync, rmSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { performance } from "node:perf_hooks";
+import { Agent, request } from "undici";
+import { startEngineSim, startGateway, stop } from "./lib/procs.mjs";
+import { dropPrefix, uniquePrefix } from "./lib/redis.mjs";
+import { openSessions } from "./lib/rollgate.mjs";
+import { newestProfile, printProfile, summarizeProfile } from "./lib/cpuprofile.mjs";
+import { median, percentile, printTable, round } from "./lib/stats.mjs";
+
+const TTFT_MS = 50;
+const TPOT_MS = 5;
+const TOKENS = 32;
+const MODEL = "Qwen/Qwen3-8B";
+const USER = "Summarise what a rollout gateway does in one paragraph.";
+
+const openaiStream = JSON.stringify({ model: MODEL, messages: [{ role: "user", content: USER }], max_tokens: TOKENS, stream: true });
+const anthropicStream = JSON.stringify({ model: MODEL, messages: [{ role: "user", content: USER }], max_tokens: TOKENS, stream: true });
+
+/** True when an SSE data payload carries generated text (OpenAI delta.content or Anthropic text_delta). */
+function hasContent(data) {
+  if (data === "[DONE]") return false;
+  try {
+    const j = JSON.parse(data);
+    return Boolean(j.choices?.[0]?.delta?.content) || (j.type === "content_block_delta" && Boolean(j.delta?.text));
+  } catch {
+    return false;
+  }
+}
+
+/** One streamed call: ms to the first content chunk, ms to the end of the stream. */
+async function timedStream(dispatcher, url, headers, body) {
+  const t0 = performance.now();
+  const res = await request(url, { method: "POST", dispatcher, headers: { "content-type": "application/json", ...headers }, body });
+  if (res.statusCode !== 200) throw new Error(`${url} → ${res.statusCode}: ${(await res.body.text()).slice(0, 200)}`);
+  let ttft = NaN;
+  let buf = "";
+  for await (const chunk of res.body) {
+    if (!Number.isNaN(ttft)) continue; // drain
+    buf += chunk.toString("utf8");
+    let i;
+    while ((i = buf.indexOf("\n\n")) >= 0) {
+      const event = buf.slice(0, i);
+      buf = buf.slice(i + 2);
+      const data = event
+        .split("\n")
+        .filter((l) => l.startsWith("data:"))
+        .map((l) => l.slice(5).trim())
+        .join("\n");
+      if (Number.isNaN(ttft) && hasContent(data)) ttft = performance.now() - t0;
+    }
+  }
+  return { ttft, total: performance.now() - t0 };
+}
+
+/** 16 concurrent streams through a gateway started with --cpu-prof. */
+async function profileStreams(engineUrl, dispatcher, calls) {
+  const prefix = uniquePrefix("streaming-prof");
+  const dir = mkdtempSync(path.join(os.tmpdir(), "rollgate-prof-st-"));
+  let gateway = null;
+  try {
+    const t0 = Date.now();
+    gateway = await startGateway({ prefix, engineUrl, nodeArgs: ["--cpu-prof", `--cpu-prof-dir=${dir}`] });
+    const ss = await openSessions(gateway.ready, 16);
+    const one = (s) => timedStream(dispatcher, `${s.urls.openai}/chat/completions`, { authorization: `Bearer ${s.token}` }, openaiStream);
+    await Promise.all(ss.map(one));
+    const skipMs = Date.now() - t0;
+    await Promise.all(ss.map(async (s) => {
+      for (let k = 0; k < calls; k++) await one(s);
+    }));
+    await stop(gateway);
+    gateway = null;
+    const file = newestProfile(dir);
+    if (!file) return null;
+    const summary = summarizeProfile(file, { skipMs });
+    printProfile(`2b. gateway --cpu-prof, 16 concurrent streams × ${calls} calls`, summary, printTable);
+    return summary;
+  } finally {
+    await stop(gateway);
+    await dropPrefix(prefix);
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+export async function run({ quick = false, profile = !quick } = {}) {
+  const cfg = quick ? { conc: [1, 16], rounds: 3, callsPerConn: { 1: 6, 16: 2 } } : { conc: [1, 16], rounds: 3, callsPerConn: { 1: 20, 16: 5 } };
+  const prefix = uniquePrefix("streaming");
+  const procs = [];
+  const dispatcher = new Agent({ connections: 64, keepAliveTimeout: 30_000 });
+  try {
+    const engine = await startEngineSim({ "ttft-ms": TTFT_MS, "tpot-ms": TPOT_MS, "random-tokens": TOKENS });
+    procs.push(engine);
+    const gateway = await startGateway({ prefix, engineUrl: engine.ready });
+    procs.push(gateway);
+    const oa = await openSessions(gateway.ready, 16);
+    const an = await openSessions(gateway.ready, 16);
+    const targets = {
+      direct: () => [`${engine.ready}/v1/chat/completions`, {}, openaiStream],
+      rollgate: (i) => [`${oa[i].urls.openai}/chat/completions`, { authorization: `Bearer ${oa[i].token}` }, openaiStream],
+      rollgate_anthropic: (i) => [`${an[i].urls.anthropic}/v1/messages`, { "x-api-key": an[i].token, "anthropic-version": "2023-06-01" }, anthropicStream],
+    };
+    const samples = {};
+    for (const c of cfg.conc) {
+      samples[c] = {};
+      for (const [name, t] of Object.entries(targets)) {
+        samples[c][name] = { ttft: [], total: [], rounds: [] };
+        await Promise.all(Array.from({ length: c }, (_, i) => timedStream(dispatcher, ...t(i)))); // warm-up
+      }
+      for (let r = 0; r < cfg.rounds; r++) {
+        for (const [name, t] of Object.entries(targets)) {
+          const got = { ttft: [], total: [] };
+          await Promise.all(
+            Array.from({ length: c }, async (_, i) => {
+              for (let k = 0; k < cfg.callsPerConn[c]; k++) {
+                const x = await timedStream(dispatcher, ...t(i));
+                got.ttft.push(x.ttft);
+                got.total.push(x.total);
+              }
+            }),
+          );
+          samples[c][name].ttft.push(...got.ttft);
+          samples[c][name].total.push(...got.total);
+          samples[c][name].rounds.push({ ttft_p50: percentile(got.ttft, 50), total_p50: percentile(got.total, 50) });
+        }
+      }
+    }
+    const summary = {};
+    const rows = [];
+    for (const c of cfg.conc) {
+      summary[c] = {};
+      for (const name of Object.keys(targets)) {
+        const s = samples[c][name];
+        summary[c][name] = {
+          calls: s.ttft.length,
+          ttft_p50_ms: round(median(s.rounds.map((x) => x.ttft_p50)), 3),
+          ttft_p99_ms: round(percentile(s.ttft, 99), 3),
+          total_p50_ms: round(median(s.rounds.map((x) => x.total_p50)), 3),
+          total_p99_ms: round(percentile(s.total, 99), 3),
+        };
+      }
+      const d = summary[c].direct;
+      for (const name of Object.keys(targets)) {
+        const x = summary[c][name];
+        x.added_ttft_p50_ms = round(x.ttft_p50_ms - d.ttft_p50_ms, 3);
+        x.added_ttft_p99_ms = round(x.ttft_p99_ms - d.ttft_p99_ms, 3);
+        x.added_total_p50_ms = round(x.total_p50_ms - d.total_p50_ms, 3);
+        rows.push([c, name, x.calls, x.ttft_p50_ms, x.ttft_p99_ms, x.total_p50_ms, x.total_p99_ms, name === "direct" ? null : x.added_ttft_p50_ms, name === "direct" ? null : x.added_total_p50_ms]);
+      }
+    }
+    printTable(
+      `2. Streaming (engine-sim TTFT ${TTFT_MS} ms, TPOT ${TPOT_MS} ms, ${TOKENS} tokens; p50 = median of ${cfg.rounds} rounds' p50, p99 over all calls)`,
+      ["conc", "target", "calls", "TTFT p50", "TTFT p99", "total p50", "total p99", "+TTFT p50", "+total p50"],
+      rows,
+    );
+    const t1 = summary[1].rollgate.added_ttft_p50_ms;
+    const targetsCheck = { ttft_within_2ms_at_1: { value: t1, met: t1 <= 2 }, ttft_within_2ms_at_16: { value: summary[16].rollgate.added_ttft_p50_ms, met: summary[16].rollgate.added_ttft_p50_ms <= 2 } };
+    console.log(`targets: ${JSON.stringify(targetsCheck)}`);
+    const prof = profile ? await profileStreams(engine.ready, dispatcher, cfg.callsPerConn[16]) : null;
+    return { profile: prof, config: { engine: { ttft_ms: TTFT_MS, tpot_ms: TPOT_MS, output_tokens: TOKENS }, ...cfg }, summary, targets: targetsCheck };
+  } finally {
+    await dispatcher.close();
+    for (const p of procs.reverse()) await stop(p);
+    await dropPrefix(prefix);
+  }
+}
