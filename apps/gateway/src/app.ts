@@ -1,21 +1,29 @@
 import type { GatewayEnv } from "@rollgate/protocol";
 import { createRedis, duplicateClient, rolloutQueue } from "@rollgate/queue";
 import { AdminStore, RankRouter, SessionStore, TaskStore, WeightStore } from "@rollgate/store";
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import { pino, type Logger } from "pino";
 import type { GatewayContext } from "./context.js";
 import { EngineRegistry } from "./engines/registry.js";
+import { MAX_JSON_DEPTH, frameworkErrors, jsonDepthExceeds, notFoundHandler } from "./input-guards.js";
 import { ChatCaller } from "./llm/chat-call.js";
+import { RedactingLogController, SessionTaskCache, redactingLogger, requestChildLogger, rootLoggerOptions } from "./observability/logging.js";
+import { GatewayMetrics } from "./observability/metrics.js";
+import { requestObservability } from "./observability/request-hooks.js";
 import { EngineHealth } from "./ops/engine-health.js";
 import { PauseGate } from "./ops/pause-gate.js";
+import { SessionRateLimiter, retryAfterHeader } from "./ops/rate-limit.js";
 import { Rerouter } from "./ops/reroute.js";
 import { adminRoutes } from "./routes/admin.js";
 import { anthropicAgentRoutes } from "./routes/agent-anthropic.js";
 import { dashboardRoutes } from "./routes/dashboard.js";
+import { docsRoutes } from "./routes/docs.js";
 import { geminiAgentRoutes } from "./routes/agent-gemini.js";
 import { openAIAgentRoutes } from "./routes/agent-openai.js";
 import { responsesAgentRoutes } from "./routes/agent-responses.js";
 import { healthRoutes } from "./routes/health.js";
+import { metricsRoutes } from "./routes/metrics.js";
+import { queueBoardRoutes } from "./routes/queues.js";
 import { sessionRoutes } from "./routes/sessions.js";
 import { taskRoutes } from "./routes/tasks.js";
 
@@ -29,30 +37,44 @@ export interface BuildGatewayOptions {
  * `inject()` or `listen({port: 0})`). Closing the app closes Redis, the queue and the engine pool.
  */
 export async function buildGateway({ env, logger }: BuildGatewayOptions): Promise<FastifyInstance> {
-  const log =
-    logger ??
-    pino({ level: env.LOG_LEVEL, redact: ["req.headers.authorization", "req.headers[\"x-api-key\"]", "req.headers[\"x-goog-api-key\"]"] });
+  // Secrets are redacted (headers, ?key= in URLs) whatever logger is passed in: observability/logging.ts.
+  const log = redactingLogger(logger ?? pino(rootLoggerOptions(env.LOG_LEVEL)));
   const redis = createRedis(env.REDIS_URL, "producer");
   redis.on("error", (err) => log.warn({ err: err.message }, "redis connection error"));
   const prefix = env.ROLLGATE_KEY_PREFIX;
   const registry = new EngineRegistry(env.ROLLGATE_ENGINES, env.ROLLGATE_ENGINE_TIMEOUT_S * 1000);
   const sessions = new SessionStore(redis, prefix);
   const weights = new WeightStore(redis, prefix);
-  const rollouts = rolloutQueue({ connection: redis, keyPrefix: prefix });
+  // BullMQ gets a connection of its own: it loads dozens of Lua scripts onto the client it uses,
+  // and ioredis copies those into every MULTI on that client (the stores' hot path).
+  const queueRedis = duplicateClient(redis);
+  queueRedis.on("error", (err: Error) => log.warn({ err: err.message }, "redis (queue) connection error"));
+  const rollouts = rolloutQueue({ connection: queueRedis, keyPrefix: prefix });
   rollouts.on("error", (err) => log.warn({ err: err.message }, "rollout queue error"));
 
   // Per-request access logs only at debug: agent traffic would drown everything else at info.
   const quietRequests = env.LOG_LEVEL !== "debug" && env.LOG_LEVEL !== "trace";
+  // Request log lines carry reqId plus the session/task ids the URL (and the session) names.
+  const sessionTasks = new SessionTaskCache((sid) => sessions.get(sid));
+  const metrics = new GatewayMetrics({ processMetrics: true });
   const app = Fastify({
     loggerInstance: log as FastifyBaseLogger,
-    logController: new LogController({ disableRequestLogging: quietRequests }),
+    logController: new RedactingLogController({ disableRequestLogging: quietRequests }),
+    childLoggerFactory: requestChildLogger(sessionTasks),
+    // A URL Fastify cannot decode is a 400 in the caller's shape (input-guards.ts).
+    frameworkErrors,
   });
+  app.setNotFoundHandler(notFoundHandler);
   // JSON bodies: an empty body (a DELETE sent with a JSON content type) is no body, and a
   // malformed one is a 400 every route renders in its own protocol's error shape.
   app.removeContentTypeParser("application/json");
   app.addContentTypeParser("application/json", { parseAs: "string" }, (_req, body, done) => {
     const text = body as string;
     if (text.trim() === "") return done(null, undefined);
+    // Deeper nesting parses but overflows the stack when the body is serialised again (a 500).
+    if (jsonDepthExceeds(text)) {
+      return done(Object.assign(new Error(`the body nests deeper than ${MAX_JSON_DEPTH} levels`), { statusCode: 400, code: "invalid_json" }), undefined);
+    }
     try {
       done(null, JSON.parse(text));
     } catch (err) {
@@ -74,7 +96,7 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   const admin = new AdminStore(redis, prefix);
   const subscriber = duplicateClient(redis);
   subscriber.on("error", (err: Error) => log.warn({ err: err.message }, "redis subscriber error"));
-  const pause = new PauseGate(admin, subscriber, log);
+  const pause = new PauseGate(admin, subscriber, log, () => weights.get());
   await pause.start();
   const health = new EngineHealth(registry, router, env.ROLLGATE_HEALTH_FAILURES, log);
   health.start(env.ROLLGATE_HEALTH_INTERVAL_S);
@@ -88,14 +110,18 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
     router,
     weights,
     registry,
-    caller: new ChatCaller({ registry, sessions, tasks, weights, pause, rerouter, log }),
+    caller: new ChatCaller({ registry, sessions, tasks, pause, rerouter, log, observe: metrics.observeCall, continuation: env.ROLLGATE_CONTINUATION }),
     admin,
     pause,
     health,
     rollouts,
+    rateLimit: new SessionRateLimiter(redis, prefix, env.ROLLGATE_SESSION_RATE, env.ROLLGATE_SESSION_BURST ?? Math.max(1, 2 * env.ROLLGATE_SESSION_RATE)),
     publicUrl: () => publicUrl ?? `http://127.0.0.1:${env.PORT}`,
   };
 
+  // A call refused by the session rate limit answers `retry-after` (whatever its protocol).
+  app.addHook("onSend", retryAfterHeader);
+  await app.register(requestObservability({ metrics, sessionTasks }));
   await app.register(healthRoutes(ctx));
   await app.register(taskRoutes(ctx));
   await app.register(sessionRoutes(ctx));
@@ -105,6 +131,9 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   await app.register(anthropicAgentRoutes(ctx));
   await app.register(geminiAgentRoutes(ctx));
   await app.register(dashboardRoutes(ctx));
+  await app.register(metricsRoutes(ctx, metrics));
+  await app.register(docsRoutes());
+  await app.register(queueBoardRoutes(ctx));
 
   app.addHook("onClose", async () => {
     health.stop();
@@ -112,6 +141,7 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
     await rollouts.close();
     await registry.close();
     redis.disconnect();
+    queueRedis.disconnect();
   });
   return app as unknown as FastifyInstance;
 }

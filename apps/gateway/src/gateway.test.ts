@@ -171,3 +171,39 @@ describe("sessions and the OpenAI chat route", () => {
     await app.close();
   });
 });
+
+describe("client disconnects", () => {
+  it("cancel the engine request: a streamed call the agent abandons stops generating at once", async () => {
+    const slow = buildEngineSim({ dpSize: 1, tpotMs: 50 });
+    await slow.listen({ port: 0, host: "127.0.0.1" });
+    const addr = slow.server.address();
+    const slowUrl = `http://127.0.0.1:${typeof addr === "object" && addr ? addr.port : 0}`;
+    const app = await gateway([{ kind: "vllm", url: slowUrl, dp_size: 1 }]);
+    await app.listen({ port: 0, host: "127.0.0.1" });
+    const gaddr = app.server.address();
+    const base = `http://127.0.0.1:${typeof gaddr === "object" && gaddr ? gaddr.port : 0}`;
+    try {
+      const s = await openSession(app);
+      const abort = new AbortController();
+      const res = await fetch(`${base}/s/${s.id}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${s.token}`, "content-type": "application/json" },
+        body: JSON.stringify({ stream: true, messages: [{ role: "user", content: '#sim: [{"text": "a", "tokens": 400}]' }] }),
+        signal: abort.signal,
+      });
+      const reader = res.body!.getReader();
+      await reader.read(); // the stream has started: the engine is generating
+      const engine = getSimState(slow).engine;
+      expect(engine.active.size).toBe(1);
+      abort.abort();
+      const t0 = Date.now();
+      while (engine.active.size > 0 && Date.now() - t0 < 5_000) await new Promise((r) => setTimeout(r, 20));
+      expect(engine.active.size).toBe(0);
+      // 400 tokens at 50 ms would take 20 s: it stopped because the client left.
+      expect(Date.now() - t0).toBeLessThan(5_000);
+    } finally {
+      await app.close();
+      await slow.close();
+    }
+  });
+});

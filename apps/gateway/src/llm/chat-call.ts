@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import type { CanonicalChatRequest, ClientProtocol, CompletionRecord, Session } from "@rollgate/protocol";
-import type { SessionStore, TaskStore, WeightStore } from "@rollgate/store";
+import type { SessionStore, TaskStore } from "@rollgate/store";
 import {
   StreamAccumulator,
   applySessionSampling,
@@ -59,7 +59,6 @@ export class ChatCaller {
       registry: EngineRegistry;
       sessions: SessionStore;
       tasks: TaskStore;
-      weights: WeightStore;
       pause: PauseGate;
       rerouter: Rerouter;
       log: Logger;
@@ -84,12 +83,11 @@ export class ChatCaller {
     const target = this.deps.registry.target(assignment.engine, assignment.dp_rank);
     const adapter = adapterFor(target.engine.kind);
     if (!adapter) throw new CallRejected(`engine kind ${target.engine.kind} is not supported yet`, 501, "engine_unsupported");
-    const [model, weightVersion] = await Promise.all([
-      this.deps.registry.servedModel(assignment.engine).catch((err: Error) => {
-        throw new EngineError(`cannot read the engine's model name: ${err.message}`, 502, "unreachable");
-      }),
-      this.deps.weights.get(),
-    ]);
+    const model = await this.deps.registry.servedModel(assignment.engine).catch((err: Error) => {
+      throw new EngineError(`cannot read the engine's model name: ${err.message}`, 502, "unreachable");
+    });
+    // Re-read when the call passes the pause gate (complete/stream): a paused call runs on the new weights.
+    const weightVersion = this.deps.pause.weights;
     // Echoed history: each assistant turn is restored from the session's own records (what the
     // engine generated). Only the records' small heads are read, once per call and only when
     // there are such turns; the one full record a token-in continuation needs is read after.
@@ -170,7 +168,7 @@ export class ChatCaller {
       const slot = await this.deps.pause.enter(call.engineCall.signal, true);
       try {
         // Read once the gate is open: a call that waited through a pause runs on the new weights.
-        call.weightVersion = await this.deps.weights.get();
+        call.weightVersion = this.deps.pause.weights;
         const result = await this.send(call, slot.signal, false);
         await this.record(call, result);
         return result;
@@ -189,7 +187,7 @@ export class ChatCaller {
     // A stream the agent has started reading cannot be restarted invisibly: it drains a pause.
     const slot = await this.deps.pause.enter(call.engineCall.signal, false);
     try {
-      call.weightVersion = await this.deps.weights.get();
+      call.weightVersion = this.deps.pause.weights;
       for await (const event of this.send(call, slot.signal, true)) {
         acc.push(event);
         yield event;

@@ -37,7 +37,11 @@ export class EngineHealth {
 
   start(intervalS: number): void {
     if (intervalS <= 0) return;
-    this.timer = setInterval(() => void this.checkAll(), intervalS * 1000);
+    // A round that fails (Redis unreachable) is logged and the next one tries again: an unhandled
+    // rejection here would take the whole gateway down during a Redis restart.
+    this.timer = setInterval(() => {
+      this.checkAll().catch((err: Error) => this.log.warn({ err: err.message }, "engine health round failed"));
+    }, intervalS * 1000);
     this.timer.unref();
   }
 

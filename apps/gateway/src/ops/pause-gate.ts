@@ -30,6 +30,8 @@ const REPORT_MS = 3_000;
 export class PauseGate {
   readonly replicaId = `gw-${randomUUID().slice(0, 8)}`;
   private state: PauseState | null = null;
+  /** The policy weight version, kept current by the admin channel (read once at start). */
+  private weightVersion: string | null = null;
   private waiters: (() => void)[] = [];
   private readonly inflight = new Set<{ controller: AbortController; abortable: boolean; byPause: boolean }>();
   private timer: NodeJS.Timeout | null = null;
@@ -38,12 +40,14 @@ export class PauseGate {
     private readonly admin: AdminStore,
     private readonly subscriber: RedisClient,
     private readonly log: Logger,
+    private readonly readWeights: () => Promise<string | null> = async () => null,
   ) {}
 
   async start(): Promise<void> {
     this.subscriber.on("message", (_channel, raw: string) => this.onMessage(raw));
     await this.subscriber.subscribe(this.admin.channel());
     this.state = await this.admin.pauseState();
+    this.weightVersion = await this.readWeights();
     await this.report();
     this.timer = setInterval(() => void this.report(), REPORT_MS);
     this.timer.unref();
@@ -58,6 +62,11 @@ export class PauseGate {
 
   get paused(): PauseState | null {
     return this.state;
+  }
+
+  /** The weight version to stamp on a call starting now (no Redis round trip on the hot path). */
+  get weights(): string | null {
+    return this.weightVersion;
   }
 
   get inflightCount(): number {
@@ -81,6 +90,8 @@ export class PauseGate {
           slot.controller.abort(new PausedAbort());
         }
       }
+    } else if (msg.type === "weights") {
+      this.weightVersion = msg.version;
     } else if (msg.type === "resume") {
       if (this.state && this.state.id !== msg.id) return;
       this.state = null;

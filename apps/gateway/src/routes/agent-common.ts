@@ -37,6 +37,8 @@ export async function authorizeSession(
     return { status: 401, kind: "invalid_token", message: "invalid session token" };
   }
   if (found.session.state !== "open") return { status: 403, kind: "session_closed", message: `session ${sid} is closed` };
+  // Over ROLLGATE_SESSION_RATE: throws a 429 the route renders in its protocol (with retry-after).
+  if (ctx.rateLimit?.enabled) await ctx.rateLimit.check(req, sid);
   return found;
 }
 

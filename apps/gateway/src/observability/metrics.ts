@@ -1,0 +1,263 @@
+import { AsyncLocalStorage } from "node:async_hooks";
+import type { CompletionRecord } from "@rollgate/protocol";
+import type { RedisClient } from "@rollgate/queue";
+import { keys, parseRankMember, type RankRouter } from "@rollgate/store";
+import type { Queue } from "bullmq";
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
+import type { PreparedCall } from "../llm/chat-call.js";
+
+/**
+ * The gateway's Prometheus metrics (`GET /metrics`), one registry per app instance so several
+ * gateways in one process (tests) never collide.
+ *
+ * Two kinds:
+ * - event metrics, updated as things happen: LLM calls, tokens and engine latency (through
+ *   ChatCaller's `observe` hook, once per recorded completion), gateway overhead and HTTP
+ *   requests (request hooks, see request-hooks.ts);
+ * - state metrics, read from Redis and this replica when Prometheus scrapes (`refresh`): queue
+ *   depths and ages, tasks by status, callback delivery state, open sessions, rank health, pause
+ *   state and weight version. Every replica reports the same fleet-wide values for these (they
+ *   live in Redis), except `rollgate_inference_paused` / `rollgate_inflight_calls`, which are
+ *   this replica's view.
+ */
+
+/** Per-request scratch the observe hook writes into: the engine time spent on this request. */
+export interface RequestScope {
+  engineMs: number;
+  protocol: string | null;
+}
+export const requestScope = new AsyncLocalStorage<RequestScope>();
+
+export interface MetricSources {
+  redis: RedisClient;
+  keyPrefix: string;
+  router: RankRouter;
+  members: () => string[];
+  paused: () => boolean;
+  inflight: () => number;
+  weightVersion: () => Promise<string | null>;
+  queues: Queue[];
+}
+
+const TASK_STATUSES = ["queued", "running", "completed", "failed", "timed_out", "cancelled"] as const;
+const CALLBACK_STATES = ["pending", "retrying", "delivered", "failed"] as const;
+const JOB_STATES = ["waiting", "active", "delayed", "prioritized", "waiting-children", "completed", "failed"] as const;
+
+export interface GatewayMetricsOptions {
+  /** How many of the newest tasks of the task index `rollgate_tasks` looks at on each scrape. */
+  taskScan?: number;
+  /** Node process metrics (CPU, memory, event loop lag, GC), prefixed `rollgate_gateway_`. */
+  processMetrics?: boolean;
+}
+
+export class GatewayMetrics {
+  readonly registry = new Registry();
+  private readonly taskScan: number;
+
+  private readonly llmCalls: Counter<"protocol" | "engine" | "dp_rank">;
+  private readonly llmTokens: Counter<"protocol" | "engine" | "dp_rank" | "kind">;
+  private readonly engineLatency: Histogram<"protocol" | "engine" | "dp_rank">;
+  private readonly overhead: Histogram<"protocol">;
+  private readonly httpRequests: Counter<"method" | "route" | "status_code">;
+  private readonly refreshErrors: Counter<"source">;
+
+  private readonly queueJobs: Gauge<"queue" | "state">;
+  private readonly queueOldest: Gauge<"queue">;
+  private readonly tasks: Gauge<"status">;
+  private readonly tasksScanned: Gauge;
+  private readonly tasksIndexed: Gauge;
+  private readonly callbacks: Gauge<"state">;
+  private readonly sessionsOpen: Gauge;
+  private readonly rankSessions: Gauge<"engine" | "dp_rank">;
+  private readonly rankUp: Gauge<"engine" | "dp_rank">;
+  private readonly paused: Gauge;
+  private readonly inflight: Gauge;
+  private readonly weightVersion: Gauge<"version">;
+
+  constructor(opts: GatewayMetricsOptions = {}) {
+    this.taskScan = opts.taskScan ?? 1000;
+    const registers = [this.registry];
+    if (opts.processMetrics) collectDefaultMetrics({ register: this.registry, prefix: "rollgate_gateway_" });
+
+    this.llmCalls = new Counter({
+      name: "rollgate_llm_calls_total",
+      help: "Recorded LLM calls (one per completion record), by client protocol and engine rank.",
+      labelNames: ["protocol", "engine", "dp_rank"],
+      registers,
+    });
+    this.llmTokens = new Counter({
+      name: "rollgate_llm_tokens_total",
+      help: "Tokens of recorded LLM calls by kind (prompt, completion, cached = prompt tokens served from the prefix cache).",
+      labelNames: ["protocol", "engine", "dp_rank", "kind"],
+      registers,
+    });
+    this.engineLatency = new Histogram({
+      name: "rollgate_engine_latency_seconds",
+      help: "Engine time of a recorded call (the record's latency_ms: from dispatch, pause waits included, to the engine's last token).",
+      labelNames: ["protocol", "engine", "dp_rank"],
+      buckets: [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900],
+      registers,
+    });
+    this.overhead = new Histogram({
+      name: "rollgate_gateway_overhead_seconds",
+      help: "Agent request time spent in the gateway: total request time minus the engine time of the calls it recorded.",
+      labelNames: ["protocol"],
+      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+      registers,
+    });
+    this.httpRequests = new Counter({
+      name: "rollgate_http_requests_total",
+      help: "HTTP requests answered, by method, route pattern and status code.",
+      labelNames: ["method", "route", "status_code"],
+      registers,
+    });
+    this.refreshErrors = new Counter({
+      name: "rollgate_metrics_refresh_errors_total",
+      help: "Scrapes where a state metric could not be read (its previous value is kept).",
+      labelNames: ["source"],
+      registers,
+    });
+
+    this.queueJobs = new Gauge({ name: "rollgate_queue_jobs", help: "BullMQ jobs by queue and state.", labelNames: ["queue", "state"], registers });
+    this.queueOldest = new Gauge({
+      name: "rollgate_queue_oldest_waiting_age_seconds",
+      help: "Age of the oldest waiting job of a queue (0 when none waits).",
+      labelNames: ["queue"],
+      registers,
+    });
+    this.tasks = new Gauge({
+      name: "rollgate_tasks",
+      help: "Tasks by status among the newest rollgate_tasks_scanned tasks of the task index (an approximation on large histories).",
+      labelNames: ["status"],
+      registers,
+    });
+    this.tasksScanned = new Gauge({ name: "rollgate_tasks_scanned", help: "How many tasks rollgate_tasks and rollgate_callbacks looked at.", registers });
+    this.tasksIndexed = new Gauge({ name: "rollgate_tasks_indexed", help: "Tasks in the task index (including ones whose record expired).", registers });
+    this.callbacks = new Gauge({
+      name: "rollgate_callbacks",
+      help: "Task callback deliveries by state among the scanned tasks (retrying = pending after at least one failed attempt).",
+      labelNames: ["state"],
+      registers,
+    });
+    this.sessionsOpen = new Gauge({ name: "rollgate_sessions_open", help: "Open sessions (the sum of the rank loads).", registers });
+    this.rankSessions = new Gauge({ name: "rollgate_rank_sessions", help: "Open sessions assigned to an engine rank.", labelNames: ["engine", "dp_rank"], registers });
+    this.rankUp = new Gauge({ name: "rollgate_engine_rank_up", help: "1 when an engine rank is healthy, 0 when health checks marked it down.", labelNames: ["engine", "dp_rank"], registers });
+    this.paused = new Gauge({ name: "rollgate_inference_paused", help: "1 while inference is paused (POST /admin/inference/pause), as this replica sees it.", registers });
+    this.inflight = new Gauge({ name: "rollgate_inflight_calls", help: "Engine calls in flight on this replica.", registers });
+    this.weightVersion = new Gauge({
+      name: "rollgate_weight_version_info",
+      help: "The policy weight version stamped on new completions (value 1, the version is the label; absent when none is set).",
+      labelNames: ["version"],
+      registers,
+    });
+  }
+
+  /** ChatCaller's `observe` hook: one recorded completion. */
+  readonly observeCall = (record: CompletionRecord, call: PreparedCall): void => {
+    const labels = { protocol: record.protocol, engine: String(call.target.engineIndex), dp_rank: String(record.dp_rank) };
+    this.llmCalls.inc(labels);
+    this.llmTokens.inc({ ...labels, kind: "prompt" }, record.usage.prompt_tokens);
+    this.llmTokens.inc({ ...labels, kind: "completion" }, record.usage.completion_tokens);
+    this.llmTokens.inc({ ...labels, kind: "cached" }, record.usage.cached_tokens);
+    this.engineLatency.observe(labels, record.latency_ms / 1000);
+    const scope = requestScope.getStore();
+    if (scope) {
+      scope.engineMs += record.latency_ms;
+      scope.protocol = record.protocol;
+    }
+  };
+
+  /** One answered HTTP request; for an agent request that recorded calls, its gateway overhead too. */
+  observeRequest(method: string, route: string, statusCode: number, totalMs: number, scope: RequestScope | undefined): void {
+    this.httpRequests.inc({ method, route, status_code: String(statusCode) });
+    if (scope?.protocol) this.overhead.observe({ protocol: scope.protocol }, Math.max(0, totalMs - scope.engineMs) / 1000);
+  }
+
+  /** Reads every state metric (one scrape). A source that fails keeps its last values and counts an error. */
+  async refresh(src: MetricSources): Promise<void> {
+    const guard = (source: string, p: Promise<void>) =>
+      p.catch(() => {
+        this.refreshErrors.inc({ source });
+      });
+    this.paused.set(src.paused() ? 1 : 0);
+    this.inflight.set(src.inflight());
+    await Promise.all([
+      guard("queues", this.refreshQueues(src.queues)),
+      guard("tasks", this.refreshTasks(src.redis, src.keyPrefix)),
+      guard("routing", this.refreshRouting(src)),
+      guard("weights", this.refreshWeights(src)),
+    ]);
+  }
+
+  private async refreshQueues(queues: Queue[]): Promise<void> {
+    const now = Date.now();
+    await Promise.all(
+      queues.map(async (q) => {
+        const [counts, oldest] = await Promise.all([q.getJobCounts(...JOB_STATES), q.getWaiting(0, 0)]);
+        for (const state of JOB_STATES) this.queueJobs.set({ queue: q.name, state }, counts[state] ?? 0);
+        const ts = oldest[0]?.timestamp;
+        this.queueOldest.set({ queue: q.name }, ts ? Math.max(0, (now - ts) / 1000) : 0);
+      }),
+    );
+  }
+
+  /**
+   * Tasks by status and callback state: the newest `taskScan` tasks of the task index, two hash
+   * fields each (concurrent commands, not a pipeline: on a Redis Cluster each task has its own
+   * slot). Older tasks are not counted, and tasks whose record
+   * expired (result TTL) drop out; `rollgate_tasks_indexed` says how many the index holds.
+   */
+  private async refreshTasks(redis: RedisClient, prefix: string): Promise<void> {
+    const k = keys(prefix);
+    const [ids, total] = await Promise.all([redis.zrevrange(k.taskIndex(), 0, this.taskScan - 1), redis.zcard(k.taskIndex())]);
+    const byStatus: Record<string, number> = Object.fromEntries(TASK_STATUSES.map((s) => [s, 0]));
+    const byCallback: Record<string, number> = Object.fromEntries(CALLBACK_STATES.map((s) => [s, 0]));
+    let scanned = 0;
+    if (ids.length) {
+      const rows = await Promise.all(ids.map((id) => redis.hmget(k.task(id), "status", "callback")));
+      for (const [status, callback] of rows) {
+        if (!status) continue; // expired
+        scanned++;
+        byStatus[status] = (byStatus[status] ?? 0) + 1;
+        const cb = parseCallback(callback ?? null);
+        if (!cb || cb.state === "none") continue;
+        const state = cb.state === "pending" && cb.attempts > 0 ? "retrying" : cb.state;
+        byCallback[state] = (byCallback[state] ?? 0) + 1;
+      }
+    }
+    for (const [status, n] of Object.entries(byStatus)) this.tasks.set({ status }, n);
+    for (const [state, n] of Object.entries(byCallback)) this.callbacks.set({ state }, n);
+    this.tasksScanned.set(scanned);
+    this.tasksIndexed.set(total);
+  }
+
+  private async refreshRouting(src: MetricSources): Promise<void> {
+    const [loads, down] = await Promise.all([src.router.loads(), src.router.downRanks()]);
+    this.rankSessions.reset();
+    this.rankUp.reset();
+    for (const member of src.members()) {
+      const { engine, dpRank } = parseRankMember(member);
+      const labels = { engine: String(engine), dp_rank: String(dpRank) };
+      this.rankSessions.set(labels, Math.max(0, loads[member] ?? 0));
+      this.rankUp.set(labels, down.has(member) ? 0 : 1);
+    }
+    // Every rank's load, configured now or not (sessions on a removed engine are still open).
+    this.sessionsOpen.set(Object.values(loads).reduce((sum, n) => sum + Math.max(0, n), 0));
+  }
+
+  private async refreshWeights(src: MetricSources): Promise<void> {
+    const version = await src.weightVersion();
+    this.weightVersion.reset();
+    if (version !== null) this.weightVersion.set({ version }, 1);
+  }
+}
+
+function parseCallback(raw: string | null): { state: string; attempts: number } | null {
+  if (!raw) return null;
+  try {
+    const v = JSON.parse(raw) as { state?: unknown; attempts?: unknown };
+    return typeof v.state === "string" ? { state: v.state, attempts: typeof v.attempts === "number" ? v.attempts : 0 } : null;
+  } catch {
+    return null;
+  }
+}

@@ -1,0 +1,60 @@
+import type { FastifyPluginCallback, FastifyReply, FastifyRequest } from "fastify";
+import type { Logger } from "pino";
+import type { SessionTaskCache } from "./logging.js";
+import { requestScope, type GatewayMetrics, type RequestScope } from "./metrics.js";
+
+const kScope = Symbol("rollgate.requestScope");
+type Scoped = FastifyRequest & { [kScope]?: RequestScope };
+
+/** Agent-facing routes: `/s/:sid/…` (every client protocol). */
+function isAgentRoute(route: string | undefined): boolean {
+  return route !== undefined && route.startsWith("/s/:sid/");
+}
+
+function hasTaskBinding(log: unknown): boolean {
+  const bindings = (log as Partial<Logger>).bindings?.();
+  return Boolean(bindings && "task_id" in bindings);
+}
+
+/**
+ * Root hooks for every route (registered before the route plugins, not encapsulated):
+ *
+ * - agent routes get the task id of their session on their logger (`task_id`, from
+ *   `session.metadata.task_id`, one cached lookup per session; the session id is already bound
+ *   by the request logger factory), and run inside a request scope the ChatCaller `observe` hook
+ *   adds engine time to;
+ * - every answered request counts in `rollgate_http_requests_total`; an agent request that
+ *   recorded calls adds its gateway overhead (request time minus engine time).
+ */
+export function requestObservability(opts: { metrics: GatewayMetrics; sessionTasks: SessionTaskCache }): FastifyPluginCallback {
+  const plugin: FastifyPluginCallback = (app, _o, pluginDone) => {
+    app.addHook("preHandler", (req: FastifyRequest, reply: FastifyReply, done) => {
+      if (!isAgentRoute(req.routeOptions.url)) return done();
+      const scope: RequestScope = { engineMs: 0, protocol: null };
+      (req as Scoped)[kScope] = scope;
+      // Run the rest of the lifecycle (the handler) inside the scope.
+      const run = () => requestScope.run(scope, () => done());
+      const sid = (req.params as { sid?: unknown }).sid;
+      if (typeof sid !== "string" || hasTaskBinding(req.log)) return run();
+      opts.sessionTasks.taskOf(sid).then(
+        (taskId) => {
+          if (taskId) {
+            req.log = req.log.child({ task_id: taskId });
+            reply.log = req.log;
+          }
+          run();
+        },
+        () => run(),
+      );
+    });
+
+    app.addHook("onResponse", (req: FastifyRequest, reply: FastifyReply, done) => {
+      opts.metrics.observeRequest(req.method, req.routeOptions.url ?? "(unmatched)", reply.statusCode, reply.elapsedTime, (req as Scoped)[kScope]);
+      done();
+    });
+    pluginDone();
+  };
+  // Not encapsulated: the hooks apply to the routes registered after it.
+  Object.assign(plugin, { [Symbol.for("skip-override")]: true });
+  return plugin;
+}
