@@ -3,13 +3,15 @@ import type { CallbackJob } from "@rollgate/queue";
 import type { TaskStore } from "@rollgate/store";
 import type { Job } from "bullmq";
 import type { Logger } from "pino";
-import { request } from "undici";
+import { EgressDenied, egressRequest, type EgressPolicy } from "./egress.js";
 import { signBody } from "./signing.js";
 
 export interface CallbackDeps {
   tasks: TaskStore;
   log: Logger;
   timeoutMs?: number;
+  /** Where callbacks may go (default: the worker's configured policy, see egress.ts). */
+  egress?: EgressPolicy;
 }
 
 interface Delivery {
@@ -19,10 +21,14 @@ interface Delivery {
   body: string;
 }
 
-/** POSTs one delivery; the error text, or null on a 2xx. */
-async function post(d: Delivery, deliveryId: string, timeoutMs: number): Promise<string | null> {
+/**
+ * POSTs one delivery; the error text, or null on a 2xx. A URL the egress policy refuses is a
+ * final failure (`denied`): nothing is sent and it is not retried.
+ */
+async function post(d: Delivery, deliveryId: string, timeoutMs: number, egress?: EgressPolicy): Promise<{ error: string | null; denied?: boolean }> {
+  let close: (() => Promise<void>) | undefined;
   try {
-    const res = await request(d.url, {
+    const sent = await egressRequest(d.url, "callback.url", {
       method: "POST",
       headers: {
         "content-type": "application/json",
@@ -34,11 +40,16 @@ async function post(d: Delivery, deliveryId: string, timeoutMs: number): Promise
       body: d.body,
       headersTimeout: timeoutMs,
       bodyTimeout: timeoutMs,
-    });
+    }, egress);
+    close = sent.close;
+    const { res } = sent;
     await res.body.dump();
-    return res.statusCode >= 200 && res.statusCode < 300 ? null : `callback answered ${res.statusCode}`;
+    return { error: res.statusCode >= 200 && res.statusCode < 300 ? null : `callback answered ${res.statusCode}` };
   } catch (err) {
-    return `callback unreachable: ${(err as Error).message}`;
+    if (err instanceof EgressDenied) return { error: `callback not sent: ${err.message}`, denied: true };
+    return { error: `callback unreachable: ${(err as Error).message}` };
+  } finally {
+    await close?.();
   }
 }
 
@@ -66,14 +77,19 @@ async function deliveryFor(deps: CallbackDeps, data: CallbackJob): Promise<Deliv
  * error throws, and BullMQ retries with exponential backoff and jitter.
  */
 export async function deliverCallback(deps: CallbackDeps, job: Job<CallbackJob>): Promise<void> {
+  const attempt = job.attemptsMade + 1;
+  // Every line about this delivery carries the task (or group) id and the delivery id.
+  const ids = "task_id" in job.data ? { task_id: job.data.task_id } : { group_id: job.data.group_id };
+  const log = deps.log.child({ ...ids, delivery_id: job.data.delivery_id, callback_attempt: attempt });
   const delivery = await deliveryFor(deps, job.data);
   if (!delivery) {
-    deps.log.warn({ job: job.data }, "callback with nothing to deliver: dropped");
+    log.warn("callback with nothing to deliver: dropped");
     return;
   }
-  const attempt = job.attemptsMade + 1;
-  const lastAttempt = attempt >= (job.opts.attempts ?? 1);
-  const error = await post(delivery, job.data.delivery_id, deps.timeoutMs ?? 30_000);
+  const sent = await post(delivery, job.data.delivery_id, deps.timeoutMs ?? 30_000, deps.egress);
+  const { error } = sent;
+  // A denied destination would be denied again: that is the last attempt.
+  const lastAttempt = sent.denied === true || attempt >= (job.opts.attempts ?? 1);
   const state: CallbackState = {
     state: error === null ? "delivered" : lastAttempt ? "failed" : "pending",
     delivery_id: job.data.delivery_id,
@@ -83,5 +99,7 @@ export async function deliverCallback(deps: CallbackDeps, job: Job<CallbackJob>)
   };
   if ("task_id" in job.data) await deps.tasks.setCallback(job.data.task_id, state);
   else await deps.tasks.setGroupCallbackState(job.data.group_id, state);
-  if (error !== null) throw new Error(error);
+  if (error === null) log.info({ event: delivery.event }, "callback delivered");
+  else log.warn({ event: delivery.event, err: error, final: lastAttempt }, lastAttempt ? "callback failed: no attempts left" : "callback failed: will retry");
+  if (error !== null && !sent.denied) throw new Error(error);
 }

@@ -1,6 +1,6 @@
 import type { EvaluatorSpec, TaskError, TaskResult } from "@rollgate/protocol";
-import { request } from "undici";
 import { z } from "zod";
+import { EgressDenied, egressRequest } from "./egress.js";
 import type { RunResult } from "./sandbox/process.js";
 import type { Sandbox } from "./sandbox/runtime.js";
 
@@ -114,8 +114,10 @@ export async function evaluate(spec: EvaluatorSpec | null, ctx: EvalContext): Pr
       return { kind: "scored", reward: reward.reward, evaluation: { ...evaluation, details: reward.details } };
     }
     case "http": {
+      let close: (() => Promise<void>) | undefined;
       try {
-        const res = await request(spec.url, {
+        // The URL is the task's: only where the worker's egress policy allows (egress.ts).
+        const sent = await egressRequest(spec.url, "evaluator.url", {
           method: "POST",
           headers: { "content-type": "application/json", ...spec.headers },
           body: JSON.stringify(ctx.summary()),
@@ -123,6 +125,8 @@ export async function evaluate(spec: EvaluatorSpec | null, ctx: EvalContext): Pr
           bodyTimeout: spec.timeout_s * 1000,
           ...(ctx.signal ? { signal: ctx.signal } : {}),
         });
+        close = sent.close;
+        const res = sent.res;
         const text = await res.body.text();
         const evaluation: Evaluation = { kind: "http", exit_code: null, stdout_tail: text.slice(-4_096) };
         if (res.statusCode < 200 || res.statusCode >= 300) return broken(`evaluator ${spec.url} answered ${res.statusCode}`, evaluation);
@@ -131,7 +135,10 @@ export async function evaluate(spec: EvaluatorSpec | null, ctx: EvalContext): Pr
         return { kind: "scored", reward: parsed.data.reward, evaluation: { ...evaluation, details: parsed.data } };
       } catch (err) {
         if (ctx.signal?.aborted) return { kind: "cancelled", evaluation: null };
+        if (err instanceof EgressDenied) return broken(`evaluator not called: ${err.message}`);
         return broken(`evaluator ${spec.url} unreachable or invalid: ${(err as Error).message}`);
+      } finally {
+        await close?.();
       }
     }
   }

@@ -7,9 +7,14 @@ import { callbackQueue, createRedis } from "@rollgate/queue";
 import { TaskStore } from "@rollgate/store";
 import closeWithGrace from "close-with-grace";
 import { pino } from "pino";
+import { configureEgress, parseEgressPolicy } from "./egress.js";
 import { loadWorkerEnv } from "./env.js";
 import { GatewayClient } from "./gateway-client.js";
 import { defaultSandboxPath } from "./sandbox/environment.js";
+import { KubeConfig } from "@kubernetes/client-node";
+import type { RolloutDeps } from "./rollout.js";
+import { DockerRuntime, dockerFromHost } from "./sandbox/docker-runtime.js";
+import { KubernetesRuntime } from "./sandbox/kubernetes-runtime.js";
 import { LocalRuntime } from "./sandbox/local-runtime.js";
 import { WorkerSet } from "./workers.js";
 
@@ -35,6 +40,14 @@ Environment:
   ROLLGATE_SHUTDOWN_GRACE_S    on SIGTERM, how long running rollouts may finish before being cancelled (default 30)
   ROLLGATE_JOB_LOCK_MS         BullMQ job lock; a dead worker's rollout is recovered after about this (default 30000)
   ROLLGATE_STALLED_INTERVAL_MS how often workers look for stalled rollouts (default 15000)
+  ROLLGATE_RUNTIMES            runtime.kinds this worker runs: comma list of local,docker,kubernetes (default local)
+  DOCKER_HOST                  docker runtime: the engine (default unix:///var/run/docker.sock; tcp://host:port)
+  ROLLGATE_DOCKER_NETWORK      docker runtime: network of sandbox containers (default bridge)
+  ROLLGATE_K8S_NAMESPACE       kubernetes runtime: namespace of sandbox pods (default rollgate-sandboxes)
+  ROLLGATE_K8S_MAX_PODS        kubernetes runtime: pods at once per worker (default: the concurrency)
+  ROLLGATE_K8S_START_TIMEOUT_S kubernetes runtime: how long a pod may take to run (default 300)
+  ROLLGATE_CALLBACK_ALLOW      where callbacks and http evaluators may go: CIDRs, IPs, hosts, *.domain, or * (default *)
+  ROLLGATE_CALLBACK_DENY       more destinations to refuse (link-local and cloud metadata are always refused)
   LOG_LEVEL                    fatal|error|warn|info|debug|trace|silent (default info)
 
 Prints "worker ready: <name>" once it takes jobs. SIGTERM/SIGINT: stop taking jobs, let running
@@ -53,12 +66,59 @@ try {
   process.exit(2);
 }
 
-const log = pino({ level: env.LOG_LEVEL });
+// Callbacks and http evaluators go only where ROLLGATE_CALLBACK_ALLOW / _DENY let them (egress.ts).
+try {
+  configureEgress(parseEgressPolicy(env.ROLLGATE_CALLBACK_ALLOW, env.ROLLGATE_CALLBACK_DENY));
+} catch (err) {
+  console.error(`rollgate-worker: invalid environment: ROLLGATE_CALLBACK_ALLOW/DENY: ${(err as Error).message}`);
+  process.exit(2);
+}
+
+// Session tokens and callback secrets never reach a log line (the sandbox env holds the token).
+const log = pino({ level: env.LOG_LEVEL, redact: { paths: ["token", "*.token", "secret", "*.secret", "*.*.secret", "headers.authorization", "*.headers.authorization"], censor: "[REDACTED]" } });
 const name = env.ROLLGATE_WORKER_NAME ?? `${os.hostname()}-${process.pid}`;
 const installRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../..");
 const connection = createRedis(env.REDIS_URL, "worker");
 connection.on("error", (err) => log.warn({ err: err.message }, "redis connection error"));
 const tasks = new TaskStore(connection, env.ROLLGATE_KEY_PREFIX);
+const sandboxPath = env.ROLLGATE_SANDBOX_PATH ?? defaultSandboxPath(installRoot);
+
+// The sandbox runtimes this worker runs (ROLLGATE_RUNTIMES). Container runtimes first sweep what a
+// crashed predecessor of the same worker name left behind, before any job is taken.
+const runtimes: RolloutDeps["runtimes"] = {};
+if (env.ROLLGATE_RUNTIMES.includes("local")) runtimes.local = new LocalRuntime(env.ROLLGATE_SANDBOX_ROOT);
+if (env.ROLLGATE_RUNTIMES.includes("docker")) {
+  runtimes.docker = new DockerRuntime({
+    docker: dockerFromHost(env.DOCKER_HOST),
+    defaultNetwork: env.ROLLGATE_DOCKER_NETWORK,
+    workerName: name,
+    workerPath: sandboxPath,
+    log,
+  });
+}
+if (env.ROLLGATE_RUNTIMES.includes("kubernetes")) {
+  const kc = new KubeConfig();
+  kc.loadFromDefault(); // in a pod: its service account; elsewhere: KUBECONFIG or ~/.kube/config
+  runtimes.kubernetes = new KubernetesRuntime({
+    kc,
+    namespace: env.ROLLGATE_K8S_NAMESPACE,
+    maxPods: env.ROLLGATE_K8S_MAX_PODS ?? env.ROLLGATE_WORKER_CONCURRENCY,
+    startTimeoutMs: env.ROLLGATE_K8S_START_TIMEOUT_S * 1000,
+    workerName: name,
+    workerPath: sandboxPath,
+    log,
+  });
+}
+for (const [kind, runtime] of Object.entries(runtimes)) {
+  if (!runtime.sweep) continue;
+  try {
+    const removed = await runtime.sweep();
+    if (removed > 0) log.info({ runtime: kind, removed }, "removed sandboxes left by an earlier run of this worker");
+  } catch (err) {
+    console.error(`rollgate-worker: the ${kind} runtime is enabled but unusable: ${(err as Error).message}`);
+    process.exit(2);
+  }
+}
 const callbacks = callbackQueue({
   connection,
   keyPrefix: env.ROLLGATE_KEY_PREFIX,
@@ -78,8 +138,8 @@ const workers = new WorkerSet({
     gateway: new GatewayClient(env.ROLLGATE_GATEWAY_URL.replace(/\/+$/, ""), env.ROLLGATE_API_KEY),
     callbacks,
     workerName: name,
-    runtimes: { local: new LocalRuntime(env.ROLLGATE_SANDBOX_ROOT) },
-    sandboxPath: env.ROLLGATE_SANDBOX_PATH ?? defaultSandboxPath(installRoot),
+    runtimes,
+    sandboxPath,
     resultTtlSeconds: env.ROLLGATE_RESULT_TTL_S,
     log,
   },

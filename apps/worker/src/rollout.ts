@@ -122,9 +122,11 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
  * are never retried; a job that runs out of attempts ends the task as `failed` (onRolloutExhausted).
  */
 export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal?: AbortSignal): Promise<void> {
+  // Every line about this rollout carries its task id (and the BullMQ job and attempt).
+  deps = { ...deps, log: deps.log.child({ task_id: job.data.task_id, job_id: job.id, job_attempt: job.attemptsMade + 1 }) };
   const record = await deps.tasks.get(job.data.task_id);
   if (!record) {
-    deps.log.warn({ task: job.data.task_id }, "rollout job for an unknown task: dropped");
+    deps.log.warn("rollout job for an unknown task: dropped");
     return;
   }
   if (TERMINAL.has(record.status)) return;
@@ -148,6 +150,7 @@ function failedOutcome(kind: string, message: string): Outcome {
 
 /** BullMQ gave up on the job (attempts used up, or stalled too often): the task must not stay `running`. */
 export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err: Error): Promise<void> {
+  deps = { ...deps, log: deps.log.child({ task_id: taskId }) };
   const record = await deps.tasks.get(taskId);
   if (!record || TERMINAL.has(record.status)) return;
   const kind = /stalled/i.test(err.message) ? "worker_lost" : "infrastructure";
@@ -172,9 +175,12 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: nu
     metadata: { task_id: task.id, attempt },
   });
   await deps.tasks.markRunning(task.id, { worker: deps.workerName, attempt, sessionId: session.id, now: new Date() });
+  deps = { ...deps, log: deps.log.child({ session_id: session.id }) };
+  deps.log.info({ attempt, harness: task.agent.harness, runtime: task.runtime.kind }, "rollout started");
   let sandbox: Sandbox;
   try {
-    sandbox = await runtime.create(task.id, task.runtime);
+    // The token lets a pod runtime put it in a per-pod Secret; the timeout caps a pod's lifetime.
+    sandbox = await runtime.create(task.id, task.runtime, { sessionToken: session.token, timeoutS: task.limits.timeout_s });
   } catch (err) {
     // A sandbox that cannot start is the rollout's failure, not a retry: it would fail again.
     if (!(err instanceof SandboxUnavailable)) throw err;
@@ -210,7 +216,7 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: nu
     outcome = await runInSandbox(deps, { task, sandbox, env, argv: plan.argv, signal, onOutput, sessionId: session.id });
   } finally {
     await deps.tasks.setLogs(task.id, logs).catch(() => undefined);
-    if (task.runtime.keep) deps.log.info({ task: task.id, sandbox: sandbox.describe() }, "runtime.keep: sandbox kept");
+    if (task.runtime.keep) deps.log.info({ sandbox: sandbox.describe() }, "runtime.keep: sandbox kept");
     await sandbox.destroy();
   }
   await deps.gateway.closeSession(session.id);
@@ -259,7 +265,7 @@ async function finishTask(
   };
   const stored = await deps.tasks.finish(task.id, result, now, deps.resultTtlSeconds);
   if (!stored) return; // someone else ended it first (a cancel of a queued task): one result only
-  deps.log.info({ task: task.id, status: result.status, reward: result.reward }, "rollout finished");
+  deps.log.info({ status: result.status, reward: result.reward, error: result.error?.kind }, "rollout finished");
   if (task.callback) {
     const deliveryId = randomUUID();
     await deps.tasks.setCallback(task.id, { state: "pending", delivery_id: deliveryId, attempts: 0, last_error: null, delivered_at: null });

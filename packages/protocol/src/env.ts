@@ -22,6 +22,17 @@ const KeyPrefix = z
   .regex(/^[A-Za-z0-9_-]+$/, "letters, digits, '_' or '-' only")
   .default("rg");
 
+/** A comma list of egress rules: CIDRs, IPs, host names, `*.suffix` or `*` (worker callbacks). */
+const EgressList = z.string().refine(
+  (s) =>
+    s
+      .split(",")
+      .map((r) => r.trim())
+      .filter(Boolean)
+      .every((r) => r === "*" || /^(\*\.)?[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.?$/.test(r) || /^[0-9A-Fa-f:.]+(\/\d{1,3})?$/.test(r)),
+  "must be a comma list of CIDRs (10.0.0.0/8), IPs, host names, *.domain, or *",
+);
+
 export const EngineConfig = z
   .object({
     kind: z.enum(["vllm", "sglang"]),
@@ -67,6 +78,13 @@ export const GatewayEnv = z.object({
    * continues token-in when the call extends a recorded one; `render` never does.
    */
   ROLLGATE_CONTINUATION: z.enum(["auto", "render", "token_in"]).default("auto"),
+  /**
+   * Agent calls one session may make per second, across every replica (a token bucket in Redis);
+   * over it, the call is answered 429 in the agent's protocol with `retry-after`. 0 (default): off.
+   */
+  ROLLGATE_SESSION_RATE: z.coerce.number().nonnegative().default(0),
+  /** The bucket: calls a session may make at once after being idle (default: twice the rate, at least 1). */
+  ROLLGATE_SESSION_BURST: z.coerce.number().positive().optional(),
   LOG_LEVEL: LogLevel,
 });
 export type GatewayEnv = z.infer<typeof GatewayEnv>;
@@ -124,6 +142,17 @@ export const WorkerEnv = z.object({
   ROLLGATE_K8S_MAX_PODS: z.coerce.number().int().positive().optional(),
   /** How long a sandbox pod may take to be Running (scheduling, image pull) before the attempt fails. */
   ROLLGATE_K8S_START_TIMEOUT_S: z.coerce.number().positive().default(300),
+  /**
+   * Where callbacks (and `http` evaluators) may go: a comma list of CIDRs (10.0.0.0/8, ::1/128),
+   * IPs, host names or `*.domain` suffixes; `*` (default) allows any destination not denied.
+   * Checked on the address the name resolves to at send time, and the connection goes to that address.
+   */
+  ROLLGATE_CALLBACK_ALLOW: EgressList.default("*"),
+  /**
+   * More destinations to refuse, same syntax. Link-local (169.254.0.0/16, fe80::/10) and cloud
+   * metadata endpoints (169.254.169.254, fd00:ec2::254, metadata.google.internal, …) are always refused.
+   */
+  ROLLGATE_CALLBACK_DENY: EgressList.default(""),
   LOG_LEVEL: LogLevel,
 });
 export type WorkerEnv = z.infer<typeof WorkerEnv>;

@@ -48,18 +48,68 @@ const RelativePath = z
   .min(1)
   .refine((p) => !p.startsWith("/") && !p.split(/[\\/]/).includes(".."), "must be a relative path inside the working directory");
 
+/** A CPU quantity: cores as a number (1.5) or a Kubernetes string ("2", "500m"). */
+const CpuQuantity = z.union([
+  z.number().positive().max(1024),
+  z.string().regex(/^(\d+(\.\d+)?|\d+m)$/, 'cores ("2", "0.5") or millicores ("500m")'),
+]);
+/** A memory quantity: bytes as a number, or a Kubernetes string ("512Mi", "2Gi", "1G"). */
+const MemoryQuantity = z.union([
+  z.number().int().positive(),
+  z.string().regex(/^\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|K|M|G|T)?$/, 'bytes or a quantity like "512Mi", "2Gi", "1G"'),
+]);
+const LabelValue = z.string().regex(/^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$/, "must be a Kubernetes label value");
+
+/**
+ * Where a rollout runs (DESIGN §5): `local` (folders on the worker's host), `docker` (one
+ * container per rollout on the worker's Docker engine) or `kubernetes` (one pod per rollout in the
+ * worker's sandbox namespace). One object with kind-specific optional fields, so a task without
+ * `runtime` (or `{}`) stays a `local` one with the same defaults as before.
+ */
 export const RuntimeSpec = z
   .object({
-    kind: z.literal("local").default("local"),
+    kind: z.enum(["local", "docker", "kubernetes"]).default("local"),
     files: z.record(RelativePath, z.string()).default({}),
     prepare: z.array(Argv).default([]),
-    image: z.string().nullable().default(null),
-    /** Keep the working directory after the rollout (for debugging); it is removed by default. */
+    /** The container image: required for `docker` and `kubernetes` (`local` ignores it, as before). */
+    image: z.string().min(1).nullable().default(null),
+    /** Keep the sandbox after the rollout (for debugging); it is removed by default. */
     keep: z.boolean().default(false),
-    /** `bwrap`: run every step inside bubblewrap with the working directory as the only writable path. */
+    /** `local` only. `bwrap`: run every step inside bubblewrap with the working directory as the only writable path. */
     isolation: z.enum(["none", "bwrap"]).default("none"),
+    /** `docker`/`kubernetes`: the working directory inside the container (default `/workspace`). */
+    workdir: z
+      .string()
+      .refine((p) => p.startsWith("/") && p !== "/" && !p.split("/").includes(".."), "must be an absolute path other than /")
+      .optional(),
+    /** `docker`/`kubernetes`: limits (Kubernetes also requests the same, so the pod is Guaranteed). */
+    resources: z.object({ cpu: CpuQuantity.optional(), memory: MemoryQuantity.optional() }).strict().optional(),
+    /** `docker` only: the network the container joins (it must reach the gateway); default the worker's ROLLGATE_DOCKER_NETWORK. */
+    network: z.string().min(1).optional(),
+    /** `kubernetes` only: the pod's service account (its token is never mounted). Default: the namespace's `default`. */
+    service_account: z.string().min(1).optional(),
+    /** `kubernetes` only: the pod's nodeSelector. */
+    node_selector: z.record(z.string().min(1), LabelValue).optional(),
   })
-  .strict();
+  .strict()
+  .superRefine((r, ctx) => {
+    const bad = (path: string, message: string) => ctx.addIssue({ code: "custom", path: [path], message });
+    const only: Record<string, Array<"docker" | "kubernetes">> = {
+      workdir: ["docker", "kubernetes"],
+      resources: ["docker", "kubernetes"],
+      network: ["docker"],
+      service_account: ["kubernetes"],
+      node_selector: ["kubernetes"],
+    };
+    for (const [field, kinds] of Object.entries(only)) {
+      if (r[field as keyof typeof r] !== undefined && !(kinds as string[]).includes(r.kind)) {
+        bad(field, `only for runtime.kind ${kinds.join(" or ")}`);
+      }
+    }
+    if (r.kind === "local") return;
+    if (r.image === null) bad("image", `runtime.kind ${r.kind} needs an image`);
+    if (r.isolation !== "none") bad("isolation", "only for runtime.kind local (the container is the isolation)");
+  });
 export type RuntimeSpec = z.infer<typeof RuntimeSpec>;
 
 const EvalTimeout = z.number().positive().max(24 * 3600).default(600);

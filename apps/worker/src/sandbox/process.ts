@@ -30,7 +30,7 @@ export interface RunResult {
 const KILL_GRACE_MS = 2_000;
 
 /** Keeps the last `max` bytes of a stream of chunks. */
-class TailBuffer {
+export class TailBuffer {
   private chunks: Buffer[] = [];
   private size = 0;
   constructor(private readonly max: number) {}

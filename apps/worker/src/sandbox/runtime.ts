@@ -30,6 +30,20 @@ export interface Sandbox {
   describe(): string;
 }
 
+/** What a runtime may be told about the rollout when it creates the sandbox. */
+export interface CreateOptions {
+  /**
+   * The gateway session token. The `kubernetes` runtime puts it in the pod's own Secret; when it is
+   * not given here, the pod is created at the first exec and the token is taken from that step's
+   * environment (the DESIGN §6 key variables). Other runtimes ignore it.
+   */
+  sessionToken?: string;
+  /** The rollout's time limit (`limits.timeout_s`): a pod outlives it by a margin at most (activeDeadlineSeconds). */
+  timeoutS?: number;
+}
+
 export interface SandboxRuntime {
-  create(taskId: string, runtime: RuntimeSpec): Promise<Sandbox>;
+  create(taskId: string, runtime: RuntimeSpec, opts?: CreateOptions): Promise<Sandbox>;
+  /** Removes sandboxes this worker left behind when it died (container runtimes); resolves to how many. */
+  sweep?(): Promise<number>;
 }

@@ -1,4 +1,5 @@
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { constants } from "node:fs";
+import { lstat, mkdir, mkdtemp, open, readFile, realpath, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 
@@ -10,13 +11,71 @@ export interface SandboxDirs {
   tmp: string;
 }
 
-/** Writes files under `dir`; every path must stay inside it (the task schema checks too). */
+export class PathEscape extends Error {}
+
+/** The path's components, or an error when it is absolute or climbs out (`..`). */
+function components(rel: string): string[] {
+  if (path.isAbsolute(rel) || rel.includes("\0")) throw new PathEscape(`file path escapes the working directory: ${rel}`);
+  const parts = rel.split("/").filter((p) => p !== "" && p !== ".");
+  if (parts.length === 0 || rel.split(/[\\/]/).includes("..")) throw new PathEscape(`file path escapes the working directory: ${rel}`);
+  return parts;
+}
+
+async function lstatOrNull(p: string) {
+  try {
+    return await lstat(p);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === "ENOENT") return null;
+    throw err;
+  }
+}
+
+/**
+ * Writes files under `dir`; every path must stay inside it. Besides `..` and absolute paths (the
+ * task schema refuses those too), a symbolic link anywhere on the way (a folder or the file itself,
+ * left by an earlier step or a kept sandbox) is refused: each component is checked with lstat, the
+ * parent's real path must be inside `dir`'s, and the file is opened with O_NOFOLLOW.
+ */
 export async function writeFilesInside(dir: string, files: Record<string, string>): Promise<void> {
+  const root = await realpath(dir);
   for (const [rel, content] of Object.entries(files)) {
-    const target = path.resolve(dir, rel);
-    if (!target.startsWith(dir + path.sep)) throw new Error(`file path escapes the working directory: ${rel}`);
-    await mkdir(path.dirname(target), { recursive: true });
-    await writeFile(target, content);
+    const parts = components(rel);
+    let at = root;
+    for (const part of parts.slice(0, -1)) {
+      at = path.join(at, part);
+      const st = await lstatOrNull(at);
+      if (!st) await mkdir(at);
+      else if (st.isSymbolicLink()) throw new PathEscape(`file path goes through a symbolic link: ${rel}`);
+      else if (!st.isDirectory()) throw new PathEscape(`file path goes through a file that is not a folder: ${rel}`);
+    }
+    const parent = await realpath(at);
+    if (parent !== root && !parent.startsWith(root + path.sep)) throw new PathEscape(`file path escapes the working directory: ${rel}`);
+    const target = path.join(parent, parts.at(-1)!);
+    const st = await lstatOrNull(target);
+    if (st?.isSymbolicLink()) throw new PathEscape(`file path is a symbolic link: ${rel}`);
+    if (st && !st.isFile()) throw new PathEscape(`file path exists and is not a regular file: ${rel}`);
+    const fh = await open(target, constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC | constants.O_NOFOLLOW, 0o644);
+    try {
+      await fh.writeFile(content);
+    } finally {
+      await fh.close();
+    }
+  }
+}
+
+/**
+ * A file of `dir` as text, or null when it does not exist or is not inside `dir` once symbolic
+ * links are followed (an agent's `ln -s /etc/shadow reward.txt` reads nothing).
+ */
+export async function readFileInside(dir: string, rel: string): Promise<string | null> {
+  try {
+    components(rel);
+    const root = await realpath(dir);
+    const real = await realpath(path.resolve(root, rel));
+    if (!real.startsWith(root + path.sep)) return null;
+    return await readFile(real, "utf8");
+  } catch {
+    return null;
   }
 }
 
@@ -27,7 +86,12 @@ export async function makeSandboxDirs(root: string | undefined, taskId: string, 
   const base = await mkdtemp(path.join(parent, `rollgate-${taskId.slice(0, 40)}-`));
   const dirs = { base, work: path.join(base, "work"), home: path.join(base, "home"), tmp: path.join(base, "tmp") };
   await Promise.all([mkdir(dirs.work), mkdir(dirs.home), mkdir(dirs.tmp)]);
-  await writeFilesInside(dirs.work, files);
+  try {
+    await writeFilesInside(dirs.work, files);
+  } catch (err) {
+    await rm(base, { recursive: true, force: true }).catch(() => undefined);
+    throw err;
+  }
   return dirs;
 }
 

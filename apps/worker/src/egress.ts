@@ -1,0 +1,192 @@
+import { lookup } from "node:dns/promises";
+import { BlockList, isIP } from "node:net";
+import { Agent, request } from "undici";
+
+/**
+ * Where the worker itself may send HTTP requests a task names: callbacks (`callback.url`, group
+ * callbacks) and `http` evaluators. A task is untrusted input, so its URLs must not make the fleet
+ * call internal hosts it could not reach otherwise, above all the cloud metadata endpoints (they
+ * hand out the host's credentials).
+ *
+ * The policy: a destination is refused when its host name or any address it resolves to is denied
+ * (link-local and metadata always; ROLLGATE_CALLBACK_DENY adds more); otherwise it is allowed when
+ * ROLLGATE_CALLBACK_ALLOW is `*` (the default, so loopback and private trainers keep working) or
+ * names the host or one of its addresses. The name is resolved once and the connection goes to
+ * that checked address (DNS rebinding cannot swap it between check and connect); no redirects.
+ */
+
+/** Always refused: link-local (which holds the metadata endpoints of AWS, GCP, Azure, OCI…) and the other metadata addresses. */
+export const ALWAYS_DENIED = [
+  "169.254.0.0/16",
+  "fe80::/10",
+  "fd00:ec2::254/128",
+  "100.100.100.200/32", // Alibaba Cloud metadata
+  "metadata.google.internal",
+  "metadata.goog",
+  "metadata",
+];
+
+export class EgressDenied extends Error {}
+
+interface Rules {
+  any: boolean;
+  nets: BlockList;
+  hosts: Set<string>;
+  suffixes: string[];
+}
+
+export interface EgressPolicy {
+  allow: Rules;
+  deny: Rules;
+  /** The allow list as configured, for messages. */
+  allowText: string;
+}
+
+function normHost(h: string): string {
+  return h.replace(/^\[|\]$/g, "").replace(/\.$/, "").toLowerCase();
+}
+
+/** `::ffff:169.254.169.254` is 169.254.169.254. */
+function normAddress(a: string): { address: string; family: 4 | 6 } {
+  const m = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(a);
+  if (m) return { address: m[1]!, family: 4 };
+  // The URL parser writes it in hex: [::ffff:a9fe:a9fe].
+  const h = /^::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})$/i.exec(a);
+  if (h) {
+    const hi = parseInt(h[1]!, 16);
+    const lo = parseInt(h[2]!, 16);
+    return { address: `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`, family: 4 };
+  }
+  return { address: a, family: isIP(a) === 6 ? 6 : 4 };
+}
+
+function parseRules(list: string[]): Rules {
+  const rules: Rules = { any: false, nets: new BlockList(), hosts: new Set(), suffixes: [] };
+  for (const raw of list.map((r) => r.trim()).filter(Boolean)) {
+    if (raw === "*") {
+      rules.any = true;
+      continue;
+    }
+    const [ip, bits] = raw.split("/");
+    const family = isIP(ip!);
+    if (family) {
+      const type = family === 6 ? "ipv6" : "ipv4";
+      const prefix = bits === undefined ? (family === 6 ? 128 : 32) : Number(bits);
+      if (!Number.isInteger(prefix) || prefix < 0 || prefix > (family === 6 ? 128 : 32)) throw new Error(`bad CIDR ${raw}`);
+      rules.nets.addSubnet(ip!, prefix, type);
+    } else if (raw.startsWith("*.")) {
+      rules.suffixes.push(normHost(raw.slice(1)));
+    } else if (bits === undefined && /^[A-Za-z0-9.-]+$/.test(raw)) {
+      rules.hosts.add(normHost(raw));
+    } else {
+      throw new Error(`bad egress rule ${JSON.stringify(raw)}: a CIDR, an IP, a host name, *.domain or *`);
+    }
+  }
+  return rules;
+}
+
+/** Parses ROLLGATE_CALLBACK_ALLOW / ROLLGATE_CALLBACK_DENY (comma lists); the built-in denials are always added. */
+export function parseEgressPolicy(allow = "*", deny = ""): EgressPolicy {
+  const split = (s: string) => s.split(",").filter((r) => r.trim() !== "");
+  return { allow: parseRules(split(allow)), deny: parseRules([...ALWAYS_DENIED, ...split(deny)]), allowText: allow };
+}
+
+function hostMatches(r: Rules, host: string): boolean {
+  return r.hosts.has(host) || r.suffixes.some((s) => host.endsWith(s));
+}
+
+function addressMatches(r: Rules, a: { address: string; family: 4 | 6 }): boolean {
+  return r.nets.check(a.address, a.family === 6 ? "ipv6" : "ipv4");
+}
+
+export interface Destination {
+  host: string;
+  address: string;
+  family: 4 | 6;
+}
+
+export type Resolver = (host: string) => Promise<{ address: string; family: number }[]>;
+const systemResolver: Resolver = (host) => lookup(host, { all: true, verbatim: true });
+
+/**
+ * Checks a URL against the policy and resolves its host once; throws EgressDenied saying why.
+ * `what` names the field in messages (e.g. `callback.url`).
+ */
+export async function checkDestination(policy: EgressPolicy, rawUrl: string, what: string, resolve: Resolver = systemResolver): Promise<Destination> {
+  let url: URL;
+  try {
+    url = new URL(rawUrl);
+  } catch {
+    throw new EgressDenied(`${what} is not a URL`);
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") throw new EgressDenied(`${what} must be http(s), not ${url.protocol}`);
+  const host = normHost(url.hostname);
+  if (hostMatches(policy.deny, host)) throw new EgressDenied(`${what} host ${host} is denied by the egress policy (metadata / ROLLGATE_CALLBACK_DENY)`);
+  let addresses: { address: string; family: 4 | 6 }[];
+  if (isIP(host)) addresses = [normAddress(host)];
+  else {
+    try {
+      addresses = (await resolve(host)).map((a) => normAddress(a.address));
+    } catch (err) {
+      throw Object.assign(new Error(`${what} host ${host} does not resolve: ${(err as Error).message}`), { transient: true });
+    }
+    if (addresses.length === 0) throw Object.assign(new Error(`${what} host ${host} does not resolve`), { transient: true });
+  }
+  for (const a of addresses) {
+    if (addressMatches(policy.deny, a)) {
+      throw new EgressDenied(`${what} host ${host} resolves to ${a.address}, which the egress policy denies (link-local / metadata / ROLLGATE_CALLBACK_DENY)`);
+    }
+  }
+  const chosen = addresses[0]!;
+  if (!policy.allow.any && !hostMatches(policy.allow, host) && !addresses.every((a) => addressMatches(policy.allow, a))) {
+    throw new EgressDenied(`${what} host ${host} (${chosen.address}) is not in ROLLGATE_CALLBACK_ALLOW (${policy.allowText})`);
+  }
+  return { host, ...chosen };
+}
+
+/** An undici Agent that connects to the checked address whatever the name resolves to now (TLS still verifies the name). */
+function pinnedAgent(d: Destination): Agent {
+  type LookupCb = (err: Error | null, address: string | { address: string; family: number }[], family?: number) => void;
+  const pinned = (_host: string, options: { all?: boolean } | LookupCb, cb?: LookupCb) => {
+    const done = (typeof options === "function" ? options : cb)!;
+    if (typeof options === "object" && options?.all) done(null, [{ address: d.address, family: d.family }]);
+    else done(null, d.address, d.family);
+  };
+  return new Agent({ connect: { lookup: pinned as never }, connections: 1 });
+}
+
+let current: EgressPolicy = parseEgressPolicy();
+
+/** Sets the worker's policy (main.ts, from ROLLGATE_CALLBACK_ALLOW / ROLLGATE_CALLBACK_DENY). */
+export function configureEgress(policy: EgressPolicy): void {
+  current = policy;
+}
+
+export function egressPolicy(): EgressPolicy {
+  return current;
+}
+
+type RequestOptions = Omit<NonNullable<Parameters<typeof request>[1]>, "dispatcher">;
+
+/**
+ * undici `request` to a destination the policy allows, pinned to the address checked. Throws
+ * EgressDenied (never retried: it would be denied again) before anything is sent. The caller reads
+ * the body; `close()` frees the connection.
+ */
+export async function egressRequest(
+  rawUrl: string,
+  what: string,
+  opts: RequestOptions,
+  policy: EgressPolicy = current,
+  resolve?: Resolver,
+): Promise<{ res: Awaited<ReturnType<typeof request>>; close: () => Promise<void> }> {
+  const dest = await checkDestination(policy, rawUrl, what, resolve);
+  const agent = pinnedAgent(dest);
+  try {
+    const res = await request(rawUrl, { ...opts, dispatcher: agent });
+    return { res, close: () => agent.close().catch(() => undefined) };
+  } catch (err) {
+    await agent.destroy().catch(() => undefined);
+    throw err;
+  }
+}

@@ -1,0 +1,100 @@
+import path from "node:path";
+
+/**
+ * The programs a recorded sandbox "runs": the fake Docker engine and the fake API server answer
+ * an exec by looking its argv[0] up here, against an in-memory container filesystem. No real
+ * container, no real process.
+ */
+
+export interface FakeContainer {
+  /** Absolute path → file content; directories map to null. */
+  fs: Map<string, string | null>;
+  /** Kill switches of the execs running now (and what they "started"). */
+  running: Set<() => void>;
+  /** Every exec that ran: argv and environment, in order. */
+  execs: Array<{ argv: string[]; env: Record<string, string>; cwd: string }>;
+}
+
+export function newContainer(): FakeContainer {
+  return { fs: new Map(), running: new Set(), execs: [] };
+}
+
+export interface Proc {
+  argv: string[];
+  env: Record<string, string>;
+  cwd: string;
+  c: FakeContainer;
+  out: (s: string) => void;
+  err: (s: string) => void;
+  /** Resolves when the sandbox kills this exec. */
+  killed: Promise<void>;
+}
+
+const delay = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** exit code, or "killed" when the sandbox killed it first. */
+export type ProgramResult = number | "killed";
+
+export const PROGRAMS: Record<string, (p: Proc) => Promise<ProgramResult>> = {
+  true: async () => 0,
+  false: async () => 1,
+  echo: async (p) => {
+    p.out(p.argv.slice(1).join(" ") + "\n");
+    return 0;
+  },
+  /** Prints the environment as JSON. */
+  printenv: async (p) => {
+    p.out(JSON.stringify(p.env) + "\n");
+    return 0;
+  },
+  /** write <rel> <content>: a file in the working directory. */
+  write: async (p) => {
+    p.c.fs.set(path.posix.resolve(p.cwd, p.argv[1]!), p.argv[2] ?? "");
+    return 0;
+  },
+  cat: async (p) => {
+    const file = p.argv[p.argv.length - 1]!;
+    const content = p.c.fs.get(file);
+    if (typeof content !== "string") {
+      p.err(`cat: ${file}: No such file or directory\n`);
+      return 1;
+    }
+    p.out(content);
+    return 0;
+  },
+  /** Both streams, then exit 3. */
+  noisy: async (p) => {
+    p.out("to stdout\n");
+    p.err("to stderr\n");
+    p.out("more stdout\n");
+    return 3;
+  },
+  /** sleep <seconds>: also "starts a child" that only a kill of the sandbox stops. */
+  sleep: async (p) => {
+    p.out("sleeping\n");
+    const s = Number(p.argv[1] ?? "1");
+    const r = await Promise.race([delay(s * 1000).then(() => 0 as const), p.killed.then(() => "killed" as const)]);
+    return r;
+  },
+};
+
+/** Runs argv[0] from PROGRAMS; null when there is no such program. */
+export async function runProgram(p: Omit<Proc, "killed">): Promise<ProgramResult | null> {
+  const prog = PROGRAMS[p.argv[0] ?? ""];
+  if (!prog) return null;
+  let kill: () => void = () => undefined;
+  const killed = new Promise<void>((r) => (kill = r));
+  p.c.running.add(kill);
+  p.c.execs.push({ argv: p.argv, env: p.env, cwd: p.cwd });
+  try {
+    return await prog({ ...p, killed });
+  } finally {
+    p.c.running.delete(kill);
+  }
+}
+
+export function killAll(c: FakeContainer): number {
+  const n = c.running.size;
+  for (const k of [...c.running]) k();
+  return n;
+}

@@ -1,0 +1,347 @@
+import { randomBytes } from "node:crypto";
+import path from "node:path";
+import { Writable, type Readable } from "node:stream";
+import type { RuntimeSpec } from "@rollgate/protocol";
+import Docker from "dockerode";
+import {
+  CONTAINER_HOME,
+  CONTAINER_TMP,
+  type ContainerRuntimeOptions,
+  DEFAULT_WORKDIR,
+  IDLE_COMMAND,
+  StepOutput,
+  cpuToNumber,
+  dnsName,
+  insideWorkdir,
+  memoryToBytes,
+  stepResult,
+  watchStep,
+} from "./container-common.js";
+import { SandboxUnavailable } from "./local-runtime.js";
+import type { RunResult } from "./process.js";
+import type { ExecOptions, Sandbox, SandboxRuntime } from "./runtime.js";
+import { type TarEntry, buildTar, readTar } from "./tar.js";
+
+/**
+ * `runtime.kind: "docker"`: one container per rollout on the worker's Docker engine, through
+ * dockerode and the Docker Engine API.
+ *
+ * - The container runs the task's image with `sleep infinity` as its only process, in
+ *   `runtime.workdir` (default /workspace), labelled `rollgate.sandbox=1`, `rollgate.task=<id>`,
+ *   `rollgate.worker=<worker name>`, with the task's CPU/memory limits (NanoCpus, Memory, no extra
+ *   swap) on `runtime.network` or the worker's ROLLGATE_DOCKER_NETWORK. Its config holds no
+ *   secret: Env is empty.
+ * - `runtime.files` (and HOME, TMPDIR) are copied in with one PUT /containers/:id/archive of a tar
+ *   built here, before the container starts. Directories are 0777 and files 0666 so an image with a
+ *   non-root user can use them.
+ * - Each step is a `docker exec` (POST /containers/:id/exec + the hijacked, multiplexed
+ *   /exec/:id/start stream) with exactly the DESIGN §6 environment in the exec's Env — the session
+ *   token lives only there, never in the container config — on top of the image's own ENV. A PATH
+ *   equal to the worker's local sandbox PATH is dropped so the image's PATH applies.
+ * - Timeouts and cancels: the Engine API cannot kill an exec, so the worker kills the whole
+ *   container (SIGKILL to PID 1 takes every process of its PID namespace with it: the step and
+ *   everything it started). The container is started again, files intact, if another step follows
+ *   (evaluators, readFile work on a stopped container too).
+ * - `destroy` removes the container with force (and its anonymous volumes) whatever happened;
+ *   `runtime.keep` stops it instead and labels it `rollgate.keep=true` so sweeps leave it.
+ * - `sweep()` (worker start) force-removes every container labelled with this worker's name that
+ *   a crashed predecessor of the same ROLLGATE_WORKER_NAME left behind.
+ */
+
+export interface DockerRuntimeOptions extends ContainerRuntimeOptions {
+  docker: Docker;
+  /** Network for containers of tasks that name none (ROLLGATE_DOCKER_NETWORK). */
+  defaultNetwork: string;
+  /** Pull an image the engine does not have (default true). */
+  pull?: boolean;
+  log?: { warn: (obj: object, msg: string) => void };
+}
+
+/** A dockerode client for a DOCKER_HOST-style address (unix:///path, /path, tcp://host:port, http(s)://host:port). */
+export function dockerFromHost(host: string): Docker {
+  if (host.startsWith("unix://")) return new Docker({ socketPath: host.slice("unix://".length) });
+  if (host.startsWith("/")) return new Docker({ socketPath: host });
+  const u = new URL(host.replace(/^tcp:/, "http:"));
+  const protocol = u.protocol === "https:" ? "https" : "http";
+  return new Docker({ host: u.hostname, port: Number(u.port || (protocol === "https" ? 2376 : 2375)), protocol });
+}
+
+function statusOf(err: unknown): number | undefined {
+  const s = (err as { statusCode?: unknown }).statusCode;
+  return typeof s === "number" ? s : undefined;
+}
+
+const WAIT_AFTER_KILL_MS = 5_000;
+
+export class DockerRuntime implements SandboxRuntime {
+  private readonly pulls = new Map<string, Promise<void>>();
+  constructor(private readonly o: DockerRuntimeOptions) {}
+
+  /** Makes sure the engine has the image: inspect, and pull it (once for concurrent rollouts) when missing. */
+  private async ensureImage(image: string): Promise<void> {
+    try {
+      await this.o.docker.getImage(image).inspect();
+      return;
+    } catch (err) {
+      if (statusOf(err) !== 404) throw err;
+    }
+    if (this.o.pull === false) throw new SandboxUnavailable(`image ${image} is not on this Docker engine (pulling is off)`);
+    let p = this.pulls.get(image);
+    if (!p) {
+      p = new Promise<void>((resolve, reject) => {
+        this.o.docker.pull(image, (err: Error | null, stream?: Readable) => {
+          if (err || !stream) return reject(err ?? new Error("no pull stream"));
+          this.o.docker.modem.followProgress(stream, (e: Error | null) => (e ? reject(e) : resolve()));
+        });
+      }).finally(() => this.pulls.delete(image));
+      this.pulls.set(image, p);
+    }
+    try {
+      await p;
+    } catch (err) {
+      const msg = (err as Error).message;
+      if (statusOf(err) === 404 || /not found|denied|manifest unknown|invalid reference/i.test(msg)) {
+        throw new SandboxUnavailable(`cannot pull image ${image}: ${msg}`);
+      }
+      throw err;
+    }
+  }
+
+  async create(taskId: string, spec: RuntimeSpec): Promise<Sandbox> {
+    if (!spec.image) throw new SandboxUnavailable("runtime.kind docker needs runtime.image");
+    await this.ensureImage(spec.image);
+    const workdir = spec.workdir ?? DEFAULT_WORKDIR;
+    const name = `rollgate-${dnsName(taskId, 40)}-${randomBytes(3).toString("hex")}`;
+    const memory = spec.resources?.memory !== undefined ? memoryToBytes(spec.resources.memory) : undefined;
+    const cpu = spec.resources?.cpu !== undefined ? cpuToNumber(spec.resources.cpu) : undefined;
+    let container: Docker.Container;
+    try {
+      container = await this.o.docker.createContainer({
+        name,
+        Image: spec.image,
+        Cmd: IDLE_COMMAND,
+        WorkingDir: workdir,
+        Env: [],
+        Tty: false,
+        OpenStdin: false,
+        Labels: {
+          "rollgate.sandbox": "1",
+          "rollgate.task": taskId,
+          "rollgate.worker": this.o.workerName,
+          ...(spec.keep ? { "rollgate.keep": "true" } : {}),
+        },
+        HostConfig: {
+          NetworkMode: spec.network ?? this.o.defaultNetwork,
+          ...(cpu !== undefined ? { NanoCpus: Math.round(cpu * 1e9) } : {}),
+          ...(memory !== undefined ? { Memory: memory, MemorySwap: memory } : {}),
+          AutoRemove: false,
+        },
+      });
+    } catch (err) {
+      // A network or image the engine does not know will not appear on a retry.
+      if (statusOf(err) === 404) throw new SandboxUnavailable(`cannot create the container: ${(err as Error).message}`);
+      throw err;
+    }
+    const sandbox = new DockerSandbox(container, name, workdir, spec.keep, this.o);
+    try {
+      await container.putArchive(buildTar(layoutEntries(workdir, spec.files)), { path: "/" });
+      await container.start();
+    } catch (err) {
+      await sandbox.destroy();
+      throw err;
+    }
+    return sandbox;
+  }
+
+  /** Removes every container this worker (by name) left behind, except kept ones. */
+  async sweep(): Promise<number> {
+    const list = await this.o.docker.listContainers({ all: true, filters: JSON.stringify({ label: [`rollgate.worker=${this.o.workerName}`] }) });
+    let removed = 0;
+    for (const c of list) {
+      if (c.Labels?.["rollgate.keep"] === "true") continue;
+      try {
+        await this.o.docker.getContainer(c.Id).remove({ force: true, v: true });
+        removed++;
+      } catch (err) {
+        if (statusOf(err) !== 404) this.o.log?.warn({ container: c.Id, err: (err as Error).message }, "sweep: cannot remove a leftover sandbox container");
+      }
+    }
+    return removed;
+  }
+}
+
+/** The folders every container sandbox has, and the task's files in the working directory (paths relative to /). */
+export function layoutEntries(workdir: string, files: Record<string, string>): TarEntry[] {
+  const rel = (p: string) => p.replace(/^\/+/, "");
+  const entries: TarEntry[] = [
+    { path: rel(workdir), type: "dir" },
+    { path: rel(path.posix.dirname(CONTAINER_HOME)), type: "dir", mode: 0o755 },
+    { path: rel(CONTAINER_HOME), type: "dir" },
+    { path: rel(CONTAINER_TMP), type: "dir" },
+  ];
+  return [...entries, ...filesUnder(workdir, files)];
+}
+
+/** Tar entries for files under `dir` (with their parent folders); a path that escapes `dir` is refused. */
+export function filesUnder(dir: string, files: Record<string, string>): TarEntry[] {
+  const out: TarEntry[] = [];
+  const dirs = new Set<string>();
+  for (const [relPath, content] of Object.entries(files)) {
+    const target = insideWorkdir(dir, relPath);
+    if (!target) throw new Error(`file path escapes the sandbox folder: ${relPath}`);
+    for (let d = path.posix.dirname(target); d.length > dir.length; d = path.posix.dirname(d)) {
+      if (!dirs.has(d)) {
+        dirs.add(d);
+        out.push({ path: d.slice(1), type: "dir" });
+      }
+    }
+    out.push({ path: target.slice(1), type: "file", content });
+  }
+  // Parents before children.
+  return out.sort((a, b) => (a.type === b.type ? 0 : a.type === "dir" ? -1 : 1));
+}
+
+class DockerSandbox implements Sandbox {
+  readonly home = CONTAINER_HOME;
+  readonly tmp = CONTAINER_TMP;
+  private destroyed = false;
+  /** Set while the container is stopped after a timeout/cancel kill; the next exec starts it again. */
+  private stopped: Promise<void> | null = null;
+
+  constructor(
+    private readonly container: Docker.Container,
+    private readonly name: string,
+    readonly workdir: string,
+    private readonly keep: boolean,
+    private readonly o: DockerRuntimeOptions,
+  ) {}
+
+  private kill(): Promise<void> {
+    const p = this.container.kill({ signal: "SIGKILL" }).then(
+      () => undefined,
+      () => undefined, // already stopped or gone
+    );
+    this.stopped = p;
+    return p;
+  }
+
+  private async ensureRunning() {
+    if (!this.stopped) return;
+    await this.stopped;
+    this.stopped = null;
+    await this.container.start();
+  }
+
+  private envList(env: Record<string, string>): string[] {
+    return Object.entries(env)
+      .filter(([k, v]) => !(k === "PATH" && this.o.workerPath !== undefined && v === this.o.workerPath))
+      .map(([k, v]) => `${k}=${v}`);
+  }
+
+  async exec(argv: string[], o: ExecOptions): Promise<RunResult> {
+    const started = Date.now();
+    const output = new StepOutput(o.onOutput);
+    if (this.destroyed) return stepResult({ exitCode: null, killed: null, spawnError: "the sandbox was destroyed" }, output, started);
+    if (o.signal?.aborted) return stepResult({ exitCode: null, killed: "abort" }, output, started);
+    let stream: NodeJS.ReadWriteStream | null = null;
+    let killing: Promise<void> = Promise.resolve();
+    const watch = watchStep(o.timeoutMs, o.signal, () => {
+      killing = this.kill();
+      // Should the engine not end the stream when the container dies, stop waiting for it.
+      const s = stream;
+      setTimeout(() => (s as unknown as { destroy?: () => void } | null)?.destroy?.(), WAIT_AFTER_KILL_MS).unref();
+    });
+    try {
+      await this.ensureRunning();
+      const ex = await this.container.exec({
+        Cmd: argv,
+        Env: this.envList(o.env),
+        WorkingDir: this.workdir,
+        AttachStdin: false,
+        AttachStdout: true,
+        AttachStderr: true,
+        Tty: false,
+      });
+      if (!watch.why()) {
+        stream = (await ex.start({ hijack: true, stdin: false })) as NodeJS.ReadWriteStream;
+        await this.pump(stream, output);
+      }
+      if (watch.why()) {
+        await killing;
+        return stepResult({ exitCode: null, killed: watch.why() }, output, started);
+      }
+      const info = await ex.inspect();
+      return stepResult({ exitCode: typeof info.ExitCode === "number" ? info.ExitCode : null, killed: null }, output, started);
+    } catch (err) {
+      if (watch.why()) {
+        await killing;
+        return stepResult({ exitCode: null, killed: watch.why() }, output, started);
+      }
+      throw err;
+    } finally {
+      watch.stop();
+    }
+  }
+
+  /** Demultiplexes the exec stream (8-byte frame headers: stream type, size) into the step's output. */
+  private pump(stream: NodeJS.ReadWriteStream, output: StepOutput): Promise<void> {
+    return new Promise((resolve) => {
+      const sink = (f: (b: Buffer) => void) =>
+        new Writable({
+          write(chunk: Buffer, _enc, cb) {
+            f(chunk);
+            cb();
+          },
+        });
+      this.o.docker.modem.demuxStream(stream, sink((b) => output.out(b)), sink((b) => output.err(b)));
+      let done = false;
+      const finish = () => {
+        if (done) return;
+        done = true;
+        resolve();
+      };
+      stream.on("end", finish);
+      stream.on("close", finish);
+      // An error on the stream (the container was killed under it) ends the step like an end.
+      stream.on("error", finish);
+    });
+  }
+
+  async writeHomeFiles(files: Record<string, string>): Promise<void> {
+    if (Object.keys(files).length === 0) return;
+    await this.container.putArchive(buildTar(filesUnder(this.home, files)), { path: "/" });
+  }
+
+  async readFile(relPath: string): Promise<string | null> {
+    const abs = insideWorkdir(this.workdir, relPath);
+    if (!abs) return null;
+    let stream: NodeJS.ReadableStream;
+    try {
+      stream = await this.container.getArchive({ path: abs });
+    } catch (err) {
+      if (statusOf(err) === 404) return null;
+      throw err;
+    }
+    const chunks: Buffer[] = [];
+    for await (const c of stream as AsyncIterable<Buffer>) chunks.push(c);
+    const want = path.posix.basename(abs);
+    const entry = readTar(Buffer.concat(chunks)).find((e) => e.type === "file" && e.path === want);
+    return entry ? Buffer.from(entry.content ?? "").toString("utf8") : null;
+  }
+
+  async destroy(): Promise<void> {
+    if (this.destroyed) return;
+    this.destroyed = true;
+    try {
+      if (this.keep) await this.container.kill({ signal: "SIGKILL" });
+      else await this.container.remove({ force: true, v: true });
+    } catch (err) {
+      const s = statusOf(err);
+      if (s !== 404 && s !== 409) this.o.log?.warn({ container: this.name, err: (err as Error).message }, "cannot remove a sandbox container (the start-up sweep will)");
+    }
+  }
+
+  describe(): string {
+    return `docker container ${this.name} (${this.container.id.slice(0, 12)})`;
+  }
+}

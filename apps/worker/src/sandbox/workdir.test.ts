@@ -1,0 +1,110 @@
+/**
+ * runtime.files and HOME files cannot land outside their folder: not by `..`, not by an absolute
+ * path, not through a symbolic link (a folder link or a file link) left there before; and reading
+ * a working-directory file (evaluators) does not follow a link out of it.
+ */
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import type { RuntimeSpec } from "@rollgate/protocol";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { LocalRuntime, SandboxUnavailable } from "./local-runtime.js";
+import { PathEscape, readFileInside, writeFilesInside } from "./workdir.js";
+
+let base: string;
+let work: string;
+let outside: string;
+
+beforeEach(() => {
+  base = mkdtempSync(path.join(os.tmpdir(), "rg-workdir-test-"));
+  work = path.join(base, "work");
+  outside = path.join(base, "outside");
+  mkdirSync(work);
+  mkdirSync(outside);
+  writeFileSync(path.join(outside, "secret.txt"), "host secret");
+});
+afterEach(() => rmSync(base, { recursive: true, force: true }));
+
+describe("writeFilesInside", () => {
+  it("writes nested files inside", async () => {
+    await writeFilesInside(work, { "a.txt": "A", "repo/./src/b.py": "B" });
+    expect(readFileSync(path.join(work, "a.txt"), "utf8")).toBe("A");
+    expect(readFileSync(path.join(work, "repo/src/b.py"), "utf8")).toBe("B");
+  });
+
+  it.each(["../x", "a/../../x", "/etc/x", "a\\..\\..\\x", "a/\0b"])("refuses %j", async (rel) => {
+    await expect(writeFilesInside(work, { [rel]: "x" })).rejects.toThrow(PathEscape);
+    expect(existsSync(path.join(base, "x"))).toBe(false);
+  });
+
+  it("refuses to write through a folder symlink that points outside", async () => {
+    symlinkSync(outside, path.join(work, "link"));
+    await expect(writeFilesInside(work, { "link/planted.txt": "x" })).rejects.toThrow(/symbolic link/);
+    expect(existsSync(path.join(outside, "planted.txt"))).toBe(false);
+  });
+
+  it("refuses to overwrite through a file symlink (the target keeps its content)", async () => {
+    symlinkSync(path.join(outside, "secret.txt"), path.join(work, "notes.txt"));
+    await expect(writeFilesInside(work, { "notes.txt": "overwritten" })).rejects.toThrow(/symbolic link/);
+    expect(readFileSync(path.join(outside, "secret.txt"), "utf8")).toBe("host secret");
+  });
+
+  it("refuses a dangling symlink too (it would create the file outside)", async () => {
+    symlinkSync(path.join(outside, "new.txt"), path.join(work, "new.txt"));
+    await expect(writeFilesInside(work, { "new.txt": "x" })).rejects.toThrow(PathEscape);
+    expect(existsSync(path.join(outside, "new.txt"))).toBe(false);
+  });
+
+  it("refuses a symlink deeper in the path, even one that points back inside", async () => {
+    mkdirSync(path.join(work, "d"));
+    symlinkSync(work, path.join(work, "d", "loop"));
+    await expect(writeFilesInside(work, { "d/loop/x.txt": "x" })).rejects.toThrow(/symbolic link/);
+  });
+});
+
+describe("readFileInside", () => {
+  it("reads files inside and nothing through a link that leaves the folder", async () => {
+    writeFileSync(path.join(work, "ok.txt"), "fine");
+    symlinkSync(path.join(outside, "secret.txt"), path.join(work, "reward.txt"));
+    symlinkSync(outside, path.join(work, "dir"));
+    symlinkSync(path.join(work, "ok.txt"), path.join(work, "inner-link.txt"));
+    expect(await readFileInside(work, "ok.txt")).toBe("fine");
+    expect(await readFileInside(work, "inner-link.txt")).toBe("fine");
+    expect(await readFileInside(work, "reward.txt")).toBeNull();
+    expect(await readFileInside(work, "dir/secret.txt")).toBeNull();
+    expect(await readFileInside(work, "../outside/secret.txt")).toBeNull();
+    expect(await readFileInside(work, "/etc/hostname")).toBeNull();
+    expect(await readFileInside(work, "missing.txt")).toBeNull();
+  });
+});
+
+describe("LocalRuntime", () => {
+  it("fails sandbox creation (SandboxUnavailable, not a retry) for a path that escapes, and leaves no folder", async () => {
+    const root = path.join(base, "root");
+    const rt = new LocalRuntime(root);
+    const spec: RuntimeSpec = { kind: "local", files: { "../escape.txt": "x" }, prepare: [], image: null, keep: false, isolation: "none" };
+    await expect(rt.create("t-esc", spec)).rejects.toThrow(SandboxUnavailable);
+    expect(existsSync(path.join(root, "escape.txt"))).toBe(false);
+    expect(readdir(root)).toEqual([]);
+  });
+
+  it("an agent's symlink to a host file reads as absent to evaluators", async () => {
+    const rt = new LocalRuntime(path.join(base, "root2"));
+    const sb = await rt.create("t-link", { kind: "local", files: {}, prepare: [], image: null, keep: false, isolation: "none" });
+    try {
+      const r = await sb.exec(["ln", "-s", path.join(outside, "secret.txt"), "reward.txt"], { env: { PATH: "/usr/bin:/bin" }, timeoutMs: 10_000 });
+      expect(r.exitCode).toBe(0);
+      expect(await sb.readFile("reward.txt")).toBeNull();
+      // HOME files refuse links as well.
+      await sb.exec(["ln", "-s", outside, path.join(sb.home, ".config")], { env: { PATH: "/usr/bin:/bin" }, timeoutMs: 10_000 });
+      await expect(sb.writeHomeFiles({ ".config/settings.json": "{}" })).rejects.toThrow(/symbolic link/);
+      expect(existsSync(path.join(outside, "settings.json"))).toBe(false);
+    } finally {
+      await sb.destroy();
+    }
+  });
+});
+
+function readdir(p: string): string[] {
+  return existsSync(p) ? readdirSync(p) : [];
+}
