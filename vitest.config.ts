@@ -4,8 +4,9 @@ import { defineConfig } from "vitest/config";
 export default defineConfig({
   test: {
     include: ["packages/*/src/**/*.test.ts", "apps/*/src/**/*.test.ts", "test/**/*.test.ts"],
-    // test/e2e-agents: the real agent CLIs (test/agents), run by their own config in a separate CI step.
-    exclude: ["**/node_modules/**", "**/dist/**", "test/e2e-agents/**"],
+    // test/e2e-agents: the real agent CLIs (test/agents), run by their own config in a separate CI step;
+    // test/chaos: the chaos suite (kills, restarts, load), likewise (test/chaos/vitest.config.ts).
+    exclude: ["**/node_modules/**", "**/dist/**", "test/e2e-agents/**", "test/chaos/**"],
     testTimeout: 30_000,
     hookTimeout: 60_000,
     pool: "forks",

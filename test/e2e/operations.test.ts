@@ -75,7 +75,9 @@ describe("pause, resume and weight versions", () => {
     const long = script([{ text: "x", tokens: 40 }]);
     // One non-streamed and one streamed call in flight on different replicas.
     const inflight = [
-      client(gwA.ready, s).chat.completions.create({ model: "m", messages: [{ role: "user", content: long }] }),
+      client(gwA.ready, s)
+        .chat.completions.create({ model: "m", messages: [{ role: "user", content: long }] })
+        .then((r) => r.choices[0]!.message.content ?? ""),
       (async () => {
         const stream = await client(gwB.ready, s).chat.completions.create({ model: "m", messages: [{ role: "user", content: long }], stream: true });
         let text = "";
@@ -89,7 +91,7 @@ describe("pause, resume and weight versions", () => {
     expect(paused.inflight_at_pause).toBe(2);
     expect(paused.engines[0]).toMatchObject({ ok: true });
     const [first, streamed] = await Promise.all(inflight);
-    expect(first.choices[0]!.message.content).toMatch(/^x( ok)+$/);
+    expect(first).toMatch(/^x( ok)+$/);
     expect(streamed).toMatch(/^x( ok)+$/);
 
     // A call made while paused waits...

@@ -1,3 +1,4 @@
+import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { ZodError } from "zod";
 import type { EngineResult } from "./canonical.js";
@@ -229,5 +230,47 @@ describe("applySessionSampling", () => {
       seed: 1,
     });
     expect(applySessionSampling({ max_tokens: 100 }, { max_tokens: 4096 }).max_tokens).toBe(100);
+  });
+});
+
+describe("fromOpenAIChat round trip (property)", () => {
+  // Random valid chat conversations: no message, tool call or argument may be lost or altered.
+  const jsonValue = fc.jsonValue({ maxDepth: 2 }).map((v) => JSON.parse(JSON.stringify(v)) as unknown);
+  const args = fc.dictionary(fc.string({ minLength: 1, maxLength: 8 }), jsonValue, { maxKeys: 4 }).map((o) => JSON.stringify(o));
+  const text = fc.string({ maxLength: 30 });
+  const parts = fc.array(fc.record({ type: fc.constant("text" as const), text }), { minLength: 1, maxLength: 3 });
+  const toolCall = fc.record({ id: fc.uuid(), type: fc.constant("function" as const), function: fc.record({ name: fc.stringMatching(/^[a-z_]{1,12}$/), arguments: args }) });
+  const message = fc.oneof(
+    fc.record({ role: fc.constant("system" as const), content: fc.oneof(text, parts) }),
+    fc.record({ role: fc.constant("user" as const), content: fc.oneof(text, parts) }),
+    fc.record({ role: fc.constant("assistant" as const), content: fc.option(text, { nil: null }), tool_calls: fc.array(toolCall, { maxLength: 3 }) }),
+    fc.record({ role: fc.constant("tool" as const), tool_call_id: fc.uuid(), content: fc.oneof(text, parts) }),
+  );
+  const joined = (c: string | { text: string }[] | null) => (c === null ? null : typeof c === "string" ? c : c.map((p) => p.text).join(""));
+
+  it("keeps every message, tool call and argument", () => {
+    fc.assert(
+      fc.property(fc.array(message, { minLength: 1, maxLength: 8 }), fc.boolean(), (messages, stream) => {
+        const { canonical } = fromOpenAIChat({ model: "m", messages, stream });
+        expect(canonical.stream).toBe(stream);
+        expect(canonical.messages).toHaveLength(messages.length);
+        canonical.messages.forEach((m, i) => {
+          const src = messages[i]!;
+          expect(m.role).toBe(src.role);
+          if (src.role === "assistant" && m.role === "assistant") {
+            expect(m.content).toEqual(src.content);
+            expect(m.tool_calls ?? []).toEqual(src.tool_calls);
+          } else if (src.role === "tool" && m.role === "tool") {
+            expect(m.tool_call_id).toBe(src.tool_call_id);
+            expect(m.content).toBe(joined(src.content));
+          } else if (src.role === "system") {
+            expect(m.content).toBe(joined(src.content));
+          } else {
+            expect(m.content).toEqual(src.content);
+          }
+        });
+      }),
+      { numRuns: 300 },
+    );
   });
 });

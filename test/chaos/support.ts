@@ -1,0 +1,163 @@
+/**
+ * What the chaos scenarios share: a redis-server of their own (AOF on, killed and restarted on the
+ * same port and folder), a round-robin TCP balancer in front of gateway replicas, a process's
+ * resident memory, and counting a batch's tasks by status.
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { readFile } from "node:fs/promises";
+import net from "node:net";
+import os from "node:os";
+import path from "node:path";
+import { freePort } from "@rollgate/cluster/redis";
+import type { TaskRecord } from "@rollgate/protocol";
+import { poll } from "../support/poll.js";
+
+export interface OwnRedis {
+  url: string;
+  port: number;
+  kill: () => Promise<void>;
+  start: () => Promise<void>;
+  stop: () => Promise<void>;
+}
+
+async function answers(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = net.connect(port, "127.0.0.1");
+    s.setTimeout(500, () => {
+      s.destroy();
+      resolve(false);
+    });
+    s.on("error", () => resolve(false));
+    s.on("connect", () => s.write("PING\r\n"));
+    s.on("data", (d) => {
+      s.destroy();
+      resolve(String(d).startsWith("+PONG"));
+    });
+  });
+}
+
+/** A redis-server on its own port and folder, AOF fsynced on every write (so a SIGKILL loses nothing acknowledged). */
+export async function startOwnRedis(): Promise<OwnRedis> {
+  const dir = mkdtempSync(path.join(os.tmpdir(), "rg-chaos-redis-"));
+  const port = await freePort();
+  let proc: ChildProcess | null = null;
+  const start = async () => {
+    proc = spawn("redis-server", ["--port", String(port), "--bind", "127.0.0.1", "--dir", dir, "--appendonly", "yes", "--appendfsync", "always", "--save", ""], { stdio: "ignore" });
+    const up = await poll(() => answers(port), (ok) => ok, 10_000, 100);
+    if (!up) throw new Error(`redis-server did not start on ${port}`);
+  };
+  const kill = async () => {
+    const p = proc;
+    if (!p || p.exitCode !== null || p.signalCode !== null) return;
+    await new Promise<void>((r) => {
+      p.once("exit", () => r());
+      p.kill("SIGKILL");
+    });
+  };
+  await start();
+  return {
+    url: `redis://127.0.0.1:${port}`,
+    port,
+    kill,
+    start,
+    stop: async () => {
+      await kill();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+export interface Balancer {
+  url: string;
+  /** Connections handed to each target. */
+  counts: number[];
+  close: () => Promise<void>;
+}
+
+/**
+ * A tiny TCP load balancer: each new connection goes to the next target round-robin; a target
+ * that refuses the connection is skipped for that connection (as a health-checking LB would).
+ * Connections in flight to a target that dies are reset, which clients see as a network error.
+ */
+export async function startBalancer(targets: string[]): Promise<Balancer> {
+  const addrs = targets.map((t) => new URL(t)).map((u) => ({ host: u.hostname, port: Number(u.port) }));
+  const counts = addrs.map(() => 0);
+  const sockets = new Set<net.Socket>();
+  let next = 0;
+  const server = net.createServer((client) => {
+    sockets.add(client);
+    client.on("close", () => sockets.delete(client));
+    client.pause();
+    const tryTarget = (attempt: number) => {
+      if (attempt >= addrs.length) return client.destroy();
+      const i = next++ % addrs.length;
+      const upstream = net.connect(addrs[i]!.port, addrs[i]!.host);
+      let connected = false;
+      sockets.add(upstream);
+      upstream.on("close", () => sockets.delete(upstream));
+      upstream.on("error", () => {
+        if (!connected) tryTarget(attempt + 1);
+        else client.destroy();
+      });
+      upstream.once("connect", () => {
+        connected = true;
+        counts[i]!++;
+        client.on("error", () => upstream.destroy());
+        client.pipe(upstream);
+        upstream.pipe(client);
+        client.on("close", () => upstream.destroy());
+        upstream.on("close", () => client.destroy());
+        client.resume();
+      });
+    };
+    tryTarget(0);
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  const { port } = server.address() as net.AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    counts,
+    close: () =>
+      new Promise<void>((r) => {
+        for (const s of sockets) s.destroy();
+        server.close(() => r());
+      }),
+  };
+}
+
+/** Resident memory of a process in KiB (/proc/<pid>/status VmRSS). */
+export async function rssKiB(pid: number): Promise<number> {
+  const status = await readFile(`/proc/${pid}/status`, "utf8");
+  const m = /^VmRSS:\s+(\d+)\s+kB/m.exec(status);
+  if (!m) throw new Error(`no VmRSS for ${pid}`);
+  return Number(m[1]);
+}
+
+export type Api = (p: string, init?: { method?: string; body?: unknown }) => Promise<{ status: number; body: any }>; // eslint-disable-line @typescript-eslint/no-explicit-any
+
+/** Every task of a list, read from the gateway (in pages of concurrent reads). */
+export async function readTasks(api: Api, ids: string[]): Promise<TaskRecord[]> {
+  const out: TaskRecord[] = [];
+  for (let i = 0; i < ids.length; i += 25) {
+    const page = await Promise.all(ids.slice(i, i + 25).map(async (id) => (await api(`/v1/tasks/${id}`)).body as TaskRecord));
+    out.push(...page);
+  }
+  return out;
+}
+
+export function byStatus(records: { status?: string }[]): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const r of records) out[r.status ?? "unreadable"] = (out[r.status ?? "unreadable"] ?? 0) + 1;
+  return out;
+}
+
+/** Polls until every task is terminal (or the deadline); returns the last read. */
+export async function waitAllTerminal(api: Api, ids: string[], timeoutMs: number): Promise<TaskRecord[]> {
+  return poll(
+    () => readTasks(api, ids).catch(() => [] as TaskRecord[]),
+    (rs) => rs.length === ids.length && rs.every((r) => r?.result != null),
+    timeoutMs,
+    1_000,
+  );
+}
