@@ -7,6 +7,7 @@ export default defineConfig({
     // test/e2e-agents: the real agent CLIs (test/agents), run by their own config in a separate CI step;
     // test/chaos: the chaos suite (kills, restarts, load), likewise (test/chaos/vitest.config.ts).
     exclude: ["**/node_modules/**", "**/dist/**", "test/e2e-agents/**", "test/chaos/**"],
+    globalSetup: ["test/global-setup.ts"],
     testTimeout: 30_000,
     hookTimeout: 60_000,
     pool: "forks",
