@@ -3,60 +3,26 @@
  * engine-sim, on the real Redis under a test key prefix: a two-turn tool conversation streamed
  * and not, and the recorded trajectory is one token-exact trace.
  */
-import { randomUUID } from "node:crypto";
 import Anthropic from "@anthropic-ai/sdk";
-import { buildEngineSim, getTokenizer } from "@rollgate/engine-sim";
-import { GatewayEnv, type CompletionRecord, type Trace } from "@rollgate/protocol";
-import type { FastifyInstance } from "fastify";
-import { Redis } from "ioredis";
-import { pino } from "pino";
+import { getTokenizer } from "@rollgate/engine-sim";
+import { type CompletionRecord, type Trace } from "@rollgate/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { buildGateway } from "./app.js";
+import { startHarness, type Harness } from "./__fixtures__/harness.js";
 
-const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
-const prefix = `test-anth-${randomUUID().slice(0, 8)}`;
-let sim: FastifyInstance;
-let app: FastifyInstance;
-let gatewayUrl: string;
-
-function portOf(server: FastifyInstance): number {
-  const addr = server.server.address();
-  return typeof addr === "object" && addr ? addr.port : 0;
-}
+let h: Harness;
 
 beforeAll(async () => {
-  sim = buildEngineSim({ dpSize: 1 });
-  await sim.listen({ port: 0, host: "127.0.0.1" });
-  const env = GatewayEnv.parse({
-    REDIS_URL,
-    ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: `http://127.0.0.1:${portOf(sim)}`, dp_size: 1 }]),
-  });
-  app = await buildGateway({ env, logger: pino({ level: "silent" }) });
-  await app.listen({ port: 0, host: "127.0.0.1" });
-  gatewayUrl = `http://127.0.0.1:${portOf(app)}`;
+  h = await startHarness("anth", { dpSize: 1 });
 });
 
-afterAll(async () => {
-  await app?.close();
-  await sim?.close();
-  const redis = new Redis(REDIS_URL);
-  const found = [...(await redis.keys(`${prefix}:*`)), ...(await redis.keys(`{${prefix}:*`))];
-  if (found.length) await redis.del(...found);
-  redis.disconnect();
-});
+afterAll(() => h?.close());
 
 async function openSession(): Promise<{ id: string; token: string; client: Anthropic }> {
-  const res = await fetch(`${gatewayUrl}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
-  expect(res.status).toBe(201);
-  const s = (await res.json()) as { id: string; token: string; urls: { anthropic: string } };
+  const s = await h.openSession();
   return { ...s, client: new Anthropic({ apiKey: s.token, baseURL: s.urls.anthropic, maxRetries: 0 }) };
 }
 
-async function records(sid: string): Promise<CompletionRecord[]> {
-  const res = await fetch(`${gatewayUrl}/v1/sessions/${sid}/completions`);
-  return ((await res.json()) as { completions: CompletionRecord[] }).completions;
-}
+const records = (sid: string) => h.records(sid);
 
 const SYSTEM = "You are a test agent.";
 const THINK = "I should run the shell.";
@@ -133,7 +99,7 @@ describe("Anthropic Messages through the gateway", () => {
     expect(m2.usage.input_tokens + (m2.usage.cache_read_input_tokens ?? 0)).toBe(recs[1]!.prompt_ids.length);
 
     // One trace, token-exact: it decodes to the whole conversation.
-    const res = await fetch(`${gatewayUrl}/v1/sessions/${s.id}/trajectory`);
+    const res = await fetch(`${h.url}/v1/sessions/${s.id}/trajectory`);
     const { traces } = (await res.json()) as { traces: Trace[] };
     expect(traces).toHaveLength(1);
     const t = traces[0]!;
@@ -182,7 +148,7 @@ describe("Anthropic Messages through the gateway", () => {
 
   it("takes Bearer auth and ?beta=true, and refuses a wrong key, a closed session and a bad body in Anthropic's shape", async () => {
     const s = await openSession();
-    const base = `${gatewayUrl}/s/${s.id}`;
+    const base = `${h.url}/s/${s.id}`;
     const bearer = new Anthropic({ apiKey: null, authToken: s.token, baseURL: base, maxRetries: 0 });
     const beta = await bearer.beta.messages.create({ model: "m", max_tokens: 16, messages: [{ role: "user", content: "hi" }] });
     expect(beta.type).toBe("message");
@@ -224,13 +190,13 @@ describe("Anthropic Messages through the gateway", () => {
 
     // Claude Code's connectivity probe: HEAD on the base URL, no credentials. 200, whatever the id.
     for (const sid of [s.id, "s-unknown"]) {
-      const probe = await fetch(`${gatewayUrl}/s/${sid}`, { method: "HEAD" });
+      const probe = await fetch(`${h.url}/s/${sid}`, { method: "HEAD" });
       expect(probe.status).toBe(200);
       expect(await probe.text()).toBe("");
     }
 
     expect((await records(s.id)).length).toBe(1);
-    await fetch(`${gatewayUrl}/v1/sessions/${s.id}/close`, { method: "POST" });
+    await fetch(`${h.url}/v1/sessions/${s.id}/close`, { method: "POST" });
     const closed = await s.client.messages.create({ model: "m", max_tokens: 16, messages: [{ role: "user", content: "hi" }] }).catch((e: unknown) => e);
     expect(closed).toBeInstanceOf(Anthropic.PermissionDeniedError);
   });

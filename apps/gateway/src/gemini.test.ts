@@ -2,56 +2,25 @@
  * The official @google/genai SDK against the gateway (listening on a real port) + in-process
  * engine-sim, on the real Redis under a unique key prefix.
  */
-import { randomUUID } from "node:crypto";
 import { GoogleGenAI, type Content, type GenerateContentResponse, type Part } from "@google/genai";
-import { GatewayEnv, type CompletionRecord } from "@rollgate/protocol";
-import { buildEngineSim, getTokenizer } from "@rollgate/engine-sim";
-import type { FastifyInstance } from "fastify";
-import { Redis } from "ioredis";
+import { GatewayEnv } from "@rollgate/protocol";
+import { getTokenizer } from "@rollgate/engine-sim";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { TEST_REDIS_URL, startHarness, type Harness } from "./__fixtures__/harness.js";
 import { buildGateway } from "./app.js";
 
-const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
-const prefix = `test-gemini-${randomUUID().slice(0, 8)}`;
-let sim: FastifyInstance;
-let app: FastifyInstance;
-let gw: string;
-
-const portOf = (f: FastifyInstance) => {
-  const addr = f.server.address();
-  return typeof addr === "object" && addr ? addr.port : 0;
-};
+let h: Harness;
 
 beforeAll(async () => {
-  sim = buildEngineSim({ dpSize: 1, model: "Qwen/Qwen3-8B" });
-  await sim.listen({ port: 0, host: "127.0.0.1" });
-  const env = GatewayEnv.parse({
-    REDIS_URL,
-    ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: `http://127.0.0.1:${portOf(sim)}`, dp_size: 1 }]),
-  });
-  app = await buildGateway({ env, logger: pino({ level: "silent" }) });
-  await app.listen({ port: 0, host: "127.0.0.1" });
-  gw = `http://127.0.0.1:${portOf(app)}`;
+  h = await startHarness("gemini", { dpSize: 1, model: "Qwen/Qwen3-8B" });
 });
 
-afterAll(async () => {
-  await app?.close();
-  await sim?.close();
-  const redis = new Redis(REDIS_URL);
-  const found = [...(await redis.keys(`${prefix}:*`)), ...(await redis.keys(`{${prefix}:*`))];
-  if (found.length) await redis.del(...found);
-  redis.disconnect();
-});
+afterAll(() => h?.close());
 
-async function openSession(): Promise<{ id: string; token: string }> {
-  const res = await fetch(`${gw}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
-  expect(res.status).toBe(201);
-  return (await res.json()) as { id: string; token: string };
-}
+const openSession = () => h.openSession();
 
-const client = (s: { id: string; token: string }, key = s.token) => new GoogleGenAI({ apiKey: key, httpOptions: { baseUrl: `${gw}/s/${s.id}` } });
+const client = (s: { id: string; token: string }, key = s.token) => new GoogleGenAI({ apiKey: key, httpOptions: { baseUrl: `${h.url}/s/${s.id}` } });
 
 const SCRIPT =
   'List the files, then summarise.\n#sim: [{"think": "I should list the files.", "tool_calls": [{"name": "run_shell", "arguments": {"command": "ls", "timeout": 5}}]}, {"think": "Two files.", "text": "There are two files."}]';
@@ -89,9 +58,7 @@ function foldStream(chunks: GenerateContentResponse[]): { content: Content; thou
   return { content: { role: "model", parts }, thought, ...(finishReason ? { finishReason } : {}) };
 }
 
-async function records(sid: string): Promise<CompletionRecord[]> {
-  return ((await (await fetch(`${gw}/v1/sessions/${sid}/completions`)).json()) as { completions: CompletionRecord[] }).completions;
-}
+const records = (sid: string) => h.records(sid);
 
 /** Plays the two-turn tool conversation; returns the session id and the final answer text. */
 async function conversation(stream: boolean): Promise<{ sid: string; answer: string }> {
@@ -155,7 +122,7 @@ describe("Gemini API through the gateway with @google/genai", () => {
     expect(b[1]!.request.messages[2]).toMatchObject({ role: "assistant", content: "", reasoning: "\nI should list the files.\n" });
 
     for (const sid of [plain.sid, streamed.sid]) {
-      const traj = (await (await fetch(`${gw}/v1/sessions/${sid}/trajectory`)).json()) as {
+      const traj = (await (await fetch(`${h.url}/v1/sessions/${sid}/trajectory`)).json()) as {
         traces: { prompt_ids: number[]; response_ids: number[]; loss_mask: number[] }[];
       };
       expect(traj.traces).toHaveLength(1);
@@ -186,7 +153,7 @@ describe("Gemini API through the gateway with @google/genai", () => {
 
   it("streams a JSON array without alt=sse and accepts ?key=", async () => {
     const s = await openSession();
-    const res = await fetch(`${gw}/s/${s.id}/v1beta/models/m:streamGenerateContent?key=${s.token}`, {
+    const res = await fetch(`${h.url}/s/${s.id}/v1beta/models/m:streamGenerateContent?key=${s.token}`, {
       method: "POST",
       headers: { "content-type": "application/json" },
       body: JSON.stringify({ contents: [{ role: "user", parts: [{ text: '#sim: [{"text": "Hello there"}]' }] }] }),
@@ -210,7 +177,7 @@ describe("Gemini API through the gateway with @google/genai", () => {
     });
 
     const post = (path: string, body: string, key = s.token) =>
-      fetch(`${gw}/s/${s.id}${path}`, { method: "POST", headers: { "content-type": "application/json", "x-goog-api-key": key }, body });
+      fetch(`${h.url}/s/${s.id}${path}`, { method: "POST", headers: { "content-type": "application/json", "x-goog-api-key": key }, body });
     const bad = await post("/v1beta/models/m:generateContent", JSON.stringify({ contents: [{ role: "user", parts: [{ functionCall: { args: {} } }] }] }));
     expect(bad.status).toBe(400);
     const badBody = (await bad.json()) as { error: { code: number; status: string; message: string } };
@@ -226,12 +193,12 @@ describe("Gemini API through the gateway with @google/genai", () => {
     expect(((await wrong.json()) as { error: { status: string } }).error.status).toBe("UNAUTHENTICATED");
     expect(await records(s.id)).toEqual([]);
 
-    await fetch(`${gw}/v1/sessions/${s.id}/close`, { method: "POST" });
+    await fetch(`${h.url}/v1/sessions/${s.id}/close`, { method: "POST" });
     await expect(client(s).models.generateContent({ model: "m", contents })).rejects.toMatchObject({ status: 403 });
   });
 
   it("answers an unreachable engine with 502 UNAVAILABLE", async () => {
-    const env = GatewayEnv.parse({ REDIS_URL, ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: "http://127.0.0.1:9", dp_size: 1 }]) });
+    const env = GatewayEnv.parse({ REDIS_URL: TEST_REDIS_URL, ROLLGATE_KEY_PREFIX: h.prefix, ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: "http://127.0.0.1:9", dp_size: 1 }]) });
     const down = await buildGateway({ env, logger: pino({ level: "silent" }) });
     try {
       const s = (await down.inject({ method: "POST", url: "/v1/sessions", payload: {} })).json() as { id: string; token: string };
@@ -255,7 +222,7 @@ describe("Gemini API through the gateway with @google/genai", () => {
     const ai = client(s);
     const counted = await ai.models.countTokens({ model: "m", contents: "hello there" });
     expect(counted.totalTokens).toBeGreaterThan(2);
-    const res = await fetch(`${gw}/s/${s.id}/v1beta/models`, { headers: { "x-goog-api-key": s.token } });
+    const res = await fetch(`${h.url}/s/${s.id}/v1beta/models`, { headers: { "x-goog-api-key": s.token } });
     expect(((await res.json()) as { models: { name: string }[] }).models[0]!.name).toBe("models/Qwen/Qwen3-8B");
   });
 });

@@ -4,60 +4,28 @@
  * conversation as Codex sends it (store: false, encrypted reasoning replayed), streamed and not,
  * and the recorded trajectory is one token-exact trace.
  */
-import { randomUUID } from "node:crypto";
 import OpenAI from "openai";
-import { buildEngineSim, getTokenizer } from "@rollgate/engine-sim";
-import { GatewayEnv, type CompletionRecord, type Trace } from "@rollgate/protocol";
-import type { FastifyInstance } from "fastify";
-import { Redis } from "ioredis";
+import { getTokenizer } from "@rollgate/engine-sim";
+import { GatewayEnv, type Trace } from "@rollgate/protocol";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { TEST_REDIS_URL, dropPrefixes, startHarness, type Harness } from "./__fixtures__/harness.js";
 import { buildGateway } from "./app.js";
 
-const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
-const prefix = `test-resp-${randomUUID().slice(0, 8)}`;
-let sim: FastifyInstance;
-let app: FastifyInstance;
-let gatewayUrl: string;
-
-function portOf(server: FastifyInstance): number {
-  const addr = server.server.address();
-  return typeof addr === "object" && addr ? addr.port : 0;
-}
+let h: Harness;
 
 beforeAll(async () => {
-  sim = buildEngineSim({ dpSize: 1 });
-  await sim.listen({ port: 0, host: "127.0.0.1" });
-  const env = GatewayEnv.parse({
-    REDIS_URL,
-    ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: `http://127.0.0.1:${portOf(sim)}`, dp_size: 1 }]),
-  });
-  app = await buildGateway({ env, logger: pino({ level: "silent" }) });
-  await app.listen({ port: 0, host: "127.0.0.1" });
-  gatewayUrl = `http://127.0.0.1:${portOf(app)}`;
+  h = await startHarness("resp", { dpSize: 1 });
 });
 
-afterAll(async () => {
-  await app?.close();
-  await sim?.close();
-  const redis = new Redis(REDIS_URL);
-  const found = [...(await redis.keys(`${prefix}:*`)), ...(await redis.keys(`{${prefix}:*`))];
-  if (found.length) await redis.del(...found);
-  redis.disconnect();
-});
+afterAll(() => h?.close());
 
 async function openSession(): Promise<{ id: string; token: string; client: OpenAI }> {
-  const res = await fetch(`${gatewayUrl}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
-  expect(res.status).toBe(201);
-  const s = (await res.json()) as { id: string; token: string; urls: { openai: string } };
+  const s = await h.openSession();
   return { ...s, client: new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 }) };
 }
 
-async function records(sid: string): Promise<CompletionRecord[]> {
-  const res = await fetch(`${gatewayUrl}/v1/sessions/${sid}/completions`);
-  return ((await res.json()) as { completions: CompletionRecord[] }).completions;
-}
+const records = (sid: string) => h.records(sid);
 
 const SYSTEM = "You are a test agent in a terminal.";
 const THINK = "I should run the shell.";
@@ -199,7 +167,7 @@ describe("OpenAI Responses through the gateway", () => {
     expect(recs[0]!.request.tools?.map((t) => t.function.name)).toEqual(["exec_command", "agents__spawn"]);
 
     // One trace, token-exact: it decodes to the whole conversation.
-    const res = await fetch(`${gatewayUrl}/v1/sessions/${s.id}/trajectory`);
+    const res = await fetch(`${h.url}/v1/sessions/${s.id}/trajectory`);
     const { traces } = (await res.json()) as { traces: Trace[] };
     expect(traces).toHaveLength(1);
     const t = traces[0]!;
@@ -236,7 +204,7 @@ describe("OpenAI Responses through the gateway", () => {
 
   it("refuses a wrong key, a closed session, previous_response_id and a bad body in OpenAI's shape", async () => {
     const s = await openSession();
-    const base = `${gatewayUrl}/s/${s.id}/v1`;
+    const base = `${h.url}/s/${s.id}/v1`;
     const ask = (client: OpenAI, extra: Record<string, unknown> = {}) =>
       client.responses.create({ model: "m", input: "hi", ...extra } as OpenAI.Responses.ResponseCreateParamsNonStreaming).catch((e: unknown) => e);
 
@@ -259,14 +227,14 @@ describe("OpenAI Responses through the gateway", () => {
     expect(ok.status).toBe("incomplete");
     expect(ok.incomplete_details).toEqual({ reason: "max_output_tokens" });
 
-    expect((await fetch(`${gatewayUrl}/v1/sessions/${s.id}/close`, { method: "POST" })).status).toBe(200);
+    expect((await fetch(`${h.url}/v1/sessions/${s.id}/close`, { method: "POST" })).status).toBe(200);
     const closed = await ask(s.client);
     expect(closed).toBeInstanceOf(OpenAI.PermissionDeniedError);
   });
 
   it("answers an unreachable engine with 502 in OpenAI's shape, streaming or not", async () => {
-    const p2 = `${prefix}-down`;
-    const env = GatewayEnv.parse({ REDIS_URL, ROLLGATE_KEY_PREFIX: p2, ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: "http://127.0.0.1:9", dp_size: 1 }]) });
+    const p2 = `${h.prefix}-down`;
+    const env = GatewayEnv.parse({ REDIS_URL: TEST_REDIS_URL, ROLLGATE_KEY_PREFIX: p2, ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: "http://127.0.0.1:9", dp_size: 1 }]) });
     const down = await buildGateway({ env, logger: pino({ level: "silent" }) });
     try {
       const s = (await down.inject({ method: "POST", url: "/v1/sessions", payload: {} })).json() as { id: string; token: string };
@@ -282,10 +250,7 @@ describe("OpenAI Responses through the gateway", () => {
       }
     } finally {
       await down.close();
-      const redis = new Redis(REDIS_URL);
-      const found = [...(await redis.keys(`${p2}:*`)), ...(await redis.keys(`{${p2}:*`))];
-      if (found.length) await redis.del(...found);
-      redis.disconnect();
+      await dropPrefixes([p2]);
     }
   });
 });

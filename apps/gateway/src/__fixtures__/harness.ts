@@ -1,0 +1,81 @@
+/**
+ * The setup the gateway's integration tests share: an in-process engine-sim and gateway on real
+ * ports, on the real Redis under a key prefix of their own that is dropped afterwards.
+ */
+import { randomUUID } from "node:crypto";
+import { buildEngineSim, type EngineSimOptions } from "@rollgate/engine-sim";
+import { GatewayEnv, type CompletionRecord } from "@rollgate/protocol";
+import type { FastifyInstance } from "fastify";
+import { Redis } from "ioredis";
+import { pino, type Logger } from "pino";
+import { buildGateway } from "../app.js";
+
+export const TEST_REDIS_URL = process.env.REDIS_URL || "redis://127.0.0.1:6379";
+
+/** Listens on a free loopback port and returns the base URL. */
+export async function listenLocal(app: FastifyInstance): Promise<string> {
+  await app.listen({ port: 0, host: "127.0.0.1" });
+  const addr = app.server.address();
+  return `http://127.0.0.1:${typeof addr === "object" && addr ? addr.port : 0}`;
+}
+
+/** Deletes every key under the prefixes (plain and hash-tagged forms). */
+export async function dropPrefixes(prefixes: readonly string[]): Promise<void> {
+  const redis = new Redis(TEST_REDIS_URL);
+  try {
+    for (const p of prefixes) {
+      const found = [...(await redis.keys(`${p}:*`)), ...(await redis.keys(`{${p}:*`))];
+      if (found.length) await redis.del(...found);
+    }
+  } finally {
+    redis.disconnect();
+  }
+}
+
+export interface Harness {
+  sim: FastifyInstance;
+  app: FastifyInstance;
+  /** The gateway's base URL. */
+  url: string;
+  prefix: string;
+  /** A new session through the session API. */
+  openSession: () => Promise<{ id: string; token: string; urls: { openai: string; anthropic: string; gemini: string } }>;
+  /** The session's completion records. */
+  records: (sid: string) => Promise<CompletionRecord[]>;
+  close: () => Promise<void>;
+}
+
+/** engine-sim + gateway listening, with one vLLM engine of `sim.dpSize` ranks. */
+export async function startHarness(name: string, sim: EngineSimOptions = {}, extraEnv: Record<string, string> = {}, logger?: Logger): Promise<Harness> {
+  const prefix = `test-${name}-${randomUUID().slice(0, 8)}`;
+  const engine = buildEngineSim({ dpSize: 1, ...sim });
+  const simUrl = await listenLocal(engine);
+  const env = GatewayEnv.parse({
+    REDIS_URL: TEST_REDIS_URL,
+    ROLLGATE_KEY_PREFIX: prefix,
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: sim.kind ?? "vllm", url: simUrl, dp_size: sim.dpSize ?? 1 }]),
+    ...extraEnv,
+  });
+  const app = await buildGateway({ env, logger: logger ?? pino({ level: "silent" }) });
+  const url = await listenLocal(app);
+  return {
+    sim: engine,
+    app,
+    url,
+    prefix,
+    openSession: async () => {
+      const res = await fetch(`${url}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+      if (res.status !== 201) throw new Error(`POST /v1/sessions answered ${res.status}`);
+      return (await res.json()) as Awaited<ReturnType<Harness["openSession"]>>;
+    },
+    records: async (sid) => {
+      const res = await fetch(`${url}/v1/sessions/${sid}/completions`);
+      return ((await res.json()) as { completions: CompletionRecord[] }).completions;
+    },
+    close: async () => {
+      await app.close();
+      await engine.close();
+      await dropPrefixes([prefix]);
+    },
+  };
+}
