@@ -17,9 +17,23 @@ export function fastifyErrorStatus(err: FastifyError): { status: number; message
   return { status, message: status >= 500 ? "internal error" : err.message };
 }
 
+/** Whether an error means Redis is unreachable right now (a retry later may succeed). */
+export function isStorageUnavailable(err: unknown): boolean {
+  const e = err as { name?: string; message?: string; code?: string };
+  return (
+    e?.name === "MaxRetriesPerRequestError" ||
+    e?.code === "ECONNREFUSED" ||
+    /Connection is closed|Stream isn't writeable|ECONNREFUSED|CLUSTERDOWN|Too many Cluster redirections/.test(e?.message ?? "")
+  );
+}
+
 /** Error handler for trainer/admin route plugins. */
 export function trainerErrorHandler(err: FastifyError, req: FastifyRequest, reply: FastifyReply) {
   if (err instanceof ZodError) return reply.code(400).send(validationError(err));
+  if (isStorageUnavailable(err)) {
+    req.log.warn({ err: err.message }, "storage unavailable");
+    return reply.code(503).header("retry-after", "1").send(errorBody("unavailable", "the task store (Redis) is unreachable; retry shortly"));
+  }
   const { status, message } = fastifyErrorStatus(err);
   if (status >= 500) req.log.error({ err }, "request failed");
   const type = status === 413 ? "payload_too_large" : status >= 500 ? "internal_error" : "invalid_request";

@@ -144,6 +144,25 @@ describe("sessions and the OpenAI chat route", () => {
     await app.close();
   });
 
+  it("notes a failed engine call in the trajectory's stats (it has no tokens to train on)", async () => {
+    const app = await gateway([{ kind: "vllm", url: simUrl, dp_size: 2 }]);
+    const s = await openSession(app);
+    const rank = ((await app.inject({ url: `/v1/sessions/${s.id}` })).json() as Session).assignment!.dp_rank;
+    expect((await chat(app, s, { messages: [{ role: "user", content: "ok" }] })).statusCode).toBe(200);
+    getSimState(sim).setFault({ rank, mode: "error", error_rate: 1 });
+    try {
+      const failed = await chat(app, s, { messages: [{ role: "user", content: "boom" }] });
+      expect(failed.statusCode).toBeGreaterThanOrEqual(500);
+      expect(failed.json().error.type).toBe("api_error");
+    } finally {
+      getSimState(sim).setFault({ rank, mode: "none" });
+    }
+    const traj = (await app.inject({ url: `/v1/sessions/${s.id}/trajectory` })).json();
+    expect(traj.stats.records).toBe(1);
+    expect(traj.stats.failed_calls).toEqual([{ seq: 1, at: expect.any(String), kind: "rejected", message: expect.stringMatching(/engine/), dp_rank: rank }]);
+    await app.close();
+  });
+
   it("serves both trajectory builders and rejects an unknown one", async () => {
     const app = await gateway([{ kind: "vllm", url: simUrl, dp_size: 2 }]);
     const s = await openSession(app);

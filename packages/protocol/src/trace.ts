@@ -78,6 +78,11 @@ export const TrajectoryStats = z.object({
   /** Traces whose tokens were sampled under more than one weight version. */
   traces_with_weight_change: z.number().int(),
   per_trace: z.array(TraceStats),
+  /**
+   * LLM calls of the session that failed (the engine refused, broke off or was unreachable): they
+   * have no tokens to train on, but a trainer should know the agent saw an error there.
+   */
+  failed_calls: z.array(z.object({ seq: z.number().int(), at: z.string(), kind: z.string(), message: z.string(), dp_rank: z.number().int() })).default([]),
 });
 export type TrajectoryStats = z.infer<typeof TrajectoryStats>;
 

@@ -12,6 +12,7 @@ export function keys(prefix: string) {
     session: (id: string) => `${prefix}:{s:${id}}:session`,
     records: (id: string) => `${prefix}:{s:${id}}:records`,
     recordHeads: (id: string) => `${prefix}:{s:${id}}:heads`,
+    failures: (id: string) => `${prefix}:{s:${id}}:failures`,
     rankLoad: () => `${prefix}:{routing}:load`,
     affinity: (key: string) => `${prefix}:{routing}:affinity:${key}`,
     roundRobin: () => `${prefix}:{routing}:rr`,

@@ -159,6 +159,16 @@ export class SessionStore {
       .sort((a, b) => a.seq - b.seq);
   }
 
+  /** Notes an LLM call that failed (no tokens: the trajectory's stats list it). */
+  async appendFailure(id: string, failure: { seq: number; at: string; kind: string; message: string; dp_rank: number }): Promise<void> {
+    await this.redis.rpush(this.k.failures(id), JSON.stringify(failure));
+  }
+
+  async failures(id: string): Promise<{ seq: number; at: string; kind: string; message: string; dp_rank: number }[]> {
+    const raw = await this.redis.lrange(this.k.failures(id), 0, -1);
+    return raw.map((r) => JSON.parse(r) as { seq: number; at: string; kind: string; message: string; dp_rank: number });
+  }
+
   /** Every record's head, in call order. */
   async recordHeads(id: string): Promise<RecordHead[]> {
     const all = await this.redis.hgetall(this.k.recordHeads(id));
@@ -176,7 +186,7 @@ export class SessionStore {
   /** Drops everything the session holds (its rank slot is released first if still open). */
   async delete(id: string, now: Date): Promise<boolean> {
     await this.close(id, now);
-    const n = await this.redis.del(this.k.session(id), this.k.records(id), this.k.recordHeads(id));
+    const n = await this.redis.del(this.k.session(id), this.k.records(id), this.k.recordHeads(id), this.k.failures(id));
     return n > 0;
   }
 }

@@ -32,5 +32,7 @@ export function computeStats(records: readonly CompletionRecord[], built: BuiltT
     weight_changes: per_trace.reduce((a, s) => a + s.weight_changes, 0),
     traces_with_weight_change: per_trace.filter((s) => s.weight_changes > 0).length,
     per_trace,
+    // The builder sees only successful calls; the gateway adds the session's failed ones.
+    failed_calls: [],
   };
 }

@@ -173,7 +173,10 @@ export class ChatCaller {
         await this.record(call, result);
         return result;
       } catch (err) {
-        if (!slot.abortedByPause()) throw err;
+        if (!slot.abortedByPause()) {
+          await this.noteFailure(call, err);
+          throw err;
+        }
         call.reissued = true;
       } finally {
         slot.release();
@@ -192,13 +195,24 @@ export class ChatCaller {
         acc.push(event);
         yield event;
       }
+      if (!acc.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
+    } catch (err) {
+      await this.noteFailure(call, err);
+      throw err;
     } finally {
       slot.release();
     }
-    if (!acc.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
     const result = acc.result();
     await this.record(call, result);
     return result;
+  }
+
+  /** An engine failure leaves a note on the session (the trajectory's stats list it); a client that left does not. */
+  private async noteFailure(call: PreparedCall, err: unknown): Promise<void> {
+    if (!(err instanceof EngineError)) return;
+    await this.deps.sessions
+      .appendFailure(call.session.id, { seq: call.seq, at: new Date().toISOString(), kind: err.kind, message: err.message, dp_rank: call.target.dpRank })
+      .catch(() => undefined);
   }
 
   private async record(call: PreparedCall, result: EngineResult): Promise<void> {

@@ -4,6 +4,7 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import { sessionToken } from "../auth.js";
 import type { GatewayContext } from "../context.js";
 import { EngineError } from "../engines/errors.js";
+import { isStorageUnavailable } from "../errors.js";
 import { CallRejected } from "../llm/chat-call.js";
 
 /**
@@ -66,6 +67,8 @@ export function startSse(reply: FastifyReply): (frame: string) => void {
 export function failureOf(err: unknown): { status: number; kind: string; message: string } {
   if (err instanceof CallRejected) return { status: err.status, kind: err.code, message: err.message };
   if (err instanceof EngineError) return { status: err.status, kind: `engine_${err.kind}`, message: err.message };
+  // Redis away: 503, so the agent's SDK retries (they retry 5xx) instead of seeing a bug.
+  if (isStorageUnavailable(err)) return { status: 503, kind: "storage_unavailable", message: "the gateway's store (Redis) is unreachable; retry shortly" };
   const e = err as { statusCode?: number; code?: string; message?: string };
   const status = e.statusCode && e.statusCode >= 400 && e.statusCode < 600 ? e.statusCode : 500;
   return { status, kind: e.code ?? "internal_error", message: status >= 500 ? "internal error" : (e.message ?? "error") };

@@ -78,9 +78,10 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const query = TrajectoryQuery.safeParse(req.query);
       if (!query.success) return reply.code(400).send(validationError(query.error));
       if (!(await ctx.sessions.get(id))) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
-      const records = await ctx.sessions.records(id);
+      const [records, failures] = await Promise.all([ctx.sessions.records(id), ctx.sessions.failures(id)]);
       try {
         const trajectory = buildTrajectory(records, query.data.builder);
+        trajectory.stats.failed_calls = failures;
         const { format, builder } = query.data;
         return format === "rollgate" ? trajectory : { builder, format, samples: toTrainerFormat(trajectory, format) };
       } catch (err) {
