@@ -174,7 +174,12 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: nu
     ...(task.group_id ? { affinity_key: task.group_id } : {}),
     metadata: { task_id: task.id, attempt },
   });
-  await deps.tasks.markRunning(task.id, { worker: deps.workerName, attempt, sessionId: session.id, now: new Date() });
+  const started = await deps.tasks.markRunning(task.id, { worker: deps.workerName, attempt, sessionId: session.id, now: new Date() });
+  if (!started) {
+    // Cancelled (or otherwise ended) while this worker was picking it up: leave it as it ended.
+    await deps.gateway.closeSession(session.id).catch(() => undefined);
+    return;
+  }
   deps = { ...deps, log: deps.log.child({ session_id: session.id }) };
   deps.log.info({ attempt, harness: task.agent.harness, runtime: task.runtime.kind }, "rollout started");
   let sandbox: Sandbox;

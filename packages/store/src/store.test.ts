@@ -160,6 +160,18 @@ describe("TaskStore", () => {
     expect(await store.events("t-2", events[0]!.id)).toEqual([events[1]]);
   });
 
+  it("never marks an ended task running again (a cancel that won the race stays cancelled)", async () => {
+    const store = new TaskStore(redis, `${prefix}-t5`);
+    await store.create(taskInput("t-5"), new Date());
+    expect(await store.markRunning("t-5", { worker: "w", attempt: 1, sessionId: "s", now: new Date() })).toBe(true);
+    expect(await store.finish("t-5", resultOf("t-5", "cancelled"), new Date(), 60)).toBe(true);
+    expect(await store.markRunning("t-5", { worker: "w2", attempt: 2, sessionId: "s2", now: new Date() })).toBe(false);
+    const rec = (await store.get("t-5"))!;
+    expect(rec.status).toBe("cancelled");
+    expect(rec.worker).toBe("w");
+    expect(await store.markRunning("t-unknown", { worker: "w", attempt: 1, sessionId: "s", now: new Date() })).toBe(false);
+  });
+
   it("lists newest first with filters and a cursor that neither skips nor repeats", async () => {
     const store = new TaskStore(redis, `${prefix}-t3`);
     const t0 = Date.now();

@@ -30,6 +30,14 @@ redis.call('EXPIRE', KEYS[2], ARGV[4])
 return 1
 `;
 
+// KEYS: task. ARGV: started_at, worker, attempt, session id. Never revives a task that ended.
+const MARK_RUNNING_SCRIPT = `
+local s = redis.call('HGET', KEYS[1], 'status')
+if s == 'completed' or s == 'failed' or s == 'timed_out' or s == 'cancelled' or not s then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1], 'worker', ARGV[2], 'attempts', ARGV[3], 'session_id', ARGV[4])
+return 1
+`;
+
 export interface TaskPage {
   tasks: TaskRecord[];
   next_cursor: string | null;
@@ -105,15 +113,23 @@ export class TaskStore {
     return s ? TaskStatus.parse(s) : null;
   }
 
-  async markRunning(id: string, fields: { worker: string; attempt: number; sessionId: string; now: Date }): Promise<void> {
-    await this.redis.hset(this.k.task(id), {
-      status: "running",
-      started_at: fields.now.toISOString(),
-      worker: fields.worker,
-      attempts: String(fields.attempt),
-      session_id: fields.sessionId,
-    });
+  /**
+   * Marks the task running, unless it already ended (a cancel that won the race against the
+   * worker picking it up): then nothing changes and it returns false.
+   */
+  async markRunning(id: string, fields: { worker: string; attempt: number; sessionId: string; now: Date }): Promise<boolean> {
+    const res = await this.redis.eval(
+      MARK_RUNNING_SCRIPT,
+      1,
+      this.k.task(id),
+      fields.now.toISOString(),
+      fields.worker,
+      String(fields.attempt),
+      fields.sessionId,
+    );
+    if (res !== 1) return false;
     await this.appendEvent(id, "started", { worker: fields.worker, attempt: fields.attempt, session_id: fields.sessionId }, fields.now);
+    return true;
   }
 
   /**

@@ -98,6 +98,8 @@ export function runProcess(o: RunOptions): Promise<RunResult> {
       stop();
     };
     o.signal?.addEventListener("abort", onAbort, { once: true });
+    // A cancel that came before the step started still stops it.
+    if (o.signal?.aborted) onAbort();
 
     const finish = (r: Omit<RunResult, "timedOut" | "aborted" | "logTail" | "stdoutTail" | "durationMs">) => {
       if (settled) return;

@@ -127,6 +127,14 @@ describe("runProcess", () => {
     expect(survivors(marker)).toBe("");
   });
 
+  it("does not run a step whose cancel came before it started", async () => {
+    const ac = new AbortController();
+    ac.abort("cancelled early");
+    const r = await runProcess({ ...base, argv: ["sleep", "30"], timeoutMs: 20_000, signal: ac.signal });
+    expect(r.aborted).toBe(true);
+    expect(r.durationMs).toBeLessThan(5_000);
+  });
+
   it("stops on abort (cancellation)", async () => {
     const ac = new AbortController();
     setTimeout(() => ac.abort(), 200);
