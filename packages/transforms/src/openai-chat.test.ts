@@ -1,3 +1,6 @@
+import { existsSync, readFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { ZodError } from "zod";
@@ -272,5 +275,23 @@ describe("fromOpenAIChat round trip (property)", () => {
       }),
       { numRuns: 300 },
     );
+  });
+});
+
+// Real request bodies the chat-completions CLIs sent (../shared, read when present; never copied).
+const fixtureDir = join(dirname(fileURLToPath(import.meta.url)), "../../../../shared/fixtures/agent-requests");
+const chatFixtures = ["qwen-code.json", "qwen-code-0.24.4.json", "opencode.json", "pi-coding-agent.json", "pi-coding-agent-tool-result.json"];
+
+describe.skipIf(!existsSync(fixtureDir))("real agent requests (OpenAI chat)", () => {
+  it.each(chatFixtures)("accepts %s and keeps every message and tool", (name) => {
+    const { body } = JSON.parse(readFileSync(join(fixtureDir, name), "utf8")) as {
+      body: { messages: { role: string; content?: unknown; tool_calls?: unknown[] }[]; tools?: { function: { name: string } }[] };
+    };
+    const { canonical } = fromOpenAIChat(body);
+    expect(canonical.messages).toHaveLength(body.messages.length);
+    canonical.messages.forEach((m, i) => expect(m.role).toBe(body.messages[i]!.role === "developer" ? "system" : body.messages[i]!.role));
+    expect(canonical.tools?.map((t) => t.function.name) ?? []).toEqual((body.tools ?? []).map((t) => t.function.name));
+    const calls = body.messages.flatMap((m) => m.tool_calls ?? []).length;
+    expect(canonical.messages.flatMap((m) => (m.role === "assistant" ? (m.tool_calls ?? []) : [])).length).toBe(calls);
   });
 });
