@@ -1,12 +1,12 @@
 import type { ChatMessage, TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
-import { createParser } from "eventsource-parser";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
 import { Qwen3OutputParser, parseQwen3Output, type ParsedDelta } from "./qwen3-parsers.js";
 import type { TokenInCall, TokenInEngine, TokenizeCall } from "./token-in.js";
-import { MISSING_TOKENS, VllmErrorBody, rejectUnlessOk, safeJson, toVllmMessage } from "./vllm.js";
+import { sseJson } from "./sse.js";
+import { MISSING_TOKENS, rejectUnlessOk, toVllmMessage } from "./vllm.js";
 
 /**
  * vLLM's token-in route: `POST /v1/completions` with `prompt` = token ids, `return_token_ids`
@@ -155,55 +155,44 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
   await rejectUnlessOk(res, call.target.engine.url);
   const topK = call.request.client_logprobs?.top_logprobs ?? 0;
   const parser = new Qwen3OutputParser(parsesTools(call));
-  const pending: string[] = [];
-  const sse = createParser({ onEvent: (e) => pending.push(e.data) });
-  const decoder = new TextDecoder();
   let started = false;
   let finished = false;
   let tokens = 0;
   let logprobCount = 0;
-  for await (const piece of res.body) {
-    sse.feed(decoder.decode(piece as Buffer, { stream: true }));
-    while (pending.length > 0) {
-      const data = pending.shift()!;
-      if (data === "[DONE]") continue;
-      const json = safeJson(data);
-      const err = VllmErrorBody.safeParse(json);
-      if (err.success) throw new EngineError(`engine error mid-stream: ${err.data.error.message}`, 502, "rejected");
-      const parsed = CompletionChunk.safeParse(json);
-      if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
-      const chunk = parsed.data;
-      const choice = chunk.choices[0];
-      if (choice) {
-        if (!started) {
-          if (!choice.prompt_token_ids) throw new EngineError(MISSING_TOKENS, 502, "bad_response");
-          started = true;
-          yield { type: "start", prompt_ids: choice.prompt_token_ids };
-        }
-        if (!choice.token_ids && choice.text !== "") throw new EngineError(MISSING_TOKENS, 502, "bad_response");
-        const ids = choice.token_ids ?? [];
-        const lps = toTokenLogprobs(choice.logprobs, topK);
-        tokens += ids.length;
-        logprobCount += lps.length;
-        const ev = deltaEvent(choice.text ? parser.push(choice.text) : null, ids, lps);
-        if (ev) yield ev;
-        if (choice.finish_reason && !finished) {
-          finished = true;
-          const tail = deltaEvent(parser.end(), [], []);
-          if (tail) yield tail;
-          yield { type: "finish", finish_reason: finishReason(choice.finish_reason, parser.toolCalls), stop_reason: choice.stop_reason ?? null };
-        }
+  for await (const json of sseJson(res.body)) {
+    const parsed = CompletionChunk.safeParse(json);
+    if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
+    const chunk = parsed.data;
+    const choice = chunk.choices[0];
+    if (choice) {
+      if (!started) {
+        if (!choice.prompt_token_ids) throw new EngineError(MISSING_TOKENS, 502, "bad_response");
+        started = true;
+        yield { type: "start", prompt_ids: choice.prompt_token_ids };
       }
-      if (chunk.usage) {
-        yield {
-          type: "usage",
-          usage: {
-            prompt_tokens: chunk.usage.prompt_tokens,
-            completion_tokens: chunk.usage.completion_tokens,
-            cached_tokens: chunk.usage.prompt_tokens_details?.cached_tokens ?? 0,
-          },
-        };
+      if (!choice.token_ids && choice.text !== "") throw new EngineError(MISSING_TOKENS, 502, "bad_response");
+      const ids = choice.token_ids ?? [];
+      const lps = toTokenLogprobs(choice.logprobs, topK);
+      tokens += ids.length;
+      logprobCount += lps.length;
+      const ev = deltaEvent(choice.text ? parser.push(choice.text) : null, ids, lps);
+      if (ev) yield ev;
+      if (choice.finish_reason && !finished) {
+        finished = true;
+        const tail = deltaEvent(parser.end(), [], []);
+        if (tail) yield tail;
+        yield { type: "finish", finish_reason: finishReason(choice.finish_reason, parser.toolCalls), stop_reason: choice.stop_reason ?? null };
       }
+    }
+    if (chunk.usage) {
+      yield {
+        type: "usage",
+        usage: {
+          prompt_tokens: chunk.usage.prompt_tokens,
+          completion_tokens: chunk.usage.completion_tokens,
+          cached_tokens: chunk.usage.prompt_tokens_details?.cached_tokens ?? 0,
+        },
+      };
     }
   }
   if (!started) throw new EngineError(MISSING_TOKENS, 502, "bad_response");

@@ -1,9 +1,9 @@
 import type { CanonicalChatRequest, ChatMessage, TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
-import { createParser } from "eventsource-parser";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
+import { sseJson } from "./sse.js";
 import type { RankTarget } from "./registry.js";
 
 /**
@@ -126,7 +126,7 @@ const VllmChunk = z.object({
   usage: VllmUsage.nullable().optional(),
 });
 
-export const VllmErrorBody = z.object({ error: z.object({ message: z.string() }).loose() }).loose();
+const VllmErrorBody = z.object({ error: z.object({ message: z.string() }).loose() }).loose();
 
 function toTokenLogprob(l: VllmLogprob): TokenLogprob {
   return {
@@ -170,7 +170,7 @@ export async function rejectUnlessOk(res: Dispatcher.ResponseData, url: string):
   throw new EngineError(`engine ${url} answered ${res.statusCode}: ${message}`, status, "rejected");
 }
 
-export function safeJson(text: string): unknown {
+function safeJson(text: string): unknown {
   try {
     return JSON.parse(text);
   } catch {
@@ -221,71 +221,60 @@ export async function vllmChat(call: EngineCall): Promise<EngineResult> {
 export async function* vllmChatStream(call: EngineCall): AsyncGenerator<EngineStreamEvent> {
   const res = await post(call);
   await rejectUnlessOk(res, call.target.engine.url);
-  const pending: string[] = [];
-  const parser = createParser({ onEvent: (e) => pending.push(e.data) });
-  const decoder = new TextDecoder();
   let started = false;
   let tokens = 0;
   let logprobCount = 0;
-  for await (const piece of res.body) {
-    parser.feed(decoder.decode(piece as Buffer, { stream: true }));
-    while (pending.length > 0) {
-      const data = pending.shift()!;
-      if (data === "[DONE]") continue;
-      const json = safeJson(data);
-      const err = VllmErrorBody.safeParse(json);
-      if (err.success) throw new EngineError(`engine error mid-stream: ${err.data.error.message}`, 502, "rejected");
-      const parsed = VllmChunk.safeParse(json);
-      if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
-      const c = parsed.data;
-      if (c.prompt_token_ids && !started) {
-        started = true;
-        yield { type: "start", prompt_ids: c.prompt_token_ids };
-      }
-      const choice = c.choices[0];
-      if (choice) {
-        const ids = choice.token_ids ?? [];
-        const lps = (choice.logprobs?.content ?? []).map(toTokenLogprob);
-        tokens += ids.length;
-        logprobCount += lps.length;
-        const d = choice.delta;
-        const reasoning = d?.reasoning ?? d?.reasoning_content ?? undefined;
-        const hasText = (d?.content ?? "") !== "" || (reasoning ?? "") !== "" || (d?.tool_calls?.length ?? 0) > 0;
-        if (ids.length > 0 || hasText) {
-          yield {
-            type: "delta",
-            ...(d?.content ? { content: d.content } : {}),
-            ...(reasoning ? { reasoning } : {}),
-            ...(d?.tool_calls && d.tool_calls.length > 0
-              ? {
-                  tool_calls: d.tool_calls.map((t, i) => ({
-                    index: t.index ?? i,
-                    ...(t.id ? { id: t.id, type: "function" as const } : {}),
-                    function: {
-                      ...(t.function.name ? { name: t.function.name } : {}),
-                      ...(t.function.arguments ? { arguments: t.function.arguments } : {}),
-                    },
-                  })),
-                }
-              : {}),
-            token_ids: ids,
-            logprobs: lps,
-          };
-        }
-        if (choice.finish_reason) {
-          yield { type: "finish", finish_reason: choice.finish_reason, stop_reason: choice.stop_reason ?? null };
-        }
-      }
-      if (c.usage) {
+  for await (const json of sseJson(res.body)) {
+    const parsed = VllmChunk.safeParse(json);
+    if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
+    const c = parsed.data;
+    if (c.prompt_token_ids && !started) {
+      started = true;
+      yield { type: "start", prompt_ids: c.prompt_token_ids };
+    }
+    const choice = c.choices[0];
+    if (choice) {
+      const ids = choice.token_ids ?? [];
+      const lps = (choice.logprobs?.content ?? []).map(toTokenLogprob);
+      tokens += ids.length;
+      logprobCount += lps.length;
+      const d = choice.delta;
+      const reasoning = d?.reasoning ?? d?.reasoning_content ?? undefined;
+      const hasText = (d?.content ?? "") !== "" || (reasoning ?? "") !== "" || (d?.tool_calls?.length ?? 0) > 0;
+      if (ids.length > 0 || hasText) {
         yield {
-          type: "usage",
-          usage: {
-            prompt_tokens: c.usage.prompt_tokens,
-            completion_tokens: c.usage.completion_tokens,
-            cached_tokens: c.usage.prompt_tokens_details?.cached_tokens ?? 0,
-          },
+          type: "delta",
+          ...(d?.content ? { content: d.content } : {}),
+          ...(reasoning ? { reasoning } : {}),
+          ...(d?.tool_calls && d.tool_calls.length > 0
+            ? {
+                tool_calls: d.tool_calls.map((t, i) => ({
+                  index: t.index ?? i,
+                  ...(t.id ? { id: t.id, type: "function" as const } : {}),
+                  function: {
+                    ...(t.function.name ? { name: t.function.name } : {}),
+                    ...(t.function.arguments ? { arguments: t.function.arguments } : {}),
+                  },
+                })),
+              }
+            : {}),
+          token_ids: ids,
+          logprobs: lps,
         };
       }
+      if (choice.finish_reason) {
+        yield { type: "finish", finish_reason: choice.finish_reason, stop_reason: choice.stop_reason ?? null };
+      }
+    }
+    if (c.usage) {
+      yield {
+        type: "usage",
+        usage: {
+          prompt_tokens: c.usage.prompt_tokens,
+          completion_tokens: c.usage.completion_tokens,
+          cached_tokens: c.usage.prompt_tokens_details?.cached_tokens ?? 0,
+        },
+      };
     }
   }
   if (!started) throw new EngineError(MISSING_TOKENS, 502, "bad_response");
