@@ -143,5 +143,6 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
     redis.disconnect();
     queueRedis.disconnect();
   });
+  // The instance is typed with pino's Logger; callers only need the default Fastify shape.
   return app as unknown as FastifyInstance;
 }
