@@ -58,6 +58,8 @@ describe.skipIf(!hasRedisCli)("Redis Cluster", () => {
     await poll(async () => (await api("/v1/tasks?group_id=g-rc&status=completed&limit=1000")).body.tasks.length, (n) => n >= 5, 30_000);
     const victim = rc.masterFor(`{${prefix}:q:rollouts}:rollouts:wait`);
     rc.kill(victim);
+    const how = await rc.awaitFailover(victim);
+    console.log(`[redis-cluster] master ${victim} killed; its replica took over (${how})`);
 
     const records = await poll(
       async () => Promise.all(ids.map(async (id) => (await api(`/v1/tasks/${id}`)).body as TaskRecord)),

@@ -10,6 +10,13 @@ export interface LocalRedisCluster {
   /** The port of the master serving a key's slot. */
   masterFor: (key: string) => number;
   kill: (port: number) => void;
+  /**
+   * After a master died: waits for its replica to be promoted (cluster_state ok on the survivors).
+   * If the automatic election has not happened within `autoMs` (it can lag on a loaded machine),
+   * the replica is told to take over (CLUSTER FAILOVER TAKEOVER), as an operator would. Returns
+   * how the replica took over.
+   */
+  awaitFailover: (deadPort: number, autoMs?: number, totalMs?: number) => Promise<"automatic" | "takeover">;
   stop: () => Promise<void>;
 }
 
@@ -62,7 +69,28 @@ export async function startRedisCluster(): Promise<LocalRedisCluster> {
     }
     throw new Error(`no master for slot ${slot}`);
   };
+  const alive = (dead: number) => ports.filter((p) => p !== dead);
+  const healthy = (dead: number) => alive(dead).every((p) => cli(p, "cluster", "info").includes("cluster_state:ok"));
+  const awaitFailover = async (dead: number, autoMs = 15_000, totalMs = 60_000) => {
+    const start = Date.now();
+    while (Date.now() - start < autoMs) {
+      if (healthy(dead)) return "automatic" as const;
+      await new Promise((r) => setTimeout(r, 250));
+    }
+    // The dead master's id, then the replica that follows it.
+    const nodes = cli(alive(dead)[0]!, "cluster", "nodes").split("\n").map((l) => l.split(" "));
+    const deadId = nodes.find((f) => f[1]?.startsWith(`127.0.0.1:${dead}@`))?.[0];
+    const replica = nodes.find((f) => f[3] === deadId && f[2]?.includes("slave"));
+    const replicaPort = replica ? Number(replica[1]!.split(":")[1]!.split("@")[0]) : undefined;
+    if (replicaPort) cli(replicaPort, "cluster", "failover", "takeover");
+    while (Date.now() - start < totalMs) {
+      if (healthy(dead)) return "takeover" as const;
+      await new Promise((r) => setTimeout(r, 250));
+    }
+    throw new Error(`the cluster did not recover after master ${dead} died:\n${cli(alive(dead)[0]!, "cluster", "nodes")}`);
+  };
   return {
+    awaitFailover,
     url: `redis+cluster://${ports.slice(0, 3).map((p) => `127.0.0.1:${p}`).join(",")}`,
     ports,
     masterFor,
