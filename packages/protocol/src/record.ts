@@ -14,6 +14,7 @@ export const CompletionRecord = z.object({
   protocol: ClientProtocol,
   engine: z.string(),
   dp_rank: z.number().int().nonnegative(),
+  /** The weight version the call finished under (every token's, unless `output_weight_versions` says otherwise). */
   weight_version: WeightVersion,
   request: CanonicalChatRequest.omit({ stream: true, client_logprobs: true }),
   prompt_ids: z.array(z.number().int()),
@@ -27,6 +28,14 @@ export const CompletionRecord = z.object({
   rerouted_from: z.object({ engine: z.number().int(), dp_rank: z.number().int() }).nullable().optional(),
   /** Set when a pause aborted the first attempt of this call and it was sent again after resume. */
   reissued_after_pause: z.boolean().optional(),
+  /**
+   * Per output token, the weight version it was sampled under. Set only when an abort-mode pause
+   * cut the call and it was continued token-in from the tokens already generated, so its tokens
+   * come from more than one version; otherwise every token has `weight_version`.
+   */
+  output_weight_versions: z.array(WeightVersion).optional(),
+  /** How many times an abort-mode pause cut this call before it finished (each time it was continued). */
+  continued_after_pause: z.number().int().positive().optional(),
 });
 export type CompletionRecord = z.infer<typeof CompletionRecord>;
 

@@ -59,7 +59,7 @@ export const TraceStats = z.object({
   trainable_tokens: z.number().int(),
   /** Distinct weight versions of the records merged into this trace, in order of first use. */
   weight_versions: z.array(WeightVersion),
-  /** How many times the weight version changes between consecutive records of this trace. */
+  /** How many times the weight version changes along this trace's generated tokens (between records, or inside one continued after a pause). */
   weight_changes: z.number().int(),
   spans: z.array(RecordSpan),
 });

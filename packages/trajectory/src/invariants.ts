@@ -41,6 +41,13 @@ export function checkRecordInvariants(record: CompletionRecord, vocabSize: numbe
       where,
     );
   }
+  if (record.output_weight_versions && record.output_weight_versions.length !== record.output_ids.length) {
+    throw new TrajectoryInvariantError(
+      "weight_versions_length_mismatch",
+      `${record.output_ids.length} output ids but ${record.output_weight_versions.length} per-token weight versions`,
+      where,
+    );
+  }
   const lps: readonly unknown[] = record.output_logprobs;
   for (let i = 0; i < lps.length; i++) {
     if (!isRealLogprob(lps[i])) {

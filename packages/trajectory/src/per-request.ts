@@ -1,4 +1,5 @@
 import type { CompletionRecord } from "@rollgate/protocol";
+import { outputVersions, versionRuns } from "./records.js";
 import type { BuiltTraces } from "./types.js";
 
 /** The `per_request` builder: one trace per record, its whole output trainable. */
@@ -9,12 +10,12 @@ export function perRequestTraces(records: readonly CompletionRecord[]): BuiltTra
       response_ids: r.output_ids.slice(),
       response_logprobs: r.output_logprobs.slice(),
       loss_mask: r.output_ids.map(() => 1 as const),
-      weight_versions: r.output_ids.map(() => r.weight_version),
+      weight_versions: outputVersions(r),
       completion_ids: [r.id],
       finish_reason: r.finish_reason,
     })),
     spans: records.map((r) => [{ record_id: r.id, start: 0, output_start: 0, end: r.output_ids.length }]),
-    record_versions: records.map((r) => [r.weight_version]),
+    record_versions: records.map(versionRuns),
     breaks: [],
   };
 }

@@ -162,3 +162,41 @@ describe("prefix_merging: a long session", () => {
     expect(new Set(t.stats.breaks.map((b) => b.reason))).toEqual(new Set(["system_changed"]));
   });
 });
+
+describe("a call continued across a weight change (abort-mode pause)", () => {
+  const p1 = [...SYS, ...user(200), ...GEN];
+  // Two tokens sampled under v1 before the pause cut the call, the rest under v2 after resume.
+  const r1 = makeRecord({
+    id: "a",
+    seq: 0,
+    prompt_ids: p1,
+    output_ids: [300, 301, 302, IM_END],
+    output_logprobs: [-1, -2, -3, -0.1],
+    weight_version: "v2",
+    output_weight_versions: ["v1", "v1", "v2", "v2"],
+    continued_after_pause: 1,
+  });
+  const p2 = [...p1, 300, 301, 302, IM_END, NL, ...user(400), ...GEN];
+  const r2 = makeRecord({ id: "b", seq: 1, prompt_ids: p2, output_ids: [500, IM_END], output_logprobs: [-1, -0.1], weight_version: "v2" });
+
+  it("prefix_merging stamps each token with the version it was sampled under", () => {
+    const t = prefixMerging([r1, r2]);
+    const wv = t.traces[0]!.weight_versions;
+    expect(wv.slice(0, 4)).toEqual(["v1", "v1", "v2", "v2"]);
+    expect(wv.at(-1)).toBe("v2");
+    expect(t.stats.per_trace[0]).toMatchObject({ weight_versions: ["v1", "v2"], weight_changes: 1 });
+    expect(t.stats).toMatchObject({ weight_versions: ["v1", "v2"], traces_with_weight_change: 1 });
+  });
+
+  it("per_request does too", () => {
+    const t = buildTrajectory([r1, r2], "per_request");
+    expect(t.traces[0]!.weight_versions).toEqual(["v1", "v1", "v2", "v2"]);
+    expect(t.traces[1]!.weight_versions).toEqual(["v2", "v2"]);
+    expect(t.stats.per_trace.map((s) => s.weight_changes)).toEqual([1, 0]);
+  });
+
+  it("refuses a record whose per-token versions do not cover its output", () => {
+    const bad = { ...r1, output_weight_versions: ["v1", "v2"] };
+    expect(() => prefixMerging([bad])).toThrow(/weight_versions_length_mismatch/);
+  });
+});

@@ -1,5 +1,6 @@
 import type { CompletionRecord, WeightVersion } from "@rollgate/protocol";
 import { classifyBreak, type BreakEvidence, type ChainView } from "./breaks.js";
+import { outputVersions, versionRuns } from "./records.js";
 import {
   commonPrefix,
   extendHash,
@@ -100,7 +101,7 @@ class Merger {
       response_ids: out.slice(),
       response_logprobs: record.output_logprobs.slice(),
       loss_mask: out.map(() => 1 as const),
-      weight_versions: out.map(() => record.weight_version),
+      weight_versions: outputVersions(record),
       completion_ids: [record.id],
       records: [record],
       spans: [{ record_id: record.id, start: 0, output_start: 0, end: out.length }],
@@ -128,11 +129,12 @@ class Merger {
       chain.weight_versions.push(null);
     }
     const outputStart = chain.response_ids.length;
+    const versions = outputVersions(record);
     for (let i = 0; i < out.length; i++) {
       chain.response_ids.push(out[i] as number);
       chain.response_logprobs.push(record.output_logprobs[i] as number);
       chain.loss_mask.push(1);
-      chain.weight_versions.push(record.weight_version);
+      chain.weight_versions.push(versions[i] as WeightVersion);
     }
     chain.spans.push({ record_id: record.id, start, output_start: outputStart, end: chain.response_ids.length });
     chain.completion_ids.push(record.id);
@@ -215,7 +217,7 @@ export function prefixMergingTraces(records: readonly CompletionRecord[]): Built
       finish_reason: c.finish_reason,
     })),
     spans: m.chains.map((c) => c.spans),
-    record_versions: m.chains.map((c) => c.records.map((r) => r.weight_version)),
+    record_versions: m.chains.map((c) => c.records.flatMap(versionRuns)),
     breaks: m.breaks,
   };
 }

@@ -1,4 +1,4 @@
-import type { CompletionRecord } from "@rollgate/protocol";
+import type { CompletionRecord, WeightVersion } from "@rollgate/protocol";
 import { TrajectoryInvariantError } from "./errors.js";
 import { checkRecordInvariants } from "./invariants.js";
 
@@ -32,4 +32,17 @@ export function orderRecords(records: readonly CompletionRecord[], vocabSize: nu
     prev = r;
   }
   return sorted;
+}
+
+/** The weight version of each output token (a fresh array): the record's own list when a pause split it, else `weight_version` throughout. */
+export function outputVersions(r: CompletionRecord): WeightVersion[] {
+  return r.output_weight_versions?.slice() ?? r.output_ids.map(() => r.weight_version);
+}
+
+/** The record's weight versions in the order its tokens used them (one entry per run of equal versions). */
+export function versionRuns(r: CompletionRecord): WeightVersion[] {
+  if (!r.output_weight_versions) return [r.weight_version];
+  const runs: WeightVersion[] = [];
+  for (const v of r.output_weight_versions) if (runs.length === 0 || runs.at(-1) !== v) runs.push(v);
+  return runs.length > 0 ? runs : [r.weight_version];
 }

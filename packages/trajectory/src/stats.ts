@@ -1,4 +1,5 @@
 import type { CompletionRecord, WeightVersion } from "@rollgate/protocol";
+import { versionRuns } from "./records.js";
 import type { BuiltTraces, BuiltTrajectoryStats, TraceStats } from "./types.js";
 
 function distinct(versions: readonly WeightVersion[]): WeightVersion[] {
@@ -27,7 +28,7 @@ export function computeStats(records: readonly CompletionRecord[], built: BuiltT
     response_tokens: per_trace.reduce((a, s) => a + s.response_tokens, 0),
     trainable_tokens: per_trace.reduce((a, s) => a + s.trainable_tokens, 0),
     breaks: built.breaks,
-    weight_versions: distinct(records.map((r) => r.weight_version)),
+    weight_versions: distinct(records.flatMap(versionRuns)),
     merged_records: records.length - built.traces.length,
     weight_changes: per_trace.reduce((a, s) => a + s.weight_changes, 0),
     traces_with_weight_change: per_trace.filter((s) => s.weight_changes > 0).length,

@@ -16,6 +16,8 @@ export interface RecordInput {
   tools?: ToolDefinition[];
   message?: Partial<CompletionRecord["message"]>;
   session_id?: string;
+  output_weight_versions?: (string | null)[];
+  continued_after_pause?: number;
 }
 
 /** A completion record with plausible defaults; logprobs default to distinct non-zero values. */
@@ -41,6 +43,8 @@ export function makeRecord(r: RecordInput): CompletionRecord {
     message: { content: null, reasoning: null, tool_calls: [], ...r.message },
     usage: { prompt_tokens: r.prompt_ids.length, completion_tokens: r.output_ids.length, cached_tokens: 0 },
     latency_ms: 1,
+    ...(r.output_weight_versions ? { output_weight_versions: r.output_weight_versions } : {}),
+    ...(r.continued_after_pause ? { continued_after_pause: r.continued_after_pause } : {}),
   };
 }
 
