@@ -67,6 +67,19 @@ describe("POST /v1/completions, non-streaming (vLLM ≥0.10.2)", () => {
     expect(j.choices[0].text).toBe("two");
   });
 
+  it("a prompt that ends inside an assistant turn (an answer cut short) is continued, not restarted", async () => {
+    const head = `<|im_start|>user\n#sim: [{"text":"alpha beta gamma delta"}]<|im_end|>\n<|im_start|>assistant\n`;
+    const whole = tok.encode("alpha beta gamma delta");
+    const cut = 2;
+    const prompt = [...tok.encode(head), ...whole.slice(0, cut)];
+    const c = (await post(app, "/v1/completions", { prompt, return_token_ids: true, max_tokens: 50 })).json().choices[0];
+    expect(c.token_ids).toEqual([...whole.slice(cut), IM_END_ID]);
+    expect(tok.decode([...whole.slice(0, cut), ...c.token_ids], true)).toBe("alpha beta gamma delta");
+    // A closed turn is not continued: the next step plays.
+    const closed = (await post(app, "/v1/completions", { prompt: `${head}alpha<|im_end|>\n<|im_start|>assistant\n` })).json();
+    expect(closed.choices[0].text).toBe("done");
+  });
+
   it("legacy logprobs {text_offset, token_logprobs, tokens, top_logprobs}: k+1 entries, values from simLogprob", async () => {
     const ids = tok.encode(HI);
     const j = (await post(app, "/v1/completions", { prompt: HI, logprobs: 2, return_token_ids: true })).json();

@@ -1,6 +1,6 @@
 import { pyDumps } from "./pyjson.js";
 import type { SimStep } from "./script.js";
-import { IM_END_ID } from "./tokenizer.js";
+import { IM_END_ID, IM_START_ID } from "./tokenizer.js";
 import type { SimTokenizer } from "./tokenizer.js";
 import { fnv1a, hashIds, mix32 } from "./hash.js";
 import { findScriptInText } from "./script.js";
@@ -93,7 +93,31 @@ export function randomOutput(seed: number, promptIds: readonly number[], n: numb
  */
 export function promptPolicy(seed: number, randomTokens: number, promptIds: readonly number[], tok: SimTokenizer): PolicyOutput {
   const found = findScriptInText(tok.decode(promptIds));
-  return found ? scriptedOutput(found.step, tok) : randomOutput(seed, promptIds, randomTokens, tok);
+  if (!found) return randomOutput(seed, promptIds, randomTokens, tok);
+  return continuePartialTurn(scriptedOutput(found.step, tok), partialAssistantTurn(promptIds, tok));
+}
+
+/**
+ * The tokens of an assistant turn the prompt leaves open (after the last `<|im_start|>assistant\n`,
+ * with no `<|im_end|>` since): a generation cut short and sent back to be continued. Empty when
+ * the prompt ends on the generation prompt itself or the last turn is closed.
+ */
+export function partialAssistantTurn(promptIds: readonly number[], tok: SimTokenizer): number[] {
+  const opener = tok.encode("<|im_start|>assistant\n");
+  for (let i = promptIds.length - opener.length; i >= 0; i--) {
+    if (promptIds[i] !== IM_START_ID) continue;
+    if (!opener.every((id, k) => promptIds[i + k] === id)) return [];
+    const tail = promptIds.slice(i + opener.length);
+    return tail.includes(IM_END_ID) ? [] : tail;
+  }
+  return [];
+}
+
+/** A model continues its own cut-short answer: when the scripted answer starts with the open turn's tokens, only the rest is generated. */
+function continuePartialTurn(out: PolicyOutput, partial: readonly number[]): PolicyOutput {
+  if (partial.length === 0 || partial.length > out.ids.length) return out;
+  if (!partial.every((id, i) => out.ids[i] === id)) return out;
+  return { ids: out.ids.slice(partial.length), finish: out.finish };
 }
 
 /** `ignore_eos`: the answer goes on past `<|im_end|>` with seeded words until `n` tokens. */
