@@ -111,22 +111,66 @@ describe("pause, resume and weight versions", () => {
     expect(recs.map((r) => r.weight_version)).toEqual(["v1", "v1", "v2"]);
   }, 60_000);
 
-  it("abort: a non-streamed call cut short by the pause is sent again after resume; the agent sees one answer", async () => {
+  it("abort: calls cut by the pause are continued on the new weights from their tokens; agents see one answer", async () => {
+    await a("/admin/weights", { body: { version: "v2" } });
     const s = (await a("/v1/sessions", { body: {} })).body as { id: string; token: string };
-    const call = client(gwA.ready, s).chat.completions.create({ model: "m", messages: [{ role: "user", content: script([{ text: "y", tokens: 60 }]) }] });
-    await new Promise((r) => setTimeout(r, 400));
+    const messages = (tag: string) => [{ role: "user" as const, content: script([{ text: tag, tokens: 60 }]) }];
+    // One non-streamed call (replica A) and one stream (replica B) in flight; the pause comes via B.
+    const plain = client(gwA.ready, s).chat.completions.create({ model: "m", messages: messages("y") });
+    const streamed = (async () => {
+      const stream = await client(gwB.ready, s).chat.completions.create({ model: "m", messages: messages("z"), stream: true, stream_options: { include_usage: true } });
+      let text = "";
+      const finishes: string[] = [];
+      let usage: OpenAI.CompletionUsage | undefined;
+      for await (const c of stream) {
+        text += c.choices[0]?.delta.content ?? "";
+        if (c.choices[0]?.finish_reason) finishes.push(c.choices[0].finish_reason);
+        usage = c.usage ?? usage;
+      }
+      return { text, finishes, usage };
+    })();
+    await new Promise((r) => setTimeout(r, 600));
     const paused = (await b("/admin/inference/pause", { body: { mode: "abort", timeout_s: 5 } })).body;
-    expect(paused).toMatchObject({ mode: "abort", drained: true, inflight_at_pause: 1 });
+    expect(paused).toMatchObject({ mode: "abort", drained: true, inflight_at_pause: 2 });
+    expect(paused.engines[0]).toMatchObject({ ok: true });
     await b("/admin/weights", { body: { version: "v3" } });
     await b("/admin/inference/resume", { body: {} });
-    const res = await call;
+
+    const res = await plain;
+    const st = await streamed;
     expect(res.choices[0]!.message.content).toMatch(/^y( ok)+$/);
+    expect(res.choices[0]!.finish_reason).toBe("stop");
+    expect(st.text).toMatch(/^z( ok)+$/);
+    // The pause never reached the agent: one finish, and usage counts the whole answer.
+    expect(st.finishes).toEqual(["stop"]);
+    expect(st.usage?.completion_tokens).toBe(60);
+
     const recs = (await a(`/v1/sessions/${s.id}/completions`)).body.completions as CompletionRecord[];
-    expect(recs).toHaveLength(1);
-    expect(recs[0]).toMatchObject({ weight_version: "v3", reissued_after_pause: true });
-    expect(recs[0]!.output_ids).toHaveLength(60);
-    // The whole answer is the new weights' own: its tokens decode to what the agent got.
-    expect(getTokenizer().decode(recs[0]!.output_ids, true)).toBe(res.choices[0]!.message.content);
+    expect(recs).toHaveLength(2);
+    const tok = getTokenizer();
+    for (const r of recs) {
+      // One record per call, 60 tokens: the first ones sampled under v2, the rest under v3.
+      expect(r).toMatchObject({ weight_version: "v3", continued_after_pause: 1 });
+      expect(r.reissued_after_pause).toBeUndefined();
+      expect(r.output_ids).toHaveLength(60);
+      const versions = r.output_weight_versions!;
+      const before = versions.indexOf("v3");
+      expect(before).toBeGreaterThan(0);
+      expect(versions.slice(0, before).every((v) => v === "v2")).toBe(true);
+      expect(versions.slice(before).every((v) => v === "v3")).toBe(true);
+      expect(r.prompt_ids.length).toBe(r.usage.prompt_tokens);
+      // The tokens decode to exactly what the agent got.
+      expect(tok.decode(r.output_ids, true)).toBe(r.message.content);
+    }
+    expect(new Set(recs.map((r) => r.message.content))).toEqual(new Set([res.choices[0]!.message.content, st.text]));
+    // The trajectory stamps every token with its own version.
+    const traj = (await a(`/v1/sessions/${s.id}/trajectory?builder=per_request`)).body;
+    for (const t of traj.traces) {
+      const trained = (t.weight_versions as (string | null)[]).filter((_, i) => t.loss_mask[i] === 1);
+      expect(new Set(trained)).toEqual(new Set(["v2", "v3"]));
+    }
+    expect(traj.stats.weight_versions).toEqual(["v2", "v3"]);
+    expect(traj.stats.traces_with_weight_change).toBe(2);
   }, 60_000);
 
   it("a replica started while paused is paused too", async () => {

@@ -1,4 +1,4 @@
-import type { ChatMessage, EngineConfig } from "@rollgate/protocol";
+import type { AssistantOutput, ChatMessage, EngineConfig } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
 import type { EngineCall } from "./vllm.js";
 import { vllmTokenIn } from "./vllm-token-in.js";
@@ -16,6 +16,11 @@ export interface TokenInCall extends EngineCall {
   promptIds: number[];
   /** The engine's context length (the default max_tokens, as the chat route computes it); null: unknown. */
   maxModelLen: number | null;
+  /**
+   * Text this answer already has (a generation cut by a pause, being continued): the output
+   * parser reads it first without emitting it, so the new text is parsed in its context.
+   */
+  primeText?: string;
 }
 
 export interface TokenInEngine {
@@ -23,6 +28,12 @@ export interface TokenInEngine {
   tokenizeChat(call: TokenizeCall, messages: ChatMessage[], addGenerationPrompt: boolean): Promise<{ ids: number[]; maxModelLen: number | null }>;
   /** Token ids of plain text (special tokens recognised, none added). */
   tokenizeText(call: TokenizeCall, text: string): Promise<number[]>;
+  /** The text of token ids as the engine's tokenizer decodes them (special tokens kept). */
+  detokenize(call: TokenizeCall, ids: number[]): Promise<string>;
+  /** The engine's context length, or null when it does not say. */
+  maxModelLen(call: TokenizeCall): Promise<number | null>;
+  /** An answer's whole text → the assistant message and finish reason the chat route would give. */
+  parseAnswer(call: TokenInCall, text: string, engineFinish: string): { message: AssistantOutput; finish_reason: string };
   generate(call: TokenInCall): Promise<EngineResult>;
   generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEvent>;
 }

@@ -155,6 +155,10 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
   await rejectUnlessOk(res, call.target.engine.url);
   const topK = call.request.client_logprobs?.top_logprobs ?? 0;
   const parser = new Qwen3OutputParser(parsesTools(call));
+  // Continuing a cut answer: the parser reads what was already sent, so new text lands in context.
+  if (call.primeText) {
+    parser.push(call.primeText);
+  }
   let started = false;
   let finished = false;
   let tokens = 0;
@@ -226,6 +230,22 @@ export const vllmTokenIn: TokenInEngine = {
   },
   async tokenizeText(call, text) {
     return (await tokenize(call, { prompt: text, add_special_tokens: false })).tokens;
+  },
+  async detokenize(call, ids) {
+    const url = call.target.engine.url;
+    const res = await post(url, "/detokenize", { model: call.model, tokens: ids }, call);
+    await rejectUnlessOk(res, url);
+    const parsed = z.object({ prompt: z.string() }).safeParse(await res.body.json());
+    if (!parsed.success) throw new EngineError("engine /detokenize answer has no prompt text", 502, "bad_response");
+    return parsed.data.prompt;
+  },
+  async maxModelLen(call) {
+    return (await tokenize(call, { prompt: "", add_special_tokens: false })).max_model_len ?? null;
+  },
+  parseAnswer(call, text, engineFinish) {
+    // The chat route skips special tokens in its text: an answer that stopped naturally ends in one.
+    const message = parseQwen3Output(text.replace(/(?:<\|im_end\|>|<\|endoftext\|>)+$/, ""), parsesTools(call));
+    return { message, finish_reason: finishReason(engineFinish, message.tool_calls.length) };
   },
   generate,
   generateStream,

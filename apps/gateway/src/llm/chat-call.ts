@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import type { CanonicalChatRequest, ClientProtocol, CompletionRecord, Session } from "@rollgate/protocol";
+import type { CanonicalChatRequest, ClientProtocol, CompletionRecord, Session, WeightVersion } from "@rollgate/protocol";
 import type { SessionStore, TaskStore } from "@rollgate/store";
 import {
   StreamAccumulator,
@@ -15,12 +15,13 @@ import {
 import type { Logger } from "pino";
 import { EngineError } from "../engines/errors.js";
 import type { EngineRegistry, RankTarget } from "../engines/registry.js";
-import type { PauseGate } from "../ops/pause-gate.js";
+import type { GateSlot, PauseGate } from "../ops/pause-gate.js";
 import type { Rerouter } from "../ops/reroute.js";
 import { adapterFor, type EngineAdapter } from "../engines/adapter.js";
-import { tokenInFor, type TokenInEngine } from "../engines/token-in.js";
+import { tokenInFor, type TokenInCall, type TokenInEngine } from "../engines/token-in.js";
 import type { EngineCall } from "../engines/vllm.js";
 import { planContinuation, type ContinuationMode, type TokenInPlan } from "./continuation.js";
+import { addCut, continuationPrompt, continuationRequest, joinContinuation, type CutGeneration } from "./pause-continuation.js";
 
 /** A call refused before it reached an engine (session limits); `status` and `code` go to the agent. */
 export class CallRejected extends Error {
@@ -37,8 +38,10 @@ export interface PreparedCall {
   session: Session;
   adapter: EngineAdapter;
   reroutedFrom: { engine: number; dp_rank: number } | null;
-  /** Set when a pause aborted the first attempt and the call was sent again. */
+  /** Set when a pause aborted the first attempt and the call was sent again (engines without a token-in route). */
   reissued?: boolean;
+  /** Set when pauses cut the call and it was continued token-in: how often, and each output token's weight version. */
+  continued?: { cuts: number; versions: WeightVersion[] };
   protocol: ClientProtocol;
   seq: number;
   target: RankTarget;
@@ -160,50 +163,132 @@ export class ChatCaller {
   }
 
   /**
-   * A non-streamed call waits while inference is paused; if an abort-mode pause cuts it short it
-   * is sent again after resume, so the agent only sees latency.
+   * A non-streamed call waits while inference is paused. If an abort-mode pause cuts it (the
+   * engine answers finish_reason "abort" with the tokens so far), it waits for resume and is
+   * continued token-in from those tokens on the same rank, so the agent receives one answer.
    */
   async complete(call: PreparedCall): Promise<EngineResult> {
+    let cut: CutGeneration | null = null;
     for (;;) {
-      const slot = await this.deps.pause.enter(call.engineCall.signal, true);
+      const slot = await this.deps.pause.enter(call.engineCall.signal);
+      // Read once the gate is open: a call that waited through a pause runs on the new weights.
+      const version = (call.weightVersion = this.deps.pause.weights);
+      let result: EngineResult | null;
       try {
-        // Read once the gate is open: a call that waited through a pause runs on the new weights.
-        call.weightVersion = this.deps.pause.weights;
-        const result = await this.send(call, slot.signal, false);
-        await this.record(call, result);
-        return result;
+        result = cut ? await this.continueCut(call, cut, slot.signal) : await this.send(call, slot.signal, false);
       } catch (err) {
-        if (!slot.abortedByPause()) {
-          await this.noteFailure(call, err);
-          throw err;
-        }
-        call.reissued = true;
+        await this.noteFailure(call, err);
+        throw err;
       } finally {
         slot.release();
       }
+      if (result && this.cutByPause(result.finish_reason, slot)) {
+        if (this.continuable(call)) cut = addCut(cut, result, version);
+        else [cut, call.reissued] = [null, true];
+        continue;
+      }
+      const final = cut ? await this.joinCut(call, cut, result, version) : (result as EngineResult);
+      await this.record(call, final);
+      return final;
     }
   }
 
-  /** Yields the engine's events as they come; the record is written once the stream has ended. */
+  /**
+   * Yields the engine's events as they come; the record is written once the stream has ended. An
+   * abort-mode pause that cuts the stream is not shown to the agent: its finish is held back, and
+   * after resume the answer goes on token-in in the same stream (the agent sees only latency).
+   */
   async *stream(call: PreparedCall): AsyncGenerator<EngineStreamEvent, EngineResult> {
     const acc = new StreamAccumulator();
-    // A stream the agent has started reading cannot be restarted invisibly: it drains a pause.
-    const slot = await this.deps.pause.enter(call.engineCall.signal, false);
-    try {
-      call.weightVersion = this.deps.pause.weights;
-      for await (const event of this.send(call, slot.signal, true)) {
-        acc.push(event);
-        yield event;
+    let cut: CutGeneration | null = null;
+    for (;;) {
+      const slot = await this.deps.pause.enter(call.engineCall.signal);
+      const version = (call.weightVersion = this.deps.pause.weights);
+      const piece = new StreamAccumulator();
+      let heldFinish = false;
+      try {
+        const events = cut ? this.continueCutStream(call, cut, slot.signal) : this.send(call, slot.signal, true);
+        for await (const event of events) {
+          piece.push(event);
+          if (event.type === "finish" && this.cutByPause(event.finish_reason, slot) && this.continuable(call)) heldFinish = true;
+          // The agent already has its start; usage is told once, for the whole answer.
+          if ((event.type === "start" && cut) || (event.type === "usage" && (heldFinish || cut)) || heldFinish) continue;
+          acc.push(event);
+          yield event;
+        }
+        if (!piece.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
+      } catch (err) {
+        await this.noteFailure(call, err);
+        throw err;
+      } finally {
+        slot.release();
       }
-      if (!acc.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
-    } catch (err) {
-      await this.noteFailure(call, err);
-      throw err;
-    } finally {
-      slot.release();
+      if (heldFinish) {
+        cut = addCut(cut, piece.result(), version);
+        continue;
+      }
+      if (!cut) {
+        const result = acc.result();
+        await this.record(call, result);
+        return result;
+      }
+      // The agent got the cut pieces and the rest as one stream: record them as one answer.
+      const whole = acc.result();
+      const { result, versions } = joinContinuation(cut, piece.result(), version, { message: whole.message, finish_reason: whole.finish_reason });
+      call.continued = { cuts: cut.cuts, versions };
+      const usage = { type: "usage" as const, usage: result.usage };
+      yield usage;
+      await this.record(call, result);
+      return result;
     }
-    const result = acc.result();
-    await this.record(call, result);
+  }
+
+  /** An engine answer ended by a pause (not refused or cut for another reason). */
+  private cutByPause(finishReason: string, slot: GateSlot): boolean {
+    return finishReason === "abort" && slot.pausedDuring();
+  }
+
+  /** Whether a cut call can go on from its tokens: its engine kind has a token-in route. */
+  private continuable(call: PreparedCall): boolean {
+    return tokenInFor(call.target.engine.kind) !== undefined;
+  }
+
+  /** The token-in call that continues a cut answer, or null when its max_tokens is already spent. */
+  private async continuationCall(call: PreparedCall, cut: CutGeneration, signal: AbortSignal, stream: boolean): Promise<{ engine: TokenInEngine; call: TokenInCall } | null> {
+    const engine = tokenInFor(call.target.engine.kind) as TokenInEngine;
+    const request = continuationRequest(cut, call.engineCall.request);
+    if (!request) return null;
+    const base = { ...call.engineCall, signal, requestId: `${call.engineCall.requestId}-cont${cut.cuts}`, request: { ...request, stream } };
+    const maxModelLen = request.sampling.max_tokens === undefined ? await engine.maxModelLen(base) : null;
+    return { engine, call: { ...base, promptIds: continuationPrompt(cut), maxModelLen } };
+  }
+
+  private async continueCut(call: PreparedCall, cut: CutGeneration, signal: AbortSignal): Promise<EngineResult | null> {
+    const next = await this.continuationCall(call, cut, signal, false);
+    this.deps.log.info({ session: call.session.id, seq: call.seq, tokens_so_far: cut.outputIds.length }, "continuing a call cut by a pause");
+    return next ? next.engine.generate(next.call) : null;
+  }
+
+  private async *continueCutStream(call: PreparedCall, cut: CutGeneration, signal: AbortSignal): AsyncGenerator<EngineStreamEvent> {
+    const next = await this.continuationCall(call, cut, signal, true);
+    this.deps.log.info({ session: call.session.id, seq: call.seq, tokens_so_far: cut.outputIds.length }, "continuing a stream cut by a pause");
+    if (!next) {
+      yield { type: "finish", finish_reason: "length", stop_reason: null };
+      return;
+    }
+    const primeText = await next.engine.detokenize(next.call, cut.outputIds);
+    yield* next.engine.generateStream({ ...next.call, primeText });
+  }
+
+  /** The whole answer of a continued call: every piece's tokens, the message parsed from their text. */
+  private async joinCut(call: PreparedCall, cut: CutGeneration, rest: EngineResult | null, version: WeightVersion): Promise<EngineResult> {
+    const engine = tokenInFor(call.target.engine.kind) as TokenInEngine;
+    const ids = cut.outputIds.concat(rest?.output_ids ?? []);
+    const tokenInCall = { ...call.engineCall, promptIds: cut.promptIds, maxModelLen: null };
+    const text = await engine.detokenize(tokenInCall, ids);
+    const answer = engine.parseAnswer(tokenInCall, text, rest?.finish_reason ?? "length");
+    const { result, versions } = joinContinuation(cut, rest, version, answer);
+    call.continued = { cuts: cut.cuts, versions };
     return result;
   }
 
@@ -242,6 +327,7 @@ export class ChatCaller {
       latency_ms: Date.now() - call.startedAt,
       ...(call.reroutedFrom ? { rerouted_from: call.reroutedFrom } : {}),
       ...(call.reissued ? { reissued_after_pause: true } : {}),
+      ...(call.continued ? { output_weight_versions: call.continued.versions, continued_after_pause: call.continued.cuts } : {}),
     };
     await this.deps.sessions.appendRecord(record, recordHead(record));
     this.deps.observe?.(record, call);

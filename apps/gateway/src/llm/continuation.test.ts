@@ -27,6 +27,11 @@ function fakeEngine(opts: { probe?: string } = {}): TokenInEngine {
     async tokenizeText(_call, text) {
       return tok.encode(opts.probe ?? text);
     },
+    detokenize: async (_call, ids) => tok.decode(ids),
+    maxModelLen: async () => 40960,
+    parseAnswer: () => {
+      throw new Error("not used");
+    },
     generate: () => Promise.reject(new Error("not used")),
     generateStream: () => {
       throw new Error("not used");

@@ -39,7 +39,7 @@ const CancelAnswer = z.object({ id: z.string(), status: z.enum(["cancelled", "ca
 const CompletionList = z.object({ session_id: z.string(), completions: z.array(CompletionRecord) });
 const PauseRequest = z
   .object({
-    mode: z.enum(["drain", "abort"]).default("drain").describe("drain: in-flight calls finish; abort: they are cut and sent again after resume"),
+    mode: z.enum(["drain", "abort"]).default("drain").describe("drain: in-flight calls finish; abort: the engines cut them now and the gateway continues them token-in after resume"),
     timeout_s: z.number().nonnegative().max(3600).default(60).describe("how long to wait for in-flight calls of every replica"),
   })
   .strict();
@@ -367,7 +367,7 @@ function buildPaths(): Json {
       post: {
         tags: ["admin"],
         summary: "Pause inference on every replica",
-        description: "New engine calls wait (agents are not failed); in-flight calls drain or are aborted and re-sent after resume; then the engines' own pause routes are called.",
+        description: "New engine calls wait (agents are not failed). drain: in-flight calls finish, then the engines' own pause routes are called. abort: the engines are paused at once, cutting in-flight calls, which the gateway continues from their tokens after resume (one answer per call; records keep each token's weight version).",
         security: TRAINER,
         requestBody: { required: false, content: json(ref("PauseRequest")) },
         responses: { "200": { description: "paused", content: json(ref("PauseAnswer")) }, ...errors(400, 401) },

@@ -1,21 +1,16 @@
 import { randomUUID } from "node:crypto";
-import { parseAdminMessage, type AdminStore, type PauseState } from "@rollgate/store";
+import { parseAdminMessage, type AdminMessage, type AdminStore, type PauseState } from "@rollgate/store";
 import type { RedisClient } from "@rollgate/queue";
 import type { Logger } from "pino";
 
-/** Why an engine call was aborted: the caller sends it again after resume. */
-export class PausedAbort extends Error {
-  constructor() {
-    super("aborted by an inference pause");
-    this.name = "PausedAbort";
-  }
-}
-
 export interface GateSlot {
-  /** Aborts when the client goes away, or (non-streamed calls) when an abort-mode pause starts. */
+  /** Aborts when the client goes away. */
   signal: AbortSignal;
-  /** True when this slot was aborted by a pause (send the call again once resumed). */
-  abortedByPause: () => boolean;
+  /**
+   * True when a pause started while this slot was in flight: an engine answer that ended with
+   * finish_reason "abort" was then cut by the pause (the engine's own pause route), not refused.
+   */
+  pausedDuring: () => boolean;
   release: () => void;
 }
 
@@ -33,7 +28,9 @@ export class PauseGate {
   /** The policy weight version, kept current by the admin channel (read once at start). */
   private weightVersion: string | null = null;
   private waiters: (() => void)[] = [];
-  private readonly inflight = new Set<{ controller: AbortController; abortable: boolean; byPause: boolean }>();
+  /** Told of admin messages that are not about the pause (rank health). */
+  private readonly listeners: ((msg: AdminMessage) => void)[] = [];
+  private readonly inflight = new Set<{ controller: AbortController; paused: boolean }>();
   private timer: NodeJS.Timeout | null = null;
 
   constructor(
@@ -77,19 +74,20 @@ export class PauseGate {
     await this.admin.reportInflight(this.replicaId, this.inflight.size).catch(() => undefined);
   }
 
+  /** Hears the admin channel's other messages (this gate owns the replica's subscription). */
+  onAdminMessage(listener: (msg: AdminMessage) => void): void {
+    this.listeners.push(listener);
+  }
+
   private onMessage(raw: string): void {
     const msg = parseAdminMessage(raw);
     if (!msg) return;
-    if (msg.type === "pause") {
+    if (msg.type === "rank") {
+      for (const l of this.listeners) l(msg);
+    } else if (msg.type === "pause") {
       this.state = msg.state;
       this.log.info({ mode: msg.state.mode }, "inference paused");
-      if (msg.state.mode === "abort") {
-        for (const slot of this.inflight) {
-          if (!slot.abortable) continue;
-          slot.byPause = true;
-          slot.controller.abort(new PausedAbort());
-        }
-      }
+      for (const slot of this.inflight) slot.paused = true;
     } else if (msg.type === "weights") {
       this.weightVersion = msg.version;
     } else if (msg.type === "resume") {
@@ -107,11 +105,11 @@ export class PauseGate {
   }
 
   /**
-   * Waits until inference is not paused, then counts the call as in flight. `abortable`: a
-   * non-streamed call can be aborted by an abort-mode pause and sent again, invisibly to the agent;
-   * a stream that already reached the agent cannot, so it drains instead.
+   * Waits until inference is not paused, then counts the call as in flight. In an abort-mode
+   * pause the engines cut in-flight calls themselves (finish_reason "abort", partial tokens); the
+   * caller then leaves its slot, waits here for resume and continues the answer.
    */
-  async enter(clientSignal: AbortSignal, abortable: boolean): Promise<GateSlot> {
+  async enter(clientSignal: AbortSignal): Promise<GateSlot> {
     while (this.state) {
       if (clientSignal.aborted) throw clientSignal.reason;
       await new Promise<void>((resolve) => {
@@ -122,12 +120,12 @@ export class PauseGate {
     const controller = new AbortController();
     const onClient = () => controller.abort(clientSignal.reason);
     clientSignal.addEventListener("abort", onClient, { once: true });
-    const slot = { controller, abortable, byPause: false };
+    const slot = { controller, paused: false };
     this.inflight.add(slot);
     void this.report();
     return {
       signal: controller.signal,
-      abortedByPause: () => slot.byPause,
+      pausedDuring: () => slot.paused,
       release: () => {
         clientSignal.removeEventListener("abort", onClient);
         if (this.inflight.delete(slot)) void this.report();

@@ -23,10 +23,11 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
     app.addHook("onRequest", requireApiKey(ctx.env.ROLLGATE_API_KEY));
 
     /**
-     * Every replica stops sending new calls (agents wait, they are not failed); in `abort` mode
-     * non-streamed in-flight calls are aborted and sent again after resume (the agent sees only
-     * latency); streams drain. Once the fleet has drained (or `timeout_s` passed) the engines'
-     * own pause routes are called.
+     * Every replica stops sending new calls (agents wait, they are not failed). `drain`: in-flight
+     * calls finish, then (or after `timeout_s`) the engines' own pause routes are called. `abort`:
+     * the engines are paused at once and cut their in-flight calls (finish_reason "abort" with the
+     * tokens so far); after resume each replica continues those calls token-in on the new weights,
+     * so agents only see latency and records note which tokens came from which weight version.
      */
     app.post("/admin/inference/pause", async (req, reply) => {
       const parsed = PauseBody.safeParse(req.body ?? {});
@@ -36,15 +37,18 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       // Replicas report their in-flight count on every call start and end, so this is current.
       const inflightAtPause = await ctx.admin.inflight();
       await ctx.admin.pause(state);
-      // Give every replica a moment to hear the pause (and, in abort mode, cut its calls short).
+      // Give every replica a moment to hear the pause: no new engine calls, and an "abort" answer
+      // from here on is read as a cut to continue after resume.
       await new Promise((r) => setTimeout(r, 200));
+      const pauseEngines = () => Promise.all(ctx.registry.engines.map((e) => pauseEngine(ctx.registry.dispatcher, e, mode === "abort")));
+      const cut = mode === "abort" ? await pauseEngines() : null;
       const deadline = Date.now() + timeout_s * 1000;
       let remaining = inflightAtPause;
       while (remaining > 0 && Date.now() < deadline) {
         await new Promise((r) => setTimeout(r, 100));
         remaining = await ctx.admin.inflight();
       }
-      const engines = await Promise.all(ctx.registry.engines.map((e) => pauseEngine(ctx.registry.dispatcher, e, mode === "abort")));
+      const engines = cut ?? (await pauseEngines());
       return { paused: true, mode, id: state.id, inflight_at_pause: inflightAtPause, drained: remaining === 0, still_inflight: remaining, engines };
     });
 

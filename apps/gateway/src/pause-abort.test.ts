@@ -1,0 +1,146 @@
+/**
+ * An abort-mode pause while agents are mid-call, through the OpenAI SDK against engine-sim with
+ * real Redis: the engine cuts the calls, and after resume the gateway continues them token-in from
+ * their tokens, so each agent gets the same answer an uncut call gives (reasoning, tool calls and
+ * all) and the record keeps every token's weight version. SGLang (no token-in route yet) sends a
+ * cut call again from the start.
+ */
+import type { CompletionRecord } from "@rollgate/protocol";
+import { getTokenizer } from "@rollgate/engine-sim";
+import OpenAI from "openai";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startHarness, type Harness } from "./__fixtures__/harness.js";
+
+const tok = getTokenizer();
+const TOOLS: OpenAI.ChatCompletionTool[] = [{ type: "function", function: { name: "ls", parameters: { type: "object" } } }];
+const step = { think: "look around first", text: "checking", tool_calls: [{ name: "ls", arguments: { path: "." } }], tokens: 50 };
+const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: `list it\n#sim: ${JSON.stringify([step])}` }];
+
+async function admin(h: Harness, path: string, body: unknown = {}) {
+  const res = await fetch(`${h.url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+  return (await res.json()) as Record<string, unknown>;
+}
+
+/** Pauses (abort) once the call has generated some tokens, sets `version`, resumes. */
+async function pauseMidCall(h: Harness, version: string, afterMs = 300) {
+  await new Promise((r) => setTimeout(r, afterMs));
+  const paused = await admin(h, "/admin/inference/pause", { mode: "abort", timeout_s: 5 });
+  await admin(h, "/admin/weights", { version });
+  await admin(h, "/admin/inference/resume");
+  return paused;
+}
+
+const sdk = (h: Harness, s: { id: string; token: string }) => new OpenAI({ baseURL: `${h.url}/s/${s.id}/v1`, apiKey: s.token, maxRetries: 0 });
+
+describe("abort-mode pause on vLLM: calls continue token-in", () => {
+  let h: Harness;
+  let reference: { message: OpenAI.ChatCompletionMessage; record: CompletionRecord };
+  beforeAll(async () => {
+    h = await startHarness("pause-abort", { tpotMs: 20 });
+    await admin(h, "/admin/weights", { version: "w1" });
+    const s = await h.openSession();
+    const res = await sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS });
+    reference = { message: res.choices[0]!.message, record: (await h.records(s.id))[0]! };
+  });
+  afterAll(async () => h?.close());
+
+  const sameAnswer = (got: OpenAI.ChatCompletionMessage) => {
+    const m = got as OpenAI.ChatCompletionMessage & { reasoning?: string | null };
+    const ref = reference.message as typeof m;
+    expect(m.content).toBe(ref.content);
+    expect(m.reasoning).toBe(ref.reasoning);
+    expect(m.reasoning).toContain("look around first");
+    expect(m.tool_calls?.map((c) => c.type === "function" && c.function)).toEqual(ref.tool_calls?.map((c) => c.type === "function" && c.function));
+  };
+
+  it("non-streamed: one answer with reasoning and tool call, tokens split across weight versions", async () => {
+    await admin(h, "/admin/weights", { version: "w1" });
+    const s = await h.openSession();
+    const call = sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS });
+    const paused = await pauseMidCall(h, "w2");
+    expect(paused).toMatchObject({ mode: "abort", inflight_at_pause: 1, drained: true });
+    const res = await call;
+    expect(res.choices[0]!.finish_reason).toBe("tool_calls");
+    sameAnswer(res.choices[0]!.message);
+    expect(res.usage).toMatchObject({ prompt_tokens: reference.record.prompt_ids.length, completion_tokens: 50 });
+
+    const [rec] = await h.records(s.id);
+    expect(rec!.output_ids).toEqual(reference.record.output_ids);
+    expect(rec!.prompt_ids).toEqual(reference.record.prompt_ids);
+    expect(rec).toMatchObject({ weight_version: "w2", continued_after_pause: 1, finish_reason: "tool_calls" });
+    const v = rec!.output_weight_versions!;
+    const cutAt = v.indexOf("w2");
+    expect(cutAt).toBeGreaterThan(0);
+    expect(v).toEqual([...Array(cutAt).fill("w1"), ...Array(50 - cutAt).fill("w2")]);
+    expect(rec!.output_logprobs.every((x) => Number.isFinite(x) && x <= 0)).toBe(true);
+  });
+
+  // Cut inside the reasoning (~4 tokens in) and after it, in the answer text.
+  it.each([80, 300])("streamed, cut after %i ms: the agent's stream goes on after resume; one finish; the assembled message is the uncut one", async (afterMs) => {
+    await admin(h, "/admin/weights", { version: "w1" });
+    const s = await h.openSession();
+    const finishes: string[] = [];
+    // The SDK's assembler keeps only the last piece of fields it does not know (reasoning): join them here.
+    let reasoning = "";
+    const stream = sdk(h, s).chat.completions.stream({ model: "m", messages, tools: TOOLS, stream_options: { include_usage: true } });
+    stream.on("chunk", (c) => {
+      if (c.choices[0]?.finish_reason) finishes.push(c.choices[0].finish_reason);
+      reasoning += (c.choices[0]?.delta as { reasoning?: string } | undefined)?.reasoning ?? "";
+    });
+    await pauseMidCall(h, "w2", afterMs);
+    const final = await stream.finalChatCompletion();
+    expect(finishes).toEqual(["tool_calls"]);
+    sameAnswer({ ...final.choices[0]!.message, reasoning } as OpenAI.ChatCompletionMessage);
+    expect(final.usage).toMatchObject({ completion_tokens: 50 });
+    const [rec] = await h.records(s.id);
+    expect(rec!.output_ids).toEqual(reference.record.output_ids);
+    expect(new Set(rec!.output_weight_versions)).toEqual(new Set(["w1", "w2"]));
+  });
+
+  it("two pauses in one call: three weight versions in order", async () => {
+    await admin(h, "/admin/weights", { version: "w1" });
+    const s = await h.openSession();
+    const call = sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS });
+    await pauseMidCall(h, "w2", 250);
+    await pauseMidCall(h, "w3", 250);
+    sameAnswer((await call).choices[0]!.message);
+    const [rec] = await h.records(s.id);
+    expect(rec!.continued_after_pause).toBe(2);
+    const runs = rec!.output_weight_versions!.filter((v, i, a) => i === 0 || a[i - 1] !== v);
+    expect(runs).toEqual(["w1", "w2", "w3"]);
+  });
+
+  it("max_tokens counts the whole answer: the continuation only gets what is left", async () => {
+    const s = await h.openSession();
+    const call = sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS, max_tokens: 30 });
+    await pauseMidCall(h, "w2");
+    const res = await call;
+    expect(res.choices[0]!.finish_reason).toBe("length");
+    expect(res.usage?.completion_tokens).toBe(30);
+    const [rec] = await h.records(s.id);
+    expect(rec!.output_ids).toEqual(reference.record.output_ids.slice(0, 30));
+    expect(tok.decode(rec!.output_ids)).toContain("look around first");
+  });
+});
+
+describe("abort-mode pause on SGLang (no token-in route): the cut call is sent again", () => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness("pause-abort-sgl", { kind: "sglang", tpotMs: 20 });
+  });
+  afterAll(async () => h?.close());
+
+  it("after resume the agent gets one whole answer, generated on the new weights", async () => {
+    await admin(h, "/admin/weights", { version: "s1" });
+    const s = await h.openSession();
+    const call = sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS });
+    await pauseMidCall(h, "s2");
+    const res = await call;
+    expect(res.choices[0]!.finish_reason).toBe("tool_calls");
+    expect(res.choices[0]!.message.tool_calls).toHaveLength(1);
+    const [rec] = await h.records(s.id);
+    expect(rec).toMatchObject({ weight_version: "s2", reissued_after_pause: true });
+    expect(rec!.output_ids).toHaveLength(50);
+    expect(rec!.output_weight_versions).toBeUndefined();
+  });
+});
