@@ -98,7 +98,10 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   subscriber.on("error", (err: Error) => log.warn({ err: err.message }, "redis subscriber error"));
   const pause = new PauseGate(admin, subscriber, log, () => weights.get());
   await pause.start();
-  const health = new EngineHealth(registry, router, env.ROLLGATE_HEALTH_FAILURES, log);
+  const health = new EngineHealth(registry, router, env.ROLLGATE_HEALTH_FAILURES, log, (member, down) => admin.publish({ type: "rank", member, down }));
+  pause.onAdminMessage((msg) => {
+    if (msg.type === "rank") health.heard(msg.member, msg.down);
+  });
   health.start(env.ROLLGATE_HEALTH_INTERVAL_S);
   const rerouter = new Rerouter(registry, router, sessions, health, env.ROLLGATE_ROUTING);
   const ctx: GatewayContext = {

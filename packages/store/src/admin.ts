@@ -15,6 +15,8 @@ export const AdminMessage = z.discriminatedUnion("type", [
   z.object({ type: z.literal("pause"), state: PauseState }),
   z.object({ type: z.literal("resume"), id: z.string() }),
   z.object({ type: z.literal("weights"), version: z.string() }),
+  /** A replica's health probes marked a rank down (or up): the others stop routing to it at once. */
+  z.object({ type: z.literal("rank"), member: z.string(), down: z.boolean() }),
 ]);
 export type AdminMessage = z.infer<typeof AdminMessage>;
 

@@ -29,6 +29,8 @@ export class EngineHealth {
     private readonly router: RankRouter,
     private readonly failures: number,
     private readonly log: Logger,
+    /** Tells the other replicas at once (they also re-read the shared set every round). */
+    private readonly announce: (member: string, down: boolean) => Promise<void> = async () => undefined,
   ) {
     for (const m of registry.members()) {
       this.state.set(m, { member: m, healthy: true, consecutiveFailures: 0, lastLatencyMs: null, lastCheck: null, detail: "not probed yet" });
@@ -51,6 +53,12 @@ export class EngineHealth {
 
   isDown(member: string): boolean {
     return this.down.has(member);
+  }
+
+  /** Another replica marked a rank down or up. */
+  heard(member: string, down: boolean): void {
+    if (down) this.down.add(member);
+    else this.down.delete(member);
   }
 
   snapshot(): RankHealth[] {
@@ -77,14 +85,16 @@ export class EngineHealth {
             h.consecutiveFailures = 0;
             h.healthy = true;
             await this.router.setDown(member, false);
-            this.down.delete(member);
+            if (this.down.delete(member)) await this.announce(member, false);
           } else {
             h.consecutiveFailures++;
             if (h.consecutiveFailures >= this.failures && h.healthy) {
               h.healthy = false;
               this.log.warn({ rank: member, detail: probe.detail }, "engine rank failing health checks: drained");
-              await this.router.setDown(member, true);
+              // Announced first, so a replica has heard it by the time the shared set shows it.
               this.down.add(member);
+              await this.announce(member, true);
+              await this.router.setDown(member, true);
             }
           }
         }),
