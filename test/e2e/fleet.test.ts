@@ -64,7 +64,8 @@ describe("a GRPO batch across three workers", () => {
   let fleet: Awaited<ReturnType<typeof startFleet>>;
   const api = apiClient(() => fleet.url);
   beforeAll(async () => {
-    fleet = await startFleet({ prefix: newPrefix("batch"), engineUrl: engine.ready, workers: 3 });
+    // Affinity routing, so a GRPO group shares a rank (the default, least_loaded, spreads it).
+    fleet = await startFleet({ prefix: newPrefix("batch"), engineUrl: engine.ready, workers: 3, gatewayEnv: { ROLLGATE_ROUTING: "affinity" } });
   }, 60_000);
   afterAll(() => fleet?.stop());
 

@@ -16,10 +16,11 @@ export function startApp(name: "engine-sim" | "gateway" | "worker", args: string
 }
 
 /** A gateway and `workers` worker processes on one key prefix, against a running engine. */
-export async function startFleet(opts: { prefix: string; engineUrl: string; workers: number; workerEnv?: Record<string, string> }) {
+export async function startFleet(opts: { prefix: string; engineUrl: string; workers: number; workerEnv?: Record<string, string>; gatewayEnv?: Record<string, string> }) {
   const gateway = await startApp("gateway", ["--port", "0"], {
     ROLLGATE_KEY_PREFIX: opts.prefix,
     ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: opts.engineUrl, dp_size: 2 }]),
+    ...opts.gatewayEnv,
   });
   const workers: StartedChild[] = [];
   for (let i = 0; i < opts.workers; i++) {

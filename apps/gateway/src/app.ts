@@ -92,7 +92,7 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   });
 
   const tasks = new TaskStore(redis, prefix);
-  const router = new RankRouter(redis, prefix);
+  const router = new RankRouter(redis, prefix, { maxSkew: env.ROLLGATE_AFFINITY_MAX_SKEW });
   const admin = new AdminStore(redis, prefix);
   const subscriber = duplicateClient(redis);
   subscriber.on("error", (err: Error) => log.warn({ err: err.message }, "redis subscriber error"));

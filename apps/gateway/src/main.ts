@@ -20,7 +20,8 @@ Environment:
   ROLLGATE_API_KEY          when set, trainer and admin routes require "Authorization: Bearer <key>"
   ROLLGATE_KEY_PREFIX       prefix of every Redis key and queue (default rg)
   ROLLGATE_ENGINE_TIMEOUT_S upstream timeout per engine call (default 600)
-  ROLLGATE_ROUTING          affinity (default) | least_loaded | round_robin: how sessions pick a rank
+  ROLLGATE_ROUTING          least_loaded (default) | affinity | round_robin: how sessions pick a rank
+  ROLLGATE_AFFINITY_MAX_SKEW  affinity: sessions over the least-loaded rank before a group moves on (16)
   ROLLGATE_CONTINUATION     auto (default) | token_in | render: when a call continues a recorded one token-in
   ROLLGATE_SESSION_RATE     agent calls per second per session, all replicas together (default 0 = no limit); over it: 429 + retry-after
   ROLLGATE_SESSION_BURST    calls a session may make at once after being idle (default 2 x the rate, at least 1)

@@ -66,7 +66,9 @@ export const GatewayEnv = z.object({
   ROLLGATE_PUBLIC_URL: z.url().optional(),
   ROLLGATE_ENGINE_TIMEOUT_S: z.coerce.number().positive().default(600),
   /** How a new session picks its engine rank (see RankRouter). */
-  ROLLGATE_ROUTING: z.enum(["affinity", "least_loaded", "round_robin"]).default("affinity"),
+  ROLLGATE_ROUTING: z.enum(["affinity", "least_loaded", "round_robin"]).default("least_loaded"),
+  /** `affinity` routing: a group's rank with this many more open sessions than the least-loaded rank is overloaded, and the group moves on. */
+  ROLLGATE_AFFINITY_MAX_SKEW: z.coerce.number().int().positive().default(16),
   /** Seconds between health probes of every engine rank (0 turns them off). */
   ROLLGATE_HEALTH_INTERVAL_S: z.coerce.number().nonnegative().default(10),
   /** Consecutive failed probes before a rank is drained. */

@@ -11,30 +11,37 @@ export function parseRankMember(member: string): { engine: number; dpRank: numbe
   return { engine: Number(e), dpRank: Number(r) };
 }
 
-// Picks the least-loaded of the configured ranks (or the one an affinity key already holds) and
-// counts the new session on it, atomically so concurrent session opens spread evenly.
-// KEYS: load zset, affinity key. ARGV: affinity ttl seconds (0 = no affinity), members...
+// Picks the least-loaded of the configured ranks (or the one an affinity key already holds, unless
+// it carries `max skew` or more sessions than the least-loaded one: then the key moves to the
+// least-loaded rank, and the rest of its group follows) and counts the new session on it,
+// atomically so concurrent session opens spread evenly.
+// KEYS: load zset, affinity key. ARGV: affinity ttl seconds (0 = no affinity), max skew, members...
 const ASSIGN_SCRIPT = `
 local ttl = tonumber(ARGV[1])
+local skew = tonumber(ARGV[2])
 local valid = {}
-for i = 2, #ARGV do valid[ARGV[i]] = true; redis.call('ZADD', KEYS[1], 'NX', 0, ARGV[i]) end
+for i = 3, #ARGV do valid[ARGV[i]] = true; redis.call('ZADD', KEYS[1], 'NX', 0, ARGV[i]) end
+local least = nil
+local leastLoad = nil
+local ranked = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #ranked, 2 do
+  if valid[ranked[i]] then least = ranked[i]; leastLoad = tonumber(ranked[i + 1]); break end
+end
+if not least then return false end
 if ttl > 0 then
   local held = redis.call('GET', KEYS[2])
   if held and valid[held] then
-    redis.call('EXPIRE', KEYS[2], ttl)
-    redis.call('ZINCRBY', KEYS[1], 1, held)
-    return held
+    local load = tonumber(redis.call('ZSCORE', KEYS[1], held))
+    if load - leastLoad < skew then
+      redis.call('EXPIRE', KEYS[2], ttl)
+      redis.call('ZINCRBY', KEYS[1], 1, held)
+      return held
+    end
   end
 end
-local ranked = redis.call('ZRANGE', KEYS[1], 0, -1)
-for _, m in ipairs(ranked) do
-  if valid[m] then
-    redis.call('ZINCRBY', KEYS[1], 1, m)
-    if ttl > 0 then redis.call('SET', KEYS[2], m, 'EX', ttl) end
-    return m
-  end
-end
-return false
+redis.call('ZINCRBY', KEYS[1], 1, least)
+if ttl > 0 then redis.call('SET', KEYS[2], least, 'EX', ttl) end
+return least
 `;
 
 // Round robin: the next configured rank in turn, counted like the others.
@@ -47,21 +54,31 @@ return m
 `;
 
 /**
- * How a new session picks its rank: `affinity` (default) keeps sessions that share an affinity
- * key (a GRPO group) on one rank and sends the rest to the least-loaded one; `least_loaded`
- * ignores affinity keys; `round_robin` takes ranks in turn.
+ * How a new session picks its rank: `least_loaded` (default) takes the rank with the fewest open
+ * sessions; `affinity` keeps sessions that share an affinity key (a GRPO group) on one rank while
+ * it is healthy and not overloaded, for the prefix cache, and sends the rest to the least-loaded
+ * one; `round_robin` takes ranks in turn.
  */
 export type RoutingPolicy = "affinity" | "least_loaded" | "round_robin";
 
 /** The routing key family: open sessions per rank, and affinity key → rank. */
 export class RankRouter {
   private readonly k: Keys;
+  private readonly affinityTtlSeconds: number;
+  private readonly maxSkew: number;
+
+  /**
+   * `maxSkew`: an affinity rank that has this many more open sessions than the least-loaded rank
+   * counts as overloaded, and its key moves. `affinityTtlSeconds`: how long an idle key is kept.
+   */
   constructor(
     private readonly redis: RedisClient,
     prefix: string,
-    private readonly affinityTtlSeconds = 24 * 3600,
+    options: { maxSkew?: number; affinityTtlSeconds?: number } = {},
   ) {
     this.k = keys(prefix);
+    this.maxSkew = options.maxSkew ?? 16;
+    this.affinityTtlSeconds = options.affinityTtlSeconds ?? 24 * 3600;
   }
 
   /** Assigns a session to a rank among `members`; null when there is none. */
@@ -78,6 +95,7 @@ export class RankRouter {
       this.k.rankLoad(),
       this.k.affinity(affinityKey ?? "-"),
       String(ttl),
+      String(this.maxSkew),
       ...members,
     );
     return typeof res === "string" ? res : null;

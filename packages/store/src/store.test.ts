@@ -39,6 +39,21 @@ describe("RankRouter", () => {
     expect(Object.values(loads).reduce((a, b) => a + b, 0)).toBe(6);
   });
 
+  it("an affinity rank that is overloaded is left: the key moves to the least-loaded rank and the group follows", async () => {
+    const router = new RankRouter(redis, `${prefix}-r5`, { maxSkew: 3 });
+    const two = ["0:0", "0:1"];
+    const first = await router.assign(two, "big-group");
+    // The group fills its rank until it has 3 more sessions than the other one...
+    const next = [];
+    for (let i = 0; i < 2; i++) next.push(await router.assign(two, "big-group"));
+    expect(next).toEqual([first, first]);
+    // ...then the next member goes to the least-loaded rank, and the key with it.
+    const other = two.find((m) => m !== first);
+    expect(await router.assign(two, "big-group")).toBe(other);
+    expect(await router.assign(two, "big-group")).toBe(other);
+    expect(await router.loads()).toEqual({ [first!]: 3, [other!]: 2 });
+  });
+
   it("round robin takes ranks in turn; least_loaded ignores affinity keys", async () => {
     const rr = new RankRouter(redis, `${prefix}-r3`);
     const got = [];
