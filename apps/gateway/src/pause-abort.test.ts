@@ -2,8 +2,8 @@
  * An abort-mode pause while agents are mid-call, through the OpenAI SDK against engine-sim with
  * real Redis: the engine cuts the calls, and after resume the gateway continues them token-in from
  * their tokens, so each agent gets the same answer an uncut call gives (reasoning, tool calls and
- * all) and the record keeps every token's weight version. SGLang (no token-in route yet) sends a
- * cut call again from the start.
+ * all) and the record keeps every token's weight version, on vLLM (/v1/completions with token
+ * ids) and SGLang (/generate with input_ids) alike.
  */
 import type { CompletionRecord } from "@rollgate/protocol";
 import { getTokenizer } from "@rollgate/engine-sim";
@@ -123,24 +123,46 @@ describe("abort-mode pause on vLLM: calls continue token-in", () => {
   });
 });
 
-describe("abort-mode pause on SGLang (no token-in route): the cut call is sent again", () => {
+describe("abort-mode pause on SGLang: calls continue through /generate with input_ids", () => {
   let h: Harness;
+  let reference: CompletionRecord;
   beforeAll(async () => {
     h = await startHarness("pause-abort-sgl", { kind: "sglang", tpotMs: 20 });
+    const s = await h.openSession();
+    await sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS });
+    reference = (await h.records(s.id))[0]!;
   });
   afterAll(async () => h?.close());
 
-  it("after resume the agent gets one whole answer, generated on the new weights", async () => {
+  it("non-streamed: one whole answer, the tokens split across weight versions", async () => {
     await admin(h, "/admin/weights", { version: "s1" });
     const s = await h.openSession();
     const call = sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS });
     await pauseMidCall(h, "s2");
     const res = await call;
     expect(res.choices[0]!.finish_reason).toBe("tool_calls");
-    expect(res.choices[0]!.message.tool_calls).toHaveLength(1);
+    expect(res.choices[0]!.message.tool_calls?.map((c) => c.type === "function" && c.function)).toEqual([{ name: "ls", arguments: '{"path": "."}' }]);
     const [rec] = await h.records(s.id);
-    expect(rec).toMatchObject({ weight_version: "s2", reissued_after_pause: true });
-    expect(rec!.output_ids).toHaveLength(50);
-    expect(rec!.output_weight_versions).toBeUndefined();
+    expect(rec).toMatchObject({ weight_version: "s2", continued_after_pause: 1 });
+    expect(rec!.output_ids).toEqual(reference.output_ids);
+    expect(rec!.message).toEqual({ ...reference.message, tool_calls: [{ ...reference.message.tool_calls[0]!, id: rec!.message.tool_calls[0]!.id }] });
+    expect(new Set(rec!.output_weight_versions)).toEqual(new Set(["s1", "s2"]));
+  });
+
+  it("streamed: the stream goes on after resume with one finish", async () => {
+    await admin(h, "/admin/weights", { version: "s1" });
+    const s = await h.openSession();
+    const finishes: string[] = [];
+    const stream = sdk(h, s).chat.completions.stream({ model: "m", messages, tools: TOOLS });
+    stream.on("chunk", (c) => {
+      if (c.choices[0]?.finish_reason) finishes.push(c.choices[0].finish_reason);
+    });
+    await pauseMidCall(h, "s2");
+    const final = await stream.finalChatCompletion();
+    expect(finishes).toEqual(["tool_calls"]);
+    expect(final.choices[0]!.message.content).toBe(reference.message.content);
+    const [rec] = await h.records(s.id);
+    expect(rec!.output_ids).toEqual(reference.output_ids);
+    expect(rec!.continued_after_pause).toBe(1);
   });
 });

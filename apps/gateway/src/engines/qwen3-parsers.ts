@@ -189,3 +189,11 @@ export function parseQwen3Output(text: string, parseTools: boolean, newId?: () =
   }
   return { content: content === "" ? null : content, reasoning, tool_calls: calls };
 }
+
+/**
+ * A whole answer's text as an engine's tokenizer decodes it (special tokens kept) → the message
+ * the chat route gives, which skips special tokens: a natural end-of-turn token is dropped first.
+ */
+export function parseQwen3AnswerText(text: string, parseTools: boolean): AssistantOutput {
+  return parseQwen3Output(text.replace(/(?:<\|im_end\|>|<\|endoftext\|>)+$/, ""), parseTools);
+}

@@ -96,7 +96,8 @@ function errorMessage(text: string): string {
   return text.slice(0, 2_000);
 }
 
-async function post(call: Omit<EngineCall, "requestId"> & { requestId?: string }, path: string, body: unknown): Promise<Dispatcher.ResponseData> {
+/** POSTs JSON to an SGLang route on the call's rank; a non-200 answer is an EngineError with SGLang's message. */
+export async function sglangPost(call: Omit<EngineCall, "requestId"> & { requestId?: string }, path: string, body: unknown): Promise<Dispatcher.ResponseData> {
   const url = call.target.engine.url;
   let res: Dispatcher.ResponseData;
   try {
@@ -133,7 +134,7 @@ function toTokenLogprob(l: z.infer<typeof SglangLogprob>): TokenLogprob {
 }
 
 export async function sglangChat(call: EngineCall): Promise<EngineResult> {
-  const res = await post(call, "/v1/chat/completions", buildSglangChatBody(call.model, call.request, call.target.dpRank));
+  const res = await sglangPost(call, "/v1/chat/completions", buildSglangChatBody(call.model, call.request, call.target.dpRank));
   const parsed = SglangChatResponse.safeParse(await res.body.json());
   if (!parsed.success) throw new EngineError(`engine response is not a chat completion: ${parsed.error.message}`, 502, "bad_response");
   const choice = parsed.data.choices[0]!;
@@ -192,7 +193,7 @@ const SglangTokenizeResponse = z.object({ count: z.number().int() });
 /** Prompt tokens of a chat request via SGLang's `/tokenize` (messages form). */
 export async function sglangCountTokens(call: Omit<EngineCall, "requestId">): Promise<number> {
   const req = call.request;
-  const res = await post(call, "/tokenize", {
+  const res = await sglangPost(call, "/tokenize", {
     model: call.model,
     messages: req.messages.map(toSglangMessage),
     ...(req.tools ? { tools: req.tools } : {}),

@@ -1,6 +1,7 @@
 import type { AssistantOutput, ChatMessage, EngineConfig } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
 import type { EngineCall } from "./vllm.js";
+import { sglangTokenIn } from "./sglang-token-in.js";
 import { vllmTokenIn } from "./vllm-token-in.js";
 
 /**
@@ -24,6 +25,8 @@ export interface TokenInCall extends EngineCall {
 }
 
 export interface TokenInEngine {
+  /** Whether the continuation planner may use it for echoed history (it needs tokenizeChat without the generation prompt). */
+  plansHistory: boolean;
   /** The prompt ids of `messages` rendered by the engine's own chat template and tokenizer (tools and enable_thinking from `call.request`). */
   tokenizeChat(call: TokenizeCall, messages: ChatMessage[], addGenerationPrompt: boolean): Promise<{ ids: number[]; maxModelLen: number | null }>;
   /** Token ids of plain text (special tokens recognised, none added). */
@@ -38,7 +41,7 @@ export interface TokenInEngine {
   generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEvent>;
 }
 
-const engines: Partial<Record<EngineConfig["kind"], TokenInEngine>> = { vllm: vllmTokenIn };
+const engines: Partial<Record<EngineConfig["kind"], TokenInEngine>> = { vllm: vllmTokenIn, sglang: sglangTokenIn };
 
 /** The token-in engine for a kind, or undefined (calls are then always rendered by the engine). */
 export function tokenInFor(kind: EngineConfig["kind"]): TokenInEngine | undefined {

@@ -3,7 +3,8 @@ import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
-import { Qwen3OutputParser, parseQwen3Output, type ParsedDelta } from "./qwen3-parsers.js";
+import { Qwen3OutputParser, parseQwen3AnswerText, parseQwen3Output, type ParsedDelta } from "./qwen3-parsers.js";
+import { chatFinishReason, parsesTools } from "./chat-route-rules.js";
 import type { TokenInCall, TokenInEngine, TokenizeCall } from "./token-in.js";
 import { sseJson } from "./sse.js";
 import { MISSING_TOKENS, rejectUnlessOk, toVllmMessage } from "./vllm.js";
@@ -38,10 +39,6 @@ export function buildVllmCompletionBody(call: TokenInCall): Record<string, unkno
   return body;
 }
 
-/** vLLM parses tool calls only when the request has tools and tool_choice is not "none". */
-export function parsesTools(call: TokenInCall): boolean {
-  return (call.request.tools?.length ?? 0) > 0 && call.request.tool_choice !== "none";
-}
 
 const LegacyLogprobs = z.object({
   tokens: z.array(z.string()),
@@ -84,10 +81,6 @@ function toTokenLogprobs(l: LegacyLogprobs | null | undefined, topK: number): To
   });
 }
 
-/** The finish reason the chat route would give: "tool_calls" once a call was parsed (vLLM's rule). */
-function finishReason(engine: string, toolCalls: number): string {
-  return toolCalls > 0 && engine !== "abort" ? "tool_calls" : engine;
-}
 
 async function post(url: string, path: string, body: unknown, call: TokenizeCall, headers: Record<string, string> = {}): Promise<Dispatcher.ResponseData> {
   try {
@@ -131,7 +124,7 @@ async function generate(call: TokenInCall): Promise<EngineResult> {
     output_logprobs: logprobs.map((l) => l.logprob),
     logprobs,
     message,
-    finish_reason: finishReason(choice.finish_reason ?? "stop", message.tool_calls.length),
+    finish_reason: chatFinishReason(choice.finish_reason ?? "stop", message.tool_calls.length),
     stop_reason: choice.stop_reason ?? null,
     usage: {
       prompt_tokens: body.usage?.prompt_tokens ?? choice.prompt_token_ids.length,
@@ -185,7 +178,7 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
         finished = true;
         const tail = deltaEvent(parser.end(), [], []);
         if (tail) yield tail;
-        yield { type: "finish", finish_reason: finishReason(choice.finish_reason, parser.toolCalls), stop_reason: choice.stop_reason ?? null };
+        yield { type: "finish", finish_reason: chatFinishReason(choice.finish_reason, parser.toolCalls), stop_reason: choice.stop_reason ?? null };
       }
     }
     if (chunk.usage) {
@@ -218,6 +211,7 @@ async function tokenize(call: TokenizeCall, body: Record<string, unknown>): Prom
 }
 
 export const vllmTokenIn: TokenInEngine = {
+  plansHistory: true,
   async tokenizeChat(call, messages: ChatMessage[], addGenerationPrompt) {
     const req = call.request;
     const r = await tokenize(call, {
@@ -243,9 +237,8 @@ export const vllmTokenIn: TokenInEngine = {
     return (await tokenize(call, { prompt: "", add_special_tokens: false })).max_model_len ?? null;
   },
   parseAnswer(call, text, engineFinish) {
-    // The chat route skips special tokens in its text: an answer that stopped naturally ends in one.
-    const message = parseQwen3Output(text.replace(/(?:<\|im_end\|>|<\|endoftext\|>)+$/, ""), parsesTools(call));
-    return { message, finish_reason: finishReason(engineFinish, message.tool_calls.length) };
+    const message = parseQwen3AnswerText(text, parsesTools(call));
+    return { message, finish_reason: chatFinishReason(engineFinish, message.tool_calls.length) };
   },
   generate,
   generateStream,

@@ -121,7 +121,8 @@ export class ChatCaller {
   private async planTokenIn(call: EngineCall, history: EchoedHistory, sid: string, seq: number): Promise<PreparedCall["tokenIn"]> {
     const mode = this.deps.continuation ?? "auto";
     if (mode === "render") return null;
-    const engine = tokenInFor(call.target.engine.kind);
+    const found = tokenInFor(call.target.engine.kind);
+    const engine = found?.plansHistory ? found : undefined;
     try {
       const found = findExtendedRecord(call.request, history);
       const full = found ? await this.deps.sessions.record(sid, found.record.seq) : null;

@@ -15,6 +15,7 @@ const TOOLS = [{ type: "function" as const, function: { name: "shell", parameter
 
 function fakeEngine(opts: { probe?: string } = {}): TokenInEngine {
   return {
+    plansHistory: true,
     async tokenizeChat(call, messages, addGenerationPrompt) {
       const text = renderChat({
         messages: messages.map((m) => (m.role === "assistant" && m.reasoning ? { ...m, reasoning_content: m.reasoning } : m)),

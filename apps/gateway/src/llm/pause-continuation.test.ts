@@ -42,7 +42,7 @@ describe("continuation after an abort-mode pause", () => {
     expect(continuationRequest(cut, request(10))!.sampling.temperature).toBe(1);
     expect(continuationRequest(cut, request(3))).toBeNull();
     // No max_tokens: the engine's own default (context length minus the longer prompt) applies.
-    expect(continuationRequest(cut, request()).sampling.max_tokens).toBeUndefined();
+    expect(continuationRequest(cut, request())!.sampling.max_tokens).toBeUndefined();
   });
 
   it("joins the pieces into one answer: original prompt, all tokens, usage over the whole answer", () => {

@@ -1,0 +1,16 @@
+import type { TokenInCall } from "./token-in.js";
+
+/**
+ * What vLLM's and SGLang's chat routes do around their output parsers, for the token-in routes
+ * that run the gateway's own copy of those parsers (their completions / generate routes run none).
+ */
+
+/** The chat routes parse tool calls only when the request has tools and tool_choice is not "none". */
+export function parsesTools(call: TokenInCall): boolean {
+  return (call.request.tools?.length ?? 0) > 0 && call.request.tool_choice !== "none";
+}
+
+/** The finish reason a chat route gives: "tool_calls" once a call was parsed (unless cut by an abort). */
+export function chatFinishReason(engine: string, toolCalls: number): string {
+  return toolCalls > 0 && engine !== "abort" ? "tool_calls" : engine;
+}
