@@ -86,6 +86,11 @@ describe("pause, resume and weight versions", () => {
       })(),
     ];
     await new Promise((r) => setTimeout(r, 300));
+    // The engines view counts both calls on the session's rank, whichever replica holds them.
+    const rank = (await a(`/v1/sessions/${s.id}`)).body.assignment.dp_rank as number;
+    const during = (await a("/admin/engines")).body.engines[0].ranks;
+    expect(during[rank]).toMatchObject({ inflight: 2, sessions: expect.any(Number) });
+    expect(during[1 - rank].inflight).toBe(0);
     const paused = (await b("/admin/inference/pause", { body: { mode: "drain", timeout_s: 20 } })).body;
     expect(paused).toMatchObject({ paused: true, mode: "drain", drained: true });
     expect(paused.inflight_at_pause).toBe(2);
@@ -109,6 +114,11 @@ describe("pause, resume and weight versions", () => {
 
     const recs = (await a(`/v1/sessions/${s.id}/completions`)).body.completions as CompletionRecord[];
     expect(recs.map((r) => r.weight_version)).toEqual(["v1", "v1", "v2"]);
+    // Replica A served two of the calls: its recent latency on the rank covers them.
+    const after = (await a("/admin/engines")).body.engines[0].ranks[rank];
+    expect(after.inflight).toBe(0);
+    expect(after.recent_calls.calls).toBeGreaterThanOrEqual(2);
+    expect(after.recent_calls.p95_ms).toBeGreaterThanOrEqual(after.recent_calls.p50_ms);
   }, 60_000);
 
   it("abort: calls cut by the pause are continued on the new weights from their tokens; agents see one answer", async () => {

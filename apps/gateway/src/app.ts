@@ -1,6 +1,6 @@
 import type { GatewayEnv } from "@rollgate/protocol";
 import { createRedis, duplicateClient, rolloutQueue } from "@rollgate/queue";
-import { AdminStore, RankRouter, SessionStore, TaskStore, WeightStore } from "@rollgate/store";
+import { AdminStore, RankRouter, SessionStore, TaskStore, WeightStore, rankMember } from "@rollgate/store";
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import { pino, type Logger } from "pino";
 import type { GatewayContext } from "./context.js";
@@ -113,7 +113,19 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
     router,
     weights,
     registry,
-    caller: new ChatCaller({ registry, sessions, tasks, pause, rerouter, log, observe: metrics.observeCall, continuation: env.ROLLGATE_CONTINUATION }),
+    caller: new ChatCaller({
+      registry,
+      sessions,
+      tasks,
+      pause,
+      rerouter,
+      log,
+      observe: (record, call) => {
+        metrics.observeCall(record, call);
+        health.recordCall(rankMember(call.target.engineIndex, call.target.dpRank), record.latency_ms);
+      },
+      continuation: env.ROLLGATE_CONTINUATION,
+    }),
     admin,
     pause,
     health,

@@ -22,6 +22,9 @@ export type AdminMessage = z.infer<typeof AdminMessage>;
 
 const INFLIGHT_TTL_S = 15;
 
+/** What a replica reports of its in-flight engine calls. */
+const InflightReport = z.object({ n: z.number().int().nonnegative(), ranks: z.record(z.string(), z.number().int().nonnegative()) });
+
 /**
  * The admin key family: pause state (a key, so a replica that starts while paused is paused, plus
  * pub/sub so running replicas hear it at once) and each replica's in-flight engine calls (a key
@@ -63,23 +66,46 @@ export class AdminStore {
     await this.redis.publish(this.k.adminChannel(), JSON.stringify(msg));
   }
 
-  /** Reports this replica's in-flight engine calls (refreshed periodically; expires if the replica dies). */
-  async reportInflight(replica: string, count: number): Promise<void> {
+  /**
+   * Reports this replica's in-flight engine calls, in all and per rank member (refreshed
+   * periodically and on every call start and end; expires if the replica dies).
+   */
+  async reportInflight(replica: string, count: number, perRank: Record<string, number> = {}): Promise<void> {
     await this.redis
       .multi()
       .sadd(this.k.replicas(), replica)
-      .set(this.k.replicaInflight(replica), String(count), "EX", INFLIGHT_TTL_S)
+      .set(this.k.replicaInflight(replica), JSON.stringify({ n: count, ranks: perRank }), "EX", INFLIGHT_TTL_S)
       .exec();
+  }
+
+  /** Every live replica's report (dead replicas are forgotten on the way). */
+  private async replicaReports(): Promise<z.infer<typeof InflightReport>[]> {
+    const replicas = await this.redis.smembers(this.k.replicas());
+    if (replicas.length === 0) return [];
+    const raw = await this.redis.mget(...replicas.map((r) => this.k.replicaInflight(r)));
+    const dead = replicas.filter((_, i) => raw[i] === null);
+    if (dead.length > 0) await this.redis.srem(this.k.replicas(), ...dead);
+    return raw.flatMap((r) => {
+      if (r === null) return [];
+      try {
+        const parsed = InflightReport.safeParse(JSON.parse(r));
+        return parsed.success ? [parsed.data] : [];
+      } catch {
+        return [];
+      }
+    });
   }
 
   /** In-flight engine calls summed over live replicas. */
   async inflight(): Promise<number> {
-    const replicas = await this.redis.smembers(this.k.replicas());
-    if (replicas.length === 0) return 0;
-    const counts = await this.redis.mget(...replicas.map((r) => this.k.replicaInflight(r)));
-    const dead = replicas.filter((_, i) => counts[i] === null);
-    if (dead.length > 0) await this.redis.srem(this.k.replicas(), ...dead);
-    return counts.reduce((n, c) => n + Number(c ?? 0), 0);
+    return (await this.replicaReports()).reduce((n, r) => n + r.n, 0);
+  }
+
+  /** In-flight engine calls per rank member, summed over live replicas. */
+  async inflightByRank(): Promise<Record<string, number>> {
+    const out: Record<string, number> = {};
+    for (const r of await this.replicaReports()) for (const [m, n] of Object.entries(r.ranks)) out[m] = (out[m] ?? 0) + n;
+    return out;
   }
 
   async forgetReplica(replica: string): Promise<void> {

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import type { CanonicalChatRequest, ClientProtocol, CompletionRecord, Session, WeightVersion } from "@rollgate/protocol";
-import type { SessionStore, TaskStore } from "@rollgate/store";
+import { rankMember, type SessionStore, type TaskStore } from "@rollgate/store";
 import {
   StreamAccumulator,
   applySessionSampling,
@@ -171,7 +171,7 @@ export class ChatCaller {
   async complete(call: PreparedCall): Promise<EngineResult> {
     let cut: CutGeneration | null = null;
     for (;;) {
-      const slot = await this.deps.pause.enter(call.engineCall.signal);
+      const slot = await this.deps.pause.enter(call.engineCall.signal, rankMember(call.target.engineIndex, call.target.dpRank));
       // Read once the gate is open: a call that waited through a pause runs on the new weights.
       const version = (call.weightVersion = this.deps.pause.weights);
       let result: EngineResult | null;
@@ -203,7 +203,7 @@ export class ChatCaller {
     const acc = new StreamAccumulator();
     let cut: CutGeneration | null = null;
     for (;;) {
-      const slot = await this.deps.pause.enter(call.engineCall.signal);
+      const slot = await this.deps.pause.enter(call.engineCall.signal, rankMember(call.target.engineIndex, call.target.dpRank));
       const version = (call.weightVersion = this.deps.pause.weights);
       const piece = new StreamAccumulator();
       let heldFinish = false;

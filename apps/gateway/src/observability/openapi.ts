@@ -67,7 +67,12 @@ const EnginesAnswer = z.object({
         z.object({
           dp_rank: z.number().int(),
           healthy: z.boolean(),
-          sessions: z.number(),
+          sessions: z.number().describe("open sessions assigned to the rank"),
+          inflight: z.number().int().describe("engine calls in flight on the rank, all replicas"),
+          recent_calls: z
+            .object({ calls: z.number().int(), p50_ms: z.number(), p95_ms: z.number() })
+            .nullable()
+            .describe("latency of the rank's last calls (up to 100) through this replica; null before the first"),
           last_probe_latency_ms: z.number().nullable(),
           last_probe: z.string().nullable(),
           detail: z.string().nullable(),
@@ -409,7 +414,7 @@ function buildPaths(): Json {
       get: {
         tags: ["admin"],
         summary: "Engines and their ranks",
-        description: "Health, sessions and last probe latency per (engine, dp_rank).",
+        description: "Per (engine, dp_rank): health, open sessions, in-flight calls, recent call latency and the last probe.",
         security: TRAINER,
         responses: { "200": { description: "engines", content: json(ref("EnginesAnswer")) }, ...errors(401) },
       },

@@ -3,6 +3,9 @@ import type { Logger } from "pino";
 import type { EngineRegistry } from "../engines/registry.js";
 import { probeRank } from "./engine-control.js";
 
+/** How many recent calls per rank the latency figures are taken over. */
+const RECENT_CALLS = 100;
+
 export interface RankHealth {
   member: string;
   healthy: boolean;
@@ -21,6 +24,8 @@ export class EngineHealth {
   private readonly state = new Map<string, RankHealth>();
   private timer: NodeJS.Timeout | null = null;
   private running = false;
+  /** This replica's latest call latencies per rank (ms), oldest first, at most RECENT_CALLS. */
+  private readonly recent = new Map<string, number[]>();
   /** Ranks down fleet-wide (the shared Redis set, refreshed every round). */
   private down = new Set<string>();
 
@@ -63,6 +68,23 @@ export class EngineHealth {
 
   snapshot(): RankHealth[] {
     return [...this.state.values()];
+  }
+
+  /** Notes how long a call on a rank took (this replica's view). */
+  recordCall(member: string, latencyMs: number): void {
+    let ring = this.recent.get(member);
+    if (!ring) this.recent.set(member, (ring = []));
+    ring.push(latencyMs);
+    if (ring.length > RECENT_CALLS) ring.shift();
+  }
+
+  /** p50 / p95 of the rank's recent call latencies on this replica, or null before its first call. */
+  recentLatency(member: string): { calls: number; p50_ms: number; p95_ms: number } | null {
+    const ring = this.recent.get(member);
+    if (!ring || ring.length === 0) return null;
+    const sorted = [...ring].sort((a, b) => a - b);
+    const at = (q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!;
+    return { calls: sorted.length, p50_ms: at(0.5), p95_ms: at(0.95) };
   }
 
   /** One round of probes (also callable directly, e.g. from tests). */

@@ -30,7 +30,7 @@ export class PauseGate {
   private waiters: (() => void)[] = [];
   /** Told of admin messages that are not about the pause (rank health). */
   private readonly listeners: ((msg: AdminMessage) => void)[] = [];
-  private readonly inflight = new Set<{ controller: AbortController; paused: boolean }>();
+  private readonly inflight = new Set<{ controller: AbortController; paused: boolean; rank: string }>();
   private timer: NodeJS.Timeout | null = null;
 
   constructor(
@@ -70,8 +70,15 @@ export class PauseGate {
     return this.inflight.size;
   }
 
+  /** This replica's in-flight engine calls per rank member. */
+  inflightByRank(): Record<string, number> {
+    const out: Record<string, number> = {};
+    for (const slot of this.inflight) out[slot.rank] = (out[slot.rank] ?? 0) + 1;
+    return out;
+  }
+
   private async report(): Promise<void> {
-    await this.admin.reportInflight(this.replicaId, this.inflight.size).catch(() => undefined);
+    await this.admin.reportInflight(this.replicaId, this.inflight.size, this.inflightByRank()).catch(() => undefined);
   }
 
   /** Hears the admin channel's other messages (this gate owns the replica's subscription). */
@@ -107,9 +114,10 @@ export class PauseGate {
   /**
    * Waits until inference is not paused, then counts the call as in flight. In an abort-mode
    * pause the engines cut in-flight calls themselves (finish_reason "abort", partial tokens); the
-   * caller then leaves its slot, waits here for resume and continues the answer.
+   * caller then leaves its slot, waits here for resume and continues the answer. `rank`: the rank
+   * member the call goes to (in-flight counts per rank are reported with the total).
    */
-  async enter(clientSignal: AbortSignal): Promise<GateSlot> {
+  async enter(clientSignal: AbortSignal, rank: string): Promise<GateSlot> {
     while (this.state) {
       if (clientSignal.aborted) throw clientSignal.reason;
       await new Promise<void>((resolve) => {
@@ -120,7 +128,7 @@ export class PauseGate {
     const controller = new AbortController();
     const onClient = () => controller.abort(clientSignal.reason);
     clientSignal.addEventListener("abort", onClient, { once: true });
-    const slot = { controller, paused: false };
+    const slot = { controller, paused: false, rank };
     this.inflight.add(slot);
     void this.report();
     return {

@@ -72,7 +72,7 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
     app.get("/admin/weights", async () => ({ version: await ctx.weights.get() }));
 
     app.get("/admin/engines", async () => {
-      const [loads, down] = await Promise.all([ctx.router.loads(), ctx.router.downRanks()]);
+      const [loads, down, inflight] = await Promise.all([ctx.router.loads(), ctx.router.downRanks(), ctx.admin.inflightByRank()]);
       const health = new Map(ctx.health.snapshot().map((h) => [h.member, h]));
       return {
         engines: ctx.registry.engines.map((e, index) => ({
@@ -89,6 +89,8 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
                 dp_rank: parseRankMember(m).dpRank,
                 healthy: !down.has(m),
                 sessions: loads[m] ?? 0,
+                inflight: inflight[m] ?? 0,
+                recent_calls: ctx.health.recentLatency(m),
                 last_probe_latency_ms: h?.lastLatencyMs ?? null,
                 last_probe: h?.lastCheck ?? null,
                 detail: h?.detail ?? null,
