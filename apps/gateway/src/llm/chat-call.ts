@@ -183,7 +183,7 @@ export class ChatCaller {
       } finally {
         slot.release();
       }
-      if (result && this.cutByPause(result.finish_reason, slot)) {
+      if (result && (await this.cutByPause(result.finish_reason, slot))) {
         if (this.continuable(call)) cut = addCut(cut, result, version);
         else [cut, call.reissued] = [null, true];
         continue;
@@ -211,7 +211,7 @@ export class ChatCaller {
         const events = cut ? this.continueCutStream(call, cut, slot.signal) : this.send(call, slot.signal, true);
         for await (const event of events) {
           piece.push(event);
-          if (event.type === "finish" && this.cutByPause(event.finish_reason, slot) && this.continuable(call)) heldFinish = true;
+          if (event.type === "finish" && this.continuable(call) && (await this.cutByPause(event.finish_reason, slot))) heldFinish = true;
           // The agent already has its start; usage is told once, for the whole answer.
           if ((event.type === "start" && cut) || (event.type === "usage" && (heldFinish || cut)) || heldFinish) continue;
           acc.push(event);
@@ -245,8 +245,8 @@ export class ChatCaller {
   }
 
   /** An engine answer ended by a pause (not refused or cut for another reason). */
-  private cutByPause(finishReason: string, slot: GateSlot): boolean {
-    return finishReason === "abort" && slot.pausedDuring();
+  private async cutByPause(finishReason: string, slot: GateSlot): Promise<boolean> {
+    return finishReason === "abort" && (await this.deps.pause.cutByPause(slot));
   }
 
   /** Whether a cut call can go on from its tokens: its engine kind has a token-in route. */

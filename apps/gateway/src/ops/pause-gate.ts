@@ -61,6 +61,15 @@ export class PauseGate {
     return this.state;
   }
 
+  /**
+   * Whether an engine answer that ended with finish_reason "abort" was cut by a pause: the slot
+   * heard the pause, or (the message still on its way) Redis already holds the pause state.
+   */
+  async cutByPause(slot: GateSlot): Promise<boolean> {
+    if (slot.pausedDuring() || this.state) return true;
+    return (await this.admin.pauseState().catch(() => null)) !== null;
+  }
+
   /** The weight version to stamp on a call starting now (no Redis round trip on the hot path). */
   get weights(): string | null {
     return this.weightVersion;
