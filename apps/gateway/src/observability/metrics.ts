@@ -58,6 +58,7 @@ export class GatewayMetrics {
   private readonly llmTokens: Counter<"protocol" | "engine" | "dp_rank" | "kind">;
   private readonly engineLatency: Histogram<"protocol" | "engine" | "dp_rank">;
   private readonly overhead: Histogram<"protocol">;
+  private readonly pauseCuts: Counter<"engine" | "dp_rank" | "outcome">;
   private readonly httpRequests: Counter<"method" | "route" | "status_code">;
   private readonly refreshErrors: Counter<"source">;
 
@@ -83,6 +84,12 @@ export class GatewayMetrics {
       name: "rollgate_llm_calls_total",
       help: "Recorded LLM calls (one per completion record), by client protocol and engine rank.",
       labelNames: ["protocol", "engine", "dp_rank"],
+      registers,
+    });
+    this.pauseCuts = new Counter({
+      name: "rollgate_pause_cuts_total",
+      help: "Calls an abort-mode pause cut, by rank and what followed: continued (token-in from their tokens) or reissued (sent again).",
+      labelNames: ["engine", "dp_rank", "outcome"],
       registers,
     });
     this.llmTokens = new Counter({
@@ -160,6 +167,9 @@ export class GatewayMetrics {
     this.llmTokens.inc({ ...labels, kind: "completion" }, record.usage.completion_tokens);
     this.llmTokens.inc({ ...labels, kind: "cached" }, record.usage.cached_tokens);
     this.engineLatency.observe(labels, record.latency_ms / 1000);
+    const rank = { engine: labels.engine, dp_rank: labels.dp_rank };
+    if (record.continued_after_pause) this.pauseCuts.inc({ ...rank, outcome: "continued" }, record.continued_after_pause);
+    if (record.reissued_after_pause) this.pauseCuts.inc({ ...rank, outcome: "reissued" });
     const scope = requestScope.getStore();
     if (scope) {
       scope.engineMs += record.latency_ms;
