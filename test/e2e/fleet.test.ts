@@ -193,6 +193,34 @@ describe("cancellation", () => {
     await terminal(api, done);
     expect((await api(`/v1/tasks/${done}`, { method: "DELETE" })).status).toBe(409);
   }, 60_000);
+
+  it("a cancelled group still ends: each task's callback and the group callback arrive once", async () => {
+    const trainer = await startTrainer();
+    try {
+      const secret = "cancel-secret";
+      const groupId = `gc-${randomUUID().slice(0, 8)}`;
+      const res = await api("/v1/tasks/batch", {
+        body: { group_id: groupId, n: 3, task: sleepyTask(60, { callback: { url: trainer.url, secret } }), group_callback: { url: trainer.url, secret } },
+      });
+      const ids = (res.body.tasks as { id: string }[]).map((t) => t.id);
+      // Concurrency 1: one runs, two wait in the queue; all three are cancelled.
+      await poll(async () => Promise.all(ids.map(async (id) => (await api(`/v1/tasks/${id}`)).body.status as string)), (s) => s.includes("running"), 20_000, 100);
+      for (const id of ids) expect([200, 202]).toContain((await api(`/v1/tasks/${id}`, { method: "DELETE" })).status);
+      for (const id of ids) expect((await terminal(api, id, 20_000)).status).toBe("cancelled");
+      const got = await trainer.waitFor(4, 30_000);
+      const events = got.map((d) => d.headers["x-rollgate-event"]).sort();
+      expect(events).toEqual(["group.completed", "task.cancelled", "task.cancelled", "task.cancelled"]);
+      const perTask = got.filter((d) => d.headers["x-rollgate-event"] === "task.cancelled").map((d) => (JSON.parse(d.rawBody) as { id: string }).id);
+      expect(perTask.sort()).toEqual([...ids].sort());
+      const group = got.filter((d) => d.headers["x-rollgate-event"] === "group.completed");
+      expect((JSON.parse(group[0]!.rawBody) as { tasks: { status: string }[] }).tasks.map((t) => t.status)).toEqual(["cancelled", "cancelled", "cancelled"]);
+      // Nothing more arrives.
+      await new Promise((r) => setTimeout(r, 1_000));
+      expect(trainer.received).toHaveLength(4);
+    } finally {
+      await trainer.close();
+    }
+  }, 60_000);
 });
 
 describe("workers going away", () => {

@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import type { AcceptedTask, TaskError, TaskRecord, TaskResult, TerminalStatus, Trajectory } from "@rollgate/protocol";
+import type { AcceptedTask, CallbackState, TaskError, TaskRecord, TaskResult, TerminalStatus, Trajectory } from "@rollgate/protocol";
 import type { CallbackJob, RolloutJob } from "@rollgate/queue";
 import type { TaskStore } from "@rollgate/store";
 import type { Job, Queue } from "bullmq";
@@ -129,7 +129,12 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
     deps.log.warn("rollout job for an unknown task: dropped");
     return;
   }
-  if (TERMINAL.has(record.status)) return;
+  // Ended already (a cancel before start, or a worker that died after storing the result): only
+  // what follows the result may be missing.
+  if (TERMINAL.has(record.status)) {
+    await queueFollowUps(deps, record.task as AcceptedTask, record.callback);
+    return;
+  }
   const cancel = await deps.tasks.cancelRequested(record.id);
   if (cancel) {
     await finishTask(deps, record, record.attempts, record.session_id, { ...failedOutcome("cancelled", cancel), status: "cancelled" }, null);
@@ -152,7 +157,11 @@ function failedOutcome(kind: string, message: string): Outcome {
 export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err: Error): Promise<void> {
   deps = { ...deps, log: deps.log.child({ task_id: taskId }) };
   const record = await deps.tasks.get(taskId);
-  if (!record || TERMINAL.has(record.status)) return;
+  if (!record) return;
+  if (TERMINAL.has(record.status)) {
+    await queueFollowUps(deps, record.task as AcceptedTask, record.callback);
+    return;
+  }
   const kind = /stalled/i.test(err.message) ? "worker_lost" : "infrastructure";
   await finishTask(deps, record, record.attempts, record.session_id, failedOutcome(kind, err.message), null);
 }
@@ -268,16 +277,34 @@ async function finishTask(
     agent: o.agent,
     metadata: task.metadata,
   };
-  const stored = await deps.tasks.finish(task.id, result, now, deps.resultTtlSeconds);
-  if (!stored) return; // someone else ended it first (a cancel of a queued task): one result only
-  deps.log.info({ status: result.status, reward: result.reward, error: result.error?.kind }, "rollout finished");
-  if (task.callback) {
-    const deliveryId = randomUUID();
-    await deps.tasks.setCallback(task.id, { state: "pending", delivery_id: deliveryId, attempts: 0, last_error: null, delivered_at: null });
-    await deps.callbacks.add("deliver", { task_id: task.id, delivery_id: deliveryId }, { jobId: deliveryId });
+  const callback: CallbackState | null = task.callback
+    ? { state: "pending", delivery_id: randomUUID(), attempts: 0, last_error: null, delivered_at: null }
+    : null;
+  const stored = await deps.tasks.finish(task.id, result, now, deps.resultTtlSeconds, callback);
+  if (!stored) {
+    // Someone else ended it first (a cancel of a queued task): one result only, but what follows
+    // it may still be this worker's to queue (the canceller re-queued a job this one already held).
+    const current = await deps.tasks.get(task.id);
+    if (current) await queueFollowUps(deps, task, current.callback);
+    return;
   }
-  if (task.group_id && (await deps.tasks.groupTaskFinished(task.group_id))) {
-    const deliveryId = randomUUID();
-    await deps.callbacks.add("deliver-group", { group_id: task.group_id, delivery_id: deliveryId }, { jobId: `group-${deliveryId}` });
+  deps.log.info({ status: result.status, reward: result.reward, error: result.error?.kind }, "rollout finished");
+  await queueFollowUps(deps, task, callback);
+}
+
+/**
+ * What follows a terminal result: its callback delivery (when one is pending) and, once the whole
+ * group has ended, the group's. Idempotent (fixed job ids, a group counts each task once), so a
+ * job run again after its worker died mid-way, or one the gateway re-queued for a task it
+ * cancelled, sends what the first run could not.
+ */
+export async function queueFollowUps(deps: RolloutDeps, task: AcceptedTask, callback: CallbackState | null): Promise<void> {
+  if (task.callback && callback?.state === "pending" && callback.delivery_id) {
+    await deps.callbacks.add("deliver", { task_id: task.id, delivery_id: callback.delivery_id }, { jobId: callback.delivery_id });
+  }
+  const groupDelivery = task.group_id ? await deps.tasks.groupTaskFinished(task.group_id, task.id) : null;
+  if (task.group_id && groupDelivery) {
+    const deliveryId = groupDelivery;
+    await deps.callbacks.add("deliver-group", { group_id: task.group_id, delivery_id: deliveryId }, { jobId: deliveryId });
   }
 }

@@ -9,6 +9,7 @@ export function keys(prefix: string) {
     taskIndex: () => `${prefix}:{tasks}:index`,
     group: (id: string) => `${prefix}:{g:${id}}:group`,
     groupTasks: (id: string) => `${prefix}:{g:${id}}:tasks`,
+    groupFinished: (id: string) => `${prefix}:{g:${id}}:finished`,
     session: (id: string) => `${prefix}:{s:${id}}:session`,
     records: (id: string) => `${prefix}:{s:${id}}:records`,
     recordHeads: (id: string) => `${prefix}:{s:${id}}:heads`,

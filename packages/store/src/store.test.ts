@@ -211,12 +211,28 @@ describe("TaskStore", () => {
     expect(done.next_cursor).toBeNull();
   });
 
-  it("announces a group as complete exactly once", async () => {
+  it("announces a group as complete when its last task ends, counting each task once", async () => {
     const store = new TaskStore(redis, `${prefix}-t4`);
     await store.defineGroup("g-2", 3, { url: "http://x", secret: "s" });
-    const done = [await store.groupTaskFinished("g-2"), await store.groupTaskFinished("g-2"), await store.groupTaskFinished("g-2")];
-    expect(done).toEqual([false, false, true]);
+    // t-a told twice (a job re-run after its worker died) still counts once.
+    const done = [await store.groupTaskFinished("g-2", "t-a"), await store.groupTaskFinished("g-2", "t-a"), await store.groupTaskFinished("g-2", "t-b")];
+    expect(done).toEqual([null, null, null]);
+    const delivery = await store.groupTaskFinished("g-2", "t-c");
+    expect(delivery).toMatch(/^group-/);
+    // Told again (a re-run): the same delivery id, so the queue keeps one delivery job.
+    expect(await store.groupTaskFinished("g-2", "t-c")).toBe(delivery);
     await store.defineGroup("g-3", 1, null);
-    expect(await store.groupTaskFinished("g-3")).toBe(false);
+    expect(await store.groupTaskFinished("g-3", "t-d")).toBeNull();
+  });
+
+  it("stores a pending callback with the result, in one step", async () => {
+    const store = new TaskStore(redis, `${prefix}-t6`);
+    await store.create(taskInput("t-cb"), new Date());
+    const pending = { state: "pending" as const, delivery_id: "d-1", attempts: 0, last_error: null, delivered_at: null };
+    expect(await store.finish("t-cb", resultOf("t-cb", "completed"), new Date(), 60, pending)).toBe(true);
+    expect((await store.get("t-cb"))!.callback).toEqual(pending);
+    // A second finish changes nothing, callback state included.
+    expect(await store.finish("t-cb", resultOf("t-cb", "failed"), new Date(), 60, { ...pending, delivery_id: "d-2" })).toBe(false);
+    expect((await store.get("t-cb"))!.callback.delivery_id).toBe("d-1");
   });
 });

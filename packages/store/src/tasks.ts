@@ -1,3 +1,4 @@
+import { randomUUID } from "node:crypto";
 import {
   CallbackState,
   Task,
@@ -17,17 +18,34 @@ const MAX_EVENTS = 2_000;
 const MAX_LOG_BYTES = 256 * 1024;
 
 // Writes a terminal result unless the task already has one, and appends the terminal event, in
-// one step: a cancel racing a finishing worker produces exactly one result.
-// KEYS: task, events. ARGV: status, finished_at, result json, ttl, event json, maxlen.
+// one step: a cancel racing a finishing worker produces exactly one result. A pending callback
+// state is written in the same step, so a worker that dies right after cannot leave a result
+// whose callback nobody will send (the next run of the job queues it).
+// KEYS: task, events. ARGV: status, finished_at, result json, ttl, event json, maxlen, callback json or "".
 const FINISH_SCRIPT = `
 local s = redis.call('HGET', KEYS[1], 'status')
 if s == 'completed' or s == 'failed' or s == 'timed_out' or s == 'cancelled' then return 0 end
 if not redis.call('HGET', KEYS[1], 'task') then return -1 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'finished_at', ARGV[2], 'result', ARGV[3])
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'callback', ARGV[7]) end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 return 1
+`;
+
+// KEYS: group hash, group's finished-task set. ARGV: task id, group id.
+const GROUP_FINISHED_SCRIPT = `
+local size = redis.call('HGET', KEYS[1], 'size')
+local cb = redis.call('HGET', KEYS[1], 'callback')
+if not size or not cb or cb == '' then return 0 end
+redis.call('SADD', KEYS[2], ARGV[1])
+local ttl = redis.call('TTL', KEYS[1])
+if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
+if redis.call('SCARD', KEYS[2]) >= tonumber(size) then
+  return redis.call('HGET', KEYS[1], 'delivery') or ('group-' .. ARGV[2])
+end
+return 0
 `;
 
 // KEYS: task. ARGV: started_at, worker, attempt, session id. Never revives a task that ended.
@@ -136,7 +154,8 @@ export class TaskStore {
    * Stores the terminal result unless the task already ended (returns false then). The raw JSON
    * is kept so a callback signs exactly these bytes.
    */
-  async finish(id: string, result: TaskResult, now: Date, ttlSeconds: number): Promise<boolean> {
+  /** Stores the one terminal result (false: the task already had one); `callback`: its delivery state, set in the same step. */
+  async finish(id: string, result: TaskResult, now: Date, ttlSeconds: number, callback: CallbackState | null = null): Promise<boolean> {
     const event = JSON.stringify({ type: "terminal", at: now.toISOString(), data: { status: result.status, reward: result.reward, error: result.error } });
     const res = await this.redis.eval(
       FINISH_SCRIPT,
@@ -149,6 +168,7 @@ export class TaskStore {
       String(ttlSeconds),
       event,
       String(MAX_EVENTS),
+      callback ? JSON.stringify(callback) : "",
     );
     return res === 1;
   }
@@ -256,19 +276,20 @@ export class TaskStore {
 
   /** Records a group's size and optional group callback (batch submission). */
   async defineGroup(groupId: string, size: number, callback: { url: string; secret: string } | null): Promise<void> {
-    await this.redis.hset(this.k.group(groupId), { size: String(size), callback: callback ? JSON.stringify(callback) : "" });
+    // The group delivery's id is fixed when the group is defined: every run that sees the group
+    // complete queues the same job id, and a later group reusing the name gets a new one.
+    await this.redis.hset(this.k.group(groupId), { size: String(size), callback: callback ? JSON.stringify(callback) : "", delivery: `group-${randomUUID()}` });
   }
 
   /**
-   * Counts one more terminal task of a group; true exactly once, when the last one ends and the
-   * group has a callback to send.
+   * Counts a terminal task of a group (idempotent: a task counts once however often it is told).
+   * When every task of the group has ended and the group has a callback to send, returns the
+   * group delivery's id, else null. Told again after that (a job re-run after its worker died),
+   * it returns the same id: the delivery's job id is fixed, so the queue drops the repeat.
    */
-  async groupTaskFinished(groupId: string): Promise<boolean> {
-    const key = this.k.group(groupId);
-    const [size, cb] = await this.redis.hmget(key, "size", "callback");
-    if (!size || !cb) return false;
-    const done = await this.redis.hincrby(key, "done", 1);
-    return done === Number(size);
+  async groupTaskFinished(groupId: string, taskId: string): Promise<string | null> {
+    const res = await this.redis.eval(GROUP_FINISHED_SCRIPT, 2, this.k.group(groupId), this.k.groupFinished(groupId), taskId, groupId);
+    return typeof res === "string" ? res : null;
   }
 
   async groupCallback(groupId: string): Promise<{ url: string; secret: string } | null> {

@@ -115,8 +115,15 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
         }
       }
       if (state !== "active") {
-        const finished = await ctx.tasks.finish(id, cancelledBeforeStart(record.task as AcceptedTask, record.created_at, reason, now), now, 7 * 24 * 3600);
-        if (finished) return reply.code(200).send({ id, status: "cancelled" });
+        const task = record.task as AcceptedTask;
+        const callback = task.callback ? { state: "pending" as const, delivery_id: randomUUID(), attempts: 0, last_error: null, delivered_at: null } : null;
+        const finished = await ctx.tasks.finish(id, cancelledBeforeStart(task, record.created_at, reason, now), now, 7 * 24 * 3600, callback);
+        if (finished) {
+          // Its callback and its group's are sent by a worker: the job goes back at the head of the
+          // queue, and a worker that finds the task ended queues what follows (and nothing else).
+          if (task.callback || task.group_id) await ctx.rollouts.add("rollout", { task_id: id }, { jobId: id, lifo: true });
+          return reply.code(200).send({ id, status: "cancelled" });
+        }
       }
       return reply.code(202).send({ id, status: "cancelling" });
     });
