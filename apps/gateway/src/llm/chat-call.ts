@@ -79,16 +79,19 @@ export class ChatCaller {
     if (limits.max_total_tokens !== undefined && counts.prompt_tokens + counts.completion_tokens >= limits.max_total_tokens) {
       throw new CallRejected(`session used its max_total_tokens (${limits.max_total_tokens})`, 400, "session_token_limit");
     }
-    const seq = await this.deps.sessions.nextSeq(session.id);
+    // Independent reads: sent together (one round trip's wait instead of three).
+    const hasHistory = canonical.messages.some((m) => m.role === "assistant");
+    const [seq, heads, model] = await Promise.all([
+      this.deps.sessions.nextSeq(session.id),
+      hasHistory ? this.deps.sessions.recordHeads(session.id) : null,
+      this.servedModel(assignment.engine),
+    ]);
     if (limits.max_llm_calls !== undefined && seq >= limits.max_llm_calls) {
       throw new CallRejected(`session used its max_llm_calls (${limits.max_llm_calls})`, 400, "session_call_limit");
     }
     const target = this.deps.registry.target(assignment.engine, assignment.dp_rank);
     const adapter = adapterFor(target.engine.kind);
     if (!adapter) throw new CallRejected(`engine kind ${target.engine.kind} is not supported yet`, 501, "engine_unsupported");
-    const model = await this.deps.registry.servedModel(assignment.engine).catch((err: Error) => {
-      throw new EngineError(`cannot read the engine's model name: ${err.message}`, 502, "unreachable");
-    });
     // Re-read when the call passes the pause gate (complete/stream): a paused call runs on the new weights.
     const weightVersion = this.deps.pause.weights;
     // Echoed history: each assistant turn is restored from the session's own records (what the
@@ -96,8 +99,8 @@ export class ChatCaller {
     // there are such turns; the one full record a token-in continuation needs is read after.
     let messages = normalizeEchoedHistory(canonical.messages);
     let history: EchoedHistory | null = null;
-    if (messages.some((m) => m.role === "assistant")) {
-      history = matchEchoedHistory(messages, await this.deps.sessions.recordHeads(session.id));
+    if (heads && messages.some((m) => m.role === "assistant")) {
+      history = matchEchoedHistory(messages, heads);
       messages = history.messages;
     }
     const request: CanonicalChatRequest = {
@@ -115,6 +118,12 @@ export class ChatCaller {
     };
     const tokenIn = history ? await this.planTokenIn(engineCall, history, session.id, seq) : null;
     return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), engineCall, tokenIn };
+  }
+
+  private servedModel(engine: number): Promise<string> {
+    return this.deps.registry.servedModel(engine).catch((err: Error) => {
+      throw new EngineError(`cannot read the engine's model name: ${err.message}`, 502, "unreachable");
+    });
   }
 
   /** Whether this call continues a recorded one token-in (continuation.ts); a plan that fails falls back to rendering. */
@@ -330,18 +339,21 @@ export class ChatCaller {
       ...(call.reissued ? { reissued_after_pause: true } : {}),
       ...(call.continued ? { output_weight_versions: call.continued.versions, continued_after_pause: call.continued.cuts } : {}),
     };
-    await this.deps.sessions.appendRecord(record, recordHead(record));
-    this.deps.observe?.(record, call);
     const taskId = call.session.metadata.task_id;
-    if (typeof taskId === "string") {
-      await this.deps.tasks.appendEvent(taskId, "llm_call", {
-        seq: record.seq,
-        prompt_tokens: record.usage.prompt_tokens,
-        completion_tokens: record.usage.completion_tokens,
-        cached_tokens: record.usage.cached_tokens,
-        finish_reason: record.finish_reason,
-        latency_ms: record.latency_ms,
-      });
-    }
+    // The record and the task's progress event are written together (one round trip's wait).
+    await Promise.all([
+      this.deps.sessions.appendRecord(record, recordHead(record)),
+      typeof taskId === "string"
+        ? this.deps.tasks.appendEvent(taskId, "llm_call", {
+            seq: record.seq,
+            prompt_tokens: record.usage.prompt_tokens,
+            completion_tokens: record.usage.completion_tokens,
+            cached_tokens: record.usage.cached_tokens,
+            finish_reason: record.finish_reason,
+            latency_ms: record.latency_ms,
+          })
+        : null,
+    ]);
+    this.deps.observe?.(record, call);
   }
 }
