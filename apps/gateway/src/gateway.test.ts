@@ -2,26 +2,17 @@
  * The gateway in-process (Fastify inject) against an in-process engine-sim on a real port and the
  * real Redis, each test under its own key prefix.
  */
-import { randomUUID } from "node:crypto";
-import { GatewayEnv, type CompletionRecord, type Session } from "@rollgate/protocol";
+import type { CompletionRecord, Session } from "@rollgate/protocol";
 import { buildEngineSim, getSimState } from "@rollgate/engine-sim";
 import type { FastifyInstance } from "fastify";
-import { Redis } from "ioredis";
-import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { buildGateway } from "./app.js";
+import { startSimFleet, type SimFleet } from "./__fixtures__/harness.js";
 
-const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
-const prefixes: string[] = [];
+let fleet: SimFleet;
 let sim: FastifyInstance;
 let simUrl: string;
 
-async function gateway(engines: unknown[], extra: Record<string, string> = {}): Promise<FastifyInstance> {
-  const prefix = `test-gw-${randomUUID().slice(0, 8)}`;
-  prefixes.push(prefix);
-  const env = GatewayEnv.parse({ REDIS_URL, ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_ENGINES: JSON.stringify(engines), ...extra });
-  return buildGateway({ env, logger: pino({ level: "silent" }) });
-}
+const gateway = (engines: unknown[], env: Record<string, string> = {}) => fleet.gateway({ engines, env });
 
 async function openSession(app: FastifyInstance, body: Record<string, unknown> = {}) {
   const res = await app.inject({ method: "POST", url: "/v1/sessions", payload: body });
@@ -39,21 +30,11 @@ function chat(app: FastifyInstance, s: { id: string; token: string }, body: unkn
 }
 
 beforeAll(async () => {
-  sim = buildEngineSim({ dpSize: 2, model: "Qwen/Qwen3-8B" });
-  await sim.listen({ port: 0, host: "127.0.0.1" });
-  const addr = sim.server.address();
-  simUrl = `http://127.0.0.1:${typeof addr === "object" && addr ? addr.port : 0}`;
+  fleet = await startSimFleet("gw", { model: "Qwen/Qwen3-8B" });
+  ({ sim, simUrl } = fleet);
 });
 
-afterAll(async () => {
-  await sim.close();
-  const redis = new Redis(REDIS_URL);
-  for (const p of prefixes) {
-    const found = [...(await redis.keys(`${p}:*`)), ...(await redis.keys(`{${p}:*`))];
-    if (found.length) await redis.del(...found);
-  }
-  redis.disconnect();
-});
+afterAll(() => fleet.close());
 
 describe("sessions and the OpenAI chat route", () => {
   it("assigns sessions to the least-loaded rank and sends every call of a session to its rank", async () => {

@@ -5,19 +5,12 @@
  */
 import { randomUUID } from "node:crypto";
 import { Writable } from "node:stream";
-import { buildEngineSim } from "@rollgate/engine-sim";
-import { GatewayEnv } from "@rollgate/protocol";
-import type { FastifyInstance } from "fastify";
-import { Redis } from "ioredis";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { buildGateway } from "./app.js";
+import { startSimFleet, type SimFleet } from "./__fixtures__/harness.js";
 import { maskUrl, redactingLogger } from "./observability/logging.js";
 
-const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
-const prefixes: string[] = [];
-let sim: FastifyInstance;
-let simUrl: string;
+let fleet: SimFleet;
 
 type Line = Record<string, unknown> & { msg?: string; reqId?: string; session_id?: string; task_id?: string };
 
@@ -40,35 +33,13 @@ function capture() {
   };
 }
 
-async function gateway(logger: pino.Logger, extra: Record<string, string> = {}): Promise<FastifyInstance> {
-  const prefix = `test-logs-${randomUUID().slice(0, 8)}`;
-  prefixes.push(prefix);
-  const env = GatewayEnv.parse({
-    REDIS_URL,
-    ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: simUrl, dp_size: 2 }]),
-    LOG_LEVEL: "debug",
-    ...extra,
-  });
-  return buildGateway({ env, logger });
-}
+const gateway = (logger: pino.Logger, env: Record<string, string> = {}) => fleet.gateway({ logger, env: { LOG_LEVEL: "debug", ...env } });
 
 beforeAll(async () => {
-  sim = buildEngineSim({ dpSize: 2, model: "Qwen/Qwen3-8B" });
-  await sim.listen({ port: 0, host: "127.0.0.1" });
-  const addr = sim.server.address();
-  simUrl = `http://127.0.0.1:${typeof addr === "object" && addr ? addr.port : 0}`;
+  fleet = await startSimFleet("logs", { model: "Qwen/Qwen3-8B" });
 });
 
-afterAll(async () => {
-  await sim.close();
-  const redis = new Redis(REDIS_URL);
-  for (const p of prefixes) {
-    const found = [...(await redis.keys(`${p}:*`)), ...(await redis.keys(`{${p}:*`))];
-    if (found.length) await redis.del(...found);
-  }
-  redis.disconnect();
-});
+afterAll(() => fleet.close());
 
 describe("gateway logs", () => {
   it("never contain a session token or the API key, on any protocol; agent lines carry session and task ids", async () => {

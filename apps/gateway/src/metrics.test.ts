@@ -2,31 +2,13 @@
  * GET /metrics: scraped before and after real traffic (in-process gateway, in-process engine-sim
  * on a real port, real Redis under a per-test key prefix).
  */
-import { randomUUID } from "node:crypto";
-import { buildEngineSim } from "@rollgate/engine-sim";
-import { GatewayEnv, type CompletionRecord } from "@rollgate/protocol";
+import type { CompletionRecord } from "@rollgate/protocol";
 import type { FastifyInstance } from "fastify";
-import { Redis } from "ioredis";
-import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { buildGateway } from "./app.js";
+import { startSimFleet, type SimFleet } from "./__fixtures__/harness.js";
 
-const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
-const prefixes: string[] = [];
-let sim: FastifyInstance;
-let simUrl: string;
-
-async function gateway(extra: Record<string, string> = {}): Promise<FastifyInstance> {
-  const prefix = `test-metrics-${randomUUID().slice(0, 8)}`;
-  prefixes.push(prefix);
-  const env = GatewayEnv.parse({
-    REDIS_URL,
-    ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: simUrl, dp_size: 2 }]),
-    ...extra,
-  });
-  return buildGateway({ env, logger: pino({ level: "silent" }) });
-}
+let fleet: SimFleet;
+const gateway = (env: Record<string, string> = {}) => fleet.gateway({ env });
 
 type Sample = { name: string; labels: Record<string, string>; value: number };
 
@@ -76,21 +58,10 @@ async function until(check: () => Promise<boolean>, ms = 3000): Promise<void> {
 }
 
 beforeAll(async () => {
-  sim = buildEngineSim({ dpSize: 2, model: "Qwen/Qwen3-8B" });
-  await sim.listen({ port: 0, host: "127.0.0.1" });
-  const addr = sim.server.address();
-  simUrl = `http://127.0.0.1:${typeof addr === "object" && addr ? addr.port : 0}`;
+  fleet = await startSimFleet("metrics", { model: "Qwen/Qwen3-8B" });
 });
 
-afterAll(async () => {
-  await sim.close();
-  const redis = new Redis(REDIS_URL);
-  for (const p of prefixes) {
-    const found = [...(await redis.keys(`${p}:*`)), ...(await redis.keys(`{${p}:*`))];
-    if (found.length) await redis.del(...found);
-  }
-  redis.disconnect();
-});
+afterAll(() => fleet.close());
 
 describe("GET /metrics", () => {
   it("counts LLM calls, tokens and latencies by protocol and rank as calls happen", async () => {

@@ -79,3 +79,42 @@ export async function startHarness(name: string, sim: EngineSimOptions = {}, ext
     },
   };
 }
+
+export interface SimFleet {
+  sim: FastifyInstance;
+  /** engine-sim's base URL. */
+  simUrl: string;
+  /**
+   * A gateway (not listening: use `inject`) under a key prefix of its own, on `engines` (default:
+   * the sim as one vLLM engine of all its ranks); `env` adds or overrides variables.
+   */
+  gateway: (opts?: { engines?: unknown[]; env?: Record<string, string>; logger?: Logger }) => Promise<FastifyInstance>;
+  /** Closes the sim and drops every gateway's keys (the gateways are the tests' to close, or not). */
+  close: () => Promise<void>;
+}
+
+/** One engine-sim listening, and as many gateways on it as a test file needs, each with its own prefix. */
+export async function startSimFleet(name: string, sim: EngineSimOptions = {}): Promise<SimFleet> {
+  const engine = buildEngineSim({ dpSize: 2, ...sim });
+  const simUrl = await listenLocal(engine);
+  const prefixes: string[] = [];
+  return {
+    sim: engine,
+    simUrl,
+    gateway: async (opts = {}) => {
+      const prefix = `test-${name}-${randomUUID().slice(0, 8)}`;
+      prefixes.push(prefix);
+      const env = GatewayEnv.parse({
+        REDIS_URL: TEST_REDIS_URL,
+        ROLLGATE_KEY_PREFIX: prefix,
+        ROLLGATE_ENGINES: JSON.stringify(opts.engines ?? [{ kind: sim.kind ?? "vllm", url: simUrl, dp_size: sim.dpSize ?? 2 }]),
+        ...opts.env,
+      });
+      return buildGateway({ env, logger: opts.logger ?? pino({ level: "silent" }) });
+    },
+    close: async () => {
+      await engine.close();
+      await dropPrefixes(prefixes);
+    },
+  };
+}
