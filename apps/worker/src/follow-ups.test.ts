@@ -4,7 +4,7 @@
  * callback and counts the task in its group, once, however often it runs. Real Redis and BullMQ.
  */
 import { randomUUID } from "node:crypto";
-import type { Task, TaskResult } from "@rollgate/protocol";
+import type { AcceptedTask, TaskResult } from "@rollgate/protocol";
 import { callbackQueue, createRedis, type CallbackJob, type RolloutJob } from "@rollgate/queue";
 import { TaskStore } from "@rollgate/store";
 import type { Job, Queue } from "bullmq";
@@ -19,7 +19,7 @@ const queueRedis = createRedis(REDIS_URL, "worker");
 let tasks: TaskStore;
 let callbacks: Queue<CallbackJob>;
 
-const task = (id: string, group?: string): Task =>
+const task = (id: string, group?: string): AcceptedTask =>
   ({
     id,
     instruction: "x",
@@ -27,7 +27,7 @@ const task = (id: string, group?: string): Task =>
     evaluator: { kind: "none" },
     callback: { url: "http://trainer.invalid/cb", secret: "s" },
     ...(group ? { group_id: group } : {}),
-  }) as Task;
+  }) as AcceptedTask;
 
 const result = (id: string): TaskResult =>
   ({
