@@ -98,7 +98,14 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   subscriber.on("error", (err: Error) => log.warn({ err: err.message }, "redis subscriber error"));
   const pause = new PauseGate(admin, subscriber, log, () => weights.get());
   await pause.start();
-  const health = new EngineHealth(registry, router, env.ROLLGATE_HEALTH_FAILURES, log, (member, down) => admin.publish({ type: "rank", member, down }));
+  const health = new EngineHealth(
+    registry,
+    router,
+    env.ROLLGATE_HEALTH_FAILURES,
+    log,
+    (member, down) => admin.publish({ type: "rank", member, down }),
+    () => pause.paused !== null,
+  );
   pause.onAdminMessage((msg) => {
     if (msg.type === "rank") health.heard(msg.member, msg.down);
   });

@@ -125,6 +125,47 @@ describe("abort-mode pause on vLLM: calls continue token-in", () => {
   });
 });
 
+describe("abort-mode pause when the call's rank goes down during the pause", () => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness("pause-abort-down", { tpotMs: 20, dpSize: 2 }, { ROLLGATE_HEALTH_INTERVAL_S: "0.2", ROLLGATE_HEALTH_FAILURES: "1" });
+  });
+  afterAll(async () => h?.close());
+
+  const fault = (rank: number, mode: "down" | "none") =>
+    fetch(`http://127.0.0.1:${(h.sim.server.address() as { port: number }).port}/sim/faults`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ rank, mode }),
+    });
+
+  it("after resume the cut call moves off the rank that failed it, and the record says so", async () => {
+    await admin(h, "/admin/weights", { version: "d1" });
+    const s = await h.openSession();
+    const rank = ((await (await fetch(`${h.url}/v1/sessions/${s.id}`)).json()) as { assignment: { dp_rank: number } }).assignment.dp_rank;
+    const call = sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS });
+    await new Promise((r) => setTimeout(r, 300));
+    await admin(h, "/admin/inference/pause", { mode: "abort", timeout_s: 5 });
+    // The engine restarts badly during the weight update: its rank is down when inference resumes.
+    await fault(rank, "down");
+    try {
+      // No probe runs while paused (engine-health.test.ts), so the failure is found by the continuation itself.
+      await admin(h, "/admin/weights", { version: "d2" });
+      await admin(h, "/admin/inference/resume");
+      const res = await call;
+      expect(res.choices[0]!.finish_reason).toBe("tool_calls");
+      expect(res.choices[0]!.message.tool_calls).toHaveLength(1);
+      const [rec] = await h.records(s.id);
+      expect(rec).toMatchObject({ dp_rank: 1 - rank, rerouted_from: { engine: 0, dp_rank: rank }, continued_after_pause: 1, weight_version: "d2" });
+      expect(rec!.output_ids).toHaveLength(50);
+      expect(new Set(rec!.output_weight_versions)).toEqual(new Set(["d1", "d2"]));
+      expect(((await (await fetch(`${h.url}/v1/sessions/${s.id}`)).json()) as { assignment: { dp_rank: number } }).assignment.dp_rank).toBe(1 - rank);
+    } finally {
+      await fault(rank, "none");
+    }
+  });
+});
+
 describe("abort-mode pause on SGLang: calls continue through /generate with input_ids", () => {
   let h: Harness;
   let reference: CompletionRecord;

@@ -23,6 +23,11 @@ import type { EngineCall } from "../engines/vllm.js";
 import { planContinuation, type ContinuationMode, type TokenInPlan } from "./continuation.js";
 import { addCut, continuationPrompt, continuationRequest, joinContinuation, type CutGeneration } from "./pause-continuation.js";
 
+/** The engine could not serve the call (unreachable, or a 5xx): worth another rank, unlike a refusal. */
+function rankFailed(err: unknown): boolean {
+  return err instanceof EngineError && (err.kind === "unreachable" || (err.kind === "rejected" && err.status === 502));
+}
+
 /** A call refused before it reached an engine (session limits); `status` and `code` go to the agent. */
 export class CallRejected extends Error {
   constructor(
@@ -179,14 +184,21 @@ export class ChatCaller {
    */
   async complete(call: PreparedCall): Promise<EngineResult> {
     let cut: CutGeneration | null = null;
+    let movedAfterFailure = false;
     for (;;) {
       const slot = await this.deps.pause.enter(call.engineCall.signal, rankMember(call.target.engineIndex, call.target.dpRank));
       // Read once the gate is open: a call that waited through a pause runs on the new weights.
       const version = (call.weightVersion = this.deps.pause.weights);
       let result: EngineResult | null;
+      if (cut) await this.moveCutCall(call, false);
       try {
         result = cut ? await this.continueCut(call, cut, slot.signal) : await this.send(call, slot.signal, false);
       } catch (err) {
+        // A cut call whose rank failed while paused goes on elsewhere (once): it has tokens to keep.
+        if (cut && !movedAfterFailure && rankFailed(err) && (await this.moveCutCall(call, true))) {
+          movedAfterFailure = true;
+          continue;
+        }
         await this.noteFailure(call, err);
         throw err;
       } finally {
@@ -211,10 +223,13 @@ export class ChatCaller {
   async *stream(call: PreparedCall): AsyncGenerator<EngineStreamEvent, EngineResult> {
     const acc = new StreamAccumulator();
     let cut: CutGeneration | null = null;
+    let movedAfterFailure = false;
     for (;;) {
       const slot = await this.deps.pause.enter(call.engineCall.signal, rankMember(call.target.engineIndex, call.target.dpRank));
       const version = (call.weightVersion = this.deps.pause.weights);
       const piece = new StreamAccumulator();
+      if (cut) await this.moveCutCall(call, false);
+      let yielded = false;
       let heldFinish = false;
       try {
         const events = cut ? this.continueCutStream(call, cut, slot.signal) : this.send(call, slot.signal, true);
@@ -224,10 +239,16 @@ export class ChatCaller {
           // The agent already has its start; usage is told once, for the whole answer.
           if ((event.type === "start" && cut) || (event.type === "usage" && (heldFinish || cut)) || heldFinish) continue;
           acc.push(event);
+          yielded = true;
           yield event;
         }
         if (!piece.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
       } catch (err) {
+        // As in complete(), if the agent has seen nothing of the continuation yet.
+        if (cut && !yielded && !movedAfterFailure && rankFailed(err) && (await this.moveCutCall(call, true))) {
+          movedAfterFailure = true;
+          continue;
+        }
         await this.noteFailure(call, err);
         throw err;
       } finally {
@@ -251,6 +272,24 @@ export class ChatCaller {
       await this.record(call, result);
       return result;
     }
+  }
+
+  /**
+   * A cut call goes on where it was, unless its rank was drained during the pause or (`failed`)
+   * just failed the continuation: then it moves like its session (the new rank prefills prompt +
+   * tokens so far; the record says where it came from). False when there was nowhere to go.
+   */
+  private async moveCutCall(call: PreparedCall, failed: boolean): Promise<boolean> {
+    const moved = failed ? await this.deps.rerouter.moveOff(call.session) : await this.deps.rerouter.ensureHealthy(call.session);
+    const { session, reroutedFrom } = moved;
+    if (!reroutedFrom || !session.assignment) return false;
+    const target = this.deps.registry.target(session.assignment.engine, session.assignment.dp_rank);
+    const adapter = adapterFor(target.engine.kind);
+    if (!adapter || !tokenInFor(target.engine.kind)) return false;
+    this.deps.log.info({ session: session.id, seq: call.seq, from: reroutedFrom, to: target.dpRank, failed }, "a cut call moves to another rank");
+    const model = await this.servedModel(session.assignment.engine);
+    Object.assign(call, { session, target, adapter, reroutedFrom: call.reroutedFrom ?? reroutedFrom, engineCall: { ...call.engineCall, target, model } });
+    return true;
   }
 
   /** An engine answer ended by a pause (not refused or cut for another reason). */

@@ -36,6 +36,11 @@ export class EngineHealth {
     private readonly log: Logger,
     /** Tells the other replicas at once (they also re-read the shared set every round). */
     private readonly announce: (member: string, down: boolean) => Promise<void> = async () => undefined,
+    /**
+     * Whether inference is paused: probes are real one-token generations, which a paused engine
+     * holds until resume, so a weight update longer than the probe timeout would drain every rank.
+     */
+    private readonly paused: () => boolean = () => false,
   ) {
     for (const m of registry.members()) {
       this.state.set(m, { member: m, healthy: true, consecutiveFailures: 0, lastLatencyMs: null, lastCheck: null, detail: "not probed yet" });
@@ -89,7 +94,7 @@ export class EngineHealth {
 
   /** One round of probes (also callable directly, e.g. from tests). */
   async checkAll(): Promise<void> {
-    if (this.running) return;
+    if (this.running || this.paused()) return;
     this.running = true;
     try {
       await Promise.all(

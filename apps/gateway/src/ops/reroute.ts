@@ -23,10 +23,19 @@ export class Rerouter {
 
   async ensureHealthy(session: Session): Promise<{ session: Session; reroutedFrom: { engine: number; dp_rank: number } | null }> {
     const a = session.assignment;
+    if (!a || !this.health.isDown(rankMember(a.engine, a.dp_rank))) return { session, reroutedFrom: null };
+    return this.moveOff(session);
+  }
+
+  /**
+   * Moves a session off its rank now (its rank failed a call the health probes have not caught
+   * yet): to another healthy rank by the routing policy; unchanged when there is none.
+   */
+  async moveOff(session: Session): Promise<{ session: Session; reroutedFrom: { engine: number; dp_rank: number } | null }> {
+    const a = session.assignment;
     if (!a) return { session, reroutedFrom: null };
     const current = rankMember(a.engine, a.dp_rank);
-    if (!this.health.isDown(current)) return { session, reroutedFrom: null };
-    const healthy = this.healthyMembers();
+    const healthy = this.healthyMembers().filter((m) => m !== current);
     if (healthy.length === 0) return { session, reroutedFrom: null }; // nowhere better: let the call fail clearly
     const next = await this.router.assign(healthy, session.affinity_key ?? undefined, this.policy);
     if (!next) return { session, reroutedFrom: null };

@@ -1,0 +1,51 @@
+/**
+ * Rank health probes against engine-sim with real Redis: a failing rank is drained after the
+ * configured failures, and nothing is probed (so nothing is drained) while inference is paused:
+ * probes are generations a paused engine would hold until resume.
+ */
+import { buildEngineSim } from "@rollgate/engine-sim";
+import { createRedis } from "@rollgate/queue";
+import { RankRouter } from "@rollgate/store";
+import type { FastifyInstance } from "fastify";
+import { pino } from "pino";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { dropPrefixes, listenLocal, TEST_REDIS_URL } from "../__fixtures__/harness.js";
+import { EngineRegistry } from "../engines/registry.js";
+import { EngineHealth } from "./engine-health.js";
+
+const prefix = `test-health-${Math.random().toString(36).slice(2, 8)}`;
+const redis = createRedis(TEST_REDIS_URL, "producer");
+let sim: FastifyInstance;
+let simUrl: string;
+
+beforeAll(async () => {
+  sim = buildEngineSim({ dpSize: 2 });
+  simUrl = await listenLocal(sim);
+  // Rank 1 answers 503 to everything.
+  await fetch(`${simUrl}/sim/faults`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ rank: 1, mode: "down" }) });
+});
+
+afterAll(async () => {
+  await sim.close();
+  await dropPrefixes([prefix]);
+  redis.disconnect();
+});
+
+describe("EngineHealth", () => {
+  const make = (paused: () => boolean) => {
+    const registry = new EngineRegistry([{ kind: "vllm", url: simUrl, dp_size: 2 }], 10_000);
+    return new EngineHealth(registry, new RankRouter(redis, prefix), 1, pino({ level: "silent" }), async () => undefined, paused);
+  };
+
+  it("probes nothing while inference is paused, then drains the failing rank once resumed", async () => {
+    let paused = true;
+    const health = make(() => paused);
+    await health.checkAll();
+    expect(health.isDown("0:1")).toBe(false);
+    expect(health.snapshot().every((h) => h.lastCheck === null)).toBe(true);
+    paused = false;
+    await health.checkAll();
+    expect(health.isDown("0:1")).toBe(true);
+    expect(health.isDown("0:0")).toBe(false);
+  });
+});
