@@ -3,6 +3,7 @@ import { Session, CompletionRecord, RecordHead, type CreateSessionRequest } from
 import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
+import { runScript } from "./scripts.js";
 
 export type SessionAssignment = NonNullable<Session["assignment"]>;
 
@@ -28,6 +29,19 @@ const CLOSE_SCRIPT = `
 if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return false end
 redis.call('HSET', KEYS[1], 'state', 'closed', 'closed_at', ARGV[1])
 return redis.call('HGET', KEYS[1], 'rank_member') or ''
+`;
+
+// Stores a completion record and its head and adds its usage to the session's counters, in one
+// step. KEYS: records, record heads, session. ARGV: seq, record json, head json, prompt,
+// completion and cached tokens.
+const APPEND_RECORD_SCRIPT = `
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('HINCRBY', KEYS[3], 'llm_calls', 1)
+redis.call('HINCRBY', KEYS[3], 'prompt_tokens', ARGV[4])
+redis.call('HINCRBY', KEYS[3], 'completion_tokens', ARGV[5])
+redis.call('HINCRBY', KEYS[3], 'cached_tokens', ARGV[6])
+return 1
 `;
 
 // Gives one slot back on a rank, never below zero. KEYS: rank load. ARGV: member.
@@ -141,15 +155,14 @@ export class SessionStore {
    */
   async appendRecord(record: CompletionRecord, head: RecordHead): Promise<void> {
     const sid = record.session_id;
-    await this.redis
-      .multi()
-      .hset(this.k.records(sid), String(record.seq), JSON.stringify(record))
-      .hset(this.k.recordHeads(sid), String(record.seq), JSON.stringify(head))
-      .hincrby(this.k.session(sid), "llm_calls", 1)
-      .hincrby(this.k.session(sid), "prompt_tokens", record.usage.prompt_tokens)
-      .hincrby(this.k.session(sid), "completion_tokens", record.usage.completion_tokens)
-      .hincrby(this.k.session(sid), "cached_tokens", record.usage.cached_tokens)
-      .exec();
+    const u = record.usage;
+    // One script instead of a six-command MULTI: the same atomic write, a fraction of the client work.
+    await runScript(
+      this.redis,
+      APPEND_RECORD_SCRIPT,
+      [this.k.records(sid), this.k.recordHeads(sid), this.k.session(sid)],
+      [String(record.seq), JSON.stringify(record), JSON.stringify(head), String(u.prompt_tokens), String(u.completion_tokens), String(u.cached_tokens)],
+    );
   }
 
   async records(id: string): Promise<CompletionRecord[]> {

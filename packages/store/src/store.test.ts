@@ -236,3 +236,18 @@ describe("TaskStore", () => {
     expect((await store.get("t-cb"))!.callback.delivery_id).toBe("d-1");
   });
 });
+
+describe("runScript", () => {
+  it("runs a script by its SHA, loading it when the server does not know it", async () => {
+    const { runScript } = await import("./scripts.js");
+    const key = `${prefix}-script:k`;
+    // A script no server has seen (its comment is random): the first call finds NOSCRIPT.
+    const script = `return redis.call('INCRBY', KEYS[1], ARGV[1]) -- ${Math.random()}`;
+    expect(await runScript(redis, script, [key], ["2"])).toBe(2);
+    const sha = (await import("node:crypto")).createHash("sha1").update(script).digest("hex");
+    expect(await redis.script("EXISTS", sha)).toEqual([1]);
+    // Known now: EVALSHA alone.
+    expect(await runScript(redis, script, [key], ["3"])).toBe(5);
+    await redis.del(key);
+  });
+});

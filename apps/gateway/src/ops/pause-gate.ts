@@ -15,6 +15,8 @@ export interface GateSlot {
 }
 
 const REPORT_MS = 3_000;
+/** Call starts and ends within this window share one report (the pause route polls every 100 ms). */
+const REPORT_COALESCE_MS = 20;
 
 /**
  * This replica's view of the inference pause (DESIGN §2 admin): engine calls wait while paused
@@ -52,6 +54,7 @@ export class PauseGate {
 
   async stop(): Promise<void> {
     if (this.timer) clearInterval(this.timer);
+    if (this.reportSoon) clearTimeout(this.reportSoon);
     this.release();
     this.subscriber.disconnect();
     await this.admin.forgetReplica(this.replicaId).catch(() => undefined);
@@ -84,6 +87,17 @@ export class PauseGate {
     const out: Record<string, number> = {};
     for (const slot of this.inflight) out[slot.rank] = (out[slot.rank] ?? 0) + 1;
     return out;
+  }
+
+  private reportSoon: NodeJS.Timeout | null = null;
+
+  /** A report of the current counts shortly: a burst of call starts and ends costs one write. */
+  private scheduleReport(): void {
+    if (this.reportSoon) return;
+    this.reportSoon = setTimeout(() => {
+      this.reportSoon = null;
+      void this.report();
+    }, REPORT_COALESCE_MS);
   }
 
   private async report(): Promise<void> {
@@ -139,13 +153,13 @@ export class PauseGate {
     clientSignal.addEventListener("abort", onClient, { once: true });
     const slot = { controller, paused: false, rank };
     this.inflight.add(slot);
-    void this.report();
+    this.scheduleReport();
     return {
       signal: controller.signal,
       pausedDuring: () => slot.paused,
       release: () => {
         clientSignal.removeEventListener("abort", onClient);
-        if (this.inflight.delete(slot)) void this.report();
+        if (this.inflight.delete(slot)) this.scheduleReport();
       },
     };
   }
