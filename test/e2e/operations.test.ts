@@ -115,7 +115,8 @@ describe("pause, resume and weight versions", () => {
     const recs = (await a(`/v1/sessions/${s.id}/completions`)).body.completions as CompletionRecord[];
     expect(recs.map((r) => r.weight_version)).toEqual(["v1", "v1", "v2"]);
     // Replica A served two of the calls: its recent latency on the rank covers them.
-    const after = (await a("/admin/engines")).body.engines[0].ranks[rank];
+    // In-flight counts are reported within a few ms of a call's end.
+    const after = await poll(async () => (await a("/admin/engines")).body.engines[0].ranks[rank], (r) => r.inflight === 0, 2_000, 20);
     expect(after.inflight).toBe(0);
     expect(after.recent_calls.calls).toBeGreaterThanOrEqual(2);
     expect(after.recent_calls.p95_ms).toBeGreaterThanOrEqual(after.recent_calls.p50_ms);

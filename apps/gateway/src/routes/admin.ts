@@ -34,7 +34,7 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       if (!parsed.success) return reply.code(400).send(validationError(parsed.error));
       const { mode, timeout_s } = parsed.data;
       const state = { mode, since: new Date().toISOString(), id: randomUUID() };
-      // Replicas report their in-flight count on every call start and end, so this is current.
+      // Replicas report their in-flight count within a few ms of every call start and end.
       const inflightAtPause = await ctx.admin.inflight();
       await ctx.admin.pause(state);
       // Give every replica a moment to hear the pause: no new engine calls, and an "abort" answer
@@ -43,7 +43,9 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const pauseEngines = () => Promise.all(ctx.registry.engines.map((e) => pauseEngine(ctx.registry.dispatcher, e, mode === "abort")));
       const cut = mode === "abort" ? await pauseEngines() : null;
       const deadline = Date.now() + timeout_s * 1000;
-      let remaining = inflightAtPause;
+      // Read again now that every replica has heard the pause and reported (reports are coalesced
+      // over a few ms, so a call that had just started may be missing from the first count).
+      let remaining = await ctx.admin.inflight();
       while (remaining > 0 && Date.now() < deadline) {
         await new Promise((r) => setTimeout(r, 100));
         remaining = await ctx.admin.inflight();
