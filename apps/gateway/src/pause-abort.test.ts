@@ -74,7 +74,7 @@ describe("abort-mode pause on vLLM: calls continue token-in", () => {
     expect(v).toEqual([...Array(cutAt).fill("w1"), ...Array(50 - cutAt).fill("w2")]);
     expect(rec!.output_logprobs.every((x) => Number.isFinite(x) && x <= 0)).toBe(true);
     const metrics = await (await fetch(`${h.url}/metrics`)).text();
-    expect(metrics).toMatch(/rollgate_pause_cuts_total\{engine="0",dp_rank="0",outcome="continued"\} [1-9]/);
+    expect(metrics).toMatch(/rollgate_pause_cuts_total\{engine="0",dp_rank="0"\} [1-9]/);
   });
 
   // Cut inside the reasoning (~4 tokens in) and after it, in the answer text.

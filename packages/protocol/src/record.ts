@@ -26,8 +26,6 @@ export const CompletionRecord = z.object({
   latency_ms: z.number(),
   /** Set when the session's rank was drained and this call moved it (the old rank's prefix cache is lost). */
   rerouted_from: z.object({ engine: z.number().int(), dp_rank: z.number().int() }).nullable().optional(),
-  /** Set when a pause aborted the first attempt of this call and it was sent again after resume. */
-  reissued_after_pause: z.boolean().optional(),
   /**
    * Per output token, the weight version it was sampled under. Set only when an abort-mode pause
    * cut the call and it was continued token-in from the tokens already generated, so its tokens

@@ -40,7 +40,7 @@ for (const mode of modes) {
   describe(`${mode.label} token-in contract`, () => {
     let sim: FastifyInstance;
     let engine: EngineConfig;
-    const tokenIn = tokenInFor(mode.kind)!;
+    const tokenIn = tokenInFor(mode.kind);
     const base = (stream: boolean): EngineCall => ({
       target: { engineIndex: 0, engine, dpRank: 1 },
       model: "Qwen/Qwen3-8B",

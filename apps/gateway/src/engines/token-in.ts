@@ -41,13 +41,10 @@ export interface TokenInEngine {
   generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEvent>;
 }
 
-const engines: Partial<Record<EngineConfig["kind"], TokenInEngine>> = { vllm: vllmTokenIn, sglang: sglangTokenIn };
+// Every engine kind has one (the type says so): a call an abort-mode pause cuts can always go on.
+const engines: Record<EngineConfig["kind"], TokenInEngine> = { vllm: vllmTokenIn, sglang: sglangTokenIn };
 
-/** The token-in engine for a kind, or undefined (calls are then always rendered by the engine). */
-export function tokenInFor(kind: EngineConfig["kind"]): TokenInEngine | undefined {
+/** The token-in engine for a kind. */
+export function tokenInFor(kind: EngineConfig["kind"]): TokenInEngine {
   return engines[kind];
-}
-
-export function registerTokenIn(kind: EngineConfig["kind"], engine: TokenInEngine): void {
-  engines[kind] = engine;
 }

@@ -43,8 +43,6 @@ export interface PreparedCall {
   session: Session;
   adapter: EngineAdapter;
   reroutedFrom: { engine: number; dp_rank: number } | null;
-  /** Set when a pause aborted the first attempt and the call was sent again (engines without a token-in route). */
-  reissued?: boolean;
   /** Set when pauses cut the call and it was continued token-in: how often, and each output token's weight version. */
   continued?: { cuts: number; versions: WeightVersion[] };
   protocol: ClientProtocol;
@@ -205,8 +203,7 @@ export class ChatCaller {
         slot.release();
       }
       if (result && (await this.cutByPause(result.finish_reason, slot))) {
-        if (this.continuable(call)) cut = addCut(cut, result, version);
-        else [cut, call.reissued] = [null, true];
+        cut = addCut(cut, result, version);
         continue;
       }
       const final = cut ? await this.joinCut(call, cut, result, version) : (result as EngineResult);
@@ -235,7 +232,7 @@ export class ChatCaller {
         const events = cut ? this.continueCutStream(call, cut, slot.signal) : this.send(call, slot.signal, true);
         for await (const event of events) {
           piece.push(event);
-          if (event.type === "finish" && this.continuable(call) && (await this.cutByPause(event.finish_reason, slot))) heldFinish = true;
+          if (event.type === "finish" && (await this.cutByPause(event.finish_reason, slot))) heldFinish = true;
           // The agent already has its start; usage is told once, for the whole answer.
           if ((event.type === "start" && cut) || (event.type === "usage" && (heldFinish || cut)) || heldFinish) continue;
           acc.push(event);
@@ -285,7 +282,7 @@ export class ChatCaller {
     if (!reroutedFrom || !session.assignment) return false;
     const target = this.deps.registry.target(session.assignment.engine, session.assignment.dp_rank);
     const adapter = adapterFor(target.engine.kind);
-    if (!adapter || !tokenInFor(target.engine.kind)) return false;
+    if (!adapter) return false;
     this.deps.log.info({ session: session.id, seq: call.seq, from: reroutedFrom, to: target.dpRank, failed }, "a cut call moves to another rank");
     const model = await this.servedModel(session.assignment.engine);
     Object.assign(call, { session, target, adapter, reroutedFrom: call.reroutedFrom ?? reroutedFrom, engineCall: { ...call.engineCall, target, model } });
@@ -297,14 +294,9 @@ export class ChatCaller {
     return finishReason === "abort" && (await this.deps.pause.cutByPause(slot));
   }
 
-  /** Whether a cut call can go on from its tokens: its engine kind has a token-in route. */
-  private continuable(call: PreparedCall): boolean {
-    return tokenInFor(call.target.engine.kind) !== undefined;
-  }
-
   /** The token-in call that continues a cut answer, or null when its max_tokens is already spent. */
   private async continuationCall(call: PreparedCall, cut: CutGeneration, signal: AbortSignal, stream: boolean): Promise<{ engine: TokenInEngine; call: TokenInCall } | null> {
-    const engine = tokenInFor(call.target.engine.kind) as TokenInEngine;
+    const engine = tokenInFor(call.target.engine.kind);
     const request = continuationRequest(cut, call.engineCall.request);
     if (!request) return null;
     const base = { ...call.engineCall, signal, requestId: `${call.engineCall.requestId}-cont${cut.cuts}`, request: { ...request, stream } };
@@ -331,7 +323,7 @@ export class ChatCaller {
 
   /** The whole answer of a continued call: every piece's tokens, the message parsed from their text. */
   private async joinCut(call: PreparedCall, cut: CutGeneration, rest: EngineResult | null, version: WeightVersion): Promise<EngineResult> {
-    const engine = tokenInFor(call.target.engine.kind) as TokenInEngine;
+    const engine = tokenInFor(call.target.engine.kind);
     const ids = cut.outputIds.concat(rest?.output_ids ?? []);
     const tokenInCall = { ...call.engineCall, promptIds: cut.promptIds, maxModelLen: null };
     const text = await engine.detokenize(tokenInCall, ids);
@@ -375,7 +367,6 @@ export class ChatCaller {
       usage: result.usage,
       latency_ms: Date.now() - call.startedAt,
       ...(call.reroutedFrom ? { rerouted_from: call.reroutedFrom } : {}),
-      ...(call.reissued ? { reissued_after_pause: true } : {}),
       ...(call.continued ? { output_weight_versions: call.continued.versions, continued_after_pause: call.continued.cuts } : {}),
     };
     const taskId = call.session.metadata.task_id;

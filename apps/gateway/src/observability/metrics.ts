@@ -58,7 +58,7 @@ export class GatewayMetrics {
   private readonly llmTokens: Counter<"protocol" | "engine" | "dp_rank" | "kind">;
   private readonly engineLatency: Histogram<"protocol" | "engine" | "dp_rank">;
   private readonly overhead: Histogram<"protocol">;
-  private readonly pauseCuts: Counter<"engine" | "dp_rank" | "outcome">;
+  private readonly pauseCuts: Counter<"engine" | "dp_rank">;
   private readonly httpRequests: Counter<"method" | "route" | "status_code">;
   private readonly refreshErrors: Counter<"source">;
 
@@ -88,8 +88,8 @@ export class GatewayMetrics {
     });
     this.pauseCuts = new Counter({
       name: "rollgate_pause_cuts_total",
-      help: "Calls an abort-mode pause cut, by rank and what followed: continued (token-in from their tokens) or reissued (sent again).",
-      labelNames: ["engine", "dp_rank", "outcome"],
+      help: "Times an abort-mode pause cut a call that was then continued token-in from its tokens, by rank.",
+      labelNames: ["engine", "dp_rank"],
       registers,
     });
     this.llmTokens = new Counter({
@@ -168,8 +168,7 @@ export class GatewayMetrics {
     this.llmTokens.inc({ ...labels, kind: "cached" }, record.usage.cached_tokens);
     this.engineLatency.observe(labels, record.latency_ms / 1000);
     const rank = { engine: labels.engine, dp_rank: labels.dp_rank };
-    if (record.continued_after_pause) this.pauseCuts.inc({ ...rank, outcome: "continued" }, record.continued_after_pause);
-    if (record.reissued_after_pause) this.pauseCuts.inc({ ...rank, outcome: "reissued" });
+    if (record.continued_after_pause) this.pauseCuts.inc(rank, record.continued_after_pause);
     const scope = requestScope.getStore();
     if (scope) {
       scope.engineMs += record.latency_ms;
