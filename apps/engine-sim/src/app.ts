@@ -7,6 +7,7 @@ import { registerSglangGenerateRoutes } from "./routes/sglang-generate.js";
 import { registerSglangMiscRoutes } from "./routes/sglang-misc.js";
 import { registerSimAdminRoutes } from "./routes/sim-admin.js";
 import { registerVllmControlRoutes } from "./routes/vllm-control.js";
+import { registerWeightRoutes } from "./routes/weights.js";
 import { errorBody, setRawBody } from "./routes/common.js";
 import { SimState } from "./state.js";
 import type { EngineSimOptions } from "./state.js";
@@ -67,5 +68,6 @@ export function buildEngineSim(options: EngineSimOptions = {}): FastifyInstance 
     registerVllmControlRoutes(app, sim);
   }
   registerSimAdminRoutes(app, sim);
+  registerWeightRoutes(app, sim);
   return app;
 }

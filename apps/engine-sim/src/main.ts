@@ -32,13 +32,14 @@ Flags (each defaults to its environment variable, then to the value shown):
 
 vLLM routes: POST /v1/chat/completions, POST /v1/completions, POST /tokenize, POST /detokenize, GET /v1/models,
 GET /health, GET /version, POST /pause?mode=abort|wait|keep, POST /resume, GET /is_paused, GET /weight_info,
-POST /update_weight_version, POST /reset_prefix_cache.
+POST /update_weight_version, POST /reset_prefix_cache, POST /collective_rpc (update_config, reload_weights),
+POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter.
 SGLang routes: POST /generate, POST /v1/chat/completions, POST /v1/completions, POST /tokenize, POST /detokenize,
 GET /v1/models, GET /health, GET /health_generate, POST /pause_generation, POST /continue_generation,
 GET|POST /flush_cache, POST /abort_request, GET /model_info, GET /server_info, POST /update_weights_from_disk,
-POST /update_weight_version.
+POST /update_weight_version, POST /load_lora_adapter, POST /unload_lora_adapter.
 Sim-only (both): GET /sim/stats, GET|POST /sim/faults {rank?, mode, error_rate?, delay_ms?, after_tokens?},
-POST /sim/weights {version?}. Responses carry x-sim-dp-rank (the serving rank).
+POST /sim/weights {version?}, GET|POST /sim/load_faults {rank?, message?, clear?} (a rank's weight loads fail). Responses carry x-sim-dp-rank (the serving rank).
 A "#sim: [STEP, …]" line in a user/system message (or a raw prompt) scripts the answers (DESIGN.md §7).
 
 When listening it prints one line to stdout: "engine-sim ready: http://HOST:PORT".`;

@@ -184,7 +184,7 @@ describe("SGLang small routes", () => {
     const ids = tok.encode(HI);
     const before = (await post(sim, "/generate", { input_ids: ids, return_logprob: true })).json();
     const up = (await post(sim, "/update_weights_from_disk", { model_path: "/ckpt/step-1", weight_version: "step-1" })).json();
-    expect(up).toEqual({ success: true, message: "Succeeded to update model weights.", num_paused_requests: 0 });
+    expect(up).toEqual({ success: true, message: "Succeeded to update model weights. Weight version updated to step-1.", num_paused_requests: 0 });
     const after = (await post(sim, "/generate", { input_ids: ids, return_logprob: true })).json();
     expect(after.meta_info.weight_version).toBe("step-1");
     expect(after.meta_info.output_token_logprobs[0][0]).toBe(simLogprob("step-1", ids, OUT[0]!));

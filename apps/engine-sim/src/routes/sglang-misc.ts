@@ -20,8 +20,7 @@ export const SIM_SGLANG_VERSION = "0.5.5+enginesim";
  *   POST /tokenize {prompt: str|str[], add_special_tokens} or {messages, tools?, chat_template_kwargs?} → {tokens, count, max_model_len}
  *   POST /detokenize {tokens, skip_special_tokens=true} → {text}
  *   GET /model_info (/get_model_info), GET /server_info (/get_server_info), GET /v1/models (owned_by "sglang")
- *   POST /update_weights_from_disk {model_path, weight_version?} → {"success":true,"message":…,"num_paused_requests":0};
- *     sets `weight_version` when given, else bumps it (sim choice: a real server keeps it unless given)
+ *   (/update_weights_from_disk and the LoRA routes: routes/weights.ts)
  *   POST /update_weight_version {new_version} → {"success":true,"message":…,"new_version"}
  */
 
@@ -36,7 +35,6 @@ const TokenizeChat = z.object({
   add_special_tokens: z.boolean().nullish(),
 });
 const Detokenize = z.object({ model: z.string().nullish(), tokens: z.array(z.number().int()), skip_special_tokens: z.boolean().nullish() });
-const UpdateFromDisk = z.object({ model_path: z.string(), load_format: z.string().nullish(), weight_version: z.string().nullish(), abort_all_requests: z.boolean().nullish() });
 const UpdateVersion = z.object({ new_version: z.string(), abort_all_requests: z.boolean().nullish() });
 const AbortRequest = z.object({ rid: z.string().nullish(), abort_all: z.boolean().nullish() });
 
@@ -154,13 +152,6 @@ export function registerSglangMiscRoutes(app: FastifyInstance, sim: SimState): v
     data: [{ id: o.model, object: "model", created: sim.startedAt, owned_by: "sglang", root: o.model, parent: null, max_model_len: o.maxModelLen }],
   }));
 
-  app.post("/update_weights_from_disk", async (req, reply) => {
-    const parsed = UpdateFromDisk.safeParse(req.body);
-    if (!parsed.success) return reply.code(400).send(sglangError(formatZodError(parsed.error)));
-    if (parsed.data.abort_all_requests) for (const g of [...sim.engine.active]) sim.engine.stop(g, "abort");
-    sim.weightVersion = parsed.data.weight_version ?? sim.nextWeightVersion();
-    return { success: true, message: "Succeeded to update model weights.", num_paused_requests: 0 };
-  });
   app.post("/update_weight_version", async (req, reply) => {
     const parsed = UpdateVersion.safeParse(req.body);
     if (!parsed.success) return reply.code(400).send(sglangError(formatZodError(parsed.error)));
