@@ -220,6 +220,7 @@ const TRAINER_ROUTES: { method: "GET" | "POST" | "DELETE"; url: string; doc?: st
   { method: "GET", url: "/admin/inference", doc: "/admin/inference" },
   { method: "POST", url: "/admin/weights", doc: "/admin/weights" },
   { method: "GET", url: "/admin/weights", doc: "/admin/weights" },
+  { method: "POST", url: "/admin/inference/weights", doc: "/admin/inference/weights" },
   { method: "GET", url: "/admin/engines", doc: "/admin/engines" },
   { method: "GET", url: "/admin/queues", doc: "/admin/queues" },
   { method: "GET", url: "/admin/queues/api/queues" },

@@ -17,6 +17,7 @@ import {
 } from "@rollgate/protocol";
 import { TRAINER_FORMATS } from "@rollgate/trajectory";
 import { z } from "zod";
+import { WeightLoad } from "../ops/weight-loading.js";
 
 /**
  * The OpenAPI 3.1 document of the public API (DESIGN §2), generated from the zod schemas of
@@ -56,6 +57,27 @@ const ResumeAnswer = z.object({ paused: z.literal(false), was_paused: z.boolean(
 const InferenceState = z.object({ paused: z.record(z.string(), z.unknown()).nullable(), inflight: z.number().int() });
 const WeightsRequest = z.object({ version: z.union([z.string().min(1).max(128), z.number().int().nonnegative()]) }).strict();
 const WeightsAnswer = z.object({ version: z.string().nullable() });
+const InferenceWeightsRequest = z
+  .object({
+    version: z.union([z.string().min(1).max(128), z.number().int().nonnegative()]),
+    load: WeightLoad.optional().describe("`{path}`: a checkpoint folder every engine can read; `{lora: {name, path}}`: a LoRA adapter, loaded (or replaced) under `name`. Needs inference paused."),
+  })
+  .strict();
+const EngineLoad = z.object({
+  index: z.number().int(),
+  kind: z.string(),
+  url: z.string(),
+  ok: z.boolean(),
+  ranks: z.array(z.object({ dp_rank: z.number().int(), loaded: z.boolean().describe("true only when the engine confirmed this rank loaded"), detail: z.string() })),
+  steps: z.array(z.object({ route: z.string(), status: z.number().int().nullable(), detail: z.string() })).describe("the engine routes called, in order"),
+  engine_weight_version: z.string().nullable(),
+});
+const InferenceWeightsAnswer = z.object({
+  version: z.string(),
+  previous_version: z.string().nullable(),
+  load: z.record(z.string(), z.unknown()).nullable(),
+  engines: z.array(EngineLoad),
+});
 const EnginesAnswer = z.object({
   engines: z.array(
     z.object({
@@ -83,7 +105,7 @@ const EnginesAnswer = z.object({
   inflight_this_replica: z.number().int(),
 });
 
-const INPUT_SCHEMAS: Record<string, z.ZodType> = { Task, BatchRequest, CreateSessionRequest, PauseRequest, WeightsRequest };
+const INPUT_SCHEMAS: Record<string, z.ZodType> = { Task, BatchRequest, CreateSessionRequest, PauseRequest, WeightsRequest, InferenceWeightsRequest };
 const OUTPUT_SCHEMAS: Record<string, z.ZodType> = {
   TaskAccepted,
   TaskRecord,
@@ -103,6 +125,8 @@ const OUTPUT_SCHEMAS: Record<string, z.ZodType> = {
   ResumeAnswer,
   InferenceState,
   WeightsAnswer,
+  InferenceWeightsAnswer,
+  EngineLoad,
   EnginesAnswer,
 };
 
@@ -150,6 +174,7 @@ const ERROR_TEXT: Record<number, string> = {
   404: "not found",
   409: "conflict",
   422: "the records violate a trajectory invariant",
+  502: "an engine did not do what was asked (error.details says which)",
   503: "no engine rank is available",
 };
 const pathParam = (name: string, description: string) => ({ name, in: "path", required: true, schema: { type: "string" }, description });
@@ -408,6 +433,17 @@ function buildPaths(): Json {
         summary: "The policy weight version",
         security: TRAINER,
         responses: { "200": { description: "the version", content: json(ref("WeightsAnswer")) }, ...errors(401) },
+      },
+    },
+    "/admin/inference/weights": {
+      post: {
+        tags: ["admin"],
+        summary: "Set the weight version, loading new weights on every engine",
+        description:
+          "Without `load`: the same as `POST /admin/weights`. With `load` (only while paused, else 409): every engine loads the weights through its own route (vLLM `/collective_rpc` update_config + reload_weights or `/v1/load_lora_adapter`; SGLang `/update_weights_from_disk` or `/load_lora_adapter`), and the version moves only when every engine confirmed it. Otherwise 502 `weights_load_failed` whose `details.engines` says per engine and rank what loaded; the version stays and inference stays paused.",
+        security: TRAINER,
+        requestBody: { required: true, content: json(ref("InferenceWeightsRequest")) },
+        responses: { "200": { description: "loaded (if asked) and set", content: json(ref("InferenceWeightsAnswer")) }, ...errors(400, 401, 409, 502) },
       },
     },
     "/admin/engines": {

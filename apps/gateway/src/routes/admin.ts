@@ -4,8 +4,9 @@ import type { FastifyPluginAsync } from "fastify";
 import { z } from "zod";
 import { requireApiKey } from "../auth.js";
 import type { GatewayContext } from "../context.js";
-import { trainerErrorHandler, validationError } from "../errors.js";
+import { errorBody, trainerErrorHandler, validationError } from "../errors.js";
 import { pauseEngine, resumeEngine } from "../ops/engine-control.js";
+import { WeightLoad, describeLoadFailures, loadEngineWeights } from "../ops/weight-loading.js";
 
 const PauseBody = z
   .object({
@@ -14,7 +15,9 @@ const PauseBody = z
     timeout_s: z.number().nonnegative().max(3600).default(60),
   })
   .strict();
-const WeightsBody = z.object({ version: z.union([z.string().min(1).max(128), z.number().int().nonnegative()]) }).strict();
+const Version = z.union([z.string().min(1).max(128), z.number().int().nonnegative()]);
+const WeightsBody = z.object({ version: Version }).strict();
+const InferenceWeightsBody = z.object({ version: Version, load: WeightLoad.optional() }).strict();
 
 /** The RL loop's admin routes (DESIGN §2): pause/resume inference, the weight version, engine state. */
 export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
@@ -62,13 +65,49 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
 
     app.get("/admin/inference", async () => ({ paused: ctx.pause.paused, inflight: await ctx.admin.inflight() }));
 
+    /** The version stamped on every engine call from now on, on every replica. */
+    const setVersion = async (version: string) => {
+      await ctx.weights.set(version);
+      await ctx.admin.publish({ type: "weights", version });
+    };
+
     app.post("/admin/weights", async (req, reply) => {
       const parsed = WeightsBody.safeParse(req.body);
       if (!parsed.success) return reply.code(400).send(validationError(parsed.error));
       const version = String(parsed.data.version);
-      await ctx.weights.set(version);
-      await ctx.admin.publish({ type: "weights", version });
+      await setVersion(version);
       return { version };
+    });
+
+    /**
+     * Sets the weight version and, with `load`, first makes every engine load the new weights
+     * through its own route (only while paused, so no call runs on half-loaded weights). The
+     * version moves only when every engine confirmed the load; otherwise 502 says which engine and
+     * rank did not, the version stays, and inference stays paused for a retry.
+     */
+    app.post("/admin/inference/weights", async (req, reply) => {
+      const parsed = InferenceWeightsBody.safeParse(req.body);
+      if (!parsed.success) return reply.code(400).send(validationError(parsed.error));
+      const version = String(parsed.data.version);
+      const { load } = parsed.data;
+      const previous = await ctx.weights.get();
+      if (!load) {
+        await setVersion(version);
+        return { version, previous_version: previous, load: null, engines: [] };
+      }
+      if (!(await ctx.admin.pauseState())) {
+        return reply
+          .code(409)
+          .send(errorBody("not_paused", "loading weights needs inference paused: POST /admin/inference/pause first, then load, then POST /admin/inference/resume"));
+      }
+      const engines = await Promise.all(ctx.registry.engines.map((e, i) => loadEngineWeights(ctx.registry.dispatcher, i, e, load, version)));
+      if (engines.some((e) => !e.ok)) {
+        const message = `weights not loaded: ${describeLoadFailures(engines)}. The weight version stays ${previous ?? "unset"} and inference stays paused.`;
+        req.log.error({ version, engines }, "weight load failed");
+        return reply.code(502).send(errorBody("weights_load_failed", message, { version, previous_version: previous, load, engines }));
+      }
+      await setVersion(version);
+      return { version, previous_version: previous, load, engines };
     });
 
     app.get("/admin/weights", async () => ({ version: await ctx.weights.get() }));

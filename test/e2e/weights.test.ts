@@ -1,0 +1,236 @@
+/**
+ * Loading new weights through rollgate: engine-sim's weight routes on both engine kinds (vLLM
+ * `/collective_rpc` + LoRA routes, SGLang `/update_weights_from_disk` + LoRA routes), then
+ * `POST /admin/inference/weights {version, load}` on a gateway over one engine of each kind:
+ * refused unless paused, every rank confirmed, the new version on the next calls' tokens, and a
+ * rank that fails to load reported by engine and rank with the version left as it was.
+ */
+import type { StartedChild } from "@rollgate/cluster/children";
+import { buildEngineSim, simLogprob } from "@rollgate/engine-sim";
+import type { CompletionRecord } from "@rollgate/protocol";
+import type { FastifyInstance } from "fastify";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startApp, stopChild } from "../support/apps.js";
+import { apiClient } from "../support/http.js";
+import { dropPrefix, uniquePrefix } from "../support/redis.js";
+
+const post = (app: FastifyInstance, url: string, body?: unknown) => app.inject({ method: "POST", url, ...(body === undefined ? {} : { payload: body as object }) });
+const get = (app: FastifyInstance, url: string) => app.inject({ method: "GET", url });
+const PROMPT = "hello\n#sim: [{\"text\": \"fine\"}]";
+
+describe("engine-sim weight routes", () => {
+  it("vLLM: update_config + reload_weights moves the version and the logprobs; a failing rank fails the call and changes nothing", async () => {
+    const sim = buildEngineSim({ kind: "vllm", dpSize: 2, weightVersion: "v0" });
+    const logprob = async () => (await post(sim, "/v1/completions", { prompt: PROMPT, max_tokens: 1, logprobs: 0 })).json().choices[0].logprobs.token_logprobs[0] as number;
+    const before = await logprob();
+
+    expect((await post(sim, "/collective_rpc", { method: "update_config", args: [{ model_config: { model: "/ckpt/step-1" } }] })).json()).toEqual({ results: [null] });
+    expect((await post(sim, "/collective_rpc", { method: "reload_weights" })).json()).toEqual({ results: [null] });
+    expect((await get(sim, "/weight_info")).json()).toEqual({ weight_version: "v0+1" });
+    expect(await logprob()).not.toBe(before);
+
+    await post(sim, "/sim/load_faults", { rank: 1, message: "checkpoint shard 3 is corrupt" });
+    const failed = await post(sim, "/collective_rpc", { method: "reload_weights" });
+    expect(failed.statusCode).toBe(500);
+    expect(failed.json().error.message).toContain("dp rank 1: checkpoint shard 3 is corrupt (loading /ckpt/step-1)");
+    expect((await get(sim, "/weight_info")).json()).toEqual({ weight_version: "v0+1" });
+    expect((await post(sim, "/sim/load_faults", { rank: 1, clear: true })).json()).toEqual({ load_faults: [] });
+
+    expect((await post(sim, "/collective_rpc", { method: "no_such_method" })).statusCode).toBe(500);
+    expect((await post(sim, "/collective_rpc", {})).statusCode).toBe(400);
+    await sim.close();
+  });
+
+  it("vLLM: a LoRA adapter loads, a second load of the name needs load_inplace, unloading an unknown one is 404", async () => {
+    const sim = buildEngineSim({ kind: "vllm" });
+    const load = (body: object) => post(sim, "/v1/load_lora_adapter", body);
+    const first = await load({ lora_name: "policy", lora_path: "/ckpt/a" });
+    expect(first.statusCode).toBe(200);
+    expect(first.body).toBe("Success: LoRA adapter 'policy' added successfully.");
+    expect((await get(sim, "/weight_info")).json()).toEqual({ weight_version: "1" });
+    const again = await load({ lora_name: "policy", lora_path: "/ckpt/b" });
+    expect(again.statusCode).toBe(400);
+    expect(again.json().error.message).toContain("load_inplace");
+    expect((await load({ lora_name: "policy", lora_path: "/ckpt/b", load_inplace: true })).statusCode).toBe(200);
+    expect((await get(sim, "/weight_info")).json()).toEqual({ weight_version: "2" });
+    expect((await post(sim, "/v1/unload_lora_adapter", { lora_name: "other" })).statusCode).toBe(404);
+    expect((await post(sim, "/v1/unload_lora_adapter", { lora_name: "policy" })).statusCode).toBe(200);
+    await sim.close();
+  });
+
+  it("SGLang: /update_weights_from_disk answers per rank with ' | '; a failing rank makes it 400 success:false and the version stays", async () => {
+    const sim = buildEngineSim({ kind: "sglang", dpSize: 2 });
+    const ok = await post(sim, "/update_weights_from_disk", { model_path: "/ckpt/step-1", weight_version: "step-1" });
+    expect(ok.statusCode).toBe(200);
+    expect(ok.json()).toEqual({
+      success: true,
+      message: "Succeeded to update model weights. | Succeeded to update model weights. Weight version updated to step-1.",
+      num_paused_requests: [0, 0],
+    });
+    await post(sim, "/sim/load_faults", { rank: 1, message: "out of memory" });
+    const bad = await post(sim, "/update_weights_from_disk", { model_path: "/ckpt/step-2", weight_version: "step-2" });
+    expect(bad.statusCode).toBe(400);
+    const body = bad.json();
+    expect(body.success).toBe(false);
+    const [rank0, rank1] = body.message.split(" | ");
+    expect(rank0).toBe("Succeeded to update model weights.");
+    expect(rank1).toBe("Failed to update weights: out of memory (loading /ckpt/step-2).\nRolling back to original weights.");
+    expect((await get(sim, "/model_info")).json().weight_version).toBe("step-1");
+    const meta = (await post(sim, "/generate", { text: PROMPT, sampling_params: { max_new_tokens: 1 } })).json().meta_info;
+    expect(meta.weight_version).toBe("step-1");
+    await sim.close();
+  });
+
+  it("SGLang: LoRA adapters load and unload with {success, error_message, loaded_adapters}", async () => {
+    const sim = buildEngineSim({ kind: "sglang" });
+    const loaded = (await post(sim, "/load_lora_adapter", { lora_name: "policy", lora_path: "/ckpt/a" })).json();
+    expect(loaded).toEqual({ success: true, error_message: null, loaded_adapters: { policy: { lora_name: "policy", lora_path: "/ckpt/a", pinned: false } } });
+    const twice = await post(sim, "/load_lora_adapter", { lora_name: "policy", lora_path: "/ckpt/b" });
+    expect(twice.statusCode).toBe(400);
+    expect(twice.json().success).toBe(false);
+    expect((await post(sim, "/unload_lora_adapter", { lora_name: "policy" })).json().loaded_adapters).toEqual({});
+    expect((await post(sim, "/unload_lora_adapter", { lora_name: "policy" })).statusCode).toBe(400);
+    await sim.close();
+  });
+});
+
+describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () => {
+  const prefix = uniquePrefix("weights");
+  let vllm: StartedChild;
+  let sglang: StartedChild;
+  let gw: StartedChild;
+  const api = apiClient(() => gw.ready);
+  const engineApi = (e: () => StartedChild) => apiClient(() => e().ready);
+  const vllmApi = engineApi(() => vllm);
+  const sglangApi = engineApi(() => sglang);
+
+  beforeAll(async () => {
+    [vllm, sglang] = await Promise.all([
+      startApp("engine-sim", ["--port", "0", "--dp", "2", "--weight-version", "v0"], {}),
+      startApp("engine-sim", ["--port", "0", "--dp", "2", "--kind", "sglang", "--weight-version", "v0"], {}),
+    ]);
+    gw = await startApp("gateway", ["--port", "0"], {
+      ROLLGATE_KEY_PREFIX: prefix,
+      ROLLGATE_ENGINES: JSON.stringify([
+        { kind: "vllm", url: vllm.ready, dp_size: 2 },
+        { kind: "sglang", url: sglang.ready, dp_size: 2 },
+      ]),
+    });
+    await api("/admin/weights", { body: { version: "v0" } });
+  }, 60_000);
+
+  afterAll(async () => {
+    await Promise.all([gw, vllm, sglang].map((p) => p && stopChild(p.proc)));
+    await dropPrefix(prefix);
+  });
+
+  it("refuses to load while inference runs (409), and without load only sets the version", async () => {
+    const refused = await api("/admin/inference/weights", { body: { version: "v1", load: { path: "/ckpt/v1" } } });
+    expect(refused.status).toBe(409);
+    expect(refused.body.error.type).toBe("not_paused");
+    expect(refused.body.error.message).toContain("POST /admin/inference/pause");
+    expect((await api("/admin/weights")).body.version).toBe("v0");
+
+    const bad = await api("/admin/inference/weights", { body: { version: "v1", load: { path: "" } } });
+    expect(bad.status).toBe(400);
+    expect(bad.body.error.type).toBe("invalid_request");
+
+    const label = await api("/admin/inference/weights", { body: { version: "v0" } });
+    expect(label.status).toBe(200);
+    expect(label.body).toEqual({ version: "v0", previous_version: "v0", load: null, engines: [] });
+  });
+
+  it("paused: every rank of both engines loads from the path, the engines report the version, and the next call's tokens carry it", async () => {
+    expect((await api("/admin/inference/pause", { body: { mode: "drain", timeout_s: 5 } })).status).toBe(200);
+    const res = await api("/admin/inference/weights", { body: { version: "v1", load: { path: "/ckpt/v1" } } });
+    expect(res.status, JSON.stringify(res.body)).toBe(200);
+    expect(res.body.version).toBe("v1");
+    expect(res.body.previous_version).toBe("v0");
+    const [v, s] = res.body.engines;
+    expect(v).toMatchObject({ index: 0, kind: "vllm", ok: true, engine_weight_version: "v1" });
+    expect(v.ranks).toEqual([0, 1].map((dp_rank) => ({ dp_rank, loaded: true, detail: "loaded" })));
+    expect(v.steps.map((x: { route: string }) => x.route)).toEqual([
+      "POST /collective_rpc update_config",
+      "POST /collective_rpc reload_weights",
+      "POST /reset_prefix_cache",
+      "POST /update_weight_version",
+      "GET /weight_info",
+    ]);
+    expect(s).toMatchObject({ index: 1, kind: "sglang", ok: true, engine_weight_version: "v1" });
+    expect(s.ranks.map((r: { loaded: boolean }) => r.loaded)).toEqual([true, true]);
+    expect(s.ranks[0].detail).toBe("Succeeded to update model weights.");
+    expect((await vllmApi("/weight_info")).body).toEqual({ weight_version: "v1" });
+    expect((await sglangApi("/model_info")).body.weight_version).toBe("v1");
+    expect((await api("/admin/weights")).body.version).toBe("v1");
+    expect((await api("/admin/inference/resume", { body: {} })).status).toBe(200);
+
+    // One session on each engine: both answer with the new weights' logprobs, stamped v1.
+    const seen = new Map<number, string>();
+    for (let i = 0; i < 8 && seen.size < 2; i++) {
+      const created = (await api("/v1/sessions", { body: {} })).body as { id: string; token: string };
+      const engine = (await api(`/v1/sessions/${created.id}`)).body.assignment.engine as number;
+      if (seen.has(engine)) continue;
+      seen.set(engine, created.id);
+      const call = await fetch(`${gw.ready}/s/${created.id}/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json", authorization: `Bearer ${created.token}` },
+        body: JSON.stringify({ model: "m", messages: [{ role: "user", content: PROMPT }] }),
+      });
+      expect(call.status).toBe(200);
+      const [record] = (await api(`/v1/sessions/${created.id}/completions`)).body.completions as CompletionRecord[];
+      expect(record!.weight_version).toBe("v1");
+      const expected = record!.output_ids.map((id, k) => simLogprob("v1", [...record!.prompt_ids, ...record!.output_ids.slice(0, k)], id));
+      expect(record!.output_logprobs).toEqual(expected);
+    }
+    expect([...seen.keys()].sort()).toEqual([0, 1]);
+  });
+
+  it("a rank that fails to load: 502 naming the engine and rank, what did load, and the version stays", async () => {
+    await sglangApi("/sim/load_faults", { body: { rank: 1, message: "disk full" } });
+    await api("/admin/inference/pause", { body: { mode: "abort" } });
+    const res = await api("/admin/inference/weights", { body: { version: "v2", load: { path: "/ckpt/v2" } } });
+    expect(res.status).toBe(502);
+    expect(res.body.error.type).toBe("weights_load_failed");
+    expect(res.body.error.message).toContain(`engine 1 (sglang ${sglang.ready}): rank 1 did not load`);
+    expect(res.body.error.message).toContain("disk full");
+    expect(res.body.error.message).toContain("rank 0 did");
+    expect(res.body.error.message).toContain("The weight version stays v1 and inference stays paused.");
+    const [v, s] = res.body.error.details.engines;
+    expect(v.ok).toBe(true);
+    expect(s.ok).toBe(false);
+    expect(s.ranks.map((r: { loaded: boolean }) => r.loaded)).toEqual([true, false]);
+    expect(s.ranks[1].detail).toContain("Failed to update weights: disk full");
+    expect((await api("/admin/weights")).body.version).toBe("v1");
+    expect((await api("/admin/inference")).body.paused).not.toBeNull();
+
+    // A vLLM rank failing: the one collective call fails, so no rank of that engine is confirmed.
+    await sglangApi("/sim/load_faults", { body: { rank: 1, clear: true } });
+    await vllmApi("/sim/load_faults", { body: { rank: 0, message: "bad shard" } });
+    const again = await api("/admin/inference/weights", { body: { version: "v2", load: { path: "/ckpt/v2" } } });
+    expect(again.status).toBe(502);
+    const vllmLoad = again.body.error.details.engines[0];
+    expect(vllmLoad.ranks.map((r: { loaded: boolean }) => r.loaded)).toEqual([false, false]);
+    expect(vllmLoad.ranks[0].detail).toContain("dp rank 0: bad shard");
+    expect(again.body.error.message).toContain(`engine 0 (vllm ${vllm.ready}): ranks 0, 1 did not load`);
+
+    await vllmApi("/sim/load_faults", { body: { clear: true } });
+    const retried = await api("/admin/inference/weights", { body: { version: "v2", load: { path: "/ckpt/v2" } } });
+    expect(retried.status).toBe(200);
+    expect((await api("/admin/weights")).body.version).toBe("v2");
+    await api("/admin/inference/resume", { body: {} });
+  });
+
+  it("LoRA adapters load on both kinds, and loading the same name again replaces it", async () => {
+    await api("/admin/inference/pause", { body: {} });
+    for (const version of ["v3", "v4"]) {
+      const res = await api("/admin/inference/weights", { body: { version, load: { lora: { name: "policy", path: `/ckpt/${version}/adapter` } } } });
+      expect(res.status, JSON.stringify(res.body)).toBe(200);
+      expect(res.body.engines.map((e: { ok: boolean; engine_weight_version: string }) => [e.ok, e.engine_weight_version])).toEqual([
+        [true, version],
+        [true, version],
+      ]);
+    }
+    expect(((await api("/admin/inference/weights", { body: { version: "v5", load: { lora: { name: "policy" } } } })).status)).toBe(400);
+    await api("/admin/inference/resume", { body: {} });
+  });
+});
