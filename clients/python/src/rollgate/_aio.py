@@ -1,0 +1,163 @@
+"""The asyncio transport: a small HTTP/1.1 client on ``asyncio.open_connection``.
+
+Why not the blocking transport in a thread pool: event streams and long waits would each hold a
+pool thread for minutes, a cancelled coroutine could not stop its thread's blocking read, and a
+trainer running hundreds of rollouts at once would exhaust the default pool. Here a request is a
+coroutine: cancelling it closes its socket at once. One connection per request (``Connection:
+close``); bodies by Content-Length, chunked transfer coding, or until the server closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from ._http import Call, Endpoint, Failure, RetryPolicy, decode, headers_for, split_status_line, transport_error
+from .errors import RollgateError
+
+HEADER_LIMIT = 1 << 20
+TRANSPORT_ERRORS = (OSError, EOFError, asyncio.LimitOverrunError, ValueError)
+
+
+class _Body:
+    """Reads one response body in its framing; ``read`` returns b"" at its end."""
+
+    def __init__(self, reader: asyncio.StreamReader, headers: Mapping[str, str], method: str, status: int) -> None:
+        self._reader = reader
+        self._done = method == "HEAD" or status in (204, 304) or 100 <= status < 200
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        length = headers.get("content-length")
+        self._left: Optional[int] = int(length) if length is not None and not self._chunked else None
+        if self._left == 0:
+            self._done = True
+
+    async def read(self) -> bytes:
+        if self._done:
+            return b""
+        if self._chunked:
+            size_line = await self._reader.readuntil(b"\r\n")
+            size = int(size_line.split(b";", 1)[0].strip(), 16)
+            if size == 0:
+                # Trailers (none expected) end with an empty line.
+                while (await self._reader.readuntil(b"\r\n")) != b"\r\n":
+                    pass
+                self._done = True
+                return b""
+            data = await self._reader.readexactly(size)
+            await self._reader.readexactly(2)
+            return data
+        if self._left is not None:
+            data = await self._reader.read(min(self._left, 1 << 16))
+            if not data:
+                raise asyncio.IncompleteReadError(b"", self._left)
+            self._left -= len(data)
+            self._done = self._left == 0
+            return data
+        data = await self._reader.read(1 << 16)
+        self._done = not data
+        return data
+
+    async def read_all(self) -> bytes:
+        parts = []
+        while True:
+            data = await self.read()
+            if not data:
+                return b"".join(parts)
+            parts.append(data)
+
+
+class AsyncTransport:
+    def __init__(self, endpoint: Endpoint, api_key: Optional[str], timeout: float, retry: RetryPolicy, headers: Optional[Mapping[str, str]] = None) -> None:
+        self.endpoint = endpoint
+        self.api_key = api_key
+        self.timeout = timeout
+        self.retry = retry
+        self.headers = dict(headers or {})
+
+    async def _exchange(self, call: Call, headers: Dict[str, str]) -> Tuple[asyncio.StreamWriter, int, Dict[str, str], _Body]:
+        e = self.endpoint
+        context = ssl.create_default_context() if e.scheme == "https" else None
+        reader, writer = await asyncio.open_connection(e.host, e.port, ssl=context, limit=HEADER_LIMIT)
+        try:
+            payload = call.payload()
+            if payload is not None:
+                headers["Content-Length"] = str(len(payload))
+            head = "%s %s HTTP/1.1\r\n%s\r\n" % (call.method, call.target(e.base_path), "".join("%s: %s\r\n" % kv for kv in headers.items()))
+            writer.write(head.encode("latin-1") + (payload or b""))
+            await writer.drain()
+            raw = await reader.readuntil(b"\r\n\r\n")
+            lines = raw.split(b"\r\n")
+            status, _ = split_status_line(lines[0])
+            answer: Dict[str, str] = {}
+            for line in lines[1:]:
+                if line:
+                    name, _, value = line.decode("latin-1").partition(":")
+                    answer[name.strip().lower()] = value.strip()
+            return writer, status, answer, _Body(reader, answer, call.method, status)
+        except BaseException:
+            writer.close()
+            raise
+
+    async def _once(self, call: Call) -> Tuple[int, Dict[str, str], bytes]:
+        writer, status, headers, body = await self._exchange(call, headers_for(call, self.endpoint, self.api_key, self.headers))
+        try:
+            return status, headers, await body.read_all()
+        finally:
+            writer.close()
+
+    async def call(self, call: Call) -> Any:
+        attempt = 0
+        limit = call.timeout if call.timeout is not None else self.timeout
+        while True:
+            retry_after = None
+            try:
+                try:
+                    status, headers, body = await asyncio.wait_for(self._once(call), limit)
+                except asyncio.TimeoutError:
+                    raise TimeoutError("timed out") from None
+            except TRANSPORT_ERRORS as err:
+                failure = Failure(transport=True, error=transport_error(call, self.endpoint, err))
+            else:
+                if status < 200 or status >= 300:
+                    failure = Failure(transport=False, status=status, error=RollgateError.from_response(status, body, call.label))
+                    retry_after = headers.get("retry-after")
+                else:
+                    return decode(call, status, headers, body)
+            if not self.retry.should_retry(call, attempt, failure):
+                assert failure.error is not None
+                raise failure.error
+            await asyncio.sleep(self.retry.delay(attempt, retry_after))
+            attempt += 1
+
+    async def open_stream(self, call: Call, extra: Mapping[str, str], read_timeout: float) -> "AsyncStream":
+        headers = headers_for(call, self.endpoint, self.api_key, {**self.headers, **extra}, accept="text/event-stream")
+        try:
+            writer, status, answer, body = await asyncio.wait_for(self._exchange(call, headers), read_timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError("timed out") from None
+        if status != 200:
+            try:
+                text = await asyncio.wait_for(body.read_all(), read_timeout)
+            finally:
+                writer.close()
+            raise RollgateError.from_response(status, text, call.label)
+        return AsyncStream(writer, body, read_timeout)
+
+
+class AsyncStream:
+    """An open event stream: body chunks as they come (b"" at the end); ``close`` drops the socket."""
+
+    def __init__(self, writer: asyncio.StreamWriter, body: _Body, read_timeout: float) -> None:
+        self._writer = writer
+        self._body = body
+        self._timeout = read_timeout
+
+    async def chunk(self) -> bytes:
+        try:
+            return await asyncio.wait_for(self._body.read(), self._timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError("no event or heartbeat for %.0f s" % self._timeout) from None
+
+    def close(self) -> None:
+        self._writer.close()

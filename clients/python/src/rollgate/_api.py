@@ -1,0 +1,152 @@
+"""Every call of the trainer and admin API as a ``Call`` (request + how to read the answer), so the
+blocking and the asyncio client send exactly the same requests. No I/O here."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from ._http import Call, seg
+
+JSON = Dict[str, Any]
+
+TERMINAL = frozenset(("completed", "failed", "timed_out", "cancelled"))
+TRAINER_FORMATS = ("rollgate", "verl", "slime", "prime-rl")
+BUILDERS = ("prefix_merging", "per_request")
+# Loading weights can take minutes on real engines: the gateway waits for every engine.
+LOAD_TIMEOUT_S = 20 * 60.0
+
+
+def _task_mapping(task: Any, what: str = "task") -> Mapping[str, Any]:
+    if not isinstance(task, Mapping):
+        raise TypeError("%s must be a mapping (a dict of the task's JSON), got %s" % (what, type(task).__name__))
+    return task
+
+
+def _has_id(task: Mapping[str, Any]) -> bool:
+    return isinstance(task.get("id"), str) and bool(task["id"])
+
+
+def new_group_id() -> str:
+    return "g-" + uuid.uuid4().hex[:16]
+
+
+def member_index(group_id: str, task_id: str) -> int:
+    """k of a group member's id ``<group_id>-<k>`` (members sort by it, not as strings)."""
+    m = re.fullmatch(re.escape(group_id) + r"-(\d+)", task_id)
+    return int(m.group(1)) if m else 1 << 62
+
+
+def submit(task: Mapping[str, Any]) -> Call:
+    task = _task_mapping(task)
+    return Call("POST", "/v1/tasks", body=dict(task), has_body=True, idempotent=_has_id(task))
+
+
+def submit_batch(tasks: Sequence[Mapping[str, Any]], group_callback: Optional[Mapping[str, str]] = None) -> Call:
+    if isinstance(tasks, (str, bytes)) or not isinstance(tasks, Sequence) or len(tasks) == 0:
+        raise ValueError("tasks must be a non-empty list of task mappings")
+    body: JSON = {"tasks": [dict(_task_mapping(t, "tasks[%d]" % i)) for i, t in enumerate(tasks)]}
+    if group_callback:
+        body["group_callback"] = dict(group_callback)
+    return Call("POST", "/v1/tasks/batch", body=body, has_body=True, idempotent=all(_has_id(t) for t in tasks), parse=lambda v: v["tasks"])
+
+
+def submit_group(task: Mapping[str, Any], n: int, group_id: Optional[str] = None, group_callback: Optional[Mapping[str, str]] = None) -> Call:
+    task = _task_mapping(task)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError("n must be a positive int (rollouts in the group), got %r" % (n,))
+    gid = group_id or new_group_id()
+    member = {k: v for k, v in task.items() if k not in ("id", "group_id")}
+    body: JSON = {"group_id": gid, "n": n, "task": member}
+    callback = group_callback if group_callback is not None else task.get("callback")
+    if callback:
+        body["group_callback"] = dict(callback)
+    # Not sent twice: a group submitted again gets a new group delivery.
+    return Call("POST", "/v1/tasks/batch", body=body, has_body=True, idempotent=False, parse=lambda v: {"group_id": gid, "tasks": v["tasks"]})
+
+
+def get(task_id: str) -> Call:
+    return Call("GET", "/v1/tasks/" + seg(task_id), idempotent=True)
+
+
+def list_page(status: Optional[str], group_id: Optional[str], limit: int, cursor: Optional[str]) -> Call:
+    return Call("GET", "/v1/tasks", query={"status": status, "group_id": group_id, "limit": limit, "cursor": cursor}, idempotent=True)
+
+
+def events(task_id: str) -> Call:
+    return Call("GET", "/v1/tasks/%s/events" % seg(task_id), idempotent=True)
+
+
+def cancel(task_id: str) -> Call:
+    return Call("DELETE", "/v1/tasks/" + seg(task_id), idempotent=True)
+
+
+def logs(task_id: str) -> Call:
+    return Call("GET", "/v1/tasks/%s/logs" % seg(task_id), idempotent=True, parse=lambda v: v or "")
+
+
+def trajectory(session_id: str, builder: str, format: str) -> Call:
+    if builder not in BUILDERS:
+        raise ValueError("builder must be one of %s, got %r" % (", ".join(BUILDERS), builder))
+    if format not in TRAINER_FORMATS:
+        raise ValueError("format must be one of %s, got %r" % (", ".join(TRAINER_FORMATS), format))
+    parse = (lambda v: v) if format == "rollgate" else (lambda v: v["samples"])
+    return Call("GET", "/v1/sessions/%s/trajectory" % seg(session_id), query={"builder": builder, "format": format}, idempotent=True, parse=parse)
+
+
+def create_session(body: Mapping[str, Any]) -> Call:
+    return Call("POST", "/v1/sessions", body=dict(body), has_body=True, idempotent=_has_id(body))
+
+
+def session(session_id: str) -> Call:
+    return Call("GET", "/v1/sessions/" + seg(session_id), idempotent=True)
+
+
+def close_session(session_id: str) -> Call:
+    return Call("POST", "/v1/sessions/%s/close" % seg(session_id), idempotent=True)
+
+
+def completions(session_id: str) -> Call:
+    return Call("GET", "/v1/sessions/%s/completions" % seg(session_id), idempotent=True, parse=lambda v: v["completions"])
+
+
+def pause(mode: str, timeout_s: float) -> Call:
+    if mode not in ("drain", "abort"):
+        raise ValueError("mode must be 'drain' or 'abort', got %r" % (mode,))
+    # The gateway answers once in-flight calls drained or timeout_s passed.
+    return Call("POST", "/admin/inference/pause", body={"mode": mode, "timeout_s": timeout_s}, has_body=True, timeout=float(timeout_s) + 30.0)
+
+
+def resume() -> Call:
+    return Call("POST", "/admin/inference/resume", body={}, has_body=True, idempotent=True)
+
+
+def inference_state() -> Call:
+    return Call("GET", "/admin/inference", idempotent=True)
+
+
+def set_weights(version: Any, load: Optional[Mapping[str, Any]]) -> Call:
+    if isinstance(version, bool) or not isinstance(version, (str, int)) or version == "":
+        raise ValueError("version must be a non-empty string or an int, got %r" % (version,))
+    body: JSON = {"version": version}
+    if load is not None:
+        body["load"] = dict(load)
+    # Setting a label twice is harmless; loading weights twice is not sent again behind the caller's back.
+    return Call("POST", "/admin/inference/weights", body=body, has_body=True, idempotent=load is None, timeout=LOAD_TIMEOUT_S if load is not None else None)
+
+
+def weights() -> Call:
+    return Call("GET", "/admin/weights", idempotent=True, parse=lambda v: v["version"])
+
+
+def engines() -> Call:
+    return Call("GET", "/admin/engines", idempotent=True)
+
+
+def group_results(group_id: str, records: List[JSON]) -> Optional[List[JSON]]:
+    """The results of a group's tasks in member order, once every one has ended; else None."""
+    if not records or any(r.get("status") not in TERMINAL or r.get("result") is None for r in records):
+        return None
+    ordered = sorted(records, key=lambda r: member_index(group_id, r["id"]))
+    return [r["result"] for r in ordered]

@@ -1,0 +1,153 @@
+"""What both clients share: the description of one API call, how an answer becomes a value or a
+RollgateError, and when a failed call may be sent again. No I/O here."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from urllib.parse import quote, urlencode, urlsplit
+
+from .errors import RollgateError
+
+__version__ = "0.1.0"
+USER_AGENT = "rollgate-python/%s" % __version__
+
+# Answers that say "try again shortly" without anything having happened.
+RETRYABLE_STATUSES = frozenset((502, 503, 504))
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request of the API and how to read its answer."""
+
+    method: str
+    path: str
+    query: Mapping[str, Any] = field(default_factory=dict)
+    body: Any = None
+    has_body: bool = False
+    # Safe to send twice: GET, DELETE (cancel), a submit whose task ids are given.
+    idempotent: bool = False
+    # Seconds for this call instead of the client's default (long admin calls).
+    timeout: Optional[float] = None
+    parse: Callable[[Any], Any] = _identity
+
+    @property
+    def label(self) -> str:
+        return "%s %s" % (self.method, self.path)
+
+    def target(self, base_path: str) -> str:
+        """The request target: base path + path + query (None and "" values left out)."""
+        q = {k: v for k, v in self.query.items() if v is not None and v != ""}
+        return base_path + self.path + ("?" + urlencode(q) if q else "")
+
+    def payload(self) -> Optional[bytes]:
+        return json.dumps(self.body, separators=(",", ":")).encode("utf-8") if self.has_body else None
+
+
+def seg(value: str) -> str:
+    """One path segment, escaped (task and session ids are the caller's strings)."""
+    return quote(str(value), safe="")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the gateway is: scheme, host, port and a base path."""
+
+    scheme: str
+    host: str
+    port: int
+    base_path: str
+
+    @classmethod
+    def parse(cls, base_url: str) -> "Endpoint":
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("base_url must be an http(s) URL such as http://127.0.0.1:8080, got %r" % base_url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.scheme == "https" else 80
+        host = "[%s]" % self.host if ":" in self.host else self.host
+        return host if self.port == default else "%s:%d" % (host, self.port)
+
+
+def headers_for(call: Call, endpoint: Endpoint, api_key: Optional[str], extra: Optional[Mapping[str, str]] = None, accept: str = "application/json") -> Dict[str, str]:
+    headers = {"Host": endpoint.host_header, "User-Agent": USER_AGENT, "Accept": accept, "Connection": "close"}
+    if api_key:
+        headers["Authorization"] = "Bearer " + api_key
+    if call.has_body:
+        headers["Content-Type"] = "application/json"
+    headers.update(extra or {})
+    return headers
+
+
+def decode(call: Call, status: int, headers: Mapping[str, str], body: bytes) -> Any:
+    """The value of a 2xx answer (JSON parsed, then ``call.parse``), else the server's error."""
+    if status < 200 or status >= 300:
+        raise RollgateError.from_response(status, body, call.label)
+    if not body:
+        return call.parse(None)
+    ctype = headers.get("content-type", "")
+    if "json" not in ctype:
+        return call.parse(body.decode("utf-8", "replace"))
+    try:
+        value = json.loads(body.decode("utf-8"))
+    except ValueError:
+        raise RollgateError("%s answered invalid JSON: %r" % (call.label, body[:200]), status, "invalid_response", None, call.label) from None
+    try:
+        return call.parse(value)
+    except (KeyError, TypeError, ValueError) as err:
+        raise RollgateError("%s answered an unexpected shape (%s): %s" % (call.label, err, json.dumps(value)[:300]), status, "invalid_response", None, call.label) from None
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Transport failures (and 502/503/504) of idempotent calls are sent again, with exponential backoff.
+
+    A POST that could create something twice is never sent again: after a dropped connection the
+    caller cannot know whether the gateway acted, so it gets the error.
+    """
+
+    retries: int = 3
+    backoff: float = 0.25
+    max_backoff: float = 5.0
+
+    def delay(self, attempt: int, retry_after: Optional[str] = None) -> float:
+        """Seconds before attempt ``attempt + 1`` (``attempt`` counts from 0), with a little jitter."""
+        if retry_after and retry_after.strip().isdigit():
+            return min(float(retry_after), self.max_backoff)
+        base = min(self.backoff * (2 ** attempt), self.max_backoff)
+        return base * (0.8 + 0.4 * random.random())
+
+    def should_retry(self, call: Call, attempt: int, failure: "Failure") -> bool:
+        return call.idempotent and attempt < self.retries and (failure.transport or failure.status in RETRYABLE_STATUSES)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why one attempt did not produce an answer: a transport error, or a retryable status."""
+
+    transport: bool
+    status: int = 0
+    error: Optional[RollgateError] = None
+
+
+def transport_error(call: Call, endpoint: Endpoint, err: BaseException) -> RollgateError:
+    base = "%s://%s%s" % (endpoint.scheme, endpoint.host_header, endpoint.base_path)
+    kind = "timed out" if isinstance(err, TimeoutError) or "timed out" in str(err) else (str(err) or type(err).__name__)
+    return RollgateError("cannot reach the rollgate gateway at %s (%s)" % (base, kind), 0, "unreachable", None, call.label)
+
+
+def split_status_line(line: bytes) -> Tuple[int, str]:
+    parts = line.decode("latin-1").rstrip("\r\n").split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise ValueError("not an HTTP status line: %r" % line[:80])
+    return int(parts[1]), parts[2] if len(parts) > 2 else ""

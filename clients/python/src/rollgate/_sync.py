@@ -1,0 +1,94 @@
+"""The blocking transport: one ``http.client`` connection per request, retries by ``RetryPolicy``."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import ssl
+import time
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from ._http import Call, Endpoint, Failure, RetryPolicy, decode, headers_for, transport_error
+from .errors import RollgateError
+
+TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
+
+
+class SyncTransport:
+    def __init__(self, endpoint: Endpoint, api_key: Optional[str], timeout: float, retry: RetryPolicy, headers: Optional[Mapping[str, str]] = None) -> None:
+        self.endpoint = endpoint
+        self.api_key = api_key
+        self.timeout = timeout
+        self.retry = retry
+        self.headers = dict(headers or {})
+
+    def connection(self, timeout: Optional[float]) -> http.client.HTTPConnection:
+        e = self.endpoint
+        if e.scheme == "https":
+            return http.client.HTTPSConnection(e.host, e.port, timeout=timeout, context=ssl.create_default_context())
+        return http.client.HTTPConnection(e.host, e.port, timeout=timeout)
+
+    def _once(self, call: Call) -> Tuple[int, Dict[str, str], bytes]:
+        conn = self.connection(call.timeout if call.timeout is not None else self.timeout)
+        try:
+            conn.request(call.method, call.target(self.endpoint.base_path), body=call.payload(), headers=headers_for(call, self.endpoint, self.api_key, self.headers))
+            res = conn.getresponse()
+            body = res.read()
+            return res.status, {k.lower(): v for k, v in res.getheaders()}, body
+        finally:
+            conn.close()
+
+    def call(self, call: Call) -> Any:
+        attempt = 0
+        while True:
+            retry_after = None
+            try:
+                status, headers, body = self._once(call)
+            except TRANSPORT_ERRORS as err:
+                failure = Failure(transport=True, error=transport_error(call, self.endpoint, err))
+            else:
+                if status < 200 or status >= 300:
+                    failure = Failure(transport=False, status=status, error=RollgateError.from_response(status, body, call.label))
+                    retry_after = headers.get("retry-after")
+                else:
+                    return decode(call, status, headers, body)
+            if not self.retry.should_retry(call, attempt, failure):
+                assert failure.error is not None
+                raise failure.error
+            time.sleep(self.retry.delay(attempt, retry_after))
+            attempt += 1
+
+    def open_stream(self, call: Call, extra: Mapping[str, str], read_timeout: float) -> "Stream":
+        """Opens an event stream; a non-200 answer is raised as the server's error."""
+        conn = self.connection(read_timeout)
+        try:
+            headers = headers_for(call, self.endpoint, self.api_key, {**self.headers, **extra}, accept="text/event-stream")
+            conn.request(call.method, call.target(self.endpoint.base_path), headers=headers)
+            res = conn.getresponse()
+            if res.status != 200:
+                body = res.read()
+                raise RollgateError.from_response(res.status, body, call.label)
+        except BaseException:
+            conn.close()
+            raise
+        return Stream(conn, res)
+
+
+class Stream:
+    """An open event stream: lines as they come; ``close`` (from any thread) ends a blocked read."""
+
+    def __init__(self, conn: http.client.HTTPConnection, res: http.client.HTTPResponse) -> None:
+        self._conn = conn
+        self._res = res
+
+    def readline(self) -> bytes:
+        return self._res.readline(1 << 20)
+
+    def close(self) -> None:
+        sock = self._conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._conn.close()

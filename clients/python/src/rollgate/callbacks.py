@@ -1,0 +1,271 @@
+"""``rollgate.CallbackReceiver``: the trainer's end of rollgate's signed callbacks."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from .errors import RollgateError
+
+JSON = Dict[str, Any]
+MAX_BODY = 512 * 1024 * 1024
+
+
+def sign(body: bytes, secret: str) -> str:
+    """The ``X-Rollgate-Signature`` of a body: ``sha256=<hex HMAC-SHA256(body, secret)>``."""
+    return "sha256=" + hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
+
+
+def verify(body: bytes, signature: Optional[str], secret: str) -> bool:
+    """Whether ``signature`` signs exactly these body bytes; constant-time."""
+    if not signature or not signature.startswith("sha256="):
+        return False
+    return hmac.compare_digest(sign(body, secret).encode("ascii"), signature.strip().encode("utf-8", "replace"))
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One verified callback: ``event`` is ``task.<status>`` or ``group.completed``."""
+
+    event: str
+    delivery_id: str
+    body: JSON
+    raw: bytes
+
+
+class CallbackReceiver:
+    """An HTTP server for rollgate's callbacks, as a context manager (``with`` or ``async with``).
+
+    Put ``receiver.callback`` (``{"url", "secret"}``) in tasks, or ``receiver.url`` with your secret.
+    Every delivery's ``X-Rollgate-Signature`` is checked over the raw body (constant-time): a bad
+    or missing one gets 401 and nothing of it is read or kept. A delivery seen before (same
+    ``X-Rollgate-Delivery``, as retries carry) is acknowledged again and not counted twice.
+    ``wait(task_id)`` returns a task's result, ``wait_group(group_id)`` a group's results in member
+    order; ``wait_async`` / ``wait_group_async`` are their coroutines. ``on_delivery`` is called for
+    each new delivery (an exception there answers 500, so rollgate delivers it again).
+
+    ``host="0.0.0.0"`` listens for workers on other hosts; give ``public_url`` when they reach this
+    machine by another address.
+    """
+
+    def __init__(
+        self,
+        secret: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        public_url: Optional[str] = None,
+        on_delivery: Optional[Callable[[Delivery], None]] = None,
+    ) -> None:
+        if not isinstance(secret, str) or not secret:
+            raise ValueError("secret must be a non-empty string (the callback.secret of your tasks)")
+        self.secret = secret
+        self._host = host
+        self._port = port
+        self._public_url = public_url
+        self._on_delivery = on_delivery
+        self._lock = threading.Condition()
+        self._seen: Set[str] = set()
+        self._tasks: Dict[str, JSON] = {}
+        self._groups: Dict[str, JSON] = {}
+        self._async_waiters: List[Tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]] = []
+        self.deliveries: List[Delivery] = []
+        self.rejected = 0
+        self.duplicates = 0
+        self._server: Optional[ThreadingHTTPServer] = None
+        self._thread: Optional[threading.Thread] = None
+
+    # ── lifecycle ──────────────────────────────────────────────────────────────────────────
+
+    def start(self) -> "CallbackReceiver":
+        if self._server is not None:
+            return self
+        self._server = ThreadingHTTPServer((self._host, self._port), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="rollgate-callbacks", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        self._server = None
+
+    def __enter__(self) -> "CallbackReceiver":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "CallbackReceiver":
+        return self.start()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    @property
+    def url(self) -> str:
+        """The callback URL to put in tasks."""
+        if self._public_url:
+            return self._public_url
+        if self._server is None:
+            raise RuntimeError("the receiver is not started: use it as a context manager or call start()")
+        port = self._server.server_address[1]
+        host = "127.0.0.1" if self._host in ("0.0.0.0", "") else "::1" if self._host == "::" else self._host
+        return "http://%s:%d/rollouts" % ("[%s]" % host if ":" in host else host, port)
+
+    @property
+    def callback(self) -> Dict[str, str]:
+        """``{"url", "secret"}``: a task's (or group's) ``callback``."""
+        return {"url": self.url, "secret": self.secret}
+
+    # ── results ────────────────────────────────────────────────────────────────────────────
+
+    def result(self, task_id: str) -> Optional[JSON]:
+        """A task's result if its callback came, else None."""
+        with self._lock:
+            return self._tasks.get(task_id)
+
+    def wait(self, task_id: str, timeout: Optional[float] = None) -> JSON:
+        """Blocks until task ``task_id``'s callback arrives; returns its result."""
+        return self._wait(lambda: self._tasks.get(task_id), "task %s" % task_id, timeout)
+
+    def wait_group(self, group_id: str, timeout: Optional[float] = None) -> List[Optional[JSON]]:
+        """Blocks until the group callback arrives; returns the members' results in member order."""
+        return self._wait(lambda: self._group_results(group_id), "group %s" % group_id, timeout)
+
+    async def wait_async(self, task_id: str, timeout: Optional[float] = None) -> JSON:
+        return await self._wait_async(lambda: self._tasks.get(task_id), "task %s" % task_id, timeout)
+
+    async def wait_group_async(self, group_id: str, timeout: Optional[float] = None) -> List[Optional[JSON]]:
+        return await self._wait_async(lambda: self._group_results(group_id), "group %s" % group_id, timeout)
+
+    def _group_results(self, group_id: str) -> Optional[List[Optional[JSON]]]:
+        group = self._groups.get(group_id)
+        return None if group is None else list(group.get("tasks") or [])
+
+    def _wait(self, get: Callable[[], Any], what: str, timeout: Optional[float]) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while True:
+                value = get()
+                if value is not None:
+                    return value
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise RollgateError("no callback for %s within %s s" % (what, timeout), 0, "timeout")
+                self._lock.wait(left)
+
+    async def _wait_async(self, get: Callable[[], Any], what: str, timeout: Optional[float]) -> Any:
+        loop = asyncio.get_running_loop()
+        future: "asyncio.Future[Any]" = loop.create_future()
+        with self._lock:
+            value = get()
+            if value is not None:
+                return value
+            entry = (get, loop, future)
+            self._async_waiters.append(entry)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            raise RollgateError("no callback for %s within %s s" % (what, timeout), 0, "timeout") from None
+        finally:
+            with self._lock:
+                if entry in self._async_waiters:
+                    self._async_waiters.remove(entry)
+
+    # ── the HTTP side ──────────────────────────────────────────────────────────────────────
+
+    def _accept(self, event: str, delivery_id: str, raw: bytes, signature: Optional[str]) -> Tuple[int, bytes]:
+        """What to answer a delivery; records it when it is new and genuine."""
+        if not verify(raw, signature, self.secret):
+            with self._lock:
+                self.rejected += 1
+            return 401, b'{"error":"bad signature"}'
+        with self._lock:
+            if delivery_id and delivery_id in self._seen:
+                self.duplicates += 1
+                return 200, b'{"ok":true,"duplicate":true}'
+        try:
+            body = json.loads(raw.decode("utf-8"))
+        except ValueError:
+            return 400, b'{"error":"body is not JSON"}'
+        if not isinstance(body, dict):
+            return 400, b'{"error":"body is not a JSON object"}'
+        delivery = Delivery(event, delivery_id, body, raw)
+        if self._on_delivery is not None:
+            try:
+                self._on_delivery(delivery)
+            except Exception:
+                return 500, b'{"error":"the handler failed; deliver again"}'
+        with self._lock:
+            if delivery_id:
+                if delivery_id in self._seen:  # the same delivery raced in on another connection
+                    self.duplicates += 1
+                    return 200, b'{"ok":true,"duplicate":true}'
+                self._seen.add(delivery_id)
+            self.deliveries.append(delivery)
+            if event.startswith("group.") and isinstance(body.get("group_id"), str):
+                self._groups[body["group_id"]] = body
+            elif isinstance(body.get("id"), str):
+                self._tasks[body["id"]] = body
+            self._lock.notify_all()
+            for get, loop, future in list(self._async_waiters):
+                value = get()
+                if value is not None:
+                    self._async_waiters.remove((get, loop, future))
+                    loop.call_soon_threadsafe(_settle, future, value)
+        return 200, b'{"ok":true}'
+
+    def _handler(self) -> type:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                try:
+                    length = int(self.headers.get("content-length") or "0")
+                except ValueError:
+                    length = -1
+                if length < 0 or length > MAX_BODY:
+                    self._reply(413 if length > MAX_BODY else 400, b'{"error":"bad content-length"}')
+                    return
+                raw = self.rfile.read(length)
+                status, answer = receiver._accept(
+                    self.headers.get("x-rollgate-event", ""),
+                    self.headers.get("x-rollgate-delivery", ""),
+                    raw,
+                    self.headers.get("x-rollgate-signature"),
+                )
+                self._reply(status, answer)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._reply(405, b'{"error":"POST callbacks here"}', {"Allow": "POST"})
+
+            def _reply(self, status: int, body: bytes, extra: Optional[Dict[str, str]] = None) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                for k, v in (extra or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        return Handler
+
+
+def _settle(future: "asyncio.Future[Any]", value: Any) -> None:
+    if not future.done():
+        future.set_result(value)

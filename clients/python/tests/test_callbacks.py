@@ -1,0 +1,106 @@
+"""``rollgate.CallbackReceiver`` with real deliveries from a live cluster: results arrive, a forged
+signature is refused with nothing of its body kept, a redelivered callback is not counted twice,
+and a handler that fails makes rollgate deliver again."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import unittest
+
+import rollgate
+from rollgate import grpo
+from support import API_KEY, URL, answer_task, live, post_raw, uid, wait_for
+
+
+class ReceiverWithoutClusterTest(unittest.TestCase):
+    def test_forged_unsigned_and_garbled_deliveries_are_refused(self):
+        with rollgate.CallbackReceiver("s3cret") as inbox:
+            body = json.dumps({"id": "t-forged", "status": "completed", "reward": 1}).encode()
+            headers = {"x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-1"}
+            self.assertEqual(post_raw(inbox.url, body, {**headers, "x-rollgate-signature": rollgate.sign(body, "not-the-secret")}), 401)
+            self.assertEqual(post_raw(inbox.url, body, headers), 401)
+            self.assertEqual(post_raw(inbox.url, body, {**headers, "x-rollgate-signature": rollgate.sign(body + b" ", "s3cret")}), 401)
+            self.assertEqual(inbox.rejected, 3)
+            self.assertEqual(inbox.deliveries, [])
+            self.assertIsNone(inbox.result("t-forged"))
+            # The same delivery signed right is taken: the refusals kept nothing, not even its id.
+            self.assertEqual(post_raw(inbox.url, body, {**headers, "x-rollgate-signature": rollgate.sign(body, "s3cret")}), 200)
+            self.assertEqual(inbox.wait("t-forged", timeout=1)["reward"], 1)
+            self.assertEqual(post_raw(inbox.url, b"not json", {**headers, "x-rollgate-delivery": "d-2", "x-rollgate-signature": rollgate.sign(b"not json", "s3cret")}), 400)
+        with self.assertRaises(ValueError):
+            rollgate.CallbackReceiver("")
+
+    def test_waits_time_out_with_a_rollgate_error(self):
+        with rollgate.CallbackReceiver("s") as inbox:
+            with self.assertRaises(rollgate.RollgateError) as late:
+                inbox.wait("t-never", timeout=0.2)
+            self.assertEqual(late.exception.type, "timeout")
+            with self.assertRaises(rollgate.RollgateError):
+                asyncio.run(inbox.wait_group_async("g-never", timeout=0.2))
+
+
+@live
+class ReceiverTest(unittest.TestCase):
+    client: rollgate.Client
+
+    @classmethod
+    def setUpClass(cls):
+        cls.client = rollgate.Client(URL, API_KEY)
+
+    def test_a_group_comes_back_signed_and_a_redelivery_is_not_counted_twice(self):
+        secret = uid("secret")
+        with rollgate.CallbackReceiver(secret) as inbox:
+            group = self.client.submit_group(answer_task(callback=inbox.callback), n=3)
+            results = inbox.wait_group(group["group_id"], timeout=120)
+            self.assertEqual([r["id"] for r in results], [t["id"] for t in group["tasks"]])
+            self.assertEqual([r["reward"] for r in results], [1, 1, 1])
+            for t in group["tasks"]:
+                self.assertEqual(inbox.wait(t["id"], timeout=30)["status"], "completed")
+            self.assertTrue(wait_for(lambda: len(inbox.deliveries) == 4, 10))
+            self.assertEqual(sorted(d.event for d in inbox.deliveries), ["group.completed"] + ["task.completed"] * 3)
+            self.assertEqual(grpo.group_advantages(results).advantages, [0.0, 0.0, 0.0])
+
+            # Redeliver one exactly as rollgate sent it (its acknowledgement was lost, say): 200, not counted again.
+            first = inbox.deliveries[0]
+            status = post_raw(inbox.url, first.raw, {"x-rollgate-event": first.event, "x-rollgate-delivery": first.delivery_id, "x-rollgate-signature": rollgate.sign(first.raw, secret)})
+            self.assertEqual(status, 200)
+            self.assertEqual(inbox.duplicates, 1)
+            self.assertEqual(len(inbox.deliveries), 4)
+            self.assertEqual(inbox.rejected, 0)
+
+    def test_a_failing_handler_gets_the_delivery_again(self):
+        calls = []
+        lock = threading.Lock()
+
+        def handler(delivery: rollgate.Delivery) -> None:
+            with lock:
+                calls.append(delivery.delivery_id)
+                if len(calls) == 1:
+                    raise RuntimeError("trainer busy")
+
+        with rollgate.CallbackReceiver(uid("secret"), on_delivery=handler) as inbox:
+            tid = self.client.submit(answer_task(callback=inbox.callback))["id"]
+            result = inbox.wait(tid, timeout=120)
+            self.assertEqual(result["id"], tid)
+            self.assertEqual(len(calls), 2)
+            self.assertEqual(calls[0], calls[1])
+            delivered = wait_for(lambda: self.client.get(tid)["callback"]["state"] == "delivered", 10)
+            self.assertTrue(delivered, "the task's callback is not marked delivered")
+
+    def test_async_waits(self):
+        async def run():
+            async with rollgate.CallbackReceiver(uid("secret")) as inbox:
+                group = self.client.submit_group(answer_task(callback=inbox.callback), n=2)
+                tid = group["tasks"][0]["id"]
+                result, members = await asyncio.gather(inbox.wait_async(tid, timeout=120), inbox.wait_group_async(group["group_id"], timeout=120))
+                return tid, result, members
+
+        tid, result, members = asyncio.run(run())
+        self.assertEqual(result["id"], tid)
+        self.assertEqual(len(members), 2)
+
+
+if __name__ == "__main__":
+    unittest.main()

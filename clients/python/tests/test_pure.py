@@ -1,0 +1,209 @@
+"""The parts with no I/O: GRPO helpers (golden values), signatures, the SSE parser, which calls may
+be sent again, how error answers are read, and that the package stays Python 3.9 syntax."""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import unittest
+
+import rollgate
+from rollgate import _api, grpo
+from rollgate._http import Call, Failure, RetryPolicy, decode
+from rollgate.errors import RollgateError
+from rollgate.sse import SSEParser, task_event
+
+PACKAGE_DIR = os.path.dirname(rollgate.__file__)
+
+
+def result(task_id: str, reward, status: str = "completed", traces=None, error=None):
+    return {"id": task_id, "status": status, "reward": reward, "error": error, "trajectory": None if traces is None else {"traces": traces}}
+
+
+def trace(prompt, response, mask, logprobs, versions):
+    return {"prompt_ids": prompt, "response_ids": response, "loss_mask": mask, "response_logprobs": logprobs, "weight_versions": versions}
+
+
+class AdvantagesTest(unittest.TestCase):
+    def test_mean_std_matches_grpo_with_the_sample_std(self):
+        adv = grpo.advantages([1.0, 0.0, 1.0, 0.0])
+        # mean 0.5, sample std sqrt(1/3) = 0.57735…
+        std = math.sqrt(1 / 3)
+        self.assertAlmostEqual(adv.mean, 0.5)
+        self.assertAlmostEqual(adv.std, std)
+        for got, want in zip(adv.advantages, [0.5 / (std + 1e-6), -0.5 / (std + 1e-6)] * 2):
+            self.assertAlmostEqual(got, want)
+        population = grpo.advantages([1.0, 0.0, 1.0, 0.0], ddof=0)
+        self.assertAlmostEqual(population.advantages[0], 0.5 / (0.5 + 1e-6))
+
+    def test_mean_only_and_leave_one_out(self):
+        self.assertEqual(grpo.advantages([3.0, 1.0, 2.0], method="mean").advantages, [1.0, -1.0, 0.0])
+        # r_i - mean of the others: 3 - 1.5, 1 - 2.5, 2 - 2
+        self.assertEqual(grpo.advantages([3.0, 1.0, 2.0], method="leave_one_out").advantages, [1.5, -1.5, 0.0])
+        with self.assertRaises(ValueError):
+            grpo.advantages([1.0], method="ppo")
+
+    def test_equal_rewards_and_single_members_give_zero_and_say_so(self):
+        same = grpo.advantages([1.0, 1.0, 1.0])
+        self.assertEqual(same.advantages, [0.0, 0.0, 0.0])
+        self.assertTrue(same.zero_variance)
+        self.assertIn("no signal", same.describe())
+        self.assertEqual(grpo.advantages([0.7]).advantages, [0.0])
+        self.assertEqual(grpo.advantages([None, None]).advantages, [None, None])
+
+    def test_failed_members_are_left_out_of_the_statistics_and_named(self):
+        results = [
+            result("g-0", 1.0),
+            result("g-1", None, status="failed", error={"kind": "infrastructure", "message": "engine unreachable"}),
+            result("g-2", 0.0),
+            None,
+            result("g-4", None),
+        ]
+        adv = grpo.group_advantages(results, method="mean")
+        self.assertEqual(adv.advantages, [0.5, None, -0.5, None, None])
+        self.assertEqual(adv.mean, 0.5)
+        self.assertEqual(sorted(adv.excluded), [1, 3, 4])
+        self.assertEqual(adv.excluded[1], "failed: infrastructure: engine unreachable")
+        self.assertIn("callback never came", adv.excluded[3])
+        self.assertIn("without a reward", adv.excluded[4])
+        self.assertIn("member 1 left out: failed: infrastructure", adv.describe())
+        self.assertIn("not a finite number", grpo.advantages([1.0, float("nan")]).excluded[1])
+
+
+class StepBatchTest(unittest.TestCase):
+    def test_arrays_of_one_group_golden(self):
+        results = [
+            result("g-0", 1.0, traces=[trace([10, 11], [20, 21, 22], [1, 0, 1], [-0.5, 0.0, -0.25], ["v1", None, "v2"])]),
+            result("g-1", 0.0, traces=[trace([10, 11], [30], [1], [-1.5], ["v1"]), trace([12], [31, 32], [0, 1], [0.0, -0.1], [None, "v1"])]),
+            result("g-2", None, status="timed_out", error={"kind": "timeout", "message": "limit 60 s"}),
+        ]
+        adv = grpo.group_advantages(results, method="mean")
+        batch = grpo.step_batch(results, adv)
+        self.assertEqual(
+            batch.samples[0],
+            {
+                "task_id": "g-0",
+                "member": 0,
+                "trace": 0,
+                "prompt_length": 2,
+                "input_ids": [10, 11, 20, 21, 22],
+                "loss_mask": [0, 0, 1, 0, 1],
+                "old_logprobs": [0.0, 0.0, -0.5, 0.0, -0.25],
+                "advantages": [0.0, 0.0, 0.5, 0.0, 0.5],
+                "weight_versions": [None, None, "v1", None, "v2"],
+            },
+        )
+        self.assertEqual(batch.input_ids, [[10, 11, 20, 21, 22], [10, 11, 30], [12, 31, 32]])
+        self.assertEqual(batch.advantages[1:], [[0.0, 0.0, -0.5], [0.0, 0.0, -0.5]])
+        self.assertEqual(batch.loss_mask[2], [0, 0, 1])
+        self.assertEqual(batch.old_logprobs[2], [0.0, 0.0, -0.1])
+        self.assertEqual(batch.trainable_tokens, 4)
+        self.assertEqual(batch.skipped, {"g-2": "timed_out: timeout: limit 60 s"})
+        for sample in batch.samples:
+            n = len(sample["input_ids"])
+            self.assertTrue(all(len(sample[k]) == n for k in ("loss_mask", "old_logprobs", "advantages", "weight_versions")))
+
+    def test_a_member_without_a_trajectory_is_skipped_and_groups_must_match(self):
+        results = [result("g-0", 1.0), result("g-1", 0.0, traces=[trace([1], [2], [1], [-0.1], ["v"])])]
+        batch = grpo.step_batch(results, grpo.group_advantages(results))
+        self.assertEqual(len(batch.samples), 1)
+        self.assertIn("no trajectory", batch.skipped["g-0"])
+        with self.assertRaises(ValueError):
+            grpo.step_batch(results, grpo.advantages([1.0]))
+
+
+class SignatureTest(unittest.TestCase):
+    def test_sign_and_verify_over_the_raw_bytes(self):
+        body = b'{"id":"t-1","reward":1}'
+        sig = rollgate.sign(body, "s3cret")
+        self.assertTrue(sig.startswith("sha256=") and len(sig) == 7 + 64)
+        # Known answer: HMAC-SHA256("s3cret", body).
+        self.assertEqual(sig, "sha256=" + __import__("hmac").new(b"s3cret", body, "sha256").hexdigest())
+        self.assertTrue(rollgate.verify(body, sig, "s3cret"))
+        self.assertFalse(rollgate.verify(body + b" ", sig, "s3cret"))
+        self.assertFalse(rollgate.verify(body, sig, "other"))
+        self.assertFalse(rollgate.verify(body, None, "s3cret"))
+        self.assertFalse(rollgate.verify(body, sig[7:], "s3cret"))
+        self.assertFalse(rollgate.verify(body, "sha256=zz", "s3cret"))
+
+
+class SSEParserTest(unittest.TestCase):
+    def test_events_split_anywhere_with_any_line_ends(self):
+        text = 'id: 1\nevent: queued\ndata: {"id":"1","type":"queued","at":"t","data":{}}\n\n: keep-alive\r\n\r\nid: 2\r\ndata: a\r\ndata: b\r\n\r\nid: 3\rdata: c\r\r: more\n'
+        for size in (1, 2, 7, len(text)):
+            parser = SSEParser()
+            out = []
+            for k in range(0, len(text), size):
+                out.extend(parser.feed(text[k : k + size]))
+            self.assertEqual([(m.id, m.event, m.data) for m in out], [("1", "queued", '{"id":"1","type":"queued","at":"t","data":{}}'), ("2", "message", "a\nb"), ("3", "message", "c")])
+        event = task_event(out[0], "t-1")
+        self.assertEqual(event, {"id": "1", "type": "queued", "at": "t", "data": {}, "task_id": "t-1"})
+        self.assertIsNone(task_event(out[1], "t-1"))
+
+
+class CallsTest(unittest.TestCase):
+    def test_what_may_be_sent_again(self):
+        policy = RetryPolicy(retries=2)
+        dropped = Failure(transport=True)
+        self.assertTrue(policy.should_retry(_api.get("t"), 0, dropped))
+        self.assertTrue(policy.should_retry(_api.cancel("t"), 1, dropped))
+        self.assertFalse(policy.should_retry(_api.get("t"), 2, dropped))
+        self.assertTrue(policy.should_retry(_api.submit({"id": "t-1"}), 0, dropped))
+        self.assertFalse(policy.should_retry(_api.submit({"instruction": "x"}), 0, dropped))
+        self.assertFalse(policy.should_retry(_api.submit_batch([{"id": "a"}, {}]), 0, dropped))
+        self.assertTrue(policy.should_retry(_api.submit_batch([{"id": "a"}, {"id": "b"}]), 0, dropped))
+        self.assertFalse(policy.should_retry(_api.submit_group({"id": "x"}, 4), 0, dropped))
+        self.assertFalse(policy.should_retry(_api.pause("drain", 5), 0, dropped))
+        self.assertFalse(policy.should_retry(_api.set_weights("v2", {"path": "/ckpt"}), 0, dropped))
+        self.assertTrue(policy.should_retry(_api.set_weights("v2", None), 0, dropped))
+        self.assertTrue(policy.should_retry(_api.get("t"), 0, Failure(transport=False, status=503)))
+        self.assertFalse(policy.should_retry(_api.get("t"), 0, Failure(transport=False, status=500)))
+        self.assertEqual(policy.delay(0, "2"), 2.0)
+
+    def test_calls_are_built_from_the_arguments(self):
+        group = _api.submit_group({"id": "ignored", "instruction": "x", "callback": {"url": "http://h/cb", "secret": "s"}}, 3, group_id="g-1")
+        self.assertEqual(group.body, {"group_id": "g-1", "n": 3, "task": {"instruction": "x", "callback": {"url": "http://h/cb", "secret": "s"}}, "group_callback": {"url": "http://h/cb", "secret": "s"}})
+        self.assertEqual(_api.get("a/b c").path, "/v1/tasks/a%2Fb%20c")
+        self.assertEqual(_api.list_page("completed", None, 10, None).target("/base"), "/base/v1/tasks?status=completed&limit=10")
+        self.assertEqual(_api.trajectory("s-1", "per_request", "verl").target(""), "/v1/sessions/s-1/trajectory?builder=per_request&format=verl")
+        for bad in (lambda: _api.submit_group({}, 0), lambda: _api.submit("x"), lambda: _api.pause("now", 1), lambda: _api.trajectory("s", "x", "rollgate"), lambda: _api.set_weights("", None)):
+            with self.assertRaises((ValueError, TypeError)):
+                bad()
+        with self.assertRaises(ValueError):
+            rollgate.Client("ftp://nowhere")
+
+    def test_error_answers_carry_the_servers_type_message_and_details(self):
+        call = Call("POST", "/v1/tasks")
+        body = b'{"error":{"type":"invalid_request","message":"agent: Required","details":[{"path":"agent"}]}}'
+        with self.assertRaises(RollgateError) as caught:
+            decode(call, 400, {"content-type": "application/json"}, body)
+        err = caught.exception
+        self.assertEqual((err.status, err.type, err.message, err.details, err.request), (400, "invalid_request", "agent: Required", [{"path": "agent"}], "POST /v1/tasks"))
+        self.assertEqual(str(err), "HTTP 400 invalid_request: agent: Required (POST /v1/tasks)")
+        plain = RollgateError.from_response(502, b"<html>bad gateway</html>", "GET /v1/tasks/x")
+        self.assertEqual((plain.status, plain.type), (502, "internal_error"))
+        self.assertIn("bad gateway", plain.message)
+        with self.assertRaises(RollgateError) as shape:
+            decode(Call("GET", "/admin/weights", parse=lambda v: v["version"]), 200, {"content-type": "application/json"}, b"{}")
+        self.assertEqual(shape.exception.type, "invalid_response")
+
+
+class PackageTest(unittest.TestCase):
+    def test_every_module_is_python_3_9_syntax(self):
+        for name in sorted(os.listdir(PACKAGE_DIR)):
+            if name.endswith(".py"):
+                with open(os.path.join(PACKAGE_DIR, name), encoding="utf-8") as f:
+                    ast.parse(f.read(), filename=name, feature_version=(3, 9))
+
+    def test_typed_and_exported(self):
+        self.assertTrue(os.path.exists(os.path.join(PACKAGE_DIR, "py.typed")))
+        for name in rollgate.__all__:
+            self.assertTrue(hasattr(rollgate, name), name)
+            obj = getattr(rollgate, name)
+            if callable(obj):
+                self.assertTrue(obj.__doc__, "%s has no docstring" % name)
+
+
+if __name__ == "__main__":
+    unittest.main()
