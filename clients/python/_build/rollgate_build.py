@@ -161,7 +161,8 @@ def read_pyproject(path: Optional[str] = None) -> Dict[str, Any]:
         import tomllib  # type: ignore[import-not-found]  # Python >= 3.11
     except ImportError:
         return _parse_toml_subset(raw.decode("utf-8"))
-    return tomllib.loads(raw.decode("utf-8"))
+    parsed: Dict[str, Any] = tomllib.loads(raw.decode("utf-8"))
+    return parsed
 
 
 def _project() -> Mapping[str, Any]:

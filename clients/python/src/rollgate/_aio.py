@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ._http import Call, Endpoint, Failure, RetryPolicy, decode, headers_for, split_status_line, transport_error
+from ._http import Call, Endpoint, Failure, RetryPolicy, T, decode, headers_for, split_status_line, transport_error
 from .errors import RollgateError
 
 HEADER_LIMIT = 1 << 20
@@ -59,7 +59,7 @@ class _Body:
         return data
 
     async def read_all(self) -> bytes:
-        parts = []
+        parts: List[bytes] = []
         while True:
             data = await self.read()
             if not data:
@@ -75,7 +75,7 @@ class AsyncTransport:
         self.retry = retry
         self.headers = dict(headers or {})
 
-    async def _exchange(self, call: Call, headers: Dict[str, str]) -> Tuple[asyncio.StreamWriter, int, Dict[str, str], _Body]:
+    async def _exchange(self, call: Call[Any], headers: Dict[str, str]) -> Tuple[asyncio.StreamWriter, int, Dict[str, str], _Body]:
         e = self.endpoint
         context = ssl.create_default_context() if e.scheme == "https" else None
         reader, writer = await asyncio.open_connection(e.host, e.port, ssl=context, limit=HEADER_LIMIT)
@@ -99,14 +99,14 @@ class AsyncTransport:
             writer.close()
             raise
 
-    async def _once(self, call: Call) -> Tuple[int, Dict[str, str], bytes]:
+    async def _once(self, call: Call[Any]) -> Tuple[int, Dict[str, str], bytes]:
         writer, status, headers, body = await self._exchange(call, headers_for(call, self.endpoint, self.api_key, self.headers))
         try:
             return status, headers, await body.read_all()
         finally:
             writer.close()
 
-    async def call(self, call: Call) -> Any:
+    async def call(self, call: Call[T]) -> T:
         attempt = 0
         limit = call.timeout if call.timeout is not None else self.timeout
         while True:
@@ -130,7 +130,7 @@ class AsyncTransport:
             await asyncio.sleep(self.retry.delay(attempt, retry_after))
             attempt += 1
 
-    async def open_stream(self, call: Call, extra: Mapping[str, str], read_timeout: float) -> "AsyncStream":
+    async def open_stream(self, call: Call[Any], extra: Mapping[str, str], read_timeout: float) -> "AsyncStream":
         headers = headers_for(call, self.endpoint, self.api_key, {**self.headers, **extra}, accept="text/event-stream")
         try:
             writer, status, answer, body = await asyncio.wait_for(self._exchange(call, headers), read_timeout)

@@ -38,12 +38,12 @@ def member_index(group_id: str, task_id: str) -> int:
     return int(m.group(1)) if m else 1 << 62
 
 
-def submit(task: Mapping[str, Any]) -> Call:
+def submit(task: Mapping[str, Any]) -> Call[JSON]:
     task = _task_mapping(task)
     return Call("POST", "/v1/tasks", body=dict(task), has_body=True, idempotent=_has_id(task))
 
 
-def submit_batch(tasks: Sequence[Mapping[str, Any]], group_callback: Optional[Mapping[str, str]] = None) -> Call:
+def submit_batch(tasks: Sequence[Mapping[str, Any]], group_callback: Optional[Mapping[str, str]] = None) -> Call[List[JSON]]:
     if isinstance(tasks, (str, bytes)) or not isinstance(tasks, Sequence) or len(tasks) == 0:
         raise ValueError("tasks must be a non-empty list of task mappings")
     body: JSON = {"tasks": [dict(_task_mapping(t, "tasks[%d]" % i)) for i, t in enumerate(tasks)]}
@@ -52,7 +52,7 @@ def submit_batch(tasks: Sequence[Mapping[str, Any]], group_callback: Optional[Ma
     return Call("POST", "/v1/tasks/batch", body=body, has_body=True, idempotent=all(_has_id(t) for t in tasks), parse=lambda v: v["tasks"])
 
 
-def submit_group(task: Mapping[str, Any], n: int, group_id: Optional[str] = None, group_callback: Optional[Mapping[str, str]] = None) -> Call:
+def submit_group(task: Mapping[str, Any], n: int, group_id: Optional[str] = None, group_callback: Optional[Mapping[str, str]] = None) -> Call[JSON]:
     task = _task_mapping(task)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError("n must be a positive int (rollouts in the group), got %r" % (n,))
@@ -66,27 +66,27 @@ def submit_group(task: Mapping[str, Any], n: int, group_id: Optional[str] = None
     return Call("POST", "/v1/tasks/batch", body=body, has_body=True, idempotent=False, parse=lambda v: {"group_id": gid, "tasks": v["tasks"]})
 
 
-def get(task_id: str) -> Call:
+def get(task_id: str) -> Call[JSON]:
     return Call("GET", "/v1/tasks/" + seg(task_id), idempotent=True)
 
 
-def list_page(status: Optional[str], group_id: Optional[str], limit: int, cursor: Optional[str]) -> Call:
+def list_page(status: Optional[str], group_id: Optional[str], limit: int, cursor: Optional[str]) -> Call[JSON]:
     return Call("GET", "/v1/tasks", query={"status": status, "group_id": group_id, "limit": limit, "cursor": cursor}, idempotent=True)
 
 
-def events(task_id: str) -> Call:
+def events(task_id: str) -> Call[Any]:
     return Call("GET", "/v1/tasks/%s/events" % seg(task_id), idempotent=True)
 
 
-def cancel(task_id: str) -> Call:
+def cancel(task_id: str) -> Call[JSON]:
     return Call("DELETE", "/v1/tasks/" + seg(task_id), idempotent=True)
 
 
-def logs(task_id: str) -> Call:
+def logs(task_id: str) -> Call[str]:
     return Call("GET", "/v1/tasks/%s/logs" % seg(task_id), idempotent=True, parse=lambda v: v or "")
 
 
-def trajectory(session_id: str, builder: str, format: str) -> Call:
+def trajectory(session_id: str, builder: str, format: str) -> Call[Any]:
     if builder not in BUILDERS:
         raise ValueError("builder must be one of %s, got %r" % (", ".join(BUILDERS), builder))
     if format not in TRAINER_FORMATS:
@@ -95,38 +95,38 @@ def trajectory(session_id: str, builder: str, format: str) -> Call:
     return Call("GET", "/v1/sessions/%s/trajectory" % seg(session_id), query={"builder": builder, "format": format}, idempotent=True, parse=parse)
 
 
-def create_session(body: Mapping[str, Any]) -> Call:
+def create_session(body: Mapping[str, Any]) -> Call[JSON]:
     return Call("POST", "/v1/sessions", body=dict(body), has_body=True, idempotent=_has_id(body))
 
 
-def session(session_id: str) -> Call:
+def session(session_id: str) -> Call[JSON]:
     return Call("GET", "/v1/sessions/" + seg(session_id), idempotent=True)
 
 
-def close_session(session_id: str) -> Call:
+def close_session(session_id: str) -> Call[JSON]:
     return Call("POST", "/v1/sessions/%s/close" % seg(session_id), idempotent=True)
 
 
-def completions(session_id: str) -> Call:
+def completions(session_id: str) -> Call[List[JSON]]:
     return Call("GET", "/v1/sessions/%s/completions" % seg(session_id), idempotent=True, parse=lambda v: v["completions"])
 
 
-def pause(mode: str, timeout_s: float) -> Call:
+def pause(mode: str, timeout_s: float) -> Call[JSON]:
     if mode not in ("drain", "abort"):
         raise ValueError("mode must be 'drain' or 'abort', got %r" % (mode,))
     # The gateway answers once in-flight calls drained or timeout_s passed.
     return Call("POST", "/admin/inference/pause", body={"mode": mode, "timeout_s": timeout_s}, has_body=True, timeout=float(timeout_s) + 30.0)
 
 
-def resume() -> Call:
+def resume() -> Call[JSON]:
     return Call("POST", "/admin/inference/resume", body={}, has_body=True, idempotent=True)
 
 
-def inference_state() -> Call:
+def inference_state() -> Call[JSON]:
     return Call("GET", "/admin/inference", idempotent=True)
 
 
-def set_weights(version: Any, load: Optional[Mapping[str, Any]]) -> Call:
+def set_weights(version: Any, load: Optional[Mapping[str, Any]]) -> Call[JSON]:
     if isinstance(version, bool) or not isinstance(version, (str, int)) or version == "":
         raise ValueError("version must be a non-empty string or an int, got %r" % (version,))
     body: JSON = {"version": version}
@@ -136,11 +136,11 @@ def set_weights(version: Any, load: Optional[Mapping[str, Any]]) -> Call:
     return Call("POST", "/admin/inference/weights", body=body, has_body=True, idempotent=load is None, timeout=LOAD_TIMEOUT_S if load is not None else None)
 
 
-def weights() -> Call:
+def weights() -> Call[Optional[str]]:
     return Call("GET", "/admin/weights", idempotent=True, parse=lambda v: v["version"])
 
 
-def engines() -> Call:
+def engines() -> Call[JSON]:
     return Call("GET", "/admin/engines", idempotent=True)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Generic, Mapping, Optional, Tuple, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
 from .errors import RollgateError
@@ -17,14 +17,16 @@ USER_AGENT = "rollgate-python/%s" % __version__
 # Answers that say "try again shortly" without anything having happened.
 RETRYABLE_STATUSES = frozenset((502, 503, 504))
 
+T = TypeVar("T")
+
 
 def _identity(value: Any) -> Any:
     return value
 
 
 @dataclass(frozen=True)
-class Call:
-    """One request of the API and how to read its answer."""
+class Call(Generic[T]):
+    """One request of the API and how to read its answer (``parse`` makes the ``T`` it returns)."""
 
     method: str
     path: str
@@ -35,7 +37,7 @@ class Call:
     idempotent: bool = False
     # Seconds for this call instead of the client's default (long admin calls).
     timeout: Optional[float] = None
-    parse: Callable[[Any], Any] = _identity
+    parse: Callable[[Any], T] = _identity
 
     @property
     def label(self) -> str:
@@ -79,7 +81,7 @@ class Endpoint:
         return host if self.port == default else "%s:%d" % (host, self.port)
 
 
-def headers_for(call: Call, endpoint: Endpoint, api_key: Optional[str], extra: Optional[Mapping[str, str]] = None, accept: str = "application/json") -> Dict[str, str]:
+def headers_for(call: Call[Any], endpoint: Endpoint, api_key: Optional[str], extra: Optional[Mapping[str, str]] = None, accept: str = "application/json") -> Dict[str, str]:
     headers = {"Host": endpoint.host_header, "User-Agent": USER_AGENT, "Accept": accept, "Connection": "close"}
     if api_key:
         headers["Authorization"] = "Bearer " + api_key
@@ -89,7 +91,7 @@ def headers_for(call: Call, endpoint: Endpoint, api_key: Optional[str], extra: O
     return headers
 
 
-def decode(call: Call, status: int, headers: Mapping[str, str], body: bytes) -> Any:
+def decode(call: Call[T], status: int, headers: Mapping[str, str], body: bytes) -> T:
     """The value of a 2xx answer (JSON parsed, then ``call.parse``), else the server's error."""
     if status < 200 or status >= 300:
         raise RollgateError.from_response(status, body, call.label)
@@ -124,10 +126,10 @@ class RetryPolicy:
         """Seconds before attempt ``attempt + 1`` (``attempt`` counts from 0), with a little jitter."""
         if retry_after and retry_after.strip().isdigit():
             return min(float(retry_after), self.max_backoff)
-        base = min(self.backoff * (2 ** attempt), self.max_backoff)
+        base: float = min(self.backoff * (2.0 ** attempt), self.max_backoff)
         return base * (0.8 + 0.4 * random.random())
 
-    def should_retry(self, call: Call, attempt: int, failure: "Failure") -> bool:
+    def should_retry(self, call: Call[Any], attempt: int, failure: "Failure") -> bool:
         return call.idempotent and attempt < self.retries and (failure.transport or failure.status in RETRYABLE_STATUSES)
 
 
@@ -140,7 +142,7 @@ class Failure:
     error: Optional[RollgateError] = None
 
 
-def transport_error(call: Call, endpoint: Endpoint, err: BaseException) -> RollgateError:
+def transport_error(call: Call[Any], endpoint: Endpoint, err: BaseException) -> RollgateError:
     base = "%s://%s%s" % (endpoint.scheme, endpoint.host_header, endpoint.base_path)
     kind = "timed out" if isinstance(err, TimeoutError) or "timed out" in str(err) else (str(err) or type(err).__name__)
     return RollgateError("cannot reach the rollgate gateway at %s (%s)" % (base, kind), 0, "unreachable", None, call.label)

@@ -8,7 +8,7 @@ import ssl
 import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ._http import Call, Endpoint, Failure, RetryPolicy, decode, headers_for, transport_error
+from ._http import Call, Endpoint, Failure, RetryPolicy, T, decode, headers_for, transport_error
 from .errors import RollgateError
 
 TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
@@ -28,7 +28,7 @@ class SyncTransport:
             return http.client.HTTPSConnection(e.host, e.port, timeout=timeout, context=ssl.create_default_context())
         return http.client.HTTPConnection(e.host, e.port, timeout=timeout)
 
-    def _once(self, call: Call) -> Tuple[int, Dict[str, str], bytes]:
+    def _once(self, call: Call[Any]) -> Tuple[int, Dict[str, str], bytes]:
         conn = self.connection(call.timeout if call.timeout is not None else self.timeout)
         try:
             conn.request(call.method, call.target(self.endpoint.base_path), body=call.payload(), headers=headers_for(call, self.endpoint, self.api_key, self.headers))
@@ -38,7 +38,7 @@ class SyncTransport:
         finally:
             conn.close()
 
-    def call(self, call: Call) -> Any:
+    def call(self, call: Call[T]) -> T:
         attempt = 0
         while True:
             retry_after = None
@@ -58,7 +58,7 @@ class SyncTransport:
             time.sleep(self.retry.delay(attempt, retry_after))
             attempt += 1
 
-    def open_stream(self, call: Call, extra: Mapping[str, str], read_timeout: float) -> "Stream":
+    def open_stream(self, call: Call[Any], extra: Mapping[str, str], read_timeout: float) -> "Stream":
         """Opens an event stream; a non-200 answer is raised as the server's error."""
         conn = self.connection(read_timeout)
         try:

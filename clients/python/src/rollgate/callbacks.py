@@ -10,11 +10,12 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar, cast
 
 from .errors import RollgateError
 
 JSON = Dict[str, Any]
+V = TypeVar("V")
 MAX_BODY = 512 * 1024 * 1024
 
 
@@ -152,7 +153,7 @@ class CallbackReceiver:
         group = self._groups.get(group_id)
         return None if group is None else list(group.get("tasks") or [])
 
-    def _wait(self, get: Callable[[], Any], what: str, timeout: Optional[float]) -> Any:
+    def _wait(self, get: Callable[[], Optional[V]], what: str, timeout: Optional[float]) -> V:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while True:
@@ -164,7 +165,7 @@ class CallbackReceiver:
                     raise RollgateError("no callback for %s within %s s" % (what, timeout), 0, "timeout")
                 self._lock.wait(left)
 
-    async def _wait_async(self, get: Callable[[], Any], what: str, timeout: Optional[float]) -> Any:
+    async def _wait_async(self, get: Callable[[], Optional[V]], what: str, timeout: Optional[float]) -> V:
         loop = asyncio.get_running_loop()
         future: "asyncio.Future[Any]" = loop.create_future()
         with self._lock:
@@ -174,7 +175,7 @@ class CallbackReceiver:
             entry = (get, loop, future)
             self._async_waiters.append(entry)
         try:
-            return await asyncio.wait_for(future, timeout)
+            return cast(V, await asyncio.wait_for(future, timeout))
         except asyncio.TimeoutError:
             raise RollgateError("no callback for %s within %s s" % (what, timeout), 0, "timeout") from None
         finally:

@@ -109,8 +109,9 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             record = self.get(task_id)
-            if record.get("result") is not None:
-                return record["result"]
+            result: Optional[JSON] = record.get("result")
+            if result is not None:
+                return result
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise RollgateError("task %s is still %s after %s s" % (task_id, record.get("status"), timeout), 0, "timeout")
