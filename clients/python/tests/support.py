@@ -82,15 +82,19 @@ def free_port() -> int:
 class FlakyProxy:
     """A real TCP proxy in front of the gateway. It resets the first ``drop`` connections right after
     reading their request head (the request reached the network, no answer ever comes: what a
-    client sees when a load balancer or the gateway dies), and forwards every later one."""
+    client sees when a load balancer or the gateway dies), and forwards every later one; with
+    ``cut_stream_after_events`` the first event stream it forwards is cut after that many events."""
 
-    def __init__(self, target_url: str, drop: int) -> None:
+    def __init__(self, target_url: str, drop: int = 0, cut_stream_after_events: Optional[int] = None) -> None:
         parts = urlsplit(target_url)
         self.target = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.drop = drop
+        # The first event stream is cut (the connection closed mid-chunk) right after this many events.
+        self.cut_after = cut_stream_after_events
         self.connections = 0
         self.dropped = 0
         self.first_lines: List[str] = []
+        self.heads: List[str] = []
         self._lock = threading.Lock()
         proxy = self
 
@@ -124,19 +128,32 @@ class FlakyProxy:
             head += chunk
         with self._lock:
             self.first_lines.append(head.split(b"\r\n", 1)[0].decode("latin-1"))
+            self.heads.append(head.decode("latin-1"))
+            streams = [h for h in self.heads if b"text/event-stream" in h.encode("latin-1")]
+            cut = self.cut_after if self.cut_after is not None and len(streams) == 1 and b"text/event-stream" in head else None
         if drop:
-            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            client.close()
+            reset(client)
             return
         upstream = socket.create_connection(self.target)
         upstream.sendall(head)
 
-        def pump(src: socket.socket, dst: socket.socket) -> None:
+        def pump(src: socket.socket, dst: socket.socket, cut_after: Optional[int] = None) -> None:
+            seen = b""
             try:
                 while True:
                     data = src.recv(65536)
                     if not data:
                         break
+                    if cut_after is not None:
+                        seen += data
+                        body = seen.find(b"\r\n\r\n")
+                        ends = [k for k in range(body + 4, len(seen)) if seen.startswith(b"\n\n", k)] if body >= 0 else []
+                        if len(ends) >= cut_after:
+                            dst.sendall(data[: len(data) - (len(seen) - (ends[cut_after - 1] + 2))])
+                            # Shut down (not just closed: the other direction's thread is reading it), mid-chunk.
+                            dst.shutdown(socket.SHUT_RDWR)
+                            src.close()
+                            return
                     dst.sendall(data)
             except OSError:
                 pass
@@ -146,12 +163,21 @@ class FlakyProxy:
                 except OSError:
                     pass
 
-        back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
+        back = threading.Thread(target=pump, args=(upstream, client, cut), daemon=True)
         back.start()
         pump(client, upstream)
         back.join(timeout=120)
         upstream.close()
         client.close()
+
+
+def reset(sock: socket.socket) -> None:
+    """Closes a connection with a TCP reset (what a crashed peer looks like)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    except OSError:
+        pass
 
 
 def post_raw(url: str, body: bytes, headers: Dict[str, str]) -> int:

@@ -4,6 +4,7 @@ same errors and retry rules (through the same resetting proxy)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import unittest
 
@@ -130,9 +131,19 @@ class AsyncClientTest(unittest.TestCase):
                     failure = None
                 except rollgate.RollgateError as err:
                     failure = err
-            return tid, record, read_proxy, failure, post_proxy
+            expected = [e["id"] async for e in rollgate.AsyncClient(URL, API_KEY).events(tid)]
+            with FlakyProxy(URL, cut_stream_after_events=2) as stream_proxy:
+                resumed = [e["id"] async for e in rollgate.AsyncClient(stream_proxy.url, API_KEY, backoff=0.01).events(tid)]
+            return tid, record, read_proxy, failure, post_proxy, expected, resumed, stream_proxy
 
-        tid, record, read_proxy, failure, post_proxy = self.run_async(scenario())
+        tid, record, read_proxy, failure, post_proxy, expected, resumed, stream_proxy = self.run_async(scenario())
+        self.assertEqual(resumed, expected)
+        streams = [h for h in stream_proxy.heads if "text/event-stream" in h]
+        self.assertEqual(len(streams), 2)
+        # Resumed after the last event that arrived whole (the cut may split the second one).
+        resumed_after = re.search(r"Last-Event-ID: (\S+)\r\n", streams[1])
+        self.assertIsNotNone(resumed_after)
+        self.assertIn(resumed_after.group(1), expected[:2])
         self.assertEqual(record["id"], tid)
         self.assertEqual(read_proxy.connections, 3)
         self.assertIsNotNone(failure)

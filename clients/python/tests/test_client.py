@@ -3,6 +3,7 @@ calls are sent again after a dropped connection (through a real TCP proxy that r
 
 from __future__ import annotations
 
+import re
 import threading
 import unittest
 
@@ -203,6 +204,22 @@ class RetryTest(unittest.TestCase):
                 self.client(proxy).submit(answer_task(metadata={"marker": marker}))
         self.assertTrue(failed.exception.unreachable)
         self.assertEqual((proxy.connections, proxy.dropped), (1, 1))
+
+    def test_an_event_stream_cut_mid_way_resumes_with_last_event_id(self):
+        direct = rollgate.Client(URL, API_KEY)
+        tid = direct.submit(answer_task())["id"]
+        direct.wait(tid, timeout=90, poll_interval=0.2)
+        expected = [e["id"] for e in direct.events(tid)]
+        with FlakyProxy(URL, cut_stream_after_events=2) as proxy:
+            got = [e["id"] for e in self.client(proxy).events(tid)]
+        self.assertEqual(got, expected)
+        streams = [h for h in proxy.heads if "text/event-stream" in h]
+        self.assertEqual(len(streams), 2)
+        self.assertNotIn("Last-Event-ID", streams[0])
+        # Resumed after the last event that arrived whole (the cut may split the second one).
+        resumed_after = re.search(r"Last-Event-ID: (\S+)\r\n", streams[1])
+        self.assertIsNotNone(resumed_after)
+        self.assertIn(resumed_after.group(1), expected[:2])
 
     def test_retries_give_up_after_the_limit(self):
         with FlakyProxy(URL, drop=10) as proxy:
