@@ -158,11 +158,11 @@ class Client:
             raise RollgateError("no task or group %s" % task_or_group_id, 404, "not_found")
         return [r["id"] for r in sorted(records, key=lambda r: _api.member_index(task_or_group_id, r["id"]))]
 
-    def _task_events(self, task_id: str, last_event_id: Optional[str], max_reconnects: int, open_streams: Set[Stream]) -> Iterator[JSON]:
+    def _task_events(self, task_id: str, last_event_id: Optional[str], max_reconnects: int, open_streams: Set[Stream], stop: Optional[threading.Event] = None) -> Iterator[JSON]:
         call = _api.events(task_id)
         last = last_event_id
         reconnects = 0
-        while True:
+        while stop is None or not stop.is_set():
             error: Optional[RollgateError] = None
             try:
                 stream = self._transport.open_stream(call, {"Last-Event-ID": last} if last else {}, STREAM_READ_TIMEOUT_S)
@@ -194,6 +194,8 @@ class Client:
                 finally:
                     open_streams.discard(stream)
                     stream.close()
+            if stop is not None and stop.is_set():
+                return
             if reconnects >= max_reconnects:
                 why = " (%s)" % error.message if error else ""
                 raise RollgateError("the event stream of task %s kept closing before the task ended%s" % (task_id, why), 0, "stream_closed", None, call.label)
@@ -207,7 +209,7 @@ class Client:
 
         def follow(task_id: str) -> None:
             try:
-                for event in self._task_events(task_id, None, max_reconnects, open_streams):
+                for event in self._task_events(task_id, None, max_reconnects, open_streams, stop):
                     if stop.is_set():
                         return
                     inbox.put(("event", event))
