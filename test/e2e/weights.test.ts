@@ -5,6 +5,8 @@
  * refused unless paused, every rank confirmed, the new version on the next calls' tokens, and a
  * rank that fails to load reported by engine and rank with the version left as it was.
  */
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import type { StartedChild } from "@rollgate/cluster/children";
 import { buildEngineSim, simLogprob } from "@rollgate/engine-sim";
 import type { CompletionRecord } from "@rollgate/protocol";
@@ -232,5 +234,32 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
     }
     expect(((await api("/admin/inference/weights", { body: { version: "v5", load: { lora: { name: "policy" } } } })).status)).toBe(400);
     await api("/admin/inference/resume", { body: {} });
+  });
+});
+
+describe("an engine started without its weight routes", () => {
+  it("answers 502 naming the switch the engine needs (vLLM dev mode)", async () => {
+    // A vLLM without VLLM_SERVER_DEV_MODE: FastAPI's 404 on the dev routes.
+    const bare = http.createServer((_req, res) => res.writeHead(404, { "content-type": "application/json" }).end('{"detail":"Not Found"}'));
+    await new Promise<void>((r) => bare.listen(0, "127.0.0.1", r));
+    const url = `http://127.0.0.1:${(bare.address() as AddressInfo).port}`;
+    const prefix = uniquePrefix("weights-bare");
+    const gw = await startApp("gateway", ["--port", "0"], {
+      ROLLGATE_KEY_PREFIX: prefix,
+      ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url, dp_size: 1, model: "m" }]),
+      ROLLGATE_HEALTH_INTERVAL_S: "3600",
+    });
+    try {
+      const api = apiClient(() => gw.ready);
+      await api("/admin/inference/pause", { body: { timeout_s: 0 } });
+      const res = await api("/admin/inference/weights", { body: { version: "v1", load: { path: "/ckpt" } } });
+      expect(res.status).toBe(502);
+      expect(res.body.error.message).toContain("POST /collective_rpc update_config is not served by this engine (start vLLM with VLLM_SERVER_DEV_MODE=1)");
+      expect(res.body.error.details.engines[0].ranks).toEqual([{ dp_rank: 0, loaded: false, detail: expect.stringContaining("update_config failed") }]);
+    } finally {
+      await stopChild(gw.proc);
+      bare.close();
+      await dropPrefix(prefix);
+    }
   });
 });

@@ -83,6 +83,13 @@ function engineMessage(a: Answer): string {
 
 const ok2xx = (a: Answer) => a.status !== null && a.status >= 200 && a.status < 300;
 
+/** What a 404 from a weight route usually means: the engine was started without the switch that serves it. */
+const NOT_SERVED: Record<string, string> = {
+  "vllm /collective_rpc": "start vLLM with VLLM_SERVER_DEV_MODE=1",
+  "vllm /v1/load_lora_adapter": "start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",
+  "sglang /load_lora_adapter": "start SGLang with --enable-lora",
+};
+
 /**
  * Loads new weights on one engine through its own routes, while inference is paused, and says per
  * rank what loaded. Routes (real servers need their dev/admin switches):
@@ -106,6 +113,8 @@ export async function loadEngineWeights(dispatcher: Dispatcher, index: number, e
   const steps: LoadStep[] = [];
   const step = async (method: "GET" | "POST", path: string, body?: unknown, timeoutMs = SMALL_TIMEOUT_MS, label = `${method} ${path}`): Promise<Answer> => {
     const a = await call(dispatcher, e.url, method, path, body, timeoutMs);
+    const hint = a.status === 404 ? NOT_SERVED[`${e.kind} ${path}`] : undefined;
+    if (hint) a.text = JSON.stringify({ error: { message: `${label} is not served by this engine (${hint})` } });
     steps.push({ route: label, status: a.status, detail: ok2xx(a) ? a.text.slice(0, 500) : engineMessage(a) });
     return a;
   };
