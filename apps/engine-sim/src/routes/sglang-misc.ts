@@ -93,7 +93,7 @@ export function registerSglangMiscRoutes(app: FastifyInstance, sim: SimState): v
       const chat = TokenizeChat.safeParse(body);
       if (!chat.success) return reply.code(400).send(sglangError(formatZodError(chat.error)));
       try {
-        const { ids } = renderPrompt({ ...chat.data, add_generation_prompt: true }, getRawBody(req), sim.tok);
+        const { ids } = renderPrompt({ ...chat.data, add_generation_prompt: true }, getRawBody(req), sim.model);
         return { tokens: ids, count: ids.length, max_model_len: o.maxModelLen };
       } catch (e) {
         if (e instanceof HttpError) return reply.code(e.status).send(sglangError(e.message));
