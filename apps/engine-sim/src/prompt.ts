@@ -11,6 +11,8 @@ export interface ChatPromptFields {
   chat_template_kwargs?: Record<string, unknown> | null | undefined;
   add_generation_prompt?: boolean | null | undefined;
   continue_final_message?: boolean | null | undefined;
+  /** vLLM's per-request template override. */
+  chat_template?: string | null | undefined;
 }
 
 /**
@@ -45,7 +47,7 @@ export function renderPrompt(body: ChatPromptFields, rawBody: string | undefined
       addGenerationPrompt: body.add_generation_prompt ?? true,
       continueFinalMessage: body.continue_final_message ?? false,
       chatTemplateKwargs: body.chat_template_kwargs ?? null,
-    });
+    }, body.chat_template);
     return { text, ids: model.tok.encode(text) };
   } catch (e) {
     if (e instanceof ChatRenderError) throw new HttpError(400, e.message);

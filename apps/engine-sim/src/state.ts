@@ -6,6 +6,7 @@ import type { FaultSpec } from "./faults.js";
 import { SimModel } from "./model.js";
 import { Ranks } from "./ranks.js";
 import type { SimTokenizer } from "./tokenizer.js";
+import { DEFAULT_VLLM_VERSION, releaseOf } from "./versions.js";
 
 export type SimKind = "vllm" | "sglang";
 export type ReasoningField = "reasoning" | "reasoning_content";
@@ -29,6 +30,8 @@ export interface EngineSimOptions {
   startDate?: string;
   /** Served model name (`model` in requests and responses, `/v1/models`). Default: the family's (Qwen3: "Qwen/Qwen3-8B"). */
   model?: string;
+  /** The vLLM release to behave as (`/version`, and the features it gates: see versions.ts). Default "0.28.0". */
+  vllmVersion?: string;
   /** Seed of the random policy. Default 0. */
   seed?: number;
   /** Tokens in an unscripted answer (before `<|im_end|>`). Default 24. */
@@ -47,6 +50,9 @@ export interface EngineSimOptions {
   weightVersion?: string;
   /** Per-rank batch limit (running requests, vLLM `--max-num-seqs` / SGLang `--max-running-requests`); beyond it requests wait. 0 = unlimited (default). */
   maxRunning?: number;
+  /** SGLang `--return-input-ids` / `--return-output-ids` (PR #34488): every chat answer carries sglext ids. Default false. */
+  returnInputIds?: boolean;
+  returnOutputIds?: boolean;
   /** SGLang `--incremental-streaming-output`: /generate stream events carry deltas instead of cumulative text/ids/logprobs. Default false. */
   incrementalStreamingOutput?: boolean;
   /** Faults in force from the start (as `POST /sim/faults` bodies). */
@@ -62,6 +68,7 @@ export function resolveOptions(o: EngineSimOptions): ResolvedOptions {
   return {
     kind: o.kind ?? "vllm",
     family: family.name,
+    vllmVersion: o.vllmVersion ?? DEFAULT_VLLM_VERSION,
     dpSize: o.dpSize ?? 1,
     model: o.model ?? family.defaultModel,
     seed: o.seed ?? 0,
@@ -74,6 +81,8 @@ export function resolveOptions(o: EngineSimOptions): ResolvedOptions {
     weightVersion: o.weightVersion ?? (o.kind === "sglang" ? "default" : "0"),
     maxRunning: o.maxRunning ?? 0,
     incrementalStreamingOutput: o.incrementalStreamingOutput ?? false,
+    returnInputIds: o.returnInputIds ?? false,
+    returnOutputIds: o.returnOutputIds ?? false,
   };
 }
 
@@ -92,6 +101,7 @@ export class SimState {
     this.opts = resolveOptions(options);
     if (!Number.isInteger(this.opts.dpSize) || this.opts.dpSize < 1) throw new Error(`dpSize must be a positive integer, got ${this.opts.dpSize}`);
     if (!Number.isInteger(this.opts.maxRunning) || this.opts.maxRunning < 0) throw new Error(`maxRunning must be a non-negative integer, got ${this.opts.maxRunning}`);
+    releaseOf(this.opts.vllmVersion);
     this.model = new SimModel({
       family: this.opts.family,
       tokenizer: options.tokenizer ?? null,

@@ -6,9 +6,6 @@ import { renderPrompt } from "../prompt.js";
 import type { SimState } from "../state.js";
 import { formatZodError, getRawBody, sendError } from "./common.js";
 
-/** The version `/version` reports: the vLLM behaviour engine-sim follows (token extensions, `reasoning`). */
-export const SIM_VLLM_VERSION = "0.12.0+enginesim";
-
 const TokenizeChat = z.object({
   model: z.string().nullish(),
   messages: z.array(z.record(z.string(), z.unknown())),
@@ -69,7 +66,8 @@ export function registerMiscRoutes(app: FastifyInstance, sim: SimState): void {
   app.get("/health", async (_req, reply) => reply.code(sim.ranks.ranks.some((r) => r.down) ? 503 : 200).send(""));
   app.get("/ping", async (_req, reply) => reply.code(200).send(""));
   app.post("/ping", async (_req, reply) => reply.code(200).send(""));
-  app.get("/version", async () => ({ version: SIM_VLLM_VERSION }));
+  // The release engine-sim behaves as (`--vllm-version`), reported as vLLM does.
+  app.get("/version", async () => ({ version: o.vllmVersion }));
 
   app.post("/tokenize", async (req, reply) => {
     try {

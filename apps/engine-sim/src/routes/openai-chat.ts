@@ -13,6 +13,7 @@ import { renderPrompt } from "../prompt.js";
 import { parseRankHeader, sglangRank } from "../ranks.js";
 import { ScriptError, findScriptStep } from "../script.js";
 import type { SimState } from "../state.js";
+import { vllmHas } from "../versions.js";
 import { chatLogprobEntry, vllmPromptLogprobs } from "../wire-logprobs.js";
 import { cutConnection, disconnectSignal, errorBody, formatZodError, getRawBody, sendEnvError } from "./common.js";
 import type { Envelope } from "./common.js";
@@ -64,6 +65,15 @@ const ChatRequest = z.object({
   data_parallel_rank: z.number().int().nullish(),
   return_prompt_token_ids: z.boolean().nullish(),
   separate_reasoning: z.boolean().nullish(),
+  // Token-in: vLLM's kv_transfer_params.prompt_token_ids (PR #48145) and prompt_token_ids (PR #55771);
+  // SGLang's input_ids. Read only when the simulated server has them (an old server ignores them).
+  kv_transfer_params: z.unknown().optional(),
+  prompt_token_ids: z.unknown().optional(),
+  input_ids: z.unknown().optional(),
+  // SGLang PR #34488: response-level sglext.input_ids / sglext.output_ids.
+  return_input_ids: z.boolean().nullish(),
+  return_output_ids: z.boolean().nullish(),
+  chat_template: z.string().nullish(),
 });
 type ChatRequest = z.infer<typeof ChatRequest>;
 
@@ -84,6 +94,9 @@ interface Prepared {
   asTokenIds: boolean;
   returnTokenIds: boolean;
   returnPromptTokenIds: boolean;
+  /** SGLang sglext ids (request fields, x-sglext-* headers). */
+  sglextInputIds: boolean;
+  sglextOutputIds: boolean;
   toolParsing: boolean;
   reasoningField: string;
   parseRequest: ParseRequest;
@@ -93,6 +106,38 @@ function requestId(body: ChatRequest, req: FastifyRequest, sglang: boolean): str
   if (sglang) return body.rid ?? randomBytes(16).toString("hex");
   const given = body.request_id ?? (req.headers["x-request-id"] as string | undefined);
   return `chatcmpl-${given ?? randomBytes(16).toString("hex")}`;
+}
+
+function headerOn(req: FastifyRequest, name: string): boolean {
+  const v = req.headers[name];
+  return typeof v === "string" && /^(1|true|yes)$/i.test(v.trim());
+}
+
+const TokenIds = z.array(z.number().int());
+
+/**
+ * A pre-tokenised prompt the simulated server honours, or null (render the messages). vLLM reads
+ * `prompt_token_ids` (≥ the release with PR #55771) before `kv_transfer_params.prompt_token_ids`
+ * (≥ the release with PR #48145); SGLang reads `input_ids`. Messages still drive tools and parsers.
+ */
+function tokenInPrompt(sim: SimState, body: ChatRequest): number[] | null {
+  const pick = (field: string, v: unknown): number[] | null => {
+    if (v === undefined || v === null) return null;
+    const parsed = TokenIds.safeParse(v);
+    if (!parsed.success) throw new HttpError(400, `${field} must be a list of token ids`);
+    return parsed.data;
+  };
+  if (sim.opts.kind === "sglang") return pick("input_ids", body.input_ids);
+  const v = sim.opts.vllmVersion;
+  if (vllmHas(v, "chatPromptTokenIds")) {
+    const ids = pick("prompt_token_ids", body.prompt_token_ids);
+    if (ids) return ids;
+  }
+  if (vllmHas(v, "chatKvTransferPromptIds")) {
+    const kv = body.kv_transfer_params;
+    if (kv !== null && typeof kv === "object" && !Array.isArray(kv)) return pick("kv_transfer_params.prompt_token_ids", (kv as Record<string, unknown>).prompt_token_ids);
+  }
+  return null;
 }
 
 /** Validation, prompt, policy and stopping rules: everything before the first token. */
@@ -122,7 +167,14 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
     throw new HttpError(400, "return_token_ids / return_prompt_token_ids are not supported with stream=True for chat completions.");
   }
 
-  const prompt = renderPrompt(body, getRawBody(req), sim.model);
+  const tokenIn = tokenInPrompt(sim, body);
+  let prompt: { text: string; ids: number[] };
+  if (tokenIn) {
+    const bad = tokenIn.find((id) => !sim.tok.isValidId(id));
+    if (bad !== undefined) throw new HttpError(400, `Token id ${bad} is out of vocabulary`);
+    if (tokenIn.length === 0) throw new HttpError(400, "The prompt cannot be empty.");
+    prompt = { text: sim.tok.decode(tokenIn), ids: tokenIn };
+  } else prompt = renderPrompt(body, getRawBody(req), sim.model);
   const promptIds = prompt.ids;
   const requested = body.max_completion_tokens ?? body.max_tokens;
   if (promptIds.length >= o.maxModelLen) {
@@ -187,6 +239,8 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
     asTokenIds: !sglang && (body.return_tokens_as_token_ids ?? o.returnTokensAsTokenIds),
     returnTokenIds: body.return_token_ids === true,
     returnPromptTokenIds: sglang && body.return_prompt_token_ids === true,
+    sglextInputIds: sglang && (body.return_input_ids === true || headerOn(req, "x-sglext-return-input-ids") || o.returnInputIds),
+    sglextOutputIds: sglang && (body.return_output_ids === true || headerOn(req, "x-sglext-return-output-ids") || o.returnOutputIds),
     toolParsing,
     reasoningField: sglang ? "reasoning_content" : o.reasoningField,
     parseRequest: { tok: sim.tok, toolParsing, tools: body.tools ?? [], chatTemplateKwargs: body.chat_template_kwargs ?? {} },
@@ -265,7 +319,7 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
     const choice: Record<string, unknown> = { index: 0, message, logprobs, finish_reason: finishReason, matched_stop: matchedStop(c, g.outcome ?? "", sim.model.eosId) };
     if (p.returnTokenIds) choice.token_ids = out.ids;
     if (p.returnPromptTokenIds) choice.prompt_token_ids = p.promptIds;
-    return reply.send({
+    const resp: Record<string, unknown> = {
       id: p.requestId,
       object: "chat.completion",
       created: p.created,
@@ -273,7 +327,10 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
       choices: [choice],
       usage: usage(p.promptIds.length, out.ids.length, g.cached),
       metadata: { weight_version: sim.weightVersion },
-    });
+    };
+    const ext = sglext(p, out.ids);
+    if (ext) resp.sglext = ext;
+    return reply.send(resp);
   }
   const message: Record<string, unknown> = {
     role: "assistant",
@@ -308,6 +365,15 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
   if (p.returnTokenIds) body.prompt_token_ids = p.promptIds;
   body.kv_transfer_params = null;
   return reply.send(body);
+}
+
+/** SGLang PR #34488's response-level ids: the prompt, and one output list per choice. */
+function sglext(p: Prepared, outputIds: number[]): Record<string, unknown> | null {
+  if (!p.sglextInputIds && !p.sglextOutputIds) return null;
+  const ext: Record<string, unknown> = {};
+  if (p.sglextInputIds) ext.input_ids = p.promptIds;
+  if (p.sglextOutputIds) ext.output_ids = [outputIds];
+  return ext;
 }
 
 /** SGLang's DeltaMessage as model_dump_json() writes it (every field, nulls included). */
@@ -393,6 +459,9 @@ async function stream(sim: SimState, p: Prepared, reply: FastifyReply) {
   if (sg) {
     const fr = g.outcome === "abort" ? "abort" : parser.toolsStreamed > 0 && c.finishReason === "stop" ? "tool_calls" : c.finishReason;
     send({ ...base, choices: [{ index: 0, delta: sglangDelta({}), logprobs: null, finish_reason: fr, matched_stop: matchedStop(c, g.outcome ?? "", sim.model.eosId) }], usage: null });
+    // PR #34488: the ids arrive once, in a response-level chunk before [DONE].
+    const ext = sglext(p, g.tokens.map((t) => t.id));
+    if (ext) send({ ...base, choices: [], usage: null, sglext: ext });
   } else if (g.outcome === "abort") {
     // vLLM: the abort output carries no new token; its chunk has an empty delta and finish_reason "abort".
     const choice: Record<string, unknown> = { index: 0, delta: {}, logprobs: null, finish_reason: "abort", stop_reason: null };
