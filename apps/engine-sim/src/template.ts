@@ -1,5 +1,5 @@
 import { Template } from "@huggingface/jinja";
-import type { TemplateFeed } from "./families/types.js";
+import type { ArgumentsForm, TemplateFeed } from "./families/types.js";
 import { PyDict, PyJsonError, fromJs, parsePyJson, pyDumps, toJs } from "./pyjson.js";
 import type { PyValue } from "./pyjson.js";
 
@@ -98,8 +98,22 @@ function argumentsDict(args: unknown): unknown {
   return args !== null && typeof args === "object" ? args : {};
 }
 
+/** Arguments as a Python-typed dict (key order and int/float kept), {} for empty or invalid JSON. */
+function argumentsPy(args: unknown): PyValue {
+  if (typeof args === "string") {
+    try {
+      const v = parsePyJson(args);
+      return v instanceof PyDict ? v : new PyDict([]);
+    } catch {
+      return new PyDict([]);
+    }
+  }
+  const v = fromJs(args);
+  return v instanceof PyDict ? v : new PyDict([]);
+}
+
 /** The conversation as vLLM hands it to the template. */
-export function templateMessages(messages: readonly unknown[], argumentsAs: "dict" | "json-text" = "json-text"): Record<string, unknown>[] {
+export function templateMessages(messages: readonly unknown[], argumentsAs: ArgumentsForm = "json-text"): Record<string, unknown>[] {
   return messages.map((m, idx) => {
     if (!isRecord(m) || typeof m.role !== "string") throw new ChatRenderError(`messages[${idx}] must be an object with a role`);
     const out: Record<string, unknown> = { role: m.role, content: contentText(m.content) };
@@ -107,7 +121,7 @@ export function templateMessages(messages: readonly unknown[], argumentsAs: "dic
       if (Array.isArray(m.tool_calls)) {
         out.tool_calls = m.tool_calls.map((tc: unknown) => {
           if (!isRecord(tc) || !isRecord(tc.function)) throw new ChatRenderError("assistant tool_calls[] must have a function");
-          const args = argumentsAs === "dict" ? argumentsDict(tc.function.arguments) : renderArguments(tc.function.arguments);
+          const args = argumentsAs === "dict" ? argumentsDict(tc.function.arguments) : argumentsAs === "python" ? argumentsPy(tc.function.arguments) : renderArguments(tc.function.arguments);
           return { ...tc, function: { ...tc.function, arguments: args } };
         });
       }
@@ -137,7 +151,7 @@ function cutAfterFinalMessage(rendered: string, finalMessage: string): string {
 
 export interface RendererOptions {
   template: string;
-  argumentsAs: "dict" | "json-text";
+  argumentsAs: ArgumentsForm;
   feed: TemplateFeed;
 }
 

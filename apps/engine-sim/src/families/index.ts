@@ -3,12 +3,14 @@ import type { ChatRenderInput } from "../template.js";
 import { loadTokenizer, tokenizerFrom } from "../tokenizer.js";
 import type { SimTokenizer } from "../tokenizer.js";
 import { qwen3 } from "./qwen3.js";
+import { qwen3Coder } from "./qwen3-coder.js";
 import type { Family, FamilyName } from "./types.js";
 
 export type { Family, FamilyName, ReasoningParserName, ToolParserName } from "./types.js";
 
 export const FAMILIES: Readonly<Record<string, Family>> = {
   qwen3,
+  "qwen3-coder": qwen3Coder,
 };
 
 export const FAMILY_NAMES = Object.keys(FAMILIES) as FamilyName[];

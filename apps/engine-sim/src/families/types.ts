@@ -15,6 +15,8 @@ export type ToolParserName = "hermes" | "qwen3_coder" | "llama3_json" | "deepsee
 /** vLLM's `--reasoning-parser` names engine-sim implements. */
 export type ReasoningParserName = "qwen3" | "deepseek_r1" | "deepseek_v3" | "openai_gptoss";
 
+export type ArgumentsForm = "dict" | "json-text" | "python";
+
 export interface WriteContext {
   tok: SimTokenizer;
   /** The prompt as text (special tokens kept): a model sees where its turn starts (DeepSeek-V3.1: `<think>` or `</think>`). */
@@ -56,8 +58,11 @@ export interface Family {
   bundledTemplate: string | null;
   toolParser: ToolParserName | null;
   reasoningParser: ReasoningParserName | null;
-  /** Tool-call arguments as the template gets them: vLLM's dicts, or Python `json.dumps` text (printed verbatim by Qwen3's template). */
-  argumentsAs: "dict" | "json-text";
+  /**
+   * Tool-call arguments as the template gets them: vLLM's dicts; Python `json.dumps` text (printed
+   * verbatim by Qwen3's template); or Python-typed dicts (PyDict) for a feed to pre-render from.
+   */
+  argumentsAs: ArgumentsForm;
   /** Variables and fields the template needs. */
   feed: (ctx: FamilyContext) => TemplateFeed;
   /**
