@@ -4,6 +4,7 @@ import { loadTokenizer, tokenizerFrom } from "../tokenizer.js";
 import type { SimTokenizer } from "../tokenizer.js";
 import { qwen3 } from "./qwen3.js";
 import { qwen3Coder } from "./qwen3-coder.js";
+import { llama31 } from "./llama3.js";
 import type { Family, FamilyName } from "./types.js";
 
 export type { Family, FamilyName, ReasoningParserName, ToolParserName } from "./types.js";
@@ -11,6 +12,7 @@ export type { Family, FamilyName, ReasoningParserName, ToolParserName } from "./
 export const FAMILIES: Readonly<Record<string, Family>> = {
   qwen3,
   "qwen3-coder": qwen3Coder,
+  "llama3.1": llama31,
 };
 
 export const FAMILY_NAMES = Object.keys(FAMILIES) as FamilyName[];

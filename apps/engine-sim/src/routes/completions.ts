@@ -47,6 +47,7 @@ const CompletionRequest = z.object({
   include_stop_str_in_output: z.boolean().nullish(),
   skip_special_tokens: z.boolean().nullish(),
   ignore_eos: z.boolean().nullish(),
+  add_special_tokens: z.boolean().nullish(),
   return_token_ids: z.boolean().nullish(),
   return_tokens_as_token_ids: z.boolean().nullish(),
   n: z.number().int().nullish(),
@@ -106,7 +107,7 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
   const p = body.prompt;
   const prompts: (string | number[])[] = typeof p === "string" ? [p] : typeof p[0] === "number" ? [p as number[]] : (p as (string | number[])[]);
   const jobs = prompts.map((one, index): PromptJob => {
-    const promptIds = typeof one === "string" ? sim.tok.encode(one) : one;
+    const promptIds = typeof one === "string" ? sim.tok.encode(one, body.add_special_tokens ?? true) : one;
     const bad = promptIds.find((id) => !sim.tok.isValidId(id));
     if (bad !== undefined) throw new HttpError(400, `Token id ${bad} is out of vocabulary`);
     if (promptIds.length === 0) throw new HttpError(400, "The prompt cannot be empty.");

@@ -85,8 +85,7 @@ export function registerMiscRoutes(app: FastifyInstance, sim: SimState): void {
       const parsed = TokenizeCompletion.safeParse(body);
       if (!parsed.success) throw new HttpError(400, formatZodError(parsed.error));
       checkModel(parsed.data.model);
-      // Qwen adds no BOS/EOS, so add_special_tokens changes nothing here.
-      return tokenizeResponse(sim.tok.encode(parsed.data.prompt), parsed.data.return_token_strs === true);
+      return tokenizeResponse(sim.tok.encode(parsed.data.prompt, parsed.data.add_special_tokens ?? true), parsed.data.return_token_strs === true);
     } catch (e) {
       if (e instanceof HttpError) return sendError(reply, e.status, e.message);
       throw e;

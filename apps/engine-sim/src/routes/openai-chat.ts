@@ -207,7 +207,13 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
     if (e instanceof ScriptError) throw new HttpError(400, `engine-sim: ${e.message}`);
     throw e;
   }
-  const policy = found ? continueOpenAnswer(scriptedOutput(found.step, sim.model, prompt.text), promptIds, sim.model) : randomOutput(o.seed, promptIds, o.randomTokens, sim.model);
+  let policy;
+  try {
+    policy = found ? continueOpenAnswer(scriptedOutput(found.step, sim.model, prompt.text), promptIds, sim.model) : randomOutput(o.seed, promptIds, o.randomTokens, sim.model);
+  } catch (e) {
+    if (e instanceof ScriptError) throw new HttpError(400, `engine-sim: ${e.message}`);
+    throw e;
+  }
   const stop = body.stop === null || body.stop === undefined ? [] : typeof body.stop === "string" ? [body.stop] : body.stop;
   const completion = applyLimits(
     policy,

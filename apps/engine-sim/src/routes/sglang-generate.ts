@@ -81,7 +81,7 @@ function buildItems(sim: SimState, body: GenerateRequest): Item[] {
   }
   const prompts: number[][] =
     body.text !== null && body.text !== undefined
-      ? (typeof body.text === "string" ? [body.text] : body.text).map((t) => sim.tok.encode(t))
+      ? (typeof body.text === "string" ? [body.text] : body.text).map((t) => sim.tok.encode(t, true))
       : typeof body.input_ids![0] === "number"
         ? [body.input_ids as number[]]
         : (body.input_ids as number[][]);

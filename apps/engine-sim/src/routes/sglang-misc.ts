@@ -104,10 +104,10 @@ export function registerSglangMiscRoutes(app: FastifyInstance, sim: SimState): v
     if (!parsed.success) return reply.code(400).send(sglangError(formatZodError(parsed.error)));
     const p = parsed.data.prompt;
     if (typeof p === "string") {
-      const tokens = sim.tok.encode(p);
+      const tokens = sim.tok.encode(p, parsed.data.add_special_tokens ?? true);
       return { tokens, count: tokens.length, max_model_len: o.maxModelLen };
     }
-    const tokens = p.map((t) => sim.tok.encode(t));
+    const tokens = p.map((t) => sim.tok.encode(t, parsed.data.add_special_tokens ?? true));
     return { tokens, count: tokens.map((t) => t.length), max_model_len: o.maxModelLen };
   });
   app.post("/detokenize", async (req, reply) => {
