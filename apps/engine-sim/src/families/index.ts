@@ -5,6 +5,7 @@ import type { SimTokenizer } from "../tokenizer.js";
 import { qwen3 } from "./qwen3.js";
 import { qwen3Coder } from "./qwen3-coder.js";
 import { llama31 } from "./llama3.js";
+import { deepseekV3, deepseekV31 } from "./deepseek.js";
 import type { Family, FamilyName } from "./types.js";
 
 export type { Family, FamilyName, ReasoningParserName, ToolParserName } from "./types.js";
@@ -13,6 +14,8 @@ export const FAMILIES: Readonly<Record<string, Family>> = {
   qwen3,
   "qwen3-coder": qwen3Coder,
   "llama3.1": llama31,
+  "deepseek-v3": deepseekV3,
+  "deepseek-v3.1": deepseekV31,
 };
 
 export const FAMILY_NAMES = Object.keys(FAMILIES) as FamilyName[];
