@@ -13,6 +13,8 @@ export interface ChatPromptFields {
   continue_final_message?: boolean | null | undefined;
   /** vLLM's per-request template override. */
   chat_template?: string | null | undefined;
+  /** gpt-oss: the reasoning effort its system message states. */
+  reasoning_effort?: string | null | undefined;
 }
 
 /**
@@ -40,6 +42,11 @@ export interface RenderedPrompt {
 
 /** Renders and tokenises a chat prompt as vLLM does (`add_special_tokens=False` for chat). */
 export function renderPrompt(body: ChatPromptFields, rawBody: string | undefined, model: SimModel): RenderedPrompt {
+  const efforts = model.family.reasoningEffort;
+  const effort = body.reasoning_effort;
+  if (efforts && effort !== null && effort !== undefined && !efforts.includes(effort)) {
+    throw new HttpError(400, `reasoning_effort=${JSON.stringify(effort).replaceAll('"', "'")} is not supported by Harmony. Supported values are: ${efforts.join(", ")}.`);
+  }
   try {
     const text = model.renderer.render({
       messages: body.messages,
@@ -47,6 +54,7 @@ export function renderPrompt(body: ChatPromptFields, rawBody: string | undefined
       addGenerationPrompt: body.add_generation_prompt ?? true,
       continueFinalMessage: body.continue_final_message ?? false,
       chatTemplateKwargs: body.chat_template_kwargs ?? null,
+      ...(efforts && effort ? { requestVars: { reasoning_effort: effort } } : {}),
     }, body.chat_template);
     return { text, ids: model.tok.encode(text) };
   } catch (e) {

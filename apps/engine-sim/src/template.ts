@@ -29,6 +29,8 @@ export interface ChatRenderInput {
   addGenerationPrompt?: boolean;
   continueFinalMessage?: boolean;
   chatTemplateKwargs?: Record<string, unknown> | null;
+  /** Request fields a family's template reads beside the kwargs (gpt-oss: reasoning_effort). */
+  requestVars?: Record<string, unknown>;
 }
 
 function isRecord(v: unknown): v is Record<string, unknown> {
@@ -121,7 +123,8 @@ export function templateMessages(messages: readonly unknown[], argumentsAs: Argu
       if (Array.isArray(m.tool_calls)) {
         out.tool_calls = m.tool_calls.map((tc: unknown) => {
           if (!isRecord(tc) || !isRecord(tc.function)) throw new ChatRenderError("assistant tool_calls[] must have a function");
-          const args = argumentsAs === "dict" ? argumentsDict(tc.function.arguments) : argumentsAs === "python" ? argumentsPy(tc.function.arguments) : renderArguments(tc.function.arguments);
+          const a = tc.function.arguments;
+          const args = argumentsAs === "dict" ? argumentsDict(a) : argumentsAs === "python" ? argumentsPy(a) : argumentsAs === "raw" ? (typeof a === "string" ? a : a ? JSON.stringify(a) : "") : renderArguments(a);
           return { ...tc, function: { ...tc.function, arguments: args } };
         });
       }
@@ -184,6 +187,7 @@ export class ChatRenderer {
     if (jsTools && pyTools && feed.tools) jsTools = feed.tools(jsTools, pyTools);
     const ctx: Record<string, unknown> = {
       ...feed.vars,
+      ...(input.requestVars ?? {}),
       ...(input.chatTemplateKwargs ?? {}),
       messages,
       add_generation_prompt: addGenerationPrompt,

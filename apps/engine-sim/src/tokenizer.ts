@@ -83,11 +83,10 @@ export class SimTokenizer {
     return ids;
   }
 
+  /** Text of `ids`; ids past the tokenizer (the model's padding rows) decode to nothing. */
   decode(ids: readonly number[], skipSpecialTokens = false): string {
-    return this.raw.decode(
-      ids.filter((id) => id < this.size),
-      { skip_special_tokens: skipSpecialTokens },
-    );
+    const known = ids.filter((id) => id < this.size);
+    return known.length === 0 ? "" : this.raw.decode(known, { skip_special_tokens: skipSpecialTokens });
   }
 
   /** vLLM's out-of-vocabulary check: below the larger of the tokenizer and the model vocabulary. */

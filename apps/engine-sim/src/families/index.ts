@@ -6,6 +6,7 @@ import { qwen3 } from "./qwen3.js";
 import { qwen3Coder } from "./qwen3-coder.js";
 import { llama31 } from "./llama3.js";
 import { deepseekV3, deepseekV31 } from "./deepseek.js";
+import { gptOss } from "./gpt-oss.js";
 import type { Family, FamilyName } from "./types.js";
 
 export type { Family, FamilyName, ReasoningParserName, ToolParserName } from "./types.js";
@@ -16,6 +17,7 @@ export const FAMILIES: Readonly<Record<string, Family>> = {
   "llama3.1": llama31,
   "deepseek-v3": deepseekV3,
   "deepseek-v3.1": deepseekV31,
+  "gpt-oss": gptOss,
 };
 
 export const FAMILY_NAMES = Object.keys(FAMILIES) as FamilyName[];

@@ -15,7 +15,7 @@ export type ToolParserName = "hermes" | "qwen3_coder" | "llama3_json" | "deepsee
 /** vLLM's `--reasoning-parser` names engine-sim implements. */
 export type ReasoningParserName = "qwen3" | "deepseek_r1" | "deepseek_v3" | "openai_gptoss";
 
-export type ArgumentsForm = "dict" | "json-text" | "python";
+export type ArgumentsForm = "dict" | "json-text" | "python" | "raw";
 
 export interface WriteContext {
   tok: SimTokenizer;
@@ -60,9 +60,12 @@ export interface Family {
   reasoningParser: ReasoningParserName | null;
   /**
    * Tool-call arguments as the template gets them: vLLM's dicts; Python `json.dumps` text (printed
-   * verbatim by Qwen3's template); or Python-typed dicts (PyDict) for a feed to pre-render from.
+   * verbatim by Qwen3's template); Python-typed dicts (PyDict) for a feed to pre-render from; or the
+   * text exactly as the client sent it (vLLM's harmony path writes it back unchanged).
    */
   argumentsAs: ArgumentsForm;
+  /** The request's top-level `reasoning_effort` reaches the template (gpt-oss: its system message), checked against these values. */
+  reasoningEffort?: readonly string[];
   /** Variables and fields the template needs. */
   feed: (ctx: FamilyContext) => TemplateFeed;
   /**

@@ -74,6 +74,7 @@ const ChatRequest = z.object({
   return_input_ids: z.boolean().nullish(),
   return_output_ids: z.boolean().nullish(),
   chat_template: z.string().nullish(),
+  reasoning_effort: z.string().nullish(),
 });
 type ChatRequest = z.infer<typeof ChatRequest>;
 
