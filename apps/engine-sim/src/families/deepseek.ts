@@ -95,6 +95,8 @@ function feedV31Messages(messages: Record<string, unknown>[]): Record<string, un
 
 const common = {
   defaultMaxModelLen: 163840,
+  modelType: "deepseek_v3",
+  architectures: ["DeepseekV3ForCausalLM"],
   reasoningParser: null,
   eosToken: EOS,
   extraStopTokens: [],

@@ -121,6 +121,8 @@ function openAnswer(promptIds: readonly number[], tok: SimTokenizer): number[] {
 export const gptOss: Family = {
   name: "gpt-oss",
   defaultModel: "openai/gpt-oss-20b",
+  modelType: "gpt_oss",
+  architectures: ["GptOssForCausalLM"],
   defaultMaxModelLen: 131072,
   tokenizerKey: PACKAGE,
   tokenizerFiles: () => ({ ...readTokenizerFiles(PACKAGE), modelVocabSize: 201088 }),

@@ -74,6 +74,8 @@ function openAnswer(promptIds: readonly number[], tok: SimTokenizer): number[] {
 export const llama31: Family = {
   name: "llama3.1",
   defaultModel: "meta-llama/Llama-3.1-8B-Instruct",
+  modelType: "llama",
+  architectures: ["LlamaForCausalLM"],
   defaultMaxModelLen: 131072,
   tokenizerKey: `${PACKAGE}#llama3.1`,
   tokenizerFiles: () => renameAddedTokens(readTokenizerFiles(PACKAGE), llama31Renames()),

@@ -87,6 +87,8 @@ function feedMessages(messages: Record<string, unknown>[]): Record<string, unkno
 export const qwen3Coder: Family = {
   name: "qwen3-coder",
   defaultModel: "Qwen/Qwen3-Coder-30B-A3B-Instruct",
+  modelType: "qwen3_moe",
+  architectures: ["Qwen3MoeForCausalLM"],
   defaultMaxModelLen: 262144,
   tokenizerKey: QWEN3_TOKENIZER_PACKAGE,
   tokenizerFiles: qwen3.tokenizerFiles,

