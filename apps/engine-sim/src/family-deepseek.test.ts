@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { FastifyInstance } from "fastify";
 import { buildEngineSim, getSimState } from "./app.js";
 import type { Conversation } from "./__fixtures__/conversation.js";
-import { playChat, playRaw, post } from "./__fixtures__/conversation.js";
+import { playChat, playRaw, playTokenIn, post } from "./__fixtures__/conversation.js";
 
 // DeepSeek-V3 (`--tool-call-parser deepseek_v3`, the tokenizer's own template) and DeepSeek-V3.1
 // (`--tool-call-parser deepseek_v31 --reasoning-parser deepseek_v3`, a template from the V3.1 model
@@ -72,6 +72,10 @@ describe("DeepSeek-V3", () => {
     await playChat(v3, tok, conv(V3_CALL), true);
   });
 
+  it("token-in on the chat route (kv_transfer_params, prompt_token_ids, SGLang input_ids) gives the same answers", async () => {
+    await playTokenIn({ family: "deepseek-v3" }, conv(V3_CALL));
+  });
+
   it("two calls are joined by a newline, as the V3 format writes them", async () => {
     const r = await post(v3, "/v1/chat/completions", {
       messages: [{ role: "user", content: '#sim: [{"text":"Both.","tool_calls":[{"name":"a","arguments":{"x":1}},{"name":"b","arguments":{}}]}]' }],
@@ -137,6 +141,10 @@ describe("DeepSeek-V3.1", () => {
     await playChat(v31, tok, conv(V31_CALL), true);
     const [a, b] = records;
     expect(b!.promptIds.slice(0, a!.promptIds.length + a!.ids.length)).toEqual([...a!.promptIds, ...a!.ids]);
+  });
+
+  it("token-in on the chat route (kv_transfer_params, prompt_token_ids, SGLang input_ids) gives the same answers", async () => {
+    await playTokenIn({ family: "deepseek-v3.1" }, conv(V31_CALL));
   });
 
   it("thinking=true: the model reasons after the prompt's <think>; deepseek_v3 → R1 splits reasoning from content", async () => {

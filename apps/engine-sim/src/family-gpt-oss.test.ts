@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { FastifyInstance } from "fastify";
 import { buildEngineSim, getSimState } from "./app.js";
 import type { Conversation } from "./__fixtures__/conversation.js";
-import { playChat, playRaw, post } from "./__fixtures__/conversation.js";
+import { playChat, playRaw, playTokenIn, post } from "./__fixtures__/conversation.js";
 
 // gpt-oss as served by `vllm serve openai/gpt-oss-20b --tool-call-parser openai --reasoning-parser
 // openai_gptoss`: the harmony format (OpenAI's "harmony response format" guide), parsed from the
@@ -138,6 +138,10 @@ describe("gpt-oss tokenizer and template (bundled: templates/gpt-oss.jinja)", ()
 });
 
 describe("gpt-oss: a scripted tool conversation", () => {
+  it("token-in on the chat route (kv_transfer_params, prompt_token_ids, SGLang input_ids) gives the same answers", async () => {
+    await playTokenIn({ family: "gpt-oss", startDate: "2025-06-28" }, CONV);
+  });
+
   it("chat route, not streamed: channels parsed into reasoning, tool call and content; <|call|> stops with its id", async () => {
     const records = await playChat(app, getSimState(app).tok, CONV, false);
     await playRaw(app, records, "vllm");

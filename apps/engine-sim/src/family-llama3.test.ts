@@ -4,7 +4,7 @@ import { buildEngineSim, getSimState } from "./app.js";
 import { applyLimits } from "./limits.js";
 import { llama3Json } from "./output/tool-parsers.js";
 import type { Conversation } from "./__fixtures__/conversation.js";
-import { playChat, playRaw, post } from "./__fixtures__/conversation.js";
+import { playChat, playRaw, playTokenIn, post } from "./__fixtures__/conversation.js";
 
 // Llama 3.1 as served by `vllm serve meta-llama/Llama-3.1-8B-Instruct --tool-call-parser llama3_json`
 // (vllm/tool_parsers/llama_tool_parser.py), on the Llama 3.1 tokenizer (the npm Llama 3 tokenizer
@@ -88,6 +88,10 @@ describe("Llama 3.1 tokenizer and template (bundled: templates/llama3.1.jinja)",
 });
 
 describe("Llama 3.1: a scripted tool conversation", () => {
+  it("token-in on the chat route (kv_transfer_params, prompt_token_ids, SGLang input_ids) gives the same answers", async () => {
+    await playTokenIn({ family: "llama3.1", startDate: "2024-07-26" }, CONV);
+  });
+
   it("chat route, not streamed: the JSON call parsed as llama3_json does; raw-prompt routes play the same", async () => {
     const records = await playChat(app, getSimState(app).tok, CONV, false);
     await playRaw(app, records, "vllm");

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { FastifyInstance } from "fastify";
 import { buildEngineSim, getSimState } from "./app.js";
 import type { Conversation } from "./__fixtures__/conversation.js";
-import { playChat, playRaw, post } from "./__fixtures__/conversation.js";
+import { playChat, playRaw, playTokenIn, post } from "./__fixtures__/conversation.js";
 
 // Qwen3-Coder as served by `vllm serve Qwen/Qwen3-Coder-30B-A3B-Instruct --tool-call-parser qwen3_coder`
 // (vLLM vllm/tool_parsers/qwen3coder_tool_parser.py): the Qwen3 tokenizer, ChatML turns, XML calls.
@@ -103,6 +103,10 @@ describe("Qwen3-Coder template (bundled: templates/qwen3-coder.jinja)", () => {
 });
 
 describe("Qwen3-Coder: a scripted tool conversation", () => {
+  it("token-in on the chat route (kv_transfer_params, prompt_token_ids, SGLang input_ids) gives the same answers", async () => {
+    await playTokenIn({ family: "qwen3-coder" }, CONV);
+  });
+
   it("chat route, not streamed: XML calls parsed as vLLM's qwen3_coder parser does; raw-prompt routes play the same", async () => {
     const records = await playChat(app, getSimState(app).tok, CONV, false);
     await playRaw(app, records, "vllm");

@@ -1,5 +1,7 @@
 import { expect } from "vitest";
 import type { FastifyInstance } from "fastify";
+import { buildEngineSim, getSimState } from "../app.js";
+import type { EngineSimOptions } from "../state.js";
 import type { SimTokenizer } from "../tokenizer.js";
 
 /**
@@ -87,13 +89,33 @@ export interface TurnRecord {
  * Plays the conversation on the vLLM chat route (streamed or not), checking each turn, and returns
  * every turn's prompt and output ids.
  */
-export async function playChat(app: FastifyInstance, tok: SimTokenizer, conv: Conversation, stream: boolean): Promise<TurnRecord[]> {
+/**
+ * How the prompt reaches the chat route: rendered by the server from the messages, or rendered by
+ * /tokenize and sent as ids (vLLM's kv_transfer_params.prompt_token_ids or prompt_token_ids field,
+ * SGLang's input_ids; SGLang answers in its own shape).
+ */
+export type PromptMode = "render" | "kv_transfer_params" | "prompt_token_ids" | "input_ids";
+
+export async function playChat(app: FastifyInstance, tok: SimTokenizer, conv: Conversation, stream: boolean, mode: PromptMode = "render"): Promise<TurnRecord[]> {
   const messages = [...conv.messages];
   const records: TurnRecord[] = [];
   let result = 0;
+  const sglang = mode === "input_ids";
   for (const [k, want] of conv.turns.entries()) {
-    const body = { messages, ...(conv.tools ? { tools: conv.tools } : {}), return_token_ids: true, ...(conv.extra ?? {}) };
+    const body: Record<string, unknown> = { messages, ...(conv.tools ? { tools: conv.tools } : {}), return_token_ids: true, ...(conv.extra ?? {}) };
+    if (mode !== "render") {
+      const kwargs = (conv.extra?.chat_template_kwargs ?? null) as Record<string, unknown> | null;
+      const t = await post(app, "/tokenize", { messages, ...(conv.tools ? { tools: conv.tools } : {}), ...(kwargs ? { chat_template_kwargs: kwargs } : {}) });
+      const ids = t.json().tokens as number[];
+      if (mode === "kv_transfer_params") body.kv_transfer_params = { prompt_token_ids: ids };
+      else if (mode === "prompt_token_ids") body.prompt_token_ids = ids;
+      else {
+        body.input_ids = ids;
+        body.return_prompt_token_ids = true;
+      }
+    }
     const res = await post(app, "/v1/chat/completions", stream ? { ...body, stream: true } : body);
+    if (mode !== "render" && !sglang && !stream) expect(res.json().prompt_token_ids, `turn ${k}: the token-in prompt is the prompt`).toEqual(body.kv_transfer_params ? (body.kv_transfer_params as { prompt_token_ids: number[] }).prompt_token_ids : body.prompt_token_ids);
     expect(res.statusCode, `turn ${k}: ${res.body}`).toBe(200);
     let got: { content: string | null; reasoning: string | null; calls: { name: string; arguments: string }[]; ids: number[]; finish: string | null; prompt: number[] };
     if (stream) {
@@ -104,11 +126,11 @@ export async function playChat(app: FastifyInstance, tok: SimTokenizer, conv: Co
       const m = j.choices[0].message;
       got = {
         content: m.content,
-        reasoning: m.reasoning ?? null,
+        reasoning: (sglang ? m.reasoning_content : m.reasoning) ?? null,
         calls: (m.tool_calls ?? []).map((t: { function: { name: string; arguments: string } }) => t.function),
         ids: j.choices[0].token_ids,
         finish: j.choices[0].finish_reason,
-        prompt: j.prompt_token_ids,
+        prompt: sglang ? j.choices[0].prompt_token_ids : j.prompt_token_ids,
       };
     }
     expect(tok.decode(got.ids), `turn ${k} emitted`).toBe(want.emitted);
@@ -139,5 +161,23 @@ export async function playRaw(app: FastifyInstance, records: TurnRecord[], kind:
       const j = (await post(app, "/generate", { input_ids: r.promptIds, sampling_params: { max_new_tokens: 4096 } })).json();
       expect(j.output_ids, `/generate turn ${k}`).toEqual(r.ids);
     }
+  }
+}
+
+/**
+ * The conversation with token-in prompts (the ids /tokenize renders), on the three routes that take
+ * them: vLLM's kv_transfer_params.prompt_token_ids (≥ 0.28.0), its prompt_token_ids field (0.29.0),
+ * SGLang's input_ids. Each turn must parse to the same answer as the rendered call.
+ */
+export async function playTokenIn(options: EngineSimOptions, conv: Conversation): Promise<void> {
+  const apps = [buildEngineSim({ ...options, vllmVersion: "0.28.0" }), buildEngineSim({ ...options, vllmVersion: "0.29.0" }), buildEngineSim({ ...options, kind: "sglang" })];
+  try {
+    const tok = getSimState(apps[0]!).tok;
+    await playChat(apps[0]!, tok, conv, false, "kv_transfer_params");
+    await playChat(apps[0]!, tok, conv, true, "kv_transfer_params");
+    await playChat(apps[1]!, tok, conv, false, "prompt_token_ids");
+    await playChat(apps[2]!, tok, conv, false, "input_ids");
+  } finally {
+    await Promise.all(apps.map((a) => a.close()));
   }
 }
