@@ -129,6 +129,22 @@ describe("SessionStore", () => {
     expect(await store.get("s-2")).toBeNull();
     expect(await store.records("s-2")).toEqual([]);
   });
+
+  it("counts lost calls and keeps the first cause; an unverified note counts only with the session's own token", async () => {
+    const store = new SessionStore(redis, `${prefix}-s3`);
+    await store.create("s-3", session("s-3"), hashToken("good"), assignment, "0:0", new Date());
+    expect((await store.get("s-3"))!.lost_calls).toEqual({ count: 0, first: null });
+    const cause = (kind: string) => ({ at: new Date().toISOString(), kind, status: 502, message: `${kind} happened` });
+    expect(await store.noteLostCalls("s-3", { count: 1, first: cause("engine_unreachable") })).toBe(true);
+    expect(await store.noteLostCalls("s-3", { count: 2, first: cause("engine_rejected") })).toBe(true);
+    expect(await store.noteLostCalls("s-3", { count: 1, first: cause("storage_unavailable") }, hashToken("someone else"))).toBe(false);
+    expect(await store.noteLostCalls("s-3", { count: 1, first: cause("storage_unavailable") }, hashToken("good"))).toBe(true);
+    expect(await store.noteLostCalls("no-such-session", { count: 1, first: cause("x") })).toBe(false);
+    const { lost_calls } = (await store.get("s-3"))!;
+    expect(lost_calls.count).toBe(4);
+    expect(lost_calls.first).toMatchObject({ kind: "engine_unreachable", status: 502, message: "engine_unreachable happened" });
+    expect(await store.get("no-such-session")).toBeNull();
+  });
 });
 
 const taskInput = (id: string, extra: Record<string, unknown> = {}) =>
