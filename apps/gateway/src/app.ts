@@ -50,7 +50,7 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   // and ioredis copies those into every MULTI on that client (the stores' hot path).
   const queueRedis = duplicateClient(redis);
   queueRedis.on("error", (err: Error) => log.warn({ err: err.message }, "redis (queue) connection error"));
-  const rollouts = rolloutQueue({ connection: queueRedis, keyPrefix: prefix });
+  const rollouts = rolloutQueue({ connection: queueRedis, keyPrefix: prefix, attempts: env.ROLLGATE_ROLLOUT_ATTEMPTS, backoffMs: env.ROLLGATE_ROLLOUT_BACKOFF_MS });
   rollouts.on("error", (err) => log.warn({ err: err.message }, "rollout queue error"));
 
   // Per-request access logs only at debug: agent traffic would drown everything else at info.

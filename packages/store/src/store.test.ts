@@ -203,6 +203,22 @@ describe("TaskStore", () => {
     expect(await store.markRunning("t-unknown", { worker: "w", attempt: 1, sessionId: "s", now: new Date() })).toBe(false);
   });
 
+  it("puts a running task back in the queue for another attempt, never an ended one", async () => {
+    const store = new TaskStore(redis, `${prefix}-t6`);
+    await store.create(taskInput("t-6"), new Date());
+    expect(await store.requeue("t-6", { reason: "lost_call" })).toBe(false);
+    await store.markRunning("t-6", { worker: "w", attempt: 1, sessionId: "s-a", now: new Date() });
+    expect(await store.requeue("t-6", { reason: "lost_call", cause: "engine down" })).toBe(true);
+    const rec = (await store.get("t-6"))!;
+    expect(rec).toMatchObject({ status: "queued", attempts: 1, session_id: "s-a" });
+    const events = await store.events("t-6", null);
+    expect(events.map((e) => e.type)).toEqual(["queued", "started", "retrying"]);
+    expect(events[2]!.data).toEqual({ reason: "lost_call", cause: "engine down" });
+    await store.finish("t-6", resultOf("t-6", "cancelled"), new Date(), 60);
+    expect(await store.requeue("t-6", { reason: "lost_call" })).toBe(false);
+    expect((await store.status("t-6"))).toBe("cancelled");
+  });
+
   it("lists newest first with filters and a cursor that neither skips nor repeats", async () => {
     const store = new TaskStore(redis, `${prefix}-t3`);
     const t0 = Date.now();
