@@ -15,7 +15,8 @@ beforeAll(() => {
   redis = new Redis(url);
 });
 afterAll(async () => {
-  const found = await redis.keys(`${prefix}:*`);
+  // Each test works under `${prefix}-<its own>`: everything starting with the prefix goes.
+  const found = [...(await redis.keys(`${prefix}*`)), ...(await redis.keys(`{${prefix}*`))];
   if (found.length) await redis.del(...found);
   redis.disconnect();
 });
