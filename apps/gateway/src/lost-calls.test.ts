@@ -5,9 +5,9 @@
  */
 import { getSimState } from "@rollgate/engine-sim";
 import type { Session } from "@rollgate/protocol";
-import type { FastifyInstance } from "fastify";
+import Fastify, { type FastifyInstance } from "fastify";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { startSimFleet, type SimFleet } from "./__fixtures__/harness.js";
+import { listenLocal, startSimFleet, type SimFleet } from "./__fixtures__/harness.js";
 import { EngineError } from "./engines/errors.js";
 import { lostCallOf } from "./llm/lost-calls.js";
 
@@ -80,6 +80,28 @@ describe("agent calls lost to infrastructure", () => {
       expect(lost_calls.first).toMatchObject({ kind: "engine_unreachable", status: 502, message: expect.stringMatching(/unreachable/) });
     } finally {
       await down.close();
+    }
+  });
+
+  it("an engine that leaves out the token ids it was asked for: the call is lost, not recorded", async () => {
+    // An older vLLM: an OpenAI answer without token ids (engine-sim always sends them).
+    const old = Fastify();
+    old.get("/v1/models", async () => ({ data: [{ id: "m" }] }));
+    old.post("/v1/chat/completions", async () => ({
+      choices: [{ message: { content: "hi" }, finish_reason: "stop", logprobs: { content: [{ token: "hi", logprob: -1 }] } }],
+      usage: { prompt_tokens: 3, completion_tokens: 1 },
+    }));
+    const oldUrl = await listenLocal(old);
+    const gw = await fleet.gateway({ engines: [{ kind: "vllm", url: oldUrl, dp_size: 1 }], env: { ROLLGATE_HEALTH_INTERVAL_S: "0" } });
+    try {
+      const s = await open(gw);
+      expect((await chat(s, {}, gw)).statusCode).toBe(502);
+      const { lost_calls, counts } = await session(s.id, gw);
+      expect(counts.llm_calls).toBe(0);
+      expect(lost_calls).toMatchObject({ count: 1, first: { kind: "engine_bad_response", status: 502, message: expect.stringMatching(/token ids/) } });
+    } finally {
+      await gw.close();
+      await old.close();
     }
   });
 
