@@ -205,7 +205,7 @@ describe("TaskStore", () => {
   });
 
   it("puts a running task back in the queue for another attempt, never an ended one", async () => {
-    const store = new TaskStore(redis, `${prefix}-t6`);
+    const store = new TaskStore(redis, `${prefix}-t7`);
     await store.create(taskInput("t-6"), new Date());
     expect(await store.requeue("t-6", { reason: "lost_call" })).toBe(false);
     await store.markRunning("t-6", { worker: "w", attempt: 1, sessionId: "s-a", now: new Date() });
