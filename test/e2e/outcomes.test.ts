@@ -68,11 +68,11 @@ function freePort(): Promise<number> {
 }
 
 /** A gateway and a worker on their own prefix, against `engineUrl`. */
-async function startPair(name: string, engineUrl: string, gatewayEnv: Record<string, string>, dp = 2) {
+async function startPair(name: string, engineUrl: string, gatewayEnv: Record<string, string>, workerEnv: Record<string, string> = {}) {
   const prefix = uniquePrefix(name);
   const gateway = await startApp("gateway", ["--port", "0"], {
     ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: dp }]),
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: 2 }]),
     ...gatewayEnv,
   });
   const worker = await startApp("worker", [], {
@@ -82,9 +82,11 @@ async function startPair(name: string, engineUrl: string, gatewayEnv: Record<str
     ROLLGATE_WORKER_CONCURRENCY: "2",
     ROLLGATE_READINESS_POLL_MS: "300",
     ROLLGATE_CALLBACK_BACKOFF_MS: "100",
+    ...workerEnv,
   });
   const base = gateway.ready;
-  const api = Object.assign(apiClient(() => base), { base: () => base });
+  // With an API key on the gateway, the test's own requests carry it.
+  const api = Object.assign(apiClient(() => base, gatewayEnv.ROLLGATE_API_KEY), { base: () => base });
   return {
     api,
     stop: async () => {
@@ -240,4 +242,24 @@ describe("a worker while the engine is not ready", () => {
     expect(t.result).toMatchObject({ status: "completed", reward: 1, attempts: 1 });
     expect((await pair.api("/readyz")).status).toBe(200);
   }, 90_000);
+});
+
+describe("a worker the gateway refuses", () => {
+  let engine: StartedChild;
+  let pair: Awaited<ReturnType<typeof startPair>>;
+  beforeAll(async () => {
+    engine = await startApp("engine-sim", ["--port", "0", "--dp", "2"], {});
+    pair = await startPair("refused", engine.ready, { ROLLGATE_API_KEY: "the-key", ROLLGATE_ROLLOUT_ATTEMPTS: "3" }, { ROLLGATE_API_KEY: "not-the-key" });
+  }, 60_000);
+  afterAll(async () => {
+    await pair?.stop();
+    await stopChild(engine.proc);
+  });
+
+  it("a wrong API key fails the task at once with the gateway's answer, without spending the retry budget", async () => {
+    const { id } = (await pair.api("/v1/tasks", { body: helloTask() })).body as { id: string };
+    const t = await terminal(pair.api, id);
+    expect(t.result).toMatchObject({ status: "failed", reward: null, attempts: 1, error: { kind: "gateway_refused" } });
+    expect(t.result!.error!.message).toMatch(/^POST \/v1\/sessions answered 401 \(unauthorized: /);
+  }, 60_000);
 });
