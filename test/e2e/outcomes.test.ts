@@ -156,6 +156,28 @@ describe("a rollout that loses LLM calls, within and beyond the retry budget", (
     expect(t.result!.session_id).toBe(started[1]!.data.session_id);
   }, 120_000);
 
+  it("a task waiting for its retry can be cancelled: it ends cancelled, and says it ran once", async () => {
+    await fault(engine.ready, { mode: "down" });
+    try {
+      const { id } = (await pair.api("/v1/tasks", { body: helloTask() })).body as { id: string };
+      await poll(
+        async () => (await pair.api(`/v1/tasks/${id}`)).body as TaskRecord,
+        (r) => r.status === "queued" && r.attempts === 1,
+        60_000,
+        25,
+      );
+      const cancel = await pair.api(`/v1/tasks/${id}`, { method: "DELETE" });
+      expect(cancel.body).toEqual({ id, status: "cancelled" });
+      const t = await terminal(pair.api, id);
+      expect(t.result).toMatchObject({ status: "cancelled", attempts: 1, reward: null, error: { kind: "cancelled" } });
+      // It never runs again.
+      await new Promise((r) => setTimeout(r, 3_500));
+      expect((await events(pair.api, id)).filter((e) => e.type === "started")).toHaveLength(1);
+    } finally {
+      await fault(engine.ready, { mode: "none" });
+    }
+  }, 90_000);
+
   it("an agent that exits non-zero after its calls succeeded is completed and scored, its exit code on the result", async () => {
     const { id } = (await pair.api("/v1/tasks", { body: helloTask({ agent: { harness: "command", command: ["bash", "-c", "rollgate-example-agent && exit 3"] } }) })).body as { id: string };
     const t = await terminal(pair.api, id);
