@@ -3,12 +3,15 @@
  * stdout and stderr pipes (not a terminal), output and exit codes checked.
  */
 import { spawn } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import readline from "node:readline";
+import { freePort } from "@rollgate/cluster/redis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { REPO_ROOT, startCluster, type RunningCluster } from "../support/cluster.js";
+import { startApp, stopChild } from "../support/apps.js";
+import { poll } from "../support/poll.js";
 import { TEST_REDIS_URL, dropPrefix, uniquePrefix } from "../support/redis.js";
 
 const BIN = path.join(REPO_ROOT, "apps/cli/dist/main.js");
@@ -77,7 +80,7 @@ describe("the rollgate CLI", () => {
   it("has --help for itself and every command", async () => {
     const top = await rollgate(["--help"]);
     expect(top.code).toBe(0);
-    for (const cmd of ["up", "submit", "watch", "task", "trajectory", "pause", "resume", "weights"]) {
+    for (const cmd of ["up", "submit", "tasks", "watch", "task", "trajectory", "pause", "resume", "weights"]) {
       expect(top.stdout).toContain(`  ${cmd} `);
       const help = await rollgate([cmd, "--help"]);
       expect(help.code, help.stderr).toBe(0);
@@ -98,14 +101,17 @@ describe("the rollgate CLI", () => {
     const progress = run.stderr.split("\n").filter((l) => / ended · queued /.test(l));
     expect(progress.length).toBeGreaterThanOrEqual(1);
     expect(progress.at(-1)).toMatch(/2\/2 ended · queued 0 · running 0 · done 2 · failed 0 · [\d.]+ tok\/s · mean reward 1\.000/);
-    expect(run.stdout).toContain("submitted 2 task(s)");
-    expect(run.stdout).toMatch(/completed\s*[|│]\s*2\s*[|│]\s*1\.000/);
-    expect(run.stdout).toContain(`results in ${out}`);
+    expect(run.stdout).toContain(`submitted 2 task(s) from ${file} to ${cluster.url}; results appended to ${out}`);
     const results = readFileSync(out, "utf8").trim().split("\n").map((l) => JSON.parse(l));
     expect(results).toHaveLength(2);
     expect(results.every((r) => r.status === "completed" && r.reward === 1)).toBe(true);
     firstTask = `cli-a-${prefix.slice(-8)}`;
     expect(results.map((r) => r.id)).toContain(firstTask);
+    // The ids it created, right after submitting: both tasks, the given one and the generated one.
+    const second = results.map((r) => r.id as string).find((id) => id !== firstTask)!;
+    expect(run.stdout).toMatch(new RegExp(`^  tasks: (${firstTask} ${second}|${second} ${firstTask})$`, "m"));
+    expect(run.stdout).toMatch(/completed\s*[|│]\s*2\s*[|│]\s*1\.000/);
+    expect(run.stdout).toContain(`results appended to ${out}`);
   }, 120_000);
 
   it("submits GRPO groups with -n and --json prints a parsable summary", async () => {
@@ -120,8 +126,58 @@ describe("the rollgate CLI", () => {
     expect(summary.mean_reward).toBe(1);
     expect(summary.groups).toEqual([{ group_id: groupId, tasks: 3, completed: 3, mean_reward: 1, std_reward: 0 }]);
     expect(summary.task_ids).toEqual([0, 1, 2].map((k) => `${groupId}-${k}`));
+    expect(summary.group_ids).toEqual([groupId]);
+    expect(summary.statuses).toEqual([expect.objectContaining({ status: "completed", tasks: 3, errors: {}, nonzero_agent_exits: {} })]);
     expect(readFileSync(path.join(dir, "group.results.jsonl"), "utf8").trim().split("\n")).toHaveLength(3);
+    // Without --json, the group and its task ids are printed as soon as they exist.
+    const human = await rollgate(["submit", file, "-n", "2", "--no-wait"], env);
+    expect(human.code, human.stderr).toBe(0);
+    expect(human.stderr).toContain(`submitted 2 task(s) from ${file} to ${cluster.url} in 1 group(s): ${groupId}`);
+    expect(human.stdout.trim().split("\n")).toEqual([`${groupId}-0`, `${groupId}-1`]);
   }, 120_000);
+
+  it("appends results to the same file across runs, and the summary gives error kinds and non-zero agent exits", async () => {
+    const file = path.join(dir, "mixed.jsonl");
+    const out = path.join(dir, "mixed.results.jsonl");
+    const exits3 = quick("exits three", { agent: { harness: "command", command: ["bash", "-c", "rollgate-example-agent; exit 3"] } });
+    const missing = quick("never runs", { agent: { harness: "command", command: ["no-such-agent-binary"] } });
+    writeFileSync(file, [JSON.stringify(exits3), JSON.stringify(missing)].join("\n"));
+    const first = await rollgate(["submit", file, "--out", out, "--interval", "0.2", "--json"], env);
+    expect(first.code, first.stderr).toBe(1);
+    const summary = JSON.parse(first.stdout);
+    expect(summary.by_status).toMatchObject({ completed: 1, failed: 1 });
+    expect(summary.statuses).toEqual([
+      expect.objectContaining({ status: "completed", tasks: 1, mean_reward: 1, errors: {}, nonzero_agent_exits: { "3": 1 } }),
+      expect.objectContaining({ status: "failed", tasks: 1, mean_reward: null, errors: { harness_missing: 1 } }),
+    ]);
+    const again = await rollgate(["submit", file, "--out", out, "--interval", "0.2"], env);
+    expect(again.code).toBe(1);
+    expect(again.stdout).toMatch(/completed\s*[|│]\s*1\s*[|│]\s*1\.000.*[|│]\s*–\s*[|│]\s*1 \(exit 3\)/);
+    expect(again.stdout).toMatch(/failed\s*[|│]\s*1\s*[|│].*[|│]\s*harness_missing\s*[|│]/);
+    expect(again.stdout).toContain(`results appended to ${out}`);
+    // Both runs' results are in the file: the first run's lines were kept.
+    const lines = readFileSync(out, "utf8").trim().split("\n").map((l) => JSON.parse(l) as { id: string; status: string });
+    expect(lines).toHaveLength(4);
+    expect(new Set(lines.map((l) => l.id)).size).toBe(4);
+    expect(lines.map((l) => l.status).sort()).toEqual(["completed", "completed", "failed", "failed"]);
+  }, 120_000);
+
+  it("tasks: lists tasks newest first, with status, group and since when; filters by status and group", async () => {
+    const all = await rollgate(["tasks", "--limit", "100"], env);
+    expect(all.code, all.stderr).toBe(0);
+    expect(all.stdout).toMatch(/id\s*[|│]\s*status\s*[|│]\s*group\s*[|│]\s*since/);
+    expect(all.stdout).toMatch(new RegExp(`${firstTask}\\s*[|│]\\s*completed\\s*[|│]\\s*–\\s*[|│]\\s*\\d+[smhd]`));
+    expect(all.stdout).toMatch(/no-such-agent-binary|harness_missing/);
+    const failed = JSON.parse((await rollgate(["tasks", "--status", "failed", "--json"], env)).stdout) as { id: string; status: string }[];
+    expect(failed.length).toBe(2);
+    expect(failed.every((t) => t.status === "failed")).toBe(true);
+    const group = JSON.parse((await rollgate(["tasks", "--group", groupId, "--json"], env)).stdout) as { id: string; group_id: string }[];
+    expect(group.map((t) => t.id).sort()).toEqual([0, 1, 2].map((k) => `${groupId}-${k}`));
+    const none = await rollgate(["tasks", "--group", "no-such-group"], env);
+    expect(none.stdout.trim()).toBe("no tasks (group no-such-group)");
+    const bad = await rollgate(["tasks", "--status", "sleeping"], env);
+    expect(bad.code).toBe(2);
+  });
 
   it("task: human and --json", async () => {
     const human = await rollgate(["task", firstTask, "--logs"], env);
@@ -168,6 +224,24 @@ describe("the rollgate CLI", () => {
     expect(prime[0].completion_mask).toEqual(verl[0].response_mask);
     const raw = JSON.parse((await rollgate(["trajectory", firstTask, "--json"], env)).stdout);
     expect(raw.traces[0].loss_mask).toEqual(verl[0].response_mask);
+  });
+
+  it("trajectory <group id>: every task of the group, like watch <group id>", async () => {
+    const human = await rollgate(["trajectory", groupId], env);
+    expect(human.code, human.stderr).toBe(0);
+    expect(human.stdout).toContain(`group ${groupId}: 3 task(s)`);
+    for (const k of [0, 1, 2]) expect(human.stdout).toMatch(new RegExp(`══ task ${groupId}-${k} · completed · reward 1\\.000 ══\\nsession s-`));
+    expect(human.stdout.match(/1 trace\(s\) from 2 record\(s\)/g)).toHaveLength(3);
+    const json = JSON.parse((await rollgate(["trajectory", groupId, "--json"], env)).stdout);
+    expect(json.group_id).toBe(groupId);
+    expect(json.tasks.map((t: { task_id: string }) => t.task_id)).toEqual([0, 1, 2].map((k) => `${groupId}-${k}`));
+    expect(json.tasks.every((t: { trajectory: { traces: unknown[] } }) => t.trajectory.traces.length === 1)).toBe(true);
+    const verl = JSON.parse((await rollgate(["trajectory", groupId, "--format", "verl"], env)).stdout);
+    expect(verl.tasks).toHaveLength(3);
+    expect(Object.keys(verl.tasks[0].samples[0]).sort()).toEqual(["prompts", "response_mask", "responses", "rollout_log_probs"]);
+    const missing = await rollgate(["trajectory", "no-such-thing"], env);
+    expect(missing.code).toBe(4);
+    expect(missing.stderr).toContain("no task, session or group no-such-thing");
   });
 
   it("pause / resume / weights reach the admin API (or say clearly that this gateway lacks it)", async () => {
@@ -248,4 +322,116 @@ describe("the rollgate CLI", () => {
       await dropPrefix(upPrefix);
     }
   }, 90_000);
+
+  it("up: names an engine that does not answer, loudly, and says ready only once it does", async () => {
+    const upPrefix = uniquePrefix("cli-up-wait");
+    const port = await freePort();
+    const engineUrl = `http://127.0.0.1:${port}`;
+    const proc = spawn(process.execPath, [BIN, "up", "--port", "0", "--engines", JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: 1 }])], {
+      env: { ...process.env, REDIS_URL: TEST_REDIS_URL, ROLLGATE_KEY_PREFIX: upPrefix, LOG_LEVEL: "warn", NO_COLOR: "1" },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    proc.stderr.resume();
+    const lines: string[] = [];
+    readline.createInterface({ input: proc.stdout! }).on("line", (l) => lines.push(l));
+    let engine: Awaited<ReturnType<typeof startApp>> | null = null;
+    try {
+      const warned = await poll(async () => lines.join("\n"), (t) => t.includes("NOT READY; tasks submitted now wait in the queue"), 60_000, 100);
+      expect(warned).toContain(`WARNING: engine 0 (vllm ${engineUrl}) is NOT READY: no rank answers (rank 0: `);
+      expect(warned).toMatch(/rollgate is up at http:\/\/127\.0\.0\.1:\d+ but NOT READY/);
+      expect(warned).not.toContain("rollgate ready");
+      engine = await startApp("engine-sim", ["--port", String(port)], {});
+      const ready = await poll(async () => lines.join("\n"), (t) => /^rollgate ready: /m.test(t), 30_000, 100);
+      expect(ready).toContain(`engine 0 (vllm ${engineUrl}): ready · model Qwen/Qwen3-8B · 1/1 rank(s) answer`);
+      expect(ready).toMatch(/^rollgate ready: http:\/\/127\.0\.0\.1:\d+$/m);
+    } finally {
+      await new Promise<void>((resolve) => {
+        if (proc.exitCode !== null) return resolve();
+        proc.on("exit", () => resolve());
+        proc.kill("SIGINT");
+      });
+      if (engine) await stopChild(engine.proc);
+      await dropPrefix(upPrefix);
+    }
+  }, 120_000);
+
+  // npm runs a script through a shell, and npx a bin through npm and a shell: a SIGTERM to the
+  // launcher must still stop every process of the cluster (engine-sim, gateway, worker).
+  for (const launcher of [
+    { name: "npm start", argv: ["npm", "start"] },
+    { name: "npx rollgate up", argv: ["npx", "rollgate", "up"] },
+  ]) {
+    it(`SIGTERM of \`${launcher.name}\` stops the whole cluster: no process is left`, async () => {
+      const p = uniquePrefix("cli-sigterm");
+      const proc = spawn(launcher.argv[0]!, launcher.argv.slice(1), {
+        cwd: REPO_ROOT,
+        env: { ...process.env, PORT: "0", REDIS_URL: TEST_REDIS_URL, ROLLGATE_KEY_PREFIX: p, LOG_LEVEL: "warn", NO_COLOR: "1", ROLLGATE_SIM_DP_SIZE: "1" },
+        stdio: ["ignore", "pipe", "pipe"],
+      });
+      proc.stderr.resume();
+      try {
+        const url = await new Promise<string>((resolve, reject) => {
+          const timer = setTimeout(() => reject(new Error(`${launcher.name} not ready`)), 60_000);
+          readline.createInterface({ input: proc.stdout! }).on("line", (l) => {
+            const m = /^rollgate ready: (\S+)/.exec(l);
+            if (m) {
+              clearTimeout(timer);
+              resolve(m[1]!);
+            }
+          });
+          proc.on("exit", (c) => reject(new Error(`${launcher.name} exited ${c}`)));
+        });
+        expect((await fetch(`${url}/readyz`)).status).toBe(200);
+        const tree = descendants(proc.pid!);
+        const apps = tree.filter((d) => /apps\/(engine-sim|gateway|worker|cluster)\/dist\/main\.js/.test(d.cmd));
+        expect(apps.map((d) => d.cmd.match(/apps\/([a-z-]+)\//)![1]).sort()).toEqual(["cluster", "engine-sim", "gateway", "worker"]);
+        proc.kill("SIGTERM");
+        const left = await poll(async () => tree.filter((d) => alive(d.pid)), (l) => l.length === 0, 30_000, 200);
+        expect(left.map((d) => `${d.pid} ${d.cmd}`)).toEqual([]);
+      } finally {
+        if (proc.exitCode === null) proc.kill("SIGKILL");
+        await dropPrefix(p);
+      }
+    }, 90_000);
+  }
 });
+
+/** Every process below `pid` (from /proc), with its command line. */
+function descendants(pid: number): { pid: number; cmd: string }[] {
+  const parents = new Map<number, number[]>();
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      // The parent is the 4th field, after the command in parentheses (which may hold spaces).
+      const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
+      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+      parents.set(ppid, [...(parents.get(ppid) ?? []), Number(entry)]);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  const out: { pid: number; cmd: string }[] = [];
+  const walk = (p: number) => {
+    for (const child of parents.get(p) ?? []) {
+      let cmd = "";
+      try {
+        cmd = readFileSync(`/proc/${child}/cmdline`, "utf8").replaceAll("\0", " ").trim();
+      } catch {
+        continue;
+      }
+      out.push({ pid: child, cmd });
+      walk(child);
+    }
+  };
+  walk(pid);
+  return out;
+}
+
+function alive(pid: number): boolean {
+  try {
+    // A zombie (exited, not yet reaped by its parent) is gone for our purpose.
+    return !/^\S+ \(.*\) Z /.test(readFileSync(`/proc/${pid}/stat`, "utf8"));
+  } catch {
+    return false;
+  }
+}

@@ -46,7 +46,7 @@ interface Service {
   command?: string[];
   environment?: Record<string, string>;
   healthcheck?: { test: string[]; interval?: string };
-  depends_on?: Record<string, { condition: string }>;
+  depends_on?: Record<string, { condition: string; required?: boolean }>;
   profiles?: string[];
   ports?: string[];
   container_name?: string;
@@ -56,6 +56,21 @@ interface Service {
 
 function compose(vars: Record<string, string> = {}): { services: Record<string, Service>; volumes: Record<string, unknown> } {
   return interpolate(parse(read("docker-compose.yml"), { merge: true }), vars) as never;
+}
+
+/**
+ * The services Compose runs with these profiles active, as Compose decides it: a service with
+ * profiles runs only when one is active; a dependency on a service that does not run is an error,
+ * unless the dependency says `required: false` (then it is skipped).
+ */
+function activeServices(services: Record<string, Service>, profiles: string[]): Record<string, Service> {
+  const active = Object.fromEntries(Object.entries(services).filter(([, s]) => !s.profiles || s.profiles.some((p) => profiles.includes(p))));
+  for (const [name, s] of Object.entries(active)) {
+    for (const [dep, cond] of Object.entries(s.depends_on ?? {})) {
+      if (!active[dep] && cond.required !== false) throw new Error(`service ${name} depends on ${dep}, which does not run with profiles [${profiles.join(", ")}]`);
+    }
+  }
+  return active;
 }
 
 const APP_DOCKERFILES = { gateway: "apps/gateway/Dockerfile", worker: "apps/worker/Dockerfile", "engine-sim": "apps/engine-sim/Dockerfile" };
@@ -163,6 +178,24 @@ describe("docker-compose.yml", () => {
     const engines = parseEnv(GatewayEnv, gpu.services["gateway-1"]!.environment!).ROLLGATE_ENGINES;
     expect(engines).toEqual([{ kind: "vllm", url: "http://vllm:8000", dp_size: Number(gpuVars.VLLM_DP_SIZE) }]);
     expect(gpu.services.vllm!.command).toContain(`--data-parallel-size=${gpuVars.VLLM_DP_SIZE}`);
+  });
+
+  it("in the gpu profile, starts the gateways only once vLLM is healthy; without it, runs without vLLM", () => {
+    const gpuVars = readEnvFile("deploy/gpu.env");
+    const gpu = activeServices(compose(gpuVars).services, gpuVars.COMPOSE_PROFILES!.split(","));
+    expect(gpu.vllm).toBeDefined();
+    expect(gpu.vllm!.healthcheck!.test.join(" ")).toContain("http://127.0.0.1:8000/health");
+    // vLLM loads its weights before /health answers: the health check waits that long before counting failures.
+    expect(Number(/^(\d+)s$/.exec((gpu.vllm!.healthcheck as { start_period?: string }).start_period ?? "")?.[1])).toBeGreaterThanOrEqual(300);
+    for (const g of ["gateway-1", "gateway-2"]) expect(gpu[g]!.depends_on!.vllm).toMatchObject({ condition: "service_healthy" });
+    // The load balancer and the workers wait for healthy gateways, and a gateway is healthy only when /readyz says it can serve.
+    expect(gpu.lb!.depends_on).toMatchObject({ "gateway-1": { condition: "service_healthy" }, "gateway-2": { condition: "service_healthy" } });
+    expect(gpu["gateway-1"]!.healthcheck!.test.join(" ")).toContain("/readyz");
+
+    const plain = activeServices(compose().services, []);
+    expect(plain.vllm).toBeUndefined();
+    expect(plain["gateway-1"]!.depends_on!.vllm).toMatchObject({ required: false });
+    expect(() => activeServices({ a: { depends_on: { b: { condition: "service_healthy" } } }, b: { profiles: ["x"] } }, [])).toThrow(/a depends on b/);
   });
 
   it("puts an nginx load balancer in front of both gateways, tuned for SSE and long agent calls", () => {

@@ -1,10 +1,10 @@
-/** A small JSON client for the trainer API. */
-export function apiClient(base: () => string) {
+/** A small JSON client for the trainer API (with `apiKey`, sent as `Authorization: Bearer`). */
+export function apiClient(base: () => string, apiKey?: string) {
   return async function api(path: string, init: { method?: string; body?: unknown; raw?: string } = {}) {
     const hasBody = init.body !== undefined || init.raw !== undefined;
     const res = await fetch(`${base()}${path}`, {
       method: init.method ?? (hasBody ? "POST" : "GET"),
-      headers: hasBody ? { "content-type": "application/json" } : {},
+      headers: { ...(hasBody ? { "content-type": "application/json" } : {}), ...(apiKey ? { authorization: `Bearer ${apiKey}` } : {}) },
       ...(init.raw !== undefined ? { body: init.raw } : init.body !== undefined ? { body: JSON.stringify(init.body) } : {}),
     });
     const text = await res.text();

@@ -1,9 +1,12 @@
+import type { TaskResult } from "@rollgate/client";
 import { describe, expect, it } from "vitest";
 import { GLOBAL_OPTIONS } from "./cli.js";
 import { allCommands } from "./commands/index.js";
 import { UsageError, findCommand, parseCommand } from "./framework.js";
 import { makeStyle, prettyJson } from "./output.js";
 import { ProgressView, emptyCounts } from "./progress.js";
+import { ago } from "./commands/tasks.js";
+import { describeCounts, describeExits, listIds, nonzeroExit, statusRows } from "./summary.js";
 import { renderTable } from "./table.js";
 import { TasksFileError, readTasksFile } from "./tasks-file.js";
 
@@ -98,5 +101,53 @@ describe("output helpers", () => {
   });
   it("keeps token arrays on one line in pretty JSON", () => {
     expect(prettyJson({ ids: [1, 2, -3.5e-2], s: ["a", "b"] })).toBe('{\n  "ids": [1,2,-3.5e-2],\n  "s": [\n    "a",\n    "b"\n  ]\n}'.replace("-3.5e-2", String(-3.5e-2)));
+  });
+});
+
+describe("the submit summary", () => {
+  const result = (id: string, status: TaskResult["status"], reward: number | null, error: string | null, exit: number | null, signal: string | null = null) =>
+    ({
+      id,
+      status,
+      reward,
+      error: error ? { kind: error, message: "m" } : null,
+      agent: { exit_code: exit, signal, log_tail: "" },
+      usage: { llm_calls: 2, prompt_tokens: 0, completion_tokens: 10, cached_tokens: 0 },
+      timings: { queued_ms: 0, run_ms: 0, eval_ms: 0, total_ms: 1000 },
+    }) as TaskResult;
+
+  it("counts each status with its error kinds and the agents that exited non-zero", () => {
+    const rows = statusRows([
+      result("a", "completed", 1, null, 0),
+      result("b", "completed", 0, null, 3),
+      result("c", "failed", null, "infrastructure", 1),
+      result("d", "failed", null, "infrastructure", null),
+      result("e", "failed", null, "harness_missing", null),
+      result("f", "timed_out", null, "timeout", null, "SIGKILL"),
+    ]);
+    expect(rows.map((r) => [r.status, r.tasks, r.mean_reward, r.errors, r.nonzero_agent_exits])).toEqual([
+      ["completed", 2, 0.5, {}, { "3": 1 }],
+      ["failed", 3, null, { infrastructure: 2, harness_missing: 1 }, { "1": 1 }],
+      ["timed_out", 1, null, { timeout: 1 }, { SIGKILL: 1 }],
+    ]);
+    expect(describeCounts(rows[1]!.errors)).toBe("infrastructure ×2, harness_missing");
+    expect(describeCounts({})).toBe("–");
+    expect(describeExits({ "3": 2, SIGKILL: 1 })).toBe("3 (exit 3 ×2, SIGKILL)");
+    expect(describeExits({})).toBe("–");
+    expect(nonzeroExit({ exit_code: 0, signal: null, log_tail: "" })).toBeNull();
+  });
+
+  it("lists ids up to a bound, then says how many more", () => {
+    expect(listIds(["a", "b"])).toBe("a b");
+    expect(listIds(["a", "b", "c", "d"], 2)).toBe("a b … and 2 more");
+  });
+
+  it("says how long ago in a few characters", () => {
+    const now = Date.parse("2026-01-02T00:00:00Z");
+    expect(ago("2026-01-01T23:59:55Z", now)).toBe("5s");
+    expect(ago("2026-01-01T23:48:00Z", now)).toBe("12m");
+    expect(ago("2026-01-01T21:00:00Z", now)).toBe("3h");
+    expect(ago("2025-12-30T00:00:00Z", now)).toBe("3d");
+    expect(ago(null, now)).toBe("–");
   });
 });

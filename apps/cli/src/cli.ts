@@ -41,6 +41,7 @@ export function mainHelp(commands: CommandSpec<Context>[]): string {
     "Start here:",
     "  rollgate up                                   # the local cluster, in another terminal",
     "  rollgate submit examples/react-agent/task.json",
+    "  rollgate tasks                                # what ran, newest first",
     "  rollgate watch <task id>",
     "  rollgate trajectory <task id> --decode",
   ].join("\n");

@@ -19,8 +19,11 @@ export function startChild(
   env: NodeJS.ProcessEnv,
   readyLine: RegExp,
   timeoutMs = 60_000,
+  /** Told of the process as soon as it is spawned (so a stop during start-up can reach it). */
+  onSpawn?: (proc: ChildProcess) => void,
 ): Promise<StartedChild> {
   const proc = spawn(command, args, { env, stdio: ["ignore", "pipe", "pipe"] });
+  onSpawn?.(proc);
   const forward = (line: string) => process.stderr.write(`[${name}] ${line}\n`);
   readline.createInterface({ input: proc.stderr! }).on("line", forward);
   const out = readline.createInterface({ input: proc.stdout! });
@@ -59,4 +62,21 @@ export function stopChild(proc: ChildProcess, graceMs = 10_000): Promise<void> {
     });
     proc.kill("SIGTERM");
   });
+}
+
+/**
+ * Calls `onGone` once the process that started this one is gone (this process was re-parented):
+ * a launcher killed by a signal it could not pass on (npm, a shell, `npx`) must not leave the
+ * cluster running without it.
+ */
+export function watchParent(onGone: () => void, everyMs = 500): () => void {
+  const parent = process.ppid;
+  const timer = setInterval(() => {
+    if (process.ppid !== parent) {
+      clearInterval(timer);
+      onGone();
+    }
+  }, everyMs);
+  timer.unref();
+  return () => clearInterval(timer);
 }

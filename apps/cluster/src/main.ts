@@ -3,7 +3,9 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { ClusterEnv, parseEnv } from "@rollgate/protocol";
-import { startChild, stopChild, type StartedChild } from "./children.js";
+import type { ChildProcess } from "node:child_process";
+import { startChild, stopChild, watchParent } from "./children.js";
+import { watchReadiness, type ReadinessWatch } from "./readiness.js";
 import { resolveRedis } from "./redis.js";
 
 const HELP = `rollgate cluster: the all-in-one local cluster (DESIGN §6) in one process tree:
@@ -26,7 +28,9 @@ Environment:
   ROLLGATE_KEY_PREFIX         Redis key prefix (default rg)
   LOG_LEVEL                   app log level (default info)
 
-Prints "rollgate ready: <gateway url>" on stdout once every part is up; app logs go to stderr.`;
+Prints each engine's state on stdout (a WARNING naming the engine while one cannot serve, repeated
+while it lasts) and "rollgate ready: <gateway url>" once every part is up and every engine can
+serve (the gateway's /readyz); app logs go to stderr. SIGTERM or SIGINT stops every part.`;
 
 const { values } = parseArgs({ options: { help: { type: "boolean", short: "h" } } });
 if (values.help) {
@@ -45,24 +49,41 @@ try {
 
 const appsDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const appMain = (app: string) => path.join(appsDir, app, "dist", "main.js");
-const children: StartedChild[] = [];
+/** Every app process, in start order, from the moment it is spawned (a stop during start-up reaches it too). */
+const children: { name: string; proc: ChildProcess; graceMs: number }[] = [];
 let stopRedis: (() => Promise<void>) | undefined;
+let readiness: ReadinessWatch | undefined;
 let stopping = false;
 
 async function shutdown(code: number) {
   if (stopping) return;
   stopping = true;
+  readiness?.stop();
   // Worker first (it finishes its rollouts), then the gateway, then the engines and Redis.
-  for (const child of [...children].reverse()) await stopChild(child.proc);
+  for (const child of [...children].reverse()) await stopChild(child.proc, child.graceMs);
   await stopRedis?.();
   process.exit(code);
 }
+// The worker may let running rollouts finish for its shutdown grace before it cancels them.
+const workerGraceMs = (Number(process.env.ROLLGATE_SHUTDOWN_GRACE_S ?? 30) || 30) * 1000 + 15_000;
+const track = (name: string, graceMs = 10_000) => (proc: ChildProcess) => {
+  children.push({ name, proc, graceMs });
+  proc.on("exit", (code, sig) => {
+    if (stopping) return;
+    say(`${name} exited (${code ?? sig}); stopping the cluster`);
+    void shutdown(1);
+  });
+};
 process.on("SIGINT", () => void shutdown(0));
 process.on("SIGTERM", () => void shutdown(0));
+process.on("SIGHUP", () => void shutdown(0));
+watchParent(() => {
+  say("the process that started the cluster is gone: stopping");
+  void shutdown(0);
+});
 
 try {
-  const redis = await resolveRedis(env.REDIS_URL, say);
-  stopRedis = redis.stop;
+  const redis = await resolveRedis(env.REDIS_URL, say, (stop) => (stopRedis = stop));
   const base = { ...process.env, REDIS_URL: redis.url, LOG_LEVEL: env.LOG_LEVEL, ROLLGATE_KEY_PREFIX: env.ROLLGATE_KEY_PREFIX };
 
   let engines = env.ROLLGATE_ENGINES;
@@ -73,8 +94,9 @@ try {
       [appMain("engine-sim"), "--port", String(env.ROLLGATE_SIM_PORT), "--dp", String(env.ROLLGATE_SIM_DP_SIZE)],
       base,
       /^engine-sim ready: (\S+)/,
+      60_000,
+      track("engine-sim"),
     );
-    children.push(sim);
     engines = JSON.stringify([{ kind: "vllm", url: sim.ready, dp_size: env.ROLLGATE_SIM_DP_SIZE }]);
   }
   const gateway = await startChild(
@@ -83,24 +105,28 @@ try {
     [appMain("gateway")],
     { ...base, PORT: String(env.PORT), HOST: env.HOST, ROLLGATE_ENGINES: engines },
     /^gateway ready: (\S+)/,
+    60_000,
+    track("gateway"),
   );
-  children.push(gateway);
-  const worker = await startChild(
+  await startChild(
     "worker",
     process.execPath,
     [appMain("worker")],
     { ...base, ROLLGATE_GATEWAY_URL: gateway.ready, ROLLGATE_WORKER_CONCURRENCY: String(env.ROLLGATE_WORKER_CONCURRENCY) },
     /^worker ready: (\S+)/,
+    60_000,
+    track("worker", workerGraceMs),
   );
-  children.push(worker);
-  for (const child of children) {
-    child.proc.on("exit", (code, sig) => {
-      if (stopping) return;
-      say(`${child.name} exited (${code ?? sig}); stopping the cluster`);
-      void shutdown(1);
-    });
-  }
-  console.log(`rollgate ready: ${gateway.ready}`);
+  // "ready" only once the gateway can serve: until then, each engine's state and why it is not ready.
+  let announced = false;
+  readiness = watchReadiness({
+    gatewayUrl: gateway.ready,
+    print: (line) => console.log(line),
+    onReady: () => {
+      if (!announced) console.log(`rollgate ready: ${gateway.ready}`);
+      announced = true;
+    },
+  });
 } catch (err) {
   say((err as Error).message);
   await shutdown(1);

@@ -47,8 +47,11 @@ function hasRedisServer(): boolean {
   return spawnSync("redis-server", ["--version"], { stdio: "ignore" }).status === 0;
 }
 
-/** Starts a throwaway redis-server on a free port in its own temp dir (AOF on, like production). */
-export async function startPrivateRedis(): Promise<PrivateRedis> {
+/**
+ * Starts a throwaway redis-server on a free port in its own temp dir (AOF on, like production).
+ * `onSpawn` gets its stop function at once, so a stop during start-up can reach it.
+ */
+export async function startPrivateRedis(onSpawn?: (stop: () => Promise<void>) => void): Promise<PrivateRedis> {
   const port = await freePort();
   const dir = mkdtempSync(path.join(os.tmpdir(), "rollgate-redis-"));
   const proc: ChildProcess = spawn(
@@ -57,6 +60,17 @@ export async function startPrivateRedis(): Promise<PrivateRedis> {
     { stdio: "ignore" },
   );
   const url = `redis://127.0.0.1:${port}`;
+  const stop = () =>
+    new Promise<void>((resolve) => {
+      const done = () => {
+        rmSync(dir, { recursive: true, force: true });
+        resolve();
+      };
+      if (proc.exitCode !== null || proc.signalCode !== null) return done();
+      proc.once("exit", done);
+      proc.kill("SIGTERM");
+    });
+  onSpawn?.(stop);
   const deadline = Date.now() + 10_000;
   while (!(await redisAnswers(url, 500))) {
     if (Date.now() > deadline || proc.exitCode !== null) {
@@ -65,24 +79,18 @@ export async function startPrivateRedis(): Promise<PrivateRedis> {
     }
     await new Promise((r) => setTimeout(r, 100));
   }
-  return {
-    url,
-    stop: () =>
-      new Promise<void>((resolve) => {
-        proc.once("exit", () => {
-          rmSync(dir, { recursive: true, force: true });
-          resolve();
-        });
-        proc.kill("SIGTERM");
-      }),
-  };
+  return { url, stop };
 }
 
 /**
  * DESIGN §6: use REDIS_URL when given (and say so plainly if it does not answer); otherwise the
  * default local Redis; otherwise a private redis-server if one is installed; otherwise explain.
  */
-export async function resolveRedis(explicitUrl: string | undefined, say: (msg: string) => void): Promise<{ url: string; stop?: () => Promise<void> }> {
+export async function resolveRedis(
+  explicitUrl: string | undefined,
+  say: (msg: string) => void,
+  onSpawn?: (stop: () => Promise<void>) => void,
+): Promise<{ url: string; stop?: () => Promise<void> }> {
   if (explicitUrl) {
     if (await redisAnswers(explicitUrl)) return { url: explicitUrl };
     throw new Error(`nothing answers at REDIS_URL=${explicitUrl}; start Redis there or unset REDIS_URL`);
@@ -94,7 +102,7 @@ export async function resolveRedis(explicitUrl: string | undefined, say: (msg: s
         `(apt-get install redis-server), run "docker compose up redis", or set REDIS_URL`,
     );
   }
-  const priv = await startPrivateRedis();
+  const priv = await startPrivateRedis(onSpawn);
   say(`no Redis at ${DEFAULT_REDIS_URL}: started a private redis-server at ${priv.url} (stopped with the cluster)`);
   return priv;
 }

@@ -7,6 +7,7 @@ import type { GatewayContext } from "./context.js";
 import { EngineRegistry } from "./engines/registry.js";
 import { MAX_JSON_DEPTH, frameworkErrors, jsonDepthExceeds, notFoundHandler } from "./input-guards.js";
 import { ChatCaller } from "./llm/chat-call.js";
+import { LostCallLedger } from "./llm/lost-calls.js";
 import { RedactingLogController, SessionTaskCache, redactingLogger, requestChildLogger, rootLoggerOptions } from "./observability/logging.js";
 import { GatewayMetrics } from "./observability/metrics.js";
 import { requestObservability } from "./observability/request-hooks.js";
@@ -49,7 +50,7 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   // and ioredis copies those into every MULTI on that client (the stores' hot path).
   const queueRedis = duplicateClient(redis);
   queueRedis.on("error", (err: Error) => log.warn({ err: err.message }, "redis (queue) connection error"));
-  const rollouts = rolloutQueue({ connection: queueRedis, keyPrefix: prefix });
+  const rollouts = rolloutQueue({ connection: queueRedis, keyPrefix: prefix, attempts: env.ROLLGATE_ROLLOUT_ATTEMPTS, backoffMs: env.ROLLGATE_ROLLOUT_BACKOFF_MS });
   rollouts.on("error", (err) => log.warn({ err: err.message }, "rollout queue error"));
 
   // Per-request access logs only at debug: agent traffic would drown everything else at info.
@@ -111,6 +112,7 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   });
   health.start(env.ROLLGATE_HEALTH_INTERVAL_S);
   const rerouter = new Rerouter(registry, router, sessions, health, env.ROLLGATE_ROUTING);
+  const lostCalls = new LostCallLedger(sessions, log, { onNoted: (call) => metrics.lostCall(call.kind), storeReady: () => redis.status === "ready" });
   const ctx: GatewayContext = {
     env,
     redis,
@@ -132,7 +134,9 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
         health.recordCall(rankMember(call.target.engineIndex, call.target.dpRank), record.latency_ms);
       },
       continuation: env.ROLLGATE_CONTINUATION,
+      countError: (what) => metrics.storeError(what),
     }),
+    lostCalls,
     admin,
     pause,
     health,
@@ -159,6 +163,7 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
 
   app.addHook("onClose", async () => {
     health.stop();
+    await lostCalls.close();
     await pause.stop();
     await rollouts.close();
     await registry.close();

@@ -6,6 +6,7 @@ import type { RedisClient } from "@rollgate/queue";
 import type { Logger } from "pino";
 import type { EngineRegistry } from "./engines/registry.js";
 import type { ChatCaller } from "./llm/chat-call.js";
+import type { LostCallLedger } from "./llm/lost-calls.js";
 import type { EngineHealth } from "./ops/engine-health.js";
 import type { PauseGate } from "./ops/pause-gate.js";
 import type { SessionRateLimiter } from "./ops/rate-limit.js";
@@ -21,6 +22,8 @@ export interface GatewayContext {
   weights: WeightStore;
   registry: EngineRegistry;
   caller: ChatCaller;
+  /** Marks sessions that lost a call to infrastructure (their rollouts are not scored). */
+  lostCalls: LostCallLedger;
   admin: AdminStore;
   pause: PauseGate;
   health: EngineHealth;

@@ -25,6 +25,8 @@ Environment:
   ROLLGATE_CONTINUATION     auto (default) | token_in | render: when a call continues a recorded one token-in
   ROLLGATE_SESSION_RATE     agent calls per second per session, all replicas together (default 0 = no limit); over it: 429 + retry-after
   ROLLGATE_SESSION_BURST    calls a session may make at once after being idle (default 2 x the rate, at least 1)
+  ROLLGATE_ROLLOUT_ATTEMPTS the infrastructure retry budget: attempts per rollout (default 3); a rollout that lost an LLM call is retried within it
+  ROLLGATE_ROLLOUT_BACKOFF_MS delay before a rollout's second attempt, doubled after (default 2000)
   LOG_LEVEL                 fatal|error|warn|info|debug|trace|silent (default info)
 
 Prints "gateway ready: <url>" once listening.`;

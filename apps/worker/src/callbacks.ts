@@ -1,4 +1,4 @@
-import type { CallbackState } from "@rollgate/protocol";
+import { TaskResult, summarizeGroup, type CallbackState, type GroupResult } from "@rollgate/protocol";
 import type { CallbackJob } from "@rollgate/queue";
 import type { TaskStore } from "@rollgate/store";
 import type { Job } from "bullmq";
@@ -65,8 +65,12 @@ async function deliveryFor(deps: CallbackDeps, data: CallbackJob): Promise<Deliv
   if (!spec) return null;
   const body = await deps.tasks.groupBody(data.group_id, async () => {
     const ids = await deps.tasks.groupTaskIds(data.group_id);
-    const results = await Promise.all(ids.map(async (id) => JSON.parse((await deps.tasks.rawResult(id)) ?? "null") as unknown));
-    return JSON.stringify({ group_id: data.group_id, tasks: results });
+    const raws = await Promise.all(ids.map((id) => deps.tasks.rawResult(id)));
+    // Each member's result as stored (the bytes its own callback carries), plus what the group amounts to.
+    const results = raws.map((raw) => (raw === null ? null : (JSON.parse(raw) as unknown)));
+    const parsed = results.map((r) => TaskResult.safeParse(r).data ?? null);
+    const group = { group_id: data.group_id, tasks: results, summary: summarizeGroup(ids, parsed) };
+    return JSON.stringify(group satisfies Omit<GroupResult, "tasks"> & { tasks: unknown[] });
   });
   return { ...spec, event: "group.completed", body };
 }

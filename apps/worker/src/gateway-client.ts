@@ -1,9 +1,51 @@
-import { CreateSessionResponse, Session, Trajectory, type CreateSessionRequest, type TrajectoryBuilderName } from "@rollgate/protocol";
+import { CreateSessionResponse, Readiness, Session, Trajectory, type CreateSessionRequest, type TrajectoryBuilderName } from "@rollgate/protocol";
 import { request } from "undici";
-import type { z } from "zod";
+import { z } from "zod";
 
-/** A failure to talk to the gateway: infrastructure, so the rollout is retried. */
-export class GatewayUnavailable extends Error {}
+/**
+ * A gateway answer the worker could not use. `status` is the HTTP status (null: no answer at all)
+ * and `code` the server's error type (`{error: {type}}`), so callers decide by type and status,
+ * never by message text.
+ */
+export class GatewayError extends Error {
+  constructor(
+    message: string,
+    readonly status: number | null,
+    readonly code: string | null,
+  ) {
+    super(message);
+    this.name = new.target.name;
+  }
+}
+
+/** The gateway could not be reached or failed (transport error or 5xx): infrastructure, so the rollout is retried. */
+export class GatewayUnavailable extends GatewayError {}
+
+/**
+ * The gateway refused the request (4xx: a wrong API key, a bad request, an unknown session) or
+ * answered something this worker cannot read: the same request would be refused again, so the
+ * task fails with this error instead of being retried.
+ */
+export class GatewayRefused extends GatewayError {}
+
+const ErrorEnvelope = z.object({ error: z.object({ type: z.string(), message: z.string().optional() }) });
+
+/** Sorts a non-2xx answer: 5xx is unavailable (retried), 4xx refused (final). Pure. */
+export function classifyAnswer(what: string, status: number, body: string): GatewayError {
+  let code: string | null = null;
+  let detail = body.slice(0, 500);
+  try {
+    const env = ErrorEnvelope.safeParse(JSON.parse(body));
+    if (env.success) {
+      code = env.data.error.type;
+      detail = `${code}: ${env.data.error.message ?? ""}`.trim();
+    }
+  } catch {
+    // not JSON: the start of the body says what it was
+  }
+  const message = `${what} answered ${status}${detail ? ` (${detail})` : ""}`;
+  return status >= 500 ? new GatewayUnavailable(message, status, code) : new GatewayRefused(message, status, code);
+}
 
 /** The worker's view of the gateway's session API (workers never touch engines directly). */
 export class GatewayClient {
@@ -12,7 +54,8 @@ export class GatewayClient {
     private readonly apiKey: string | undefined,
   ) {}
 
-  private async call<S extends z.ZodType>(method: "GET" | "POST", path: string, schema: S, body?: unknown): Promise<z.infer<S>> {
+  private async call<S extends z.ZodType>(method: "GET" | "POST", path: string, schema: S, body?: unknown, accept: number[] = []): Promise<z.infer<S>> {
+    const what = `${method} ${path}`;
     let res;
     try {
       res = await request(`${this.baseUrl}${path}`, {
@@ -26,13 +69,26 @@ export class GatewayClient {
         bodyTimeout: 120_000,
       });
     } catch (err) {
-      throw new GatewayUnavailable(`gateway ${this.baseUrl} unreachable: ${(err as Error).message}`);
+      throw new GatewayUnavailable(`gateway ${this.baseUrl} unreachable: ${(err as Error).message}`, null, null);
     }
-    const text = await res.body.text();
-    if (res.statusCode >= 300) {
-      throw new GatewayUnavailable(`${method} ${path} answered ${res.statusCode}: ${text.slice(0, 500)}`);
+    let text: string;
+    try {
+      text = await res.body.text();
+    } catch (err) {
+      throw new GatewayUnavailable(`${what}: the answer was cut off: ${(err as Error).message}`, res.statusCode, null);
     }
-    return schema.parse(JSON.parse(text));
+    if ((res.statusCode < 200 || res.statusCode >= 300) && !accept.includes(res.statusCode)) throw classifyAnswer(what, res.statusCode, text);
+    let json: unknown;
+    try {
+      json = JSON.parse(text);
+    } catch {
+      throw new GatewayRefused(`${what} answered ${res.statusCode} with a body that is not JSON: ${text.slice(0, 200)}`, res.statusCode, "bad_response");
+    }
+    const parsed = schema.safeParse(json);
+    if (!parsed.success) {
+      throw new GatewayRefused(`${what} answered ${res.statusCode} with a body this worker cannot read: ${parsed.error.message.slice(0, 500)}`, res.statusCode, "bad_response");
+    }
+    return parsed.data;
   }
 
   openSession(req: Partial<CreateSessionRequest>) {
@@ -46,5 +102,9 @@ export class GatewayClient {
   }
   trajectory(id: string, builder: TrajectoryBuilderName) {
     return this.call("GET", `/v1/sessions/${encodeURIComponent(id)}/trajectory?builder=${builder}`, Trajectory);
+  }
+  /** `GET /readyz`: the body whether it is 200 (ready) or 503 (not ready, and why). */
+  readiness() {
+    return this.call("GET", "/readyz", Readiness, undefined, [503]);
   }
 }

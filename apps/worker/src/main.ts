@@ -9,7 +9,9 @@ import closeWithGrace from "close-with-grace";
 import { pino } from "pino";
 import { configureEgress, parseEgressPolicy } from "./egress.js";
 import { loadWorkerEnv } from "./env.js";
+import { FailureCounter } from "./failure-counter.js";
 import { GatewayClient } from "./gateway-client.js";
+import { GatewayReadiness } from "./readiness.js";
 import { defaultSandboxPath } from "./sandbox/environment.js";
 import { KubeConfig } from "@kubernetes/client-node";
 import type { RolloutDeps } from "./rollout.js";
@@ -48,10 +50,13 @@ Environment:
   ROLLGATE_K8S_START_TIMEOUT_S kubernetes runtime: how long a pod may take to run (default 300)
   ROLLGATE_CALLBACK_ALLOW      where callbacks and http evaluators may go: CIDRs, IPs, hosts, *.domain, or * (default *)
   ROLLGATE_CALLBACK_DENY       more destinations to refuse (link-local and cloud metadata are always refused)
+  ROLLGATE_READINESS_POLL_MS   how often to ask the gateway's /readyz; rollouts are taken only while it is ready (default 2000; 0: always)
   LOG_LEVEL                    fatal|error|warn|info|debug|trace|silent (default info)
 
-Prints "worker ready: <name>" once it takes jobs. SIGTERM/SIGINT: stop taking jobs, let running
-rollouts finish for ROLLGATE_SHUTDOWN_GRACE_S, then cancel them (status "cancelled" with the reason).`;
+Prints "worker ready: <name>" once connected; it takes rollouts while the gateway's /readyz says it
+can serve (until then, and whenever it cannot, the queue holds them). The retry budget of a rollout
+is the gateway's ROLLGATE_ROLLOUT_ATTEMPTS. SIGTERM/SIGINT: stop taking jobs, let running rollouts
+finish for ROLLGATE_SHUTDOWN_GRACE_S, then cancel them (status "cancelled" with the reason).`;
 
 const { values } = parseArgs({ options: { concurrency: { type: "string" }, help: { type: "boolean", short: "h" } } });
 if (values.help) {
@@ -125,6 +130,9 @@ const callbacks = callbackQueue({
   attempts: env.ROLLGATE_CALLBACK_ATTEMPTS,
   backoffMs: env.ROLLGATE_CALLBACK_BACKOFF_MS,
 });
+const gateway = new GatewayClient(env.ROLLGATE_GATEWAY_URL.replace(/\/+$/, ""), env.ROLLGATE_API_KEY);
+const readiness = env.ROLLGATE_READINESS_POLL_MS > 0 ? new GatewayReadiness(gateway, log, env.ROLLGATE_READINESS_POLL_MS) : undefined;
+const failures = new FailureCounter();
 const workers = new WorkerSet({
   connection,
   keyPrefix: env.ROLLGATE_KEY_PREFIX,
@@ -133,9 +141,11 @@ const workers = new WorkerSet({
   stalledIntervalMs: env.ROLLGATE_STALLED_INTERVAL_MS,
   log,
   callback: { tasks, log },
+  ...(readiness ? { readiness } : {}),
   rollout: {
     tasks,
-    gateway: new GatewayClient(env.ROLLGATE_GATEWAY_URL.replace(/\/+$/, ""), env.ROLLGATE_API_KEY),
+    gateway,
+    failures,
     callbacks,
     workerName: name,
     runtimes,
@@ -152,7 +162,10 @@ closeWithGrace({ delay: env.ROLLGATE_SHUTDOWN_GRACE_S * 1000 + 30_000 }, async (
   await workers.close(env.ROLLGATE_SHUTDOWN_GRACE_S * 1000);
   await callbacks.close();
   connection.disconnect();
+  log.info({ failures: failures.totals() }, "stopped");
 });
 await workers.waitUntilReady();
 await workers.listenForCancels(tasks.cancelChannel());
+// Asks the gateway now: the rollout worker starts taking jobs on the first "ready".
+await readiness?.start();
 console.log(`worker ready: ${name}`);

@@ -1,11 +1,12 @@
 import { randomUUID } from "node:crypto";
-import type { AcceptedTask, CallbackState, TaskError, TaskRecord, TaskResult, TerminalStatus, Trajectory } from "@rollgate/protocol";
+import type { AcceptedTask, CallbackState, LostCalls, TaskError, TaskRecord, TaskResult, TerminalStatus, Trajectory } from "@rollgate/protocol";
 import type { CallbackJob, RolloutJob } from "@rollgate/queue";
 import type { TaskStore } from "@rollgate/store";
 import type { Job, Queue } from "bullmq";
 import type { Logger } from "pino";
 import { evaluate } from "./evaluators.js";
-import { GatewayUnavailable, type GatewayClient } from "./gateway-client.js";
+import type { FailureCounter } from "./failure-counter.js";
+import { GatewayRefused, type GatewayClient } from "./gateway-client.js";
 import { planHarness } from "./harnesses.js";
 import { sandboxEnv } from "./sandbox/environment.js";
 import { SandboxUnavailable } from "./sandbox/local-runtime.js";
@@ -22,12 +23,31 @@ export interface RolloutDeps {
   sandboxPath: string;
   resultTtlSeconds: number;
   log: Logger;
+  /** Side work that may fail without failing the rollout: logged and counted. */
+  failures: FailureCounter;
+}
+
+/**
+ * The rollout lost an LLM call to infrastructure and this attempt is given up unscored; thrown so
+ * BullMQ runs it again after its backoff (the rollout queue's attempts are the retry budget).
+ */
+export class LostCallRetry extends Error {
+  override name = "LostCallRetry";
+}
+
+/** What a session's lost calls say, for the task's error and events. */
+export function lostCallCause(lost: LostCalls): string {
+  const first = lost.first;
+  const what = first ? `${first.message} (${first.kind}, answered ${first.status})` : "an LLM call failed outside the policy";
+  return `an LLM call was lost to infrastructure: ${what}${lost.count > 1 ? `; ${lost.count} calls lost in all` : ""}`;
 }
 
 const TERMINAL = new Set(["completed", "failed", "timed_out", "cancelled"]);
 const LOG_FLUSH_MS = 2_000;
 
 interface Outcome {
+  /** Set when the session lost a call before evaluation: the rollout was not evaluated. */
+  lost?: LostCalls;
   status: TerminalStatus;
   reward: number | null;
   evaluation: TaskResult["evaluation"];
@@ -60,6 +80,12 @@ interface SandboxRun {
   sessionId: string;
 }
 
+/** Reads the session's lost calls before evaluating: a rollout that lost one is never scored. */
+async function lostBeforeEvaluation(deps: RolloutDeps, sessionId: string): Promise<LostCalls | null> {
+  const session = await deps.gateway.session(sessionId);
+  return session.lost_calls.count > 0 ? session.lost_calls : null;
+}
+
 /** Prepare, harness and evaluator: everything that happens inside the sandbox. */
 async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> {
   const { task, sandbox, env, signal } = r;
@@ -82,6 +108,12 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
   const runMs = Date.now() - started;
   const base = { agent: agentInfo(result), runMs, evalMs: 0, evaluation: null, reward: null };
   if (result.aborted) return { ...base, status: "cancelled", error: { kind: "cancelled", message: cancelReason(signal) } };
+  // After the harness, before anything is scored: an agent that lost a call to infrastructure did
+  // not show what the policy does (a timeout it ran into while the engine was away included).
+  if (stage === "harness") {
+    const lost = await lostBeforeEvaluation(deps, r.sessionId);
+    if (lost) return { ...base, lost, status: "failed", error: { kind: "infrastructure", message: lostCallCause(lost) } };
+  }
   if (result.timedOut) {
     return { ...base, status: "timed_out", error: { kind: "timeout", message: `${stage} exceeded limits.timeout_s (${task.limits.timeout_s}s)` } };
   }
@@ -117,9 +149,12 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
 
 /**
  * One rollout job (DESIGN §1): open a session, run the agent in fresh sandbox folders, evaluate,
- * close the session, build the trajectory, store the result, queue the callback. Gateway
- * failures throw so BullMQ retries with backoff; agent and evaluator outcomes are results and
- * are never retried; a job that runs out of attempts ends the task as `failed` (onRolloutExhausted).
+ * close the session, build the trajectory, store the result, queue the callback. Infrastructure
+ * failures throw so BullMQ retries with backoff: the gateway unreachable or failing, and a
+ * session that lost an LLM call (never scored; its session is closed and the next attempt opens a
+ * fresh one). Agent and evaluator outcomes are results and are never retried; a gateway that
+ * refuses a request (4xx) fails the task at once. A job that runs out of attempts ends the task as
+ * `failed` (onRolloutExhausted; a lost call on the last attempt ends it here).
  */
 export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal?: AbortSignal): Promise<void> {
   // Every line about this rollout carries its task id (and the BullMQ job and attempt).
@@ -143,10 +178,21 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
   // A task found `running` was started by a worker that died: its session is closed so an
   // orphaned agent cannot keep writing into it, and this attempt opens a fresh one.
   if (record.status === "running" && record.session_id) {
-    await deps.gateway.closeSession(record.session_id).catch(() => undefined);
-    await deps.tasks.appendEvent(record.id, "retrying", { previous_worker: record.worker, previous_session: record.session_id });
+    const orphan = record.session_id;
+    await deps.failures.run(deps.log.child({ session_id: orphan }), "closing an orphaned session", () => deps.gateway.closeSession(orphan));
+    await deps.tasks.appendEvent(record.id, "retrying", { reason: "worker_lost", previous_worker: record.worker, previous_session: orphan });
   }
-  await attemptRollout(deps, record, record.attempts + 1, signal);
+  const attempt = { number: record.attempts + 1, last: job.attemptsMade + 1 >= (job.opts.attempts ?? 1), sessionId: null as string | null };
+  try {
+    await attemptRollout(deps, record, attempt, signal);
+  } catch (err) {
+    if (!(err instanceof GatewayRefused)) throw err;
+    // The same request would be refused again: the task fails now, saying what the gateway said.
+    deps.log.warn({ status: err.status, code: err.code, err: err.message }, "the gateway refused a request: the task fails");
+    const sid = attempt.sessionId;
+    if (sid) await deps.failures.run(deps.log.child({ session_id: sid }), "closing the session of a refused rollout", () => deps.gateway.closeSession(sid));
+    await finishTask(deps, record, attempt.number, sid, failedOutcome("gateway_refused", err.message), null);
+  }
 }
 
 function failedOutcome(kind: string, message: string): Outcome {
@@ -154,7 +200,7 @@ function failedOutcome(kind: string, message: string): Outcome {
 }
 
 /** BullMQ gave up on the job (attempts used up, or stalled too often): the task must not stay `running`. */
-export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err: Error): Promise<void> {
+export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err: Error, kind = /stalled/i.test(err.message) ? "worker_lost" : "infrastructure"): Promise<void> {
   deps = { ...deps, log: deps.log.child({ task_id: taskId }) };
   const record = await deps.tasks.get(taskId);
   if (!record) return;
@@ -162,15 +208,23 @@ export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err:
     await queueFollowUps(deps, record.task as AcceptedTask, record.callback);
     return;
   }
-  const kind = /stalled/i.test(err.message) ? "worker_lost" : "infrastructure";
   await finishTask(deps, record, record.attempts, record.session_id, failedOutcome(kind, err.message), null);
 }
 
-async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: number, signal?: AbortSignal) {
+interface Attempt {
+  /** 1 for the first attempt. */
+  number: number;
+  /** The retry budget is spent: a lost call ends the task instead of being retried. */
+  last: boolean;
+  /** The session this attempt opened, once it has one. */
+  sessionId: string | null;
+}
+
+async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: Attempt, signal?: AbortSignal) {
   const task = record.task as AcceptedTask;
   const runtime = deps.runtimes[task.runtime.kind];
   if (!runtime) {
-    await finishTask(deps, record, attempt, null, failedOutcome("sandbox_unavailable", `this worker cannot run runtime.kind ${task.runtime.kind}`), null);
+    await finishTask(deps, record, attempt.number, null, failedOutcome("sandbox_unavailable", `this worker cannot run runtime.kind ${task.runtime.kind}`), null);
     return;
   }
   const session = await deps.gateway.openSession({
@@ -181,16 +235,18 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: nu
     },
     ...(task.agent.model ? { model: task.agent.model } : {}),
     ...(task.group_id ? { affinity_key: task.group_id } : {}),
-    metadata: { task_id: task.id, attempt },
+    metadata: { task_id: task.id, attempt: attempt.number },
   });
-  const started = await deps.tasks.markRunning(task.id, { worker: deps.workerName, attempt, sessionId: session.id, now: new Date() });
+  attempt.sessionId = session.id;
+  deps = { ...deps, log: deps.log.child({ session_id: session.id }) };
+  const closeQuietly = (why: string) => deps.failures.run(deps.log, why, () => deps.gateway.closeSession(session.id));
+  const started = await deps.tasks.markRunning(task.id, { worker: deps.workerName, attempt: attempt.number, sessionId: session.id, now: new Date() });
   if (!started) {
     // Cancelled (or otherwise ended) while this worker was picking it up: leave it as it ended.
-    await deps.gateway.closeSession(session.id).catch(() => undefined);
+    await closeQuietly("closing the session of a task that ended before it started");
     return;
   }
-  deps = { ...deps, log: deps.log.child({ session_id: session.id }) };
-  deps.log.info({ attempt, harness: task.agent.harness, runtime: task.runtime.kind }, "rollout started");
+  deps.log.info({ attempt: attempt.number, harness: task.agent.harness, runtime: task.runtime.kind }, "rollout started");
   let sandbox: Sandbox;
   try {
     // The token lets a pod runtime put it in a per-pod Secret; the timeout caps a pod's lifetime.
@@ -198,17 +254,18 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: nu
   } catch (err) {
     // A sandbox that cannot start is the rollout's failure, not a retry: it would fail again.
     if (!(err instanceof SandboxUnavailable)) throw err;
-    await deps.gateway.closeSession(session.id).catch(() => undefined);
-    await finishTask(deps, record, attempt, session.id, failedOutcome("sandbox_unavailable", err.message), null);
+    await closeQuietly("closing the session of a sandbox that did not start");
+    await finishTask(deps, record, attempt.number, session.id, failedOutcome("sandbox_unavailable", err.message), null);
     return;
   }
   let logs = "";
   let lastFlush = 0;
+  const flushLogs = () => deps.failures.run(deps.log, "storing the agent's output", () => deps.tasks.setLogs(task.id, logs));
   const onOutput = (chunk: Buffer) => {
     logs = (logs + chunk.toString("utf8")).slice(-256 * 1024);
     if (Date.now() - lastFlush > LOG_FLUSH_MS) {
       lastFlush = Date.now();
-      void deps.tasks.setLogs(task.id, logs).catch(() => undefined);
+      void flushLogs();
     }
   };
   let outcome: Outcome;
@@ -229,23 +286,45 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: nu
     });
     outcome = await runInSandbox(deps, { task, sandbox, env, argv: plan.argv, signal, onOutput, sessionId: session.id });
   } finally {
-    await deps.tasks.setLogs(task.id, logs).catch(() => undefined);
+    await flushLogs();
     if (task.runtime.keep) deps.log.info({ sandbox: sandbox.describe() }, "runtime.keep: sandbox kept");
     await sandbox.destroy();
   }
-  await deps.gateway.closeSession(session.id);
-  const [state, trajectory] = await Promise.all([
-    deps.gateway.session(session.id),
-    deps.gateway.trajectory(session.id, task.trajectory.builder).catch((err: Error) => {
-      // An invalid trajectory must not pass as a good one: the task fails and says why.
-      if (err instanceof GatewayUnavailable && /trajectory_invalid/.test(err.message)) return err;
-      throw err;
-    }),
-  ]);
-  if (trajectory instanceof Error) {
-    outcome = { ...outcome, status: "failed", error: { kind: "trajectory_invalid", message: trajectory.message } };
+  const state = await deps.gateway.closeSession(session.id);
+  // A call lost before or during evaluation: this attempt shows nothing about the policy.
+  const lost = outcome.status === "cancelled" ? null : (outcome.lost ?? (state.lost_calls.count > 0 ? state.lost_calls : null));
+  if (lost) {
+    await endLostAttempt(deps, record, attempt, session.id, { ...outcome, lost }, state.counts);
+    return;
   }
-  await finishTask(deps, record, attempt, session.id, outcome, trajectory instanceof Error ? null : trajectory, state.counts);
+  const trajectory = await deps.gateway.trajectory(session.id, task.trajectory.builder).catch((err: unknown) => {
+    // An invalid trajectory must not pass as a good one: the task fails and says why.
+    if (err instanceof GatewayRefused && err.code === "trajectory_invalid") return err;
+    throw err;
+  });
+  if (trajectory instanceof Error) {
+    outcome = { ...outcome, status: "failed", reward: null, error: { kind: "trajectory_invalid", message: trajectory.message } };
+  }
+  await finishTask(deps, record, attempt.number, session.id, outcome, trajectory instanceof Error ? null : trajectory, state.counts);
+}
+
+/**
+ * An attempt that lost an LLM call is never scored. Within the retry budget the task goes back to
+ * the queue (its closed session stays on record; the next attempt opens a fresh one) and the job
+ * fails so BullMQ runs it again after its backoff; on the last attempt the task ends `failed`
+ * with `error.kind: "infrastructure"` and the cause, `reward: null`.
+ */
+async function endLostAttempt(deps: RolloutDeps, record: TaskRecord, attempt: Attempt, sessionId: string, o: Outcome & { lost: LostCalls }, usage: TaskResult["usage"]) {
+  const cause = lostCallCause(o.lost);
+  if (!attempt.last) {
+    const requeued = await deps.tasks.requeue(record.id, { reason: "lost_call", cause, attempt: attempt.number, session_id: sessionId, lost_calls: o.lost.count });
+    if (requeued) {
+      deps.log.warn({ attempt: attempt.number, lost_calls: o.lost }, "rollout lost an LLM call: not scored; it runs again");
+      throw new LostCallRetry(cause);
+    }
+  }
+  const failed: Outcome = { ...o, status: "failed", reward: null, evaluation: null, error: { kind: "infrastructure", message: cause } };
+  await finishTask(deps, record, attempt.number, sessionId, failed, null, usage);
 }
 
 async function finishTask(

@@ -1,7 +1,10 @@
-import { Worker } from "bullmq";
-import { QueueName, duplicateClient, queuePrefix, type CallbackJob, type RedisClient, type RolloutJob } from "@rollgate/queue";
+import { issuesMessage } from "@rollgate/protocol";
+import { CallbackJob, QueueName, RolloutJob, duplicateClient, queuePrefix, type RedisClient } from "@rollgate/queue";
+import { DelayedError, UnrecoverableError, Worker, type Job } from "bullmq";
 import type { Logger } from "pino";
+import type { z } from "zod";
 import { deliverCallback, type CallbackDeps } from "./callbacks.js";
+import type { GatewayReadiness } from "./readiness.js";
 import { onRolloutExhausted, runRollout, type RolloutDeps } from "./rollout.js";
 
 export interface WorkerSetOptions {
@@ -13,44 +16,97 @@ export interface WorkerSetOptions {
   rollout: RolloutDeps;
   callback: CallbackDeps;
   log: Logger;
+  /** When given, rollouts are taken only while the gateway is ready; otherwise the queue holds them. */
+  readiness?: GatewayReadiness;
 }
+
+/** A job whose payload does not match its schema: it fails at once, with the reason, and is not retried. */
+export class InvalidJob extends UnrecoverableError {
+  override name = "InvalidJob";
+}
+
+/** The payload of a job as its schema reads it, or InvalidJob naming what is wrong. */
+export function parseJob<S extends z.ZodType>(schema: S, queue: string, data: unknown): z.infer<S> {
+  const parsed = schema.safeParse(data);
+  if (!parsed.success) throw new InvalidJob(`invalid ${queue} job payload: ${issuesMessage(parsed.error)}`);
+  return parsed.data;
+}
+
+/** How long a rollout taken just as the gateway stopped being ready waits before it is offered again. */
+const NOT_READY_DELAY_MS = 1_000;
 
 /**
  * The single owner of every BullMQ Worker in this process: rollouts and callback deliveries.
  * A rollout's lock is renewed by BullMQ while it runs (lockDuration is a visibility window, not a
  * job timeout), so a 30-minute agent keeps its job as long as the event loop is free; a worker
  * that dies stops renewing, and the stalled check hands the job to another worker.
+ *
+ * With a readiness watcher, the rollout Worker runs only while the gateway is ready: it is paused
+ * (running rollouts go on, no new one is taken) when the gateway stops being ready, and resumed
+ * when it is ready again. Callback deliveries do not need the engines and always run.
  */
 export class WorkerSet {
   readonly rollouts: Worker<RolloutJob>;
   private readonly callbacks: Worker<CallbackJob>;
   private subscriber: RedisClient | null = null;
+  private invalidJobs = 0;
 
   constructor(private readonly o: WorkerSetOptions) {
-    this.rollouts = new Worker<RolloutJob>(QueueName.rollouts, (job, _token, signal) => runRollout(o.rollout, job, signal), {
+    this.rollouts = new Worker<RolloutJob>(QueueName.rollouts, (job, token, signal) => this.rollout(job, token, signal), {
       connection: o.connection,
       prefix: queuePrefix(o.keyPrefix, QueueName.rollouts),
       concurrency: o.concurrency,
       lockDuration: o.lockMs,
       stalledInterval: o.stalledIntervalMs,
       maxStalledCount: 2,
+      // With a readiness watcher, the first "ready" starts it.
+      autorun: !o.readiness,
     });
-    this.callbacks = new Worker<CallbackJob>(QueueName.callbacks, (job) => deliverCallback(o.callback, job), {
-      connection: o.connection,
-      prefix: queuePrefix(o.keyPrefix, QueueName.callbacks),
-      concurrency: Math.max(4, o.concurrency),
-    });
+    this.callbacks = new Worker<CallbackJob>(
+      QueueName.callbacks,
+      (job) => deliverCallback(o.callback, { ...job, data: parseJob(CallbackJob, QueueName.callbacks, job.data) } as Job<CallbackJob>),
+      {
+        connection: o.connection,
+        prefix: queuePrefix(o.keyPrefix, QueueName.callbacks),
+        concurrency: Math.max(4, o.concurrency),
+      },
+    );
     for (const w of [this.rollouts, this.callbacks] as Worker[]) {
       w.on("error", (err) => o.log.warn({ err: err.message, queue: w.name }, "worker error"));
       // A rollout job's id is its task id.
       w.on("stalled", (jobId) => o.log.warn({ queue: w.name, job: jobId, ...(w === this.rollouts ? { task_id: jobId } : {}) }, "job stalled: it goes back to the queue"));
     }
-    this.rollouts.on("failed", (job, err) => {
-      o.log.warn({ task_id: job?.data.task_id, job: job?.id, err: err.message, attempts: job?.attemptsMade }, "rollout job failed");
-      const exhausted = !job || job.attemptsMade >= (job.opts.attempts ?? 1) || /stalled/i.test(err.message);
-      const taskId = job?.data.task_id ?? job?.id;
-      if (exhausted && taskId) void onRolloutExhausted(o.rollout, taskId, err).catch((e: Error) => o.log.error({ task_id: taskId, err: e.message }, "cannot end an exhausted task"));
+    this.callbacks.on("failed", (job, err) => {
+      if (err instanceof InvalidJob) this.noteInvalid(QueueName.callbacks, job, err);
     });
+    this.rollouts.on("failed", (job, err) => {
+      if (err instanceof InvalidJob) this.noteInvalid(QueueName.rollouts, job, err);
+      else o.log.warn({ task_id: job?.data.task_id, job: job?.id, err: err.message, attempts: job?.attemptsMade }, "rollout job failed");
+      const exhausted = !job || err instanceof InvalidJob || job.attemptsMade >= (job.opts.attempts ?? 1) || /stalled/i.test(err.message);
+      // A bad payload may lack the task id: the job id is the task id.
+      const taskId = (typeof job?.data?.task_id === "string" ? job.data.task_id : undefined) ?? job?.id;
+      const kind = err instanceof InvalidJob ? "invalid_job" : undefined;
+      if (exhausted && taskId) void onRolloutExhausted(o.rollout, taskId, err, kind).catch((e: Error) => o.log.error({ task_id: taskId, err: e.message }, "cannot end an exhausted task"));
+    });
+    o.readiness?.onChange((state) => {
+      if (state.ready) void this.rollouts.resume();
+      else void this.rollouts.pause(true).catch((err: Error) => o.log.warn({ err: err.message }, "cannot pause the rollout worker"));
+    });
+  }
+
+  private async rollout(job: Job<RolloutJob>, token: string | undefined, signal: AbortSignal | undefined): Promise<void> {
+    parseJob(RolloutJob, QueueName.rollouts, job.data);
+    if (this.o.readiness && !this.o.readiness.current.ready && token) {
+      // Taken in the moment the gateway stopped being ready: back to the queue, no attempt spent.
+      await job.moveToDelayed(Date.now() + NOT_READY_DELAY_MS, token);
+      throw new DelayedError();
+    }
+    return runRollout(this.o.rollout, job, signal);
+  }
+
+  private noteInvalid(queue: string, job: Job | undefined, err: Error): void {
+    this.invalidJobs++;
+    this.o.log.error({ queue, job: job?.id, data: job?.data as unknown, err: err.message, invalid_jobs: this.invalidJobs }, "job with an invalid payload: failed without retries");
   }
 
   /** Listens for cancel requests (DELETE /v1/tasks/:id) and aborts the rollout if it runs here. */
@@ -73,6 +129,7 @@ export class WorkerSet {
    * (each ends as `cancelled` with the reason) and wait for them to record it.
    */
   async close(graceMs: number): Promise<void> {
+    this.o.readiness?.stop();
     const closing = Promise.all([this.rollouts.close(), this.callbacks.close()]);
     const timer = setTimeout(() => {
       this.o.log.warn({ graceMs }, "shutdown grace over: cancelling running rollouts");

@@ -1,6 +1,6 @@
 import http from "node:http";
 import type { AddressInfo } from "node:net";
-import { TaskResult } from "@rollgate/protocol";
+import { TaskResult, type GroupResult } from "@rollgate/protocol";
 import { RollgateError } from "./errors.js";
 import { verifySignature } from "./signature.js";
 
@@ -14,10 +14,8 @@ export interface CallbackDelivery {
   body: unknown;
 }
 
-export interface GroupCallbackBody {
-  group_id: string;
-  tasks: (TaskResult | null)[];
-}
+/** A group callback's body: every member's result and the group's summary (which members have no reward, and why). */
+export type GroupCallbackBody = GroupResult;
 
 export interface CallbackServerOptions {
   /** The `callback.secret` the tasks were submitted with: deliveries with a bad signature get 401. */

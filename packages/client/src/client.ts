@@ -411,7 +411,7 @@ export class RollgateClient {
     return this.anyJson("GET", "/admin/engines", { notFoundHint: adminHint("GET /admin/engines") });
   }
 
-  /** `GET /readyz`: true when the gateway answers and its Redis does. */
+  /** `GET /readyz`: true when the gateway can serve (Redis answers; every engine has a rank that answers and a known model). */
   async ready(): Promise<boolean> {
     try {
       await this.send("GET", "/readyz", { timeoutMs: 5_000 });

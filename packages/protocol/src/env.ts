@@ -87,6 +87,13 @@ export const GatewayEnv = z.object({
   ROLLGATE_SESSION_RATE: z.coerce.number().nonnegative().default(0),
   /** The bucket: calls a session may make at once after being idle (default: twice the rate, at least 1). */
   ROLLGATE_SESSION_BURST: z.coerce.number().positive().optional(),
+  /**
+   * The infrastructure retry budget of a rollout: attempts in all (the gateway unreachable or
+   * failing for the worker, a session that lost an LLM call). Set on each rollout job when it is queued.
+   */
+  ROLLGATE_ROLLOUT_ATTEMPTS: z.coerce.number().int().positive().default(3),
+  /** Delay before a rollout's second attempt, doubled for each later one (with jitter). */
+  ROLLGATE_ROLLOUT_BACKOFF_MS: z.coerce.number().int().nonnegative().default(2_000),
   LOG_LEVEL: LogLevel,
 });
 export type GatewayEnv = z.infer<typeof GatewayEnv>;
@@ -155,6 +162,11 @@ export const WorkerEnv = z.object({
    * metadata endpoints (169.254.169.254, fd00:ec2::254, metadata.google.internal, …) are always refused.
    */
   ROLLGATE_CALLBACK_DENY: EgressList.default(""),
+  /**
+   * How often the worker asks the gateway's /readyz; it takes rollouts only while the gateway is
+   * ready (the queue holds them meanwhile). 0: take rollouts whatever the gateway says.
+   */
+  ROLLGATE_READINESS_POLL_MS: z.coerce.number().int().nonnegative().default(2_000),
   LOG_LEVEL: LogLevel,
 });
 export type WorkerEnv = z.infer<typeof WorkerEnv>;

@@ -33,6 +33,25 @@ export type CreateSessionResponse = z.infer<typeof CreateSessionResponse>;
 export const RankRef = z.object({ engine: z.number().int().nonnegative(), dp_rank: z.number().int().nonnegative() });
 export type RankRef = z.infer<typeof RankRef>;
 
+/**
+ * The first LLM call of a session that failed for a reason outside the policy (engine unreachable
+ * or 5xx, no healthy rank, served model unknown, Redis unavailable, a gateway error, missing token
+ * ids or logprobs): what the agent was answered and why.
+ */
+export const LostCall = z.object({
+  at: z.string(),
+  /** The failure's machine kind, e.g. `engine_unreachable`, `engine_bad_response`, `storage_unavailable`, `internal_error`. */
+  kind: z.string(),
+  /** The HTTP status the agent got. */
+  status: z.number().int(),
+  message: z.string(),
+});
+export type LostCall = z.infer<typeof LostCall>;
+
+/** Calls a session lost to infrastructure: a rollout with any is never scored. */
+export const LostCalls = z.object({ count: z.number().int().nonnegative(), first: LostCall.nullable() });
+export type LostCalls = z.infer<typeof LostCalls>;
+
 /** A session as stored (without its token) and as `GET /v1/sessions/:id` shows it. */
 export const Session = z.object({
   id: z.string(),
@@ -53,5 +72,6 @@ export const Session = z.object({
     completion_tokens: z.number().int(),
     cached_tokens: z.number().int(),
   }),
+  lost_calls: LostCalls.default({ count: 0, first: null }),
 });
 export type Session = z.infer<typeof Session>;

@@ -231,6 +231,46 @@ export const TaskResult = z.object({
 });
 export type TaskResult = z.infer<typeof TaskResult>;
 
+/**
+ * What a trainer must know of a GRPO group before using it: members by status, and every member
+ * that has no reward and why (failed, timed out or cancelled: drop it, or the whole group, before
+ * computing advantages; `error.kind: "infrastructure"` means it lost an LLM call, not that the
+ * policy failed).
+ */
+export const GroupSummary = z.object({
+  size: z.number().int(),
+  /** Members by terminal status (statuses no member has are left out). */
+  statuses: z.partialRecord(TerminalStatus, z.number().int()),
+  /** Members that ended `completed` with a reward. */
+  scored: z.number().int(),
+  /** Every other member: its id, status and error. */
+  unscored: z.array(z.object({ id: z.string(), status: TerminalStatus.nullable(), error: TaskError.nullable() })),
+});
+export type GroupSummary = z.infer<typeof GroupSummary>;
+
+/** A group callback's body (`X-Rollgate-Event: group.completed`, once every member has ended). */
+export const GroupResult = z.object({
+  group_id: z.string(),
+  /** Each member's result (null for one that expired from the store). */
+  tasks: z.array(TaskResult.nullable()),
+  summary: GroupSummary,
+});
+export type GroupResult = z.infer<typeof GroupResult>;
+
+/** The summary of a group's results (pure). */
+export function summarizeGroup(ids: string[], results: (TaskResult | null)[]): GroupSummary {
+  const statuses: Partial<Record<TerminalStatus, number>> = {};
+  const unscored: GroupSummary["unscored"] = [];
+  let scored = 0;
+  ids.forEach((id, i) => {
+    const r = results[i] ?? null;
+    if (r) statuses[r.status] = (statuses[r.status] ?? 0) + 1;
+    if (r && r.status === "completed" && r.reward !== null) scored++;
+    else unscored.push({ id, status: r?.status ?? null, error: r ? r.error : { kind: "missing", message: "no readable result is stored for this member" } });
+  });
+  return { size: ids.length, statuses, scored, unscored };
+}
+
 export const CallbackState = z.object({
   state: z.enum(["none", "pending", "delivered", "failed"]),
   delivery_id: z.string().nullable(),

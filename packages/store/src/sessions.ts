@@ -1,5 +1,5 @@
 import { createHash, timingSafeEqual } from "node:crypto";
-import { Session, CompletionRecord, RecordHead, type CreateSessionRequest } from "@rollgate/protocol";
+import { Session, CompletionRecord, LostCall, RecordHead, type CreateSessionRequest } from "@rollgate/protocol";
 import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
@@ -41,6 +41,19 @@ redis.call('HINCRBY', KEYS[3], 'llm_calls', 1)
 redis.call('HINCRBY', KEYS[3], 'prompt_tokens', ARGV[4])
 redis.call('HINCRBY', KEYS[3], 'completion_tokens', ARGV[5])
 redis.call('HINCRBY', KEYS[3], 'cached_tokens', ARGV[6])
+return 1
+`;
+
+// Counts lost calls on a session and keeps the first cause. An unverified note (from a call that
+// could not be authenticated while Redis was away) carries the hash of the token it presented and
+// is written only if that token is the session's. KEYS: session. ARGV: count, first cause json,
+// token hash or "". Returns 1, or 0 when there is no such session (or the token is not its own).
+const LOST_CALL_SCRIPT = `
+local hash = redis.call('HGET', KEYS[1], 'token_hash')
+if not hash then return 0 end
+if ARGV[3] ~= '' and ARGV[3] ~= hash then return 0 end
+redis.call('HINCRBY', KEYS[1], 'lost_calls', ARGV[1])
+redis.call('HSETNX', KEYS[1], 'lost_first', ARGV[2])
 return 1
 `;
 
@@ -116,6 +129,7 @@ export class SessionStore {
           completion_tokens: Number(h.completion_tokens ?? 0),
           cached_tokens: Number(h.cached_tokens ?? 0),
         },
+        lost_calls: { count: Number(h.lost_calls ?? 0), first: h.lost_first ? JSON.parse(h.lost_first) : null },
       }),
       `session ${id}`,
     );
@@ -170,6 +184,16 @@ export class SessionStore {
     return Object.entries(all)
       .map(([seq, raw]) => parseStored(CompletionRecord, raw, `record ${seq} of session ${id}`))
       .sort((a, b) => a.seq - b.seq);
+  }
+
+  /**
+   * Adds `lost.count` lost calls to a session (`lost.first` is kept only if it has none yet).
+   * `presentedTokenHash`: the note comes from a call whose token was not checked; it counts only
+   * if the token is the session's. False when nothing was written (no such session, other token).
+   */
+  async noteLostCalls(id: string, lost: { count: number; first: LostCall }, presentedTokenHash: string | null = null): Promise<boolean> {
+    const res = await runScript(this.redis, LOST_CALL_SCRIPT, [this.k.session(id)], [String(lost.count), JSON.stringify(LostCall.parse(lost.first)), presentedTokenHash ?? ""]);
+    return res === 1;
   }
 
   /** Notes an LLM call that failed (no tokens: the trajectory's stats list it). */

@@ -15,7 +15,8 @@ beforeAll(() => {
   redis = new Redis(url);
 });
 afterAll(async () => {
-  const found = await redis.keys(`${prefix}:*`);
+  // Each test works under `${prefix}-<its own>`: everything starting with the prefix goes.
+  const found = [...(await redis.keys(`${prefix}*`)), ...(await redis.keys(`{${prefix}*`))];
   if (found.length) await redis.del(...found);
   redis.disconnect();
 });
@@ -129,6 +130,22 @@ describe("SessionStore", () => {
     expect(await store.get("s-2")).toBeNull();
     expect(await store.records("s-2")).toEqual([]);
   });
+
+  it("counts lost calls and keeps the first cause; an unverified note counts only with the session's own token", async () => {
+    const store = new SessionStore(redis, `${prefix}-s3`);
+    await store.create("s-3", session("s-3"), hashToken("good"), assignment, "0:0", new Date());
+    expect((await store.get("s-3"))!.lost_calls).toEqual({ count: 0, first: null });
+    const cause = (kind: string) => ({ at: new Date().toISOString(), kind, status: 502, message: `${kind} happened` });
+    expect(await store.noteLostCalls("s-3", { count: 1, first: cause("engine_unreachable") })).toBe(true);
+    expect(await store.noteLostCalls("s-3", { count: 2, first: cause("engine_rejected") })).toBe(true);
+    expect(await store.noteLostCalls("s-3", { count: 1, first: cause("storage_unavailable") }, hashToken("someone else"))).toBe(false);
+    expect(await store.noteLostCalls("s-3", { count: 1, first: cause("storage_unavailable") }, hashToken("good"))).toBe(true);
+    expect(await store.noteLostCalls("no-such-session", { count: 1, first: cause("x") })).toBe(false);
+    const { lost_calls } = (await store.get("s-3"))!;
+    expect(lost_calls.count).toBe(4);
+    expect(lost_calls.first).toMatchObject({ kind: "engine_unreachable", status: 502, message: "engine_unreachable happened" });
+    expect(await store.get("no-such-session")).toBeNull();
+  });
 });
 
 const taskInput = (id: string, extra: Record<string, unknown> = {}) =>
@@ -185,6 +202,22 @@ describe("TaskStore", () => {
     expect(rec.status).toBe("cancelled");
     expect(rec.worker).toBe("w");
     expect(await store.markRunning("t-unknown", { worker: "w", attempt: 1, sessionId: "s", now: new Date() })).toBe(false);
+  });
+
+  it("puts a running task back in the queue for another attempt, never an ended one", async () => {
+    const store = new TaskStore(redis, `${prefix}-t7`);
+    await store.create(taskInput("t-6"), new Date());
+    expect(await store.requeue("t-6", { reason: "lost_call" })).toBe(false);
+    await store.markRunning("t-6", { worker: "w", attempt: 1, sessionId: "s-a", now: new Date() });
+    expect(await store.requeue("t-6", { reason: "lost_call", cause: "engine down" })).toBe(true);
+    const rec = (await store.get("t-6"))!;
+    expect(rec).toMatchObject({ status: "queued", attempts: 1, session_id: "s-a" });
+    const events = await store.events("t-6", null);
+    expect(events.map((e) => e.type)).toEqual(["queued", "started", "retrying"]);
+    expect(events[2]!.data).toEqual({ reason: "lost_call", cause: "engine down" });
+    await store.finish("t-6", resultOf("t-6", "cancelled"), new Date(), 60);
+    expect(await store.requeue("t-6", { reason: "lost_call" })).toBe(false);
+    expect((await store.status("t-6"))).toBe("cancelled");
   });
 
   it("lists newest first with filters and a cursor that neither skips nor repeats", async () => {

@@ -56,6 +56,13 @@ redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1], 'worker'
 return 1
 `;
 
+// KEYS: task. Puts a running task back to queued (an attempt given up for a retry); never an ended one.
+const REQUEUE_SCRIPT = `
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'queued')
+return 1
+`;
+
 export interface TaskPage {
   tasks: TaskRecord[];
   next_cursor: string | null;
@@ -147,6 +154,18 @@ export class TaskStore {
     );
     if (res !== 1) return false;
     await this.appendEvent(id, "started", { worker: fields.worker, attempt: fields.attempt, session_id: fields.sessionId }, fields.now);
+    return true;
+  }
+
+  /**
+   * A running task goes back to `queued` for another attempt (its attempts, worker and last
+   * session stay on record), with a `retrying` event carrying `data`. False when it is not running
+   * (it ended meanwhile, e.g. cancelled).
+   */
+  async requeue(id: string, data: Record<string, unknown>, now = new Date()): Promise<boolean> {
+    const res = await this.redis.eval(REQUEUE_SCRIPT, 1, this.k.task(id));
+    if (res !== 1) return false;
+    await this.appendEvent(id, "retrying", data, now);
     return true;
   }
 

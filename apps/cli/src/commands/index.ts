@@ -3,6 +3,7 @@ import type { Context } from "../output.js";
 import { enginesCommand, pauseCommand, resumeCommand, weightsCommand } from "./admin.js";
 import { submitCommand } from "./submit.js";
 import { taskCommand } from "./task.js";
+import { tasksCommand } from "./tasks.js";
 import { trajectoryCommand } from "./trajectory.js";
 import { upCommand } from "./up.js";
 import { watchCommand } from "./watch.js";
@@ -11,6 +12,7 @@ import { watchCommand } from "./watch.js";
 export const allCommands: CommandSpec<Context>[] = [
   upCommand,
   submitCommand,
+  tasksCommand,
   watchCommand,
   taskCommand,
   trajectoryCommand,

@@ -6,10 +6,9 @@ import type { TaskInput, TaskStatus } from "@rollgate/protocol";
 import { UsageError, numberOption, type CommandSpec } from "../framework.js";
 import { EXIT, fmt, statusColor, type Context } from "../output.js";
 import { ProgressView, emptyCounts, type ProgressCounts } from "../progress.js";
+import { TERMINAL_STATUSES as STATUSES, describeCounts, describeExits, listIds, mean, statusRows, std } from "../summary.js";
 import { renderTable } from "../table.js";
 import { TasksFileError, readTasksFile } from "../tasks-file.js";
-
-const STATUSES = ["completed", "failed", "timed_out", "cancelled"] as const;
 
 interface Tracked {
   id: string;
@@ -21,15 +20,6 @@ function defaultOut(file: string): string {
   if (file === "-") return "rollgate-results.jsonl";
   // In the current directory, named after the input: never next to a task file in a repository.
   return `${path.basename(file).replace(/\.(jsonl|ndjson|json)$/i, "")}.results.jsonl`;
-}
-
-function mean(xs: number[]): number | null {
-  return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null;
-}
-
-function std(xs: number[]): number | null {
-  const m = mean(xs);
-  return m === null ? null : Math.sqrt(xs.reduce((a, x) => a + (x - m) ** 2, 0) / xs.length);
 }
 
 /** Runs `work` over `items` with at most `limit` at once. */
@@ -46,14 +36,17 @@ export const submitCommand: CommandSpec<Context> = {
   name: "submit",
   summary: "submit tasks from a JSONL file, follow them with a live progress bar, write the results",
   description: `Submits every task of a JSONL file (one task per line; a .json file may hold one task or an
-array) in batches, then follows them to the end: a live progress bar on a terminal (queued /
-running / done / failed, tokens/s, mean reward), plain progress lines every few seconds
-otherwise. Each result is appended to the --out JSONL file as its task ends (one TaskResult per
-line, the callback body); a summary table follows. With -n, every task becomes a GRPO group of n
-rollouts. Exit code 0 when every task completed, 1 when some failed, timed out or were cancelled.`,
+array) in batches, prints the ids it created (tasks, and groups with -n), then follows them to
+the end: a live progress bar on a terminal (queued / running / done / failed, tokens/s, mean
+reward), plain progress lines every few seconds otherwise. Each result is appended to the --out
+JSONL file as its task ends (one TaskResult per line, the callback body; earlier runs' lines are
+kept); a summary table follows, per status: how many, their error kinds (infrastructure: the
+rollout lost LLM calls and was not scored) and agents that exited non-zero. With -n, every task
+becomes a GRPO group of n rollouts. Exit code 0 when every task completed, 1 when some failed,
+timed out or were cancelled.`,
   args: [{ name: "tasks.jsonl", required: true, description: "tasks to submit ('-' reads stdin)" }],
   options: [
-    { name: "out", short: "o", type: "string", value: "<file>", description: "results JSONL ('-' = stdout); default ./<tasks name>.results.jsonl" },
+    { name: "out", short: "o", type: "string", value: "<file>", description: "results JSONL, appended to ('-' = stdout); default ./<tasks name>.results.jsonl" },
     { name: "group-size", short: "n", type: "string", value: "<n>", description: "submit each task as a GRPO group of n rollouts (ids <group_id>-<k>)" },
     { name: "wait", type: "boolean", default: true, description: "follow the tasks to the end (--no-wait: submit, print the ids and exit)" },
     { name: "interval", type: "string", value: "<s>", default: "1", description: "seconds between status polls" },
@@ -91,6 +84,7 @@ rollouts. Exit code 0 when every task completed, 1 when some failed, timed out o
 
     // ── submit ──
     const ids: string[] = [];
+    const groups: { group_id: string; task_ids: string[] }[] = [];
     const startedAt = Date.now();
     if (groupSize) {
       const runTag = randomUUID().slice(0, 8);
@@ -99,6 +93,7 @@ rollouts. Exit code 0 when every task completed, 1 when some failed, timed out o
         const { id: _id, group_id: _gid, ...rest } = task;
         const accepted = await ctx.client.submitGroup({ group_id: groupId, n: groupSize, task: rest as TaskInput });
         ids.push(...accepted.map((a) => a.id));
+        groups.push({ group_id: groupId, task_ids: accepted.map((a) => a.id) });
       }
     } else {
       for (let i = 0; i < lines.length; i += chunk) {
@@ -106,17 +101,26 @@ rollouts. Exit code 0 when every task completed, 1 when some failed, timed out o
         ids.push(...accepted.map((a) => a.id));
       }
     }
-    if (!values.quiet) say(`submitted ${ids.length} task(s) from ${file} to ${ctx.url}${values.wait === false ? "" : `; results → ${resultsToStdout ? "stdout" : outPath}`}`);
     if (values.wait === false) {
-      if (ctx.json) ctx.printJson({ submitted: ids.length, task_ids: ids });
+      // stdout holds only the ids (one per line), for scripts.
+      if (!values.quiet && !ctx.json) ctx.err(`submitted ${ids.length} task(s) from ${file} to ${ctx.url}${groups.length ? ` in ${groups.length} group(s): ${listIds(groups.map((g) => g.group_id))}` : ""}`);
+      if (ctx.json) ctx.printJson({ submitted: ids.length, task_ids: ids, groups });
       else for (const id of ids) ctx.out(id);
       return EXIT.ok;
+    }
+    if (!values.quiet) {
+      say(`submitted ${ids.length} task(s) from ${file} to ${ctx.url}; results appended to ${resultsToStdout ? "stdout" : outPath}`);
+      if (groups.length === 0) say(`  tasks: ${listIds(ids)}`);
+      for (const g of groups.slice(0, 20)) say(`  group ${g.group_id}: ${listIds(g.task_ids, 8)}`);
+      if (groups.length > 20) say(`  … and ${groups.length - 20} more groups`);
+      say(`  follow one with rollgate watch <task or group id>; list them with rollgate tasks${groups.length === 1 ? ` --group ${groups[0]!.group_id}` : ""}`);
     }
 
     // ── follow ──
     const tracked = new Map<string, Tracked>(ids.map((id) => [id, { id, status: "queued", result: null }]));
     const counts: ProgressCounts = emptyCounts(ids.length);
-    const fd = resultsToStdout ? 1 : openSync(outPath, "w");
+    // Appended to: results of earlier runs into the same file are kept.
+    const fd = resultsToStdout ? 1 : openSync(outPath, "a");
     const tty = process.stderr.isTTY === true && !process.env.CI;
     const progress = new ProgressView((s) => void process.stderr.write(s), {
       tty,
@@ -180,11 +184,11 @@ rollouts. Exit code 0 when every task completed, 1 when some failed, timed out o
     if (unfinished && lastError) ctx.err(`${ctx.errStyle.yellow("warning:")} last status poll failed: ${(lastError as Error).message}`);
 
     // ── summary ──
-    const byStatus = Object.fromEntries(STATUSES.map((s) => [s, results.filter((r) => r.status === s)]));
+    const rows = statusRows(results);
     const rewards = results.filter((r) => r.status === "completed" && r.reward !== null).map((r) => r.reward!);
-    const groups = new Map<string, TaskResult[]>();
-    for (const r of results) if (r.group_id) groups.set(r.group_id, [...(groups.get(r.group_id) ?? []), r]);
-    const groupRows = [...groups.entries()].map(([group_id, rs]) => {
+    const byGroup = new Map<string, TaskResult[]>();
+    for (const r of results) if (r.group_id) byGroup.set(r.group_id, [...(byGroup.get(r.group_id) ?? []), r]);
+    const groupRows = [...byGroup.entries()].map(([group_id, rs]) => {
       const rw = rs.filter((r) => r.reward !== null && r.status === "completed").map((r) => r.reward!);
       return { group_id, tasks: rs.length, completed: rs.filter((r) => r.status === "completed").length, mean_reward: mean(rw), std_reward: std(rw) };
     });
@@ -194,7 +198,8 @@ rollouts. Exit code 0 when every task completed, 1 when some failed, timed out o
       ended: results.length,
       unfinished,
       interrupted,
-      by_status: Object.fromEntries(STATUSES.map((s) => [s, byStatus[s]!.length])),
+      by_status: Object.fromEntries(STATUSES.map((st) => [st, rows.find((r) => r.status === st)?.tasks ?? 0])),
+      statuses: rows,
       mean_reward: mean(rewards),
       llm_calls: results.reduce((a, r) => a + r.usage.llm_calls, 0),
       completion_tokens: tokens,
@@ -203,39 +208,41 @@ rollouts. Exit code 0 when every task completed, 1 when some failed, timed out o
       results_file: resultsToStdout ? null : path.resolve(outPath),
       groups: groupRows,
       task_ids: ids,
+      group_ids: groups.map((g) => g.group_id),
     };
     if (ctx.json) {
       ctx.printJson(summary);
     } else {
       const s = ctx.style;
-      const rows = STATUSES.filter((st) => byStatus[st]!.length > 0).map((st) => {
-        const rs = byStatus[st]!;
-        const rw = rs.filter((r) => r.reward !== null).map((r) => r.reward!);
-        return [
-          statusColor(s, st),
-          String(rs.length),
-          fmt.reward(mean(rw)),
-          (rs.reduce((a, r) => a + r.usage.llm_calls, 0) / rs.length).toFixed(1),
-          fmt.int(rs.reduce((a, r) => a + r.usage.completion_tokens, 0)),
-          fmt.ms(mean(rs.map((r) => r.timings.total_ms))),
-        ];
-      });
-      if (unfinished) rows.push([s.yellow("unfinished"), String(unfinished), "–", "–", "–", "–"]);
-      rows.push([s.bold("total"), s.bold(String(ids.length)), s.bold(fmt.reward(mean(rewards))), "", s.bold(fmt.int(tokens)), fmt.ms(elapsedMs)]);
+      const ascii = !s.enabled && !process.env.LANG?.includes("UTF");
+      const table = rows.map((r) => [
+        statusColor(s, r.status),
+        String(r.tasks),
+        fmt.reward(r.mean_reward),
+        r.llm_calls_per_task.toFixed(1),
+        fmt.int(r.completion_tokens),
+        fmt.ms(r.mean_total_ms),
+        describeCounts(r.errors),
+        describeExits(r.nonzero_agent_exits),
+      ]);
+      if (unfinished) table.push([s.yellow("unfinished"), String(unfinished), "–", "–", "–", "–", "–", "–"]);
+      table.push([s.bold("total"), s.bold(String(ids.length)), s.bold(fmt.reward(mean(rewards))), "", s.bold(fmt.int(tokens)), fmt.ms(elapsedMs), "", ""]);
       say("");
-      say(renderTable(["status", "tasks", "mean reward", "LLM calls/task", "tokens", "mean time"], rows, { right: [1, 2, 3, 4, 5], ascii: !s.enabled && !process.env.LANG?.includes("UTF") }));
+      say(renderTable(["status", "tasks", "mean reward", "LLM calls/task", "tokens", "mean time", "errors", "agent exit ≠ 0"], table, { right: [1, 2, 3, 4, 5], ascii }));
+      const infra = rows.reduce((a, r) => a + (r.errors.infrastructure ?? 0), 0);
+      if (infra > 0) say(s.yellow(`${infra} rollout(s) lost LLM calls to infrastructure and were not scored (error.kind "infrastructure"): rollgate task <id> says why.`));
       if (groupRows.length > 0) {
         const shown = groupRows.slice(0, 30);
         say(
           renderTable(
             ["group", "tasks", "completed", "mean reward", "std"],
             shown.map((g) => [g.group_id, String(g.tasks), String(g.completed), fmt.reward(g.mean_reward), fmt.reward(g.std_reward)]),
-            { right: [1, 2, 3, 4], ascii: !s.enabled && !process.env.LANG?.includes("UTF") },
+            { right: [1, 2, 3, 4], ascii },
           ),
         );
         if (groupRows.length > shown.length) say(`… and ${groupRows.length - shown.length} more groups`);
       }
-      say(`${(summary.tokens_per_s).toFixed(1)} tok/s over ${fmt.ms(elapsedMs)}${resultsToStdout ? "" : `; results in ${outPath}`}`);
+      say(`${summary.tokens_per_s.toFixed(1)} tok/s over ${fmt.ms(elapsedMs)}${resultsToStdout ? "" : `; results appended to ${outPath}`}`);
       if (interrupted || unfinished) {
         say(
           s.yellow(

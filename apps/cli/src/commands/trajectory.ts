@@ -1,38 +1,47 @@
-import { RollgateError, TRAINER_FORMATS, type Trajectory } from "@rollgate/client";
+import { RollgateError, TRAINER_FORMATS, type TaskRecord, type Trajectory } from "@rollgate/client";
 import type { TrajectoryBuilderName } from "@rollgate/protocol";
 import { UsageError, numberOption, type CommandSpec } from "../framework.js";
-import { EXIT, type Context } from "../output.js";
+import { EXIT, fmt, statusColor, type Context } from "../output.js";
 import { qwen3Decoder, renderIds, renderSegments, segments } from "../decode.js";
 
-/** A task id (its session) or a session id → the session id and the builder to use by default. */
-async function resolveSession(ctx: Context, id: string): Promise<{ sessionId: string; builder: TrajectoryBuilderName | undefined }> {
+type Target =
+  | { kind: "session"; sessionId: string; builder: TrajectoryBuilderName | undefined }
+  | { kind: "group"; groupId: string; tasks: TaskRecord[] };
+
+/** A task id (its session), a session id, or a GRPO group id (every task of the group). */
+async function resolveTarget(ctx: Context, id: string): Promise<Target> {
   try {
     const task = await ctx.client.getTask(id);
     const sessionId = task.session_id ?? task.result?.session_id;
     if (!sessionId) throw new RollgateError(`task ${id} has no session yet (it is ${task.status})`, 409, "no_session");
-    return { sessionId, builder: task.task.trajectory.builder };
+    return { kind: "session", sessionId, builder: task.task.trajectory.builder };
   } catch (err) {
     if (!(err instanceof RollgateError && err.status === 404)) throw err;
   }
   try {
     await ctx.client.getSession(id);
+    return { kind: "session", sessionId: id, builder: undefined };
   } catch (err) {
-    if (err instanceof RollgateError && err.status === 404) throw new RollgateError(`no task or session ${id}`, 404, "not_found");
-    throw err;
+    if (!(err instanceof RollgateError && err.status === 404)) throw err;
   }
-  return { sessionId: id, builder: undefined };
+  const tasks: TaskRecord[] = [];
+  for await (const t of ctx.client.listTasks({ group_id: id, limit: 1000 })) tasks.push(t);
+  if (tasks.length === 0) throw new RollgateError(`no task, session or group ${id}`, 404, "not_found");
+  return { kind: "group", groupId: id, tasks: tasks.reverse() };
 }
 
 export const trajectoryCommand: CommandSpec<Context> = {
   name: "trajectory",
-  summary: "print a task's (or session's) trajectory: traces, masks, a trainer format, or decoded text",
+  summary: "print a task's (or session's, or a whole group's) trajectory: traces, masks, a trainer format, or decoded text",
   description: `Prints the trajectory of a task's session (or of a session given by id) as rollgate builds it
 for training. Default: each trace's sizes and its response token ids, masked (loss_mask 0) ids
 dim on a terminal or [in brackets] otherwise. --decode shows the text through the Qwen3
 tokenizer, the trainable tokens (what the policy sampled) in green and the masked ones (tool
 results, template glue) dim, or [[in double brackets]] when not on a terminal. --format prints
-the samples a trainer consumes, as JSON.`,
-  args: [{ name: "id", required: true, description: "a task id (its session is used) or a session id" }],
+the samples a trainer consumes, as JSON. Given a GRPO group id, does this for every task of the
+group (with --json or --format: {group_id, tasks: [{task_id, status, reward, session_id,
+trajectory | samples}]}).`,
+  args: [{ name: "id", required: true, description: "a task id (its session is used), a session id, or a group id" }],
   options: [
     { name: "format", short: "f", type: "string", value: "<name>", choices: TRAINER_FORMATS, description: "print the trainer format as JSON" },
     { name: "decode", short: "d", type: "boolean", description: "decode the tokens to text (Qwen3 tokenizer)" },
@@ -40,63 +49,101 @@ the samples a trainer consumes, as JSON.`,
     { name: "prompt", type: "boolean", default: true, description: "with --decode, show each trace's prompt (--no-prompt hides it)" },
     { name: "max-ids", type: "string", value: "<n>", default: "400", description: "token ids shown per trace without --decode" },
   ],
-  examples: ["rollgate trajectory t-123 --decode", "rollgate trajectory t-123 --format verl > sample.json", "rollgate trajectory s-abc --builder per_request --json"],
+  examples: [
+    "rollgate trajectory t-123 --decode",
+    "rollgate trajectory t-123 --format verl > sample.json",
+    "rollgate trajectory s-abc --builder per_request --json",
+    "rollgate trajectory g-7 --format verl > group.json",
+  ],
   async run(ctx, [id], values) {
     const format = values.format as (typeof TRAINER_FORMATS)[number] | undefined;
     if (format && values.decode) throw new UsageError("--decode shows the trace as text and --format prints trainer JSON: use one of them", "trajectory");
     const maxIds = numberOption(values, "max-ids", "trajectory", { integer: true, min: 1 }) ?? 400;
-    const { sessionId, builder: taskBuilder } = await resolveSession(ctx, id!);
-    const builder = (values.builder as TrajectoryBuilderName | undefined) ?? taskBuilder ?? "prefix_merging";
-    if (format) {
-      ctx.printJson(await ctx.client.getTrajectory(sessionId, { builder, format }));
-      return EXIT.ok;
-    }
-    const trajectory: Trajectory = await ctx.client.getTrajectory(sessionId, { builder });
-    const s = ctx.style;
+    const target = await resolveTarget(ctx, id!);
     const decode = values.decode ? await qwen3Decoder() : null;
-    if (ctx.json) {
-      if (!decode) ctx.printJson(trajectory);
-      else
-        ctx.printJson({
-          session_id: sessionId,
-          builder,
-          stats: trajectory.stats,
-          traces: trajectory.traces.map((t, i) => ({
-            index: i,
-            finish_reason: t.finish_reason,
-            prompt_text: decode(t.prompt_ids),
-            segments: segments(t, decode).map((seg) => ({ trainable: seg.trainable, tokens: seg.ids.length, text: seg.text })),
-          })),
-        });
+    const show = { format, decode, prompt: values.prompt !== false, maxIds, builder: values.builder as TrajectoryBuilderName | undefined };
+    if (target.kind === "session") {
+      const out = await showSession(ctx, target.sessionId, show.builder ?? target.builder ?? "prefix_merging", show);
+      if (out !== undefined) ctx.printJson(out);
       return EXIT.ok;
     }
-    const st = trajectory.stats;
-    ctx.out(
-      `${s.bold(`session ${sessionId}`)} · ${builder} · ${st.traces} trace(s) from ${st.records} record(s) · ${st.trainable_tokens}/${st.response_tokens} response tokens trainable · weights ${st.weight_versions.map((v) => v ?? "–").join(", ") || "–"}`,
-    );
-    for (const b of st.breaks) ctx.out(s.yellow(`  break: record ${b.record_id} started a new trace (${b.reason}): ${b.detail}`));
-    ctx.out(
-      s.enabled
-        ? `${s.gray("legend:")} ${s.green("trainable")} (loss_mask 1) · ${s.dim("masked")} (loss_mask 0)`
-        : values.decode
-          ? "legend: trainable text (loss_mask 1) as is; masked text (loss_mask 0) [[in double brackets]]"
-          : "legend: trainable ids (loss_mask 1) as is; masked ids (loss_mask 0) [in brackets]",
-    );
-    trajectory.traces.forEach((t, i) => {
-      const trainable = t.loss_mask.reduce<number>((a, m) => a + m, 0);
-      ctx.out("");
-      ctx.out(s.bold(`── trace ${i} · prompt ${t.prompt_ids.length} tokens · response ${t.response_ids.length} tokens (${trainable} trainable) · finish ${t.finish_reason} ──`));
-      if (decode) {
-        if (values.prompt !== false) {
-          ctx.out(s.gray("prompt:"));
-          ctx.out(s.enabled ? s.dim(decode(t.prompt_ids)) : `[[${decode(t.prompt_ids)}]]`);
-          ctx.out(s.gray("response:"));
-        }
-        ctx.out(renderSegments(segments(t, decode), s));
-      } else {
-        ctx.out(renderIds(t, s, maxIds));
+    // A group: every task's trajectory, like `watch <group id>` follows every task.
+    const s = ctx.style;
+    if (!ctx.json && !format) ctx.out(`group ${s.bold(target.groupId)}: ${target.tasks.length} task(s)`);
+    const all: unknown[] = [];
+    for (const t of target.tasks) {
+      const sessionId = t.session_id ?? t.result?.session_id ?? null;
+      const head = { task_id: t.id, status: t.status, reward: t.result?.reward ?? null, session_id: sessionId };
+      if (!ctx.json && !format) {
+        ctx.out("");
+        ctx.out(s.bold(`══ task ${t.id} · ${statusColor(s, t.status)} · reward ${fmt.reward(head.reward)}${t.result?.error ? ` · ${t.result.error.kind}` : ""} ══`));
       }
-    });
+      if (!sessionId) {
+        if (ctx.json || format) all.push({ ...head, trajectory: null });
+        else ctx.out(s.gray(`  no session yet (${t.status})`));
+        continue;
+      }
+      const out = await showSession(ctx, sessionId, show.builder ?? t.task.trajectory.builder, show);
+      if (out !== undefined) all.push({ ...head, ...(format ? { samples: out } : { trajectory: out }) });
+    }
+    if (ctx.json || format) ctx.printJson({ group_id: target.groupId, tasks: all });
     return EXIT.ok;
   },
 };
+
+interface ShowOptions {
+  format: (typeof TRAINER_FORMATS)[number] | undefined;
+  decode: ((ids: number[]) => string) | null;
+  prompt: boolean;
+  maxIds: number;
+}
+
+/** Prints one session's trajectory, or returns what --json / --format print for it. */
+async function showSession(ctx: Context, sessionId: string, builder: TrajectoryBuilderName, o: ShowOptions): Promise<unknown> {
+  const { decode } = o;
+  if (o.format) return ctx.client.getTrajectory(sessionId, { builder, format: o.format });
+  const trajectory: Trajectory = await ctx.client.getTrajectory(sessionId, { builder });
+  const s = ctx.style;
+  if (ctx.json) {
+    if (!decode) return trajectory;
+    return {
+      session_id: sessionId,
+      builder,
+      stats: trajectory.stats,
+      traces: trajectory.traces.map((t, i) => ({
+        index: i,
+        finish_reason: t.finish_reason,
+        prompt_text: decode(t.prompt_ids),
+        segments: segments(t, decode).map((seg) => ({ trainable: seg.trainable, tokens: seg.ids.length, text: seg.text })),
+      })),
+    };
+  }
+  const st = trajectory.stats;
+  ctx.out(
+    `${s.bold(`session ${sessionId}`)} · ${builder} · ${st.traces} trace(s) from ${st.records} record(s) · ${st.trainable_tokens}/${st.response_tokens} response tokens trainable · weights ${st.weight_versions.map((v) => v ?? "–").join(", ") || "–"}`,
+  );
+  for (const b of st.breaks) ctx.out(s.yellow(`  break: record ${b.record_id} started a new trace (${b.reason}): ${b.detail}`));
+  ctx.out(
+    s.enabled
+      ? `${s.gray("legend:")} ${s.green("trainable")} (loss_mask 1) · ${s.dim("masked")} (loss_mask 0)`
+      : decode
+        ? "legend: trainable text (loss_mask 1) as is; masked text (loss_mask 0) [[in double brackets]]"
+        : "legend: trainable ids (loss_mask 1) as is; masked ids (loss_mask 0) [in brackets]",
+  );
+  trajectory.traces.forEach((t, i) => {
+    const trainable = t.loss_mask.reduce<number>((a, m) => a + m, 0);
+    ctx.out("");
+    ctx.out(s.bold(`── trace ${i} · prompt ${t.prompt_ids.length} tokens · response ${t.response_ids.length} tokens (${trainable} trainable) · finish ${t.finish_reason} ──`));
+    if (decode) {
+      if (o.prompt) {
+        ctx.out(s.gray("prompt:"));
+        ctx.out(s.enabled ? s.dim(decode(t.prompt_ids)) : `[[${decode(t.prompt_ids)}]]`);
+        ctx.out(s.gray("response:"));
+      }
+      ctx.out(renderSegments(segments(t, decode), s));
+    } else {
+      ctx.out(renderIds(t, s, o.maxIds));
+    }
+  });
+  return undefined;
+}

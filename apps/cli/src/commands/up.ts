@@ -16,8 +16,10 @@ export const upCommand: CommandSpec<Context> = {
   summary: "run the all-in-one local cluster (engine-sim + gateway + worker on Redis) until Ctrl-C",
   description: `Runs the all-in-one local cluster in the foreground: engine-sim (unless --engines names real
 engines), the gateway and a worker, on the Redis at --redis-url (or 127.0.0.1:6379, or a private
-redis-server it starts itself). Prints "rollgate ready: <url>" when every part is up; the apps'
-logs go to stderr. Ctrl-C stops everything. Same as \`npm start\`.`,
+redis-server it starts itself). Prints each engine's state, a WARNING naming every engine that
+does not answer (repeated while it lasts: tasks submitted meanwhile wait in the queue), and
+"rollgate ready: <url>" once every part is up and every engine can serve; the apps' logs go to
+stderr. Ctrl-C (or SIGTERM, also of npx) stops everything. Same as \`npm start\`.`,
   args: [],
   options: [
     { name: "port", short: "p", type: "string", value: "<port>", env: "PORT", default: "8080", description: "gateway port (0 picks a free one)" },
@@ -50,7 +52,11 @@ logs go to stderr. Ctrl-C stops everything. Same as \`npm start\`.`,
     const child = spawn(process.execPath, [main], { env, stdio: ["ignore", "pipe", "inherit"] });
     readline.createInterface({ input: child.stdout! }).on("line", (line) => {
       const m = /^rollgate ready: (\S+)/.exec(line);
-      if (!m) return ctx.out(line);
+      if (!m) {
+        // Each engine's state, and loud warnings while one cannot serve.
+        if (ctx.json) return ctx.printJson({ ready: false, message: line }, true);
+        return ctx.out(line.startsWith("WARNING") ? ctx.style.bold(ctx.style.red(line)) : line);
+      }
       const url = m[1]!;
       if (ctx.json) {
         ctx.printJson({ ready: true, url, dashboard: `${url}/dashboard` }, true);
@@ -65,6 +71,16 @@ logs go to stderr. Ctrl-C stops everything. Same as \`npm start\`.`,
     const forward = (sig: NodeJS.Signals) => () => child.kill(sig);
     process.on("SIGINT", forward("SIGINT"));
     process.on("SIGTERM", forward("SIGTERM"));
+    process.on("SIGHUP", forward("SIGTERM"));
+    // Launched through npx (npm, then a shell), a SIGTERM may stop the launcher without reaching
+    // us: when our parent is gone, stop the cluster as if told to.
+    const parent = process.ppid;
+    const orphaned = setInterval(() => {
+      if (process.ppid === parent) return;
+      clearInterval(orphaned);
+      child.kill("SIGTERM");
+    }, 500);
+    orphaned.unref();
     return new Promise((resolve) => {
       child.on("error", (err) => {
         ctx.err(`rollgate up: cannot start the cluster: ${err.message}`);

@@ -72,6 +72,8 @@ export class ChatCaller {
       observe?: (record: CompletionRecord, call: PreparedCall) => void;
       /** ROLLGATE_CONTINUATION (default auto): when a call continues a recorded one token-in. */
       continuation?: ContinuationMode;
+      /** Told of a Redis write that failed and was given up (metrics). */
+      countError?: (what: string) => void;
     },
   ) {}
 
@@ -333,12 +335,20 @@ export class ChatCaller {
     return result;
   }
 
-  /** An engine failure leaves a note on the session (the trajectory's stats list it); a client that left does not. */
+  /**
+   * An engine failure leaves a note on the session (the trajectory's stats list it); a client that
+   * left does not. The note is a detail: a write that fails is logged and counted, and the agent
+   * still gets the engine's error (whether the call is lost is decided where it is answered).
+   */
   private async noteFailure(call: PreparedCall, err: unknown): Promise<void> {
     if (!(err instanceof EngineError)) return;
-    await this.deps.sessions
-      .appendFailure(call.session.id, { seq: call.seq, at: new Date().toISOString(), kind: err.kind, message: err.message, dp_rank: call.target.dpRank })
-      .catch(() => undefined);
+    const failure = { seq: call.seq, at: new Date().toISOString(), kind: err.kind, message: err.message, dp_rank: call.target.dpRank };
+    try {
+      await this.deps.sessions.appendFailure(call.session.id, failure);
+    } catch (writeErr) {
+      this.deps.countError?.("failed_call_note");
+      this.deps.log.warn({ session_id: call.session.id, seq: call.seq, failure, err: (writeErr as Error).message }, "cannot note a failed engine call on its session");
+    }
   }
 
   private async record(call: PreparedCall, result: EngineResult): Promise<void> {

@@ -61,6 +61,8 @@ export class GatewayMetrics {
   private readonly pauseCuts: Counter<"engine" | "dp_rank">;
   private readonly httpRequests: Counter<"method" | "route" | "status_code">;
   private readonly refreshErrors: Counter<"source">;
+  private readonly lostCalls: Counter<"kind">;
+  private readonly storeErrors: Counter<"what">;
 
   private readonly queueJobs: Gauge<"queue" | "state">;
   private readonly queueOldest: Gauge<"queue">;
@@ -125,6 +127,19 @@ export class GatewayMetrics {
       registers,
     });
 
+    this.lostCalls = new Counter({
+      name: "rollgate_lost_calls_total",
+      help: "Agent calls lost to infrastructure (engine unreachable or 5xx, Redis away, gateway errors), by failure kind: their rollouts are not scored.",
+      labelNames: ["kind"],
+      registers,
+    });
+    this.storeErrors = new Counter({
+      name: "rollgate_store_errors_total",
+      help: "Writes to Redis that failed and were given up (logged with their context), by what was being written.",
+      labelNames: ["what"],
+      registers,
+    });
+
     this.queueJobs = new Gauge({ name: "rollgate_queue_jobs", help: "BullMQ jobs by queue and state.", labelNames: ["queue", "state"], registers });
     this.queueOldest = new Gauge({
       name: "rollgate_queue_oldest_waiting_age_seconds",
@@ -175,6 +190,16 @@ export class GatewayMetrics {
       scope.protocol = record.protocol;
     }
   };
+
+  /** An agent call lost to infrastructure (its session is marked). */
+  lostCall(kind: string): void {
+    this.lostCalls.inc({ kind });
+  }
+
+  /** A Redis write that failed and was given up. */
+  storeError(what: string): void {
+    this.storeErrors.inc({ what });
+  }
 
   /** One answered HTTP request; for an agent request that recorded calls, its gateway overhead too. */
   observeRequest(method: string, route: string, statusCode: number, totalMs: number, scope: RequestScope | undefined): void {

@@ -4,6 +4,7 @@ import {
   CreateSessionRequest,
   CreateSessionResponse,
   ErrorBody,
+  Readiness,
   Session,
   Task,
   TaskAccepted,
@@ -128,6 +129,7 @@ const OUTPUT_SCHEMAS: Record<string, z.ZodType> = {
   InferenceWeightsAnswer,
   EngineLoad,
   EnginesAnswer,
+  Readiness,
 };
 
 type Json = Record<string, unknown>;
@@ -468,8 +470,9 @@ function buildPaths(): Json {
     "/readyz": {
       get: {
         tags: ["operations"],
-        summary: "Readiness (Redis answers)",
-        responses: { "200": { description: "ready", content: json(OPEN_OBJECT) }, "503": { description: "not ready", content: json(OPEN_OBJECT) } },
+        summary: "Readiness: Redis answers and every engine has a rank that answers and a known model",
+        description: "503 until then, with the reason per engine. Workers take no tasks while it is 503 (the queue holds them).",
+        responses: { "200": { description: "ready", content: json(ref("Readiness")) }, "503": { description: "not ready, and why", content: json(ref("Readiness")) } },
       },
     },
     "/metrics": {

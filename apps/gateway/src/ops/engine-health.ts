@@ -1,3 +1,4 @@
+import type { EngineReadiness } from "@rollgate/protocol";
 import { parseRankMember, type RankRouter } from "@rollgate/store";
 import type { Logger } from "pino";
 import type { EngineRegistry } from "../engines/registry.js";
@@ -5,6 +6,8 @@ import { probeRank } from "./engine-control.js";
 
 /** How many recent calls per rank the latency figures are taken over. */
 const RECENT_CALLS = 100;
+/** While some engine is not ready, how often its ranks are probed (whatever the health interval). */
+const READINESS_PROBE_MS = 1_000;
 
 export interface RankHealth {
   member: string;
@@ -28,6 +31,11 @@ export class EngineHealth {
   private readonly recent = new Map<string, number[]>();
   /** Ranks down fleet-wide (the shared Redis set, refreshed every round). */
   private down = new Set<string>();
+  /** Ranks that have answered a probe since start: until then a rank cannot make its engine ready. */
+  private readonly answered = new Set<string>();
+  /** Each engine's served model once read, or why it could not be. */
+  private readonly models = new Map<number, { model: string | null; error: string | null }>();
+  private readinessTimer: NodeJS.Timeout | null = null;
 
   constructor(
     private readonly registry: EngineRegistry,
@@ -47,18 +55,71 @@ export class EngineHealth {
     }
   }
 
+  /**
+   * Periodic probes every `intervalS` (0: none), which drain failing ranks; and, whatever the
+   * interval, readiness probes every second while some engine is not ready (they never drain: a
+   * rank that has not answered yet is not a rank that failed).
+   */
   start(intervalS: number): void {
-    if (intervalS <= 0) return;
     // A round that fails (Redis unreachable) is logged and the next one tries again: an unhandled
     // rejection here would take the whole gateway down during a Redis restart.
-    this.timer = setInterval(() => {
-      this.checkAll().catch((err: Error) => this.log.warn({ err: err.message }, "engine health round failed"));
-    }, intervalS * 1000);
-    this.timer.unref();
+    const round = (drain: boolean, only?: string[]) =>
+      this.checkAll({ drain, ...(only ? { only } : {}) }).catch((err: Error) => this.log.warn({ err: err.message }, "engine health round failed"));
+    if (intervalS > 0) {
+      this.timer = setInterval(() => void round(true), intervalS * 1000);
+      this.timer.unref();
+    }
+    void round(false);
+    this.readinessTimer = setInterval(() => {
+      const targets = this.readinessTargets();
+      if (targets.length > 0) void round(false, targets);
+    }, READINESS_PROBE_MS);
+    this.readinessTimer.unref();
+  }
+
+  /** Ranks a readiness probe is for: those that never answered, and every rank of an engine that is not ready. */
+  private readinessTargets(): string[] {
+    const notReady = new Set(this.readiness().filter((e) => !e.ready).map((e) => e.engine));
+    return this.registry.members().filter((m) => !this.answered.has(m) || notReady.has(parseRankMember(m).engine));
   }
 
   stop(): void {
     if (this.timer) clearInterval(this.timer);
+    if (this.readinessTimer) clearInterval(this.readinessTimer);
+  }
+
+  /**
+   * Each engine's readiness: at least one rank that answered a probe and is not drained (here or
+   * fleet-wide), and its served model known.
+   */
+  readiness(): EngineReadiness[] {
+    return this.registry.engines.map((cfg, engine) => {
+      const members = this.registry.members().filter((m) => parseRankMember(m).engine === engine);
+      const healthy = members.filter((m) => this.answered.has(m) && this.state.get(m)?.healthy !== false && !this.down.has(m));
+      const known = cfg.model ? { model: cfg.model, error: null } : (this.models.get(engine) ?? { model: null, error: null });
+      const reasons: string[] = [];
+      if (healthy.length === 0) {
+        const details = members.map((m) => `rank ${parseRankMember(m).dpRank}: ${this.rankProblem(m)}`);
+        reasons.push(`no rank answers (${details.join("; ")})`);
+      }
+      if (!known.model) reasons.push(known.error ? `model unknown: ${known.error}` : "model not read yet");
+      return {
+        engine,
+        kind: cfg.kind,
+        url: cfg.url,
+        ready: reasons.length === 0,
+        model: known.model,
+        ranks: members.length,
+        healthy_ranks: healthy.length,
+        reason: reasons.length ? reasons.join("; ") : null,
+      };
+    });
+  }
+
+  private rankProblem(member: string): string {
+    const h = this.state.get(member);
+    if (this.down.has(member) || h?.healthy === false) return `drained (${h?.detail ?? "marked down"})`;
+    return h?.lastCheck ? h.detail : "not probed yet";
   }
 
   isDown(member: string): boolean {
@@ -92,28 +153,43 @@ export class EngineHealth {
     return { calls: sorted.length, p50_ms: at(0.5), p95_ms: at(0.95) };
   }
 
-  /** One round of probes (also callable directly, e.g. from tests). */
-  async checkAll(): Promise<void> {
+  /**
+   * One round of probes (also callable directly, e.g. from tests), of every rank or of `only`.
+   * `drain: false` (readiness probes) only notes ranks that answer; failures count towards
+   * draining only in periodic rounds.
+   */
+  async checkAll({ drain = true, only }: { drain?: boolean; only?: string[] } = {}): Promise<void> {
     if (this.running || this.paused()) return;
     this.running = true;
     try {
       await Promise.all(
-        this.registry.members().map(async (member) => {
+        (only ?? this.registry.members()).map(async (member) => {
           const { engine, dpRank } = parseRankMember(member);
           const cfg = this.registry.engines[engine]!;
-          const model = await this.registry.servedModel(engine).catch(() => cfg.model ?? "");
+          const model = await this.registry.servedModel(engine).then(
+            (m) => {
+              this.models.set(engine, { model: m, error: null });
+              return m;
+            },
+            (err: Error) => {
+              if (!this.models.get(engine)?.model) this.models.set(engine, { model: null, error: err.message });
+              return cfg.model ?? "";
+            },
+          );
           const probe = await probeRank(this.registry.dispatcher, cfg, model, dpRank);
           const h = this.state.get(member)!;
           h.lastCheck = new Date().toISOString();
           h.lastLatencyMs = probe.latencyMs;
           h.detail = probe.detail;
           if (probe.ok) {
+            if (!this.answered.has(member)) this.log.info({ rank: member, model }, "engine rank answers");
+            this.answered.add(member);
             if (!h.healthy) this.log.warn({ rank: member }, "engine rank healthy again");
             h.consecutiveFailures = 0;
             h.healthy = true;
             await this.router.setDown(member, false);
             if (this.down.delete(member)) await this.announce(member, false);
-          } else {
+          } else if (drain) {
             h.consecutiveFailures++;
             if (h.consecutiveFailures >= this.failures && h.healthy) {
               h.healthy = false;

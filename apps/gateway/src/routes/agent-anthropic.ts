@@ -14,6 +14,7 @@ import {
   AGENT_BODY_LIMIT,
   authorizeSession,
   clientAbortSignal,
+  agentFailure,
   failureOf,
   isAuthFailure,
   startSse,
@@ -71,7 +72,11 @@ async function authorizeAndParse(
 /** The Anthropic Messages routes of one session: `/s/:sid/v1/messages` (+ `count_tokens`). */
 export function anthropicAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
   return async (app) => {
-    app.setErrorHandler((err, _req, reply) => sendAnthropicError(reply, err));
+    // Every failure answered here is checked for a lost call first (agentFailure).
+    app.setErrorHandler(async (err, req, reply) => {
+      await agentFailure(ctx, req, reply, err);
+      return sendAnthropicError(reply, err);
+    });
 
     // Claude Code (2.1.1xx) probes `HEAD <ANTHROPIC_BASE_URL>` without credentials before its first
     // call. Answer that the gateway is there: an empty 200 for any session id (no auth, so it says
@@ -111,7 +116,7 @@ export function anthropicAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
         write(encoder.end());
       } catch (err) {
         req.log.warn({ err }, "stream failed");
-        const f = failureOf(err);
+        const f = await agentFailure(ctx, req, reply, err);
         write(encoder.error(f.status, f.message));
       }
       reply.raw.end();

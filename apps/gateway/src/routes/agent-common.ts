@@ -1,11 +1,14 @@
 import type { Session } from "@rollgate/protocol";
-import { tokenMatches } from "@rollgate/store";
+import { hashToken, tokenMatches } from "@rollgate/store";
+import { issuesMessage } from "@rollgate/protocol";
 import type { FastifyReply, FastifyRequest } from "fastify";
+import { ZodError } from "zod";
 import { sessionToken } from "../auth.js";
 import type { GatewayContext } from "../context.js";
 import { EngineError } from "../engines/errors.js";
 import { isStorageUnavailable } from "../errors.js";
 import { CallRejected } from "../llm/chat-call.js";
+import { lostCallOf, type AgentFailure } from "../llm/lost-calls.js";
 
 /**
  * What every agent-facing route shares, whatever its protocol: session authentication, the
@@ -24,6 +27,10 @@ export interface AuthorizedSession {
 
 export type AuthFailure = { status: 401 | 403; kind: "invalid_token" | "session_closed"; message: string };
 
+/** Requests whose session token was checked, and the token every other agent request presented. */
+const authorized = new WeakSet<FastifyRequest>();
+const presented = new WeakMap<FastifyRequest, string>();
+
 /** Checks the session token (Bearer, x-api-key, x-goog-api-key, or `extraToken` such as Gemini's ?key=). */
 export async function authorizeSession(
   ctx: GatewayContext,
@@ -32,6 +39,7 @@ export async function authorizeSession(
   extraToken?: string,
 ): Promise<AuthorizedSession | AuthFailure> {
   const token = sessionToken(req) ?? extraToken;
+  if (token) presented.set(req, token);
   const found = token ? await ctx.sessions.getForCall(sid) : null;
   if (!token || !found || !tokenMatches(token, found.tokenHash)) {
     // One answer for an unknown session and a wrong token: a sandbox learns nothing of others.
@@ -39,6 +47,7 @@ export async function authorizeSession(
   }
   if (found.session.state !== "open") return { status: 403, kind: "session_closed", message: `session ${sid} is closed` };
   // Over ROLLGATE_SESSION_RATE: throws a 429 the route renders in its protocol (with retry-after).
+  authorized.add(req);
   if (ctx.rateLimit?.enabled) await ctx.rateLimit.check(req, sid);
   return found;
 }
@@ -64,7 +73,8 @@ export function startSse(reply: FastifyReply): (frame: string) => void {
 }
 
 /** A failure's HTTP status and a short machine kind, for any protocol's error shape. */
-export function failureOf(err: unknown): { status: number; kind: string; message: string } {
+export function failureOf(err: unknown): AgentFailure {
+  if (err instanceof ZodError) return { status: 400, kind: "invalid_request", message: issuesMessage(err) };
   if (err instanceof CallRejected) return { status: err.status, kind: err.code, message: err.message };
   if (err instanceof EngineError) return { status: err.status, kind: `engine_${err.kind}`, message: err.message };
   // Redis away: 503, so the agent's SDK retries (they retry 5xx) instead of seeing a bug.
@@ -72,4 +82,27 @@ export function failureOf(err: unknown): { status: number; kind: string; message
   const e = err as { statusCode?: number; code?: string; message?: string };
   const status = e.statusCode && e.statusCode >= 400 && e.statusCode < 600 ? e.statusCode : 500;
   return { status, kind: e.code ?? "internal_error", message: status >= 500 ? "internal error" : (e.message ?? "error") };
+}
+
+/**
+ * The failure an agent is about to be answered, after marking its session when the call is lost
+ * to infrastructure (lost-calls.ts). Not when the agent itself went away. A call whose token could
+ * not be checked (Redis away before authentication) is marked only on the session that token is
+ * for, once Redis can tell.
+ */
+export async function agentFailure(ctx: GatewayContext, req: FastifyRequest, reply: FastifyReply, err: unknown): Promise<AgentFailure> {
+  const failure = failureOf(err);
+  const sid = (req.params as { sid?: unknown } | undefined)?.sid;
+  // The agent hung up (its own timeout, or it gave up): nothing to mark, nobody to answer.
+  const agentLeft = reply.raw.destroyed || req.raw.socket?.destroyed === true;
+  if (typeof sid !== "string" || agentLeft) return failure;
+  const lost = lostCallOf(err, failure, new Date());
+  if (!lost) return failure;
+  if (authorized.has(req)) {
+    await ctx.lostCalls.note(sid, lost, null);
+  } else {
+    const token = presented.get(req);
+    if (token && isStorageUnavailable(err)) await ctx.lostCalls.note(sid, lost, hashToken(token));
+  }
+  return failure;
 }

@@ -16,6 +16,7 @@ import {
   AGENT_BODY_LIMIT,
   authorizeSession,
   clientAbortSignal,
+  agentFailure,
   failureOf,
   isAuthFailure,
   startSse,
@@ -77,7 +78,11 @@ function startJsonStream(reply: FastifyReply): (frame: string) => void {
 
 export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
   return async (app) => {
-    app.setErrorHandler((err, _req, reply) => sendGeminiError(reply, err));
+    // Every failure answered here is checked for a lost call first (agentFailure).
+    app.setErrorHandler(async (err, req, reply) => {
+      await agentFailure(ctx, req, reply, err);
+      return sendGeminiError(reply, err);
+    });
 
     const authorize = (req: FastifyRequest<{ Params: { sid: string }; Querystring: Query }>) =>
       authorizeSession(ctx, req, req.params.sid, typeof req.query.key === "string" ? req.query.key : undefined);
@@ -150,7 +155,7 @@ export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
         for (const chunk of encoder.end()) send(chunk);
       } catch (err) {
         req.log.warn({ err }, "stream failed");
-        const f = failureOf(err);
+        const f = await agentFailure(ctx, req, reply, err);
         send(geminiError(f.status, f.message, f.kind));
       }
       reply.raw.end(geminiStreamClose(mode));

@@ -7,7 +7,7 @@ import {
   AGENT_BODY_LIMIT,
   authorizeSession,
   clientAbortSignal,
-  failureOf,
+  agentFailure,
   isAuthFailure,
   startSse,
 } from "./agent-common.js";
@@ -15,7 +15,11 @@ import {
 /** The OpenAI Chat Completions routes of one session: `/s/:sid/v1/…`. */
 export function openAIAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
   return async (app) => {
-    app.setErrorHandler((err, _req, reply) => sendOpenAIError(reply, err));
+    // Every failure answered here is checked for a lost call first (agentFailure).
+    app.setErrorHandler(async (err, req, reply) => {
+      await agentFailure(ctx, req, reply, err);
+      return sendOpenAIError(reply, err);
+    });
 
     app.get<{ Params: { sid: string } }>("/s/:sid/v1/models", async (req, reply) => {
       const auth = await authorizeSession(ctx, req, req.params.sid);
@@ -51,7 +55,7 @@ export function openAIAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
         }
       } catch (err) {
         req.log.warn({ err }, "stream failed");
-        const f = failureOf(err);
+        const f = await agentFailure(ctx, req, reply, err);
         send(openAIError(f.message, openAIErrorType(f.status), f.kind));
       }
       reply.raw.end("data: [DONE]\n\n");

@@ -13,7 +13,7 @@ import {
   AGENT_BODY_LIMIT,
   authorizeSession,
   clientAbortSignal,
-  failureOf,
+  agentFailure,
   isAuthFailure,
   startSse,
 } from "./agent-common.js";
@@ -21,7 +21,11 @@ import {
 /** The OpenAI Responses route of one session: `POST /s/:sid/v1/responses` (streaming and not). */
 export function responsesAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
   return async (app) => {
-    app.setErrorHandler((err, _req, reply) => sendOpenAIError(reply, err));
+    // Every failure answered here is checked for a lost call first (agentFailure).
+    app.setErrorHandler(async (err, req, reply) => {
+      await agentFailure(ctx, req, reply, err);
+      return sendOpenAIError(reply, err);
+    });
 
     app.post<{ Params: { sid: string } }>("/s/:sid/v1/responses", { bodyLimit: AGENT_BODY_LIMIT }, async (req, reply) => {
       const auth = await authorizeSession(ctx, req, req.params.sid);
@@ -54,7 +58,7 @@ export function responsesAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
         send(encoder.end());
       } catch (err) {
         req.log.warn({ err }, "stream failed");
-        const f = failureOf(err);
+        const f = await agentFailure(ctx, req, reply, err);
         send(encoder.fail({ code: f.kind, message: f.message }));
       }
       reply.raw.end();

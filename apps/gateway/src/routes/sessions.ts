@@ -46,9 +46,16 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       return reply.code(201).send(response);
     });
 
+    // The session with the lost-call marks this replica still holds for it (Redis was away when
+    // they were made), so a reader never sees a rollout as clean while a mark is on its way.
+    const current = async (id: string) => {
+      const found = await ctx.sessions.getForCall(id);
+      return found ? ctx.lostCalls.withHeld(found.session, found.tokenHash) : null;
+    };
+
     app.get("/v1/sessions/:id", async (req, reply) => {
       const { id } = IdParams.parse(req.params);
-      const session = await ctx.sessions.get(id);
+      const session = await current(id);
       if (!session) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
       return session;
     });
@@ -56,8 +63,10 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
     app.post("/v1/sessions/:id/close", async (req, reply) => {
       const { id } = IdParams.parse(req.params);
       if (!(await ctx.sessions.get(id))) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
+      // Held lost-call marks are written before the session closes: a closed session's marks are final.
+      await ctx.lostCalls.flush(id);
       await ctx.sessions.close(id, new Date());
-      return ctx.sessions.get(id);
+      return current(id);
     });
 
     app.delete("/v1/sessions/:id", async (req, reply) => {

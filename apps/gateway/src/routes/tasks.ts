@@ -11,8 +11,8 @@ const TERMINAL = new Set<TaskStatus>(["completed", "failed", "timed_out", "cance
 const EVENT_POLL_MS = 250;
 const HEARTBEAT_MS = 15_000;
 
-/** A task that was cancelled before any worker started it. */
-function cancelledBeforeStart(task: AcceptedTask, createdAt: string, reason: string, now: Date): TaskResult {
+/** A task cancelled while no worker runs it: before its first attempt, or waiting for a retry (`attempts` ran). */
+function cancelledBeforeStart(task: AcceptedTask, createdAt: string, reason: string, now: Date, attempts = 0): TaskResult {
   const waited = Math.max(0, now.getTime() - Date.parse(createdAt));
   return {
     id: task.id,
@@ -25,7 +25,7 @@ function cancelledBeforeStart(task: AcceptedTask, createdAt: string, reason: str
     trajectory: null,
     usage: { llm_calls: 0, prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0 },
     timings: { queued_ms: waited, run_ms: 0, eval_ms: 0, total_ms: waited },
-    attempts: 0,
+    attempts,
     worker: "",
     agent: { exit_code: null, signal: null, log_tail: "" },
     metadata: task.metadata,
@@ -117,7 +117,7 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       if (state !== "active") {
         const task = record.task as AcceptedTask;
         const callback = task.callback ? { state: "pending" as const, delivery_id: randomUUID(), attempts: 0, last_error: null, delivered_at: null } : null;
-        const finished = await ctx.tasks.finish(id, cancelledBeforeStart(task, record.created_at, reason, now), now, 7 * 24 * 3600, callback);
+        const finished = await ctx.tasks.finish(id, cancelledBeforeStart(task, record.created_at, reason, now, record.attempts), now, 7 * 24 * 3600, callback);
         if (finished) {
           // Its callback and its group's are sent by a worker: the job goes back at the head of the
           // queue, and a worker that finds the task ended queues what follows (and nothing else).
