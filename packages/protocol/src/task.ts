@@ -291,6 +291,10 @@ export const TaskListQuery = z.object({
   status: TaskStatus.optional(),
   group_id: z.string().optional(),
   limit: z.coerce.number().int().min(1).max(1000).default(100),
-  cursor: z.string().optional(),
+  /** `next_cursor` of an earlier page: "<created ms>:<task id>". */
+  cursor: z
+    .string()
+    .regex(/^\d{1,16}:\S+$/, 'must be the next_cursor of an earlier page ("<created ms>:<task id>")')
+    .optional(),
 });
 export type TaskListQuery = z.infer<typeof TaskListQuery>;
