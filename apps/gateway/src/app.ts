@@ -94,7 +94,7 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   const admin = new AdminStore(redis, prefix);
   const subscriber = duplicateClient(redis);
   subscriber.on("error", (err: Error) => log.warn({ err: err.message }, "redis subscriber error"));
-  const pause = new PauseGate(admin, subscriber, log, () => weights.get());
+  const pause = new PauseGate(admin, subscriber, log, () => weights.get(), (operation) => metrics.backgroundError(operation));
   await pause.start();
   const health = new EngineHealth(
     registry,

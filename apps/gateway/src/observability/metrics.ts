@@ -61,6 +61,7 @@ export class GatewayMetrics {
   private readonly pauseCuts: Counter<"engine" | "dp_rank">;
   private readonly httpRequests: Counter<"method" | "route" | "status_code">;
   private readonly refreshErrors: Counter<"source">;
+  private readonly backgroundErrors: Counter<"operation">;
 
   private readonly queueJobs: Gauge<"queue" | "state">;
   private readonly queueOldest: Gauge<"queue">;
@@ -125,6 +126,13 @@ export class GatewayMetrics {
       registers,
     });
 
+    this.backgroundErrors = new Counter({
+      name: "rollgate_background_errors_total",
+      help: "Background writes that failed (e.g. report_inflight: this replica's in-flight count for the pause route), each also logged.",
+      labelNames: ["operation"],
+      registers,
+    });
+
     this.queueJobs = new Gauge({ name: "rollgate_queue_jobs", help: "BullMQ jobs by queue and state.", labelNames: ["queue", "state"], registers });
     this.queueOldest = new Gauge({
       name: "rollgate_queue_oldest_waiting_age_seconds",
@@ -177,6 +185,11 @@ export class GatewayMetrics {
   };
 
   /** One answered HTTP request; for an agent request that recorded calls, its gateway overhead too. */
+  /** A background write failed (the caller logged it). */
+  backgroundError(operation: string): void {
+    this.backgroundErrors.inc({ operation });
+  }
+
   observeRequest(method: string, route: string, statusCode: number, totalMs: number, scope: RequestScope | undefined): void {
     this.httpRequests.inc({ method, route, status_code: String(statusCode) });
     if (scope?.protocol) this.overhead.observe({ protocol: scope.protocol }, Math.max(0, totalMs - scope.engineMs) / 1000);
