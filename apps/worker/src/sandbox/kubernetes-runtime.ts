@@ -241,6 +241,8 @@ class PodSandbox implements Sandbox {
   readonly workdir: string;
   readonly home = CONTAINER_HOME;
   readonly tmp = CONTAINER_TMP;
+  /** Pods reach the gateway's session URL themselves (the NetworkPolicy lets them reach nothing else). */
+  readonly sessionUrl = null;
   readonly podName: string;
   readonly secretName: string;
   private token = "";

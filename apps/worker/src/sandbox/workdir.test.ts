@@ -81,16 +81,16 @@ describe("readFileInside", () => {
 describe("LocalRuntime", () => {
   it("fails sandbox creation (SandboxUnavailable, not a retry) for a path that escapes, and leaves no folder", async () => {
     const root = path.join(base, "root");
-    const rt = new LocalRuntime(root);
-    const spec: RuntimeSpec = { kind: "local", files: { "../escape.txt": "x" }, prepare: [], image: null, keep: false, isolation: "none" };
+    const rt = new LocalRuntime({ root });
+    const spec: RuntimeSpec = { kind: "local", files: { "../escape.txt": "x" }, prepare: [], image: null, keep: false, isolation: "none", egress: [] };
     await expect(rt.create("t-esc", spec)).rejects.toThrow(SandboxUnavailable);
     expect(existsSync(path.join(root, "escape.txt"))).toBe(false);
     expect(readdir(root)).toEqual([]);
   });
 
   it("an agent's symlink to a host file reads as absent to evaluators", async () => {
-    const rt = new LocalRuntime(path.join(base, "root2"));
-    const sb = await rt.create("t-link", { kind: "local", files: {}, prepare: [], image: null, keep: false, isolation: "none" });
+    const rt = new LocalRuntime({ root: path.join(base, "root2") });
+    const sb = await rt.create("t-link", { kind: "local", files: {}, prepare: [], image: null, keep: false, isolation: "none", egress: [] });
     try {
       const r = await sb.exec(["ln", "-s", path.join(outside, "secret.txt"), "reward.txt"], { env: { PATH: "/usr/bin:/bin" }, timeoutMs: 10_000 });
       expect(r.exitCode).toBe(0);
