@@ -3,6 +3,7 @@
  * path, not through a symbolic link (a folder link or a file link) left there before; and reading
  * a working-directory file (evaluators) does not follow a link out of it.
  */
+import { spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -101,6 +102,40 @@ describe("LocalRuntime", () => {
       expect(existsSync(path.join(outside, "settings.json"))).toBe(false);
     } finally {
       await sb.destroy();
+    }
+  });
+});
+
+/** Whether this machine lets the test make a file immutable (root on a filesystem with attributes): a removal that really fails. */
+function canMakeImmutable(): boolean {
+  const dir = mkdtempSync("/var/tmp/rg-chattr-");
+  try {
+    writeFileSync(path.join(dir, "f"), "x");
+    const ok = spawnSync("chattr", ["+i", path.join(dir, "f")]).status === 0;
+    if (ok) spawnSync("chattr", ["-i", path.join(dir, "f")]);
+    return ok;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+describe.skipIf(!canMakeImmutable())("LocalRuntime cleanup (needs chattr +i: root on ext4/xfs)", () => {
+  it("a sandbox folder that cannot be removed is logged with its path and counted, not swallowed", async () => {
+    const root = mkdtempSync("/var/tmp/rg-cleanup-");
+    const warnings: { obj: Record<string, unknown>; msg: string }[] = [];
+    const rt = new LocalRuntime({ root, log: { warn: (obj, msg) => warnings.push({ obj: obj as Record<string, unknown>, msg }) } });
+    const sb = await rt.create("t-stuck", { kind: "local", files: { "stuck.txt": "x" }, prepare: [], image: null, keep: false, isolation: "none", egress: [] });
+    const stuck = path.join(sb.workdir, "stuck.txt");
+    expect(spawnSync("chattr", ["+i", stuck]).status).toBe(0);
+    try {
+      await sb.destroy();
+      expect(rt.cleanupFailures).toBe(1);
+      expect(warnings).toEqual([
+        { msg: "cannot remove a sandbox's leftovers", obj: expect.objectContaining({ what: "sandbox folder", path: sb.describe(), cleanup_failures: 1, err: expect.stringMatching(/stuck\.txt|EPERM|not permitted/) }) },
+      ]);
+    } finally {
+      spawnSync("chattr", ["-i", stuck]);
+      rmSync(root, { recursive: true, force: true });
     }
   });
 });
