@@ -132,6 +132,7 @@ if (env.ROLLGATE_RUNTIMES.includes("kubernetes")) {
     namespace: env.ROLLGATE_K8S_NAMESPACE,
     maxPods: env.ROLLGATE_K8S_MAX_PODS ?? env.ROLLGATE_WORKER_CONCURRENCY,
     startTimeoutMs: env.ROLLGATE_K8S_START_TIMEOUT_S * 1000,
+    egressDeny: sandboxEgressDeny,
     workerName: name,
     workerPath: sandboxPath,
     log,
