@@ -182,6 +182,17 @@ describe.skipIf(!sealable)(`a hostile agent in a sealed local sandbox${sealable 
     // Both sandboxes and both relays are gone.
     await poll(async () => readdirSync(sandboxRoot), (l) => l.length === 0, 10_000, 200);
   }, 120_000);
+
+  it("an unmodified SDK agent (the example ReAct agent on the openai SDK) does its task in a sealed sandbox, with a token-exact trajectory", async () => {
+    const task = JSON.parse(readFileSync(path.join(REPO_ROOT, "examples/react-agent/task.json"), "utf8")) as Record<string, unknown>;
+    const id = await submit(gateway.ready, { ...task, runtime: { isolation: "bwrap" } });
+    const r = await terminal(gateway.ready, id);
+    expect(r.status, r.result?.agent.log_tail).toBe("completed");
+    expect(r.result!.reward).toBe(1);
+    expect(r.result!.usage.llm_calls).toBe(2);
+    expect(r.result!.trajectory!.traces).toHaveLength(1);
+    expect(r.result!.trajectory!.stats).toMatchObject({ breaks: [] });
+  }, 60_000);
 });
 
 describe("a worker that cannot seal the network", () => {
