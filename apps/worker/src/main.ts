@@ -49,9 +49,10 @@ Environment:
   DOCKER_HOST                  docker runtime: the engine (default unix:///var/run/docker.sock; tcp://host:port)
   ROLLGATE_DOCKER_NETWORK      docker runtime: network of runtime.network "host" containers (default bridge);
                                sealed ones (the default) get an internal network of their own
-  ROLLGATE_DOCKER_RELAY_CONTAINER docker runtime: this worker's own container, when it runs in one: it joins
-                               each sealed sandbox's network to serve its relay (default: the worker runs
-                               on the Docker host and serves it on the network's gateway address)
+  ROLLGATE_DOCKER_RELAY_CONTAINER docker runtime: this worker's own container (name, id, or "self"), when it
+                               runs in one: it joins each sealed sandbox's network to serve its relay
+                               (default: the worker runs on the Docker host and serves it on the
+                               network's gateway address)
   ROLLGATE_K8S_NAMESPACE       kubernetes runtime: namespace of sandbox pods (default rollgate-sandboxes)
   ROLLGATE_K8S_MAX_PODS        kubernetes runtime: pods at once per worker (default: the concurrency)
   ROLLGATE_K8S_START_TIMEOUT_S kubernetes runtime: how long a pod may take to run (default 300)
@@ -117,7 +118,8 @@ if (env.ROLLGATE_RUNTIMES.includes("docker")) {
   runtimes.docker = new DockerRuntime({
     docker: dockerFromHost(env.DOCKER_HOST),
     defaultNetwork: env.ROLLGATE_DOCKER_NETWORK,
-    ...(env.ROLLGATE_DOCKER_RELAY_CONTAINER ? { relayContainer: env.ROLLGATE_DOCKER_RELAY_CONTAINER } : {}),
+    // "self": this worker's own container, whose id Docker makes its hostname.
+    ...(env.ROLLGATE_DOCKER_RELAY_CONTAINER ? { relayContainer: env.ROLLGATE_DOCKER_RELAY_CONTAINER === "self" ? os.hostname() : env.ROLLGATE_DOCKER_RELAY_CONTAINER } : {}),
     egressDeny: sandboxEgressDeny,
     workerName: name,
     workerPath: sandboxPath,

@@ -153,7 +153,7 @@ export const WorkerEnv = z.object({
   /** The Docker network of `runtime.network: "host"` containers (it must reach ROLLGATE_PUBLIC_URL); sealed ones get a network of their own. */
   ROLLGATE_DOCKER_NETWORK: z.string().min(1).default("bridge"),
   /**
-   * The worker's own container (name or id), when the worker runs in a container on the Docker
+   * The worker's own container (name, id, or `self`: its hostname, which Docker makes the container id), when the worker runs in a container on the Docker
    * engine it drives: it joins each sealed sandbox's network and serves the sandbox's relay
    * there. Unset: the relay listens on the sandbox network's gateway address (the worker runs on the Docker host).
    */
