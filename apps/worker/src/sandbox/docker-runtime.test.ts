@@ -375,6 +375,15 @@ describe("docker runtime: the sealed network (the default)", () => {
     expect([...engine.networks.keys()]).toEqual(["bridge", "rollgate-sandbox"]);
   });
 
+  it("a worker that is not on the Docker host (the relay's address is not its own) fails the sandbox with the reason, leaving nothing", async () => {
+    engine.networkGateway = "192.0.2.1";
+    const err = await rt.create("t-remote", sealed(), { session: session() }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(SandboxUnavailable);
+    expect((err as Error).message).toMatch(/cannot listen on 192\.0\.2\.1 .*ROLLGATE_DOCKER_RELAY_CONTAINER/);
+    expect([...engine.networks.keys()]).toEqual(["bridge", "rollgate-sandbox"]);
+    expect(engine.containers.size).toBe(0);
+  });
+
   it("the start-up sweep removes this worker's leftover sandbox networks too", async () => {
     const sb = await rt.create("t-left", sealed(), { session: session() });
     const netName = [...engine.networks.keys()].find((n) => n.startsWith("rollgate-t-left-"))!;

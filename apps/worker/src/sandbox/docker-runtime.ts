@@ -172,7 +172,15 @@ export class DockerRuntime implements SandboxRuntime {
           ...(this.o.log ? { log: this.o.log } : {}),
         },
         { host: address, port: 0 },
-      );
+      ).catch((err: NodeJS.ErrnoException) => {
+        // Not an address of this machine: the worker is not where the relay must be. Retrying will not help.
+        if (err.code === "EADDRNOTAVAIL") {
+          throw new SandboxUnavailable(
+            `the sandbox relay cannot listen on ${address} (network ${name}): a worker outside a container must run on the Docker host; one in a container needs ROLLGATE_DOCKER_RELAY_CONTAINER`,
+          );
+        }
+        throw err;
+      });
       net.url = `http://${address}:${net.relay.port}`;
       return net;
     } catch (err) {
