@@ -18,9 +18,9 @@ import {
   stepResult,
   watchStep,
 } from "./container-common.js";
-import { SandboxUnavailable, egressProxyEnv } from "./local-runtime.js";
+import { SandboxUnavailable } from "./local-runtime.js";
 import type { RunResult } from "./process.js";
-import { SessionRelay } from "./relay.js";
+import { SessionRelay, egressProxyEnv } from "./relay.js";
 import type { CreateOptions, ExecOptions, Sandbox, SandboxRuntime } from "./runtime.js";
 import { type TarEntry, buildTar, readTar } from "./tar.js";
 

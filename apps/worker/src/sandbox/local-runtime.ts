@@ -7,7 +7,7 @@ import { CANNOT_START } from "./container-common.js";
 import { type BwrapSupport, RELAY_SHIM, RELAY_SOCKET, SANDBOX_GATEWAY_PORT, bwrapArgv, hostMountArgs, probeBwrap } from "./isolation.js";
 import { type RunResult, runProcess } from "./process.js";
 import { RELAY_SHIM_SOURCE } from "./relay-shim.js";
-import { SessionRelay } from "./relay.js";
+import { SessionRelay, egressProxyEnv } from "./relay.js";
 import type { CreateOptions, ExecOptions, Sandbox, SandboxRuntime } from "./runtime.js";
 import { PathEscape, type SandboxDirs, makeSandboxDirs, readFileInside, removeSandboxDirs, writeFilesInside } from "./workdir.js";
 
@@ -28,12 +28,6 @@ export interface LocalRuntimeOptions {
   /** Destinations no sealed sandbox reaches whatever its `runtime.egress` (the worker's infrastructure, ROLLGATE_SANDBOX_EGRESS_DENY). */
   egressDeny?: string[];
   log?: Log;
-}
-
-/** The proxy variables a sealed sandbox with `runtime.egress` gets: HTTP(S) goes through its relay, the gateway directly. */
-export function egressProxyEnv(proxyUrl: string): Record<string, string> {
-  const noProxy = "127.0.0.1,localhost";
-  return { HTTP_PROXY: proxyUrl, HTTPS_PROXY: proxyUrl, http_proxy: proxyUrl, https_proxy: proxyUrl, NO_PROXY: noProxy, no_proxy: noProxy };
 }
 
 /**

@@ -6,7 +6,7 @@
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { SessionRelay, sessionSubpath } from "./relay.js";
+import { SessionRelay, egressProxyEnv, sessionSubpath } from "./relay.js";
 
 describe("sessionSubpath", () => {
   it.each([
@@ -32,6 +32,20 @@ describe("sessionSubpath", () => {
     "",
   ])("%s is not", (url) => {
     expect(sessionSubpath(url, "s-1")).toBeNull();
+  });
+});
+
+describe("egressProxyEnv", () => {
+  it("sends HTTP(S) through the relay but the relay's own address (the session URL) direct", () => {
+    expect(egressProxyEnv("http://172.20.0.1:40123")).toEqual({
+      HTTP_PROXY: "http://172.20.0.1:40123",
+      HTTPS_PROXY: "http://172.20.0.1:40123",
+      http_proxy: "http://172.20.0.1:40123",
+      https_proxy: "http://172.20.0.1:40123",
+      NO_PROXY: "127.0.0.1,localhost,172.20.0.1",
+      no_proxy: "127.0.0.1,localhost,172.20.0.1",
+    });
+    expect(egressProxyEnv("http://127.0.0.1:47811").NO_PROXY).toBe("127.0.0.1,localhost");
   });
 });
 

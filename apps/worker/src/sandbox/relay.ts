@@ -89,6 +89,15 @@ export function sessionSubpath(rawUrl: string, sessionId: string): { path: strin
   return { path: u.pathname.slice(prefix.length), search: u.search };
 }
 
+/**
+ * The proxy variables a sealed sandbox with `runtime.egress` gets: HTTP(S) goes through its
+ * relay; the relay's own host (the session's URL) and loopback stay direct.
+ */
+export function egressProxyEnv(proxyUrl: string): Record<string, string> {
+  const noProxy = ["127.0.0.1", "localhost", new URL(proxyUrl).hostname].filter((h, i, all) => all.indexOf(h) === i).join(",");
+  return { HTTP_PROXY: proxyUrl, HTTPS_PROXY: proxyUrl, http_proxy: proxyUrl, https_proxy: proxyUrl, NO_PROXY: noProxy, no_proxy: noProxy };
+}
+
 function refuse(res: http.ServerResponse, status: number, message: string) {
   if (res.headersSent) return res.destroy();
   const body = JSON.stringify({ error: { type: "sandbox_network", code: "sandbox_network", message } });
@@ -226,6 +235,7 @@ export class SessionRelay {
       return answer(err instanceof EgressDenied ? "403 Forbidden" : "502 Bad Gateway", (err as Error).message);
     }
     const out = net.connect({ host: dest.address, port: Number(m[2]), family: dest.family });
+    let connected = false;
     this.tunnels.add(socket).add(out);
     const drop = () => {
       socket.destroy();
@@ -234,13 +244,14 @@ export class SessionRelay {
       this.tunnels.delete(out);
     };
     out.once("connect", () => {
+      connected = true;
       this.stats.proxied++;
       socket.write("HTTP/1.1 200 Connection Established\r\n\r\n");
       if (head.length) out.write(head);
       socket.pipe(out).pipe(socket);
     });
     out.once("error", (err) => {
-      if (!socket.writableEnded && out.connecting) answer("502 Bad Gateway", `cannot connect to ${req.url}: ${err.message}`);
+      if (!connected && !socket.writableEnded) socket.end(`HTTP/1.1 502 Bad Gateway\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\ncannot connect to ${req.url}: ${err.message}\n`);
       drop();
     });
     socket.once("close", drop);
