@@ -14,14 +14,15 @@ import { lintDockerfile, parseDockerfile } from "./dockerfile-lint.js";
 
 const read = (p: string) => readFileSync(path.join(REPO_ROOT, p), "utf8");
 
-/** Compose's interpolation: ${VAR}, ${VAR:-default}, ${VAR-default}, $$ → $. */
+/** Compose's interpolation: ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error}, ${VAR?error}, $$ → $. */
 function interpolate(value: unknown, vars: Record<string, string>): unknown {
   if (typeof value === "string") {
     return value
-      .replace(/\$\{(\w+)(?:(:?-)([^}]*))?\}/g, (_m, name: string, op: string | undefined, def: string | undefined) => {
+      .replace(/\$\{(\w+)(?:(:?[-?])([^}]*))?\}/g, (_m, name: string, op: string | undefined, arg: string | undefined) => {
         const v = vars[name];
-        if (op === ":-") return v ? v : (def ?? "");
-        if (op === "-") return v !== undefined ? v : (def ?? "");
+        if (op === ":-") return v ? v : (arg ?? "");
+        if (op === "-") return v !== undefined ? v : (arg ?? "");
+        if ((op === ":?" && !v) || (op === "?" && v === undefined)) throw new Error(`required variable ${name} is missing a value: ${arg}`);
         return v ?? "";
       })
       .replace(/\$\$/g, "$");
@@ -54,7 +55,10 @@ interface Service {
   volumes?: string[];
 }
 
-function compose(vars: Record<string, string> = {}): { services: Record<string, Service>; volumes: Record<string, unknown> } {
+/** A password as README says to make one (hex: URL-safe). */
+const REDIS_PASSWORD = "0123456789abcdef0123456789abcdef";
+
+function compose(vars: Record<string, string> = { REDIS_PASSWORD }): { services: Record<string, Service>; volumes: Record<string, unknown> } {
   return interpolate(parse(read("docker-compose.yml"), { merge: true }), vars) as never;
 }
 
@@ -89,6 +93,19 @@ describe("docker-compose.yml", () => {
     expect(cmd).toContain("--maxmemory-policy noeviction");
     expect(services.redis!.volumes).toContain("redis-data:/data");
     expect(volumes).toHaveProperty("redis-data");
+  });
+
+  it("gives Redis a password: no password-less user, rollgate's ACL user limited to its keys and no dangerous command, and no start without REDIS_PASSWORD", () => {
+    const cmd = services.redis!.command!;
+    const at = cmd.findIndex((a, i) => a === "--user" && cmd[i + 1] === "rollgate");
+    expect(cmd.slice(at)).toEqual(["--user", "rollgate", "on", `>${REDIS_PASSWORD}`, "~rg:*", "~{rg:*", "&rg:*", "+@all", "-@dangerous", "+info", "+client|list"]);
+    const d = cmd.findIndex((a, i) => a === "--user" && cmd[i + 1] === "default");
+    expect(cmd.slice(d, d + 3)).toEqual(["--user", "default", "off"]);
+    // The key prefix the ACL allows is the one the apps use.
+    expect(services["gateway-1"]!.environment!.ROLLGATE_KEY_PREFIX).toBe("rg");
+    expect(services.worker!.environment!.ROLLGATE_KEY_PREFIX).toBe("rg");
+    expect(services.redis!.healthcheck!.test).toEqual(["CMD", "redis-cli", "--no-auth-warning", "--user", "rollgate", "--pass", REDIS_PASSWORD, "ping"]);
+    expect(() => compose({})).toThrow(/REDIS_PASSWORD/);
   });
 
   it("gives every service a health check, and orders start-up on health", () => {
@@ -129,7 +146,7 @@ describe("docker-compose.yml", () => {
       known(GatewayEnv.shape, env, g);
       const parsed = parseEnv(GatewayEnv, env);
       expect(parsed.HOST).toBe("0.0.0.0");
-      expect(parsed.REDIS_URL).toBe("redis://redis:6379");
+      expect(parsed.REDIS_URL).toBe(`redis://rollgate:${REDIS_PASSWORD}@redis:6379`);
       expect(parsed.ROLLGATE_PUBLIC_URL).toBe("http://lb:8080");
       expect(parsed.ROLLGATE_ENGINES).toEqual([{ kind: "vllm", url: "http://engine-sim:8000", dp_size: 4 }]);
       expect(services[g]!.ports, "only the load balancer is published").toBeUndefined();
@@ -137,6 +154,7 @@ describe("docker-compose.yml", () => {
     const worker = services.worker!.environment!;
     known(WorkerEnv.shape, worker, "worker");
     expect(parseEnv(WorkerEnv, worker).ROLLGATE_GATEWAY_URL).toBe("http://lb:8080");
+    expect(parseEnv(WorkerEnv, worker).REDIS_URL).toBe(`redis://rollgate:${REDIS_PASSWORD}@redis:6379`);
     const sim = services["engine-sim"]!.environment!;
     known(EngineSimEnv.shape, sim, "engine-sim");
     parseEnv(EngineSimEnv, sim);
@@ -174,7 +192,7 @@ describe("docker-compose.yml", () => {
 
     const gpuVars = readEnvFile("deploy/gpu.env");
     expect(gpuVars.COMPOSE_PROFILES).toBe("gpu");
-    const gpu = compose(gpuVars);
+    const gpu = compose({ ...gpuVars, REDIS_PASSWORD });
     const engines = parseEnv(GatewayEnv, gpu.services["gateway-1"]!.environment!).ROLLGATE_ENGINES;
     expect(engines).toEqual([{ kind: "vllm", url: "http://vllm:8000", dp_size: Number(gpuVars.VLLM_DP_SIZE) }]);
     expect(gpu.services.vllm!.command).toContain(`--data-parallel-size=${gpuVars.VLLM_DP_SIZE}`);

@@ -5,7 +5,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import { pino, type Logger } from "pino";
 import type { GatewayContext } from "./context.js";
 import { EngineRegistry } from "./engines/registry.js";
-import { MAX_JSON_DEPTH, frameworkErrors, jsonDepthExceeds, notFoundHandler } from "./input-guards.js";
+import { frameworkErrors, lingerAfter413, notFoundHandler, parseJsonBody, queryGuard } from "./input-guards.js";
 import { ChatCaller } from "./llm/chat-call.js";
 import { LostCallLedger } from "./llm/lost-calls.js";
 import { RedactingLogController, SessionTaskCache, redactingLogger, requestChildLogger, rootLoggerOptions } from "./observability/logging.js";
@@ -66,22 +66,20 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
     frameworkErrors,
   });
   app.setNotFoundHandler(notFoundHandler);
-  // JSON bodies: an empty body (a DELETE sent with a JSON content type) is no body, and a
-  // malformed one is a 400 every route renders in its own protocol's error shape.
+  // JSON bodies: an empty body (a DELETE sent with a JSON content type) is no body; a malformed,
+  // too deep or prototype-poisoning one is a 400 every route renders in its protocol's error shape.
   app.removeContentTypeParser("application/json");
   app.addContentTypeParser("application/json", { parseAs: "string" }, (_req, body, done) => {
-    const text = body as string;
-    if (text.trim() === "") return done(null, undefined);
-    // Deeper nesting parses but overflows the stack when the body is serialised again (a 500).
-    if (jsonDepthExceeds(text)) {
-      return done(Object.assign(new Error(`the body nests deeper than ${MAX_JSON_DEPTH} levels`), { statusCode: 400, code: "invalid_json" }), undefined);
-    }
     try {
-      done(null, JSON.parse(text));
+      done(null, parseJsonBody(body as string));
     } catch (err) {
-      done(Object.assign(new Error(`the body is not valid JSON: ${(err as Error).message}`), { statusCode: 400, code: "invalid_json" }), undefined);
+      done(err as Error, undefined);
     }
   });
+  // A query string that is not valid percent-encoding: 400 naming the parameter, on every route.
+  app.addHook("onRequest", queryGuard);
+  // A 413 keeps reading the rest of the body, so the client reads the answer instead of a reset.
+  app.addHook("onSend", lingerAfter413);
   let publicUrl = env.ROLLGATE_PUBLIC_URL?.replace(/\/+$/, "");
   app.addHook("onListen", async () => {
     if (publicUrl) return;
@@ -97,7 +95,7 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   const admin = new AdminStore(redis, prefix);
   const subscriber = duplicateClient(redis);
   subscriber.on("error", (err: Error) => log.warn({ err: err.message }, "redis subscriber error"));
-  const pause = new PauseGate(admin, subscriber, log, () => weights.get());
+  const pause = new PauseGate(admin, subscriber, log, () => weights.get(), (operation) => metrics.backgroundError(operation));
   await pause.start();
   const health = new EngineHealth(
     registry,

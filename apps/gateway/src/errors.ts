@@ -11,8 +11,18 @@ export function validationError(err: ZodError): ErrorBody {
   return errorBody("invalid_request", issuesMessage(err), describeIssues(err));
 }
 
+/** What a body over the limit is told (Fastify's own message names no limit). */
+export const BODY_TOO_LARGE_MESSAGE =
+  "the request body is over this route's size limit (agent routes 64 MiB, POST /v1/tasks/batch 256 MiB, every other route 1 MiB)";
+
+/** Whether an error is Fastify's "body over the limit". */
+export function isBodyTooLarge(err: unknown): boolean {
+  return (err as { code?: unknown })?.code === "FST_ERR_CTP_BODY_TOO_LARGE";
+}
+
 /** Maps Fastify's own errors (bad JSON, body too large, wrong content type) to a status and a sentence. */
 export function fastifyErrorStatus(err: FastifyError): { status: number; message: string } {
+  if (isBodyTooLarge(err)) return { status: 413, message: BODY_TOO_LARGE_MESSAGE };
   const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
   return { status, message: status >= 500 ? "internal error" : err.message };
 }

@@ -318,6 +318,100 @@ describe("fuzzing every public route", () => {
     expect(JSON.parse(ok.body).error.message).toContain("messages");
   }, 120_000);
 
+  it("a query string that is not valid percent-encoding is a 400 naming the parameter, in the caller's shape, on every documented route", async () => {
+    const doc = (await app.inject({ url: "/docs/openapi.json" })).json() as { paths: Record<string, Record<string, unknown>> };
+    const task = await app.inject({ method: "POST", url: "/v1/tasks", payload: taskBody() });
+    const taskId = (task.json() as { id: string }).id;
+    let routes = 0;
+    for (const [p, ops] of Object.entries(doc.paths)) {
+      const url = p
+        .replace("{sid}", sid)
+        .replace(/\{id\}/, p.startsWith("/v1/tasks") ? taskId : sid)
+        .replace(/\{[^}]+\}/g, "m:generateContent");
+      for (const m of Object.keys(ops)) {
+        const method = m.toUpperCase() as "GET" | "POST" | "DELETE";
+        if (method === "DELETE" || url.includes("/admin/inference/pause")) continue; // would change state for later cases
+        const family = (url.startsWith("/s/") ? (url.includes("/v1/messages") ? "anthropic" : url.includes("v1beta") || url.includes(":") ? "gemini" : "openai") : "trainer") as Family;
+        for (const [q, param] of [["?cursor=%ZZ", "cursor"], ["?alt=sse&key=%E0%A4%A", "key"], ["?%zz=1", "%zz"], ["?limit=5&after=%", "after"]] as const) {
+          const res = await send(
+            { method, url: url + q, headers: { authorization: `Bearer ${token}`, "content-type": "application/json" }, ...(method === "POST" ? { payload: "{}" } : {}) },
+            family,
+            `${method} ${p}`,
+            `query ${q}`,
+          );
+          expect(res.status, `${method} ${p}${q}`).toBe(400);
+          expect(JSON.parse(res.body).error.message, `${method} ${p}${q}`).toContain(param);
+        }
+        routes++;
+      }
+    }
+    expect(routes).toBeGreaterThan(20);
+  });
+
+  it("a query value a route cannot use is a 400 naming the parameter (a cursor or event id never reaches Redis)", async () => {
+    const cases: [string, Family, string][] = [
+      ["/v1/tasks?cursor=%ZZ", "trainer", "cursor"],
+      ["/v1/tasks?cursor=not-a-cursor", "trainer", "cursor"],
+      ["/v1/tasks?cursor=12:", "trainer", "cursor"],
+      ["/v1/tasks?limit=0", "trainer", "limit"],
+      ["/v1/tasks?limit=1&limit=2", "trainer", "limit"],
+      ["/v1/tasks?status=bogus", "trainer", "status"],
+      [`/v1/sessions/${sid}/trajectory?builder=nope`, "trainer", "builder"],
+      ["/v1/stats/timeseries?minutes=-1", "trainer", "minutes"],
+      ["/v1/stats/groups?bins=1", "trainer", "bins"],
+    ];
+    for (const [url, family, param] of cases) {
+      const res = await send({ method: "GET", url }, family, url, "bad value");
+      expect(res.status, url).toBe(400);
+      expect(JSON.parse(res.body).error.message, url).toContain(param);
+    }
+    // A real task's event stream with a bad Last-Event-ID: 400 before the stream starts.
+    const id = (await app.inject({ method: "POST", url: "/v1/tasks", payload: taskBody() })).json().id as string;
+    let res = await send({ method: "GET", url: `/v1/tasks/${id}/events`, headers: { "last-event-id": "0-0); flushall" } }, "trainer", "events", "bad Last-Event-ID");
+    expect(res.status).toBe(400);
+    expect(JSON.parse(res.body).error.message).toContain("Last-Event-ID");
+    res = await send({ method: "GET", url: `/v1/tasks/${id}/events?after=garbage` }, "trainer", "events", "bad after");
+    expect(res.status).toBe(400);
+    expect(JSON.parse(res.body).error.message).toContain("after");
+    // A real cursor still pages.
+    const page = (await app.inject({ url: "/v1/tasks?limit=1" })).json() as { next_cursor: string | null };
+    expect(page.next_cursor).toMatch(/^\d+:/);
+    expect((await app.inject({ url: `/v1/tasks?limit=1&cursor=${encodeURIComponent(page.next_cursor!)}` })).statusCode).toBe(200);
+  });
+
+  it("prototype-poisoning keys are refused (400 in the caller's shape) wherever they sit, while the nesting limit holds", async () => {
+    const poisons = [
+      '{"__proto__": {"admin": true}}',
+      '{"constructor": {"prototype": {"admin": true}}}',
+      '{"zz_extra": {"a": [{"__proto__": {"x": 1}}]}}',
+      '{ "__proto__" : null }',
+      '{"\\u005f_proto__": {"x": 1}}',
+    ];
+    for (const route of ROUTES.filter((r) => r.body)) {
+      for (const poison of poisons) {
+        // The poison merged into a valid body (first key), so only the key can be the problem.
+        const valid = JSON.stringify(route.body!());
+        const payload = `{${poison.slice(1, -1)}, ${valid.slice(1)}`;
+        const res = await send(
+          { method: route.method, url: route.url(), headers: { ...(route.agent ? { authorization: `Bearer ${token}` } : {}), "content-type": "application/json" }, payload },
+          route.family,
+          route.name,
+          `poison ${poison}`,
+        );
+        await route.after?.(res.status);
+        expect(res.status, `${route.name} ${poison}`).toBe(400);
+        expect(JSON.parse(res.body).error.message, `${route.name} ${poison}`).toMatch(/__proto__|constructor/);
+      }
+    }
+    expect(({} as Record<string, unknown>).admin).toBeUndefined();
+    // A string that merely says __proto__ is fine; deep nesting is still refused.
+    const ok = await send({ method: "POST", url: `${s()}/v1/chat/completions`, headers: { authorization: `Bearer ${token}` }, payload: { ...chatBody(), messages: [{ role: "user", content: "__proto__ constructor.prototype" }] } }, "openai", "chat", "proto in a string");
+    expect(ok.status).toBe(200);
+    const deep = await send({ method: "POST", url: "/v1/tasks", headers: { "content-type": "application/json" }, payload: nest(600, 1, "array") }, "trainer", "tasks", "deep");
+    expect(deep.status).toBe(400);
+    expect(JSON.parse(deep.body).error.message).toMatch(/deeper than 512/);
+  });
+
   it("ran at least 10,000 cases, and the gateway still answers", async () => {
     expect(cases).toBeGreaterThanOrEqual(10_000 * Math.min(1, SCALE));
     const res = await app.inject({ method: "POST", url: `${s()}/v1/chat/completions`, headers: { authorization: `Bearer ${token}` }, payload: chatBody() });

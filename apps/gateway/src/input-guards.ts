@@ -1,11 +1,14 @@
+import type { IncomingMessage } from "node:http";
 import { anthropicError, anthropicErrorType, geminiError, openAIError } from "@rollgate/transforms";
 import type { FastifyReply, FastifyRequest } from "fastify";
+import sjson from "secure-json-parse";
 import { errorBody } from "./errors.js";
 
 /**
- * Guards for input no route sees in its own error handler (found by fuzz.test.ts): bodies nested
- * too deep to serialise again, URLs Fastify cannot decode, and paths no route matches. Each
- * answer is in the caller's protocol shape, judged from the path.
+ * Guards for input no route sees in its own error handler (found by fuzz.test.ts and review):
+ * bodies nested too deep to serialise again or carrying prototype-poisoning keys, query strings
+ * that are not valid percent-encoding, bodies over the limit, URLs Fastify cannot decode, and
+ * paths no route matches. Each answer is in the caller's protocol shape, judged from the path.
  */
 
 /** JSON nested deeper than this is refused (JSON.stringify overflows the stack near 5,000 levels; no SDK nests past ~50). */
@@ -27,6 +30,98 @@ export function jsonDepthExceeds(text: string, max = MAX_JSON_DEPTH): boolean {
     } else if (c === 0x5d || c === 0x7d) depth--;
   }
   return false;
+}
+
+/** A JSON body the gateway refuses: a 400 every route renders in its protocol's error shape. */
+export class BadJsonBody extends Error {
+  readonly statusCode = 400;
+  readonly code = "invalid_json";
+}
+
+/**
+ * Parses a JSON request body. Refuses nesting deeper than MAX_JSON_DEPTH (it parses, but
+ * overflows the stack when the body is serialised again) and the prototype-poisoning keys
+ * `__proto__` and `constructor.prototype` (secure-json-parse, as Fastify's own parser does:
+ * a body that later meets Object.assign or a merge must not be able to swap a prototype).
+ * An empty body is no body.
+ */
+export function parseJsonBody(text: string): unknown {
+  if (text.trim() === "") return undefined;
+  if (jsonDepthExceeds(text)) throw new BadJsonBody(`the body nests deeper than ${MAX_JSON_DEPTH} levels`);
+  try {
+    return sjson.parse(text, { protoAction: "error", constructorAction: "error" });
+  } catch (err) {
+    const message = (err as Error).message;
+    if (/prototype property/i.test(message)) throw new BadJsonBody("the body holds a __proto__ or constructor.prototype key, which the gateway refuses");
+    throw new BadJsonBody(`the body is not valid JSON: ${message}`);
+  }
+}
+
+function decodeQueryPart(s: string): string | null {
+  try {
+    return decodeURIComponent(s.replace(/\+/g, " "));
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * The first query parameter whose name or value is not valid percent-encoding (`%ZZ`, a lone
+ * `%`, an encoded invalid UTF-8 sequence), with the reason; null when the query string is sound.
+ */
+export function malformedQueryParam(url: string): { param: string; message: string } | null {
+  const q = url.indexOf("?");
+  if (q < 0) return null;
+  for (const part of url.slice(q + 1).split("&")) {
+    if (part === "") continue;
+    const eq = part.indexOf("=");
+    const rawName = eq < 0 ? part : part.slice(0, eq);
+    const name = decodeQueryPart(rawName);
+    if (name === null) return { param: rawName, message: `query parameter name ${JSON.stringify(rawName)} is not valid percent-encoding` };
+    if (eq >= 0 && decodeQueryPart(part.slice(eq + 1)) === null) {
+      return { param: name, message: `query parameter ${JSON.stringify(name)}: the value is not valid percent-encoding (a % must start a %XX escape of UTF-8 bytes)` };
+    }
+  }
+  return null;
+}
+
+/** onRequest: a query string that cannot be decoded is a 400 naming the parameter, on every route. */
+export async function queryGuard(req: FastifyRequest, reply: FastifyReply) {
+  const bad = malformedQueryParam(req.url);
+  if (bad) return sendInFamily(reply, req.url, 400, bad.message, "invalid_query");
+}
+
+/** How long, and how many more bytes, a connection is read after a 413 before it is closed. */
+const LINGER_MS = 30_000;
+const LINGER_MAX_BYTES = 512 * 1024 * 1024;
+
+/**
+ * onSend for a 413: the answer goes out before the body has been read, and a connection closed
+ * with unread bytes is reset, so a client that sends its whole body before reading (Python's
+ * http.client, requests) would see "connection reset" instead of the 413. Keep the connection
+ * (no `connection: close`): Node then reads and drops the rest of the body; past LINGER_MS or
+ * LINGER_MAX_BYTES the socket is closed anyway.
+ */
+export async function lingerAfter413(req: FastifyRequest, reply: FastifyReply, payload: unknown) {
+  if (reply.statusCode !== 413) return payload;
+  reply.removeHeader("connection");
+  drainWithin(req.raw);
+  return payload;
+}
+
+function drainWithin(raw: IncomingMessage) {
+  if (raw.complete) return;
+  const socket = raw.socket;
+  const start = socket.bytesRead;
+  const started = Date.now();
+  const timer = setInterval(() => {
+    if (raw.complete || socket.destroyed) return clearInterval(timer);
+    if (Date.now() - started > LINGER_MS || socket.bytesRead - start > LINGER_MAX_BYTES) {
+      clearInterval(timer);
+      socket.destroy();
+    }
+  }, 200);
+  timer.unref();
 }
 
 type Family = "openai" | "anthropic" | "gemini" | "trainer";

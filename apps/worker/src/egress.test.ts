@@ -6,7 +6,7 @@
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { EgressDenied, checkDestination, egressRequest, parseEgressPolicy, type Resolver } from "./egress.js";
+import { EgressDenied, checkDestination, egressRequest, infrastructureDenials, parseEgressPolicy, sandboxEgressPolicy, type Resolver } from "./egress.js";
 
 const fixed =
   (...addresses: string[]): Resolver =>
@@ -114,5 +114,39 @@ describe("egressRequest", () => {
       /not in ROLLGATE_CALLBACK_ALLOW/,
     );
     expect(hits.length).toBe(before);
+  });
+});
+
+describe("a sealed sandbox's egress (runtime.egress)", () => {
+  it("is nothing by default, and what the task names otherwise", async () => {
+    expect(sandboxEgressPolicy([])).toBeNull();
+    const p = sandboxEgressPolicy(["pypi.org", "*.github.com", "93.184.0.0/16"])!;
+    await expect(checkDestination(p, "https://pypi.org/simple/", "runtime.egress", fixed("151.101.0.223"))).resolves.toMatchObject({ address: "151.101.0.223" });
+    await expect(checkDestination(p, "https://api.github.com/", "runtime.egress", fixed("140.82.112.5"))).resolves.toBeDefined();
+    await expect(checkDestination(p, "http://93.184.1.1/", "runtime.egress")).resolves.toBeDefined();
+    await expect(checkDestination(p, "http://8.8.8.8/", "runtime.egress")).rejects.toThrow(/not in runtime.egress \(pypi.org,\*.github.com,93.184.0.0\/16\)/);
+  });
+
+  it("never reaches loopback, metadata or the worker's infrastructure, even with *", async () => {
+    const p = sandboxEgressPolicy(["*"], ["redis.internal", "10.0.0.7"])!;
+    for (const [url, addr] of [
+      ["http://127.0.0.1:6379/", "127.0.0.1"],
+      ["http://localhost:8080/", "127.0.0.1"],
+      ["http://[::1]:8000/", "::1"],
+      ["http://0.0.0.0:8000/", "0.0.0.0"],
+      ["http://169.254.169.254/", "169.254.169.254"],
+      ["http://gateway.example:8080/", "10.0.0.7"],
+      ["http://redis.internal:6379/", "10.0.0.8"],
+    ] as const) {
+      await expect(checkDestination(p, url, "runtime.egress", fixed(addr)), url).rejects.toThrow(EgressDenied);
+    }
+    await expect(checkDestination(p, "https://example.org/", "runtime.egress", fixed("93.184.215.14"))).resolves.toBeDefined();
+  });
+
+  it("infrastructureDenials: the hosts of REDIS_URL and the gateway URL, by name and address", async () => {
+    const resolve: Resolver = async (h) => (h === "redis" ? [{ address: "172.18.0.2", family: 4 }] : h === "gw.internal" ? [{ address: "::ffff:10.0.0.9", family: 6 }] : Promise.reject(new Error("ENOTFOUND")));
+    expect(
+      (await infrastructureDenials(["redis://:pw@redis:6379/0", "http://gw.internal:8080", "redis+cluster://u:p@10.1.0.1:7000,10.1.0.2:7001", "http://nowhere.invalid/"], resolve)).sort(),
+    ).toEqual(["10.0.0.9", "10.1.0.1", "10.1.0.2", "172.18.0.2", "gw.internal", "nowhere.invalid", "redis"].sort());
   });
 });

@@ -40,6 +40,9 @@ export interface EgressPolicy {
   deny: Rules;
   /** The allow list as configured, for messages. */
   allowText: string;
+  /** Where the allow list and the extra denials come from, for messages. */
+  allowName: string;
+  denyName: string;
 }
 
 function normHost(h: string): string {
@@ -88,7 +91,36 @@ function parseRules(list: string[]): Rules {
 /** Parses ROLLGATE_CALLBACK_ALLOW / ROLLGATE_CALLBACK_DENY (comma lists); the built-in denials are always added. */
 export function parseEgressPolicy(allow = "*", deny = ""): EgressPolicy {
   const split = (s: string) => s.split(",").filter((r) => r.trim() !== "");
-  return { allow: parseRules(split(allow)), deny: parseRules([...ALWAYS_DENIED, ...split(deny)]), allowText: allow };
+  return {
+    allow: parseRules(split(allow)),
+    deny: parseRules([...ALWAYS_DENIED, ...split(deny)]),
+    allowText: allow,
+    allowName: "ROLLGATE_CALLBACK_ALLOW",
+    denyName: "link-local / metadata / ROLLGATE_CALLBACK_DENY",
+  };
+}
+
+/**
+ * Never reachable from a sealed sandbox whatever its `runtime.egress` says: the always-denied
+ * addresses, and loopback / unspecified addresses (on the worker's host they are the worker's
+ * own services: Redis, engines, the gateway).
+ */
+export const SANDBOX_ALWAYS_DENIED = [...ALWAYS_DENIED, "127.0.0.0/8", "::1/128", "0.0.0.0/8", "::/128", "localhost"];
+
+/**
+ * The policy of a sealed sandbox's way out: its task's `runtime.egress` rules (the syntax of
+ * ROLLGATE_CALLBACK_ALLOW), under SANDBOX_ALWAYS_DENIED plus `deny` (the worker's own
+ * infrastructure and ROLLGATE_SANDBOX_EGRESS_DENY). Null when the task allows nothing.
+ */
+export function sandboxEgressPolicy(allow: string[], deny: string[] = []): EgressPolicy | null {
+  if (allow.length === 0) return null;
+  return {
+    allow: parseRules(allow),
+    deny: parseRules([...SANDBOX_ALWAYS_DENIED, ...deny]),
+    allowText: allow.join(","),
+    allowName: "runtime.egress",
+    denyName: "loopback / metadata / the worker's infrastructure / ROLLGATE_SANDBOX_EGRESS_DENY",
+  };
 }
 
 function hostMatches(r: Rules, host: string): boolean {
@@ -109,6 +141,36 @@ export type Resolver = (host: string) => Promise<{ address: string; family: numb
 const systemResolver: Resolver = (host) => lookup(host, { all: true, verbatim: true });
 
 /**
+ * The hosts of the worker's own infrastructure (Redis, the gateway), by name and by every
+ * address they resolve to now: a sealed sandbox's egress never reaches them. Names that do not
+ * resolve are kept by name.
+ */
+export async function infrastructureDenials(urls: string[], resolve: Resolver = systemResolver): Promise<string[]> {
+  const hosts = new Set<string>();
+  for (const raw of urls) {
+    const m = /^[a-z+]+:\/\/(?:[^@/]*@)?([^/?#]+)/i.exec(raw);
+    if (!m) continue;
+    // One host or a cluster's comma list, each host[:port] (an IPv6 one in brackets).
+    for (const hp of m[1]!.split(",")) hosts.add(normHost(hp.replace(/:\d+$/, "")));
+  }
+  const out = new Set<string>();
+  for (const h of hosts) {
+    if (!h) continue;
+    if (isIP(h)) {
+      out.add(h);
+      continue;
+    }
+    if (/^[A-Za-z0-9.-]+$/.test(h)) out.add(h);
+    try {
+      for (const a of await resolve(h)) out.add(normAddress(a.address).address);
+    } catch {
+      // not resolvable from here: refused by name only
+    }
+  }
+  return [...out];
+}
+
+/**
  * Checks a URL against the policy and resolves its host once; throws EgressDenied saying why.
  * `what` names the field in messages (e.g. `callback.url`).
  */
@@ -121,7 +183,7 @@ export async function checkDestination(policy: EgressPolicy, rawUrl: string, wha
   }
   if (url.protocol !== "http:" && url.protocol !== "https:") throw new EgressDenied(`${what} must be http(s), not ${url.protocol}`);
   const host = normHost(url.hostname);
-  if (hostMatches(policy.deny, host)) throw new EgressDenied(`${what} host ${host} is denied by the egress policy (metadata / ROLLGATE_CALLBACK_DENY)`);
+  if (hostMatches(policy.deny, host)) throw new EgressDenied(`${what} host ${host} is denied by the egress policy (${policy.denyName})`);
   let addresses: { address: string; family: 4 | 6 }[];
   if (isIP(host)) addresses = [normAddress(host)];
   else {
@@ -134,12 +196,12 @@ export async function checkDestination(policy: EgressPolicy, rawUrl: string, wha
   }
   for (const a of addresses) {
     if (addressMatches(policy.deny, a)) {
-      throw new EgressDenied(`${what} host ${host} resolves to ${a.address}, which the egress policy denies (link-local / metadata / ROLLGATE_CALLBACK_DENY)`);
+      throw new EgressDenied(`${what} host ${host} resolves to ${a.address}, which the egress policy denies (${policy.denyName})`);
     }
   }
   const chosen = addresses[0]!;
   if (!policy.allow.any && !hostMatches(policy.allow, host) && !addresses.every((a) => addressMatches(policy.allow, a))) {
-    throw new EgressDenied(`${what} host ${host} (${chosen.address}) is not in ROLLGATE_CALLBACK_ALLOW (${policy.allowText})`);
+    throw new EgressDenied(`${what} host ${host} (${chosen.address}) is not in ${policy.allowName} (${policy.allowText})`);
   }
   return { host, ...chosen };
 }

@@ -15,7 +15,7 @@ let server: http.Server;
 let serverUrl: string;
 const received: unknown[] = [];
 
-const runtime = new LocalRuntime(undefined);
+const runtime = new LocalRuntime();
 const localSpec = RuntimeSpec.parse({});
 const env = { PATH: defaultSandboxPath(process.cwd()) };
 const sandboxes: Sandbox[] = [];

@@ -7,7 +7,7 @@ import { callbackQueue, createRedis } from "@rollgate/queue";
 import { TaskStore } from "@rollgate/store";
 import closeWithGrace from "close-with-grace";
 import { pino } from "pino";
-import { configureEgress, parseEgressPolicy } from "./egress.js";
+import { configureEgress, infrastructureDenials, parseEgressPolicy } from "./egress.js";
 import { loadWorkerEnv } from "./env.js";
 import { FailureCounter } from "./failure-counter.js";
 import { GatewayClient } from "./gateway-client.js";
@@ -17,6 +17,7 @@ import { KubeConfig } from "@kubernetes/client-node";
 import type { RolloutDeps } from "./rollout.js";
 import { DockerRuntime, dockerFromHost } from "./sandbox/docker-runtime.js";
 import { KubernetesRuntime } from "./sandbox/kubernetes-runtime.js";
+import { describeBwrap, probeBwrap } from "./sandbox/isolation.js";
 import { LocalRuntime } from "./sandbox/local-runtime.js";
 import { WorkerSet } from "./workers.js";
 
@@ -36,6 +37,10 @@ Environment:
   ROLLGATE_WORKER_NAME         name in task results (default: hostname-pid)
   ROLLGATE_SANDBOX_ROOT        parent of per-rollout working directories (default: OS temp dir)
   ROLLGATE_SANDBOX_PATH        PATH given to agents (default: node's folder, rollgate's bins, system bins)
+  ROLLGATE_SANDBOX_BINDS       more host paths bwrap sandboxes see read-only (comma list; they always see
+                               the system folders, node, the folders on the sandbox PATH)
+  ROLLGATE_SANDBOX_EGRESS_DENY destinations no sealed sandbox reaches whatever runtime.egress says (CIDRs,
+                               IPs, hosts, *.domain; loopback, metadata, Redis and the gateway always)
   ROLLGATE_RESULT_TTL_S        how long results are kept (default 7 days)
   ROLLGATE_CALLBACK_ATTEMPTS   callback delivery attempts (default 12)
   ROLLGATE_CALLBACK_BACKOFF_MS first callback retry delay, doubled each time (default 1000)
@@ -44,7 +49,12 @@ Environment:
   ROLLGATE_STALLED_INTERVAL_MS how often workers look for stalled rollouts (default 15000)
   ROLLGATE_RUNTIMES            runtime.kinds this worker runs: comma list of local,docker,kubernetes (default local)
   DOCKER_HOST                  docker runtime: the engine (default unix:///var/run/docker.sock; tcp://host:port)
-  ROLLGATE_DOCKER_NETWORK      docker runtime: network of sandbox containers (default bridge)
+  ROLLGATE_DOCKER_NETWORK      docker runtime: network of runtime.network "host" containers (default bridge);
+                               sealed ones (the default) get an internal network of their own
+  ROLLGATE_DOCKER_RELAY_CONTAINER docker runtime: this worker's own container (name, id, or "self"), when it
+                               runs in one: it joins each sealed sandbox's network to serve its relay
+                               (default: the worker runs on the Docker host and serves it on the
+                               network's gateway address)
   ROLLGATE_K8S_NAMESPACE       kubernetes runtime: namespace of sandbox pods (default rollgate-sandboxes)
   ROLLGATE_K8S_MAX_PODS        kubernetes runtime: pods at once per worker (default: the concurrency)
   ROLLGATE_K8S_START_TIMEOUT_S kubernetes runtime: how long a pod may take to run (default 300)
@@ -91,11 +101,31 @@ const sandboxPath = env.ROLLGATE_SANDBOX_PATH ?? defaultSandboxPath(installRoot)
 // The sandbox runtimes this worker runs (ROLLGATE_RUNTIMES). Container runtimes first sweep what a
 // crashed predecessor of the same worker name left behind, before any job is taken.
 const runtimes: RolloutDeps["runtimes"] = {};
-if (env.ROLLGATE_RUNTIMES.includes("local")) runtimes.local = new LocalRuntime(env.ROLLGATE_SANDBOX_ROOT);
+// Never reachable from a sealed sandbox, whatever its runtime.egress: Redis and the gateway (by
+// name and address), and ROLLGATE_SANDBOX_EGRESS_DENY (loopback and metadata are built in).
+const sandboxEgressDeny = [
+  ...(await infrastructureDenials([env.REDIS_URL, env.ROLLGATE_GATEWAY_URL])),
+  ...env.ROLLGATE_SANDBOX_EGRESS_DENY.split(",").map((r) => r.trim()).filter(Boolean),
+];
+if (env.ROLLGATE_RUNTIMES.includes("local")) {
+  const bwrap = probeBwrap();
+  console.log(describeBwrap(bwrap));
+  runtimes.local = new LocalRuntime({
+    root: env.ROLLGATE_SANDBOX_ROOT,
+    sandboxPath,
+    binds: env.ROLLGATE_SANDBOX_BINDS,
+    bwrap,
+    egressDeny: sandboxEgressDeny,
+    log,
+  });
+}
 if (env.ROLLGATE_RUNTIMES.includes("docker")) {
   runtimes.docker = new DockerRuntime({
     docker: dockerFromHost(env.DOCKER_HOST),
     defaultNetwork: env.ROLLGATE_DOCKER_NETWORK,
+    // "self": this worker's own container, whose id Docker makes its hostname.
+    ...(env.ROLLGATE_DOCKER_RELAY_CONTAINER ? { relayContainer: env.ROLLGATE_DOCKER_RELAY_CONTAINER === "self" ? os.hostname() : env.ROLLGATE_DOCKER_RELAY_CONTAINER } : {}),
+    egressDeny: sandboxEgressDeny,
     workerName: name,
     workerPath: sandboxPath,
     log,
@@ -109,6 +139,7 @@ if (env.ROLLGATE_RUNTIMES.includes("kubernetes")) {
     namespace: env.ROLLGATE_K8S_NAMESPACE,
     maxPods: env.ROLLGATE_K8S_MAX_PODS ?? env.ROLLGATE_WORKER_CONCURRENCY,
     startTimeoutMs: env.ROLLGATE_K8S_START_TIMEOUT_S * 1000,
+    egressDeny: sandboxEgressDeny,
     workerName: name,
     workerPath: sandboxPath,
     log,

@@ -250,7 +250,11 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
   let sandbox: Sandbox;
   try {
     // The token lets a pod runtime put it in a per-pod Secret; the timeout caps a pod's lifetime.
-    sandbox = await runtime.create(task.id, task.runtime, { sessionToken: session.token, timeoutS: task.limits.timeout_s });
+    sandbox = await runtime.create(task.id, task.runtime, {
+      session: { id: session.id, url: session.base_url },
+      sessionToken: session.token,
+      timeoutS: task.limits.timeout_s,
+    });
   } catch (err) {
     // A sandbox that cannot start is the rollout's failure, not a retry: it would fail again.
     if (!(err instanceof SandboxUnavailable)) throw err;
@@ -270,10 +274,12 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
   };
   let outcome: Outcome;
   try {
-    const plan = planHarness(task.agent, { instruction: task.instruction, sessionUrl: session.base_url, token: session.token });
+    // A sealed sandbox reaches its session through its relay, at the URL the runtime says.
+    const sessionUrl = sandbox.sessionUrl ?? session.base_url;
+    const plan = planHarness(task.agent, { instruction: task.instruction, sessionUrl, token: session.token });
     await sandbox.writeHomeFiles(plan.homeFiles);
     const env = sandboxEnv({
-      sessionUrl: session.base_url,
+      sessionUrl,
       token: session.token,
       sessionId: session.id,
       taskId: task.id,

@@ -22,6 +22,11 @@ const KeyPrefix = z
   .regex(/^[A-Za-z0-9_-]+$/, "letters, digits, '_' or '-' only")
   .default("rg");
 
+/** Whether a string has the form of one egress rule: a CIDR, an IP, a host name, `*.suffix` or `*` (the worker parses it fully). */
+export function isEgressRule(r: string): boolean {
+  return r === "*" || /^(\*\.)?[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.?$/.test(r) || /^[0-9A-Fa-f:.]+(\/\d{1,3})?$/.test(r);
+}
+
 /** A comma list of egress rules: CIDRs, IPs, host names, `*.suffix` or `*` (worker callbacks). */
 const EgressList = z.string().refine(
   (s) =>
@@ -29,7 +34,7 @@ const EgressList = z.string().refine(
       .split(",")
       .map((r) => r.trim())
       .filter(Boolean)
-      .every((r) => r === "*" || /^(\*\.)?[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.?$/.test(r) || /^[0-9A-Fa-f:.]+(\/\d{1,3})?$/.test(r)),
+      .every(isEgressRule),
   "must be a comma list of CIDRs (10.0.0.0/8), IPs, host names, *.domain, or *",
 );
 
@@ -124,6 +129,18 @@ export const WorkerEnv = z.object({
   ROLLGATE_SANDBOX_ROOT: z.string().optional(),
   /** PATH given to sandboxed programs; default: node's folder, the install's bins, /usr/local/bin:/usr/bin:/bin. */
   ROLLGATE_SANDBOX_PATH: z.string().optional(),
+  /** More host paths bubblewrap sandboxes see (read-only): a comma list of absolute paths. */
+  ROLLGATE_SANDBOX_BINDS: z
+    .string()
+    .default("")
+    .transform((s) => s.split(",").map((p) => p.trim()).filter(Boolean))
+    .refine((l) => l.every((p) => p.startsWith("/")), "must be a comma list of absolute paths"),
+  /**
+   * Destinations a sealed sandbox never reaches, whatever its task's `runtime.egress` allows
+   * (same syntax as ROLLGATE_CALLBACK_DENY): name your engines and internal networks here.
+   * Loopback, link-local / metadata addresses, Redis and the gateway are always refused.
+   */
+  ROLLGATE_SANDBOX_EGRESS_DENY: EgressList.default(""),
   /** How long task records and results are kept in Redis. */
   ROLLGATE_RESULT_TTL_S: z.coerce.number().int().positive().default(7 * 24 * 3600),
   ROLLGATE_CALLBACK_ATTEMPTS: z.coerce.number().int().positive().default(12),
@@ -140,8 +157,14 @@ export const WorkerEnv = z.object({
     .string()
     .default("unix:///var/run/docker.sock")
     .refine((h) => /^(unix:\/\/\/|\/|tcp:\/\/|https?:\/\/)/.test(h), "must be unix:///path, /path, tcp://host:port or http(s)://host:port"),
-  /** The Docker network sandbox containers join unless the task names one (it must reach ROLLGATE_PUBLIC_URL). */
+  /** The Docker network of `runtime.network: "host"` containers (it must reach ROLLGATE_PUBLIC_URL); sealed ones get a network of their own. */
   ROLLGATE_DOCKER_NETWORK: z.string().min(1).default("bridge"),
+  /**
+   * The worker's own container (name, id, or `self`: its hostname, which Docker makes the container id), when the worker runs in a container on the Docker
+   * engine it drives: it joins each sealed sandbox's network and serves the sandbox's relay
+   * there. Unset: the relay listens on the sandbox network's gateway address (the worker runs on the Docker host).
+   */
+  ROLLGATE_DOCKER_RELAY_CONTAINER: z.string().min(1).optional(),
   /** The namespace sandbox pods and their Secrets are created in (`kubernetes` runtime). */
   ROLLGATE_K8S_NAMESPACE: z
     .string()

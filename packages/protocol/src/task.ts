@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { SamplingParams } from "./chat.js";
+import { isEgressRule } from "./env.js";
 import { Id } from "./ids.js";
 import { Trajectory, TrajectoryBuilderName } from "./trace.js";
 
@@ -84,8 +85,22 @@ export const RuntimeSpec = z
       .optional(),
     /** `docker`/`kubernetes`: limits (Kubernetes also requests the same, so the pod is Guaranteed). */
     resources: z.object({ cpu: CpuQuantity.optional(), memory: MemoryQuantity.optional() }).strict().optional(),
-    /** `docker` only: the network the container joins (it must reach the gateway); default the worker's ROLLGATE_DOCKER_NETWORK. */
-    network: z.string().min(1).optional(),
+    /**
+     * `sealed`: the agent reaches its own session's gateway routes and, through the worker, only
+     * what `egress` allows; nothing else of the network (the default for bwrap, docker and
+     * kubernetes). `host`: the host's network as it is (the only choice for `local` without
+     * isolation; `docker`: the worker's ROLLGATE_DOCKER_NETWORK). See `runtimeNetwork`.
+     */
+    network: z.enum(["sealed", "host"]).optional(),
+    /**
+     * A sealed sandbox's way out, besides its session: CIDRs, IPs, host names, `*.domain`, or `*`
+     * (any destination the worker does not deny). Default: nothing. HTTP(S) through the proxy
+     * the worker gives the agent (HTTP_PROXY / HTTPS_PROXY); kubernetes: CIDRs and IPs only.
+     */
+    egress: z
+      .array(z.string().refine(isEgressRule, "must be a CIDR (10.0.0.0/8), an IP, a host name, *.domain, or *"))
+      .max(256)
+      .default([]),
     /** `kubernetes` only: the pod's service account (its token is never mounted). Default: the namespace's `default`. */
     service_account: z.string().min(1).optional(),
     /** `kubernetes` only: the pod's nodeSelector. */
@@ -97,7 +112,6 @@ export const RuntimeSpec = z
     const only: Record<string, Array<"docker" | "kubernetes">> = {
       workdir: ["docker", "kubernetes"],
       resources: ["docker", "kubernetes"],
-      network: ["docker"],
       service_account: ["kubernetes"],
       node_selector: ["kubernetes"],
     };
@@ -106,11 +120,25 @@ export const RuntimeSpec = z
         bad(field, `only for runtime.kind ${kinds.join(" or ")}`);
       }
     }
+    const network = runtimeNetwork(r);
+    if (network === "sealed" && r.kind === "local" && r.isolation !== "bwrap") {
+      bad("network", 'a local sandbox without isolation shares the host\'s network: "sealed" needs runtime.isolation "bwrap" (or a container runtime)');
+    }
+    if (network === "host" && r.kind === "kubernetes") bad("network", "a pod's network is the cluster's: kubernetes sandboxes are always sealed (deploy/k8s NetworkPolicy)");
+    if (network === "host" && r.egress.length > 0) bad("egress", 'only for runtime.network "sealed" (a "host" network reaches everything the host does)');
     if (r.kind === "local") return;
     if (r.image === null) bad("image", `runtime.kind ${r.kind} needs an image`);
     if (r.isolation !== "none") bad("isolation", "only for runtime.kind local (the container is the isolation)");
   });
 export type RuntimeSpec = z.infer<typeof RuntimeSpec>;
+
+/**
+ * The network a sandbox gets: `runtime.network` when given, else `sealed` wherever the runtime
+ * can seal it (bwrap, docker, kubernetes) and `host` for a local sandbox without isolation.
+ */
+export function runtimeNetwork(r: Pick<RuntimeSpec, "kind" | "isolation" | "network">): "sealed" | "host" {
+  return r.network ?? (r.kind === "local" && r.isolation !== "bwrap" ? "host" : "sealed");
+}
 
 const EvalTimeout = z.number().positive().max(24 * 3600).default(600);
 
@@ -172,7 +200,7 @@ export const Task = z
     group_id: Id.optional(),
     instruction: z.string(),
     agent: AgentSpec,
-    runtime: RuntimeSpec.default({ kind: "local", files: {}, prepare: [], image: null, keep: false, isolation: "none" }),
+    runtime: RuntimeSpec.default({ kind: "local", files: {}, prepare: [], image: null, keep: false, isolation: "none", egress: [] }),
     evaluator: EvaluatorSpec.nullable().default(null),
     sampling: SamplingParams.default({}),
     limits: Limits.default({ timeout_s: 1800 }),
@@ -331,6 +359,10 @@ export const TaskListQuery = z.object({
   status: TaskStatus.optional(),
   group_id: z.string().optional(),
   limit: z.coerce.number().int().min(1).max(1000).default(100),
-  cursor: z.string().optional(),
+  /** `next_cursor` of an earlier page: "<created ms>:<task id>". */
+  cursor: z
+    .string()
+    .regex(/^\d{1,16}:\S+$/, 'must be the next_cursor of an earlier page ("<created ms>:<task id>")')
+    .optional(),
 });
 export type TaskListQuery = z.infer<typeof TaskListQuery>;

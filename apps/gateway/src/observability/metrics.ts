@@ -63,6 +63,7 @@ export class GatewayMetrics {
   private readonly refreshErrors: Counter<"source">;
   private readonly lostCalls: Counter<"kind">;
   private readonly storeErrors: Counter<"what">;
+  private readonly backgroundErrors: Counter<"operation">;
 
   private readonly queueJobs: Gauge<"queue" | "state">;
   private readonly queueOldest: Gauge<"queue">;
@@ -139,6 +140,12 @@ export class GatewayMetrics {
       labelNames: ["what"],
       registers,
     });
+    this.backgroundErrors = new Counter({
+      name: "rollgate_background_errors_total",
+      help: "Background writes that failed (e.g. report_inflight: this replica's in-flight count for the pause route), each also logged.",
+      labelNames: ["operation"],
+      registers,
+    });
 
     this.queueJobs = new Gauge({ name: "rollgate_queue_jobs", help: "BullMQ jobs by queue and state.", labelNames: ["queue", "state"], registers });
     this.queueOldest = new Gauge({
@@ -199,6 +206,11 @@ export class GatewayMetrics {
   /** A Redis write that failed and was given up. */
   storeError(what: string): void {
     this.storeErrors.inc({ what });
+  }
+
+  /** A background write failed (the caller logged it). */
+  backgroundError(operation: string): void {
+    this.backgroundErrors.inc({ operation });
   }
 
   /** One answered HTTP request; for an agent request that recorded calls, its gateway overhead too. */

@@ -40,7 +40,18 @@ export class PauseGate {
     private readonly subscriber: RedisClient,
     private readonly log: Logger,
     private readonly readWeights: () => Promise<string | null> = async () => null,
+    /** Told of a background write that failed (the caller counts it); the gate logs it itself. */
+    private readonly onFailure: (operation: "report_inflight" | "forget_replica") => void = () => undefined,
   ) {}
+
+  /**
+   * A failed background write: logged with what it was and counted. A missed in-flight report
+   * makes a drain-mode pause wait on a stale count until the next report (REPORT_MS) succeeds.
+   */
+  private failed(operation: "report_inflight" | "forget_replica", err: unknown): void {
+    this.log.warn({ err: (err as Error).message, operation, replica: this.replicaId, inflight: this.inflight.size }, "pause gate: a write to Redis failed");
+    this.onFailure(operation);
+  }
 
   async start(): Promise<void> {
     this.subscriber.on("message", (_channel, raw: string) => this.onMessage(raw));
@@ -57,7 +68,7 @@ export class PauseGate {
     if (this.reportSoon) clearTimeout(this.reportSoon);
     this.release();
     this.subscriber.disconnect();
-    await this.admin.forgetReplica(this.replicaId).catch(() => undefined);
+    await this.admin.forgetReplica(this.replicaId).catch((err: unknown) => this.failed("forget_replica", err));
   }
 
   get paused(): PauseState | null {
@@ -101,7 +112,7 @@ export class PauseGate {
   }
 
   private async report(): Promise<void> {
-    await this.admin.reportInflight(this.replicaId, this.inflight.size, this.inflightByRank()).catch(() => undefined);
+    await this.admin.reportInflight(this.replicaId, this.inflight.size, this.inflightByRank()).catch((err: unknown) => this.failed("report_inflight", err));
   }
 
   /** Hears the admin channel's other messages (this gate owns the replica's subscription). */

@@ -6,7 +6,7 @@ import { ZodError } from "zod";
 import { sessionToken } from "../auth.js";
 import type { GatewayContext } from "../context.js";
 import { EngineError } from "../engines/errors.js";
-import { isStorageUnavailable } from "../errors.js";
+import { BODY_TOO_LARGE_MESSAGE, isBodyTooLarge, isStorageUnavailable } from "../errors.js";
 import { CallRejected } from "../llm/chat-call.js";
 import { lostCallOf, type AgentFailure } from "../llm/lost-calls.js";
 
@@ -78,6 +78,7 @@ export function failureOf(err: unknown): AgentFailure {
   if (err instanceof CallRejected) return { status: err.status, kind: err.code, message: err.message };
   if (err instanceof EngineError) return { status: err.status, kind: `engine_${err.kind}`, message: err.message };
   // Redis away: 503, so the agent's SDK retries (they retry 5xx) instead of seeing a bug.
+  if (isBodyTooLarge(err)) return { status: 413, kind: "request_too_large", message: BODY_TOO_LARGE_MESSAGE };
   if (isStorageUnavailable(err)) return { status: 503, kind: "storage_unavailable", message: "the gateway's store (Redis) is unreachable; retry shortly" };
   const e = err as { statusCode?: number; code?: string; message?: string };
   const status = e.statusCode && e.statusCode >= 400 && e.statusCode < 600 ? e.statusCode : 500;

@@ -140,7 +140,13 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const { id } = IdParams.parse(req.params);
       if (!(await ctx.tasks.status(id))) return reply.code(404).send(errorBody("not_found", `no task ${id}`));
       const header = req.headers["last-event-id"];
-      let after = (typeof header === "string" && header) || (req.query as { after?: string }).after || null;
+      const query = (req.query as { after?: unknown }).after;
+      // An event id is a Redis stream id: anything else would fail the stream read after the 200.
+      const [from, given] = typeof header === "string" && header ? ["Last-Event-ID", header] : ["after", query];
+      if (given !== undefined && given !== "" && (typeof given !== "string" || !/^\d{1,16}-\d{1,16}$/.test(given))) {
+        return reply.code(400).send(errorBody("invalid_request", `${from}: must be the id of an event of this stream ("<ms>-<n>")`));
+      }
+      let after = (given as string | undefined) || null;
       reply.hijack();
       const raw = reply.raw;
       raw.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive" });

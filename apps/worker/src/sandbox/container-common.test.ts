@@ -7,7 +7,7 @@ import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { RuntimeSpec, Task, WorkerEnv, parseEnv } from "@rollgate/protocol";
+import { RuntimeSpec, Task, WorkerEnv, parseEnv, runtimeNetwork } from "@rollgate/protocol";
 import { describe, expect, it } from "vitest";
 import { Semaphore, cpuToNumber, dnsName, labelValue, memoryToBytes } from "./container-common.js";
 import { buildTar, readTar } from "./tar.js";
@@ -75,7 +75,7 @@ describe("Semaphore", () => {
 
 describe("RuntimeSpec and WorkerEnv for container runtimes", () => {
   it("keeps local tasks as they were and validates the container fields", () => {
-    expect(RuntimeSpec.parse({})).toEqual({ kind: "local", files: {}, prepare: [], image: null, keep: false, isolation: "none" });
+    expect(RuntimeSpec.parse({})).toEqual({ kind: "local", files: {}, prepare: [], image: null, keep: false, isolation: "none", egress: [] });
     expect(Task.parse({ instruction: "x", agent: { harness: "command", command: ["true"] } }).runtime.kind).toBe("local");
     expect(RuntimeSpec.parse({ image: "ignored:1" }).kind).toBe("local");
     const k = RuntimeSpec.parse({ kind: "kubernetes", image: "python:3.12", resources: { cpu: "500m", memory: "1Gi" }, service_account: "sb", node_selector: { pool: "a" }, workdir: "/testbed" });
@@ -83,11 +83,28 @@ describe("RuntimeSpec and WorkerEnv for container runtimes", () => {
     const issues = (v: unknown) => RuntimeSpec.safeParse(v).error?.issues.map((i) => `${i.path.join(".")}: ${i.message}`) ?? [];
     expect(issues({ kind: "docker" })).toEqual(["image: runtime.kind docker needs an image"]);
     expect(issues({ kind: "docker", image: "x", service_account: "a" })).toEqual(["service_account: only for runtime.kind kubernetes"]);
-    expect(issues({ kind: "kubernetes", image: "x", network: "n" })).toEqual(["network: only for runtime.kind docker"]);
+    expect(issues({ kind: "docker", image: "x", network: "my-net" })[0]).toMatch(/^network: Invalid option: expected one of "sealed"\|"host"/);
     expect(issues({ kind: "local", resources: { cpu: 1 } })).toEqual(["resources: only for runtime.kind docker or kubernetes"]);
     expect(issues({ kind: "docker", image: "x", isolation: "bwrap" })[0]).toMatch(/^isolation/);
     expect(issues({ kind: "docker", image: "x", resources: { memory: "lots" } })[0]).toMatch(/^resources\.memory/);
     expect(issues({ kind: "docker", image: "x", workdir: "relative" })[0]).toMatch(/^workdir/);
+  });
+
+  it('runtime.network is "sealed" wherever the runtime can seal it, and egress only where it is sealed', () => {
+    const net = (v: Record<string, unknown>) => runtimeNetwork(RuntimeSpec.parse(v));
+    expect(net({})).toBe("host");
+    expect(net({ isolation: "bwrap" })).toBe("sealed");
+    expect(net({ isolation: "bwrap", network: "host" })).toBe("host");
+    expect(net({ kind: "docker", image: "x" })).toBe("sealed");
+    expect(net({ kind: "docker", image: "x", network: "host" })).toBe("host");
+    expect(net({ kind: "kubernetes", image: "x" })).toBe("sealed");
+    expect(RuntimeSpec.parse({ isolation: "bwrap", egress: ["10.0.0.0/8", "pypi.org", "*.github.com", "::1", "*"] }).egress).toHaveLength(5);
+    const issues = (v: unknown) => RuntimeSpec.safeParse(v).error?.issues.map((i) => `${i.path.join(".")}: ${i.message}`) ?? [];
+    expect(issues({ network: "sealed" })).toEqual(['network: a local sandbox without isolation shares the host\'s network: "sealed" needs runtime.isolation "bwrap" (or a container runtime)']);
+    expect(issues({ kind: "kubernetes", image: "x", network: "host" })[0]).toMatch(/^network: a pod's network is the cluster's/);
+    expect(issues({ isolation: "bwrap", network: "host", egress: ["1.2.3.4"] })).toEqual(['egress: only for runtime.network "sealed" (a "host" network reaches everything the host does)']);
+    expect(issues({ isolation: "bwrap", egress: ["http://x/"] })[0]).toMatch(/^egress\.0: must be a CIDR/);
+    expect(issues({ isolation: "bwrap", egress: ["a b"] })[0]).toMatch(/^egress\.0/);
   });
 
   it("reads the runtime settings of a worker, with local only by default", () => {
@@ -99,5 +116,8 @@ describe("RuntimeSpec and WorkerEnv for container runtimes", () => {
     expect(() => parseEnv(WorkerEnv, { DOCKER_HOST: "docker.sock" })).toThrow(/DOCKER_HOST/);
     expect(() => parseEnv(WorkerEnv, { ROLLGATE_K8S_NAMESPACE: "Bad_NS" })).toThrow(/ROLLGATE_K8S_NAMESPACE/);
     expect(() => parseEnv(WorkerEnv, { ROLLGATE_K8S_MAX_PODS: "0" })).toThrow(/ROLLGATE_K8S_MAX_PODS/);
+    expect(parseEnv(WorkerEnv, { ROLLGATE_SANDBOX_BINDS: "/opt/conda, /srv/tools" }).ROLLGATE_SANDBOX_BINDS).toEqual(["/opt/conda", "/srv/tools"]);
+    expect(() => parseEnv(WorkerEnv, { ROLLGATE_SANDBOX_BINDS: "relative/path" })).toThrow(/ROLLGATE_SANDBOX_BINDS/);
+    expect(() => parseEnv(WorkerEnv, { ROLLGATE_SANDBOX_EGRESS_DENY: "10.0.0.0/8,http://x" })).toThrow(/ROLLGATE_SANDBOX_EGRESS_DENY/);
   });
 });

@@ -6,6 +6,8 @@
  * small table against an in-memory filesystem. A real run is in README "Docker sandboxes".
  */
 import { AgentSpec, EvaluatorSpec, RuntimeSpec } from "@rollgate/protocol";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import Docker from "dockerode";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { evaluate } from "../evaluators.js";
@@ -21,8 +23,9 @@ const TOKEN = "rg-session-token-SECRET";
 let engine: FakeDockerEngine;
 let rt: DockerRuntime;
 
+/** A container on the worker's network (the container mechanics); the sealed network has its own tests below. */
 function spec(extra: Record<string, unknown> = {}): RuntimeSpec {
-  return RuntimeSpec.parse({ kind: "docker", image: "python:3.12", ...extra });
+  return RuntimeSpec.parse({ kind: "docker", image: "python:3.12", network: "host", ...extra });
 }
 
 function env(home = "/rollgate/home", tmp = "/rollgate/tmp", agentEnv: Record<string, string> = {}) {
@@ -40,6 +43,24 @@ function env(home = "/rollgate/home", tmp = "/rollgate/tmp", agentEnv: Record<st
   });
 }
 
+/** The status a proxy answers to CONNECT target. */
+function connectVia(proxy: string, target: string): Promise<number> {
+  const u = new URL(proxy);
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: u.hostname, port: u.port, method: "CONNECT", path: target });
+    req.on("connect", (res, socket) => {
+      socket.destroy();
+      resolve(res.statusCode ?? 0);
+    });
+    req.on("response", (res) => {
+      res.resume();
+      resolve(res.statusCode ?? 0);
+    });
+    req.on("error", reject);
+    req.end();
+  });
+}
+
 const opts = (extra: Partial<{ timeoutMs: number; signal: AbortSignal }> = {}) => ({ env: env(), timeoutMs: 5_000, ...extra });
 
 beforeEach(async () => {
@@ -52,7 +73,7 @@ afterEach(async () => {
 });
 
 describe("docker runtime: the container", () => {
-  it("is created as documented: image, sleep infinity, workdir, labels, limits, network, files copied in before start, no secret in its config", async () => {
+  it('is created as documented: image, sleep infinity, workdir, labels, limits, ROLLGATE_DOCKER_NETWORK for a "host" network, files copied in before start, no secret in its config', async () => {
     const sb = await rt.create("t-1", spec({ files: { "a.txt": "A", "src/pkg/b.py": "print(1)\n" }, resources: { cpu: "1.5", memory: "512Mi" } }));
     expect(engine.trace()).toEqual(["GET /images/python:3.12/json", "POST /containers/create", "PUT /containers/" + [...engine.containers.keys()][0] + "/archive", "POST /containers/" + [...engine.containers.keys()][0] + "/start"]);
     const create = engine.calls[1]!;
@@ -80,11 +101,11 @@ describe("docker runtime: the container", () => {
     await sb.destroy();
   });
 
-  it("honours runtime.workdir and runtime.network, and labels a kept container so sweeps leave it", async () => {
-    const sb = await rt.create("t-2", spec({ workdir: "/testbed", network: "bridge", keep: true }));
+  it("honours runtime.workdir, and labels a kept container so sweeps leave it", async () => {
+    const sb = await rt.create("t-2", spec({ workdir: "/testbed", keep: true }));
     const body = engine.calls.find((c) => c.path === "/containers/create")!.body as { WorkingDir: string; HostConfig: { NetworkMode: string }; Labels: Record<string, string> };
     expect(body.WorkingDir).toBe("/testbed");
-    expect(body.HostConfig.NetworkMode).toBe("bridge");
+    expect(body.HostConfig.NetworkMode).toBe("rollgate-sandbox");
     expect(body.Labels["rollgate.keep"]).toBe("true");
     await sb.destroy();
     // kept: stopped, not removed
@@ -97,7 +118,8 @@ describe("docker runtime: the container", () => {
     expect(engine.trace().slice(0, 3)).toEqual(["GET /images/busybox:latest/json", "POST /images/create", "POST /containers/create"]);
     await sb.destroy();
     await expect(rt.create("t-4", spec({ image: "no/such:1" }))).rejects.toBeInstanceOf(SandboxUnavailable);
-    await expect(rt.create("t-5", spec({ network: "nope" }))).rejects.toBeInstanceOf(SandboxUnavailable);
+    const misconfigured = new DockerRuntime({ docker: new Docker({ host: "127.0.0.1", port: engine.port, protocol: "http" }), workerName: "worker-a", defaultNetwork: "nope" });
+    await expect(misconfigured.create("t-5", spec())).rejects.toBeInstanceOf(SandboxUnavailable);
     expect(engine.containers.size).toBe(0);
   });
 });
@@ -253,6 +275,124 @@ describe("docker runtime: a rollout's sandbox part end to end", () => {
     await sb.destroy();
     expect(log.join("")).toContain("setting up");
     expect(engine.containers.size).toBe(0);
+  });
+});
+
+describe("docker runtime: the sealed network (the default)", () => {
+  let gateway: http.Server;
+  let gatewayUrl = "";
+  const reached: string[] = [];
+  beforeEach(async () => {
+    reached.length = 0;
+    gateway = http.createServer((req, res) => {
+      reached.push(`${req.method} ${req.url}`);
+      res.writeHead(200, { "content-type": "application/json" }).end('{"ok":true}');
+    });
+    await new Promise<void>((r) => gateway.listen(0, "127.0.0.1", r));
+    gatewayUrl = `http://127.0.0.1:${(gateway.address() as AddressInfo).port}`;
+  });
+  afterEach(() => new Promise<void>((r) => gateway.close(() => r())));
+  const sealed = (extra: Record<string, unknown> = {}) => RuntimeSpec.parse({ kind: "docker", image: "python:3.12", ...extra });
+  const session = () => ({ id: "s-1", url: `${gatewayUrl}/s/s-1` });
+
+  it("gets an internal network of its own (never the host's), and the relay on it forwards only the session's routes; destroy removes it all", async () => {
+    const sb = await rt.create("t-sealed", sealed(), { session: session() });
+    const netCreate = engine.calls.find((c) => c.path === "/networks/create")!;
+    const netName = (netCreate.body as { Name: string }).Name;
+    expect(netName).toMatch(/^rollgate-t-sealed-[0-9a-f]{6}$/);
+    expect(netCreate.body).toEqual({
+      Name: netName,
+      Driver: "bridge",
+      Internal: true,
+      Attachable: false,
+      EnableIPv6: false,
+      Labels: { "rollgate.sandbox": "1", "rollgate.task": "t-sealed", "rollgate.worker": "worker-a" },
+      Options: { "com.docker.network.bridge.enable_ip_masquerade": "false" },
+    });
+    const create = engine.calls.find((c) => c.path === "/containers/create")!.body as { HostConfig: Record<string, unknown> };
+    expect(create.HostConfig.NetworkMode).toBe(netName);
+    expect(create.HostConfig).not.toHaveProperty("PortBindings");
+    expect(create.HostConfig).not.toHaveProperty("ExtraHosts");
+    // The container is alone on its network.
+    const containerName = engine.calls.find((c) => c.path === "/containers/create")!.query.get("name");
+    expect([...engine.networks.get(netName)!.containers.values()].map((c) => c.name)).toEqual([containerName]);
+
+    // The agent's session URL is the relay, on the network's gateway address.
+    expect(sb.sessionUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/s\/s-1$/);
+    expect((await fetch(`${sb.sessionUrl}/v1/models`)).status).toBe(200);
+    const origin = new URL(sb.sessionUrl!).origin;
+    for (const p of ["/v1/tasks", "/admin/engines", "/s/s-2/v1/models", "/metrics"]) expect((await fetch(`${origin}${p}`)).status, p).toBe(403);
+    expect(reached).toEqual(["GET /s/s-1/v1/models"]);
+    // No egress asked: no proxy variables.
+    await sb.exec(["printenv"], opts());
+    const execEnv = (engine.calls.filter((c) => c.path.endsWith("/exec")).at(-1)!.body as { Env: string[] }).Env;
+    expect(execEnv.some((e) => /PROXY/i.test(e))).toBe(false);
+
+    await sb.destroy();
+    expect(engine.containers.size).toBe(0);
+    expect(engine.networks.has(netName)).toBe(false);
+    expect(engine.trace().slice(-1)[0]).toMatch(/^DELETE \/networks\//);
+    await expect(fetch(`${sb.sessionUrl}/v1/models`)).rejects.toThrow();
+  });
+
+  it("with ROLLGATE_DOCKER_RELAY_CONTAINER, the worker's container joins the sandbox network for the rollout and leaves it after", async () => {
+    const docker = new Docker({ host: "127.0.0.1", port: engine.port, protocol: "http" });
+    const inContainer = new DockerRuntime({ docker, workerName: "worker-a", defaultNetwork: "rollgate-sandbox", relayContainer: "rollgate-worker-1" });
+    engine.networkGateway = "10.99.0.1"; // not where the relay listens in this mode
+    const sb = await inContainer.create("t-c", sealed(), { session: session() });
+    const connect = engine.calls.find((c) => c.path.endsWith("/connect"))!;
+    expect(connect.body).toEqual({ Container: "rollgate-worker-1" });
+    expect(sb.sessionUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/s\/s-1$/);
+    expect((await fetch(`${sb.sessionUrl}/v1/models`)).status).toBe(200);
+    await sb.destroy();
+    const tail = engine.trace().slice(-3).map((t) => t.replace(/[0-9a-f]{64}/g, ":id"));
+    expect(tail).toEqual(["DELETE /containers/:id", "POST /networks/:id/disconnect", "DELETE /networks/:id"]);
+    expect([...engine.networks.keys()]).toEqual(["bridge", "rollgate-sandbox"]);
+  });
+
+  it("runtime.egress: every step gets the relay as its HTTP(S) proxy (the gateway stays direct), which still refuses loopback and metadata", async () => {
+    const sb = await rt.create("t-eg", sealed({ egress: ["*"] }), { session: session() });
+    await sb.exec(["printenv"], opts());
+    const execEnv = (engine.calls.filter((c) => c.path.endsWith("/exec")).at(-1)!.body as { Env: string[] }).Env;
+    const origin = new URL(sb.sessionUrl!).origin;
+    expect(execEnv).toEqual(expect.arrayContaining([`HTTPS_PROXY=${origin}`, `HTTP_PROXY=${origin}`, `https_proxy=${origin}`, "NO_PROXY=127.0.0.1,localhost"]));
+    const gw = new URL(gatewayUrl);
+    expect(await connectVia(origin, `${gw.hostname}:${gw.port}`)).toBe(403);
+    expect(await connectVia(origin, "169.254.169.254:80")).toBe(403);
+    await sb.destroy();
+  });
+
+  it("a container that cannot be created takes its network and relay with it", async () => {
+    engine.failContainerCreate = "no space left on device";
+    await expect(rt.create("t-fail", sealed(), { session: session() })).rejects.toThrow(/no space left/);
+    expect(engine.trace().map((t) => t.replace(/[0-9a-f]{64}/g, ":id"))).toEqual([
+      "GET /images/python:3.12/json",
+      "POST /networks/create",
+      "GET /networks/:id",
+      "POST /containers/create",
+      "DELETE /networks/:id",
+    ]);
+    expect([...engine.networks.keys()]).toEqual(["bridge", "rollgate-sandbox"]);
+  });
+
+  it("a worker that is not on the Docker host (the relay's address is not its own) fails the sandbox with the reason, leaving nothing", async () => {
+    engine.networkGateway = "192.0.2.1";
+    const err = await rt.create("t-remote", sealed(), { session: session() }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(SandboxUnavailable);
+    expect((err as Error).message).toMatch(/cannot listen on 192\.0\.2\.1 .*ROLLGATE_DOCKER_RELAY_CONTAINER/);
+    expect([...engine.networks.keys()]).toEqual(["bridge", "rollgate-sandbox"]);
+    expect(engine.containers.size).toBe(0);
+  });
+
+  it("the start-up sweep removes this worker's leftover sandbox networks too", async () => {
+    const sb = await rt.create("t-left", sealed(), { session: session() });
+    const netName = [...engine.networks.keys()].find((n) => n.startsWith("rollgate-t-left-"))!;
+    // The worker "dies": its container and network stay behind; a fresh worker of the same name sweeps.
+    const fresh = new DockerRuntime({ docker: new Docker({ host: "127.0.0.1", port: engine.port, protocol: "http" }), workerName: "worker-a", defaultNetwork: "rollgate-sandbox" });
+    expect(await fresh.sweep()).toBe(1);
+    expect(engine.networks.has(netName)).toBe(false);
+    expect([...engine.networks.keys()]).toEqual(["bridge", "rollgate-sandbox"]);
+    await sb.destroy();
   });
 });
 

@@ -1,8 +1,9 @@
 import { randomBytes } from "node:crypto";
 import path from "node:path";
 import { Writable, type Readable } from "node:stream";
-import type { RuntimeSpec } from "@rollgate/protocol";
+import { type RuntimeSpec, runtimeNetwork } from "@rollgate/protocol";
 import Docker from "dockerode";
+import { sandboxEgressPolicy } from "../egress.js";
 import {
   CONTAINER_HOME,
   CONTAINER_TMP,
@@ -19,7 +20,8 @@ import {
 } from "./container-common.js";
 import { SandboxUnavailable } from "./local-runtime.js";
 import type { RunResult } from "./process.js";
-import type { ExecOptions, Sandbox, SandboxRuntime } from "./runtime.js";
+import { SessionRelay, egressProxyEnv } from "./relay.js";
+import type { CreateOptions, ExecOptions, Sandbox, SandboxRuntime } from "./runtime.js";
 import { type TarEntry, buildTar, readTar } from "./tar.js";
 
 /**
@@ -29,8 +31,16 @@ import { type TarEntry, buildTar, readTar } from "./tar.js";
  * - The container runs the task's image with `sleep infinity` as its only process, in
  *   `runtime.workdir` (default /workspace), labelled `rollgate.sandbox=1`, `rollgate.task=<id>`,
  *   `rollgate.worker=<worker name>`, with the task's CPU/memory limits (NanoCpus, Memory, no extra
- *   swap) on `runtime.network` or the worker's ROLLGATE_DOCKER_NETWORK. Its config holds no
- *   secret: Env is empty.
+ *   swap). Its config holds no secret: Env is empty.
+ * - Network, `runtime.network: "sealed"` (the default): the container is the only one on a
+ *   network of its own, created for it with `Internal: true` (no route out, no port published,
+ *   never the host's network), and the worker's relay for the session (relay.ts) is the only
+ *   other thing on it: it listens on the network's gateway address (the host side of its
+ *   bridge: the worker runs on the Docker host) or, with ROLLGATE_DOCKER_RELAY_CONTAINER, on the
+ *   address of the worker's own container, which is connected to the network for the rollout.
+ *   The agent's session URL points at the relay; `runtime.egress` goes through it as an HTTP
+ *   proxy. Other sandboxes, their relays, Redis and the engines are on other networks.
+ *   `host`: the worker's ROLLGATE_DOCKER_NETWORK, as it is.
  * - `runtime.files` (and HOME, TMPDIR) are copied in with one PUT /containers/:id/archive of a tar
  *   built here, before the container starts. Directories are 0777 and files 0666 so an image with a
  *   non-root user can use them.
@@ -42,16 +52,25 @@ import { type TarEntry, buildTar, readTar } from "./tar.js";
  *   container (SIGKILL to PID 1 takes every process of its PID namespace with it: the step and
  *   everything it started). The container is started again, files intact, if another step follows
  *   (evaluators, readFile work on a stopped container too).
- * - `destroy` removes the container with force (and its anonymous volumes) whatever happened;
- *   `runtime.keep` stops it instead and labels it `rollgate.keep=true` so sweeps leave it.
- * - `sweep()` (worker start) force-removes every container labelled with this worker's name that
- *   a crashed predecessor of the same ROLLGATE_WORKER_NAME left behind.
+ * - `destroy` removes the container with force (and its anonymous volumes) whatever happened,
+ *   then closes the relay and removes the sandbox's network; `runtime.keep` stops the container
+ *   instead and labels it `rollgate.keep=true` so sweeps leave it.
+ * - `sweep()` (worker start) force-removes every container, then every network, labelled with
+ *   this worker's name that a crashed predecessor of the same ROLLGATE_WORKER_NAME left behind.
  */
 
 export interface DockerRuntimeOptions extends ContainerRuntimeOptions {
   docker: Docker;
-  /** Network for containers of tasks that name none (ROLLGATE_DOCKER_NETWORK). */
+  /** The network of `runtime.network: "host"` containers (ROLLGATE_DOCKER_NETWORK). */
   defaultNetwork: string;
+  /**
+   * The worker's own container (ROLLGATE_DOCKER_RELAY_CONTAINER), when the worker runs in one on
+   * this engine: it joins each sealed sandbox's network and the relay listens on its address
+   * there. Unset: the relay listens on the sandbox network's gateway (host) address.
+   */
+  relayContainer?: string;
+  /** Destinations no sealed sandbox reaches whatever its `runtime.egress` (the worker's infrastructure). */
+  egressDeny?: string[];
   /** Pull an image the engine does not have (default true). */
   pull?: boolean;
   log?: { warn: (obj: object, msg: string) => void };
@@ -107,11 +126,77 @@ export class DockerRuntime implements SandboxRuntime {
     }
   }
 
-  async create(taskId: string, spec: RuntimeSpec): Promise<Sandbox> {
+  /** Labels of everything this runtime creates for a task. */
+  private labels(taskId: string, keep: boolean): Record<string, string> {
+    return {
+      "rollgate.sandbox": "1",
+      "rollgate.task": taskId,
+      "rollgate.worker": this.o.workerName,
+      ...(keep ? { "rollgate.keep": "true" } : {}),
+    };
+  }
+
+  /**
+   * A sealed sandbox's network (internal: no route out) and its relay on it. The relay's address
+   * is the network's gateway, or the worker container's address once connected to it.
+   */
+  private async sealedNetwork(name: string, taskId: string, spec: RuntimeSpec, session: NonNullable<CreateOptions["session"]>): Promise<SealedNet> {
+    const network = await this.o.docker.createNetwork({
+      Name: name,
+      Driver: "bridge",
+      Internal: true,
+      Attachable: false,
+      EnableIPv6: false,
+      Labels: this.labels(taskId, false),
+      Options: { "com.docker.network.bridge.enable_ip_masquerade": "false" },
+    });
+    const net: SealedNet = { network, relay: null, relayContainer: null };
+    try {
+      let address: string | undefined;
+      if (this.o.relayContainer) {
+        await network.connect({ Container: this.o.relayContainer });
+        net.relayContainer = this.o.relayContainer;
+        const info = (await network.inspect()) as { Containers?: Record<string, { Name?: string; IPv4Address?: string }> };
+        const self = Object.entries(info.Containers ?? {}).find(([id, c]) => id.startsWith(this.o.relayContainer!) || c.Name === this.o.relayContainer);
+        address = self?.[1].IPv4Address?.split("/")[0];
+      } else {
+        const info = (await network.inspect()) as { IPAM?: { Config?: { Gateway?: string }[] } };
+        address = info.IPAM?.Config?.find((c) => c.Gateway)?.Gateway;
+      }
+      if (!address) throw new Error(`docker network ${name}: no address for the sandbox relay`);
+      net.relay = await SessionRelay.listen(
+        {
+          sessionId: session.id,
+          sessionUrl: session.url,
+          egress: sandboxEgressPolicy(spec.egress, [...(this.o.egressDeny ?? []), new URL(session.url).hostname]),
+          ...(this.o.log ? { log: this.o.log } : {}),
+        },
+        { host: address, port: 0 },
+      ).catch((err: NodeJS.ErrnoException) => {
+        // Not an address of this machine: the worker is not where the relay must be. Retrying will not help.
+        if (err.code === "EADDRNOTAVAIL") {
+          throw new SandboxUnavailable(
+            `the sandbox relay cannot listen on ${address} (network ${name}): a worker outside a container must run on the Docker host; one in a container needs ROLLGATE_DOCKER_RELAY_CONTAINER`,
+          );
+        }
+        throw err;
+      });
+      net.url = `http://${address}:${net.relay.port}`;
+      return net;
+    } catch (err) {
+      await removeSealedNet(net, this.o.log);
+      throw err;
+    }
+  }
+
+  async create(taskId: string, spec: RuntimeSpec, opts: CreateOptions = {}): Promise<Sandbox> {
     if (!spec.image) throw new SandboxUnavailable("runtime.kind docker needs runtime.image");
+    const sealed = runtimeNetwork(spec) === "sealed";
+    if (sealed && !opts.session) throw new Error("a sealed sandbox needs its session (CreateOptions.session)");
     await this.ensureImage(spec.image);
     const workdir = spec.workdir ?? DEFAULT_WORKDIR;
     const name = `rollgate-${dnsName(taskId, 40)}-${randomBytes(3).toString("hex")}`;
+    const net = sealed ? await this.sealedNetwork(name, taskId, spec, opts.session!) : null;
     const memory = spec.resources?.memory !== undefined ? memoryToBytes(spec.resources.memory) : undefined;
     const cpu = spec.resources?.cpu !== undefined ? cpuToNumber(spec.resources.cpu) : undefined;
     let container: Docker.Container;
@@ -124,25 +209,23 @@ export class DockerRuntime implements SandboxRuntime {
         Env: [],
         Tty: false,
         OpenStdin: false,
-        Labels: {
-          "rollgate.sandbox": "1",
-          "rollgate.task": taskId,
-          "rollgate.worker": this.o.workerName,
-          ...(spec.keep ? { "rollgate.keep": "true" } : {}),
-        },
+        Labels: this.labels(taskId, spec.keep),
         HostConfig: {
-          NetworkMode: spec.network ?? this.o.defaultNetwork,
+          NetworkMode: net ? name : this.o.defaultNetwork,
           ...(cpu !== undefined ? { NanoCpus: Math.round(cpu * 1e9) } : {}),
           ...(memory !== undefined ? { Memory: memory, MemorySwap: memory } : {}),
           AutoRemove: false,
         },
       });
     } catch (err) {
+      if (net) await removeSealedNet(net, this.o.log);
       // A network or image the engine does not know will not appear on a retry.
       if (statusOf(err) === 404) throw new SandboxUnavailable(`cannot create the container: ${(err as Error).message}`);
       throw err;
     }
-    const sandbox = new DockerSandbox(container, name, workdir, spec.keep, this.o);
+    const sessionUrl = net?.url && opts.session ? `${net.url}/s/${encodeURIComponent(opts.session.id)}` : null;
+    const proxyEnv = net?.url && spec.egress.length > 0 ? egressProxyEnv(net.url) : {};
+    const sandbox = new DockerSandbox(container, name, workdir, spec.keep, this.o, net, sessionUrl, proxyEnv);
     try {
       await container.putArchive(buildTar(layoutEntries(workdir, spec.files)), { path: "/" });
       await container.start();
@@ -153,9 +236,10 @@ export class DockerRuntime implements SandboxRuntime {
     return sandbox;
   }
 
-  /** Removes every container this worker (by name) left behind, except kept ones. */
+  /** Removes every container, then every sandbox network, this worker (by name) left behind, except kept containers. */
   async sweep(): Promise<number> {
-    const list = await this.o.docker.listContainers({ all: true, filters: JSON.stringify({ label: [`rollgate.worker=${this.o.workerName}`] }) });
+    const mine = JSON.stringify({ label: [`rollgate.worker=${this.o.workerName}`] });
+    const list = await this.o.docker.listContainers({ all: true, filters: mine });
     let removed = 0;
     for (const c of list) {
       if (c.Labels?.["rollgate.keep"] === "true") continue;
@@ -164,6 +248,16 @@ export class DockerRuntime implements SandboxRuntime {
         removed++;
       } catch (err) {
         if (statusOf(err) !== 404) this.o.log?.warn({ container: c.Id, err: (err as Error).message }, "sweep: cannot remove a leftover sandbox container");
+      }
+    }
+    for (const n of await this.o.docker.listNetworks({ filters: mine })) {
+      try {
+        const network = this.o.docker.getNetwork(n.Id);
+        if (this.o.relayContainer) await network.disconnect({ Container: this.o.relayContainer, Force: true }).catch(() => undefined);
+        await network.remove();
+      } catch (err) {
+        // A network a kept container still uses stays (409).
+        if (statusOf(err) !== 404 && statusOf(err) !== 409) this.o.log?.warn({ network: n.Name, err: (err as Error).message }, "sweep: cannot remove a leftover sandbox network");
       }
     }
     return removed;
@@ -201,6 +295,29 @@ export function filesUnder(dir: string, files: Record<string, string>): TarEntry
   return out.sort((a, b) => (a.type === b.type ? 0 : a.type === "dir" ? -1 : 1));
 }
 
+interface SealedNet {
+  network: Docker.Network;
+  relay: SessionRelay | null;
+  /** The worker container connected to the network, to disconnect. */
+  relayContainer: string | null;
+  /** The relay's base URL as the container reaches it. */
+  url?: string;
+}
+
+/** Closes a sealed sandbox's relay and removes its network (after its container is gone); failures are logged. */
+async function removeSealedNet(net: SealedNet, log: DockerRuntimeOptions["log"]): Promise<void> {
+  const warn = (what: string, err: unknown) => log?.warn({ network: net.network.id, err: (err as Error).message }, `cannot ${what} (the start-up sweep will)`);
+  if (net.relay) await net.relay.close().catch((e: unknown) => warn("close a sandbox relay", e));
+  if (net.relayContainer) {
+    await net.network.disconnect({ Container: net.relayContainer, Force: true }).catch((e: unknown) => {
+      if (statusOf(e) !== 404) warn("disconnect the worker from a sandbox network", e);
+    });
+  }
+  await net.network.remove().catch((e: unknown) => {
+    if (statusOf(e) !== 404) warn("remove a sandbox network", e);
+  });
+}
+
 class DockerSandbox implements Sandbox {
   readonly home = CONTAINER_HOME;
   readonly tmp = CONTAINER_TMP;
@@ -214,6 +331,9 @@ class DockerSandbox implements Sandbox {
     readonly workdir: string,
     private readonly keep: boolean,
     private readonly o: DockerRuntimeOptions,
+    private readonly net: SealedNet | null,
+    readonly sessionUrl: string | null,
+    private readonly proxyEnv: Record<string, string>,
   ) {}
 
   private kill(): Promise<void> {
@@ -233,7 +353,7 @@ class DockerSandbox implements Sandbox {
   }
 
   private envList(env: Record<string, string>): string[] {
-    return Object.entries(env)
+    return Object.entries({ ...env, ...this.proxyEnv })
       .filter(([k, v]) => !(k === "PATH" && this.o.workerPath !== undefined && v === this.o.workerPath))
       .map(([k, v]) => `${k}=${v}`);
   }
@@ -339,6 +459,11 @@ class DockerSandbox implements Sandbox {
       const s = statusOf(err);
       if (s !== 404 && s !== 409) this.o.log?.warn({ container: this.name, err: (err as Error).message }, "cannot remove a sandbox container (the start-up sweep will)");
     }
+    // A kept container keeps its network (the sweep leaves it too); its relay closes with the rollout.
+    if (this.net && this.keep) {
+      await this.net.relay?.close().catch((e: unknown) => this.o.log?.warn({ container: this.name, err: (e as Error).message }, "cannot close a sandbox relay"));
+    }
+    else if (this.net) await removeSealedNet(this.net, this.o.log);
   }
 
   describe(): string {

@@ -1,28 +1,253 @@
 import { spawnSync } from "node:child_process";
+import { lstatSync, readdirSync, readlinkSync, realpathSync, statSync } from "node:fs";
+import path from "node:path";
 
-/** Whether bubblewrap can actually start here (it needs user namespaces, which some hosts forbid). */
-export function bwrapUsable(): boolean {
-  const r = spawnSync("bwrap", ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"], { stdio: "ignore" });
-  return r.status === 0;
+/**
+ * `runtime.isolation: "bwrap"`: every step of a local sandbox runs inside bubblewrap, which
+ * gives it
+ *
+ * - a filesystem of its own: an empty root with, read-only, only what an agent needs — the
+ *   system folders (/usr, /bin, /lib…), a short list of /etc files (users, DNS, TLS roots,
+ *   the dynamic linker's cache), node's installation, every folder on the sandbox PATH (a
+ *   `node_modules/.bin` brings its `node_modules` and the workspace packages it links to) and
+ *   ROLLGATE_SANDBOX_BINDS — and, writable, its own folders (working directory, HOME, TMPDIR)
+ *   and a private /tmp. The worker's config and key files, other rollouts' folders, the
+ *   Docker socket and every other unix socket of the host are simply not there.
+ * - a private PID namespace and /proc: the worker's processes (and their /proc/<pid>/environ)
+ *   are not visible; no capabilities (root in the sandbox is not root), no new user namespaces
+ *   where bubblewrap can forbid them, and it dies with the worker.
+ * - with `runtime.network: "sealed"` (the default with bwrap): its own network namespace, with
+ *   nothing but loopback. The worker's relay for the sandbox (relay.ts) is bind-mounted as a
+ *   unix socket at RELAY_DIR, and a shim (relay-shim.ts) listening on
+ *   127.0.0.1:SANDBOX_GATEWAY_PORT inside the namespace carries the agent's connections to it.
+ *   `host`: the host's network, as without isolation.
+ */
+
+/** Where the relay's socket and the shim appear inside a sealed sandbox. */
+export const RELAY_DIR = "/run/rollgate";
+export const RELAY_SOCKET = "gateway.sock";
+export const RELAY_SHIM = "shim.mjs";
+/** The port of the gateway relay on a sealed sandbox's loopback (its own namespace: no clash with the host). */
+export const SANDBOX_GATEWAY_PORT = 47811;
+
+/** What bubblewrap can do on this host (probed once at worker start). */
+export interface BwrapSupport {
+  /** bubblewrap starts at all. */
+  usable: boolean;
+  /** It can give a sandbox its own network namespace (needed for `runtime.network: "sealed"`). */
+  netns: boolean;
+  /** It can run the sandbox in a user namespace of its own, and forbid new ones inside (bubblewrap >= 0.8). */
+  userns: "disable-nested" | "own" | "none";
+  /** What is missing and why, when something is. */
+  reason: string | null;
+}
+
+function tryBwrap(bin: string, args: string[]): { ok: boolean; err: string } {
+  const r = spawnSync(bin, [...args, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "true"], { encoding: "utf8", timeout: 10_000 });
+  if (r.error) return { ok: false, err: r.error.message };
+  return { ok: r.status === 0, err: (r.stderr ?? "").trim().split("\n").pop() ?? `exit ${r.status}` };
+}
+
+/** Finds out what bubblewrap can do here, by running it. */
+export function probeBwrap(bin = "bwrap"): BwrapSupport {
+  const base = tryBwrap(bin, []);
+  if (!base.ok) return { usable: false, netns: false, userns: "none", reason: `bubblewrap cannot start a sandbox here: ${base.err}` };
+  const net = tryBwrap(bin, ["--unshare-net"]);
+  const userns = tryBwrap(bin, ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]).ok
+    ? "disable-nested"
+    : tryBwrap(bin, ["--unshare-user", "--cap-drop", "ALL"]).ok
+      ? "own"
+      : "none";
+  return { usable: true, netns: net.ok, userns, reason: net.ok ? null : `bubblewrap cannot create a network namespace here: ${net.err}` };
+}
+
+/** What the worker says at start about local sandboxes on this host. */
+export function describeBwrap(s: BwrapSupport): string {
+  if (!s.usable) {
+    return `sandbox: ${s.reason}. Local tasks with runtime.isolation "bwrap" are refused (sandbox_unavailable); without it a local sandbox shares the worker's network and files.`;
+  }
+  if (!s.netns) {
+    return `sandbox: ${s.reason}. Local bwrap tasks that need runtime.network "sealed" (the default) are refused (sandbox_unavailable); "host" runs them on the worker's network.`;
+  }
+  return 'sandbox: local tasks with runtime.isolation "bwrap" are sealed: own network namespace (only their session, through the worker\'s relay, and runtime.egress), only the host paths an agent needs, private /proc.';
+}
+
+/** Read-only from the host, when they exist: the system folders. */
+const SYSTEM_DIRS = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"];
+
+/** Read-only from the host's /etc, when they exist: what programs read to start, resolve names, check TLS. */
+const ETC_ENTRIES = [
+  "passwd",
+  "group",
+  "nsswitch.conf",
+  "hosts",
+  "host.conf",
+  "resolv.conf",
+  "gai.conf",
+  "services",
+  "protocols",
+  "ld.so.cache",
+  "ld.so.conf",
+  "ld.so.conf.d",
+  "localtime",
+  "timezone",
+  "os-release",
+  "debian_version",
+  "alternatives",
+  "ssl",
+  "ca-certificates",
+  "ca-certificates.conf",
+  "pki",
+  "crypto-policies",
+  "mime.types",
+  "profile",
+  "profile.d",
+  "bash.bashrc",
+  "inputrc",
+  "terminfo",
+  "fonts",
+];
+
+function lstatOrNull(p: string) {
+  try {
+    return lstatSync(p);
+  } catch {
+    return null;
+  }
+}
+
+function isDir(p: string): boolean {
+  try {
+    return statSync(p).isDirectory();
+  } catch {
+    return false;
+  }
+}
+
+/** The real paths a node_modules folder links to outside itself (npm workspaces: packages, apps…). */
+function workspaceLinks(nodeModules: string): string[] {
+  const out: string[] = [];
+  const visit = (dir: string) => {
+    let names: string[];
+    try {
+      names = readdirSync(dir);
+    } catch {
+      return;
+    }
+    for (const name of names) {
+      const p = path.join(dir, name);
+      if (name.startsWith("@") && dir === nodeModules) {
+        visit(p);
+        continue;
+      }
+      if (!lstatOrNull(p)?.isSymbolicLink()) continue;
+      try {
+        out.push(realpathSync(p));
+      } catch {
+        // a dangling link: nothing to bind
+      }
+    }
+  };
+  visit(nodeModules);
+  return out;
+}
+
+/** `dirs` without any that is inside another one of them. */
+function outermost(dirs: string[]): string[] {
+  const sorted = [...new Set(dirs.map((d) => path.resolve(d)))].sort((a, b) => a.length - b.length);
+  const kept: string[] = [];
+  for (const d of sorted) if (!kept.some((k) => d === k || d.startsWith(k === "/" ? "/" : `${k}/`))) kept.push(d);
+  return kept;
+}
+
+export interface HostMountOptions {
+  /** The PATH sandboxed programs get: each of its folders is made visible (read-only). */
+  sandboxPath: string;
+  /** More host paths to make visible read-only (ROLLGATE_SANDBOX_BINDS). */
+  extra?: string[];
+  /** node's own binary (default: the worker's). */
+  nodePath?: string;
 }
 
 /**
- * Wraps an argv in bubblewrap: the whole filesystem read-only, the sandbox folders (working
- * directory, HOME, TMPDIR) the only writable path (plus a private /tmp), a private PID namespace, and death with the worker. The
- * network stays shared: the agent must reach the gateway.
+ * The bubblewrap arguments that make the host paths an agent needs visible, read-only: computed
+ * once per worker (they do not change between rollouts).
  */
-export function bwrapArgv(writable: string, cwd: string, argv: string[]): string[] {
+export function hostMountArgs(o: HostMountOptions): string[] {
+  const args: string[] = [];
+  const system: string[] = [];
+  for (const p of SYSTEM_DIRS) {
+    const st = lstatOrNull(p);
+    if (st?.isSymbolicLink()) args.push("--symlink", readlinkSync(p), p);
+    else if (st?.isDirectory()) {
+      args.push("--ro-bind", p, p);
+      system.push(p);
+    }
+  }
+  for (const name of ETC_ENTRIES) {
+    const p = path.join("/etc", name);
+    if (lstatOrNull(p)) args.push("--ro-bind-try", p, p);
+  }
+  const wanted: string[] = [];
+  // node's installation (its lib/node_modules holds globally installed CLIs).
+  const nodeBin = path.dirname(realpathSync(o.nodePath ?? process.execPath));
+  wanted.push(path.basename(nodeBin) === "bin" && path.dirname(nodeBin) !== "/" ? path.dirname(nodeBin) : nodeBin);
+  for (const dir of o.sandboxPath.split(":")) {
+    if (!path.isAbsolute(dir) || !isDir(dir)) continue;
+    if (path.basename(dir) === ".bin" && path.basename(path.dirname(dir)) === "node_modules") {
+      // Its entries link into node_modules, whose workspace packages link further out.
+      const nm = path.dirname(dir);
+      wanted.push(nm, ...workspaceLinks(nm));
+    } else {
+      wanted.push(dir);
+    }
+  }
+  for (const p of o.extra ?? []) if (path.isAbsolute(p) && lstatOrNull(p)) wanted.push(p);
+  for (const p of outermost(wanted)) {
+    if (system.some((s) => p === s || p.startsWith(`${s}/`))) continue;
+    args.push("--ro-bind", p, p);
+  }
+  return args;
+}
+
+export interface BwrapStep {
+  support: BwrapSupport;
+  /** hostMountArgs(), computed once. */
+  hostMounts: string[];
+  /** The sandbox's own folder (working directory, HOME, TMPDIR below it): the only writable path. */
+  writable: string;
+  cwd: string;
+  /** Sealed: the host folder holding the relay's socket and the shim, mounted at RELAY_DIR. Null: the host's network. */
+  relayDir: string | null;
+  /** node, to run the shim (default: the worker's). */
+  nodePath?: string;
+}
+
+/** The argv that runs `argv` as one step of a bubblewrap sandbox (see the module comment). */
+export function bwrapArgv(s: BwrapStep, argv: string[]): string[] {
+  const userns = s.support.userns === "disable-nested" ? ["--unshare-user", "--disable-userns"] : s.support.userns === "own" ? ["--unshare-user"] : [];
+  const network = s.relayDir ? ["--unshare-net", "--ro-bind", s.relayDir, RELAY_DIR] : [];
+  const program = s.relayDir
+    ? [s.nodePath ?? process.execPath, `${RELAY_DIR}/${RELAY_SHIM}`, String(SANDBOX_GATEWAY_PORT), `${RELAY_DIR}/${RELAY_SOCKET}`, ...argv]
+    : argv;
   return [
     "bwrap",
-    "--ro-bind", "/", "/",
+    ...userns,
+    "--cap-drop", "ALL",
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--hostname", "sandbox",
+    "--unshare-cgroup-try",
+    "--die-with-parent",
     "--dev", "/dev",
     "--proc", "/proc",
     "--tmpfs", "/tmp",
-    "--bind", writable, writable,
-    "--chdir", cwd,
-    "--unshare-pid",
-    "--die-with-parent",
+    ...s.hostMounts,
+    "--bind", s.writable, s.writable,
+    ...network,
+    "--chdir", s.cwd,
     "--",
-    ...argv,
+    ...program,
   ];
 }

@@ -74,11 +74,15 @@ describe("kubernetes runtime: the pod", () => {
       "rollgate.dev/task": "T_1.x",
       "rollgate.dev/worker": "worker-a",
     };
-    expect(pod.metadata).toEqual({ name: podName, namespace: NS, labels, annotations: { "rollgate.dev/task-id": "T_1.x", "rollgate.dev/worker-name": "worker-a" } });
+    expect(pod.metadata).toEqual({ name: podName, namespace: NS, labels: { ...labels, "rollgate.dev/pod": podName }, annotations: { "rollgate.dev/task-id": "T_1.x", "rollgate.dev/worker-name": "worker-a" } });
     expect(pod.spec).toEqual({
       restartPolicy: "Never",
       automountServiceAccountToken: false,
       enableServiceLinks: false,
+      // Never the node's network, PIDs or IPC: the NetworkPolicy (deploy/k8s) selects the pod by its app label.
+      hostNetwork: false,
+      hostPID: false,
+      hostIPC: false,
       terminationGracePeriodSeconds: 0,
       serviceAccountName: "sandbox",
       nodeSelector: { pool: "rollouts" },
@@ -141,6 +145,58 @@ describe("kubernetes runtime: the pod", () => {
     await sb.destroy();
     expect(api.pods.size).toBe(0);
     expect(rt.slots.inUse).toBe(0);
+  });
+});
+
+describe("kubernetes runtime: the network", () => {
+  it("no runtime.egress: no policy of its own (the namespace's NetworkPolicy lets it reach the gateway and DNS only)", async () => {
+    const sb = await runtime().create("t-sealed", spec(), { sessionToken: TOKEN });
+    expect(api.calls.some((c) => c.path.includes("networkpolicies"))).toBe(false);
+    expect(sb.sessionUrl).toBeNull();
+    await sb.destroy();
+  });
+
+  it("runtime.egress: a NetworkPolicy of the pod's own allows exactly those CIDRs, never metadata, loopback or the worker's infrastructure, and goes with the pod", async () => {
+    const rt = runtime({ egressDeny: ["10.0.0.7", "redis.rollgate.svc", "10.96.0.0/12"] });
+    const sb = await rt.create("t-egress", spec({ egress: ["140.82.112.0/20", "151.101.0.223", "10.0.0.0/8", "169.254.169.254", "*"] }), { sessionToken: TOKEN });
+    const podName = sb.describe().split("/")[1]!;
+    const call = api.calls.find((c) => c.method === "POST" && c.path === `/apis/networking.k8s.io/v1/namespaces/${NS}/networkpolicies`)!;
+    const created = api.pods.get(podName)!;
+    expect(call.body).toEqual({
+      apiVersion: "networking.k8s.io/v1",
+      kind: "NetworkPolicy",
+      metadata: {
+        name: `${podName}-egress`,
+        namespace: NS,
+        labels: { "app.kubernetes.io/name": "rollgate-sandbox", "app.kubernetes.io/managed-by": "rollgate", "rollgate.dev/task": "t-egress", "rollgate.dev/worker": "worker-a" },
+        ownerReferences: [{ apiVersion: "v1", kind: "Pod", name: podName, uid: created.obj.metadata.uid }],
+      },
+      spec: {
+        podSelector: { matchLabels: { "rollgate.dev/pod": podName } },
+        policyTypes: ["Egress"],
+        egress: [
+          {
+            to: [
+              { ipBlock: { cidr: "140.82.112.0/20" } },
+              { ipBlock: { cidr: "151.101.0.223/32" } },
+              { ipBlock: { cidr: "10.0.0.0/8", except: ["10.0.0.7/32", "10.96.0.0/12"] } },
+              // 169.254.169.254 lies inside a denied range: dropped. "*" keeps the denials out.
+              { ipBlock: { cidr: "0.0.0.0/0", except: ["169.254.0.0/16", "100.100.100.200/32", "127.0.0.0/8", "0.0.0.0/8", "10.0.0.7/32", "10.96.0.0/12"] } },
+              { ipBlock: { cidr: "::/0", except: ["fe80::/10", "fd00:ec2::254/128", "::1/128", "::/128"] } },
+            ],
+          },
+        ],
+      },
+    });
+    expect(api.networkPolicies.has(`${podName}-egress`)).toBe(true);
+    await sb.destroy();
+    expect(api.networkPolicies.size).toBe(0);
+  });
+
+  it("a host-name egress rule is refused before any pod exists (a NetworkPolicy cannot name hosts)", async () => {
+    await expect(runtime().create("t-host", spec({ egress: ["pypi.org"] }), { sessionToken: TOKEN })).rejects.toThrow(SandboxUnavailable);
+    await expect(runtime().create("t-host", spec({ egress: ["*.github.com"] }), { sessionToken: TOKEN })).rejects.toThrow(/takes CIDRs, IPs or \* \(a NetworkPolicy cannot name hosts\): \*\.github\.com/);
+    expect(api.calls).toEqual([]);
   });
 });
 

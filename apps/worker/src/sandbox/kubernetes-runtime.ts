@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
+import { BlockList, isIP } from "node:net";
 import { PassThrough, Writable } from "node:stream";
-import { CoreV1Api, Exec, type KubeConfig, type V1Pod, type V1Status } from "@kubernetes/client-node";
+import { CoreV1Api, Exec, type KubeConfig, NetworkingV1Api, type V1NetworkPolicy, type V1Pod, type V1Status } from "@kubernetes/client-node";
 import type { RuntimeSpec } from "@rollgate/protocol";
 import {
   CANNOT_START,
@@ -20,6 +21,7 @@ import {
   stepResult,
   watchStep,
 } from "./container-common.js";
+import { SANDBOX_ALWAYS_DENIED } from "../egress.js";
 import { filesUnder, layoutEntries } from "./docker-runtime.js";
 import { SandboxUnavailable } from "./local-runtime.js";
 import type { RunResult } from "./process.js";
@@ -60,6 +62,15 @@ import { type TarEntry, buildTar } from "./tar.js";
  * `kill -9 -1` in the pod (every process but PID 1 and the killer: the step and all it started)
  * and the pod stays usable for a following step; if that fails the pod is deleted.
  *
+ * Network: every pod is sealed by the NetworkPolicy of deploy/k8s, which selects the
+ * `app.kubernetes.io/name: rollgate-sandbox` label: it reaches the gateway's port and DNS only
+ * (and nothing reaches it). The pod spec says hostNetwork/hostPID/hostIPC false outright.
+ * `runtime.egress` adds a NetworkPolicy of the pod's own (`<pod>-egress`, selecting its
+ * `rollgate.dev/pod` label, owner → the Pod) allowing the task's CIDRs and IPs (`*`: any
+ * address), minus link-local / metadata / loopback and the worker's infrastructure addresses
+ * (ipBlock `except`). A NetworkPolicy cannot name hosts: a host-name rule is refused
+ * (SandboxUnavailable) before the pod is created.
+ *
  * Cleanup: `destroy` deletes the pod (grace 0) and its Secret whatever happened (`runtime.keep`:
  * the pod stays, labelled `rollgate.dev/keep=true`). `sweep()` on worker start deletes this
  * worker's leftover pods and Secrets by label, and finished (Failed/Succeeded) sandbox pods of any
@@ -89,6 +100,8 @@ const DEADLINE_MARGIN_S = 3600;
 
 export interface KubernetesRuntimeOptions extends ContainerRuntimeOptions {
   kc: KubeConfig;
+  /** Destinations no sandbox reaches whatever its `runtime.egress` (the worker's infrastructure); only addresses count here. */
+  egressDeny?: string[];
   namespace: string;
   /** Pods this worker keeps at once (ROLLGATE_K8S_MAX_PODS); more creates wait. */
   maxPods: number;
@@ -159,12 +172,54 @@ function exitOf(s: V1Status | null): { exitCode: number | null; spawnError: stri
   return { exitCode: null, spawnError: s.message ?? "exec failed" };
 }
 
+function parseCidr(c: string): { address: string; prefix: number; type: "ipv4" | "ipv6" } | null {
+  const [address, bits] = c.split("/");
+  const family = isIP(address ?? "");
+  if (!family) return null;
+  const max = family === 6 ? 128 : 32;
+  const prefix = bits === undefined ? max : Number(bits);
+  if (!Number.isInteger(prefix) || prefix < 0 || prefix > max) return null;
+  return { address: address!, prefix, type: family === 6 ? "ipv6" : "ipv4" };
+}
+
+/** Whether `inner` lies inside `outer` (both CIDRs of one family). */
+function cidrInside(inner: ReturnType<typeof parseCidr> & object, outer: ReturnType<typeof parseCidr> & object): boolean {
+  if (inner.type !== outer.type || inner.prefix < outer.prefix) return false;
+  const b = new BlockList();
+  b.addSubnet(outer.address, outer.prefix, outer.type);
+  return b.check(inner.address, inner.type);
+}
+
+/**
+ * The ipBlocks of a pod's egress NetworkPolicy for a task's `runtime.egress` (see the module
+ * comment): each allowed CIDR/IP (`*`: 0.0.0.0/0 and ::/0) with the denied ranges inside it as
+ * `except`; one that lies inside a denied range is dropped. A host-name rule is a
+ * SandboxUnavailable: a NetworkPolicy cannot name hosts.
+ */
+export function egressIpBlocks(allow: string[], deny: string[] = []): { cidr: string; except?: string[] }[] {
+  const denied = [...SANDBOX_ALWAYS_DENIED, ...deny].map(parseCidr).filter((d): d is NonNullable<typeof d> => d !== null);
+  const blocks: { cidr: string; except?: string[] }[] = [];
+  for (const rule of allow) {
+    const cidrs = rule === "*" ? ["0.0.0.0/0", "::/0"] : [rule];
+    for (const c of cidrs) {
+      const block = parseCidr(c);
+      if (!block) throw new SandboxUnavailable(`runtime.egress on kubernetes takes CIDRs, IPs or * (a NetworkPolicy cannot name hosts): ${rule}`);
+      if (denied.some((d) => cidrInside(block, d))) continue;
+      const except = denied.filter((d) => cidrInside(d, block)).map((d) => `${d.address}/${d.prefix}`);
+      blocks.push({ cidr: `${block.address}/${block.prefix}`, ...(except.length ? { except: [...new Set(except)] } : {}) });
+    }
+  }
+  return blocks;
+}
+
 export class KubernetesRuntime implements SandboxRuntime {
   readonly core: CoreV1Api;
+  readonly networking: NetworkingV1Api;
   readonly exec: Exec;
   readonly slots: Semaphore;
   constructor(readonly o: KubernetesRuntimeOptions) {
     this.core = o.kc.makeApiClient(CoreV1Api);
+    this.networking = o.kc.makeApiClient(NetworkingV1Api);
     this.exec = new Exec(o.kc);
     this.slots = new Semaphore(o.maxPods);
   }
@@ -181,6 +236,8 @@ export class KubernetesRuntime implements SandboxRuntime {
 
   async create(taskId: string, spec: RuntimeSpec, opts: CreateOptions = {}): Promise<Sandbox> {
     if (!spec.image) throw new SandboxUnavailable("runtime.kind kubernetes needs runtime.image");
+    // A rule a NetworkPolicy cannot express fails now, before any pod exists.
+    if (spec.egress.length > 0) egressIpBlocks(spec.egress, this.o.egressDeny);
     const release = await this.slots.acquire();
     const sandbox = new PodSandbox(this, taskId, spec, opts, release);
     if (opts.sessionToken !== undefined) {
@@ -241,6 +298,8 @@ class PodSandbox implements Sandbox {
   readonly workdir: string;
   readonly home = CONTAINER_HOME;
   readonly tmp = CONTAINER_TMP;
+  /** Pods reach the gateway's session URL themselves (the NetworkPolicy lets them reach nothing else). */
+  readonly sessionUrl = null;
   readonly podName: string;
   readonly secretName: string;
   private token = "";
@@ -278,13 +337,16 @@ class PodSandbox implements Sandbox {
       metadata: {
         name: this.podName,
         namespace: this.rt.o.namespace,
-        labels: this.rt.labels(this.taskId, this.spec.keep),
+        labels: { ...this.rt.labels(this.taskId, this.spec.keep), "rollgate.dev/pod": this.podName },
         annotations: { "rollgate.dev/task-id": this.taskId, "rollgate.dev/worker-name": this.rt.o.workerName },
       },
       spec: {
         restartPolicy: "Never",
         automountServiceAccountToken: false,
         enableServiceLinks: false,
+        hostNetwork: false,
+        hostPID: false,
+        hostIPC: false,
         terminationGracePeriodSeconds: 0,
         ...(this.spec.service_account ? { serviceAccountName: this.spec.service_account } : {}),
         ...(this.spec.node_selector ? { nodeSelector: this.spec.node_selector } : {}),
@@ -299,6 +361,25 @@ class PodSandbox implements Sandbox {
             ...(Object.keys(limits).length ? { resources: { limits, requests: limits } } : {}),
           },
         ],
+      },
+    };
+  }
+
+  /** The pod's own egress NetworkPolicy for `runtime.egress` (see the module comment), owned by the pod. */
+  egressPolicy(podUid: string): V1NetworkPolicy {
+    return {
+      apiVersion: "networking.k8s.io/v1",
+      kind: "NetworkPolicy",
+      metadata: {
+        name: `${this.podName}-egress`,
+        namespace: this.rt.o.namespace,
+        labels: this.rt.labels(this.taskId, this.spec.keep),
+        ownerReferences: [{ apiVersion: "v1", kind: "Pod", name: this.podName, uid: podUid }],
+      },
+      spec: {
+        podSelector: { matchLabels: { "rollgate.dev/pod": this.podName } },
+        policyTypes: ["Egress"],
+        egress: [{ to: egressIpBlocks(this.spec.egress, this.rt.o.egressDeny).map((ipBlock) => ({ ipBlock })) }],
       },
     };
   }
@@ -331,6 +412,7 @@ class PodSandbox implements Sandbox {
           stringData: { token: this.token },
         },
       });
+      if (this.spec.egress.length > 0) await this.rt.networking.createNamespacedNetworkPolicy({ namespace: ns, body: this.egressPolicy(pod.metadata!.uid!) });
       await this.waitRunning();
       const entries: TarEntry[] = [...layoutEntries(this.workdir, this.spec.files), ...filesUnder(this.home, this.pendingHome)];
       this.pendingHome = {};

@@ -1,33 +1,165 @@
-import type { RuntimeSpec } from "@rollgate/protocol";
-import { bwrapArgv, bwrapUsable } from "./isolation.js";
-import { runProcess } from "./process.js";
-import type { ExecOptions, Sandbox, SandboxRuntime } from "./runtime.js";
-import { PathEscape, makeSandboxDirs, readFileInside, removeSandboxDirs, writeFilesInside } from "./workdir.js";
+import { chmod, mkdtemp, rm, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { type RuntimeSpec, runtimeNetwork } from "@rollgate/protocol";
+import { sandboxEgressPolicy } from "../egress.js";
+import { CANNOT_START } from "./container-common.js";
+import { type BwrapSupport, RELAY_SHIM, RELAY_SOCKET, SANDBOX_GATEWAY_PORT, bwrapArgv, hostMountArgs, probeBwrap } from "./isolation.js";
+import { type RunResult, runProcess } from "./process.js";
+import { RELAY_SHIM_SOURCE } from "./relay-shim.js";
+import { SessionRelay, egressProxyEnv } from "./relay.js";
+import type { CreateOptions, ExecOptions, Sandbox, SandboxRuntime } from "./runtime.js";
+import { PathEscape, type SandboxDirs, makeSandboxDirs, readFileInside, removeSandboxDirs, writeFilesInside } from "./workdir.js";
 
+/** The sandbox cannot be made as the task asks, here: the rollout fails (`sandbox_unavailable`), it is not retried. */
 export class SandboxUnavailable extends Error {}
 
-/** `runtime.kind: "local"`: folders on the worker's host, optionally inside bubblewrap. */
-export class LocalRuntime implements SandboxRuntime {
-  constructor(private readonly root: string | undefined) {}
+type Log = { warn: (obj: object, msg: string) => void; debug?: (obj: object, msg: string) => void };
 
-  async create(taskId: string, runtime: RuntimeSpec): Promise<Sandbox> {
-    if (runtime.isolation === "bwrap" && !bwrapUsable()) {
-      throw new SandboxUnavailable("runtime.isolation is bwrap but bubblewrap cannot run on this worker");
+export interface LocalRuntimeOptions {
+  /** Parent of the per-rollout folders (ROLLGATE_SANDBOX_ROOT; default the OS temp dir). */
+  root?: string;
+  /** The PATH agents get: its folders are made visible (read-only) inside bubblewrap. */
+  sandboxPath?: string;
+  /** More host paths bubblewrap sandboxes see, read-only (ROLLGATE_SANDBOX_BINDS). */
+  binds?: string[];
+  /** What bubblewrap can do on this host; probed on first use when not given. */
+  bwrap?: BwrapSupport;
+  /** Destinations no sealed sandbox reaches whatever its `runtime.egress` (the worker's infrastructure, ROLLGATE_SANDBOX_EGRESS_DENY). */
+  egressDeny?: string[];
+  log?: Log;
+}
+
+/**
+ * A step that could not start its program reports it as `spawnError`, as without bubblewrap:
+ * the relay shim says "rollgate-sandbox: cannot start …" (exit 127), bubblewrap itself
+ * "bwrap: execvp …" (exit 1).
+ */
+function withSpawnError(r: RunResult): RunResult {
+  if (r.spawnError || r.timedOut || r.aborted) return r;
+  const lines = r.logTail.trimEnd().split("\n");
+  const last = lines[lines.length - 1] ?? "";
+  if ((r.exitCode === 127 && last.startsWith(CANNOT_START)) || (r.exitCode === 1 && /^bwrap: execvp /.test(last))) {
+    return { ...r, exitCode: null, spawnError: last.trim() };
+  }
+  return r;
+}
+
+/**
+ * `runtime.kind: "local"`: folders on the worker's host, optionally inside bubblewrap
+ * (isolation.ts). A sealed bubblewrap sandbox gets its own relay (relay.ts) on a unix socket in
+ * a folder of its own beside its sandbox folder, and its session URL and proxy point at the
+ * shim's port on its loopback.
+ */
+export class LocalRuntime implements SandboxRuntime {
+  private support: BwrapSupport | undefined;
+  private mounts: string[] | undefined;
+  /** Sandbox folders and relays that could not be removed (each also logged). */
+  cleanupFailures = 0;
+
+  constructor(private readonly o: LocalRuntimeOptions = {}) {
+    this.support = o.bwrap;
+  }
+
+  /** What bubblewrap can do here (probed once). */
+  bwrapSupport(): BwrapSupport {
+    this.support ??= probeBwrap();
+    return this.support;
+  }
+
+  private hostMounts(): string[] {
+    this.mounts ??= hostMountArgs({ sandboxPath: this.o.sandboxPath ?? "/usr/local/bin:/usr/bin:/bin", extra: this.o.binds ?? [] });
+    return this.mounts;
+  }
+
+  private cleanupFailed(what: string, where: string, err: unknown) {
+    this.cleanupFailures++;
+    this.o.log?.warn({ what, path: where, err: (err as Error).message, cleanup_failures: this.cleanupFailures }, "cannot remove a sandbox's leftovers");
+  }
+
+  async create(taskId: string, runtime: RuntimeSpec, opts: CreateOptions = {}): Promise<Sandbox> {
+    const network = runtimeNetwork(runtime);
+    const bwrap = runtime.isolation === "bwrap";
+    if (bwrap) {
+      const s = this.bwrapSupport();
+      if (!s.usable) throw new SandboxUnavailable(`runtime.isolation is bwrap but ${s.reason}`);
+      if (network === "sealed" && !s.netns) throw new SandboxUnavailable(`runtime.network "sealed" needs a network namespace, and ${s.reason}`);
+    } else if (network === "sealed") {
+      throw new SandboxUnavailable('runtime.network "sealed" needs runtime.isolation "bwrap" on a local sandbox');
     }
+    const sealed = bwrap && network === "sealed";
+    if (sealed && !opts.session) throw new Error("a sealed sandbox needs its session (CreateOptions.session)");
+
     // A file path that would land outside the working directory fails the rollout (not retried).
-    const dirs = await makeSandboxDirs(this.root, taskId, runtime.files).catch((err: unknown) => {
+    const dirs = await makeSandboxDirs(this.o.root, taskId, runtime.files, (p, err) => this.cleanupFailed("sandbox folder", p, err)).catch((err: unknown) => {
       throw err instanceof PathEscape ? new SandboxUnavailable(`runtime.files: ${err.message}`) : err;
     });
-    const wrap = runtime.isolation === "bwrap" ? (argv: string[]) => bwrapArgv(dirs.base, dirs.work, argv) : (argv: string[]) => argv;
+    let relay: { dir: string; server: SessionRelay } | null = null;
+    if (sealed) {
+      try {
+        relay = await this.startRelay(taskId, runtime, opts.session!);
+      } catch (err) {
+        await removeSandboxDirs(dirs).catch((e: unknown) => this.cleanupFailed("sandbox folder", dirs.base, e));
+        throw err;
+      }
+    }
+    return this.sandbox(dirs, runtime, relay, opts);
+  }
+
+  private async startRelay(taskId: string, runtime: RuntimeSpec, session: NonNullable<CreateOptions["session"]>) {
+    const dir = await mkdtemp(path.join(this.o.root ?? os.tmpdir(), `rollgate-relay-${taskId.slice(0, 40)}-`));
+    try {
+      await writeFile(path.join(dir, RELAY_SHIM), RELAY_SHIM_SOURCE, { mode: 0o444 });
+      const sessionHost = new URL(session.url).hostname;
+      const server = await SessionRelay.listen(
+        {
+          sessionId: session.id,
+          sessionUrl: session.url,
+          egress: sandboxEgressPolicy(runtime.egress, [...(this.o.egressDeny ?? []), sessionHost]),
+          ...(this.o.log ? { log: this.o.log } : {}),
+        },
+        { path: path.join(dir, RELAY_SOCKET) },
+      );
+      // Whatever uid the sandbox runs as may connect; the folder itself is read-only inside.
+      await chmod(path.join(dir, RELAY_SOCKET), 0o666);
+      return { dir, server };
+    } catch (err) {
+      await rm(dir, { recursive: true, force: true }).catch((e: unknown) => this.cleanupFailed("relay folder", dir, e));
+      throw err;
+    }
+  }
+
+  private sandbox(dirs: SandboxDirs, runtime: RuntimeSpec, relay: { dir: string; server: SessionRelay } | null, opts: CreateOptions): Sandbox {
+    const bwrap = runtime.isolation === "bwrap";
+    const inside = `http://127.0.0.1:${SANDBOX_GATEWAY_PORT}`;
+    const proxyEnv = relay && runtime.egress.length > 0 ? egressProxyEnv(inside) : {};
+    const wrap = (argv: string[]) =>
+      bwrap
+        ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(), writable: dirs.base, cwd: dirs.work, relayDir: relay?.dir ?? null }, argv)
+        : argv;
+    let destroyed = false;
     return {
       workdir: dirs.work,
       home: dirs.home,
       tmp: dirs.tmp,
-      exec: (argv: string[], o: ExecOptions) => runProcess({ argv: wrap(argv), cwd: dirs.work, ...o }),
+      sessionUrl: relay && opts.session ? `${inside}/s/${encodeURIComponent(opts.session.id)}` : null,
+      exec: async (argv: string[], o: ExecOptions) => {
+        const r = await runProcess({ argv: wrap(argv), cwd: dirs.work, ...o, env: { ...o.env, ...proxyEnv } });
+        return bwrap ? withSpawnError(r) : r;
+      },
       writeHomeFiles: (files) => writeFilesInside(dirs.home, files),
       // Symlink-safe: a link the agent made to a file outside the working directory reads as absent.
       readFile: (rel) => readFileInside(dirs.work, rel),
-      destroy: () => (runtime.keep ? Promise.resolve() : removeSandboxDirs(dirs).catch(() => undefined)),
+      destroy: async () => {
+        if (destroyed) return;
+        destroyed = true;
+        if (relay) {
+          this.o.log?.debug?.({ relay: relay.server.stats }, "sandbox relay closed");
+          await relay.server.close().catch((e: unknown) => this.cleanupFailed("relay", relay.dir, e));
+          await rm(relay.dir, { recursive: true, force: true }).catch((e: unknown) => this.cleanupFailed("relay folder", relay.dir, e));
+        }
+        if (!runtime.keep) await removeSandboxDirs(dirs).catch((e: unknown) => this.cleanupFailed("sandbox folder", dirs.base, e));
+      },
       describe: () => dirs.base,
     };
   }

@@ -19,6 +19,11 @@ export interface Sandbox {
   /** HOME and TMPDIR as the sandboxed programs see them. */
   readonly home: string;
   readonly tmp: string;
+  /**
+   * The session's URL as the agent must use it when the runtime put a relay in between (a
+   * sealed network); null when the agent uses the gateway's own session URL.
+   */
+  readonly sessionUrl: string | null;
   exec(argv: string[], opts: ExecOptions): Promise<RunResult>;
   /** Writes files relative to HOME (harness config files). */
   writeHomeFiles(files: Record<string, string>): Promise<void>;
@@ -32,6 +37,11 @@ export interface Sandbox {
 
 /** What a runtime may be told about the rollout when it creates the sandbox. */
 export interface CreateOptions {
+  /**
+   * The rollout's gateway session (its id and `base_url`): a sealed sandbox's relay lets the
+   * agent reach this session's routes and nothing else.
+   */
+  session?: { id: string; url: string };
   /**
    * The gateway session token. The `kubernetes` runtime puts it in the pod's own Secret; when it is
    * not given here, the pod is created at the first exec and the token is taken from that step's

@@ -3,6 +3,7 @@
  * path, not through a symbolic link (a folder link or a file link) left there before; and reading
  * a working-directory file (evaluators) does not follow a link out of it.
  */
+import { spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -81,16 +82,16 @@ describe("readFileInside", () => {
 describe("LocalRuntime", () => {
   it("fails sandbox creation (SandboxUnavailable, not a retry) for a path that escapes, and leaves no folder", async () => {
     const root = path.join(base, "root");
-    const rt = new LocalRuntime(root);
-    const spec: RuntimeSpec = { kind: "local", files: { "../escape.txt": "x" }, prepare: [], image: null, keep: false, isolation: "none" };
+    const rt = new LocalRuntime({ root });
+    const spec: RuntimeSpec = { kind: "local", files: { "../escape.txt": "x" }, prepare: [], image: null, keep: false, isolation: "none", egress: [] };
     await expect(rt.create("t-esc", spec)).rejects.toThrow(SandboxUnavailable);
     expect(existsSync(path.join(root, "escape.txt"))).toBe(false);
     expect(readdir(root)).toEqual([]);
   });
 
   it("an agent's symlink to a host file reads as absent to evaluators", async () => {
-    const rt = new LocalRuntime(path.join(base, "root2"));
-    const sb = await rt.create("t-link", { kind: "local", files: {}, prepare: [], image: null, keep: false, isolation: "none" });
+    const rt = new LocalRuntime({ root: path.join(base, "root2") });
+    const sb = await rt.create("t-link", { kind: "local", files: {}, prepare: [], image: null, keep: false, isolation: "none", egress: [] });
     try {
       const r = await sb.exec(["ln", "-s", path.join(outside, "secret.txt"), "reward.txt"], { env: { PATH: "/usr/bin:/bin" }, timeoutMs: 10_000 });
       expect(r.exitCode).toBe(0);
@@ -101,6 +102,40 @@ describe("LocalRuntime", () => {
       expect(existsSync(path.join(outside, "settings.json"))).toBe(false);
     } finally {
       await sb.destroy();
+    }
+  });
+});
+
+/** Whether this machine lets the test make a file immutable (root on a filesystem with attributes): a removal that really fails. */
+function canMakeImmutable(): boolean {
+  const dir = mkdtempSync("/var/tmp/rg-chattr-");
+  try {
+    writeFileSync(path.join(dir, "f"), "x");
+    const ok = spawnSync("chattr", ["+i", path.join(dir, "f")]).status === 0;
+    if (ok) spawnSync("chattr", ["-i", path.join(dir, "f")]);
+    return ok;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+describe.skipIf(!canMakeImmutable())("LocalRuntime cleanup (needs chattr +i: root on ext4/xfs)", () => {
+  it("a sandbox folder that cannot be removed is logged with its path and counted, not swallowed", async () => {
+    const root = mkdtempSync("/var/tmp/rg-cleanup-");
+    const warnings: { obj: Record<string, unknown>; msg: string }[] = [];
+    const rt = new LocalRuntime({ root, log: { warn: (obj, msg) => warnings.push({ obj: obj as Record<string, unknown>, msg }) } });
+    const sb = await rt.create("t-stuck", { kind: "local", files: { "stuck.txt": "x" }, prepare: [], image: null, keep: false, isolation: "none", egress: [] });
+    const stuck = path.join(sb.workdir, "stuck.txt");
+    expect(spawnSync("chattr", ["+i", stuck]).status).toBe(0);
+    try {
+      await sb.destroy();
+      expect(rt.cleanupFailures).toBe(1);
+      expect(warnings).toEqual([
+        { msg: "cannot remove a sandbox's leftovers", obj: expect.objectContaining({ what: "sandbox folder", path: sb.describe(), cleanup_failures: 1, err: expect.stringMatching(/stuck\.txt|EPERM|not permitted/) }) },
+      ]);
+    } finally {
+      spawnSync("chattr", ["-i", stuck]);
+      rmSync(root, { recursive: true, force: true });
     }
   });
 });

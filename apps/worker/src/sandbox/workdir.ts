@@ -79,8 +79,16 @@ export async function readFileInside(dir: string, rel: string): Promise<string |
   }
 }
 
-/** Fresh folders for one rollout, with the task's `runtime.files` in `work`. */
-export async function makeSandboxDirs(root: string | undefined, taskId: string, files: Record<string, string>): Promise<SandboxDirs> {
+/**
+ * Fresh folders for one rollout, with the task's `runtime.files` in `work`. When writing a file
+ * fails the folders are removed again; a removal that fails too is told to `onCleanupError`.
+ */
+export async function makeSandboxDirs(
+  root: string | undefined,
+  taskId: string,
+  files: Record<string, string>,
+  onCleanupError: (path: string, err: unknown) => void,
+): Promise<SandboxDirs> {
   const parent = root ?? os.tmpdir();
   await mkdir(parent, { recursive: true });
   const base = await mkdtemp(path.join(parent, `rollgate-${taskId.slice(0, 40)}-`));
@@ -89,7 +97,7 @@ export async function makeSandboxDirs(root: string | undefined, taskId: string, 
   try {
     await writeFilesInside(dirs.work, files);
   } catch (err) {
-    await rm(base, { recursive: true, force: true }).catch(() => undefined);
+    await rm(base, { recursive: true, force: true }).catch((e: unknown) => onCleanupError(base, e));
     throw err;
   }
   return dirs;

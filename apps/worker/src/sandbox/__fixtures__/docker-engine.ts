@@ -28,6 +28,16 @@ interface FakeDockerContainer extends FakeContainer {
   imageEnv: string[];
 }
 
+export interface FakeNetwork {
+  id: string;
+  name: string;
+  internal: boolean;
+  labels: Record<string, string>;
+  gateway: string;
+  /** Connected containers: id → name and address. */
+  containers: Map<string, { name: string; address: string }>;
+}
+
 interface FakeExec {
   id: string;
   container: FakeDockerContainer;
@@ -44,7 +54,22 @@ export class FakeDockerEngine {
   readonly images = new Map<string, string[]>([["python:3.12", ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "PYTHON_VERSION=3.12"]]]);
   /** Images a pull can fetch. */
   readonly registry = new Set<string>(["busybox:latest"]);
-  readonly networks = new Set<string>(["bridge", "rollgate-sandbox"]);
+  /** Networks by name: the predefined ones and those created through the API. */
+  readonly networks = new Map<string, FakeNetwork>([
+    ["bridge", { id: "bridge0".padEnd(64, "0"), name: "bridge", internal: false, labels: {}, gateway: "172.17.0.1", containers: new Map() }],
+    ["rollgate-sandbox", { id: "rgsb".padEnd(64, "0"), name: "rollgate-sandbox", internal: false, labels: {}, gateway: "172.18.0.1", containers: new Map() }],
+  ]);
+  /**
+   * The gateway address a created network gets, and the address a container connected to it
+   * gets: loopback by default, so the relay the worker starts "on the network" can really be
+   * reached from the test.
+   */
+  networkGateway = "127.0.0.1";
+  /** When set, POST /containers/create fails with this message (a 500, as dockerd on a full disk). */
+  failContainerCreate: string | null = null;
+  connectedAddress = "127.0.0.1";
+  /** Containers that exist on the engine outside rollgate (the worker's own, for ROLLGATE_DOCKER_RELAY_CONTAINER). */
+  readonly external = new Map<string, string>([["rollgate-worker-1", "c0ffee".padEnd(64, "0")]]);
   private server = http.createServer((req, res) => void this.handle(req, res));
   port = 0;
 
@@ -94,6 +119,10 @@ export class FakeDockerEngine {
     res.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify(body));
   }
 
+  private network(idOrName: string): FakeNetwork | undefined {
+    return this.networks.get(idOrName) ?? [...this.networks.values()].find((n) => n.id === idOrName || n.id.startsWith(idOrName));
+  }
+
   private container(id: string): FakeDockerContainer | undefined {
     return this.containers.get(id) ?? [...this.containers.values()].find((c) => c.name === id || c.id.startsWith(id));
   }
@@ -121,14 +150,60 @@ export class FakeDockerEngine {
       return;
     }
     if (req.method === "POST" && p === "/containers/create") {
+      if (this.failContainerCreate) return this.json(res, 500, { message: this.failContainerCreate });
       const cfg = body as { Image: string; Labels?: Record<string, string>; HostConfig?: { NetworkMode?: string } };
       const image = this.images.get(cfg.Image) ?? this.images.get(`${cfg.Image}:latest`);
       if (!image) return this.json(res, 404, { message: `No such image: ${cfg.Image}` });
-      const net = cfg.HostConfig?.NetworkMode ?? "bridge";
-      if (!this.networks.has(net)) return this.json(res, 404, { message: `network ${net} not found` });
+      const netName = cfg.HostConfig?.NetworkMode ?? "bridge";
+      const net = this.network(netName);
+      if (!net && netName !== "host" && netName !== "none") return this.json(res, 404, { message: `network ${netName} not found` });
       const id = randomBytes(32).toString("hex");
-      this.containers.set(id, { ...newContainer(), id, name: url.searchParams.get("name") ?? id, config: cfg, labels: cfg.Labels ?? {}, state: "created", imageEnv: image });
+      const name = url.searchParams.get("name") ?? id;
+      net?.containers.set(id, { name, address: `${net.gateway.replace(/\.\d+$/, "")}.${net.containers.size + 2}` });
+      this.containers.set(id, { ...newContainer(), id, name, config: cfg, labels: cfg.Labels ?? {}, state: "created", imageEnv: image });
       return this.json(res, 201, { Id: id, Warnings: [] });
+    }
+    if (req.method === "POST" && p === "/networks/create") {
+      const cfg = body as { Name: string; Internal?: boolean; Labels?: Record<string, string> };
+      if (this.networks.has(cfg.Name)) return this.json(res, 409, { message: `network with name ${cfg.Name} already exists` });
+      const id = randomBytes(32).toString("hex");
+      this.networks.set(cfg.Name, { id, name: cfg.Name, internal: cfg.Internal === true, labels: cfg.Labels ?? {}, gateway: this.networkGateway, containers: new Map() });
+      return this.json(res, 201, { Id: id, Warning: "" });
+    }
+    if (req.method === "GET" && p === "/networks") {
+      const filters = JSON.parse(url.searchParams.get("filters") ?? "{}") as { label?: string[] };
+      const list = [...this.networks.values()].filter((n) =>
+        (filters.label ?? []).every((l) => {
+          const [k, v] = l.split("=");
+          return v === undefined ? k! in n.labels : n.labels[k!] === v;
+        }),
+      );
+      return this.json(res, 200, list.map((n) => ({ Id: n.id, Name: n.name, Internal: n.internal, Labels: n.labels })));
+    }
+    if ((m = /^\/networks\/([^/]+)(\/connect|\/disconnect)?$/.exec(p))) {
+      const n = this.network(m[1]!);
+      if (!n) return this.json(res, 404, { message: `network ${m[1]} not found` });
+      if (req.method === "GET" && !m[2]) {
+        const containers = Object.fromEntries([...n.containers].map(([id, c]) => [id, { Name: c.name, IPv4Address: `${c.address}/24` }]));
+        return this.json(res, 200, { Id: n.id, Name: n.name, Internal: n.internal, Labels: n.labels, IPAM: { Config: [{ Subnet: "x/24", Gateway: n.gateway }] }, Containers: containers });
+      }
+      const who = (body as { Container?: string }).Container ?? "";
+      const id = this.external.get(who) ?? this.container(who)?.id;
+      if (req.method === "POST" && m[2] === "/connect") {
+        if (!id) return this.json(res, 404, { message: `No such container: ${who}` });
+        n.containers.set(id, { name: who, address: this.connectedAddress });
+        return this.json(res, 200);
+      }
+      if (req.method === "POST" && m[2] === "/disconnect") {
+        if (!id || !n.containers.delete(id)) return this.json(res, 404, { message: `container ${who} is not connected to ${n.name}` });
+        return this.json(res, 200);
+      }
+      if (req.method === "DELETE" && !m[2]) {
+        const inUse = [...n.containers.keys()].filter((cid) => this.containers.has(cid) || [...this.external.values()].includes(cid));
+        if (inUse.length) return this.json(res, 409, { message: `error while removing network: network ${n.name} has active endpoints` });
+        this.networks.delete(n.name);
+        return this.json(res, 204);
+      }
     }
     if (req.method === "GET" && p === "/containers/json") {
       const filters = JSON.parse(url.searchParams.get("filters") ?? "{}") as { label?: string[] };
@@ -179,6 +254,7 @@ export class FakeDockerEngine {
         if (c.state === "running" && url.searchParams.get("force") !== "true") return this.json(res, 409, { message: "stop the container before removing" });
         killAll(c);
         this.containers.delete(c.id);
+        for (const n of this.networks.values()) n.containers.delete(c.id);
         return this.json(res, 204);
       }
     }

@@ -37,6 +37,7 @@ export class FakeKubeApi {
   readonly calls: KCall[] = [];
   readonly pods = new Map<string, FakePod>();
   readonly secrets = new Map<string, Obj & { stringData?: Record<string, string>; data?: Record<string, string> }>();
+  readonly networkPolicies = new Map<string, Obj & { spec?: unknown }>();
   /** How many reads a new pod stays Pending before it is Running. */
   pendingReads = 1;
   /** Set to make new pods fail to pull their image. */
@@ -102,6 +103,22 @@ export class FakeKubeApi {
     for await (const c of req) chunks.push(c as Buffer);
     const body = chunks.length ? (JSON.parse(Buffer.concat(chunks).toString("utf8")) as Obj) : null;
     this.calls.push({ method: req.method!, path: url.pathname, query: url.searchParams, body });
+    const np = /^\/apis\/networking\.k8s\.io\/v1\/namespaces\/([^/]+)\/networkpolicies(?:\/([^/]+))?$/.exec(url.pathname);
+    if (np) {
+      const [, ns, name] = np;
+      if (req.method === "POST" && !name) {
+        const obj = structuredClone(body!);
+        if (this.networkPolicies.has(obj.metadata.name)) return this.json(res, 409, { kind: "Status", status: "Failure", code: 409, reason: "AlreadyExists" });
+        obj.metadata = { ...obj.metadata, namespace: ns!, uid: randomUUID() };
+        this.networkPolicies.set(obj.metadata.name, obj);
+        return this.json(res, 201, obj);
+      }
+      if (req.method === "DELETE" && name) {
+        if (!this.networkPolicies.delete(name)) return this.notFound(res, `networkpolicies "${name}"`);
+        return this.json(res, 200, { kind: "Status", apiVersion: "v1", metadata: {}, status: "Success" });
+      }
+      return this.json(res, 405, { kind: "Status", status: "Failure", code: 405 });
+    }
     const m = /^\/api\/v1\/namespaces\/([^/]+)\/(pods|secrets)(?:\/([^/]+))?$/.exec(url.pathname);
     if (!m) return this.json(res, 404, { kind: "Status", status: "Failure", code: 404, message: `no route ${req.method} ${url.pathname}` });
     const [, ns, kind, name] = m as unknown as [string, string, "pods" | "secrets", string | undefined];
@@ -138,6 +155,7 @@ export class FakeKubeApi {
         killAll(p);
         // The garbage collector: Secrets owned by the pod go with it.
         for (const [sn, s] of this.secrets) if (s.metadata.ownerReferences?.some((r) => r.kind === "Pod" && r.uid === p.obj.metadata.uid)) this.secrets.delete(sn);
+        for (const [nn, n] of this.networkPolicies) if (n.metadata.ownerReferences?.some((r) => r.kind === "Pod" && r.uid === p.obj.metadata.uid)) this.networkPolicies.delete(nn);
         return this.json(res, 200, p.obj);
       }
       return this.json(res, 200, { kind: "Status", apiVersion: "v1", metadata: {}, status: "Success" });
