@@ -80,10 +80,22 @@ interface SandboxRun {
   sessionId: string;
 }
 
+/**
+ * The calls a rollout lost: those the session recorded (the gateway's failures) and those its
+ * sandbox's relay could not deliver (the gateway never saw them). Null when there are none.
+ */
+export function lostCallsOf(session: LostCalls, sandbox: LostCalls): LostCalls | null {
+  const count = session.count + sandbox.count;
+  if (count === 0) return null;
+  const firsts = [session.first, sandbox.first].filter((f) => f !== null);
+  firsts.sort((a, b) => a.at.localeCompare(b.at));
+  return { count, first: firsts[0] ?? null };
+}
+
 /** Reads the session's lost calls before evaluating: a rollout that lost one is never scored. */
-async function lostBeforeEvaluation(deps: RolloutDeps, sessionId: string): Promise<LostCalls | null> {
+async function lostBeforeEvaluation(deps: RolloutDeps, sessionId: string, sandbox: Sandbox): Promise<LostCalls | null> {
   const session = await deps.gateway.session(sessionId);
-  return session.lost_calls.count > 0 ? session.lost_calls : null;
+  return lostCallsOf(session.lost_calls, sandbox.lostCalls());
 }
 
 /** Prepare, harness and evaluator: everything that happens inside the sandbox. */
@@ -111,7 +123,7 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
   // After the harness, before anything is scored: an agent that lost a call to infrastructure did
   // not show what the policy does (a timeout it ran into while the engine was away included).
   if (stage === "harness") {
-    const lost = await lostBeforeEvaluation(deps, r.sessionId);
+    const lost = await lostBeforeEvaluation(deps, r.sessionId, sandbox);
     if (lost) return { ...base, lost, status: "failed", error: { kind: "infrastructure", message: lostCallCause(lost) } };
   }
   if (result.timedOut) {
@@ -298,7 +310,7 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
   }
   const state = await deps.gateway.closeSession(session.id);
   // A call lost before or during evaluation: this attempt shows nothing about the policy.
-  const lost = outcome.status === "cancelled" ? null : (outcome.lost ?? (state.lost_calls.count > 0 ? state.lost_calls : null));
+  const lost = outcome.status === "cancelled" ? null : (outcome.lost ?? lostCallsOf(state.lost_calls, sandbox.lostCalls()));
   if (lost) {
     await endLostAttempt(deps, record, attempt, session.id, { ...outcome, lost }, state.counts);
     return;

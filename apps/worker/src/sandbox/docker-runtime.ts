@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import path from "node:path";
 import { Writable, type Readable } from "node:stream";
-import { type RuntimeSpec, runtimeNetwork } from "@rollgate/protocol";
+import { type LostCalls, type RuntimeSpec, runtimeNetwork } from "@rollgate/protocol";
 import Docker from "dockerode";
 import { sandboxEgressPolicy } from "../egress.js";
 import {
@@ -21,7 +21,7 @@ import {
 import { SandboxUnavailable } from "./local-runtime.js";
 import type { RunResult } from "./process.js";
 import { SessionRelay, egressProxyEnv } from "./relay.js";
-import type { CreateOptions, ExecOptions, Sandbox, SandboxRuntime } from "./runtime.js";
+import { NO_LOST_CALLS, type CreateOptions, type ExecOptions, type Sandbox, type SandboxRuntime } from "./runtime.js";
 import { type TarEntry, buildTar, readTar } from "./tar.js";
 
 /**
@@ -464,6 +464,10 @@ class DockerSandbox implements Sandbox {
       await this.net.relay?.close().catch((e: unknown) => this.o.log?.warn({ container: this.name, err: (e as Error).message }, "cannot close a sandbox relay"));
     }
     else if (this.net) await removeSealedNet(this.net, this.o.log);
+  }
+
+  lostCalls(): LostCalls {
+    return this.net?.relay?.lost ?? NO_LOST_CALLS;
   }
 
   describe(): string {

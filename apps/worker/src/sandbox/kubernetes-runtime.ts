@@ -2,7 +2,7 @@ import { randomBytes } from "node:crypto";
 import { BlockList, isIP } from "node:net";
 import { PassThrough, Writable } from "node:stream";
 import { CoreV1Api, Exec, type KubeConfig, NetworkingV1Api, type V1NetworkPolicy, type V1Pod, type V1Status } from "@kubernetes/client-node";
-import type { RuntimeSpec } from "@rollgate/protocol";
+import type { LostCalls, RuntimeSpec } from "@rollgate/protocol";
 import {
   CANNOT_START,
   CONTAINER_HOME,
@@ -25,7 +25,7 @@ import { SANDBOX_ALWAYS_DENIED } from "../egress.js";
 import { filesUnder, layoutEntries } from "./docker-runtime.js";
 import { SandboxUnavailable } from "./local-runtime.js";
 import type { RunResult } from "./process.js";
-import type { CreateOptions, ExecOptions, Sandbox, SandboxRuntime } from "./runtime.js";
+import { NO_LOST_CALLS, type CreateOptions, type ExecOptions, type Sandbox, type SandboxRuntime } from "./runtime.js";
 import { type TarEntry, buildTar } from "./tar.js";
 
 /**
@@ -599,6 +599,11 @@ class PodSandbox implements Sandbox {
     } finally {
       this.release();
     }
+  }
+
+  /** Pods reach the gateway directly (a NetworkPolicy seals them): the session records every lost call. */
+  lostCalls(): LostCalls {
+    return NO_LOST_CALLS;
   }
 
   describe(): string {

@@ -8,7 +8,7 @@ import { type BwrapSupport, RELAY_SHIM, RELAY_SOCKET, SANDBOX_GATEWAY_PORT, bwra
 import { type RunResult, runProcess } from "./process.js";
 import { RELAY_SHIM_SOURCE } from "./relay-shim.js";
 import { SessionRelay, egressProxyEnv } from "./relay.js";
-import type { CreateOptions, ExecOptions, Sandbox, SandboxRuntime } from "./runtime.js";
+import { NO_LOST_CALLS, type CreateOptions, type ExecOptions, type Sandbox, type SandboxRuntime } from "./runtime.js";
 import { PathEscape, type SandboxDirs, makeSandboxDirs, readFileInside, removeSandboxDirs, writeFilesInside } from "./workdir.js";
 
 /** The sandbox cannot be made as the task asks, here: the rollout fails (`sandbox_unavailable`), it is not retried. */
@@ -161,6 +161,7 @@ export class LocalRuntime implements SandboxRuntime {
         if (!runtime.keep) await removeSandboxDirs(dirs).catch((e: unknown) => this.cleanupFailed("sandbox folder", dirs.base, e));
       },
       describe: () => dirs.base,
+      lostCalls: () => relay?.server.lost ?? NO_LOST_CALLS,
     };
   }
 }

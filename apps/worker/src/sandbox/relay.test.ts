@@ -124,11 +124,15 @@ describe("SessionRelay", () => {
     await expect.poll(() => seen[0]?.aborted, { timeout: 5_000 }).toBe(true);
   });
 
-  it("a gateway that does not answer is a 502 from the relay, counted", async () => {
+  it("a gateway that does not answer is a 502 from the relay, counted as a call lost to infrastructure", async () => {
     const at = await start("http://127.0.0.1:1/s/s-1");
+    expect(relay!.lost).toEqual({ count: 0, first: null });
     const res = await fetch(`${at}/s/s-1/v1/models`);
     expect(res.status).toBe(502);
     expect(((await res.json()) as { error: { message: string } }).error.message).toMatch(/could not reach the gateway/);
     expect(relay!.stats.upstreamErrors).toBe(1);
+    await fetch(`${at}/s/s-1/v1/models`);
+    // The gateway never saw these calls, so the session cannot mark them: the relay does.
+    expect(relay!.lost).toMatchObject({ count: 2, first: { kind: "relay_unreachable", status: 502, message: expect.stringMatching(/could not reach the gateway/) } });
   });
 });

@@ -2,6 +2,7 @@ import http from "node:http";
 import net from "node:net";
 import { pipeline } from "node:stream/promises";
 import { Agent, request } from "undici";
+import type { LostCalls } from "@rollgate/protocol";
 import { EgressDenied, type EgressPolicy, checkDestination, egressRequest } from "../egress.js";
 
 /**
@@ -106,6 +107,8 @@ function refuse(res: http.ServerResponse, status: number, message: string) {
 
 export class SessionRelay {
   readonly stats: RelayStats = { forwarded: 0, proxied: 0, refused: 0, upstreamErrors: 0 };
+  /** Agent calls the relay could not deliver to the gateway: infrastructure, so the rollout is not scored. */
+  readonly lost: LostCalls = { count: 0, first: null };
   private readonly server: http.Server;
   private readonly upstream: Agent;
   private readonly tunnels = new Set<net.Socket>();
@@ -178,8 +181,11 @@ export class SessionRelay {
     } catch (err) {
       if (abort.signal.aborted) return;
       this.stats.upstreamErrors++;
+      const message = `the sandbox relay could not reach the gateway: ${(err as Error).message}`;
+      this.lost.count++;
+      this.lost.first ??= { at: new Date().toISOString(), kind: "relay_unreachable", status: 502, message };
       this.o.log?.warn({ session_id: this.o.sessionId, err: (err as Error).message }, "sandbox relay: the gateway call failed");
-      refuse(res, 502, `the sandbox relay could not reach the gateway: ${(err as Error).message}`);
+      refuse(res, 502, message);
     }
   }
 

@@ -1,5 +1,8 @@
-import type { RuntimeSpec } from "@rollgate/protocol";
+import type { LostCalls, RuntimeSpec } from "@rollgate/protocol";
 import type { RunResult } from "./process.js";
+
+/** A sandbox whose calls all reached the gateway (or that has no relay of its own). */
+export const NO_LOST_CALLS: LostCalls = Object.freeze({ count: 0, first: null });
 
 export interface ExecOptions {
   env: Record<string, string>;
@@ -33,6 +36,11 @@ export interface Sandbox {
   destroy(): Promise<void>;
   /** Where a kept sandbox can be found, for the logs. */
   describe(): string;
+  /**
+   * Agent calls the sandbox's own relay could not deliver to the gateway (a sealed network), so
+   * the gateway never saw them: lost to infrastructure like the ones the session records.
+   */
+  lostCalls(): LostCalls;
 }
 
 /** What a runtime may be told about the rollout when it creates the sandbox. */
