@@ -200,7 +200,7 @@ describe("docker-compose.yml", () => {
 
   it("in the gpu profile, starts the gateways only once vLLM is healthy; without it, runs without vLLM", () => {
     const gpuVars = readEnvFile("deploy/gpu.env");
-    const gpu = activeServices(compose(gpuVars).services, gpuVars.COMPOSE_PROFILES!.split(","));
+    const gpu = activeServices(compose({ ...gpuVars, REDIS_PASSWORD }).services, gpuVars.COMPOSE_PROFILES!.split(","));
     expect(gpu.vllm).toBeDefined();
     expect(gpu.vllm!.healthcheck!.test.join(" ")).toContain("http://127.0.0.1:8000/health");
     // vLLM loads its weights before /health answers: the health check waits that long before counting failures.
