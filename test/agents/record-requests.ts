@@ -77,7 +77,6 @@ describe.each(AGENT_CASES.map((c) => [caseName(c), c] as const))("%s", (_name, c
       taskId: taskIdOf(c),
       linkDir,
       word: wordOf(c),
-      shellTool: c.shell.name,
     };
     for (const { kind, request } of requestKinds(session, c.shell.name)) {
       expect(request.status, `${kind} ${request.url}`).toBe(200);

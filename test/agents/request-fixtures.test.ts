@@ -22,7 +22,6 @@ const facts: RunFacts = {
   taskId: "t-record-claude-code",
   linkDir: "/var/tmp/rollgate-agent-links-Xy12Ab",
   word: "agent-ok-claude-code",
-  shellTool: "Bash",
 };
 const INSTRUCTION = "Write agent-ok-claude-code into result.txt with your shell tool, then read it back.";
 const THINK = "I will write the file with the shell tool.";

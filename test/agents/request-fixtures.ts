@@ -35,8 +35,6 @@ export interface RunFacts {
   linkDir: string;
   /** Every text of ours holds it: the instruction, the commands, the answer, the read result. */
   word: string;
-  /** The name under which the CLI declares its shell tool. */
-  shellTool: string;
 }
 
 export interface AgentRequestFixture {
