@@ -34,19 +34,34 @@ export const anthropicBody = JSON.stringify({
   temperature: 1,
 });
 
+/**
+ * @param {string} name
+ * @param {string} url
+ * @param {Record<string, string>} headers
+ * @param {string} body
+ */
 async function probe(name, url, headers, body) {
   const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json", ...headers }, body });
   const text = await res.text();
   return { name, ok: res.ok, status: res.status, text: text.slice(0, 240) };
 }
 
+/** @typedef {{ middle_cpu_ms_per_call: number, engine_cpu_ms_per_call: number, rps: number, p50: number, p99: number, ok: number, non2xx: number, errors: number, first_bad_status: number | null }} Round */
+/**
+ * @typedef {{ rps: number, p50_ms: number, p99_ms: number, non2xx: number, errors: number, middle_cpu_ms_per_call: number, engine_cpu_ms_per_call: number,
+ *   added_p50_ms: number, added_p99_ms: number, added_p50_vs_tokens_ms: number, rps_vs_fastify_proxy: number, rps_vs_portkey: number }} TargetSummary
+ */
+
+/** @param {{ quick?: boolean, profile?: boolean }} [options] */
 export async function run({ quick = false, profile = !quick } = {}) {
   const cfg = quick
     ? { conc: [1, 64], rounds: 3, durationS: 1, warmupS: 1 }
     : { conc: [1, 16, 64, 256], rounds: 3, durationS: 3, warmupS: 2 };
   const maxConc = Math.max(...cfg.conc);
   const prefix = uniquePrefix("overhead");
+  /** @type {import("./lib/procs.mjs").Child[]} */
   const procs = [];
+  /** @type {string[]} */
   const notes = [];
   try {
     const engine = await startEngineSim({ "ttft-ms": TTFT_MS, "tpot-ms": 0, "random-tokens": 16 });
@@ -62,6 +77,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
     const portkeyHeaders = { "x-portkey-provider": "openai", "x-portkey-custom-host": `${engine.ready}/v1`, authorization: "Bearer sk-bench" };
 
     // Each target: a function of the connection index → {url, headers, body}.
+    /** @type {Record<string, (i: number) => import("./lib/load.mjs").Target & { headers: Record<string, string>, body: string }>} */
     const targets = {
       direct: () => ({ url: `${engine.ready}/v1/chat/completions`, headers: {}, body: openaiBody }),
       // The engine request rollgate makes for the same call (token ids + logprobs): engine-side cost.
@@ -92,8 +108,10 @@ export async function run({ quick = false, profile = !quick } = {}) {
     }
 
     // CPU per call of the process in the middle (proxy, Portkey, gateway) and of the engine.
+    /** @type {Record<string, import("./lib/procs.mjs").Child | null>} */
     const middle = { direct: null, direct_tokens: null, fastify_proxy: proxy, portkey, rollgate: gateway, rollgate_anthropic: gateway };
-    const cpu = (name) => ({ middle: middle[name] ? procCpu(middle[name].proc.pid).self : 0, engine: procCpu(engine.proc.pid).self });
+    const cpu = (/** @type {string} */ name) => ({ middle: middle[name] ? procCpu(middle[name].proc.pid).self : 0, engine: procCpu(engine.proc.pid).self });
+    /** @type {Record<number, Record<string, Round[]>>} */
     const raw = {}; // raw[c][target] = [{rps, p50, p99, ok, non2xx, errors, cpu}]
     for (const c of cfg.conc) {
       raw[c] = {};
@@ -124,13 +142,16 @@ export async function run({ quick = false, profile = !quick } = {}) {
       }
     }
 
+    /** @type {Record<number, Record<string, TargetSummary>>} */
     const summary = {};
+    /** @type {unknown[][]} */
     const rows = [];
     for (const c of cfg.conc) {
       summary[c] = {};
       for (const name of Object.keys(targets)) {
         const runs = raw[c][name];
-        summary[c][name] = {
+        // The ratios (added_*, rps_vs_*) are filled in below, once every target has its medians.
+        summary[c][name] = /** @type {TargetSummary} */ ({
           rps: round(median(runs.map((x) => x.rps)), 1),
           p50_ms: round(median(runs.map((x) => x.p50)), 3),
           p99_ms: round(median(runs.map((x) => x.p99)), 3),
@@ -138,7 +159,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
           errors: runs.reduce((a, x) => a + x.errors, 0),
           middle_cpu_ms_per_call: round(median(runs.map((x) => x.middle_cpu_ms_per_call)), 3),
           engine_cpu_ms_per_call: round(median(runs.map((x) => x.engine_cpu_ms_per_call)), 3),
-        };
+        });
       }
       const s = summary[c];
       const d = s.direct;
@@ -188,7 +209,11 @@ export async function run({ quick = false, profile = !quick } = {}) {
   }
 }
 
-/** One c=64 run through a gateway started with --cpu-prof: where the gateway's CPU goes. */
+/**
+ * One c=64 run through a gateway started with --cpu-prof: where the gateway's CPU goes.
+ * @param {string} engineUrl
+ * @param {{ warmupS: number, durationS: number }} cfg
+ */
 async function profileGateway(engineUrl, cfg) {
   const prefix = uniquePrefix("overhead-prof");
   const dir = mkdtempSync(path.join(os.tmpdir(), "rollgate-prof-"));

@@ -10,9 +10,17 @@ const POLICIES = ["least_loaded", "affinity", "round_robin"];
 const DP = 4;
 const BLOCK = 16; // engine-sim's (vLLM's) block size
 const ENGINE = { dp: DP, "ttft-ms": 30, "tpot-ms": 2, "random-tokens": 24, "max-running": 4 };
+/** @typedef {import("@rollgate/protocol").CreateSessionResponse} Session */
+/** @typedef {import("@rollgate/protocol").CompletionRecord} CompletionRecord */
+/** @typedef {{ ranks: { served: number }[] }} SimStats engine-sim's /sim/stats, the part read here */
+
 const WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud paper engine table window garden signal".split(" ");
 
-/** A long task prompt unique to a group (deterministic). */
+/**
+ * A long task prompt unique to a group (deterministic).
+ * @param {number} g
+ * @param {number} words
+ */
 function groupPrompt(g, words) {
   let x = (g + 1) * 2654435761;
   const out = [`Problem ${g}. Read the repository description below and fix the failing test.`];
@@ -23,6 +31,10 @@ function groupPrompt(g, words) {
   return out.join(" ");
 }
 
+/**
+ * @param {Session} s
+ * @param {{ role: string, content: string }[]} messages
+ */
 async function call(s, messages) {
   const res = await fetch(`${s.urls.openai}/chat/completions`, {
     method: "POST",
@@ -30,12 +42,17 @@ async function call(s, messages) {
     body: JSON.stringify({ model: "m", messages, max_tokens: 24 }),
   });
   if (!res.ok) throw new Error(`${res.status}: ${await res.text()}`);
-  return res.json();
+  return /** @type {Promise<{ choices: { message: { content: string } }[] }>} */ (res.json());
 }
 
-/** One GRPO sample: open a session on the group's affinity key, two turns, close. */
+/**
+ * One GRPO sample: open a session on the group's affinity key, two turns, close.
+ * @param {string} base
+ * @param {number} group
+ * @param {string} prompt
+ */
 async function sample(base, group, prompt) {
-  const s = await api(base, "/v1/sessions", { method: "POST", body: { affinity_key: `g-${group}` } });
+  const s = /** @type {Session} */ (await api(base, "/v1/sessions", { method: "POST", body: { affinity_key: `g-${group}` } }));
   const messages = [{ role: "user", content: prompt }];
   const a = await call(s, messages);
   messages.push({ role: "assistant", content: a.choices[0].message.content }, { role: "user", content: "The tests still fail with a KeyError. Try again." });
@@ -44,8 +61,13 @@ async function sample(base, group, prompt) {
   return s.id;
 }
 
-/** Block-chain keys of a token sequence (as engine-sim and vLLM hash full blocks). */
+/**
+ * Block-chain keys of a token sequence (as engine-sim and vLLM hash full blocks).
+ * @param {readonly number[]} ids
+ * @param {number} nBlocks
+ */
 function blockKeys(ids, nBlocks) {
+  /** @type {string[]} */
   const keys = [];
   let h1 = 0x811c9dc5;
   let h2 = 0x9e3779b9;
@@ -59,8 +81,12 @@ function blockKeys(ids, nBlocks) {
   return keys;
 }
 
-/** The ideal: replay every call in start order against one unbounded cache (all on one rank). */
+/**
+ * The ideal: replay every call in start order against one unbounded cache (all on one rank).
+ * @param {readonly CompletionRecord[]} records
+ */
 function idealCached(records) {
+  /** @type {Set<string>} */
   const cache = new Set();
   let cached = 0;
   for (const r of [...records].sort((a, b) => Date.parse(a.created_at) - Date.parse(b.created_at) || a.seq - b.seq)) {
@@ -77,19 +103,26 @@ function idealCached(records) {
   return cached;
 }
 
+/** @param {{ quick?: boolean }} [options] */
 export async function run({ quick = false } = {}) {
   const cfg = quick ? { groups: 8, n: 8, parallelGroups: 4, promptWords: 800 } : { groups: 24, n: 8, parallelGroups: 4, promptWords: 1500 };
+  /**
+   * @type {Record<string, { calls: number, prompt_tokens: number, cached_tokens: number, hit_rate: number, ideal_hit_rate: number, of_ideal: number,
+   *   mean_engine_latency_ms: number, p99_engine_latency_ms: number, calls_per_rank: number[], wall_s: number }>}
+   */
   const results = {};
   const engine = await startEngineSim(ENGINE);
   try {
     for (const policy of POLICIES) {
       const prefix = uniquePrefix(`routing-${policy}`);
+      /** @type {import("./lib/procs.mjs").Child | null} */
       let gateway = null;
       try {
         await fetch(`${engine.ready}/reset_prefix_cache`, { method: "POST" });
-        const before = await (await fetch(`${engine.ready}/sim/stats`)).json();
+        const before = /** @type {SimStats} */ (await (await fetch(`${engine.ready}/sim/stats`)).json());
         gateway = await startGateway({ prefix, engineUrl: engine.ready, dp: DP, env: { ROLLGATE_ROUTING: policy } });
         const t0 = Date.now();
+        /** @type {string[]} */
         const ids = [];
         let next = 0;
         await Promise.all(
@@ -97,14 +130,15 @@ export async function run({ quick = false } = {}) {
             while (next < cfg.groups) {
               const g = next++;
               const prompt = groupPrompt(g, cfg.promptWords);
-              ids.push(...(await Promise.all(Array.from({ length: cfg.n }, () => sample(gateway.ready, g, prompt)))));
+              ids.push(...(await Promise.all(Array.from({ length: cfg.n }, () => sample(/** @type {import("./lib/procs.mjs").Child} */ (gateway).ready, g, prompt)))));
             }
           }),
         );
         const wallS = (Date.now() - t0) / 1000;
-        const after = await (await fetch(`${engine.ready}/sim/stats`)).json();
+        const after = /** @type {SimStats} */ (await (await fetch(`${engine.ready}/sim/stats`)).json());
+        /** @type {CompletionRecord[]} */
         const records = [];
-        for (const id of ids) records.push(...(await api(gateway.ready, `/v1/sessions/${id}/completions`)).completions);
+        for (const id of ids) records.push(.../** @type {{ completions: CompletionRecord[] }} */ (await api(gateway.ready, `/v1/sessions/${id}/completions`)).completions);
         const prompt = records.reduce((a, r) => a + r.usage.prompt_tokens, 0);
         const cached = records.reduce((a, r) => a + r.usage.cached_tokens, 0);
         const ideal = idealCached(records);

@@ -32,7 +32,7 @@ for (const name of names.length ? names : ALL) {
     writeFileSync(path.join(resultsDir, `${name}${quick ? ".quick" : ""}.json`), `${JSON.stringify(doc, null, 1)}\n`);
   } catch (err) {
     failed++;
-    console.error(`\n${name} FAILED: ${err.stack ?? err}`);
+    console.error(`\n${name} FAILED: ${err instanceof Error ? err.stack : err}`);
   } finally {
     await stopAll();
   }

@@ -7,7 +7,13 @@ import { printTable, round, sleep } from "./lib/stats.mjs";
 
 const OUTPUT_TOKENS = 64;
 
-/** One agent-like session: `turns` calls, each prompt = the whole conversation so far. */
+/** @typedef {import("@rollgate/protocol").CompletionRecord} CompletionRecord */
+
+/**
+ * One agent-like session: `turns` calls, each prompt = the whole conversation so far.
+ * @param {import("@rollgate/protocol").CreateSessionResponse} session
+ * @param {number} turns
+ */
 async function converse(session, turns) {
   const messages = [
     { role: "system", content: "You are a coding agent. Use short answers." },
@@ -20,16 +26,18 @@ async function converse(session, turns) {
       body: JSON.stringify({ model: "m", messages, max_tokens: OUTPUT_TOKENS }),
     });
     if (!res.ok) throw new Error(`call ${t} → ${res.status}: ${await res.text()}`);
-    const body = await res.json();
+    const body = /** @type {{ choices: { message: { content: string } }[] }} */ (await res.json());
     messages.push({ role: "assistant", content: body.choices[0].message.content });
     messages.push({ role: "user", content: `Tool output ${t}: 3 passed, 1 failed (test_parse_dates). Continue.` });
   }
 }
 
+/** @param {{ quick?: boolean }} [options] */
 export async function run({ quick = false } = {}) {
   const cfg = quick ? { sessions: 5, turns: 5, openSessions: 1000 } : { sessions: 20, turns: 10, openSessions: 10_000 };
   const prefix = uniquePrefix("storage");
   const prefix2 = uniquePrefix("storage-rss");
+  /** @type {import("./lib/procs.mjs").Child[]} */
   const procs = [];
   const redis = redisClient();
   try {
@@ -46,18 +54,19 @@ export async function run({ quick = false } = {}) {
     let outputTokens = 0;
     let uniqueTokens = 0;
     let records = 0;
+    /** @type {Record<"prompt_ids" | "output_ids" | "output_logprobs" | "request" | "message" | "other" | "total", number>} */
     const json = { prompt_ids: 0, output_ids: 0, output_logprobs: 0, request: 0, message: 0, other: 0, total: 0 };
     for (const s of sessions) {
       const key = `${prefix}:{s:${s.id}}:records`;
       bytes += Number(await redis.call("MEMORY", "USAGE", key, "SAMPLES", "0"));
-      const { completions } = await api(gateway.ready, `/v1/sessions/${s.id}/completions`);
+      const { completions } = /** @type {{ completions: CompletionRecord[] }} */ (await api(gateway.ready, `/v1/sessions/${s.id}/completions`));
       for (const r of completions) {
         records++;
         promptTokens += r.prompt_ids.length;
         outputTokens += r.output_ids.length;
         const whole = JSON.stringify(r).length;
         let parts = 0;
-        for (const k of ["prompt_ids", "output_ids", "output_logprobs", "request", "message"]) {
+        for (const k of /** @type {const} */ (["prompt_ids", "output_ids", "output_logprobs", "request", "message"])) {
           const n = JSON.stringify(r[k]).length;
           json[k] += n;
           parts += n;
@@ -65,7 +74,7 @@ export async function run({ quick = false } = {}) {
         json.other += whole - parts;
         json.total += whole;
       }
-      const last = completions.at(-1);
+      const last = /** @type {CompletionRecord} */ (completions.at(-1));
       uniqueTokens += last.prompt_ids.length + last.output_ids.length;
     }
     const recorded = promptTokens + outputTokens;
@@ -80,6 +89,7 @@ export async function run({ quick = false } = {}) {
       bytes_per_output_token: round(bytes / outputTokens, 1),
       bytes_per_unique_session_token: round(bytes / uniqueTokens, 1),
       json_share_pct: Object.fromEntries(Object.entries(json).filter(([k]) => k !== "total").map(([k, v]) => [k, round((100 * v) / json.total, 1)])),
+      /** @type {Record<string, number>} */
       json_bytes_per_token: {
         prompt_ids: round(json.prompt_ids / promptTokens, 2),
         output_ids: round(json.output_ids / outputTokens, 2),
@@ -110,9 +120,9 @@ export async function run({ quick = false } = {}) {
     const createS = (Date.now() - t0) / 1000;
     await sleep(1000);
     const after = procMemory(gw2.proc.pid);
-    const loads = await redis.zrange(`${prefix2}:{routing}:load`, 0, -1, "WITHSCORES");
+    const loads = await redis.zrange(`${prefix2}:{routing}:load`, 0, "-1", "WITHSCORES");
     const open = loads.filter((_, i) => i % 2 === 1).reduce((a, x) => a + Number(x), 0);
-    const mib = (b) => round(b / 2 ** 20, 1);
+    const mib = (/** @type {number} */ b) => round(b / 2 ** 20, 1);
     const rss = {
       open_sessions: open,
       create_per_s: round(cfg.openSessions / createS, 0),

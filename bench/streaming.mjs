@@ -19,7 +19,10 @@ const USER = "Summarise what a rollout gateway does in one paragraph.";
 const openaiStream = JSON.stringify({ model: MODEL, messages: [{ role: "user", content: USER }], max_tokens: TOKENS, stream: true });
 const anthropicStream = JSON.stringify({ model: MODEL, messages: [{ role: "user", content: USER }], max_tokens: TOKENS, stream: true });
 
-/** True when an SSE data payload carries generated text (OpenAI delta.content or Anthropic text_delta). */
+/**
+ * True when an SSE data payload carries generated text (OpenAI delta.content or Anthropic text_delta).
+ * @param {string} data
+ */
 function hasContent(data) {
   if (data === "[DONE]") return false;
   try {
@@ -30,7 +33,15 @@ function hasContent(data) {
   }
 }
 
-/** One streamed call: ms to the first content chunk, ms to the end of the stream. */
+/** @typedef {[url: string, headers: Record<string, string>, body: string]} StreamCall */
+
+/**
+ * One streamed call: ms to the first content chunk, ms to the end of the stream.
+ * @param {import("undici").Dispatcher} dispatcher
+ * @param {StreamCall[0]} url
+ * @param {StreamCall[1]} headers
+ * @param {StreamCall[2]} body
+ */
 async function timedStream(dispatcher, url, headers, body) {
   const t0 = performance.now();
   const res = await request(url, { method: "POST", dispatcher, headers: { "content-type": "application/json", ...headers }, body });
@@ -55,7 +66,12 @@ async function timedStream(dispatcher, url, headers, body) {
   return { ttft, total: performance.now() - t0 };
 }
 
-/** 16 concurrent streams through a gateway started with --cpu-prof. */
+/**
+ * 16 concurrent streams through a gateway started with --cpu-prof.
+ * @param {string} engineUrl
+ * @param {import("undici").Dispatcher} dispatcher
+ * @param {number} calls
+ */
 async function profileStreams(engineUrl, dispatcher, calls) {
   const prefix = uniquePrefix("streaming-prof");
   const dir = mkdtempSync(path.join(os.tmpdir(), "rollgate-prof-st-"));
@@ -64,7 +80,7 @@ async function profileStreams(engineUrl, dispatcher, calls) {
     const t0 = Date.now();
     gateway = await startGateway({ prefix, engineUrl, nodeArgs: ["--cpu-prof", `--cpu-prof-dir=${dir}`] });
     const ss = await openSessions(gateway.ready, 16);
-    const one = (s) => timedStream(dispatcher, `${s.urls.openai}/chat/completions`, { authorization: `Bearer ${s.token}` }, openaiStream);
+    const one = (/** @type {import("@rollgate/protocol").CreateSessionResponse} */ s) => timedStream(dispatcher, `${s.urls.openai}/chat/completions`, { authorization: `Bearer ${s.token}` }, openaiStream);
     await Promise.all(ss.map(one));
     const skipMs = Date.now() - t0;
     await Promise.all(ss.map(async (s) => {
@@ -84,9 +100,14 @@ async function profileStreams(engineUrl, dispatcher, calls) {
   }
 }
 
+/** @typedef {{ calls: number, ttft_p50_ms: number, ttft_p99_ms: number, total_p50_ms: number, total_p99_ms: number, added_ttft_p50_ms: number, added_ttft_p99_ms: number, added_total_p50_ms: number }} TargetSummary */
+
+/** @param {{ quick?: boolean, profile?: boolean }} [options] */
 export async function run({ quick = false, profile = !quick } = {}) {
+  /** @type {{ conc: number[], rounds: number, callsPerConn: Record<number, number> }} */
   const cfg = quick ? { conc: [1, 16], rounds: 3, callsPerConn: { 1: 6, 16: 2 } } : { conc: [1, 16], rounds: 3, callsPerConn: { 1: 20, 16: 5 } };
   const prefix = uniquePrefix("streaming");
+  /** @type {import("./lib/procs.mjs").Child[]} */
   const procs = [];
   const dispatcher = new Agent({ connections: 64, keepAliveTimeout: 30_000 });
   try {
@@ -96,11 +117,13 @@ export async function run({ quick = false, profile = !quick } = {}) {
     procs.push(gateway);
     const oa = await openSessions(gateway.ready, 16);
     const an = await openSessions(gateway.ready, 16);
+    /** @type {Record<string, (i: number) => StreamCall>} */
     const targets = {
       direct: () => [`${engine.ready}/v1/chat/completions`, {}, openaiStream],
       rollgate: (i) => [`${oa[i].urls.openai}/chat/completions`, { authorization: `Bearer ${oa[i].token}` }, openaiStream],
       rollgate_anthropic: (i) => [`${an[i].urls.anthropic}/v1/messages`, { "x-api-key": an[i].token, "anthropic-version": "2023-06-01" }, anthropicStream],
     };
+    /** @type {Record<number, Record<string, { ttft: number[], total: number[], rounds: { ttft_p50: number, total_p50: number }[] }>>} */
     const samples = {};
     for (const c of cfg.conc) {
       samples[c] = {};
@@ -110,6 +133,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
       }
       for (let r = 0; r < cfg.rounds; r++) {
         for (const [name, t] of Object.entries(targets)) {
+          /** @type {{ ttft: number[], total: number[] }} */
           const got = { ttft: [], total: [] };
           await Promise.all(
             Array.from({ length: c }, async (_, i) => {
@@ -126,19 +150,22 @@ export async function run({ quick = false, profile = !quick } = {}) {
         }
       }
     }
+    /** @type {Record<number, Record<string, TargetSummary>>} */
     const summary = {};
+    /** @type {unknown[][]} */
     const rows = [];
     for (const c of cfg.conc) {
       summary[c] = {};
       for (const name of Object.keys(targets)) {
         const s = samples[c][name];
-        summary[c][name] = {
+        // The added_* differences are filled in below, once the direct target has its figures.
+        summary[c][name] = /** @type {TargetSummary} */ ({
           calls: s.ttft.length,
           ttft_p50_ms: round(median(s.rounds.map((x) => x.ttft_p50)), 3),
           ttft_p99_ms: round(percentile(s.ttft, 99), 3),
           total_p50_ms: round(median(s.rounds.map((x) => x.total_p50)), 3),
           total_p99_ms: round(percentile(s.total, 99), 3),
-        };
+        });
       }
       const d = summary[c].direct;
       for (const name of Object.keys(targets)) {

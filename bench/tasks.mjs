@@ -24,28 +24,42 @@ const AGENT = [
 ];
 const task = () => ({ instruction: "Say done.", agent: { harness: "command", command: AGENT }, evaluator: null, limits: { timeout_s: 60 } });
 
-/** Submits `n` tasks in one batch and waits until all are terminal; tasks/s from submit to the last finished_at. */
+/**
+ * @typedef {{ tasks: number, seconds: number, tasks_per_s: number, statuses: Record<string, number>,
+ *   median_timings_ms: Record<string, number>, cpu_ms_per_task?: Record<string, number> }} BatchResult
+ */
+
+/**
+ * Submits `n` tasks in one batch and waits until all are terminal; tasks/s from submit to the last finished_at.
+ * @param {string} gatewayUrl
+ * @param {string} prefix
+ * @param {number} n
+ * @param {string} label
+ * @returns {Promise<BatchResult>}
+ */
 async function rollgateBatch(gatewayUrl, prefix, n, label) {
   const redis = redisClient();
   try {
     const t0 = Date.now();
-    const res = await api(gatewayUrl, "/v1/tasks/batch", { method: "POST", body: { tasks: Array.from({ length: n }, () => task()) } });
+    const res = /** @type {{ tasks: { id: string }[] }} */ (await api(gatewayUrl, "/v1/tasks/batch", { method: "POST", body: { tasks: Array.from({ length: n }, () => task()) } }));
     const ids = res.tasks.map((t) => t.id);
     const deadline = Date.now() + 180_000;
     for (;;) {
       const pipe = redis.pipeline();
       for (const id of ids) pipe.hmget(`${prefix}:{t:${id}}:task`, "status", "finished_at");
-      const rows = (await pipe.exec()).map(([, v]) => v);
-      const done = rows.filter(([s]) => TERMINAL.has(s));
+      const rows = /** @type {[Error | null, (string | null)[]][]} */ (await pipe.exec()).map(([, v]) => v);
+      const done = rows.filter(([s]) => TERMINAL.has(/** @type {string} */ (s)));
       if (done.length === ids.length) {
-        const last = Math.max(...rows.map(([, f]) => Date.parse(f)));
+        const last = Math.max(...rows.map(([, f]) => Date.parse(/** @type {string} */ (f))));
+        /** @type {Record<string, number>} */
         const statuses = {};
-        for (const [s] of rows) statuses[s] = (statuses[s] ?? 0) + 1;
+        for (const [s] of rows) statuses[/** @type {string} */ (s)] = (statuses[/** @type {string} */ (s)] ?? 0) + 1;
         // Where a task's time goes, from its own result.timings.
         const pipe2 = redis.pipeline();
         for (const id of ids) pipe2.hget(`${prefix}:{t:${id}}:task`, "result");
-        const timings = (await pipe2.exec()).map(([, v]) => JSON.parse(v)?.timings ?? {});
-        const med = (k) => round(median(timings.map((t) => t[k]).filter((x) => typeof x === "number")), 1);
+        /** @type {Record<string, unknown>[]} */
+        const timings = /** @type {[Error | null, string][]} */ (await pipe2.exec()).map(([, v]) => JSON.parse(v)?.timings ?? {});
+        const med = (/** @type {string} */ k) => round(median(timings.map((t) => t[k]).filter((x) => typeof x === "number")), 1);
         return {
           tasks: n,
           seconds: (last - t0) / 1000,
@@ -62,14 +76,22 @@ async function rollgateBatch(gatewayUrl, prefix, n, label) {
   }
 }
 
-/** CPU ms so far of the gateway, the engine, the worker processes and the sandboxes they reaped. */
+/**
+ * CPU ms so far of the gateway, the engine, the worker processes and the sandboxes they reaped.
+ * @param {{ gateway: number | undefined, engine: number | undefined, workers: (number | undefined)[] }} pids
+ * @returns {Record<string, number>}
+ */
 function cpuOf(pids) {
   const g = procCpu(pids.gateway);
   const e = procCpu(pids.engine);
-  const w = pids.workers.map(procCpu);
+  const w = pids.workers.map((pid) => procCpu(pid));
   return { gateway: g.self, engine: e.self, workers: w.reduce((a, x) => a + x.self, 0), sandboxes: w.reduce((a, x) => a + x.children, 0) };
 }
 
+/**
+ * @param {Queue} queue
+ * @param {number} n
+ */
 async function rawBatch(queue, n) {
   const before = await queue.getCompletedCount();
   const t0 = performance.now();
@@ -85,12 +107,18 @@ async function rawBatch(queue, n) {
   return { jobs: n, seconds: s, tasks_per_s: n / s };
 }
 
-/** One batch through a gateway and one worker both started with --cpu-prof: where a task's CPU goes. */
+/**
+ * One batch through a gateway and one worker both started with --cpu-prof: where a task's CPU goes.
+ * @param {string} engineUrl
+ * @param {number} tasks
+ */
 async function profileTasks(engineUrl, tasks) {
   const prefix = uniquePrefix("tasks-prof");
   const gdir = mkdtempSync(path.join(os.tmpdir(), "rollgate-prof-gw-"));
   const wdir = mkdtempSync(path.join(os.tmpdir(), "rollgate-prof-wk-"));
+  /** @type {import("./lib/procs.mjs").Child | null} */
   let gateway = null;
+  /** @type {import("./lib/procs.mjs").Child | null} */
   let worker = null;
   try {
     const t0 = Date.now();
@@ -103,6 +131,7 @@ async function profileTasks(engineUrl, tasks) {
     worker = null;
     await stop(gateway);
     gateway = null;
+    /** @type {Record<string, import("./lib/cpuprofile.mjs").ProfileSummary>} */
     const out = {};
     for (const [name, dir] of [["worker", wdir], ["gateway", gdir]]) {
       const file = newestProfile(dir);
@@ -120,13 +149,18 @@ async function profileTasks(engineUrl, tasks) {
   }
 }
 
+/** @param {{ quick?: boolean, profile?: boolean }} [options] */
 export async function run({ quick = false, profile = !quick } = {}) {
   const cfg = quick ? { workers: [1, 2], rounds: 3, tasks: 16, rawJobs: 500 } : { workers: [1, 2, 4], rounds: 3, tasks: 60, rawJobs: 3000 };
   const prefix = uniquePrefix("tasks");
   const rawPrefix = `{${uniquePrefix("tasks-raw")}}`;
+  /** @type {import("./lib/procs.mjs").Child[]} */
   const procs = [];
+  /** @type {Record<number, { rollgate: Required<BatchResult>[], raw: { jobs: number, seconds: number, tasks_per_s: number }[] }>} */
   const results = {};
+  /** @type {Queue | null} */
   let queue = null;
+  /** @type {import("ioredis").Redis | null} */
   let queueConn = null;
   try {
     const engine = await startEngineSim({ "random-tokens": 8 });
@@ -143,6 +177,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
         Array.from({ length: n }, (_, i) => startWorker({ prefix, gatewayUrl: gateway.ready, name: `w${i}`, env: { ROLLGATE_WORKER_CONCURRENCY: String(CONCURRENCY) } })),
       );
       await rollgateBatch(gateway.ready, prefix, n * CONCURRENCY, "warm-up");
+      /** @type {import("./lib/procs.mjs").Child[]} */
       const raws = [];
       try {
         for (let r = 0; r < cfg.rounds; r++) {
@@ -152,7 +187,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
           const cpu1 = cpuOf(pids);
           x.cpu_ms_per_task = Object.fromEntries(Object.keys(cpu0).map((k) => [k, round((cpu1[k] - cpu0[k]) / cfg.tasks, 2)]));
           if ((x.statuses.completed ?? 0) !== cfg.tasks) throw new Error(`${n} workers: not every task completed: ${JSON.stringify(x.statuses)}`);
-          results[n].rollgate.push(x);
+          results[n].rollgate.push(/** @type {Required<BatchResult>} */ (x));
           process.stderr.write(`tasks: ${n} workers round ${r + 1}: ${round(x.tasks_per_s, 1)} tasks/s\n`);
         }
       } finally {
@@ -178,7 +213,9 @@ export async function run({ quick = false, profile = !quick } = {}) {
         await Promise.all(raws.map((w) => stop(w)));
       }
     }
+    /** @type {Record<number, { rollgate_tasks_per_s: number, raw_bullmq_jobs_per_s: number, ratio: number, cpu_ms_per_task: Record<string, number>, median_task_timings_ms: Record<string, number> }>} */
     const summary = {};
+    /** @type {unknown[][]} */
     const rows = [];
     for (const n of cfg.workers) {
       const rg = round(median(results[n].rollgate.map((x) => x.tasks_per_s)), 2);

@@ -5,7 +5,12 @@ import { prefixMerging, prefixMergingTraces } from "@rollgate/trajectory";
 import { naivePrefixMerging } from "./lib/naive-trajectory.mjs";
 import { median, printTable, round } from "./lib/stats.mjs";
 
-/** A deterministic PRNG (mulberry32), so every run builds the same sessions. */
+/** @typedef {import("@rollgate/protocol").CompletionRecord} CompletionRecord */
+
+/**
+ * A deterministic PRNG (mulberry32), so every run builds the same sessions.
+ * @param {number} seed
+ */
 function rng(seed) {
   let a = seed >>> 0;
   return () => {
@@ -22,24 +27,28 @@ function rng(seed) {
  * as an agent makes them: `contexts` conversations (a main agent and sub-agents) sharing a system
  * prompt, interleaved; each call's prompt is the previous prompt + the previous output + a tool
  * result; about 1% of calls are retried with the identical prompt (they become separate traces).
+ * @param {{ calls: number, totalTokens: number, contexts: number, seed?: number }} shape
  */
 export function syntheticSession({ calls, totalTokens, contexts, seed = 1 }) {
   const rand = rng(seed);
   const tok = () => Math.floor(rand() * 150_000);
-  const toks = (n) => Array.from({ length: n }, tok);
+  const toks = (/** @type {number} */ n) => Array.from({ length: n }, tok);
   const m = Math.ceil(calls / contexts);
   const p0 = Math.max(32, Math.round((0.3 * totalTokens) / calls));
   const d = Math.max(4, Math.round((0.7 * totalTokens) / contexts / ((m * (m - 1)) / 2 + 0.4 * m)));
   const out = Math.max(2, Math.round(0.4 * d));
   const tool = Math.max(1, d - out);
   const system = toks(Math.round(0.6 * p0));
+  /** @type {{ prompt: number[], last: CompletionRecord | null }[]} */
   const state = Array.from({ length: contexts }, () => ({ prompt: system.concat(toks(p0 - system.length)), last: null }));
+  /** @type {CompletionRecord[]} */
   const records = [];
   for (let seq = 0; seq < calls; seq++) {
     const c = state[seq % contexts];
     const retry = c.last !== null && rand() < 0.01;
     if (!retry && c.last) c.prompt = c.prompt.concat(c.last.output_ids, toks(tool));
     const output = toks(out);
+    /** @type {CompletionRecord} */
     const r = {
       id: `cmpl-${seq}`,
       session_id: "s-bench",
@@ -65,9 +74,17 @@ export function syntheticSession({ calls, totalTokens, contexts, seed = 1 }) {
   return { records, tokens };
 }
 
+/**
+ * @template T
+ * @param {() => T} fn
+ * @param {number} reps
+ * @param {number} warmups
+ */
 function timeIt(fn, reps, warmups) {
   for (let i = 0; i < warmups; i++) fn();
+  /** @type {number[]} */
   const times = [];
+  /** @type {T | undefined} */
   let out;
   for (let i = 0; i < reps; i++) {
     // Each timed build starts from a collected heap when node runs with --expose-gc (npm run bench
@@ -77,9 +94,15 @@ function timeIt(fn, reps, warmups) {
     out = fn();
     times.push(performance.now() - t0);
   }
-  return { ms: median(times), min: Math.min(...times), out };
+  return { ms: median(times), min: Math.min(...times), out: /** @type {T} */ (out) };
 }
 
+/**
+ * @typedef {{ case: string, calls: number, record_tokens: number, traces: number, prefix_merging_ms: number, prefix_merging_min_ms: number,
+ *   ns_per_token: number, core_ms: number, naive_ms: number, naive_over_prefix_merging: number, naive_over_core: number }} CaseResult
+ */
+
+/** @param {{ quick?: boolean }} [options] */
 export async function run({ quick = false } = {}) {
   const cases = [
     { name: "10 calls", calls: 10, totalTokens: 20_000, contexts: 1 },
@@ -94,7 +117,9 @@ export async function run({ quick = false } = {}) {
   ];
   const reps = quick ? 3 : 7;
   const naiveReps = quick ? 1 : 3;
+  /** @type {unknown[][]} */
   const rows = [];
+  /** @type {CaseResult[]} */
   const results = [];
   for (const c of cases) {
     const { records, tokens } = syntheticSession(c);
@@ -128,6 +153,10 @@ export async function run({ quick = false } = {}) {
   );
   // Growth: the exponent k in time ∝ tokens^k (1 = linear), a least-squares fit on log-log of the
   // fastest run of each size (the minimum is the least disturbed by other load on a shared machine).
+  /**
+   * @param {CaseResult[]} rs
+   * @param {"prefix_merging_ms" | "prefix_merging_min_ms"} key
+   */
   const slope = (rs, key) => {
     const xs = rs.map((r) => Math.log(r.record_tokens));
     const ys = rs.map((r) => Math.log(r[key]));
@@ -135,7 +164,7 @@ export async function run({ quick = false } = {}) {
     const my = ys.reduce((a, b) => a + b, 0) / ys.length;
     return round(xs.reduce((a, x, i) => a + (x - mx) * (ys[i] - my), 0) / xs.reduce((a, x) => a + (x - mx) ** 2, 0), 2);
   };
-  const by = (name) => results.find((r) => r.case === name);
+  const by = (/** @type {string} */ name) => /** @type {CaseResult} */ (results.find((r) => r.case === name));
   const series500 = results.filter((r) => r.calls === 500);
   const [m1, m2] = [by("500 calls / 1M"), by("2000 calls / 1M")];
   const growth = {

@@ -2,6 +2,12 @@
 import { readdirSync, readFileSync } from "node:fs";
 import path from "node:path";
 
+/** @typedef {{ id: number, callFrame: { functionName: string, url: string, lineNumber: number } }} ProfileNode */
+/** @typedef {{ nodes: ProfileNode[], startTime: number, samples: number[], timeDeltas: number[] }} CpuProfile the .cpuprofile format */
+/** @typedef {{ name: string, self_ms: number, pct: number }} Ranked */
+/** @typedef {{ total_ms: number, busy_pct: number, functions: Ranked[], packages: Ranked[] }} ProfileSummary */
+
+/** @param {string} url */
 function packageOf(url) {
   if (!url) return "(native / V8)";
   if (url.startsWith("node:")) return "node core";
@@ -14,10 +20,16 @@ function packageOf(url) {
   return m ? `rollgate ${m[1]}/${m[2]}` : url;
 }
 
-/** `skipMs`: samples in the first `skipMs` of the profile (start-up: module loading) are left out. */
+/**
+ * `skipMs`: samples in the first `skipMs` of the profile (start-up: module loading) are left out.
+ * @param {string} file
+ * @returns {ProfileSummary}
+ */
 export function summarizeProfile(file, { top = 15, skipMs = 0 } = {}) {
+  /** @type {CpuProfile} */
   const prof = JSON.parse(readFileSync(file, "utf8"));
   const byId = new Map(prof.nodes.map((n) => [n.id, n]));
+  /** @type {Map<number, number>} */
   const self = new Map();
   let t = prof.startTime;
   for (let i = 0; i < prof.samples.length; i++) {
@@ -26,17 +38,19 @@ export function summarizeProfile(file, { top = 15, skipMs = 0 } = {}) {
     self.set(prof.samples[i], (self.get(prof.samples[i]) ?? 0) + (prof.timeDeltas[i] ?? 0));
   }
   const total = [...self.values()].reduce((a, b) => a + b, 0);
+  /** @type {Map<string, number>} */
   const fns = new Map();
+  /** @type {Map<string, number>} */
   const pkgs = new Map();
   for (const [id, us] of self) {
-    const { callFrame: f } = byId.get(id);
+    const { callFrame: f } = /** @type {ProfileNode} */ (byId.get(id));
     const file = f.url ? f.url.replace(/^file:\/\//, "").replace(/^.*\/(node_modules|apps|packages)\//, "$1/") : "";
     const key = `${f.functionName || "(anonymous)"} ${file ? `${file}:${f.lineNumber + 1}` : ""}`.trim();
     fns.set(key, (fns.get(key) ?? 0) + us);
     const pkg = f.functionName === "(garbage collector)" ? "(garbage collector)" : f.functionName === "(idle)" ? "(idle)" : f.functionName === "(program)" ? "(program)" : packageOf(f.url);
     pkgs.set(pkg, (pkgs.get(pkg) ?? 0) + us);
   }
-  const rank = (m) =>
+  const rank = (/** @type {Map<string, number>} */ m) =>
     [...m.entries()]
       .sort((a, b) => b[1] - a[1])
       .slice(0, top)
@@ -45,13 +59,19 @@ export function summarizeProfile(file, { top = 15, skipMs = 0 } = {}) {
   return { total_ms: Math.round(total / 1000), busy_pct: Math.round((1000 * (total - idle)) / total) / 10, functions: rank(fns), packages: rank(pkgs) };
 }
 
+/** @param {string} dir */
 export function newestProfile(dir) {
   const files = readdirSync(dir).filter((f) => f.endsWith(".cpuprofile"));
   if (files.length === 0) return null;
-  return path.join(dir, files.sort().at(-1));
+  return path.join(dir, /** @type {string} */ (files.sort().at(-1)));
 }
 
-/** Prints a profile summary as two tables (by package, top functions) under `title`. */
+/**
+ * Prints a profile summary as two tables (by package, top functions) under `title`.
+ * @param {string} title
+ * @param {ProfileSummary} summary
+ * @param {typeof import("./stats.mjs").printTable} printTable
+ */
 export function printProfile(title, summary, printTable) {
   printTable(`${title}: self time by package`, ["package", "ms", "%"], summary.packages.map((p) => [p.name, p.self_ms, p.pct]));
   printTable(`${title}: top self-time functions`, ["function", "ms", "%"], summary.functions.map((f) => [f.name, f.self_ms, f.pct]));

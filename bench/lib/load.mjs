@@ -5,6 +5,15 @@
 import { performance } from "node:perf_hooks";
 import autocannon from "autocannon";
 
+/** @typedef {{ url: string, headers?: Record<string, string>, body?: string, maxRequests?: number }} Target one connection's requests */
+/** @typedef {{ ok: number, non2xx: number, errors: number, firstBadStatus: number | null }} Counts */
+
+/**
+ * @param {Target & { durationS: number }} opts
+ * @param {number[]} latencies
+ * @param {Counts} counts
+ * @returns {Promise<autocannon.Result>}
+ */
 function runOne(opts, latencies, counts) {
   return new Promise((resolve, reject) => {
     const inst = autocannon(
@@ -38,9 +47,13 @@ function runOne(opts, latencies, counts) {
 /**
  * `targets`: one {url, headers, body} per connection. Returns throughput (2xx/s), latency
  * percentiles (ms) and error counts.
+ * @param {readonly Target[]} targets
+ * @param {number} durationS
  */
 export async function load(targets, durationS) {
+  /** @type {number[]} */
   const latencies = [];
+  /** @type {Counts} */
   const counts = { ok: 0, non2xx: 0, errors: 0, firstBadStatus: null };
   const t0 = performance.now();
   await Promise.all(targets.map((t) => runOne({ ...t, durationS }, latencies, counts)));

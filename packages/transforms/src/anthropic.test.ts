@@ -1,9 +1,7 @@
-import { existsSync, readFileSync } from "node:fs";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { ZodError } from "zod";
+import { agentRequests } from "./__fixtures__/agent-requests.js";
 import { StreamAccumulator } from "./accumulate.js";
 import {
   AnthropicStreamEncoder,
@@ -478,30 +476,42 @@ describe("AnthropicStreamEncoder", () => {
   });
 });
 
-// Real request bodies of agent CLIs: read from ../shared when present, never copied into the repo.
-const fixtureDir = resolve(dirname(fileURLToPath(import.meta.url)), "../../../../shared/fixtures/agent-requests");
-const fixtures = ["claude-code.json", "claude-code-2.1.330.json", "opencode-anthropic.json", "pi-coding-agent-anthropic.json"];
+// Real agent CLIs' requests, recorded through rollgate (__fixtures__/agent-requests/README.md).
+const recorded = agentRequests("anthropic_messages");
 
-describe.skipIf(!existsSync(fixtureDir))("agent fixtures", () => {
-  it.each(fixtures)("accepts %s and keeps every message and tool", (name) => {
-    const { url, body } = JSON.parse(readFileSync(join(fixtureDir, name), "utf8")) as {
-      url: string;
-      body: { messages: { role: string; content: unknown }[]; tools?: unknown[]; system?: unknown };
-    };
-    expect(url).toMatch(/^\/v1\/messages/);
-    const call = fromAnthropic(body, { reasoningKey: KEY });
-    const c = call.canonical;
-    expect(c.messages.length).toBe(body.messages.length + (body.system ? 1 : 0));
-    expect(c.messages.filter((m) => m.role !== "system" || c.messages.indexOf(m) > 0).map((m) => m.role)).toEqual(
-      body.messages.map((m) => m.role),
+describe("recorded agent requests", () => {
+  it("hold a main turn and a tool-result turn of every CLI that speaks Anthropic Messages", () => {
+    expect(recorded.map((r) => `${r.cli}.${r.kind}`)).toEqual(
+      expect.arrayContaining(["claude-code", "opencode", "pi"].flatMap((cli) => [`${cli}.main`, `${cli}.tool-result`])),
     );
-    expect(c.tools?.length ?? 0).toBe(body.tools?.length ?? 0);
+  });
+
+  it.each(recorded.map((r) => [r.file, r] as const))("accepts %s and keeps every message, call, result and tool", (_file, { url, body: raw, reasoning_key }) => {
+    type Block = { type: string; text?: string; thinking?: string; id?: string; name?: string; input?: unknown; tool_use_id?: string; content?: unknown };
+    const body = raw as { messages: { role: string; content: string | Block[] }[]; tools?: { name: string }[]; system?: unknown };
+    const blocks = body.messages.flatMap((m) => (typeof m.content === "string" ? [] : m.content));
+    expect(url).toMatch(/^\/v1\/messages/);
+    const call = fromAnthropic(body, { reasoningKey: reasoning_key });
+    const c = call.canonical;
+    // The thinking the gateway signed comes back trusted.
+    expect(call.droppedThinking).toBe(0);
+    // One message per message (the system prompt first); a user turn's tool results each become a tool message, ahead of its text.
+    const roles = body.messages.flatMap((m) => {
+      if (typeof m.content === "string") return [m.role];
+      const results = m.content.filter((b) => b.type === "tool_result").map(() => "tool");
+      return [...results, ...(results.length < m.content.length ? [m.role] : [])];
+    });
+    expect(c.messages.map((m) => m.role)).toEqual([...(body.system ? ["system"] : []), ...roles]);
+    expect(c.tools?.map((t) => t.function.name) ?? []).toEqual((body.tools ?? []).map((t) => t.name));
     expect(c.stream).toBe(true);
-    for (const m of body.messages) {
-      const texts = typeof m.content === "string" ? [m.content] : (m.content as { text?: string }[]).map((b) => b.text ?? "");
-      const rendered = JSON.stringify(c.messages);
-      for (const t of texts) expect(rendered).toContain(JSON.stringify(t).slice(1, -1));
-    }
+    // Every call with its id, name and arguments; every result paired with its call.
+    const calls = c.messages.flatMap((m) => (m.role === "assistant" ? (m.tool_calls ?? []) : []));
+    expect(calls.map((t) => [t.id, t.function.name, JSON.parse(t.function.arguments)])).toEqual(blocks.filter((b) => b.type === "tool_use").map((b) => [b.id, b.name, b.input]));
+    expect(c.messages.flatMap((m) => (m.role === "tool" ? [m.tool_call_id] : []))).toEqual(blocks.filter((b) => b.type === "tool_result").map((b) => b.tool_use_id));
+    // Every text, thinking and result text.
+    const rendered = JSON.stringify(c.messages);
+    const texts = body.messages.flatMap((m) => (typeof m.content === "string" ? [m.content] : m.content.map((b) => b.text ?? b.thinking ?? (typeof b.content === "string" ? b.content : ""))));
+    for (const t of texts) expect(rendered).toContain(JSON.stringify(t).slice(1, -1));
   });
 });
 

@@ -1,9 +1,7 @@
-import { existsSync, readFileSync } from "node:fs";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { ZodError } from "zod";
+import { agentRequests } from "./__fixtures__/agent-requests.js";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import {
   GeminiStreamEncoder,
@@ -20,6 +18,7 @@ import {
   type GeminiResponseContext,
   type GeminiStreamMode,
 } from "./gemini.js";
+import { openReasoning } from "./reasoning-seal.js";
 
 const KEY = "session-token-hash";
 const REASONING = "\nI should run the shell.\n";
@@ -428,21 +427,35 @@ describe("GeminiStreamEncoder", () => {
   });
 });
 
-// Real request bodies (reference only, never copied): read from ../shared when present.
-const here = dirname(fileURLToPath(import.meta.url));
-const fixtureDir = join(here, "../../../../shared/fixtures/agent-requests");
-const fixtures = ["gemini-cli.json", "gemini-cli-router.json", "opencode-google.json", "pi-coding-agent-google.json"];
+// Real agent CLIs' requests, recorded through rollgate (__fixtures__/agent-requests/README.md).
+const recorded = agentRequests("gemini");
 
-describe.skipIf(!existsSync(fixtureDir))("real agent requests", () => {
-  it.each(fixtures)("accepts %s and keeps every content and declaration", (name) => {
-    const { body } = JSON.parse(readFileSync(join(fixtureDir, name), "utf8")) as {
-      body: { contents: { parts: { text?: string }[] }[]; tools?: { functionDeclarations?: { name: string }[] }[] };
-    };
-    const call = fromGemini(body, { key: KEY, stream: true });
+describe("recorded agent requests", () => {
+  it("hold a main turn and a tool-result turn of every CLI that speaks Gemini", () => {
+    expect(recorded.map((r) => `${r.cli}.${r.kind}`)).toEqual(
+      expect.arrayContaining(["gemini-cli", "opencode", "pi"].flatMap((cli) => [`${cli}.main`, `${cli}.tool-result`])),
+    );
+  });
+
+  it.each(recorded.map((r) => [r.file, r] as const))("accepts %s and keeps every content, call, response and declaration", (_file, { body: raw, reasoning_key }) => {
+    type Part = { text?: string; thoughtSignature?: string; functionCall?: { id?: string; name: string; args?: unknown }; functionResponse?: { id?: string; name: string } };
+    const body = raw as { contents: { parts: Part[] }[]; tools?: { functionDeclarations?: { name: string }[] }[] };
+    const parts = body.contents.flatMap((c) => c.parts);
+    const call = fromGemini(body, { key: reasoning_key, stream: true });
     const text = JSON.stringify(call.canonical.messages);
-    for (const c of body.contents) for (const p of c.parts) if (p.text) expect(text).toContain(JSON.stringify(p.text).slice(1, -1));
+    for (const p of parts) if (p.text) expect(text).toContain(JSON.stringify(p.text).slice(1, -1));
     const declared = (body.tools ?? []).flatMap((t) => t.functionDeclarations ?? []).map((d) => d.name);
     expect(call.canonical.tools?.map((t) => t.function.name) ?? []).toEqual(declared);
+    // Every call with its name and arguments; every response paired with its call.
+    const calls = call.canonical.messages.flatMap((m) => (m.role === "assistant" ? (m.tool_calls ?? []) : []));
+    const sent = parts.flatMap((p) => (p.functionCall ? [p.functionCall] : []));
+    expect(calls.map((c) => [c.function.name, JSON.parse(c.function.arguments)])).toEqual(sent.map((c) => [c.name, c.args ?? {}]));
+    const responses = parts.flatMap((p) => (p.functionResponse ? [p.functionResponse] : []));
+    const answered = call.canonical.messages.flatMap((m) => (m.role === "tool" ? [calls.find((c) => c.id === m.tool_call_id)?.function.name] : []));
+    expect(answered).toEqual(responses.map((r) => r.name));
+    // The reasoning the gateway sealed into thoughtSignature comes back, one model turn each.
+    const sealed = body.contents.filter((c) => c.parts.some((p) => p.thoughtSignature && openReasoning(reasoning_key, p.thoughtSignature) !== null));
+    expect(call.canonical.messages.filter((m) => m.role === "assistant" && m.reasoning)).toHaveLength(sealed.length);
   });
 });
 

@@ -1,9 +1,7 @@
-import { existsSync, readFileSync } from "node:fs";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { ZodError } from "zod";
+import { agentRequests } from "./__fixtures__/agent-requests.js";
 import type { EngineResult } from "./canonical.js";
 import { StreamAccumulator } from "./accumulate.js";
 import { fromOpenAIChat, toOpenAIChatChunk, toOpenAIChatResponse } from "./openai-chat.js";
@@ -278,20 +276,28 @@ describe("fromOpenAIChat round trip (property)", () => {
   });
 });
 
-// Real request bodies the chat-completions CLIs sent (../shared, read when present; never copied).
-const fixtureDir = join(dirname(fileURLToPath(import.meta.url)), "../../../../shared/fixtures/agent-requests");
-const chatFixtures = ["qwen-code.json", "qwen-code-0.24.4.json", "opencode.json", "pi-coding-agent.json", "pi-coding-agent-tool-result.json"];
+// Real agent CLIs' requests, recorded through rollgate (__fixtures__/agent-requests/README.md).
+const recorded = agentRequests("openai_chat");
 
-describe.skipIf(!existsSync(fixtureDir))("real agent requests (OpenAI chat)", () => {
-  it.each(chatFixtures)("accepts %s and keeps every message and tool", (name) => {
-    const { body } = JSON.parse(readFileSync(join(fixtureDir, name), "utf8")) as {
-      body: { messages: { role: string; content?: unknown; tool_calls?: unknown[] }[]; tools?: { function: { name: string } }[] };
-    };
+describe("recorded agent requests (OpenAI chat)", () => {
+  it("hold a main turn and a tool-result turn of every CLI that speaks chat completions", () => {
+    expect(recorded.map((r) => `${r.cli}.${r.kind}`)).toEqual(
+      expect.arrayContaining(["qwen-code", "opencode", "pi"].flatMap((cli) => [`${cli}.main`, `${cli}.tool-result`])),
+    );
+  });
+
+  it.each(recorded.map((r) => [r.file, r] as const))("accepts %s and keeps every message and tool", (_file, { body: raw }) => {
+    type Call = { id: string; function: { name: string; arguments: string } };
+    const body = raw as { messages: { role: string; content?: unknown; tool_calls?: Call[]; tool_call_id?: string }[]; tools?: { function: { name: string } }[] };
     const { canonical } = fromOpenAIChat(body);
     expect(canonical.messages).toHaveLength(body.messages.length);
     canonical.messages.forEach((m, i) => expect(m.role).toBe(body.messages[i]!.role === "developer" ? "system" : body.messages[i]!.role));
     expect(canonical.tools?.map((t) => t.function.name) ?? []).toEqual((body.tools ?? []).map((t) => t.function.name));
-    const calls = body.messages.flatMap((m) => m.tool_calls ?? []).length;
-    expect(canonical.messages.flatMap((m) => (m.role === "assistant" ? (m.tool_calls ?? []) : [])).length).toBe(calls);
+    // Every call with its id, name and arguments; every result paired with its call.
+    const calls = body.messages.flatMap((m) => m.tool_calls ?? []);
+    expect(canonical.messages.flatMap((m) => (m.role === "assistant" ? (m.tool_calls ?? []) : [])).map((t) => [t.id, t.function.name, t.function.arguments])).toEqual(
+      calls.map((t) => [t.id, t.function.name, t.function.arguments]),
+    );
+    expect(canonical.messages.flatMap((m) => (m.role === "tool" ? [m.tool_call_id] : []))).toEqual(body.messages.flatMap((m) => (m.role === "tool" ? [m.tool_call_id] : [])));
   });
 });

@@ -1,10 +1,8 @@
-import { existsSync, readFileSync, readdirSync } from "node:fs";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
 import fc from "fast-check";
 import type { AssistantOutput, ChatMessage } from "@rollgate/protocol";
 import { describe, expect, it } from "vitest";
 import { ZodError } from "zod";
+import { agentRequests } from "./__fixtures__/agent-requests.js";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import {
   ResponsesStreamEncoder,
@@ -245,18 +243,14 @@ describe("fromResponses", () => {
     expect(issues({ input: [] })[0]![0]).toBe("input");
   });
 
-  // Real agent bodies, read from ../shared when present (never copied into the project).
-  const fixtureDir = resolve(dirname(fileURLToPath(import.meta.url)), "../../../../shared/fixtures/agent-requests");
-  const fixtures = existsSync(fixtureDir)
-    ? readdirSync(fixtureDir)
-        .filter((f) => f.endsWith(".json"))
-        .map((f) => ({ file: f, req: JSON.parse(readFileSync(join(fixtureDir, f), "utf8")) as { url: string; body: Record<string, unknown> } }))
-        .filter(({ req }) => req.url.includes("/responses"))
-    : [];
-  it.skipIf(fixtures.length === 0)("accepts every Responses request a real agent sent, keeping every item and tool", () => {
-    expect(fixtures.map((f) => f.file)).toEqual(expect.arrayContaining(["codex.json", "codex-tool-result.json"]));
-    for (const { req: { body } } of fixtures) {
-      const call = fromResponses(body);
+  // Real agent CLIs' requests, recorded through rollgate (__fixtures__/agent-requests/README.md).
+  const fixtures = agentRequests("openai_responses");
+  it("accepts every Responses request a real agent sent, keeping every item and tool", () => {
+    expect(fixtures.map((f) => `${f.cli}.${f.kind}`)).toEqual(
+      expect.arrayContaining(["codex", "opencode", "pi"].flatMap((cli) => [`${cli}.main`, `${cli}.tool-result`])),
+    );
+    for (const { body, reasoning_key } of fixtures) {
+      const call = fromResponses(body, { reasoningKey: reasoning_key });
       const input = body.input as { type?: string; role?: string }[];
       const msgs = call.canonical.messages;
       // Every non-assistant item is one message; assistant items (function calls here) fold into turns.
@@ -265,10 +259,14 @@ describe("fromResponses", () => {
       const calls = input.filter((i) => i.type === "function_call") as { call_id: string; arguments: string }[];
       const got = msgs.flatMap((m) => (m.role === "assistant" ? (m.tool_calls ?? []) : []));
       expect(got.map((c) => [c.id, c.function.arguments])).toEqual(calls.map((c) => [c.call_id, c.arguments]));
-      const tools = body.tools as { type: string; name?: string; tools?: { type: string; name: string }[] }[];
+      const outputs = input.filter((i) => i.type === "function_call_output") as { call_id: string }[];
+      expect(msgs.flatMap((m) => (m.role === "tool" ? [m.tool_call_id] : []))).toEqual(outputs.map((o) => o.call_id));
+      // The reasoning the gateway sealed comes back trusted, one turn each.
+      expect(msgs.filter((m) => m.role === "assistant" && m.reasoning)).toHaveLength(input.filter((i) => i.type === "reasoning").length);
+      const tools = (body.tools ?? []) as { type: string; name?: string; tools?: { type: string; name: string }[] }[];
       const expected = tools.flatMap((t) => (t.type === "function" ? [t.name] : t.type === "namespace" ? t.tools!.map((x) => `${t.name}__${x.name}`) : []));
-      expect(call.canonical.tools?.map((t) => t.function.name)).toEqual(expected);
-      expect(call.canonical.tools?.some((t) => t.function.name.includes("web_search"))).toBe(false);
+      expect(call.canonical.tools?.map((t) => t.function.name) ?? []).toEqual(expected);
+      expect(call.canonical.tools?.some((t) => t.function.name.includes("web_search")) ?? false).toBe(false);
     }
   });
 });
