@@ -36,7 +36,8 @@ import { openReasoning, sealReasoning } from "./reasoning-seal.js";
  *   responseLogprobs + logprobs map to canonical sampling / client logprobs; `candidateCount > 1`
  *   is a 400. `thinkingConfig.thinkingBudget: 0` or `thinkingLevel: "MINIMAL"` turn thinking
  *   off, any other budget or level turns it on; absent, the template default holds; a positive
- *   budget is not enforced as a token cap. `includeThoughts` decides whether `thought` parts are
+ *   budget is not enforced as a token cap. A `thinkingLevel` is also kept, lower-cased, as the
+ *   canonical `reasoning_effort`. `includeThoughts` decides whether `thought` parts are
  *   shown (the signature is always issued). `responseMimeType`, `responseSchema`,
  *   `responseJsonSchema` are accepted and NOT enforced (the canonical request has no guided
  *   decoding field yet).
@@ -364,6 +365,7 @@ export function fromGemini(body: unknown, opts: FromGeminiOptions = {}): GeminiC
     ...(tools.length > 0 ? { tools } : {}),
     ...(tools.length > 0 && toolChoice !== undefined ? { tool_choice: toolChoice } : {}),
     ...(enableThinking !== undefined ? { enable_thinking: enableThinking } : {}),
+    ...(thinking?.thinkingLevel != null ? { reasoning_effort: thinking.thinkingLevel.toLowerCase() } : {}),
   };
   return { canonical, includeThoughts: thinking?.includeThoughts === true };
 }

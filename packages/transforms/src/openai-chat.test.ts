@@ -113,6 +113,21 @@ describe("fromOpenAIChat", () => {
     });
     expect(call.canonical.messages[1]).toEqual({ role: "assistant", content: "a", reasoning: "r" });
     expect(call.canonical.enable_thinking).toBe(false);
+    expect(call.canonical.reasoning_effort).toBe("none");
+  });
+
+  it("keeps the client's chat_template_kwargs whole (the model profile decides what reaches the engine)", () => {
+    const call = fromOpenAIChat({
+      messages: [{ role: "user", content: "q" }],
+      chat_template_kwargs: { enable_thinking: true, thinking: true, custom: { a: [1] } },
+      reasoning_effort: "high",
+    });
+    expect(call.canonical).toMatchObject({
+      enable_thinking: true,
+      reasoning_effort: "high",
+      chat_template_kwargs: { enable_thinking: true, thinking: true, custom: { a: [1] } },
+    });
+    expect(fromOpenAIChat({ messages: [{ role: "user", content: "q" }] }).canonical).not.toHaveProperty("chat_template_kwargs");
   });
 
   it("names the bad field when the body is wrong", () => {

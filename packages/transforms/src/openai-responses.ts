@@ -27,7 +27,8 @@ import { openReasoning, sealReasoning } from "./reasoning-seal.js";
  *   `custom`, …) are accepted and not offered to the engine: it cannot run them. A `tool_choice`
  *   naming one becomes the engine's default.
  * - **Thinking.** `reasoning.effort` "none" or "minimal" → `enable_thinking: false`; any other
- *   effort → true; no effort → the chat template's default.
+ *   effort → true; no effort → the chat template's default. The effort itself is kept as the
+ *   canonical `reasoning_effort` (forwarded where the model profile says the model reads it).
  * - **Reasoning items.** The engine's reasoning (Qwen3 `<think>`) is given to the client as one
  *   `summary_text` part of a `reasoning` item (streamed as `response.reasoning_summary_*`, which
  *   Codex shows by default), and always with `encrypted_content`: the reasoning sealed with the
@@ -399,6 +400,7 @@ export function fromResponses(body: unknown, options: FromResponsesOptions = {})
     ...(tools.length > 0 ? { tools } : {}),
     ...(toolChoice !== undefined ? { tool_choice: toolChoice } : {}),
     ...(enableThinking !== undefined ? { enable_thinking: enableThinking } : {}),
+    ...(effort !== null ? { reasoning_effort: effort } : {}),
   };
   return {
     canonical,
