@@ -22,7 +22,7 @@ const b = apiClient(() => gwB.ready);
 async function gateway(extra: Record<string, string> = {}) {
   return startApp("gateway", ["--port", "0"], {
     ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2 }]),
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2, profile: "qwen3" }]),
     ROLLGATE_HEALTH_INTERVAL_S: "0.3",
     ROLLGATE_HEALTH_FAILURES: "1",
     ...extra,

@@ -75,7 +75,7 @@ try {
       /^engine-sim ready: (\S+)/,
     );
     children.push(sim);
-    engines = JSON.stringify([{ kind: "vllm", url: sim.ready, dp_size: env.ROLLGATE_SIM_DP_SIZE }]);
+    engines = JSON.stringify([{ kind: "vllm", url: sim.ready, dp_size: env.ROLLGATE_SIM_DP_SIZE, profile: "qwen3" }]);
   }
   const gateway = await startChild(
     "gateway",

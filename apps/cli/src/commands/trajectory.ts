@@ -1,8 +1,8 @@
-import { RollgateError, TRAINER_FORMATS, type Trajectory } from "@rollgate/client";
+import { RollgateError, TRAINER_FORMATS, type DecodedTrajectory, type Trajectory } from "@rollgate/client";
 import type { TrajectoryBuilderName } from "@rollgate/protocol";
 import { UsageError, numberOption, type CommandSpec } from "../framework.js";
 import { EXIT, type Context } from "../output.js";
-import { qwen3Decoder, renderIds, renderSegments, segments } from "../decode.js";
+import { renderIds, renderSegments } from "../decode.js";
 
 /** A task id (its session) or a session id → the session id and the builder to use by default. */
 async function resolveSession(ctx: Context, id: string): Promise<{ sessionId: string; builder: TrajectoryBuilderName | undefined }> {
@@ -28,14 +28,14 @@ export const trajectoryCommand: CommandSpec<Context> = {
   summary: "print a task's (or session's) trajectory: traces, masks, a trainer format, or decoded text",
   description: `Prints the trajectory of a task's session (or of a session given by id) as rollgate builds it
 for training. Default: each trace's sizes and its response token ids, masked (loss_mask 0) ids
-dim on a terminal or [in brackets] otherwise. --decode shows the text through the Qwen3
-tokenizer, the trainable tokens (what the policy sampled) in green and the masked ones (tool
-results, template glue) dim, or [[in double brackets]] when not on a terminal. --format prints
+dim on a terminal or [in brackets] otherwise. --decode shows the text, decoded by the engine that
+generated it (through the gateway), the trainable tokens (what the policy sampled) in green and the
+masked ones (tool results, template glue) dim, or [[in double brackets]] when not on a terminal. --format prints
 the samples a trainer consumes, as JSON.`,
   args: [{ name: "id", required: true, description: "a task id (its session is used) or a session id" }],
   options: [
     { name: "format", short: "f", type: "string", value: "<name>", choices: TRAINER_FORMATS, description: "print the trainer format as JSON" },
-    { name: "decode", short: "d", type: "boolean", description: "decode the tokens to text (Qwen3 tokenizer)" },
+    { name: "decode", short: "d", type: "boolean", description: "decode the tokens to text (by the engine's own tokenizer, through the gateway)" },
     { name: "builder", short: "b", type: "string", value: "<name>", choices: ["prefix_merging", "per_request"], description: "trajectory builder (default: the task's)" },
     { name: "prompt", type: "boolean", default: true, description: "with --decode, show each trace's prompt (--no-prompt hides it)" },
     { name: "max-ids", type: "string", value: "<n>", default: "400", description: "token ids shown per trace without --decode" },
@@ -51,22 +51,20 @@ the samples a trainer consumes, as JSON.`,
       ctx.printJson(await ctx.client.getTrajectory(sessionId, { builder, format }));
       return EXIT.ok;
     }
-    const trajectory: Trajectory = await ctx.client.getTrajectory(sessionId, { builder });
+    const [trajectory, decoded]: [Trajectory, DecodedTrajectory | null] = await Promise.all([
+      ctx.client.getTrajectory(sessionId, { builder }),
+      values.decode ? ctx.client.getDecodedTrajectory(sessionId, { builder }) : null,
+    ]);
     const s = ctx.style;
-    const decode = values.decode ? await qwen3Decoder() : null;
     if (ctx.json) {
-      if (!decode) ctx.printJson(trajectory);
+      if (!decoded) ctx.printJson(trajectory);
       else
         ctx.printJson({
           session_id: sessionId,
           builder,
+          engine: decoded.engine,
           stats: trajectory.stats,
-          traces: trajectory.traces.map((t, i) => ({
-            index: i,
-            finish_reason: t.finish_reason,
-            prompt_text: decode(t.prompt_ids),
-            segments: segments(t, decode).map((seg) => ({ trainable: seg.trainable, tokens: seg.ids.length, text: seg.text })),
-          })),
+          traces: decoded.traces.map((t) => ({ index: t.index, finish_reason: t.finish_reason, prompt_text: t.prompt_text, segments: t.segments })),
         });
       return EXIT.ok;
     }
@@ -86,13 +84,14 @@ the samples a trainer consumes, as JSON.`,
       const trainable = t.loss_mask.reduce<number>((a, m) => a + m, 0);
       ctx.out("");
       ctx.out(s.bold(`── trace ${i} · prompt ${t.prompt_ids.length} tokens · response ${t.response_ids.length} tokens (${trainable} trainable) · finish ${t.finish_reason} ──`));
-      if (decode) {
+      const text = decoded?.traces[i];
+      if (text) {
         if (values.prompt !== false) {
           ctx.out(s.gray("prompt:"));
-          ctx.out(s.enabled ? s.dim(decode(t.prompt_ids)) : `[[${decode(t.prompt_ids)}]]`);
+          ctx.out(s.enabled ? s.dim(text.prompt_text) : `[[${text.prompt_text}]]`);
           ctx.out(s.gray("response:"));
         }
-        ctx.out(renderSegments(segments(t, decode), s));
+        ctx.out(renderSegments(text.segments, s));
       } else {
         ctx.out(renderIds(t, s, maxIds));
       }

@@ -53,7 +53,7 @@ export async function startHarness(name: string, sim: EngineSimOptions = {}, ext
   const env = GatewayEnv.parse({
     REDIS_URL: TEST_REDIS_URL,
     ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: sim.kind ?? "vllm", url: simUrl, dp_size: sim.dpSize ?? 1 }]),
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: sim.kind ?? "vllm", url: simUrl, dp_size: sim.dpSize ?? 1, profile: "qwen3" }]),
     ...extraEnv,
   });
   const app = await buildGateway({ env, logger: logger ?? pino({ level: "silent" }) });
@@ -107,7 +107,7 @@ export async function startSimFleet(name: string, sim: EngineSimOptions = {}): P
       const env = GatewayEnv.parse({
         REDIS_URL: TEST_REDIS_URL,
         ROLLGATE_KEY_PREFIX: prefix,
-        ROLLGATE_ENGINES: JSON.stringify(opts.engines ?? [{ kind: sim.kind ?? "vllm", url: simUrl, dp_size: sim.dpSize ?? 2 }]),
+        ROLLGATE_ENGINES: JSON.stringify(opts.engines ?? [{ kind: sim.kind ?? "vllm", url: simUrl, dp_size: sim.dpSize ?? 2, profile: "qwen3" }]),
         ...opts.env,
       });
       return buildGateway({ env, logger: opts.logger ?? pino({ level: "silent" }) });

@@ -1,7 +1,9 @@
+import { profileOf, type ModelProfile } from "@rollgate/models";
 import type { EngineConfig } from "@rollgate/protocol";
 import { rankMember } from "@rollgate/store";
 import { Agent, request } from "undici";
 import { z } from "zod";
+import { CachedDetokenizer } from "./detokenize.js";
 
 const ModelList = z.object({ data: z.array(z.object({ id: z.string() })).min(1) });
 
@@ -10,6 +12,8 @@ export interface RankTarget {
   engineIndex: number;
   engine: EngineConfig;
   dpRank: number;
+  /** What rollgate knows of the engine's model family (ROLLGATE_ENGINES[].profile). */
+  profile: ModelProfile;
 }
 
 /**
@@ -19,17 +23,22 @@ export interface RankTarget {
 export class EngineRegistry {
   private readonly servedModels = new Map<number, Promise<string>>();
   readonly dispatcher: Agent;
+  /** Per engine, its model profile (a bad one throws here: loadGatewayEnv reports it first). */
+  readonly profiles: ModelProfile[];
+  private readonly detokenizer: CachedDetokenizer;
 
   constructor(
     readonly engines: EngineConfig[],
     timeoutMs: number,
   ) {
+    this.profiles = engines.map((e) => profileOf(e.profile, e.vocab_size));
     this.dispatcher = new Agent({
       connections: 256,
       keepAliveTimeout: 60_000,
       headersTimeout: timeoutMs,
       bodyTimeout: timeoutMs,
     });
+    this.detokenizer = new CachedDetokenizer(this.dispatcher);
   }
 
   members(): string[] {
@@ -39,7 +48,19 @@ export class EngineRegistry {
   target(engineIndex: number, dpRank: number): RankTarget {
     const engine = this.engines[engineIndex];
     if (!engine || dpRank >= engine.dp_size) throw new Error(`no engine rank ${engineIndex}:${dpRank} is configured`);
-    return { engineIndex, engine, dpRank };
+    return { engineIndex, engine, dpRank, profile: this.profiles[engineIndex]! };
+  }
+
+  /** Token ids → text, by the engine's own tokenizer (cached): what people read of a trajectory. */
+  async decode(engineIndex: number, ids: readonly number[]): Promise<string> {
+    const engine = this.engines[engineIndex];
+    if (!engine) throw new Error(`no engine ${engineIndex}`);
+    return this.detokenizer.decode(engine, await this.servedModel(engineIndex), ids);
+  }
+
+  /** The index of the engine at `url` (records name their engine by URL), or -1. */
+  indexOf(url: string): number {
+    return this.engines.findIndex((e) => e.url === url);
   }
 
   /** The model name to send to an engine: configured, or the first one its /v1/models lists. */

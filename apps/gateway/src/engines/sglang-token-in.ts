@@ -1,19 +1,19 @@
+import { parseAnswerText, parseWhole, type ParsedDelta } from "@rollgate/models";
 import type { TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
-import { Qwen3OutputParser, parseQwen3AnswerText, parseQwen3Output, type ParsedDelta } from "./qwen3-parsers.js";
 import { sglangPost } from "./sglang.js";
 import { sseJson } from "./sse.js";
-import { chatFinishReason, parsesTools } from "./chat-route-rules.js";
+import { chatFinishReason, parsesTools, profileParser } from "./chat-route-rules.js";
 import type { TokenInCall, TokenInEngine, TokenizeCall } from "./token-in.js";
 
 /**
  * SGLang's token-in route: native `POST /generate` with `input_ids`, `return_logprob`
  * (`output_token_logprobs` as `[logprob, id, text]`), `routed_dp_rank` in the body (the header is
  * ignored there) and `rid`. SGLang's default `max_new_tokens` is 128, so the budget is always sent.
- * The text is parsed by the gateway's Qwen3 reasoning + tool parsers, as SGLang's chat route would
- * (`/generate` runs no parser). Used to continue a call an abort-mode pause cut; SGLang's /tokenize
+ * The text is parsed by the gateway parser the engine's model profile declares, as SGLang's chat
+ * route would (`/generate` runs no parser). Used to continue a call an abort-mode pause cut; SGLang's /tokenize
  * cannot render a history without the generation prompt, so echoed-history planning stays on the
  * chat route (`plansHistory: false`).
  */
@@ -87,7 +87,7 @@ async function generate(call: TokenInCall): Promise<EngineResult> {
   const out: GenerateOut = parsed.data;
   const logprobs = toTokenLogprobs(out.meta_info, 0, out.output_ids.length);
   const finish = finishOf(out.meta_info) ?? { reason: "stop", stop: null };
-  const message = parseQwen3Output(out.text, parsesTools(call));
+  const message = parseWhole(profileParser(call).create(parsesTools(call)), out.text);
   return {
     prompt_ids: call.promptIds,
     output_ids: out.output_ids,
@@ -112,7 +112,7 @@ function deltaEvent(d: ParsedDelta | null, ids: number[], logprobs: TokenLogprob
  */
 async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEvent> {
   const res = await sglangPost(call, "/generate", buildSglangGenerateBody({ ...call, request: { ...call.request, stream: true } }));
-  const parser = new Qwen3OutputParser(parsesTools(call));
+  const parser = profileParser(call).create(parsesTools(call));
   if (call.primeText) parser.push(call.primeText);
   const ids: number[] = [];
   let textSoFar = 0;
@@ -175,7 +175,7 @@ export const sglangTokenIn: TokenInEngine = {
     return (await tokenizeText(call, "")).max_model_len ?? null;
   },
   parseAnswer(call, text, engineFinish) {
-    const message = parseQwen3AnswerText(text, parsesTools(call));
+    const message = parseAnswerText(profileParser(call), text, parsesTools(call));
     return { message, finish_reason: chatFinishReason(engineFinish, message.tool_calls.length) };
   },
   generate,

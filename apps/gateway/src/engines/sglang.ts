@@ -1,3 +1,4 @@
+import { templateFields, type ModelProfile } from "@rollgate/models";
 import type { CanonicalChatRequest, ChatMessage, TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
@@ -22,7 +23,7 @@ function toSglangMessage(m: ChatMessage): Record<string, unknown> {
 }
 
 /** The request body SGLang gets. Pure, so it has golden tests. */
-export function buildSglangChatBody(model: string, req: CanonicalChatRequest, dpRank: number): Record<string, unknown> {
+export function buildSglangChatBody(model: string, req: CanonicalChatRequest, dpRank: number, profile: ModelProfile): Record<string, unknown> {
   const s = req.sampling;
   const body: Record<string, unknown> = {
     model,
@@ -37,7 +38,7 @@ export function buildSglangChatBody(model: string, req: CanonicalChatRequest, dp
   };
   if (req.tools) body.tools = req.tools;
   if (req.tool_choice) body.tool_choice = req.tool_choice;
-  if (req.enable_thinking !== undefined) body.chat_template_kwargs = { enable_thinking: req.enable_thinking };
+  Object.assign(body, templateFields(profile, req));
   for (const key of ["temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty"] as const) {
     if (s[key] !== undefined) body[key] = s[key];
   }
@@ -134,7 +135,7 @@ function toTokenLogprob(l: z.infer<typeof SglangLogprob>): TokenLogprob {
 }
 
 export async function sglangChat(call: EngineCall): Promise<EngineResult> {
-  const res = await sglangPost(call, "/v1/chat/completions", buildSglangChatBody(call.model, call.request, call.target.dpRank));
+  const res = await sglangPost(call, "/v1/chat/completions", buildSglangChatBody(call.model, call.request, call.target.dpRank, call.target.profile));
   const parsed = SglangChatResponse.safeParse(await res.body.json());
   if (!parsed.success) throw new EngineError(`engine response is not a chat completion: ${parsed.error.message}`, 502, "bad_response");
   const choice = parsed.data.choices[0]!;
@@ -197,7 +198,7 @@ export async function sglangCountTokens(call: Omit<EngineCall, "requestId">): Pr
     model: call.model,
     messages: req.messages.map(toSglangMessage),
     ...(req.tools ? { tools: req.tools } : {}),
-    ...(req.enable_thinking !== undefined ? { chat_template_kwargs: { enable_thinking: req.enable_thinking } } : {}),
+    ...templateFields(call.target.profile, req),
   });
   const parsed = SglangTokenizeResponse.safeParse(await res.body.json());
   if (!parsed.success) throw new EngineError("engine /tokenize answer has no count", 502, "bad_response");

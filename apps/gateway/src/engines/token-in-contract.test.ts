@@ -5,6 +5,7 @@
  * is continued, with the parser primed on the text already sent; detokenize and the context length
  * come from the engine.
  */
+import { PRESETS } from "@rollgate/models";
 import { buildEngineSim, getTokenizer } from "@rollgate/engine-sim";
 import type { CanonicalChatRequest, EngineConfig } from "@rollgate/protocol";
 import { StreamAccumulator } from "@rollgate/transforms";
@@ -42,7 +43,7 @@ for (const mode of modes) {
     let engine: EngineConfig;
     const tokenIn = tokenInFor(mode.kind);
     const base = (stream: boolean): EngineCall => ({
-      target: { engineIndex: 0, engine, dpRank: 1 },
+      target: { engineIndex: 0, engine, dpRank: 1, profile: PRESETS.qwen3! },
       model: "Qwen/Qwen3-8B",
       request: request(stream),
       requestId: `r-${Math.random()}`,
@@ -112,7 +113,7 @@ for (const mode of modes) {
 describe("SGLang /generate body", () => {
   it("sends the token ids, the whole budget (SGLang's default is 128), logprobs with text, and the rank in the body", () => {
     const call = {
-      target: { engineIndex: 0, engine: { kind: "sglang" as const, url: "http://e", dp_size: 4 }, dpRank: 3 },
+      target: { engineIndex: 0, engine: { kind: "sglang" as const, url: "http://e", dp_size: 4 }, dpRank: 3, profile: PRESETS.qwen3! },
       model: "m",
       request: { ...request(false), sampling: { temperature: 0.7, top_p: 0.9, seed: 5, stop: ["x"] } },
       requestId: "sess-1-cont1",

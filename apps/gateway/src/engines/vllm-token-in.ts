@@ -1,10 +1,10 @@
+import { parseAnswerText, parseWhole, templateFields, type ParsedDelta } from "@rollgate/models";
 import type { ChatMessage, TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
-import { Qwen3OutputParser, parseQwen3AnswerText, parseQwen3Output, type ParsedDelta } from "./qwen3-parsers.js";
-import { chatFinishReason, parsesTools } from "./chat-route-rules.js";
+import { chatFinishReason, parsesTools, profileParser } from "./chat-route-rules.js";
 import type { TokenInCall, TokenInEngine, TokenizeCall } from "./token-in.js";
 import { sseJson } from "./sse.js";
 import { MISSING_TOKENS, rejectUnlessOk, toVllmMessage } from "./vllm.js";
@@ -13,8 +13,8 @@ import { MISSING_TOKENS, rejectUnlessOk, toVllmMessage } from "./vllm.js";
  * vLLM's token-in route: `POST /v1/completions` with `prompt` = token ids, `return_token_ids`
  * (≥ v0.10.2) and legacy `logprobs: k` (`{tokens, token_logprobs, top_logprobs, text_offset}`),
  * routed by `X-data-parallel-rank` like the chat route. The generated text is parsed by the
- * gateway's copy of vLLM's Qwen3 reasoning + hermes tool parsers (qwen3-parsers.ts), which the
- * completions route does not run. Also the engine's own renderer and tokenizer (`POST /tokenize`,
+ * gateway parser the engine's model profile declares (the completions route runs no parser), so
+ * only profiles that declare one use it. Also the engine's own renderer and tokenizer (`POST /tokenize`,
  * chat and text forms), which the continuation planner uses to derive the new turns' ids.
  */
 
@@ -117,7 +117,7 @@ async function generate(call: TokenInCall): Promise<EngineResult> {
   if (logprobs.length !== choice.token_ids.length) {
     throw new EngineError(`engine returned ${choice.token_ids.length} token ids but ${logprobs.length} logprobs`, 502, "bad_response");
   }
-  const message = parseQwen3Output(choice.text, parsesTools(call));
+  const message = parseWhole(profileParser(call).create(parsesTools(call)), choice.text);
   return {
     prompt_ids: choice.prompt_token_ids,
     output_ids: choice.token_ids,
@@ -147,7 +147,7 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
   const res = await postCompletion(call);
   await rejectUnlessOk(res, call.target.engine.url);
   const topK = call.request.client_logprobs?.top_logprobs ?? 0;
-  const parser = new Qwen3OutputParser(parsesTools(call));
+  const parser = profileParser(call).create(parsesTools(call));
   // Continuing a cut answer: the parser reads what was already sent, so new text lands in context.
   if (call.primeText) {
     parser.push(call.primeText);
@@ -218,7 +218,7 @@ export const vllmTokenIn: TokenInEngine = {
       messages: messages.map(toVllmMessage),
       add_generation_prompt: addGenerationPrompt,
       ...(req.tools ? { tools: req.tools } : {}),
-      ...(req.enable_thinking !== undefined ? { chat_template_kwargs: { enable_thinking: req.enable_thinking } } : {}),
+      ...templateFields(call.target.profile, req),
     });
     return { ids: r.tokens, maxModelLen: r.max_model_len ?? null };
   },
@@ -237,7 +237,7 @@ export const vllmTokenIn: TokenInEngine = {
     return (await tokenize(call, { prompt: "", add_special_tokens: false })).max_model_len ?? null;
   },
   parseAnswer(call, text, engineFinish) {
-    const message = parseQwen3AnswerText(text, parsesTools(call));
+    const message = parseAnswerText(profileParser(call), text, parsesTools(call));
     return { message, finish_reason: chatFinishReason(engineFinish, message.tool_calls.length) };
   },
   generate,

@@ -1,3 +1,4 @@
+import { templateFields, type ModelProfile } from "@rollgate/models";
 import type { CanonicalChatRequest, ChatMessage, TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
@@ -28,7 +29,7 @@ export function toVllmMessage(m: ChatMessage): Record<string, unknown> {
 }
 
 /** The request body vLLM gets. Pure, so it has golden tests. */
-export function buildVllmChatBody(model: string, req: CanonicalChatRequest): Record<string, unknown> {
+export function buildVllmChatBody(model: string, req: CanonicalChatRequest, profile: ModelProfile): Record<string, unknown> {
   const s = req.sampling;
   const body: Record<string, unknown> = {
     model,
@@ -41,7 +42,7 @@ export function buildVllmChatBody(model: string, req: CanonicalChatRequest): Rec
   if (req.stream) body.stream_options = { include_usage: true };
   if (req.tools) body.tools = req.tools;
   if (req.tool_choice) body.tool_choice = req.tool_choice;
-  if (req.enable_thinking !== undefined) body.chat_template_kwargs = { enable_thinking: req.enable_thinking };
+  Object.assign(body, templateFields(profile, req));
   for (const key of [
     "temperature",
     "top_p",
@@ -152,7 +153,7 @@ async function post(call: EngineCall): Promise<Dispatcher.ResponseData> {
         "x-data-parallel-rank": String(target.dpRank),
         "x-request-id": call.requestId,
       },
-      body: JSON.stringify(buildVllmChatBody(call.model, call.request)),
+      body: JSON.stringify(buildVllmChatBody(call.model, call.request, target.profile)),
     });
   } catch (err) {
     if (call.signal.aborted) throw err;
@@ -291,7 +292,7 @@ export async function vllmCountTokens(call: Omit<EngineCall, "requestId">): Prom
     messages: req.messages.map(toVllmMessage),
     add_generation_prompt: true,
     ...(req.tools ? { tools: req.tools } : {}),
-    ...(req.enable_thinking !== undefined ? { chat_template_kwargs: { enable_thinking: req.enable_thinking } } : {}),
+    ...templateFields(target.profile, req),
   };
   let res: Dispatcher.ResponseData;
   try {

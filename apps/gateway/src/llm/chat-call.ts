@@ -358,6 +358,8 @@ export class ChatCaller {
         ...(request.tools ? { tools: request.tools } : {}),
         ...(request.tool_choice ? { tool_choice: request.tool_choice } : {}),
         ...(request.enable_thinking !== undefined ? { enable_thinking: request.enable_thinking } : {}),
+        ...(request.chat_template_kwargs !== undefined ? { chat_template_kwargs: request.chat_template_kwargs } : {}),
+        ...(request.reasoning_effort !== undefined ? { reasoning_effort: request.reasoning_effort } : {}),
       },
       prompt_ids: result.prompt_ids,
       output_ids: result.output_ids,
