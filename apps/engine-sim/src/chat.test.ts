@@ -3,8 +3,7 @@ import type { FastifyInstance } from "fastify";
 import { buildEngineSim } from "./app.js";
 import { simLogprob } from "./logprobs.js";
 import { parsePyJson } from "./pyjson.js";
-import { renderChat } from "./template.js";
-import { getTokenizer, IM_END_ID } from "./tokenizer.js";
+import { IM_END_ID, getTokenizer, renderChat } from "./index.js";
 
 // Wire format under test: vLLM OpenAI server, v0.10.2+ token extensions (PR #22587: return_token_ids,
 // top-level prompt_token_ids, choices[].token_ids), `reasoning` field (v0.11+, PR #27752),

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { FastifyInstance } from "fastify";
 import { buildEngineSim } from "./app.js";
 import { simLogprob } from "./logprobs.js";
-import { getTokenizer, IM_END_ID } from "./tokenizer.js";
+import { IM_END_ID, getTokenizer } from "./index.js";
 
 // Wire format under test: vLLM /v1/completions, v0.12-era serving_completion.py (token extensions of
 // v0.10.2, PR #22587: per-choice prompt_token_ids / token_ids; legacy logprobs; stream chunks dumped

@@ -4,7 +4,7 @@ import type { FastifyInstance } from "fastify";
 import { request } from "undici";
 import { buildEngineSim } from "./app.js";
 import { simLogprob } from "./logprobs.js";
-import { getTokenizer, IM_END_ID } from "./tokenizer.js";
+import { IM_END_ID, getTokenizer } from "./index.js";
 
 // Engine behaviour shared by both kinds: prefix cache per rank (cache_salt), pause/resume modes
 // (vLLM /pause?mode=abort|wait|keep, PR #28037 + the mode= API of vllm/entrypoints/serve/rlhf;

@@ -57,6 +57,8 @@ export interface EngineConfig {
   tpotMs: number;
   /** Per-rank batch limit (running requests); beyond it requests wait. 0 = unlimited. */
   maxRunning: number;
+  /** The tokenizer's ordinary ids (0 … regularVocab-1), from which top-logprob alternatives are drawn. */
+  regularVocab: number;
 }
 
 /** One request's life on the engine. */
@@ -222,7 +224,7 @@ export class Engine {
           h = contextHash(version, [...req.promptIds, ...req.ids.slice(0, i)]);
         }
         const id = req.ids[i]!;
-        const top = topLogprobs(h, id, Math.max(1, req.topN));
+        const top = topLogprobs(h, id, Math.max(1, req.topN), this.cfg.regularVocab);
         const t: GenToken = { index: i, id, logprob: top[0]!.logprob, top: req.topN > 0 ? top : [] };
         g.tokens.push(t);
         yield t;

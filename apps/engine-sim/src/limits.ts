@@ -1,23 +1,27 @@
 import type { PolicyOutput } from "./policy.js";
-import { IM_END_ID } from "./tokenizer.js";
 import type { SimTokenizer } from "./tokenizer.js";
 
 /**
  * Applies a request's stopping rules to what the policy generated, in vLLM v1's order
- * (`vllm/v1/core/sched/utils.py` check_stop): per token, EOS (`<|im_end|>`, stop_reason null),
- * then `stop_token_ids` (stop_reason = id), then `max_tokens` ("length");
+ * (`vllm/v1/core/sched/utils.py` check_stop): per token, the tokenizer's EOS (stop_reason null),
+ * then `stop_token_ids` (stop_reason = id; vLLM adds generation_config's other EOS ids to them unless
+ * ignore_eos), then `max_tokens` ("length");
  * stop strings are matched on the detokenised text afterwards and override (stop_reason = string).
  * On a stop (EOS, stop token) the stop token's text is left out unless include_stop_str_in_output,
  * as vLLM's detokenizer does; a stop string truncates the text before it.
  */
 
 export interface StopParams {
+  /** The tokenizer's EOS id. */
+  eosId: number;
+  /** generation_config's other EOS ids (stop tokens unless ignore_eos). */
+  extraStopIds: readonly number[];
   maxTokens: number;
   stop: readonly string[];
   stopTokenIds: readonly number[];
   includeStopStrInOutput: boolean;
   skipSpecialTokens: boolean;
-  /** `ignore_eos`: `<|im_end|>` is an ordinary token. */
+  /** `ignore_eos`: the EOS tokens are ordinary tokens. */
   ignoreEos?: boolean;
 }
 
@@ -38,13 +42,13 @@ export function applyLimits(policy: PolicyOutput, p: StopParams, tok: SimTokeniz
   let stopTerminated = false;
   for (let i = 0; i < ids.length; i++) {
     const id = ids[i]!;
-    if (id === IM_END_ID && !p.ignoreEos) {
+    if (id === p.eosId && !p.ignoreEos) {
       ids = ids.slice(0, i + 1);
       finishReason = "stop";
       stopTerminated = true;
       break;
     }
-    if (p.stopTokenIds.includes(id)) {
+    if (p.stopTokenIds.includes(id) || (!p.ignoreEos && p.extraStopIds.includes(id))) {
       ids = ids.slice(0, i + 1);
       finishReason = "stop";
       stopReason = id;

@@ -1,5 +1,4 @@
 import { fnv1a, hashIds, mix32 } from "./hash.js";
-import { REGULAR_VOCAB_SIZE } from "./tokenizer.js";
 
 /**
  * Deterministic logprobs, so tests anywhere can predict what the engine reports.
@@ -16,7 +15,8 @@ import { REGULAR_VOCAB_SIZE } from "./tokenizer.js";
  * The reported value is max(logprob, -9999) as in vLLM (a no-op here).
  *
  * top_logprobs (N requested): the sampled token first, then N-1 alternatives sorted by logprob
- * (descending); alternative k = 1, 2, … is mix32(h, 0x80000000 + k) mod 151643 (ordinary BPE ids),
+ * (descending); alternative k = 1, 2, … is mix32(h, 0x80000000 + k) mod R, where R is the tokenizer's
+ * count of ordinary (non-added) ids (Qwen3 151,643; Llama 3.1 and DeepSeek-V3 128,000; gpt-oss 199,998),
  * skipping the sampled id and repeats, with logprob simLogprob(weightVersion, contextIds, alt).
  */
 export function simLogprob(weightVersion: string, contextIds: readonly number[], tokenId: number): number {
@@ -44,12 +44,12 @@ export interface TokenLogprob {
 }
 
 /** The sampled token and its alternatives, `n` entries in all (0 → none). */
-export function topLogprobs(h: number, sampled: number, n: number): TokenLogprob[] {
+export function topLogprobs(h: number, sampled: number, n: number, regularVocab: number): TokenLogprob[] {
   if (n <= 0) return [];
   const alts: TokenLogprob[] = [];
   const seen = new Set([sampled]);
   for (let k = 1; alts.length < n - 1 && k < 10_000; k++) {
-    const id = mix32(h, (0x80000000 + k) >>> 0) % REGULAR_VOCAB_SIZE;
+    const id = mix32(h, (0x80000000 + k) >>> 0) % regularVocab;
     if (seen.has(id)) continue;
     seen.add(id);
     alts.push({ id, logprob: logprobAt(h, id) });

@@ -1,8 +1,8 @@
 import { HttpError } from "./errors.js";
 import { PyDict, parsePyJson } from "./pyjson.js";
 import type { PyValue } from "./pyjson.js";
-import { ChatRenderError, renderChat } from "./template.js";
-import type { SimTokenizer } from "./tokenizer.js";
+import type { SimModel } from "./model.js";
+import { ChatRenderError } from "./template.js";
 
 /** The chat-shaped fields that decide a prompt (chat completions and the chat form of /tokenize). */
 export interface ChatPromptFields {
@@ -11,6 +11,10 @@ export interface ChatPromptFields {
   chat_template_kwargs?: Record<string, unknown> | null | undefined;
   add_generation_prompt?: boolean | null | undefined;
   continue_final_message?: boolean | null | undefined;
+  /** vLLM's per-request template override. */
+  chat_template?: string | null | undefined;
+  /** gpt-oss: the reasoning effort its system message states. */
+  reasoning_effort?: string | null | undefined;
 }
 
 /**
@@ -37,16 +41,22 @@ export interface RenderedPrompt {
 }
 
 /** Renders and tokenises a chat prompt as vLLM does (`add_special_tokens=False` for chat). */
-export function renderPrompt(body: ChatPromptFields, rawBody: string | undefined, tok: SimTokenizer): RenderedPrompt {
+export function renderPrompt(body: ChatPromptFields, rawBody: string | undefined, model: SimModel): RenderedPrompt {
+  const efforts = model.family.reasoningEffort;
+  const effort = body.reasoning_effort;
+  if (efforts && effort !== null && effort !== undefined && !efforts.includes(effort)) {
+    throw new HttpError(400, `reasoning_effort=${JSON.stringify(effort).replaceAll('"', "'")} is not supported by Harmony. Supported values are: ${efforts.join(", ")}.`);
+  }
   try {
-    const text = renderChat({
+    const text = model.renderer.render({
       messages: body.messages,
       tools: pyTools(body, rawBody),
       addGenerationPrompt: body.add_generation_prompt ?? true,
       continueFinalMessage: body.continue_final_message ?? false,
       chatTemplateKwargs: body.chat_template_kwargs ?? null,
-    });
-    return { text, ids: tok.encode(text) };
+      ...(efforts && effort ? { requestVars: { reasoning_effort: effort } } : {}),
+    }, body.chat_template);
+    return { text, ids: model.tok.encode(text) };
   } catch (e) {
     if (e instanceof ChatRenderError) throw new HttpError(400, e.message);
     throw e;

@@ -221,3 +221,37 @@ export function toJs(v: PyValue): unknown {
   if (Array.isArray(v)) return v.map(toJs);
   return v;
 }
+
+/** `json.dumps(value, ensure_ascii=False, indent=n)`: Python's pretty printer (`,` then newline, `": "`). */
+export function pyDumpsIndent(v: PyValue, indent: number, level = 0): string {
+  const pad = (l: number) => "\n" + " ".repeat(indent * l);
+  if (v instanceof PyDict) {
+    if (v.entries.length === 0) return "{}";
+    return `{${v.entries.map(([k, x]) => `${pad(level + 1)}${pyStr(k)}: ${pyDumpsIndent(x, indent, level + 1)}`).join(",")}${pad(level)}}`;
+  }
+  if (Array.isArray(v)) {
+    if (v.length === 0) return "[]";
+    return `[${v.map((x) => `${pad(level + 1)}${pyDumpsIndent(x, indent, level + 1)}`).join(",")}${pad(level)}]`;
+  }
+  return pyDumps(v);
+}
+
+/** `json.dumps(value, ensure_ascii=False, separators=(",", ":"))`: compact JSON. */
+export function pyDumpsCompact(v: PyValue): string {
+  if (v instanceof PyDict) return `{${v.entries.map(([k, x]) => `${pyStr(k)}:${pyDumpsCompact(x)}`).join(",")}}`;
+  if (Array.isArray(v)) return `[${v.map(pyDumpsCompact).join(",")}]`;
+  return pyDumps(v);
+}
+
+/** Python's `str(value)` of a parsed JSON value (what Jinja's `| string` prints): True, None, 1.0, {'a': 1}. */
+export function pyStrValue(v: PyValue): string {
+  if (v === null) return "None";
+  if (v === true) return "True";
+  if (v === false) return "False";
+  if (typeof v === "string") return v;
+  if (v instanceof PyInt) return v.digits;
+  if (v instanceof PyFloat) return pyFloatRepr(v.value);
+  const repr = (x: PyValue): string => (typeof x === "string" ? `'${x.replaceAll("\\", "\\\\").replaceAll("'", "\\'")}'` : pyStrValue(x));
+  if (v instanceof PyDict) return `{${v.entries.map(([k, x]) => `${repr(k)}: ${repr(x)}`).join(", ")}}`;
+  return `[${v.map(repr).join(", ")}]`;
+}

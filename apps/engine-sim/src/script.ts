@@ -1,9 +1,10 @@
 import { PyDict, PyFloat, PyInt, PyJsonError, parsePyJson } from "./pyjson.js";
 import type { PyValue } from "./pyjson.js";
+import type { Family } from "./families/types.js";
 import { contentText } from "./template.js";
 
 /**
- * The `#sim:` scripted policy (DESIGN §7). A line `#sim: [STEP, …]` in a user or system message is a
+ * The `#sim:` scripted policy. A line `#sim: [STEP, …]` in a user or system message is a
  * script; the k-th assistant answer after the message that holds it plays STEP[k] (k = number of
  * assistant messages after that message); past the end the model answers "done". When several
  * messages hold a script, the latest one wins (a new user turn can start a new script).
@@ -95,24 +96,49 @@ export function findScriptStep(messages: readonly unknown[]): { step: SimStep | 
   return null;
 }
 
-const TEXT_SCRIPT_LINE = /^[ \t]*#sim:[ \t]*(\[.*\])[ \t]*(?:<\|im_end\|>)?[ \t]*$/gm;
-const DONE_ASSISTANT_TURN = /<\|im_start\|>assistant[\s\S]*?<\|im_end\|>/g;
+/** The end of the JSON array starting at `from` (index after its `]`), or -1; strings are skipped. */
+function arrayEnd(text: string, from: number): number {
+  let depth = 0;
+  for (let i = from; i < text.length; i++) {
+    const c = text[i];
+    if (c === '"') {
+      for (i++; i < text.length && text[i] !== '"'; i++) if (text[i] === "\\") i++;
+    } else if (c === "[" || c === "{") depth++;
+    else if (c === "]" || c === "}") {
+      depth--;
+      if (depth === 0) return i + 1;
+    } else if (c === "\n") return -1;
+  }
+  return -1;
+}
+
+/** `#sim:` at a line start or right after a special token (rendered prompts glue turns together). */
+const SCRIPT_MARK = /(?:^|\n|\|>|｜>)[ \t]*#sim:[ \t]*(?=\[)/g;
 
 /**
  * The script in a raw prompt (completions, /generate): the last `#sim:` line, and as step the number
- * of finished assistant turns (`<|im_start|>assistant … <|im_end|>`) after it, so a rendered chat
- * prompt plays the same step as the chat route would.
+ * of finished assistant answers after it, counted with the family's turn markers, so a rendered
+ * chat prompt plays the same step as the chat route would.
  */
-export function findScriptInText(text: string): { step: SimStep | null; index: number } | null {
-  let last: RegExpExecArray | undefined;
-  for (const m of text.matchAll(TEXT_SCRIPT_LINE)) last = m as RegExpExecArray;
-  if (!last) return null;
+export function findScriptInText(text: string, family: Pick<Family, "countAnswers">): { step: SimStep | null; index: number } | null {
+  let json: string | undefined;
+  let end = -1;
+  for (const m of text.matchAll(SCRIPT_MARK)) {
+    const from = m.index + m[0].length;
+    const e = arrayEnd(text, from);
+    if (e < 0) continue;
+    // After the array: the end of the line, or a special token (the turn's end marker).
+    if (!/^[ \t]*(?:$|\n|<)/.test(text.slice(e, e + 64))) continue;
+    json = text.slice(from, e);
+    end = e;
+  }
+  if (json === undefined) return null;
   let steps: SimStep[];
   try {
-    steps = parseScript(last[1]!);
+    steps = parseScript(json);
   } catch (e) {
     throw new ScriptError(`invalid #sim script in the prompt: ${(e as Error).message}`);
   }
-  const k = [...text.slice(last.index + last[0].length).matchAll(DONE_ASSISTANT_TURN)].length;
+  const k = family.countAnswers(text.slice(end));
   return { step: steps[k] ?? null, index: k };
 }

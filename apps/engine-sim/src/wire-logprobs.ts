@@ -25,12 +25,12 @@ export function chatLogprobEntry(tok: SimTokenizer, t: GenToken, asIds: boolean,
 }
 
 /** Per prompt position i ≥ 1: the actual token's logprob given ids[0..i) and `k` alternatives (sampled first). */
-export function promptTops(weightVersion: string, promptIds: readonly number[], k: number): TokenLogprob[][] {
+export function promptTops(weightVersion: string, promptIds: readonly number[], k: number, regularVocab: number): TokenLogprob[][] {
   const out: TokenLogprob[][] = [];
   if (promptIds.length === 0) return out;
   let h = contextHash(weightVersion, promptIds.slice(0, 1));
   for (let i = 1; i < promptIds.length; i++) {
-    out.push(topLogprobs(h, promptIds[i]!, Math.max(1, k + 1)));
+    out.push(topLogprobs(h, promptIds[i]!, Math.max(1, k + 1), regularVocab));
     h = extendContextHash(h, promptIds[i]!);
   }
   return out;
@@ -41,7 +41,7 @@ type PromptEntry = Record<string, { logprob: number; rank: number; decoded_token
 /** vLLM's `prompt_logprobs`: entry 0 null, then {"<id>": {logprob, rank, decoded_token}} incl. top-k. */
 export function vllmPromptLogprobs(tok: SimTokenizer, weightVersion: string, promptIds: readonly number[], k: number): (PromptEntry | null)[] {
   const out: (PromptEntry | null)[] = [null];
-  for (const top of promptTops(weightVersion, promptIds, k)) {
+  for (const top of promptTops(weightVersion, promptIds, k, tok.regularVocabSize)) {
     const actual = top[0]!;
     const alts = top.slice(1, k + 1);
     const entry: PromptEntry = {};

@@ -10,7 +10,6 @@ import { extendPastEos, promptPolicy } from "../policy.js";
 import { parseRankHeader, sglangRank } from "../ranks.js";
 import { ScriptError } from "../script.js";
 import type { SimState } from "../state.js";
-import { IM_END_ID } from "../tokenizer.js";
 import { legacyLogprobs, promptTops, vllmPromptLogprobs } from "../wire-logprobs.js";
 import type { LegacyStep } from "../wire-logprobs.js";
 import { cutConnection, disconnectSignal, errorBody, formatZodError, sendEnvError } from "./common.js";
@@ -48,6 +47,7 @@ const CompletionRequest = z.object({
   include_stop_str_in_output: z.boolean().nullish(),
   skip_special_tokens: z.boolean().nullish(),
   ignore_eos: z.boolean().nullish(),
+  add_special_tokens: z.boolean().nullish(),
   return_token_ids: z.boolean().nullish(),
   return_tokens_as_token_ids: z.boolean().nullish(),
   n: z.number().int().nullish(),
@@ -107,7 +107,7 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
   const p = body.prompt;
   const prompts: (string | number[])[] = typeof p === "string" ? [p] : typeof p[0] === "number" ? [p as number[]] : (p as (string | number[])[]);
   const jobs = prompts.map((one, index): PromptJob => {
-    const promptIds = typeof one === "string" ? sim.tok.encode(one) : one;
+    const promptIds = typeof one === "string" ? sim.tok.encode(one, body.add_special_tokens ?? true) : one;
     const bad = promptIds.find((id) => !sim.tok.isValidId(id));
     if (bad !== undefined) throw new HttpError(400, `Token id ${bad} is out of vocabulary`);
     if (promptIds.length === 0) throw new HttpError(400, "The prompt cannot be empty.");
@@ -119,12 +119,12 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
     }
     let policy;
     try {
-      policy = promptPolicy(o.seed, o.randomTokens, promptIds, sim.tok);
+      policy = promptPolicy(o.seed, o.randomTokens, promptIds, sim.model);
     } catch (e) {
       if (e instanceof ScriptError) throw new HttpError(400, `engine-sim: ${e.message}`);
       throw e;
     }
-    if (body.ignore_eos) policy = extendPastEos(policy, maxTokens, o.seed, promptIds, sim.tok);
+    if (body.ignore_eos) policy = extendPastEos(policy, maxTokens, o.seed, promptIds, sim.model);
     const stop = body.stop === null || body.stop === undefined ? [] : typeof body.stop === "string" ? [body.stop] : body.stop;
     const completion =
       maxTokens === 0
@@ -132,6 +132,8 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
         : applyLimits(
             policy,
             {
+              eosId: sim.model.eosId,
+              extraStopIds: sim.model.extraStopIds,
               maxTokens,
               stop,
               stopTokenIds: body.stop_token_ids ?? [],
@@ -192,15 +194,15 @@ function usage(p: Prepared, gens: Generation[], includeDetails: boolean) {
   return u;
 }
 
-function finishOf(j: PromptJob, g: Generation): { finish: string; stopReason: string | number | null; matched: string | number | null } {
+function finishOf(sim: SimState, j: PromptJob, g: Generation): { finish: string; stopReason: string | number | null; matched: string | number | null } {
   if (g.outcome === "abort") return { finish: "abort", stopReason: null, matched: null };
   const c = j.completion;
-  return { finish: c.finishReason, stopReason: c.stopReason, matched: c.finishReason === "stop" ? (c.stopReason ?? IM_END_ID) : null };
+  return { finish: c.finishReason, stopReason: c.stopReason, matched: c.finishReason === "stop" ? (c.stopReason ?? sim.model.eosId) : null };
 }
 
 /** Steps of the prompt for echo + logprobs: position 0 has no logprob. */
 function promptSteps(sim: SimState, j: PromptJob, k: number): LegacyStep[] {
-  const tops = promptTops(sim.weightVersion, j.promptIds, k);
+  const tops = promptTops(sim.weightVersion, j.promptIds, k, sim.tok.regularVocabSize);
   return j.promptIds.map((id, i) => ({ id, top: i === 0 ? null : tops[i - 1]! }));
 }
 
@@ -229,7 +231,7 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
   const choices = p.jobs.map((j, i) => {
     const g = gens[i]!;
     const out = emitted(j.completion, g.tokens.length);
-    const fin = finishOf(j, g);
+    const fin = finishOf(sim, j, g);
     const echoText = p.body.echo ? (p.body.return_token_ids ? "" : j.promptText) : "";
     const genSteps: LegacyStep[] = g.tokens.map((t) => ({ id: t.id, top: t.top }));
     const steps = p.body.echo && p.k !== null ? [...promptSteps(sim, j, p.k), ...genSteps] : genSteps;
@@ -314,16 +316,16 @@ async function stream(sim: SimState, p: Prepared, reply: FastifyReply) {
       chunk(i, deltaText, logprobs, fin, promptIds, ids, g.tokens.length);
     };
     if (p.body.echo && p.maxTokens === 0) {
-      emit("", [], [], finishOf(j, g));
+      emit("", [], [], finishOf(sim, j, g));
       for await (const _ of sim.engine.run(g)) break;
       return;
     }
     for await (const t of sim.engine.run(g)) {
       const from = t.index === 0 ? 0 : c.ends[t.index - 1]!;
-      emit(c.text.slice(from, c.ends[t.index]!), [t.id], [{ id: t.id, top: t.top }], t.index === last ? finishOf(j, g) : null);
+      emit(c.text.slice(from, c.ends[t.index]!), [t.id], [{ id: t.id, top: t.top }], t.index === last ? finishOf(sim, j, g) : null);
     }
     if (g.outcome === "disconnect") cut = true;
-    else if (g.outcome === "abort") emit("", [], [], finishOf(j, g));
+    else if (g.outcome === "abort") emit("", [], [], finishOf(sim, j, g));
   };
   try {
     await Promise.all(p.jobs.map((_, i) => one(i)));

@@ -6,9 +6,6 @@ import { renderPrompt } from "../prompt.js";
 import type { SimState } from "../state.js";
 import { formatZodError, getRawBody, sendError } from "./common.js";
 
-/** The version `/version` reports: the vLLM behaviour engine-sim follows (token extensions, `reasoning`). */
-export const SIM_VLLM_VERSION = "0.12.0+enginesim";
-
 const TokenizeChat = z.object({
   model: z.string().nullish(),
   messages: z.array(z.record(z.string(), z.unknown())),
@@ -69,7 +66,8 @@ export function registerMiscRoutes(app: FastifyInstance, sim: SimState): void {
   app.get("/health", async (_req, reply) => reply.code(sim.ranks.ranks.some((r) => r.down) ? 503 : 200).send(""));
   app.get("/ping", async (_req, reply) => reply.code(200).send(""));
   app.post("/ping", async (_req, reply) => reply.code(200).send(""));
-  app.get("/version", async () => ({ version: SIM_VLLM_VERSION }));
+  // The release engine-sim behaves as (`--vllm-version`), reported as vLLM does.
+  app.get("/version", async () => ({ version: o.vllmVersion }));
 
   app.post("/tokenize", async (req, reply) => {
     try {
@@ -81,14 +79,13 @@ export function registerMiscRoutes(app: FastifyInstance, sim: SimState): void {
         if (parsed.data.add_generation_prompt !== false && parsed.data.continue_final_message === true) {
           throw new HttpError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
         }
-        const { ids } = renderPrompt(parsed.data, getRawBody(req), sim.tok);
+        const { ids } = renderPrompt(parsed.data, getRawBody(req), sim.model);
         return tokenizeResponse(ids, parsed.data.return_token_strs === true);
       }
       const parsed = TokenizeCompletion.safeParse(body);
       if (!parsed.success) throw new HttpError(400, formatZodError(parsed.error));
       checkModel(parsed.data.model);
-      // Qwen adds no BOS/EOS, so add_special_tokens changes nothing here.
-      return tokenizeResponse(sim.tok.encode(parsed.data.prompt), parsed.data.return_token_strs === true);
+      return tokenizeResponse(sim.tok.encode(parsed.data.prompt, parsed.data.add_special_tokens ?? true), parsed.data.return_token_strs === true);
     } catch (e) {
       if (e instanceof HttpError) return sendError(reply, e.status, e.message);
       throw e;

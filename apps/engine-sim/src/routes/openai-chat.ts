@@ -6,14 +6,14 @@ import type { Generation } from "../engine.js";
 import { HttpError } from "../errors.js";
 import { applyLimits } from "../limits.js";
 import type { Completion } from "../limits.js";
-import { StreamParser, extractReasoning, extractToolCalls } from "../parsers.js";
-import type { Delta, ToolCall } from "../parsers.js";
-import { randomOutput, scriptedOutput } from "../policy.js";
+import { makeToolCallId } from "../output/types.js";
+import type { Delta, ParseRequest } from "../output/types.js";
+import { continueOpenAnswer, randomOutput, scriptedOutput } from "../policy.js";
 import { renderPrompt } from "../prompt.js";
 import { parseRankHeader, sglangRank } from "../ranks.js";
 import { ScriptError, findScriptStep } from "../script.js";
 import type { SimState } from "../state.js";
-import { IM_END_ID } from "../tokenizer.js";
+import { vllmHas } from "../versions.js";
 import { chatLogprobEntry, vllmPromptLogprobs } from "../wire-logprobs.js";
 import { cutConnection, disconnectSignal, errorBody, formatZodError, getRawBody, sendEnvError } from "./common.js";
 import type { Envelope } from "./common.js";
@@ -21,14 +21,15 @@ import type { Envelope } from "./common.js";
 /**
  * `POST /v1/chat/completions` with vLLM's wire format (v0.10.2+ token extensions: `return_token_ids`,
  * top-level `prompt_token_ids`, `choices[].token_ids`; reasoning under `reasoning` (v0.11+, PR
- * #27752) or `reasoning_content`; the server is assumed to run with `--reasoning-parser qwen3
- * --enable-auto-tool-choice --tool-call-parser hermes --enable-prompt-tokens-details`).
+ * #27752) or `reasoning_content`). The prompt is rendered with the served family's chat template,
+ * or taken as given when the simulated release accepts a pre-tokenised prompt (versions.ts); the
+ * answer is parsed by the server's `--reasoning-parser` / `--tool-call-parser` (output/).
  * Test-only extra: every response carries `x-sim-dp-rank: <rank>` (the DP rank that served it).
  *
- * In SGLang mode the same route answers as SGLang v0.5.x's `serving_chat.py` with `--reasoning-parser
- * qwen3 --tool-call-parser qwen25 --enable-cache-report` plus the token-id fields of PR #30917
- * (`return_token_ids` → `choices[].token_ids`, `return_prompt_token_ids` → `choices[].prompt_token_ids`,
- * rejected when streaming): `id` is the request's rid (uuid hex), `message.reasoning_content`,
+ * In SGLang mode the same route answers as SGLang v0.5.x's `serving_chat.py` (`--enable-cache-report`)
+ * plus the token-id fields of PR #30917 (`return_token_ids` → `choices[].token_ids`,
+ * `return_prompt_token_ids` → `choices[].prompt_token_ids`, rejected when streaming), `input_ids`
+ * and PR #34488's `sglext` ids: `id` is the request's rid (uuid hex), `message.reasoning_content`,
  * `tool_calls: null` when none, `matched_stop`, logprob entries without ids, `metadata.weight_version`,
  * the flat `{object:"error",…}` envelope, `routed_dp_rank` / `X-Data-Parallel-Rank` with out-of-range
  * falling back to load balancing.
@@ -65,6 +66,16 @@ const ChatRequest = z.object({
   data_parallel_rank: z.number().int().nullish(),
   return_prompt_token_ids: z.boolean().nullish(),
   separate_reasoning: z.boolean().nullish(),
+  // Token-in: vLLM's kv_transfer_params.prompt_token_ids (PR #48145) and prompt_token_ids (PR #55771);
+  // SGLang's input_ids. Read only when the simulated server has them (an old server ignores them).
+  kv_transfer_params: z.unknown().optional(),
+  prompt_token_ids: z.unknown().optional(),
+  input_ids: z.unknown().optional(),
+  // SGLang PR #34488: response-level sglext.input_ids / sglext.output_ids.
+  return_input_ids: z.boolean().nullish(),
+  return_output_ids: z.boolean().nullish(),
+  chat_template: z.string().nullish(),
+  reasoning_effort: z.string().nullish(),
 });
 type ChatRequest = z.infer<typeof ChatRequest>;
 
@@ -85,14 +96,50 @@ interface Prepared {
   asTokenIds: boolean;
   returnTokenIds: boolean;
   returnPromptTokenIds: boolean;
+  /** SGLang sglext ids (request fields, x-sglext-* headers). */
+  sglextInputIds: boolean;
+  sglextOutputIds: boolean;
   toolParsing: boolean;
   reasoningField: string;
+  parseRequest: ParseRequest;
 }
 
 function requestId(body: ChatRequest, req: FastifyRequest, sglang: boolean): string {
   if (sglang) return body.rid ?? randomBytes(16).toString("hex");
   const given = body.request_id ?? (req.headers["x-request-id"] as string | undefined);
   return `chatcmpl-${given ?? randomBytes(16).toString("hex")}`;
+}
+
+function headerOn(req: FastifyRequest, name: string): boolean {
+  const v = req.headers[name];
+  return typeof v === "string" && /^(1|true|yes)$/i.test(v.trim());
+}
+
+const TokenIds = z.array(z.number().int());
+
+/**
+ * A pre-tokenised prompt the simulated server honours, or null (render the messages). vLLM reads
+ * `prompt_token_ids` (≥ the release with PR #55771) before `kv_transfer_params.prompt_token_ids`
+ * (≥ the release with PR #48145); SGLang reads `input_ids`. Messages still drive tools and parsers.
+ */
+function tokenInPrompt(sim: SimState, body: ChatRequest): number[] | null {
+  const pick = (field: string, v: unknown): number[] | null => {
+    if (v === undefined || v === null) return null;
+    const parsed = TokenIds.safeParse(v);
+    if (!parsed.success) throw new HttpError(400, `${field} must be a list of token ids`);
+    return parsed.data;
+  };
+  if (sim.opts.kind === "sglang") return pick("input_ids", body.input_ids);
+  const v = sim.opts.vllmVersion;
+  if (vllmHas(v, "chatPromptTokenIds")) {
+    const ids = pick("prompt_token_ids", body.prompt_token_ids);
+    if (ids) return ids;
+  }
+  if (vllmHas(v, "chatKvTransferPromptIds")) {
+    const kv = body.kv_transfer_params;
+    if (kv !== null && typeof kv === "object" && !Array.isArray(kv)) return pick("kv_transfer_params.prompt_token_ids", (kv as Record<string, unknown>).prompt_token_ids);
+  }
+  return null;
 }
 
 /** Validation, prompt, policy and stopping rules: everything before the first token. */
@@ -122,7 +169,14 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
     throw new HttpError(400, "return_token_ids / return_prompt_token_ids are not supported with stream=True for chat completions.");
   }
 
-  const prompt = renderPrompt(body, getRawBody(req), sim.tok);
+  const tokenIn = tokenInPrompt(sim, body);
+  let prompt: { text: string; ids: number[] };
+  if (tokenIn) {
+    const bad = tokenIn.find((id) => !sim.tok.isValidId(id));
+    if (bad !== undefined) throw new HttpError(400, `Token id ${bad} is out of vocabulary`);
+    if (tokenIn.length === 0) throw new HttpError(400, "The prompt cannot be empty.");
+    prompt = { text: sim.tok.decode(tokenIn), ids: tokenIn };
+  } else prompt = renderPrompt(body, getRawBody(req), sim.model);
   const promptIds = prompt.ids;
   const requested = body.max_completion_tokens ?? body.max_tokens;
   if (promptIds.length >= o.maxModelLen) {
@@ -155,11 +209,19 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
     if (e instanceof ScriptError) throw new HttpError(400, `engine-sim: ${e.message}`);
     throw e;
   }
-  const policy = found ? scriptedOutput(found.step, sim.tok) : randomOutput(o.seed, promptIds, o.randomTokens, sim.tok);
+  let policy;
+  try {
+    policy = found ? continueOpenAnswer(scriptedOutput(found.step, sim.model, prompt.text), promptIds, sim.model) : randomOutput(o.seed, promptIds, o.randomTokens, sim.model);
+  } catch (e) {
+    if (e instanceof ScriptError) throw new HttpError(400, `engine-sim: ${e.message}`);
+    throw e;
+  }
   const stop = body.stop === null || body.stop === undefined ? [] : typeof body.stop === "string" ? [body.stop] : body.stop;
   const completion = applyLimits(
     policy,
     {
+      eosId: sim.model.eosId,
+      extraStopIds: sim.model.extraStopIds,
       maxTokens,
       stop,
       stopTokenIds: body.stop_token_ids ?? [],
@@ -171,6 +233,7 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
   const wantLogprobs = body.logprobs === true;
   const topN = !wantLogprobs ? 0 : top === -1 ? MAX_TOP_LOGPROBS : Math.min(top ?? 0, MAX_TOP_LOGPROBS);
   const toolChoice = body.tool_choice ?? (body.tools ? "auto" : "none");
+  const toolParsing = !!body.tools && toolChoice !== "none";
   return {
     body,
     sglang,
@@ -184,17 +247,20 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
     asTokenIds: !sglang && (body.return_tokens_as_token_ids ?? o.returnTokensAsTokenIds),
     returnTokenIds: body.return_token_ids === true,
     returnPromptTokenIds: sglang && body.return_prompt_token_ids === true,
-    toolParsing: !!body.tools && toolChoice !== "none",
+    sglextInputIds: sglang && (body.return_input_ids === true || headerOn(req, "x-sglext-return-input-ids") || o.returnInputIds),
+    sglextOutputIds: sglang && (body.return_output_ids === true || headerOn(req, "x-sglext-return-output-ids") || o.returnOutputIds),
+    toolParsing,
     reasoningField: sglang ? "reasoning_content" : o.reasoningField,
+    parseRequest: { tok: sim.tok, toolParsing, tools: body.tools ?? [], chatTemplateKwargs: body.chat_template_kwargs ?? {} },
   };
 }
 
 const envOf = (p: { sglang: boolean }): Envelope => (p.sglang ? "sglang-openai" : "vllm");
 
 /** SGLang's `matched_stop`: the EOS / stop token id or the stop string; null on length or abort. */
-function matchedStop(c: Completion, outcome: string): number | string | null {
+function matchedStop(c: Completion, outcome: string, eosId: number): number | string | null {
   if (outcome === "abort" || c.finishReason !== "stop") return null;
-  return c.stopReason ?? IM_END_ID;
+  return c.stopReason ?? eosId;
 }
 
 function usage(promptTokens: number, completionTokens: number, cached: number) {
@@ -208,7 +274,7 @@ function usage(promptTokens: number, completionTokens: number, cached: number) {
 
 /** SGLang tool-call ids are `call_` + 24 hex digits. */
 function sglangToolId(id: string): string {
-  return `call_${id.replace(/^chatcmpl-tool-/, "").slice(0, 24)}`;
+  return id.startsWith("call_") ? id : `call_${id.replace(/^chatcmpl-tool-/, "").slice(0, 24)}`;
 }
 
 /** The ids and text of what actually went out (all of it, or an aborted request's partial tokens). */
@@ -245,18 +311,9 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
   const aborted = g.outcome === "abort";
   const c = p.completion;
   const out = emitted(c, g.tokens.length);
-  const { reasoning, content: afterReasoning } = extractReasoning(out.text);
-  let content = afterReasoning;
-  let toolCalls: ToolCall[] = [];
-  let toolsCalled = false;
-  if (p.toolParsing) {
-    const info = extractToolCalls(afterReasoning ?? "");
-    toolsCalled = info.toolsCalled;
-    if (info.toolsCalled) {
-      content = info.content;
-      toolCalls = info.toolCalls;
-    } else if (info.content) content = info.content;
-  }
+  const parsed = sim.model.parser.parse(out.text, out.ids, p.parseRequest);
+  const { reasoning, content, toolsCalled } = parsed;
+  const toolCalls = parsed.toolCalls.map((t) => ({ id: makeToolCallId(), type: "function" as const, function: { name: t.name, arguments: t.arguments } }));
   const finishReason = aborted ? "abort" : toolsCalled ? "tool_calls" : c.finishReason;
   const logprobs = p.wantLogprobs ? { content: g.tokens.map((t) => chatLogprobEntry(sim.tok, t, p.asTokenIds, p.sglang)) } : null;
   reply.header("x-sim-dp-rank", String(g.rank.index));
@@ -267,10 +324,10 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
       reasoning_content: p.body.separate_reasoning === false ? null : reasoning,
       tool_calls: toolCalls.length > 0 ? toolCalls.map((t) => ({ ...t, id: sglangToolId(t.id), index: toolCalls.indexOf(t) })) : null,
     };
-    const choice: Record<string, unknown> = { index: 0, message, logprobs, finish_reason: finishReason, matched_stop: matchedStop(c, g.outcome ?? "") };
+    const choice: Record<string, unknown> = { index: 0, message, logprobs, finish_reason: finishReason, matched_stop: matchedStop(c, g.outcome ?? "", sim.model.eosId) };
     if (p.returnTokenIds) choice.token_ids = out.ids;
     if (p.returnPromptTokenIds) choice.prompt_token_ids = p.promptIds;
-    return reply.send({
+    const resp: Record<string, unknown> = {
       id: p.requestId,
       object: "chat.completion",
       created: p.created,
@@ -278,7 +335,10 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
       choices: [choice],
       usage: usage(p.promptIds.length, out.ids.length, g.cached),
       metadata: { weight_version: sim.weightVersion },
-    });
+    };
+    const ext = sglext(p, out.ids);
+    if (ext) resp.sglext = ext;
+    return reply.send(resp);
   }
   const message: Record<string, unknown> = {
     role: "assistant",
@@ -315,6 +375,15 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
   return reply.send(body);
 }
 
+/** SGLang PR #34488's response-level ids: the prompt, and one output list per choice. */
+function sglext(p: Prepared, outputIds: number[]): Record<string, unknown> | null {
+  if (!p.sglextInputIds && !p.sglextOutputIds) return null;
+  const ext: Record<string, unknown> = {};
+  if (p.sglextInputIds) ext.input_ids = p.promptIds;
+  if (p.sglextOutputIds) ext.output_ids = [outputIds];
+  return ext;
+}
+
 /** SGLang's DeltaMessage as model_dump_json() writes it (every field, nulls included). */
 function sglangDelta(d: { role?: string; content?: string; reasoning?: string; tool_calls?: unknown[] }) {
   return { role: d.role ?? null, content: d.content ?? null, reasoning_content: d.reasoning ?? null, tool_calls: d.tool_calls ?? null };
@@ -343,18 +412,18 @@ async function stream(sim: SimState, p: Prepared, reply: FastifyReply) {
   if (p.returnTokenIds && !sg) roleChunk.prompt_token_ids = p.promptIds;
   send(roleChunk);
 
-  const parser = new StreamParser(true, p.toolParsing);
+  const parser = sim.model.parser.stream(p.parseRequest);
   const last = c.ids.length - 1;
   try {
     for await (const t of sim.engine.run(g)) {
       const from = t.index === 0 ? 0 : c.ends[t.index - 1]!;
       const deltaText = c.text.slice(from, c.ends[t.index]!);
-      let delta: Delta | null = parser.push(t.id, deltaText);
+      const isLast = t.index === last;
+      let delta: Delta | null = parser.push(t.id, deltaText, isLast);
       if (delta && delta.reasoning !== undefined && (p.body.include_reasoning === false || p.body.separate_reasoning === false)) {
         const { reasoning: _drop, ...rest } = delta;
         delta = Object.keys(rest).length > 0 ? rest : null;
       }
-      const isLast = t.index === last;
       const logprobs = p.wantLogprobs ? { content: [chatLogprobEntry(sim.tok, t, p.asTokenIds, sg)] } : null;
       if (sg) {
         // SGLang sends a chunk only when a parser produced text; the finish chunk follows separately.
@@ -397,7 +466,10 @@ async function stream(sim: SimState, p: Prepared, reply: FastifyReply) {
   const n = g.tokens.length;
   if (sg) {
     const fr = g.outcome === "abort" ? "abort" : parser.toolsStreamed > 0 && c.finishReason === "stop" ? "tool_calls" : c.finishReason;
-    send({ ...base, choices: [{ index: 0, delta: sglangDelta({}), logprobs: null, finish_reason: fr, matched_stop: matchedStop(c, g.outcome ?? "") }], usage: null });
+    send({ ...base, choices: [{ index: 0, delta: sglangDelta({}), logprobs: null, finish_reason: fr, matched_stop: matchedStop(c, g.outcome ?? "", sim.model.eosId) }], usage: null });
+    // PR #34488: the ids arrive once, in a response-level chunk before [DONE].
+    const ext = sglext(p, g.tokens.map((t) => t.id));
+    if (ext) send({ ...base, choices: [], usage: null, sglext: ext });
   } else if (g.outcome === "abort") {
     // vLLM: the abort output carries no new token; its chunk has an empty delta and finish_reason "abort".
     const choice: Record<string, unknown> = { index: 0, delta: {}, logprobs: null, finish_reason: "abort", stop_reason: null };

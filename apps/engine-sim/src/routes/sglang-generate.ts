@@ -10,7 +10,6 @@ import { extendPastEos, promptPolicy } from "../policy.js";
 import { sglangRank } from "../ranks.js";
 import { ScriptError } from "../script.js";
 import type { SimState } from "../state.js";
-import { IM_END_ID } from "../tokenizer.js";
 import { promptTops, sglangTriple } from "../wire-logprobs.js";
 import { cutConnection, disconnectSignal, formatZodError } from "./common.js";
 import { emitted } from "./openai-chat.js";
@@ -68,11 +67,11 @@ interface Item {
 }
 
 /** SGLang's finish_reason object. */
-function finishReason(it: Item, g: Generation, message: string): Record<string, unknown> {
+function finishReason(sim: SimState, it: Item, g: Generation, message: string): Record<string, unknown> {
   if (g.outcome === "abort") return { type: "abort", message };
   const c = it.completion;
   if (c.finishReason === "length") return { type: "length", length: it.maxNew };
-  return { type: "stop", matched: c.stopReason ?? IM_END_ID };
+  return { type: "stop", matched: c.stopReason ?? sim.model.eosId };
 }
 
 function buildItems(sim: SimState, body: GenerateRequest): Item[] {
@@ -82,7 +81,7 @@ function buildItems(sim: SimState, body: GenerateRequest): Item[] {
   }
   const prompts: number[][] =
     body.text !== null && body.text !== undefined
-      ? (typeof body.text === "string" ? [body.text] : body.text).map((t) => sim.tok.encode(t))
+      ? (typeof body.text === "string" ? [body.text] : body.text).map((t) => sim.tok.encode(t, true))
       : typeof body.input_ids![0] === "number"
         ? [body.input_ids as number[]]
         : (body.input_ids as number[][]);
@@ -98,19 +97,19 @@ function buildItems(sim: SimState, body: GenerateRequest): Item[] {
     if (maxNew < 0) throw new BadRequest(`max_new_tokens must be at least 0, got ${maxNew}.`);
     let policy;
     try {
-      policy = promptPolicy(o.seed, o.randomTokens, promptIds, sim.tok);
+      policy = promptPolicy(o.seed, o.randomTokens, promptIds, sim.model);
     } catch (e) {
       if (e instanceof ScriptError) throw new BadRequest(`engine-sim: ${e.message}`);
       throw e;
     }
-    if (sp.ignore_eos) policy = extendPastEos(policy, maxNew, o.seed, promptIds, sim.tok);
+    if (sp.ignore_eos) policy = extendPastEos(policy, maxNew, o.seed, promptIds, sim.model);
     const stop = sp.stop === null || sp.stop === undefined ? [] : typeof sp.stop === "string" ? [sp.stop] : sp.stop;
     const completion: Completion =
       maxNew === 0
         ? { ids: [], finishReason: "length", stopReason: null, text: "", ends: [] }
         : applyLimits(
             policy,
-            { maxTokens: maxNew, stop, stopTokenIds: sp.stop_token_ids ?? [], includeStopStrInOutput: sp.no_stop_trim ?? false, skipSpecialTokens: sp.skip_special_tokens ?? true, ignoreEos: sp.ignore_eos ?? false },
+            { eosId: sim.model.eosId, extraStopIds: sim.model.extraStopIds, maxTokens: maxNew, stop, stopTokenIds: sp.stop_token_ids ?? [], includeStopStrInOutput: sp.no_stop_trim ?? false, skipSpecialTokens: sp.skip_special_tokens ?? true, ignoreEos: sp.ignore_eos ?? false },
             sim.tok,
           );
     return { rid: rids[i] ?? randomBytes(16).toString("hex"), promptIds, completion, maxNew };
@@ -126,14 +125,14 @@ function output(sim: SimState, body: GenerateRequest, it: Item, g: Generation, f
   const topK = body.top_logprobs_num ?? 0;
   const meta: Record<string, unknown> = {
     id: it.rid,
-    finish_reason: final ? finishReason(it, g, abortMessage) : null,
+    finish_reason: final ? finishReason(sim, it, g, abortMessage) : null,
     prompt_tokens: it.promptIds.length,
     weight_version: sim.weightVersion,
     total_retractions: g.retractions,
   };
   if (body.return_logprob) {
     const start = body.logprob_start_len ?? -1;
-    const tops = start >= 0 ? promptTops(sim.weightVersion, it.promptIds, Math.max(1, topK)) : [];
+    const tops = start >= 0 ? promptTops(sim.weightVersion, it.promptIds, Math.max(1, topK), sim.tok.regularVocabSize) : [];
     const inputPositions = start >= 0 ? it.promptIds.map((id, i) => ({ id, i })).slice(start) : [];
     const outTokens = g.tokens.slice(from);
     meta.input_token_logprobs = inputPositions.map(({ id, i }) => sglangTriple(sim.tok, i === 0 ? null : tops[i - 1]![0]!.logprob, id, withText));

@@ -3,6 +3,8 @@ import { z } from "zod";
 import type { PauseMode } from "../engine.js";
 import { EngineError } from "../engine.js";
 import { HttpError, sglangError } from "../errors.js";
+import { SGLANG_REASONING_PARSERS, SGLANG_TOOL_PARSERS, parseFunctionCall, separateReasoning } from "../output/sglang-parse.js";
+import type { SglangReasoningParser, SglangToolParser } from "../output/sglang-parse.js";
 import { renderPrompt } from "../prompt.js";
 import type { SimState } from "../state.js";
 import { formatZodError, getRawBody } from "./common.js";
@@ -23,6 +25,9 @@ export const SIM_SGLANG_VERSION = "0.5.5+enginesim";
  *   POST /update_weights_from_disk {model_path, weight_version?} → {"success":true,"message":…,"num_paused_requests":0};
  *     sets `weight_version` when given, else bumps it (sim choice: a real server keeps it unless given)
  *   POST /update_weight_version {new_version} → {"success":true,"message":…,"new_version"}
+ *   POST /parse_function_call {text, tools, tool_call_parser?} → {normal_text, calls: [{tool_index, name, parameters}]}
+ *     (no parser named: the server's --tool-call-parser)
+ *   POST /separate_reasoning {text, reasoning_parser} → {text, reasoning_text}
  */
 
 const Pause = z.object({ mode: z.enum(["abort", "in_place", "retract"]).nullish() });
@@ -39,6 +44,12 @@ const Detokenize = z.object({ model: z.string().nullish(), tokens: z.array(z.num
 const UpdateFromDisk = z.object({ model_path: z.string(), load_format: z.string().nullish(), weight_version: z.string().nullish(), abort_all_requests: z.boolean().nullish() });
 const UpdateVersion = z.object({ new_version: z.string(), abort_all_requests: z.boolean().nullish() });
 const AbortRequest = z.object({ rid: z.string().nullish(), abort_all: z.boolean().nullish() });
+const ParseFunctionCall = z.object({ text: z.string(), tools: z.array(z.record(z.string(), z.unknown())).nullish(), tool_call_parser: z.string().nullish() });
+const SeparateReasoning = z.object({ text: z.string(), reasoning_parser: z.string() });
+
+/** SGLang's names for the parsers of vLLM's flags. */
+const SGLANG_NAME: Record<string, SglangToolParser> = { hermes: "qwen25", qwen3_coder: "qwen3_coder", llama3_json: "llama3", deepseek_v3: "deepseekv3", deepseek_v31: "deepseekv31", openai: "gpt-oss" };
+const SGLANG_REASONING_NAME: Record<string, SglangReasoningParser> = { qwen3: "qwen3", deepseek_r1: "deepseek-r1", deepseek_v3: "deepseek-v3", openai_gptoss: "gpt-oss" };
 
 const FLUSH_TEXT = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n";
 
@@ -93,7 +104,7 @@ export function registerSglangMiscRoutes(app: FastifyInstance, sim: SimState): v
       const chat = TokenizeChat.safeParse(body);
       if (!chat.success) return reply.code(400).send(sglangError(formatZodError(chat.error)));
       try {
-        const { ids } = renderPrompt({ ...chat.data, add_generation_prompt: true }, getRawBody(req), sim.tok);
+        const { ids } = renderPrompt({ ...chat.data, add_generation_prompt: true }, getRawBody(req), sim.model);
         return { tokens: ids, count: ids.length, max_model_len: o.maxModelLen };
       } catch (e) {
         if (e instanceof HttpError) return reply.code(e.status).send(sglangError(e.message));
@@ -104,10 +115,10 @@ export function registerSglangMiscRoutes(app: FastifyInstance, sim: SimState): v
     if (!parsed.success) return reply.code(400).send(sglangError(formatZodError(parsed.error)));
     const p = parsed.data.prompt;
     if (typeof p === "string") {
-      const tokens = sim.tok.encode(p);
+      const tokens = sim.tok.encode(p, parsed.data.add_special_tokens ?? true);
       return { tokens, count: tokens.length, max_model_len: o.maxModelLen };
     }
-    const tokens = p.map((t) => sim.tok.encode(t));
+    const tokens = p.map((t) => sim.tok.encode(t, parsed.data.add_special_tokens ?? true));
     return { tokens, count: tokens.map((t) => t.length), max_model_len: o.maxModelLen };
   });
   app.post("/detokenize", async (req, reply) => {
@@ -118,6 +129,25 @@ export function registerSglangMiscRoutes(app: FastifyInstance, sim: SimState): v
     return { text: sim.tok.decode(parsed.data.tokens, parsed.data.skip_special_tokens ?? true) };
   });
 
+  app.post("/parse_function_call", async (req, reply) => {
+    const parsed = ParseFunctionCall.safeParse(req.body);
+    if (!parsed.success) return reply.code(400).send(sglangError(formatZodError(parsed.error)));
+    const name = parsed.data.tool_call_parser ?? (sim.model.toolParser ? SGLANG_NAME[sim.model.toolParser] : undefined);
+    if (!name || !(SGLANG_TOOL_PARSERS as readonly string[]).includes(name)) {
+      return reply.code(400).send(sglangError(`Unsupported tool_call_parser ${JSON.stringify(name ?? null)}; one of ${SGLANG_TOOL_PARSERS.join(", ")}`));
+    }
+    return parseFunctionCall(parsed.data.text, name as SglangToolParser, parsed.data.tools ?? []);
+  });
+  app.post("/separate_reasoning", async (req, reply) => {
+    const parsed = SeparateReasoning.safeParse(req.body);
+    if (!parsed.success) return reply.code(400).send(sglangError(formatZodError(parsed.error)));
+    const name = parsed.data.reasoning_parser;
+    if (!(SGLANG_REASONING_PARSERS as readonly string[]).includes(name)) {
+      return reply.code(400).send(sglangError(`Unsupported reasoning_parser ${JSON.stringify(name)}; one of ${SGLANG_REASONING_PARSERS.join(", ")}`));
+    }
+    return separateReasoning(parsed.data.text, name as SglangReasoningParser);
+  });
+
   const modelInfo = async () => ({
     model_path: o.model,
     tokenizer_path: o.model,
@@ -126,8 +156,8 @@ export function registerSglangMiscRoutes(app: FastifyInstance, sim: SimState): v
     weight_version: sim.weightVersion,
     has_image_understanding: false,
     has_audio_understanding: false,
-    model_type: "qwen3",
-    architectures: ["Qwen3ForCausalLM"],
+    model_type: sim.model.family.modelType,
+    architectures: sim.model.family.architectures,
   });
   app.get("/model_info", modelInfo);
   app.get("/get_model_info", modelInfo);
@@ -139,8 +169,8 @@ export function registerSglangMiscRoutes(app: FastifyInstance, sim: SimState): v
     context_length: o.maxModelLen,
     max_running_requests: o.maxRunning || null,
     incremental_streaming_output: o.incrementalStreamingOutput,
-    reasoning_parser: "qwen3",
-    tool_call_parser: "qwen25",
+    reasoning_parser: sim.model.reasoningParser ? SGLANG_REASONING_NAME[sim.model.reasoningParser] : null,
+    tool_call_parser: sim.model.toolParser ? SGLANG_NAME[sim.model.toolParser] : null,
     enable_cache_report: true,
     weight_version: sim.weightVersion,
     version: SIM_SGLANG_VERSION,

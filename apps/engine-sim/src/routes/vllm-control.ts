@@ -2,10 +2,13 @@ import type { FastifyInstance } from "fastify";
 import { z } from "zod";
 import type { PauseMode } from "../engine.js";
 import type { SimState } from "../state.js";
+import { vllmHas } from "../versions.js";
 
 /**
  * vLLM's RLHF / dev-mode control routes (`vllm/entrypoints/serve/rlhf/api_router.py`, the version
- * with `mode=`; gated by VLLM_SERVER_DEV_MODE=1 on real servers ≥ ~v0.16, always on here):
+ * with `mode=`; gated by VLLM_SERVER_DEV_MODE=1 on real servers ≥ ~v0.16, always on here). Below the
+ * release that added `mode` (versions.ts), the parameter is ignored: a pause aborts, or waits with
+ * the old `wait_for_inflight_requests=true`.
  *   POST /pause?mode=abort|wait|keep[&clear_cache=true]  → {"status":"paused"}; 400 {"error": "..."} on a bad mode.
  *     abort: in-flight requests end now with finish_reason "abort" (partial tokens kept);
  *     wait: returns once in-flight requests have finished; keep: freezes them until /resume.
@@ -22,8 +25,9 @@ const UpdateWeightVersion = z.object({ new_version: z.string() });
 export function registerVllmControlRoutes(app: FastifyInstance, sim: SimState): void {
   app.post("/pause", async (req, reply) => {
     const q = req.query as Record<string, string | undefined>;
-    let mode = q.mode ?? "abort";
-    if (q.mode === undefined && q.wait_for_inflight_requests === "true") mode = "wait";
+    const modes = vllmHas(sim.opts.vllmVersion, "pauseModes");
+    let mode = (modes ? q.mode : undefined) ?? "abort";
+    if ((!modes || q.mode === undefined) && q.wait_for_inflight_requests === "true") mode = "wait";
     if (!MODES.has(mode)) return reply.code(400).send({ error: `Invalid pause mode: ${mode}. Expected one of 'abort', 'wait', 'keep'.` });
     await sim.engine.pause(mode as PauseMode);
     if (mode !== "keep" && q.clear_cache !== "false") for (const r of sim.ranks.ranks) r.cache.clear();

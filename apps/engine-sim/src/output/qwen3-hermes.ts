@@ -1,9 +1,10 @@
 import { randomBytes } from "node:crypto";
-import { PyDict, parsePyJson, pyDumps } from "./pyjson.js";
-import { THINK_END_ID, THINK_START_ID, TOOL_CALL_END_ID, TOOL_CALL_START_ID } from "./tokenizer.js";
+import { PyDict, parsePyJson, pyDumps } from "../pyjson.js";
+import type { SimTokenizer } from "../tokenizer.js";
+import type { Delta, OutputParser, ParsedCall, ParseRequest, StreamingParser } from "./types.js";
 
 /**
- * vLLM's output parsers for Qwen3, applied to the generated text:
+ * vLLM's output parsers for Qwen3 (`--reasoning-parser qwen3 --tool-call-parser hermes`), applied to the generated text:
  *  - reasoning: `--reasoning-parser qwen3` (the v0.10/v0.11 parser: reasoning only when the output
  *    holds `<think>` … `</think>`; the reasoning is kept raw, newlines included);
  *  - tools: `--tool-call-parser hermes` (`<tool_call>{json}</tool_call>`, arguments re-serialised
@@ -15,12 +16,6 @@ export const THINK_START = "<think>";
 export const THINK_END = "</think>";
 export const TOOL_START = "<tool_call>";
 export const TOOL_END = "</tool_call>";
-
-export interface ToolCall {
-  id: string;
-  type: "function";
-  function: { name: string; arguments: string };
-}
 
 /** vLLM's `make_tool_call_id()`: "chatcmpl-tool-" + uuid4 hex. */
 export function makeToolCallId(): string {
@@ -39,10 +34,10 @@ export function extractReasoning(text: string): { reasoning: string | null; cont
 }
 
 /** Non-streaming hermes: tool calls and the content before the first `<tool_call>` (null when empty). */
-export function extractToolCalls(text: string): { toolsCalled: boolean; toolCalls: ToolCall[]; content: string | null } {
+export function extractToolCalls(text: string): { toolsCalled: boolean; toolCalls: ParsedCall[]; content: string | null } {
   if (!text.includes(TOOL_START)) return { toolsCalled: false, toolCalls: [], content: text };
   try {
-    const calls: ToolCall[] = [];
+    const calls: ParsedCall[] = [];
     // vLLM: r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)" with DOTALL
     const re = /<tool_call>([\s\S]*?)<\/tool_call>|<tool_call>([\s\S]*)/g;
     for (let m = re.exec(text); m; m = re.exec(text)) {
@@ -52,7 +47,7 @@ export function extractToolCalls(text: string): { toolsCalled: boolean; toolCall
       if (typeof name !== "string") throw new Error("tool call without a name");
       const args = obj.get("arguments");
       if (args === undefined) throw new Error("tool call without arguments");
-      calls.push({ id: makeToolCallId(), type: "function", function: { name, arguments: pyDumps(args) } });
+      calls.push({ name, arguments: pyDumps(args) });
     }
     const content = text.slice(0, text.indexOf(TOOL_START));
     return { toolsCalled: true, toolCalls: calls, content: content || null };
@@ -60,20 +55,6 @@ export function extractToolCalls(text: string): { toolsCalled: boolean; toolCall
     // vLLM logs the exception and returns the whole text as content.
     return { toolsCalled: false, toolCalls: [], content: text };
   }
-}
-
-export interface DeltaToolCall {
-  id?: string;
-  type?: "function";
-  index: number;
-  function: { name?: string; arguments?: string };
-}
-
-/** A streamed delta (the keys present are exactly those vLLM sets; null = the chunk is swallowed). */
-export interface Delta {
-  reasoning?: string;
-  content?: string;
-  tool_calls?: DeltaToolCall[];
 }
 
 const NAME_RE = /^\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"/;
@@ -84,7 +65,7 @@ const NAME_RE = /^\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"/;
  * carries id/type/index/name once the name is complete; the arguments follow in one fragment at
  * `</tool_call>`. Text between calls goes out as content (a real vLLM streaming quirk).
  */
-export class StreamParser {
+export class StreamParser implements StreamingParser {
   private sawThinkStart = false;
   private reasoningEnded = false;
   private inCall = false;
@@ -95,22 +76,33 @@ export class StreamParser {
   /** Tool calls whose name was streamed (vLLM's prev_tool_call_arr): finish_reason "tool_calls". */
   toolsStreamed = 0;
 
+  private readonly thinkStart: number | undefined;
+  private readonly thinkEnd: number | undefined;
+  private readonly toolStart: number | undefined;
+  private readonly toolEnd: number | undefined;
+
   constructor(
+    tok: SimTokenizer,
     private readonly reasoningParser: boolean,
     private readonly toolParser: boolean,
-  ) {}
+  ) {
+    this.thinkStart = tok.tokenId(THINK_START);
+    this.thinkEnd = tok.tokenId(THINK_END);
+    this.toolStart = tok.tokenId(TOOL_START);
+    this.toolEnd = tok.tokenId(TOOL_END);
+  }
 
   push(id: number, delta: string): Delta | null {
     if (this.reasoningParser && !this.reasoningEnded) {
       if (!this.sawThinkStart) {
-        if (id === THINK_START_ID) {
+        if (id === this.thinkStart) {
           this.sawThinkStart = true;
           return null;
         }
         // The answer does not open with <think>: no reasoning in this output.
         this.reasoningEnded = true;
       } else {
-        if (id === THINK_END_ID) {
+        if (id === this.thinkEnd) {
           this.reasoningEnded = true;
           return null;
         }
@@ -122,7 +114,7 @@ export class StreamParser {
   }
 
   private toolStep(id: number, delta: string): Delta | null {
-    if (id === TOOL_CALL_START_ID) {
+    if (id === this.toolStart) {
       this.inCall = true;
       this.callIndex++;
       this.callText = "";
@@ -130,7 +122,7 @@ export class StreamParser {
       return null;
     }
     if (!this.inCall) return { content: delta };
-    if (id === TOOL_CALL_END_ID) {
+    if (id === this.toolEnd) {
       this.inCall = false;
       let args: string | undefined;
       let name: string | undefined;
@@ -167,4 +159,26 @@ export class StreamParser {
     }
     return null;
   }
+}
+
+/** `--reasoning-parser qwen3` with `--tool-call-parser hermes` (either may be off). */
+export function qwen3HermesParser(reasoning: boolean, tools: boolean): OutputParser {
+  return {
+    parse(text: string, _ids: readonly number[], req: ParseRequest) {
+      const r = reasoning ? extractReasoning(text) : { reasoning: null, content: text };
+      let content = r.content;
+      let toolCalls: ParsedCall[] = [];
+      let toolsCalled = false;
+      if (tools && req.toolParsing) {
+        const info = extractToolCalls(r.content ?? "");
+        toolsCalled = info.toolsCalled;
+        if (info.toolsCalled) {
+          content = info.content;
+          toolCalls = info.toolCalls;
+        } else if (info.content) content = info.content;
+      }
+      return { reasoning: r.reasoning, content, toolCalls, toolsCalled };
+    },
+    stream: (req: ParseRequest) => new StreamParser(req.tok, reasoning, tools && req.toolParsing),
+  };
 }
