@@ -105,7 +105,25 @@ const LLAMA3: ModelProfile = {
 
 const DEEPSEEK_V3: ModelProfile = {
   name: "deepseek-v3",
-  description: "DeepSeek-V3 / V3.1 (<｜tool▁calls▁begin｜> tool tokens; V3.1 switches thinking with the `thinking` kwarg)",
+  description: "DeepSeek-V3 (<｜tool▁calls▁begin｜> calls with ```json arguments, no thinking switch)",
+  vocab_size: 129_280,
+  thinking: { kwarg: null, forward_reasoning_effort: false },
+  chat_template_kwargs: "all",
+  history_normalization: "empirical",
+  token_in: "auto",
+  gateway_parser: null,
+  tool_result_wrappers: [],
+  reasoning_end: null,
+  engine_parsers: {
+    vllm: { tool_call_parser: "deepseek_v3", reasoning_parser: null },
+    sglang: { tool_call_parser: "deepseekv3", reasoning_parser: null },
+  },
+  notes: NO_NOTES,
+};
+
+const DEEPSEEK_V31: ModelProfile = {
+  name: "deepseek-v3.1",
+  description: "DeepSeek-V3.1 (<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS calls; thinking switched by the `thinking` kwarg)",
   vocab_size: 129_280,
   thinking: { kwarg: "thinking", forward_reasoning_effort: false },
   chat_template_kwargs: "all",
@@ -115,11 +133,11 @@ const DEEPSEEK_V3: ModelProfile = {
   tool_result_wrappers: [],
   reasoning_end: "</think>",
   engine_parsers: {
-    vllm: { tool_call_parser: "deepseek_v3", reasoning_parser: "deepseek_v3" },
-    sglang: { tool_call_parser: "deepseekv3", reasoning_parser: "deepseek-v3" },
+    vllm: { tool_call_parser: "deepseek_v31", reasoning_parser: "deepseek_v3" },
+    sglang: { tool_call_parser: "deepseekv31", reasoning_parser: "deepseek-v3" },
   },
   notes: {
-    reasoning_dropped: "DeepSeek's template renders earlier assistant turns without their reasoning",
+    reasoning_dropped: "DeepSeek-V3.1's template renders earlier assistant turns without their reasoning",
     generation_prompt_dropped: null,
   },
 };
@@ -206,7 +224,7 @@ const MISTRAL: ModelProfile = {
 };
 
 export const PRESETS: Readonly<Record<string, ModelProfile>> = Object.freeze(
-  Object.fromEntries([DEFAULT, QWEN3, QWEN3_CODER, QWEN25, LLAMA3, DEEPSEEK_V3, GLM45, KIMI_K2, GPT_OSS, MISTRAL].map((p) => [p.name, p])),
+  Object.fromEntries([DEFAULT, QWEN3, QWEN3_CODER, QWEN25, LLAMA3, DEEPSEEK_V3, DEEPSEEK_V31, GLM45, KIMI_K2, GPT_OSS, MISTRAL].map((p) => [p.name, p])),
 );
 
 export const PRESET_NAMES: readonly string[] = Object.freeze(Object.keys(PRESETS));

@@ -3,7 +3,7 @@ import { ModelProfile, PRESETS, PRESET_NAMES, resolveProfile } from "./index.js"
 
 describe("presets", () => {
   it("has the families the gateway knows, each a valid profile named by its key", () => {
-    expect([...PRESET_NAMES].sort()).toEqual(["deepseek-v3", "default", "glm-4.5", "gpt-oss", "kimi-k2", "llama3", "mistral", "qwen2.5", "qwen3", "qwen3-coder"]);
+    expect([...PRESET_NAMES].sort()).toEqual(["deepseek-v3", "deepseek-v3.1", "default", "glm-4.5", "gpt-oss", "kimi-k2", "llama3", "mistral", "qwen2.5", "qwen3", "qwen3-coder"]);
     for (const [name, p] of Object.entries(PRESETS)) {
       expect(ModelProfile.parse(p)).toEqual(p);
       expect(p.name).toBe(name);
@@ -28,7 +28,8 @@ describe("presets", () => {
       ["qwen2.5", "hermes"],
     ]);
     expect(PRESETS["qwen3-coder"]!.gateway_parser).toBeNull();
-    expect(PRESETS["deepseek-v3"]!.thinking.kwarg).toBe("thinking");
+    expect(PRESETS["deepseek-v3.1"]!.thinking.kwarg).toBe("thinking");
+    expect(PRESETS["deepseek-v3"]!.thinking.kwarg).toBeNull();
     expect(PRESETS["gpt-oss"]!.thinking).toEqual({ kwarg: null, forward_reasoning_effort: true });
     expect(PRESETS["gpt-oss"]!.token_in).toBe("off");
   });

@@ -11,8 +11,8 @@ describe("templateFields", () => {
   });
 
   it("DeepSeek-V3.1 reads `thinking`; a client's own `thinking` wins", () => {
-    expect(templateFields(PRESETS["deepseek-v3"]!, { enable_thinking: true })).toEqual({ chat_template_kwargs: { thinking: true } });
-    expect(templateFields(PRESETS["deepseek-v3"]!, { enable_thinking: true, chat_template_kwargs: { thinking: false } })).toEqual({
+    expect(templateFields(PRESETS["deepseek-v3.1"]!, { enable_thinking: true })).toEqual({ chat_template_kwargs: { thinking: true } });
+    expect(templateFields(PRESETS["deepseek-v3.1"]!, { enable_thinking: true, chat_template_kwargs: { thinking: false } })).toEqual({
       chat_template_kwargs: { thinking: false },
     });
   });

@@ -381,6 +381,8 @@ export interface GeminiResponseContext {
   key: string;
   includeThoughts: boolean;
   clientLogprobs: CanonicalChatRequest["client_logprobs"];
+  /** The text of the output token that ends reasoning in this model's format (its profile's); absent or null: thoughts are not counted. */
+  reasoningEnd?: string | null;
 }
 
 export interface GeminiPart {
@@ -455,10 +457,10 @@ function functionCallPart(call: ToolCall): GeminiPart {
   return { functionCall: { ...(call.id ? { id: call.id } : {}), name: call.function.name, args: parseArgs(call.function.arguments) } };
 }
 
-/** Tokens spent thinking: up to and including the engine's `</think>` token, when it reports token text. */
-function thoughtsTokens(logprobs: readonly TokenLogprob[], reasoning: string | null): number | undefined {
-  if (reasoning === null) return undefined;
-  for (let i = logprobs.length - 1; i >= 0; i--) if (logprobs[i]!.token === "</think>") return i + 1;
+/** Tokens spent thinking: up to and including the reasoning end marker, when the engine reports token text. */
+function thoughtsTokens(logprobs: readonly TokenLogprob[], reasoning: string | null, end: string | null | undefined): number | undefined {
+  if (reasoning === null || !end) return undefined;
+  for (let i = logprobs.length - 1; i >= 0; i--) if (logprobs[i]!.token === end) return i + 1;
   return undefined;
 }
 
@@ -528,7 +530,7 @@ export function toGeminiResponse(result: EngineResult, ctx: GeminiResponseContex
   }
   return {
     candidates: [candidate],
-    usageMetadata: usageMetadata(result.usage, thoughtsTokens(result.logprobs, result.message.reasoning)),
+    usageMetadata: usageMetadata(result.usage, thoughtsTokens(result.logprobs, result.message.reasoning, ctx.reasoningEnd)),
     modelVersion: ctx.model,
     responseId: ctx.responseId,
   };
@@ -591,7 +593,7 @@ export class GeminiStreamEncoder {
       this.pendingIds = [];
     }
     const out: GeminiResponse = { candidates: [candidate], modelVersion: this.ctx.model, responseId: this.ctx.responseId };
-    if (final) out.usageMetadata = usageMetadata(final.usage, thoughtsTokens(this.allLogprobs, this.reasoning !== "" ? this.reasoning : null));
+    if (final) out.usageMetadata = usageMetadata(final.usage, thoughtsTokens(this.allLogprobs, this.reasoning !== "" ? this.reasoning : null, this.ctx.reasoningEnd));
     return out;
   }
 

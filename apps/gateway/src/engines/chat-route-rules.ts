@@ -8,7 +8,7 @@ import type { TokenInCall } from "./token-in.js";
  */
 
 /** The chat routes parse tool calls only when the request has tools and tool_choice is not "none". */
-export function parsesTools(call: TokenInCall): boolean {
+export function parsesTools(call: Pick<TokenInCall, "request">): boolean {
   return (call.request.tools?.length ?? 0) > 0 && call.request.tool_choice !== "none";
 }
 

@@ -129,7 +129,7 @@ describe("buildVllmCompletionBody", () => {
     requestId: "r",
     signal: new AbortController().signal,
     dispatcher: undefined as never,
-    promptIds: [1, 2, 3],
+    tokenIds: [1, 2, 3],
     maxModelLen: 100,
   };
   it("sends the ids, token extensions and the session's sampling; max_tokens defaults to the context left", () => {

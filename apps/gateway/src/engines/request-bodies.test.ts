@@ -32,8 +32,8 @@ describe("vLLM chat body", () => {
     });
   });
 
-  it("deepseek-v3: the same switch as `thinking`", () => {
-    expect(buildVllmChatBody("m", req({ enable_thinking: true, reasoning_effort: "high" }), PRESETS["deepseek-v3"]!)).toMatchObject({ chat_template_kwargs: { thinking: true } });
+  it("deepseek-v3.1: the same switch as `thinking`", () => {
+    expect(buildVllmChatBody("m", req({ enable_thinking: true, reasoning_effort: "high" }), PRESETS["deepseek-v3.1"]!)).toMatchObject({ chat_template_kwargs: { thinking: true } });
   });
 
   it("gpt-oss: no thinking kwarg; reasoning_effort forwarded at the top level", () => {
@@ -51,7 +51,7 @@ describe("vLLM chat body", () => {
 
 describe("SGLang chat body", () => {
   it("uses the same template fields", () => {
-    expect(buildSglangChatBody("m", req({ enable_thinking: true }), 1, PRESETS["deepseek-v3"]!)).toMatchObject({ chat_template_kwargs: { thinking: true }, routed_dp_rank: 1 });
+    expect(buildSglangChatBody("m", req({ enable_thinking: true }), 1, PRESETS["deepseek-v3.1"]!)).toMatchObject({ chat_template_kwargs: { thinking: true }, routed_dp_rank: 1 });
     expect(buildSglangChatBody("m", req({ reasoning_effort: "medium" }), 0, PRESETS["gpt-oss"]!)).toMatchObject({ reasoning_effort: "medium" });
   });
 });

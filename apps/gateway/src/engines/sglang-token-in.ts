@@ -1,12 +1,12 @@
-import { parseAnswerText, parseWhole, type ParsedDelta } from "@rollgate/models";
+import { parseWhole, type ParsedDelta } from "@rollgate/models";
 import type { TokenLogprob } from "@rollgate/protocol";
-import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
+import { StreamAccumulator, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
 import { sglangPost } from "./sglang.js";
 import { sseJson } from "./sse.js";
 import { chatFinishReason, parsesTools, profileParser } from "./chat-route-rules.js";
-import type { TokenInCall, TokenInEngine, TokenizeCall } from "./token-in.js";
+import type { TokenInCall } from "./token-in.js";
 
 /**
  * SGLang's token-in route: native `POST /generate` with `input_ids`, `return_logprob`
@@ -23,7 +23,7 @@ type Sampling = TokenInCall["request"]["sampling"];
 /** The /generate body. Pure, so it has golden tests. */
 export function buildSglangGenerateBody(call: TokenInCall): Record<string, unknown> {
   const s: Sampling = call.request.sampling;
-  const maxNew = s.max_tokens ?? (call.maxModelLen !== null ? call.maxModelLen - call.promptIds.length : undefined);
+  const maxNew = s.max_tokens ?? (call.maxModelLen !== null ? call.maxModelLen - call.tokenIds.length : undefined);
   const sampling: Record<string, unknown> = {};
   if (maxNew !== undefined) sampling.max_new_tokens = maxNew;
   for (const key of ["temperature", "top_p", "top_k", "min_p", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty"] as const) {
@@ -31,7 +31,7 @@ export function buildSglangGenerateBody(call: TokenInCall): Record<string, unkno
   }
   if (s.seed !== undefined) sampling.sampling_seed = s.seed;
   return {
-    input_ids: call.promptIds,
+    input_ids: call.tokenIds,
     sampling_params: sampling,
     return_logprob: true,
     logprob_start_len: -1,
@@ -81,6 +81,7 @@ function finishOf(meta: z.infer<typeof Meta>): { reason: string; stop: string | 
 
 
 async function generate(call: TokenInCall): Promise<EngineResult> {
+  if (call.stamp) return generateStamped(call);
   const res = await sglangPost(call, "/generate", buildSglangGenerateBody({ ...call, request: { ...call.request, stream: false } }));
   const parsed = GenerateOut.safeParse(await res.body.json());
   if (!parsed.success) throw new EngineError(`engine /generate answer is malformed: ${parsed.error.message}`, 502, "bad_response");
@@ -89,7 +90,7 @@ async function generate(call: TokenInCall): Promise<EngineResult> {
   const finish = finishOf(out.meta_info) ?? { reason: "stop", stop: null };
   const message = parseWhole(profileParser(call).create(parsesTools(call)), out.text);
   return {
-    prompt_ids: call.promptIds,
+    prompt_ids: call.tokenIds,
     output_ids: out.output_ids,
     output_logprobs: logprobs.map((l) => l.logprob),
     logprobs,
@@ -100,9 +101,18 @@ async function generate(call: TokenInCall): Promise<EngineResult> {
   };
 }
 
-function deltaEvent(d: ParsedDelta | null, ids: number[], logprobs: TokenLogprob[]): EngineStreamEvent | null {
+function deltaEvent(d: ParsedDelta | null, ids: number[], logprobs: TokenLogprob[], stamp?: () => string | null): EngineStreamEvent | null {
   if (ids.length === 0 && !d) return null;
-  return { type: "delta", ...(d ?? {}), token_ids: ids, logprobs };
+  const version = stamp?.();
+  return { type: "delta", ...(d ?? {}), token_ids: ids, logprobs, ...(stamp ? { versions: ids.map(() => version ?? null) } : {}) };
+}
+
+/** A non-streamed generation read as a stream, so its tokens are stamped as they arrive. */
+async function generateStamped(call: TokenInCall): Promise<EngineResult> {
+  const acc = new StreamAccumulator();
+  for await (const event of generateStream({ ...call, request: { ...call.request, stream: true } })) acc.push(event);
+  if (!acc.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
+  return acc.result();
 }
 
 /**
@@ -118,7 +128,7 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
   let textSoFar = 0;
   let cumulative: boolean | null = null;
   let finished = false;
-  yield { type: "start", prompt_ids: call.promptIds };
+  yield { type: "start", prompt_ids: call.tokenIds };
   for await (const json of sseJson(res.body)) {
     const parsed = GenerateOut.safeParse(json);
     if (!parsed.success) throw new EngineError(`engine sent a malformed /generate event: ${parsed.error.message}`, 502, "bad_response");
@@ -131,7 +141,7 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
     const text = cumulative ? ev.text.slice(textSoFar) : ev.text;
     textSoFar += text.length;
     ids.push(...fresh);
-    const delta = deltaEvent(text ? parser.push(text) : null, fresh, logprobs);
+    const delta = deltaEvent(text ? parser.push(text) : null, fresh, logprobs, call.stamp);
     if (delta) yield delta;
     const finish = finishOf(ev.meta_info);
     if (finish && !finished) {
@@ -147,37 +157,5 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
   }
 }
 
-const TokenizeOut = z.object({ tokens: z.array(z.number().int()), max_model_len: z.number().int().nullable().optional() });
-
-async function tokenizeText(call: TokenizeCall, text: string): Promise<z.infer<typeof TokenizeOut>> {
-  const res = await sglangPost(call, "/tokenize", { model: call.model, prompt: text, add_special_tokens: false });
-  const parsed = TokenizeOut.safeParse(await res.body.json());
-  if (!parsed.success) throw new EngineError("engine /tokenize answer has no tokens", 502, "bad_response");
-  return parsed.data;
-}
-
-export const sglangTokenIn: TokenInEngine = {
-  plansHistory: false,
-  tokenizeChat() {
-    return Promise.reject(new EngineError("SGLang's /tokenize cannot render a history without the generation prompt", 501, "rejected"));
-  },
-  async tokenizeText(call, text) {
-    return (await tokenizeText(call, text)).tokens;
-  },
-  async detokenize(call, ids) {
-    // Special tokens kept, as vLLM's /detokenize does: the caller strips the end-of-turn token.
-    const res = await sglangPost(call, "/detokenize", { model: call.model, tokens: ids, skip_special_tokens: false });
-    const parsed = z.object({ text: z.string() }).safeParse(await res.body.json());
-    if (!parsed.success) throw new EngineError("engine /detokenize answer has no text", 502, "bad_response");
-    return parsed.data.text;
-  },
-  async maxModelLen(call) {
-    return (await tokenizeText(call, "")).max_model_len ?? null;
-  },
-  parseAnswer(call, text, engineFinish) {
-    const message = parseAnswerText(profileParser(call), text, parsesTools(call));
-    return { message, finish_reason: chatFinishReason(engineFinish, message.tool_calls.length) };
-  },
-  generate,
-  generateStream,
-};
+/** SGLang's token-in route (the gateway parses its output). */
+export const sglangTokenIn = { generate, generateStream };
