@@ -25,6 +25,7 @@ export function trajectoryOptions(registry: EngineRegistry, session: Pick<Sessio
             toolResultWrappers: profile.tool_result_wrappers,
             reasoningDropped: profile.notes.reasoning_dropped,
             generationPromptDropped: profile.notes.generation_prompt_dropped,
+            rerendered: profile.notes.rerendered,
           },
         }
       : {}),

@@ -8,7 +8,7 @@ import type { ModelProfile } from "./profile.js";
  */
 
 const CHATML_TOOL_RESPONSE: [string, string][] = [["<tool_response>", "</tool_response>"]];
-const NO_NOTES = { reasoning_dropped: null, generation_prompt_dropped: null };
+const NO_NOTES = { reasoning_dropped: null, generation_prompt_dropped: null, rerendered: null };
 
 /** The conservative profile for any model rollgate has no preset for. */
 const DEFAULT: ModelProfile = {
@@ -45,6 +45,7 @@ const QWEN3: ModelProfile = {
   notes: {
     reasoning_dropped: "Qwen3's template leaves out the reasoning of assistant turns before the last user query",
     generation_prompt_dropped: "with thinking off, Qwen3's template renders earlier turns without the empty <think></think> block of their generation prompt",
+    rerendered: null,
   },
 };
 
@@ -139,6 +140,7 @@ const DEEPSEEK_V31: ModelProfile = {
   notes: {
     reasoning_dropped: "DeepSeek-V3.1's template renders earlier assistant turns without their reasoning",
     generation_prompt_dropped: null,
+    rerendered: null,
   },
 };
 
@@ -160,6 +162,7 @@ const GLM45: ModelProfile = {
   notes: {
     reasoning_dropped: "GLM-4.5's template leaves out the reasoning of assistant turns before the last user query",
     generation_prompt_dropped: null,
+    rerendered: null,
   },
 };
 
@@ -201,6 +204,7 @@ const GPT_OSS: ModelProfile = {
   notes: {
     reasoning_dropped: "harmony leaves out the analysis channel of earlier turns once a final answer follows them",
     generation_prompt_dropped: null,
+    rerendered: "the engine renders harmony history itself, not as the model wrote it (a past tool call's <|constrain|>json comes back as \" json\"), and the profile turns token-in off",
   },
 };
 

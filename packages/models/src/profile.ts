@@ -60,6 +60,8 @@ export const ModelProfile = z
       .object({
         reasoning_dropped: z.string().min(1).nullable(),
         generation_prompt_dropped: z.string().min(1).nullable(),
+        /** How the template re-renders a generated turn otherwise (the generic history_rewritten case). */
+        rerendered: z.string().min(1).nullable(),
       })
       .strict(),
   })

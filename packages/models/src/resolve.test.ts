@@ -50,7 +50,7 @@ describe("resolveProfile", () => {
     if (!r.ok) return;
     expect(r.profile.name).toBe("my-qwen");
     expect(r.profile.thinking).toEqual({ kwarg: "enable_thinking", forward_reasoning_effort: true });
-    expect(r.profile.notes).toEqual({ reasoning_dropped: "mine", generation_prompt_dropped: PRESETS.qwen3!.notes.generation_prompt_dropped });
+    expect(r.profile.notes).toEqual({ reasoning_dropped: "mine", generation_prompt_dropped: PRESETS.qwen3!.notes.generation_prompt_dropped, rerendered: null });
     expect(r.profile.engine_parsers).toEqual(PRESETS.qwen3!.engine_parsers);
   });
 

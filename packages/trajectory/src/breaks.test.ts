@@ -69,6 +69,7 @@ describe("break reasons", () => {
     const [brk] = t.stats.breaks;
     expect(brk).toMatchObject({ record_id: "b", closest_trace: 0, position: P1.length, reason: "history_rewritten" });
     expect(brk!.detail).toContain("record a");
+
     // nothing was silently merged: the second trace starts from b's own prompt, output fully trainable
     expect(t.traces[1]).toMatchObject({ prompt_ids: p2, response_ids: [2, IM_END], loss_mask: [1, 1] });
   });
@@ -122,6 +123,20 @@ describe("break reasons", () => {
     expect(brk).toMatchObject({ record_id: "b", position: P1.length, reason: "history_rewritten" });
     expect(brk!.detail).toMatch(/4 tokens before record a's output, in the generation prompt it was sampled after: the chat template renders that turn without it$/);
     expect(prefixMerging([a, b], { template: QWEN3_TEMPLATE }).stats.breaks[0]!.detail).toMatch(/without it \(qwen3 profile: with thinking off/);
+  });
+
+  it("history_rewritten inside a generated output, in the profile's words when it knows how its template re-renders", () => {
+    const a = makeRecord({ id: "a", seq: 0, prompt_ids: P1, output_ids: [300, 301, 302, IM_END], messages: MSGS, message: { content: "ok" } });
+    const b = makeRecord({
+      id: "b", seq: 1, prompt_ids: [...P1, 300, 999, 302, IM_END, NL, ...user(5), ...GEN], output_ids: [2, IM_END],
+      messages: [...MSGS, { role: "assistant", content: "ok" }, { role: "tool", content: "x", tool_call_id: "c" }],
+    });
+    const [brk] = prefixMerging([a, b]).stats.breaks;
+    expect(brk).toMatchObject({ reason: "history_rewritten", position: P1.length + 1 });
+    expect(brk!.detail).toMatch(/diverges at token 1 of record a's generated output \(the history was re-rendered differently\)$/);
+    expect(prefixMerging([a, b], { template: { profile: "gpt-oss", rerendered: "harmony re-renders past turns" } }).stats.breaks[0]!.detail).toMatch(
+      /re-rendered differently\) \(gpt-oss profile: harmony re-renders past turns\)$/,
+    );
   });
 
   it("history_rewritten: the messages show an earlier assistant turn changed (compaction)", () => {

@@ -172,7 +172,7 @@ export function classifyBreak(e: BreakEvidence, template: TemplateFacts = {}): B
         `${at}: the chat template left out that turn's reasoning, now that a later user query follows it${knownFor(template, template.reasoningDropped)}`,
       );
     }
-    return make("history_rewritten", `${at} (the history was re-rendered differently)`);
+    return make("history_rewritten", `${at} (the history was re-rendered differently)${knownFor(template, template.rerendered)}`);
   }
   const changed = changedAssistantTurn(record, closest.records);
   if (changed) return make("history_rewritten", `record ${changed.record_id}: ${changed.why}`);

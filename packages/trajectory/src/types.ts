@@ -13,6 +13,8 @@ export interface TemplateFacts {
   reasoningDropped?: string | null;
   /** How this template re-renders earlier turns without the generation prompt they were sampled after. */
   generationPromptDropped?: string | null;
+  /** How this template otherwise re-renders a generated turn differently from what the model wrote. */
+  rerendered?: string | null;
 }
 
 export interface BuildOptions {

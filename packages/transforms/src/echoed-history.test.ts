@@ -77,6 +77,11 @@ describe("restoreEchoedHistory (golden)", () => {
     expect(restored).toEqual({ role: "assistant", content: "\n\n", reasoning: "\nlook\n", tool_calls: [call("gemini-call-0-0", "shell", '{"command": "ls", "n": 1.0}')] });
   });
 
+  it("restores a turn whose echoed reasoning is only the last streamed piece (the OpenAI SDK's stream assembler)", () => {
+    const echo: ChatMessage[] = [SYS, USER, { role: "assistant", content: "\n\n", reasoning: "k\n", tool_calls: [call("chatcmpl-tool-a", "shell", '{"command":"ls","n":1}')] }];
+    expect(restoreEchoedHistory(echo, [r0])[2]).toMatchObject({ reasoning: "\nlook\n" });
+  });
+
   it("leaves a turn the agent really changed as it is (the break is then the truth)", () => {
     const edited: ChatMessage[] = [SYS, USER, { role: "assistant", content: "", tool_calls: [call("chatcmpl-tool-a", "shell", '{"command":"rm -rf /"}')] }];
     expect(restoreEchoedHistory(edited, [r0])).toEqual(edited);

@@ -72,16 +72,18 @@ export function recordedAssistantMessage(record: { message: AssistantOutput }): 
 /**
  * Whether an echoed assistant message is the record's answer, serialised the agent's way: the same
  * visible text up to surrounding whitespace, the same tool calls (names, arguments by value), and
- * the same reasoning or none at all (agents drop the non-standard field). An agent that really
- * changed a turn (edited text, removed a call) does not match: its history is its own, and a break
- * in the trajectory is then the truth.
+ * the same reasoning, none at all (agents drop the non-standard field), or only its end (the
+ * OpenAI SDK's stream assembler keeps just the last streamed piece of a field it does not know).
+ * An agent that really changed a turn (edited text, removed a call) does not match: its history is
+ * its own, and a break in the trajectory is then the truth.
  */
 export function echoesRecord(m: AssistantMessage, record: { message: AssistantOutput }): boolean {
   const out = record.message;
   if (contentText(m.content).trim() !== (out.content ?? "").trim()) return false;
   if (!sameCalls(m.tool_calls ?? [], out.tool_calls)) return false;
   const r = (m.reasoning ?? "").trim();
-  return r === "" || r === (out.reasoning ?? "").trim();
+  const recorded = (out.reasoning ?? "").trim();
+  return r === "" || r === recorded || (recorded.endsWith(r) && (m.reasoning ?? "").length < (out.reasoning ?? "").length);
 }
 
 /** The echoed assistant turn with the engine's own answer put back; the agent's tool-call ids are kept. */
