@@ -6,3 +6,4 @@ export * from "./record.js";
 export * from "./session.js";
 export * from "./task.js";
 export * from "./env.js";
+export * from "./preflight.js";

@@ -19,6 +19,10 @@ const PauseBody = z
     timeout_s: z.number().nonnegative().max(3600).default(60),
   })
   .strict();
+const EnginesQuery = z.object({
+  refresh: z.enum(["true", "false"]).optional(),
+  wait_s: z.coerce.number().min(0).max(120).default(30),
+});
 const WeightsBody = z.object({ version: z.union([z.string().min(1).max(128), z.number().int().nonnegative()]) }).strict();
 
 /** The RL loop's admin routes (DESIGN §2): pause/resume inference, the weight version, engine state. */
@@ -105,8 +109,20 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
 
     app.get("/admin/weights", async () => ({ version: await ctx.weights.get() }));
 
-    app.get("/admin/engines", async () => {
-      const [loads, down, inflight] = await Promise.all([ctx.router.loads(), ctx.router.downRanks(), ctx.admin.inflightByRank()]);
+    /**
+     * The engines: their ranks' health and load, and each engine's preflight (what will hold before
+     * a run: profile, vocabulary, token-in, tool-turn round trip, reasoning drops, pause mode).
+     * `?refresh=true` runs the preflight again; a preflight still running after `wait_s` is null.
+     */
+    app.get("/admin/engines", async (req, reply) => {
+      const q = EnginesQuery.safeParse(req.query);
+      if (!q.success) return reply.code(400).send(validationError(q.error));
+      const [loads, down, inflight, preflight] = await Promise.all([
+        ctx.router.loads(),
+        ctx.router.downRanks(),
+        ctx.admin.inflightByRank(),
+        ctx.preflight.all({ full: true, refresh: q.data.refresh === "true", waitMs: q.data.wait_s * 1000 }),
+      ]);
       const health = new Map(ctx.health.snapshot().map((h) => [h.member, h]));
       return {
         engines: ctx.registry.engines.map((e, index) => ({
@@ -114,6 +130,8 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
           kind: e.kind,
           url: e.url,
           dp_size: e.dp_size,
+          profile: ctx.registry.profiles[index]!.name,
+          preflight: preflight[index] ?? null,
           ranks: ctx.registry
             .members()
             .filter((m) => parseRankMember(m).engine === index)

@@ -200,7 +200,10 @@ export function dashboardRoutes(ctx: GatewayContext): FastifyPluginAsync {
             }
           }),
         );
+        // Each engine's preflight: never waited for (a first view starts the full one; "…" until it is done).
+        const preflight = await ctx.preflight.all({ full: true, waitMs: 0 });
         return {
+          engines: ctx.registry.engines.map((e, index) => ({ index, kind: e.kind, url: e.url, profile: ctx.registry.profiles[index]!.name, preflight: preflight[index] ?? null })),
           ranks: ctx.registry.members().map((member) => {
             const { engine, dpRank } = parseRankMember(member);
             const e = ctx.registry.engines[engine]!;
