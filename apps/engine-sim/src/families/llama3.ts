@@ -68,7 +68,9 @@ function openAnswer(promptIds: readonly number[], tok: SimTokenizer): number[] {
   const opener = tok.encode("<|start_header_id|>assistant<|end_header_id|>\n\n");
   const last = promptIds.lastIndexOf(header);
   if (last < 0 || !opener.every((id, k) => promptIds[last + k] === id)) return [];
-  return tailAfterOpener(promptIds, opener, [requireTokenId(tok, "<|eot_id|>"), requireTokenId(tok, "<|eom_id|>")]);
+  // A lab's Llama 3 tokenizer may lack <|eom_id|>.
+  const closers = ["<|eot_id|>", "<|eom_id|>"].map((t) => tok.tokenId(t)).filter((id): id is number => id !== undefined);
+  return tailAfterOpener(promptIds, opener, closers);
 }
 
 export const llama31: Family = {

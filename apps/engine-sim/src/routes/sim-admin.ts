@@ -6,7 +6,8 @@ import { formatZodError } from "./common.js";
 
 /**
  * Sim-only admin routes (both kinds; never on a real server):
- *   GET  /sim/stats   per-rank counters (served, running, waiting, cached blocks, fault), pause state, weight version
+ *   GET  /sim/stats   the served family, parsers, vocab_size and simulated vLLM version; per-rank counters
+ *                     (served, running, waiting, cached blocks, fault), pause state, weight version
  *   GET  /sim/faults  {"faults": [{rank, mode, error_rate, delay_ms, after_tokens}, …]}
  *   POST /sim/faults  {rank?, mode, error_rate?, delay_ms?, after_tokens?} (no rank: every rank) → the new list
  *   POST /sim/weights {version?} → {"weight_version"}: sets (or, without a version, bumps) the weight version
@@ -20,6 +21,11 @@ export function registerSimAdminRoutes(app: FastifyInstance, sim: SimState): voi
   app.get("/sim/stats", async () => ({
     kind: sim.opts.kind,
     model: sim.opts.model,
+    family: sim.model.family.name,
+    tool_call_parser: sim.model.toolParser,
+    reasoning_parser: sim.model.reasoningParser,
+    vocab_size: sim.tok.modelVocabSize,
+    vllm_version: sim.opts.vllmVersion,
     dp_size: sim.ranks.size,
     weight_version: sim.weightVersion,
     paused: sim.engine.pauseMode,
