@@ -5,7 +5,8 @@
  * after resume the gateway continues them token-in from their tokens (/v1/completions with token
  * ids), so each agent gets the same answer an uncut call gives (reasoning, tool calls and all) and
  * the record keeps every token's weight version; on SGLang through /generate with input_ids.
- * pause-freeze.test.ts covers vLLM's freeze-in-place pause on every model family.
+ * pause-freeze.test.ts covers the freeze-in-place pauses (vLLM keep, SGLang in_place) on every
+ * model family.
  */
 import type { CompletionRecord } from "@rollgate/protocol";
 import { getTokenizer } from "@rollgate/engine-sim";
@@ -175,7 +176,10 @@ describe("abort-mode pause on SGLang: calls continue through /generate with inpu
   let h: Harness;
   let reference: CompletionRecord;
   beforeAll(async () => {
-    h = await startHarness("pause-abort-sgl", { kind: "sglang", tpotMs: 20 });
+    // Without SGLang parser names the gateway cannot read /generate with SGLang's parse routes, so it
+    // cannot follow an in-place pause: the qwen3 gateway parser continues cut calls instead.
+    const noEngineParsers = { extends: "qwen3", engine_parsers: { sglang: { tool_call_parser: null, reasoning_parser: null } } };
+    h = await startHarness("pause-abort-sgl", { kind: "sglang", tpotMs: 20 }, {}, undefined, noEngineParsers);
     const s = await h.openSession();
     await sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS });
     reference = (await h.records(s.id))[0]!;

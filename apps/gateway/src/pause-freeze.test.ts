@@ -1,8 +1,9 @@
 /**
  * An abort-mode pause in the middle of a tool call, for every model family engine-sim serves, on a
- * vLLM with `/pause?mode=keep` (engine-sim's default release): the engine freezes the call, the
- * weights change, and after resume the engine itself goes on and parses the whole answer with its
- * own parsers, whatever the family's format. The agent (the OpenAI SDK) gets one well-formed answer
+ * vLLM with `/pause?mode=keep` (engine-sim's default release) and on SGLang (`in_place`, every call
+ * through /generate read by SGLang's own parse routes): the engine freezes the call, the weights
+ * change, and after resume the engine itself goes on and its own parsers read the whole answer,
+ * whatever the family's format. The agent (the OpenAI SDK) gets one well-formed answer
  * with the tool call parsed, streamed or not; the gateway read the answer as it arrived and stamped
  * each token with the weight version current then. The stamps are checked against the engine's own
  * logprobs, which are a documented function of (weight version, context, token): every token's
@@ -36,14 +37,14 @@ async function post(url: string, body: unknown = {}) {
 
 const sdk = (h: Harness, s: { id: string; token: string }) => new OpenAI({ baseURL: `${h.url}/s/${s.id}/v1`, apiKey: s.token, maxRetries: 0 });
 
-for (const family of Object.keys(STEPS)) {
-  describe(`freeze-in-place pause mid tool call: ${family}`, () => {
+for (const [family, kind] of Object.keys(STEPS).flatMap((f) => [[f, "vllm"] as const, [f, "sglang"] as const])) {
+  describe(`freeze-in-place pause mid tool call: ${family} (${kind})`, () => {
     let h: Harness;
     let simUrl: string;
     const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: `list it\n#sim: ${JSON.stringify([STEPS[family]])}` }];
 
     beforeAll(async () => {
-      h = await startHarness(`pause-freeze-${family.replace(".", "")}`, { family: family as never, tpotMs: 15, startDate: "2026-01-05" });
+      h = await startHarness(`pause-freeze-${family.replace(".", "")}-${kind}`, { family: family as never, kind, tpotMs: 15, startDate: "2026-01-05" });
       simUrl = `http://127.0.0.1:${(h.sim.server.address() as { port: number }).port}`;
     });
     afterAll(async () => h?.close());
@@ -80,7 +81,8 @@ for (const family of Object.keys(STEPS)) {
       const s = await start();
       const call = sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS });
       const paused = await pauseMidCall();
-      expect(paused).toMatchObject({ mode: "abort", frozen: 1, engines: [expect.objectContaining({ plan: "keep", mode: "keep", ok: true })] });
+      const plan = kind === "vllm" ? "keep" : "in_place";
+      expect(paused).toMatchObject({ mode: "abort", frozen: 1, engines: [expect.objectContaining({ plan, mode: plan, ok: true })] });
       const res = await call;
       expect(res.choices[0]!.finish_reason).toBe("tool_calls");
       const step = STEPS[family] as { tool_calls: { arguments: unknown }[] };

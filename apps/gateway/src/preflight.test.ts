@@ -63,6 +63,15 @@ describe("preflight per engine (GET /admin/engines)", () => {
     });
   });
 
+  it("SGLang: in-place pauses, so every call goes through /generate read by SGLang's own parse routes", async () => {
+    const e = await preflightOf("llama3.1", { kind: "sglang" });
+    expect(e.preflight).toMatchObject({
+      kind: "sglang",
+      token_in: { available: true, route: "generate_engine_parsed", end_of_turn: "<|eot_id|>" },
+      pause: { abort_mode: "in_place", why: expect.stringMatching(/its own llama3 parser reads them/) },
+    });
+  });
+
   it("an older vLLM: no chat token-in and no keep pauses; Qwen3 falls back on its gateway parser, Llama has neither", async () => {
     const qwen = await preflightOf("qwen3", { vllmVersion: "0.15.1" });
     expect(qwen.preflight).toMatchObject({ version: "0.15.1", token_in: { available: true, route: "completions" }, pause: { abort_mode: "abort_continue" } });

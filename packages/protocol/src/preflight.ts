@@ -38,8 +38,8 @@ export const Preflight = z.object({
     detail: z.string(),
   }),
   pause: z.object({
-    /** What an abort-mode pause does on this engine: keep (freeze in place), abort_continue, or drain. */
-    abort_mode: z.enum(["keep", "abort_continue", "drain"]).nullable(),
+    /** What an abort-mode pause does on this engine: keep / in_place (freeze), abort_continue, or drain. */
+    abort_mode: z.enum(["keep", "in_place", "abort_continue", "drain"]).nullable(),
     why: z.string(),
   }),
   checked_at: z.string(),

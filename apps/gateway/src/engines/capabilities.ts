@@ -12,6 +12,8 @@ import type { ChatPromptField } from "./vllm.js";
  * - whether its chat route takes a pre-tokenised prompt, and in which field. Probed, not assumed
  *   from the version: servers ignore unknown fields, so the probe sends ids that differ from what
  *   the messages render and checks the prompt ids the engine answers with;
+ * - (SGLang) whether its `/separate_reasoning` and `/parse_function_call` routes answer, so
+ *   `/generate` output can be parsed by SGLang's own parsers;
  * - how an abort-mode pause is carried out on it (see `pausePlan`).
  */
 
@@ -22,24 +24,36 @@ export interface EngineCapabilities {
   version: string | null;
   /** The chat route's pre-tokenised prompt field this engine honours, or null. */
   chatPromptField: ChatPromptField | null;
+  /** SGLang: its `/separate_reasoning` and `/parse_function_call` routes answer (its parsers on any text). */
+  parseRoutes: boolean;
 }
 
 /**
  * How the gateway carries out an abort-mode pause on one engine:
- * - `keep`: the engine (vLLM) freezes in-flight requests and resumes them on the new weights; the
- *   gateway marks, from its own stream of the answer, which tokens came after the change. (SGLang's
- *   `in_place` would do the same, but its chat stream drops the logprobs of tokens its tool parser
- *   swallows, so the gateway cannot read a whole answer from it as it arrives.)
+ * - `keep` (vLLM with `/pause?mode=keep`) / `in_place` (SGLang whose parse routes answer): the
+ *   engine freezes in-flight requests and resumes them on the new weights; the gateway marks, from
+ *   its own stream of each answer, which tokens came after the change. On SGLang this means every
+ *   call goes through `/generate` (its chat stream drops the logprobs of tokens its tool parser
+ *   swallows, so a whole answer cannot be read from it as it arrives) and the answer is parsed by
+ *   SGLang's own parsers through its parse routes.
  * - `abort_continue`: the engine cuts them; after resume the gateway continues each one token-in and
  *   parses the whole answer with the gateway parser the model profile declares.
- * - `drain`: neither is possible (no freeze mode, no gateway parser): in-flight calls finish on the
- *   old weights before the engine pauses, as in a drain-mode pause.
+ * - `drain`: neither is possible: in-flight calls finish on the old weights before the engine pauses,
+ *   as in a drain-mode pause.
  */
-export type AbortPauseMode = "keep" | "abort_continue" | "drain";
+export type AbortPauseMode = "keep" | "in_place" | "abort_continue" | "drain";
+
+/** Whether an SGLang engine can serve every call through /generate read by its own parse routes. */
+export function sglangReadsGenerate(caps: EngineCapabilities, profile: ModelProfile): boolean {
+  return caps.parseRoutes && profile.engine_parsers.sglang.tool_call_parser !== null;
+}
 
 export function pausePlan(kind: EngineConfig["kind"], caps: EngineCapabilities, profile: ModelProfile): { mode: AbortPauseMode; why: string } {
   if (kind === "vllm" && caps.version !== null && atLeast(caps.version, VLLM_KEEP_PAUSE_SINCE)) {
     return { mode: "keep", why: `vLLM ${caps.version} has /pause?mode=keep` };
+  }
+  if (kind === "sglang" && sglangReadsGenerate(caps, profile)) {
+    return { mode: "in_place", why: `SGLang pauses in place; calls go through /generate and its own ${profile.engine_parsers.sglang.tool_call_parser} parser reads them` };
   }
   if (profile.gateway_parser) {
     return { mode: "abort_continue", why: `no freeze-in-place pause the gateway can follow here; the ${profile.name} profile's ${profile.gateway_parser} parser parses continued answers` };
@@ -131,9 +145,23 @@ async function probeChatPromptField(call: TokenizeCall): Promise<ChatPromptField
   return null;
 }
 
+/** SGLang: whether its parse routes answer (an empty text, the profile's parser names or SGLang's defaults). */
+async function probeParseRoutes(call: TokenizeCall): Promise<boolean> {
+  const names = call.target.profile.engine_parsers.sglang;
+  const [reasoning, calls] = await Promise.all([
+    postJson(call, "/separate_reasoning", { text: "", reasoning_parser: names.reasoning_parser ?? "qwen3" }),
+    postJson(call, "/parse_function_call", { text: "", tools: [], ...(names.tool_call_parser ? { tool_call_parser: names.tool_call_parser } : {}) }),
+  ]);
+  return reasoning.status === 200 && calls.status === 200;
+}
+
 /** Probes one engine (on the call's rank). Generations are one token long. */
 export async function probeCapabilities(call: TokenizeCall): Promise<EngineCapabilities> {
   const engine = call.target.engine;
-  const [version, chatPromptField] = await Promise.all([engineVersion(call.dispatcher, engine), probeChatPromptField(call)]);
-  return { version, chatPromptField };
+  const [version, chatPromptField, parseRoutes] = await Promise.all([
+    engineVersion(call.dispatcher, engine),
+    probeChatPromptField(call),
+    engine.kind === "sglang" ? probeParseRoutes(call).catch(() => false) : Promise.resolve(false),
+  ]);
+  return { version, chatPromptField, parseRoutes };
 }

@@ -6,7 +6,7 @@
  * ends inside the answer, with the parser primed on the text already sent. Capabilities are probed
  * the way the gateway probes them.
  */
-import { PRESETS } from "@rollgate/models";
+import { PRESETS, profileOf } from "@rollgate/models";
 import { buildEngineSim, getTokenizer } from "@rollgate/engine-sim";
 import type { CanonicalChatRequest, EngineConfig } from "@rollgate/protocol";
 import { StreamAccumulator } from "@rollgate/transforms";
@@ -62,8 +62,10 @@ for (const mode of modes) {
       sim = buildEngineSim({ kind: mode.kind, dpSize: 2, ...mode.sim });
       engine = { kind: mode.kind, url: await listenLocal(sim), dp_size: 2 };
       const caps = await probeCapabilities(base(false));
-      // The chat routes are the engine's when it has one; the parser-less ones serve the rest.
-      const chosen = mode.route === "generate" ? { route: cutContinuationRoute(mode.kind, PRESETS.qwen3!) } : historyRoute(mode.kind, caps, PRESETS.qwen3!);
+      // The chat routes are the engine's when it has one; the parser-less ones serve the rest. (An
+      // SGLang whose parse routes answer sends everything through /generate: tested below.)
+      const chosen =
+        mode.route === "generate" ? { route: cutContinuationRoute(mode.kind, PRESETS.qwen3!) } : historyRoute(mode.kind, { ...caps, parseRoutes: false }, PRESETS.qwen3!);
       route = chosen.route!;
     });
     afterAll(() => sim.close());
@@ -131,6 +133,57 @@ for (const mode of modes) {
   });
 }
 
+/** engine-sim family → the rollgate profile serving it (the same facts as the harness's table). */
+const FAMILY_PROFILE: Record<string, string> = { qwen3: "qwen3", "llama3.1": "llama3", "deepseek-v3": "deepseek-v3", "gpt-oss": "gpt-oss" };
+
+describe("SGLang /generate read by SGLang's own parse routes (/separate_reasoning, /parse_function_call)", () => {
+  const STEP: Record<string, Record<string, unknown>> = {
+    qwen3: { think: "List first.", tool_calls: [{ name: "shell", arguments: { command: "ls -la" } }] },
+    "llama3.1": { tool_calls: [{ name: "shell", arguments: { command: "ls -la" } }] },
+    "deepseek-v3": { text: "Looking.", tool_calls: [{ name: "shell", arguments: { command: "ls -la" } }] },
+    "gpt-oss": { think: "List first.", tool_calls: [{ name: "shell", arguments: { command: "ls -la" } }] },
+  };
+  for (const family of Object.keys(STEP)) {
+    it(`${family}: the chat route's answer (ids, logprobs, tool call, reasoning), streamed or not`, async () => {
+      const sim = buildEngineSim({ kind: "sglang", family: family as never, dpSize: 1, startDate: "2026-01-05" });
+      try {
+        const engine: EngineConfig = { kind: "sglang", url: await listenLocal(sim), dp_size: 1 };
+        // A profile of this family without a gateway parser (token-in on, even gpt-oss's: the route itself is under test), on an SGLang whose chat route takes no ids.
+        const profile = profileOf({ extends: FAMILY_PROFILE[family], gateway_parser: null, token_in: "auto" });
+        const call = (stream: boolean): EngineCall => ({
+          target: { engineIndex: 0, engine, dpRank: 0, profile },
+          model: "m",
+          request: { ...request(stream), messages: [{ role: "user", content: `go\n#sim: ${JSON.stringify([STEP[family]])}` }] },
+          requestId: `r-${Math.random()}`,
+          signal: new AbortController().signal,
+          dispatcher,
+        });
+        const caps = await probeCapabilities(call(false));
+        expect(caps.parseRoutes).toBe(true);
+        const route = historyRoute("sglang", { ...caps, chatPromptField: null }, profile).route!;
+        expect(route).toMatchObject({ name: "generate_engine_parsed", parsedBy: "engine" });
+        const chat = await adapterFor("sglang")!.chat(call(false));
+        const tokenInCall = (stream: boolean): TokenInCall => ({ ...call(stream), tokenIds: chat.prompt_ids, maxModelLen: null });
+        const whole = await route.generate(tokenInCall(false));
+        const acc = new StreamAccumulator();
+        for await (const ev of route.generateStream(tokenInCall(true))) acc.push(ev);
+        for (const r of [whole, acc.result()]) {
+          expect(r.output_ids).toEqual(chat.output_ids);
+          expect(r.output_logprobs).toEqual(chat.output_logprobs);
+          expect(r.finish_reason).toBe("tool_calls");
+          expect(r.message.tool_calls.map((c) => ({ name: c.function.name, args: JSON.parse(c.function.arguments) }))).toEqual(
+            chat.message.tool_calls.map((c) => ({ name: c.function.name, args: JSON.parse(c.function.arguments) })),
+          );
+          expect((r.message.reasoning ?? "").trim()).toBe((chat.message.reasoning ?? "").trim());
+          expect((r.message.content ?? "").trim()).toBe((chat.message.content ?? "").trim());
+        }
+      } finally {
+        await sim.close();
+      }
+    });
+  }
+});
+
 describe("capability probes", () => {
   it("a vLLM older than the chat token-in fields and keep pauses: no chat route, abort-and-continue for a profile with a parser", async () => {
     const sim = buildEngineSim({ kind: "vllm", dpSize: 1, vllmVersion: "0.15.1" });
@@ -138,7 +191,7 @@ describe("capability probes", () => {
       const engine: EngineConfig = { kind: "vllm", url: await listenLocal(sim), dp_size: 1 };
       const call: EngineCall = { target: { engineIndex: 0, engine, dpRank: 0, profile: PRESETS.qwen3! }, model: "Qwen/Qwen3-8B", request: request(false), requestId: "r", signal: new AbortController().signal, dispatcher };
       const caps = await probeCapabilities(call);
-      expect(caps).toEqual({ version: "0.15.1", chatPromptField: null });
+      expect(caps).toEqual({ version: "0.15.1", chatPromptField: null, parseRoutes: false });
       expect(historyRoute("vllm", caps, PRESETS.qwen3!).route?.name).toBe("completions");
       expect(historyRoute("vllm", caps, PRESETS.llama3!)).toMatchObject({ route: null, why: expect.stringMatching(/no gateway parser/) });
       expect(historyRoute("vllm", caps, PRESETS["gpt-oss"]!)).toMatchObject({ route: null, why: expect.stringMatching(/turns token-in off/) });

@@ -2,10 +2,10 @@ import type { ModelProfile } from "@rollgate/models";
 import type { AssistantOutput, EngineConfig } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
 import { adapterFor } from "./adapter.js";
-import type { EngineCapabilities } from "./capabilities.js";
+import { pausePlan, sglangReadsGenerate, type EngineCapabilities } from "./capabilities.js";
 import { chatFinishReason, parsesTools, profileParser } from "./chat-route-rules.js";
 import { parseAnswerText } from "@rollgate/models";
-import { sglangTokenIn } from "./sglang-token-in.js";
+import { sglangEngineParsed, sglangTokenIn } from "./sglang-token-in.js";
 import { vllmTokenIn } from "./vllm-token-in.js";
 import type { ChatPromptField, EngineCall } from "./vllm.js";
 
@@ -18,7 +18,9 @@ import type { ChatPromptField, EngineCall } from "./vllm.js";
  *    `kv_transfer_params.prompt_token_ids`, SGLang `input_ids`): the engine's own tool and reasoning
  *    parsers see the output, whatever the model family;
  * 2. a route with no parser (vLLM `/v1/completions`, SGLang `/generate`), only when the model
- *    profile declares a gateway parser for the family's output format.
+ *    profile declares a gateway parser for the family's output format;
+ * 3. SGLang `/generate` with its own parsers run afterwards through `/separate_reasoning` and
+ *    `/parse_function_call` (the profile names SGLang's parsers for the family).
  *
  * Otherwise there is no token-in for that engine, and its chat template renders every call.
  */
@@ -35,7 +37,7 @@ export interface TokenInCall extends Omit<EngineCall, "promptIds"> {
   primeText?: string;
 }
 
-export type TokenInRouteName = "chat_prompt_token_ids" | "chat_kv_transfer_params" | "chat_input_ids" | "completions" | "generate";
+export type TokenInRouteName = "chat_prompt_token_ids" | "chat_kv_transfer_params" | "chat_input_ids" | "completions" | "generate" | "generate_engine_parsed";
 
 export interface TokenInRoute {
   name: TokenInRouteName;
@@ -67,11 +69,22 @@ function gatewayParsedRoute(kind: EngineConfig["kind"]): TokenInRoute {
   return { name: kind === "vllm" ? "completions" : "generate", parsedBy: "gateway", generate: e.generate, generateStream: e.generateStream };
 }
 
+/** SGLang's /generate read by its own parse routes: the route every call of an `in_place` SGLang takes. */
+export const SGLANG_GENERATE_ENGINE_PARSED: TokenInRoute = {
+  name: "generate_engine_parsed",
+  parsedBy: "engine",
+  generate: sglangEngineParsed.generate,
+  generateStream: sglangEngineParsed.generateStream,
+};
+
 /** The route for continuing a recorded call token-in (echoed history), or null with why not. */
 export function historyRoute(kind: EngineConfig["kind"], caps: EngineCapabilities, profile: ModelProfile): { route: TokenInRoute } | { route: null; why: string } {
   if (profile.token_in === "off") return { route: null, why: `the ${profile.name} profile turns token-in off` };
+  // An SGLang paused in place serves every call through /generate (capabilities.ts): history too.
+  if (kind === "sglang" && pausePlan(kind, caps, profile).mode === "in_place") return { route: SGLANG_GENERATE_ENGINE_PARSED };
   if (caps.chatPromptField) return { route: chatRoute(kind, caps.chatPromptField) };
   if (profile.gateway_parser) return { route: gatewayParsedRoute(kind) };
+  if (kind === "sglang" && sglangReadsGenerate(caps, profile)) return { route: SGLANG_GENERATE_ENGINE_PARSED };
   return { route: null, why: `the engine's chat route takes no pre-tokenised prompt and the ${profile.name} profile declares no gateway parser` };
 }
 

@@ -19,10 +19,10 @@ import type { EngineRegistry, RankTarget } from "../engines/registry.js";
 import type { GateSlot, PauseGate } from "../ops/pause-gate.js";
 import type { Rerouter } from "../ops/reroute.js";
 import { adapterFor, type EngineAdapter } from "../engines/adapter.js";
-import { cutContinuationRoute, historyRoute, parseAnswer, type TokenInCall, type TokenInRoute } from "../engines/token-in.js";
+import { SGLANG_GENERATE_ENGINE_PARSED, cutContinuationRoute, historyRoute, parseAnswer, type TokenInCall, type TokenInRoute } from "../engines/token-in.js";
 import { engineTokenizer } from "../engines/tokenizer.js";
 import type { EngineCall } from "../engines/vllm.js";
-import { planContinuation, type ContinuationMode, type TokenInPlan } from "./continuation.js";
+import { planContinuation, type ContinuationMode } from "./continuation.js";
 import { HistoryNormalizer } from "./history-normalizer.js";
 import { addCut, continuationPrompt, continuationRequest, joinContinuation, type CutGeneration } from "./pause-continuation.js";
 
@@ -54,8 +54,12 @@ export interface PreparedCall {
   engineCall: EngineCall;
   weightVersion: string | null;
   startedAt: number;
-  /** Set when the call continues a recorded one token-in (see continuation.ts); null: the engine renders. */
-  tokenIn: { route: TokenInRoute; plan: TokenInPlan } | null;
+  /**
+   * Set when the call goes to the engine as token ids: it continues a recorded one token-in (see
+   * continuation.ts; `base` is that record's seq), or its engine is an SGLang that serves every
+   * call through /generate (an in-place pause can fall inside it). Null: the chat route renders.
+   */
+  tokenIn: { route: TokenInRoute; promptIds: number[]; maxModelLen: number | null; base: number | null } | null;
 }
 
 /**
@@ -123,10 +127,18 @@ export class ChatCaller {
     };
     // Capabilities are probed once per engine; a call never waits on a failed probe.
     const caps = await this.deps.registry.capabilities(assignment.engine).catch(() => null);
+    const pauseMode = caps ? pausePlan(target.engine.kind, caps, target.profile).mode : null;
+    const guided = request.tool_choice === "required" || typeof request.tool_choice === "object";
     // A freeze-in-place pause may fall inside any call: the answer is then read as it arrives and
-    // each token stamped with the weight version current when it came.
-    if (caps && pausePlan(target.engine.kind, caps, target.profile).mode === "keep") engineCall.stamp = () => this.deps.pause.weights;
-    const tokenIn = history ? await this.restoreAndPlan(engineCall, history, session.id, seq, caps) : null;
+    // each token stamped with the weight version current when it came. On SGLang that takes
+    // /generate (capabilities.ts), which has no guided decoding: such calls stay on the chat route.
+    const viaGenerate = pauseMode === "in_place" && !guided;
+    if (pauseMode === "keep" || viaGenerate) engineCall.stamp = () => this.deps.pause.weights;
+    let tokenIn = history ? await this.restoreAndPlan(engineCall, history, session.id, seq, caps) : null;
+    if (viaGenerate && !tokenIn) {
+      const rendered = await engineTokenizer.renderChat(engineCall, engineCall.request.messages);
+      tokenIn = { route: SGLANG_GENERATE_ENGINE_PARSED, promptIds: rendered.ids, maxModelLen: rendered.maxModelLen, base: null };
+    }
     return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), engineCall, tokenIn };
   }
 
@@ -181,7 +193,7 @@ export class ChatCaller {
         return null;
       }
       this.deps.log.debug({ session: sid, seq, base: outcome.plan.base.seq, diverges_at: outcome.plan.divergesAt, route: chosen.route.name }, "call continues token-in");
-      return { route: chosen.route, plan: outcome.plan };
+      return { route: chosen.route, promptIds: outcome.plan.promptIds, maxModelLen: outcome.plan.maxModelLen, base: outcome.plan.base.seq };
     } catch (err) {
       if (call.signal.aborted) throw err;
       this.deps.log.warn({ session: sid, seq, err: (err as Error).message }, "token-in planning failed; the engine renders this call");
@@ -195,7 +207,7 @@ export class ChatCaller {
   private send(call: PreparedCall, signal: AbortSignal, stream: boolean): Promise<EngineResult> | AsyncGenerator<EngineStreamEvent> {
     const engineCall = { ...call.engineCall, signal, request: { ...call.engineCall.request, stream } };
     if (call.tokenIn) {
-      const tokenInCall: TokenInCall = { ...engineCall, tokenIds: call.tokenIn.plan.promptIds, maxModelLen: call.tokenIn.plan.maxModelLen };
+      const tokenInCall: TokenInCall = { ...engineCall, tokenIds: call.tokenIn.promptIds, maxModelLen: call.tokenIn.maxModelLen };
       return stream ? call.tokenIn.route.generateStream(tokenInCall) : call.tokenIn.route.generate(tokenInCall);
     }
     return stream ? call.adapter.chatStream(engineCall) : call.adapter.chat(engineCall);

@@ -9,8 +9,8 @@ import { pausePlan, type AbortPauseMode } from "../engines/capabilities.js";
 import { pauseEngine, resumeEngine, type EnginePauseMode } from "../ops/engine-control.js";
 
 /** How each per-engine pause plan drives the engine's own pause route. */
-const ENGINE_MODE: Record<AbortPauseMode, EnginePauseMode> = { keep: "freeze", abort_continue: "abort", drain: "finish" };
-const FROZEN = new Set<string>(["keep"]);
+const ENGINE_MODE: Record<AbortPauseMode, EnginePauseMode> = { keep: "freeze", in_place: "freeze", abort_continue: "abort", drain: "finish" };
+const FROZEN = new Set<string>(["keep", "in_place"]);
 
 const PauseBody = z
   .object({
@@ -35,7 +35,7 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
      * Every replica stops sending new calls (agents wait, they are not failed). `drain`: in-flight
      * calls finish, then (or after `timeout_s`) the engines' own pause routes are called. `abort`:
      * each engine is paused at once the best way it allows (engines/capabilities.ts `pausePlan`):
-     * frozen in place (vLLM `keep`) and resumed on the new weights, the gateway
+     * frozen in place (vLLM `keep`, SGLang `in_place`) and resumed on the new weights, the gateway
      * marking which tokens came after the change; or cut (finish_reason "abort" with the tokens so
      * far) and, after resume, continued token-in by the gateway, for models whose profile declares
      * a gateway parser; or, when neither is possible, drained first. Agents only see latency, and
