@@ -141,7 +141,8 @@ export function startGateway({ prefix, engineUrl, dp = 1, env = {}, nodeArgs = [
     env: {
       REDIS_URL,
       ROLLGATE_KEY_PREFIX: prefix,
-      ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: dp }]),
+      // engine-sim serves Qwen3: its profile, as in production.
+      ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: dp, profile: "qwen3" }]),
       ...env,
     },
   });

@@ -4,7 +4,8 @@
 // runs every call for real in the working directory, and stops when the model answers in text.
 //
 // Environment: OPENAI_BASE_URL, OPENAI_API_KEY (set by the rollgate worker),
-// ROLLGATE_INSTRUCTION (the task), AGENT_MODEL (default "policy"), AGENT_MAX_STEPS (default 8).
+// ROLLGATE_INSTRUCTION (the task), AGENT_MODEL (default "policy"), AGENT_MAX_STEPS (default 8),
+// AGENT_STREAM (1: stream every answer and assemble it with the SDK, as streaming agents do).
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import OpenAI from "openai";
@@ -13,6 +14,7 @@ const run = promisify(execFile);
 const client = new OpenAI(); // reads OPENAI_BASE_URL and OPENAI_API_KEY
 const model = process.env.AGENT_MODEL ?? "policy";
 const maxSteps = Number(process.env.AGENT_MAX_STEPS ?? 8);
+const stream = process.env.AGENT_STREAM === "1";
 const instruction = process.env.ROLLGATE_INSTRUCTION ?? process.argv.slice(2).join(" ");
 
 const tools = [
@@ -45,7 +47,9 @@ const messages = [
 ];
 
 for (let step = 0; step < maxSteps; step++) {
-  const completion = await client.chat.completions.create({ model, messages, tools });
+  const completion = stream
+    ? await client.chat.completions.stream({ model, messages, tools }).finalChatCompletion()
+    : await client.chat.completions.create({ model, messages, tools });
   const message = completion.choices[0].message;
   // Send the assistant turn back exactly as received, as agents on the OpenAI SDK do.
   messages.push(message);

@@ -25,7 +25,7 @@ beforeAll(async () => {
   engine = await startApp("engine-sim", ["--port", "0", "--dp", "2", "--tpot-ms", "5"], {});
   gw = await startApp("gateway", ["--port", "0"], {
     ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2 }]),
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2, profile: "qwen3" }]),
     ROLLGATE_HEALTH_INTERVAL_S: "0.3",
     ROLLGATE_HEALTH_FAILURES: "2",
   });

@@ -25,7 +25,7 @@ beforeAll(async () => {
   // 15 ms a token: each call takes a while, so the kill lands on calls in flight.
   const engine = await startApp("engine-sim", ["--port", "0", "--dp", "2", "--tpot-ms", "15"], {});
   procs.push(engine);
-  const env = { ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2 }]) };
+  const env = { ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2, profile: "qwen3" }]) };
   gwA = await startApp("gateway", ["--port", "0"], env);
   gwB = await startApp("gateway", ["--port", "0"], env);
   procs.push(gwA, gwB);

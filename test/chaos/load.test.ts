@@ -37,7 +37,7 @@ beforeAll(async () => {
     // SIGWINCH → a full GC, then the heap and RSS on stdout (gc-on-signal.cjs): memory is measured on live data.
     NODE_OPTIONS: `--expose-gc --require ${path.join(path.dirname(fileURLToPath(import.meta.url)), "gc-on-signal.cjs")}`,
     ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 4 }]),
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 4, profile: "qwen3" }]),
   });
 }, 60_000);
 

@@ -32,7 +32,7 @@ describe.skipIf(!hasRedis)("Redis Cluster", () => {
     procs.push(engine);
     const gw = await startApp("gateway", ["--port", "0"], {
       ...env,
-      ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2 }]),
+      ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2, profile: "qwen3" }]),
       ROLLGATE_HEALTH_INTERVAL_S: "0",
     });
     procs.push(gw);

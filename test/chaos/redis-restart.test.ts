@@ -26,7 +26,7 @@ beforeAll(async () => {
   const env = { REDIS_URL: redis.url, ROLLGATE_KEY_PREFIX: prefix };
   const engine = await startApp("engine-sim", ["--port", "0", "--dp", "2"], {});
   procs.push(engine);
-  const gw = await startApp("gateway", ["--port", "0"], { ...env, ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2 }]) });
+  const gw = await startApp("gateway", ["--port", "0"], { ...env, ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2, profile: "qwen3" }]) });
   procs.push(gw);
   gatewayUrl = gw.ready;
   for (let i = 0; i < 2; i++) {

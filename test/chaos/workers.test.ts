@@ -41,7 +41,7 @@ beforeAll(async () => {
   engineUrl = engine.ready;
   const gw = await startApp("gateway", ["--port", "0"], {
     ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: 2 }]),
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: 2, profile: "qwen3" }]),
   });
   procs.push(gw);
   gatewayUrl = gw.ready;

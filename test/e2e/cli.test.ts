@@ -313,6 +313,13 @@ describe("the rollgate CLI", () => {
       expect((await fetch(`${url}/healthz`)).status).toBe(200);
       await new Promise((r) => setTimeout(r, 200));
       expect(lines.join("\n")).toContain(`dashboard  ${url}/dashboard`);
+      // Each engine's preflight follows: engine-sim serves Qwen3 on vLLM.
+      await poll(async () => lines.join("\n"), (t) => t.includes("abort pause:"), 30_000);
+      const out = lines.join("\n");
+      expect(out).toMatch(/engine 0 {3}vllm http:\/\/\S+ · profile qwen3 · vllm 0\.28\.0/);
+      expect(out).toContain("vocabulary 151936");
+      expect(out).toContain("✓ token-in via chat_kv_transfer_params (turns end with <|im_end|>)");
+      expect(out).toMatch(/abort pause: keep \(vLLM 0\.28\.0 has \/pause\?mode=keep\)/);
     } finally {
       const code = await new Promise<number | null>((resolve) => {
         proc.on("exit", (c) => resolve(c));

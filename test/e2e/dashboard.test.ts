@@ -102,6 +102,12 @@ describe.skipIf(skipReason !== null)("dashboard in headless Chromium", () => {
       // Two DP ranks of engine-sim, healthy.
       expect(await page.locator("#ranks tbody tr").count()).toBe(2);
       expect(await page.locator("#ranks .dot.ok").count()).toBe(2);
+      // The engine's preflight: engine-sim serves Qwen3 on vLLM with keep pauses.
+      const engines = page.locator("#engines tbody tr");
+      expect(await engines.count()).toBe(1);
+      // The overview refreshes itself; the preflight ran when the gateway started.
+      await page.waitForFunction('!document.querySelector("#engines tbody tr")?.textContent?.includes("…")', undefined, { timeout: 15_000 });
+      expect(await page.locator("#engines tbody tr").first().textContent()).toMatch(/qwen3.*151936.*yes \(chat_kv_transfer_params\).*round-trip.*dropped.*keep/);
       // The LLM-call chart has bars for this run.
       expect(await page.locator("#chart-calls rect").count()).toBeGreaterThan(0);
       await page.screenshot({ path: path.join(ARTIFACTS, "dashboard-overview.png"), fullPage: true });

@@ -22,7 +22,7 @@ const b = apiClient(() => gwB.ready);
 async function gateway(extra: Record<string, string> = {}) {
   return startApp("gateway", ["--port", "0"], {
     ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2 }]),
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2, profile: "qwen3" }]),
     ROLLGATE_HEALTH_INTERVAL_S: "0.3",
     ROLLGATE_HEALTH_FAILURES: "1",
     ...extra,
@@ -122,7 +122,7 @@ describe("pause, resume and weight versions", () => {
     expect(after.recent_calls.p95_ms).toBeGreaterThanOrEqual(after.recent_calls.p50_ms);
   }, 60_000);
 
-  it("abort: calls cut by the pause are continued on the new weights from their tokens; agents see one answer", async () => {
+  it("abort: calls frozen by the pause go on on the new weights (vLLM keep); agents see one answer; every replica stamps each token", async () => {
     await a("/admin/weights", { body: { version: "v2" } });
     const s = (await a("/v1/sessions", { body: {} })).body as { id: string; token: string };
     const messages = (tag: string) => [{ role: "user" as const, content: script([{ text: tag, tokens: 60 }]) }];
@@ -142,8 +142,8 @@ describe("pause, resume and weight versions", () => {
     })();
     await new Promise((r) => setTimeout(r, 600));
     const paused = (await b("/admin/inference/pause", { body: { mode: "abort", timeout_s: 5 } })).body;
-    expect(paused).toMatchObject({ mode: "abort", drained: true, inflight_at_pause: 2 });
-    expect(paused.engines[0]).toMatchObject({ ok: true });
+    expect(paused).toMatchObject({ mode: "abort", drained: true, inflight_at_pause: 2, frozen: 2 });
+    expect(paused.engines[0]).toMatchObject({ ok: true, plan: "keep", mode: "keep" });
     await b("/admin/weights", { body: { version: "v3" } });
     await b("/admin/inference/resume", { body: {} });
 
@@ -160,8 +160,9 @@ describe("pause, resume and weight versions", () => {
     expect(recs).toHaveLength(2);
     const tok = getTokenizer();
     for (const r of recs) {
-      // One record per call, 60 tokens: the first ones sampled under v2, the rest under v3.
-      expect(r).toMatchObject({ weight_version: "v3", continued_after_pause: 1 });
+      // One record per call, 60 tokens: the first ones sampled under v2, the rest under v3; the engine went on, nothing was cut.
+      expect(r).toMatchObject({ weight_version: "v3" });
+      expect(r.continued_after_pause).toBeUndefined();
       expect(r.output_ids).toHaveLength(60);
       const versions = r.output_weight_versions!;
       const before = versions.indexOf("v3");

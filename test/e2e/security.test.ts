@@ -37,7 +37,7 @@ beforeAll(async () => {
   gateway = await startApp("gateway", ["--port", "0"], {
     ROLLGATE_KEY_PREFIX: prefix,
     ROLLGATE_API_KEY: API_KEY,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2 }]),
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2, profile: "qwen3" }]),
     LOG_LEVEL: "debug",
   });
   worker = await startApp("worker", [], {

@@ -148,7 +148,7 @@ describe("docker-compose.yml", () => {
       expect(parsed.HOST).toBe("0.0.0.0");
       expect(parsed.REDIS_URL).toBe(`redis://rollgate:${REDIS_PASSWORD}@redis:6379`);
       expect(parsed.ROLLGATE_PUBLIC_URL).toBe("http://lb:8080");
-      expect(parsed.ROLLGATE_ENGINES).toEqual([{ kind: "vllm", url: "http://engine-sim:8000", dp_size: 4 }]);
+      expect(parsed.ROLLGATE_ENGINES).toEqual([{ kind: "vllm", url: "http://engine-sim:8000", dp_size: 4, profile: "qwen3" }]);
       expect(services[g]!.ports, "only the load balancer is published").toBeUndefined();
     }
     const worker = services.worker!.environment!;
@@ -194,7 +194,9 @@ describe("docker-compose.yml", () => {
     expect(gpuVars.COMPOSE_PROFILES).toBe("gpu");
     const gpu = compose({ ...gpuVars, REDIS_PASSWORD });
     const engines = parseEnv(GatewayEnv, gpu.services["gateway-1"]!.environment!).ROLLGATE_ENGINES;
-    expect(engines).toEqual([{ kind: "vllm", url: "http://vllm:8000", dp_size: Number(gpuVars.VLLM_DP_SIZE) }]);
+    expect(engines).toEqual([{ kind: "vllm", url: "http://vllm:8000", dp_size: Number(gpuVars.VLLM_DP_SIZE), profile: gpuVars.ROLLGATE_ENGINE_PROFILE }]);
+    expect(gpuVars.VLLM_MODEL).toMatch(/^Qwen\/Qwen3-/);
+    expect(gpuVars.ROLLGATE_ENGINE_PROFILE).toBe("qwen3");
     expect(gpu.services.vllm!.command).toContain(`--data-parallel-size=${gpuVars.VLLM_DP_SIZE}`);
   });
 

@@ -19,7 +19,7 @@ export function startApp(name: "engine-sim" | "gateway" | "worker", args: string
 export async function startFleet(opts: { prefix: string; engineUrl: string; workers: number; workerEnv?: Record<string, string>; gatewayEnv?: Record<string, string> }) {
   const gateway = await startApp("gateway", ["--port", "0"], {
     ROLLGATE_KEY_PREFIX: opts.prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: opts.engineUrl, dp_size: 2 }]),
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: opts.engineUrl, dp_size: 2, profile: "qwen3" }]),
     ...opts.gatewayEnv,
   });
   const workers: StartedChild[] = [];

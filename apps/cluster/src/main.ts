@@ -97,7 +97,7 @@ try {
       60_000,
       track("engine-sim"),
     );
-    engines = JSON.stringify([{ kind: "vllm", url: sim.ready, dp_size: env.ROLLGATE_SIM_DP_SIZE }]);
+    engines = JSON.stringify([{ kind: "vllm", url: sim.ready, dp_size: env.ROLLGATE_SIM_DP_SIZE, profile: "qwen3" }]);
   }
   const gateway = await startChild(
     "gateway",

@@ -195,6 +195,37 @@ async function renderOverview() {
     ),
   );
 
+  // Each engine's preflight (GET /admin/engines has the full report): what will hold before a run.
+  const yesNo = (v, yes, no) => (v === null || v === undefined ? "–" : v ? yes : no);
+  const enginePanel = h(
+    "div",
+    { class: "panel", id: "engines" },
+    h("h2", {}, "Engines (preflight)"),
+    h(
+      "table",
+      {},
+      h("thead", {}, h("tr", {}, h("th", {}, "engine"), h("th", {}, "profile"), h("th", {}, "vocab"), h("th", {}, "token-in"), h("th", {}, "tool turns"), h("th", {}, "reasoning at new user turn"), h("th", {}, "abort pause"))),
+      h(
+        "tbody",
+        {},
+        (ranks.engines ?? []).map((e) => {
+          const p = e.preflight;
+          return h(
+            "tr",
+            {},
+            h("td", { class: "mono muted" }, `${e.index} ${e.kind} ${e.url}`),
+            h("td", { class: "mono" }, e.profile),
+            h("td", { class: "num" }, p ? (p.vocab_size ?? "unbounded") : "…"),
+            h("td", { title: p?.token_in.why ?? "" }, p ? (p.token_in.available ? `yes (${p.token_in.route})` : "no") : "…"),
+            h("td", { title: p?.tool_turn.detail ?? "" }, p ? yesNo(p.tool_turn.round_trips, "round-trip", "re-render differently") : "…"),
+            h("td", { title: p?.reasoning.detail ?? "" }, p ? yesNo(p.reasoning.dropped_at_user_turn, "dropped", "kept") : "…"),
+            h("td", { class: "mono", title: p?.pause.why ?? "" }, p ? (p.pause.abort_mode ?? "–") : "…"),
+          );
+        }),
+      ),
+    ),
+  );
+
   const groupPanel = h(
     "div",
     { class: "panel", id: "groups" },
@@ -271,7 +302,7 @@ async function renderOverview() {
         ),
   );
 
-  view.replaceChildren(cards, charts, h("section", { class: "grid two" }, rankPanel, groupPanel), tasksPanel);
+  view.replaceChildren(cards, charts, h("section", { class: "grid two" }, rankPanel, groupPanel), enginePanel, tasksPanel);
 }
 
 // ── task page ──────────────────────────────────────────────────────────────────────────

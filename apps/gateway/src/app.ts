@@ -13,6 +13,7 @@ import { GatewayMetrics } from "./observability/metrics.js";
 import { requestObservability } from "./observability/request-hooks.js";
 import { EngineHealth } from "./ops/engine-health.js";
 import { PauseGate } from "./ops/pause-gate.js";
+import { PreflightReports } from "./ops/preflight.js";
 import { SessionRateLimiter, retryAfterHeader } from "./ops/rate-limit.js";
 import { Rerouter } from "./ops/reroute.js";
 import { adminRoutes } from "./routes/admin.js";
@@ -138,6 +139,7 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
     admin,
     pause,
     health,
+    preflight: new PreflightReports(registry, log),
     rollouts,
     rateLimit: new SessionRateLimiter(redis, prefix, env.ROLLGATE_SESSION_RATE, env.ROLLGATE_SESSION_BURST ?? Math.max(1, 2 * env.ROLLGATE_SESSION_RATE)),
     publicUrl: () => publicUrl ?? `http://127.0.0.1:${env.PORT}`,
@@ -158,6 +160,9 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   await app.register(metricsRoutes(ctx, metrics));
   await app.register(docsRoutes());
   await app.register(queueBoardRoutes(ctx));
+
+  // What will hold on each engine, found out in the background once the app is up (and logged).
+  app.addHook("onReady", async () => ctx.preflight.start());
 
   app.addHook("onClose", async () => {
     health.stop();

@@ -9,6 +9,7 @@ import type { ChatCaller } from "./llm/chat-call.js";
 import type { LostCallLedger } from "./llm/lost-calls.js";
 import type { EngineHealth } from "./ops/engine-health.js";
 import type { PauseGate } from "./ops/pause-gate.js";
+import type { PreflightReports } from "./ops/preflight.js";
 import type { SessionRateLimiter } from "./ops/rate-limit.js";
 
 /** Everything the routes share. Built once per gateway process (see app.ts). */
@@ -27,6 +28,8 @@ export interface GatewayContext {
   admin: AdminStore;
   pause: PauseGate;
   health: EngineHealth;
+  /** Each engine's preflight (what will hold before a run), run at start. */
+  preflight: PreflightReports;
   rollouts: Queue<RolloutJob>;
   /** ROLLGATE_SESSION_RATE: agent calls per second per session (off when absent or rate 0). */
   rateLimit?: SessionRateLimiter;

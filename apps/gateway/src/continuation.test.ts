@@ -32,7 +32,7 @@ async function gateway(mode: Mode, listen = false): Promise<FastifyInstance> {
   const env = GatewayEnv.parse({
     REDIS_URL,
     ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: simUrl, dp_size: 1 }]),
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: simUrl, dp_size: 1, profile: "qwen3" }]),
     ROLLGATE_HEALTH_INTERVAL_S: "0",
     ROLLGATE_CONTINUATION: mode,
   });

@@ -15,7 +15,8 @@ Options:
 
 Environment:
   REDIS_URL                 redis://host:port[/db] (default redis://127.0.0.1:6379)
-  ROLLGATE_ENGINES          required: JSON list of {kind: "vllm"|"sglang", url, dp_size, model?}
+  ROLLGATE_ENGINES          required: JSON list of {kind: "vllm"|"sglang", url, dp_size, model?, profile?, vocab_size?}
+                            (profile: a model family preset such as "qwen3", "llama3", "gpt-oss", or an inline object)
   ROLLGATE_PUBLIC_URL       how sandboxes reach this gateway (default: the listen address)
   ROLLGATE_API_KEY          when set, trainer and admin routes require "Authorization: Bearer <key>"
   ROLLGATE_KEY_PREFIX       prefix of every Redis key and queue (default rg)

@@ -1,9 +1,12 @@
 /**
  * An abort-mode pause while agents are mid-call, through the OpenAI SDK against engine-sim with
- * real Redis: the engine cuts the calls, and after resume the gateway continues them token-in from
- * their tokens, so each agent gets the same answer an uncut call gives (reasoning, tool calls and
- * all) and the record keeps every token's weight version, on vLLM (/v1/completions with token
- * ids) and SGLang (/generate with input_ids) alike.
+ * real Redis, on engines that cannot freeze calls in place (a vLLM older than `/pause?mode=keep`)
+ * serving a model whose profile declares a gateway parser (qwen3): the engine cuts the calls, and
+ * after resume the gateway continues them token-in from their tokens (/v1/completions with token
+ * ids), so each agent gets the same answer an uncut call gives (reasoning, tool calls and all) and
+ * the record keeps every token's weight version; on SGLang through /generate with input_ids.
+ * pause-freeze.test.ts covers the freeze-in-place pauses (vLLM keep, SGLang in_place) on every
+ * model family.
  */
 import type { CompletionRecord } from "@rollgate/protocol";
 import { getTokenizer } from "@rollgate/engine-sim";
@@ -32,11 +35,14 @@ async function pauseMidCall(h: Harness, version: string, afterMs = 300) {
 
 const sdk = (h: Harness, s: { id: string; token: string }) => new OpenAI({ baseURL: `${h.url}/s/${s.id}/v1`, apiKey: s.token, maxRetries: 0 });
 
+/** The last vLLM release without `/pause?mode=keep`. */
+const NO_KEEP = "0.15.1";
+
 describe("abort-mode pause on vLLM: calls continue token-in", () => {
   let h: Harness;
   let reference: { message: OpenAI.ChatCompletionMessage; record: CompletionRecord };
   beforeAll(async () => {
-    h = await startHarness("pause-abort", { tpotMs: 20 });
+    h = await startHarness("pause-abort", { tpotMs: 20, vllmVersion: NO_KEEP });
     await admin(h, "/admin/weights", { version: "w1" });
     const s = await h.openSession();
     const res = await sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS });
@@ -128,7 +134,7 @@ describe("abort-mode pause on vLLM: calls continue token-in", () => {
 describe("abort-mode pause when the call's rank goes down during the pause", () => {
   let h: Harness;
   beforeAll(async () => {
-    h = await startHarness("pause-abort-down", { tpotMs: 20, dpSize: 2 }, { ROLLGATE_HEALTH_INTERVAL_S: "0.2", ROLLGATE_HEALTH_FAILURES: "1" });
+    h = await startHarness("pause-abort-down", { tpotMs: 20, dpSize: 2, vllmVersion: NO_KEEP }, { ROLLGATE_HEALTH_INTERVAL_S: "0.2", ROLLGATE_HEALTH_FAILURES: "1" });
   });
   afterAll(async () => h?.close());
 
@@ -170,7 +176,10 @@ describe("abort-mode pause on SGLang: calls continue through /generate with inpu
   let h: Harness;
   let reference: CompletionRecord;
   beforeAll(async () => {
-    h = await startHarness("pause-abort-sgl", { kind: "sglang", tpotMs: 20 });
+    // Without SGLang parser names the gateway cannot read /generate with SGLang's parse routes, so it
+    // cannot follow an in-place pause: the qwen3 gateway parser continues cut calls instead.
+    const noEngineParsers = { extends: "qwen3", engine_parsers: { sglang: { tool_call_parser: null, reasoning_parser: null } } };
+    h = await startHarness("pause-abort-sgl", { kind: "sglang", tpotMs: 20 }, {}, undefined, noEngineParsers);
     const s = await h.openSession();
     await sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS });
     reference = (await h.records(s.id))[0]!;
@@ -181,7 +190,8 @@ describe("abort-mode pause on SGLang: calls continue through /generate with inpu
     await admin(h, "/admin/weights", { version: "s1" });
     const s = await h.openSession();
     const call = sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS });
-    await pauseMidCall(h, "s2");
+    const paused = await pauseMidCall(h, "s2");
+    expect(paused).toMatchObject({ engines: [expect.objectContaining({ plan: "abort_continue", mode: "abort", ok: true })] });
     const res = await call;
     expect(res.choices[0]!.finish_reason).toBe("tool_calls");
     expect(res.choices[0]!.message.tool_calls?.map((c) => c.type === "function" && c.function)).toEqual([{ name: "ls", arguments: '{"path": "."}' }]);

@@ -214,7 +214,7 @@ const TRAINER_ROUTES: { method: "GET" | "POST" | "DELETE"; url: string; doc?: st
   { method: "POST", url: "/v1/sessions/s-x/close", doc: "/v1/sessions/{id}/close" },
   { method: "GET", url: "/v1/sessions/s-x/completions", doc: "/v1/sessions/{id}/completions" },
   { method: "GET", url: "/v1/sessions/s-x/trajectory", doc: "/v1/sessions/{id}/trajectory" },
-  { method: "GET", url: "/v1/sessions/s-x/trajectory/decoded" },
+  { method: "GET", url: "/v1/sessions/s-x/trajectory/decoded", doc: "/v1/sessions/{id}/trajectory/decoded" },
   { method: "POST", url: "/admin/inference/pause", doc: "/admin/inference/pause" },
   { method: "POST", url: "/admin/inference/resume", doc: "/admin/inference/resume" },
   { method: "GET", url: "/admin/inference", doc: "/admin/inference" },

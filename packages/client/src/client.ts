@@ -1,5 +1,6 @@
 import {
   CreateSessionResponse,
+  DecodedTrajectory,
   Session,
   TaskAccepted,
   TaskEvent,
@@ -379,6 +380,14 @@ export class RollgateClient {
     });
     // Converted here with the same adapters the gateway's `?format=` uses, so any gateway version works.
     return toTrainerFormat(trajectory, (opts.format ?? "rollgate") as F);
+  }
+
+  /**
+   * `GET /v1/sessions/:id/trajectory/decoded`: each trace as text, decoded by the engine that
+   * produced the tokens (its own tokenizer), the response in runs of trainable / masked tokens.
+   */
+  getDecodedTrajectory(sessionId: string, opts: { builder?: TrajectoryBuilderName } = {}): Promise<DecodedTrajectory> {
+    return this.json(DecodedTrajectory, "GET", `/v1/sessions/${encodeURIComponent(sessionId)}/trajectory/decoded`, { query: { builder: opts.builder } });
   }
 
   /** The trajectory of a task's session (the task must have started). */

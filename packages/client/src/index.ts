@@ -15,4 +15,4 @@ export { SseParser, type SseMessage } from "./sse.js";
 export { signBody, verifySignature } from "./signature.js";
 export { startCallbackServer, type CallbackServer, type CallbackServerOptions, type CallbackDelivery, type GroupCallbackBody } from "./callback.js";
 export { TRAINER_FORMATS, type TrainerFormat, type TrainerFormatMap, type VerlSample, type SlimeSample, type PrimeRlSample } from "@rollgate/trajectory";
-export type { TaskInput, TaskRecord, TaskResult, TaskEvent, TaskStatus, TaskAccepted, Trajectory, Trace, Session, CompletionRecord } from "@rollgate/protocol";
+export type { TaskInput, TaskRecord, TaskResult, TaskEvent, TaskStatus, TaskAccepted, Trajectory, Trace, Session, CompletionRecord, DecodedTrajectory, DecodedSegment } from "@rollgate/protocol";

@@ -83,6 +83,10 @@ export const CanonicalChatRequest = z.object({
   sampling: SamplingParams,
   /** Whether the client wants thinking; undefined leaves the engine's template default. */
   enable_thinking: z.boolean().optional(),
+  /** The client's own chat_template_kwargs, as sent (the engine's model profile says which keys pass). */
+  chat_template_kwargs: z.record(z.string(), z.unknown()).optional(),
+  /** The client's reasoning effort ("low", "high", …), as sent; forwarded where the model profile reads it. */
+  reasoning_effort: z.string().optional(),
   stream: z.boolean(),
   /** Logprobs the *client* asked to see; the gateway always asks the engine for its own. */
   client_logprobs: z.object({ top_logprobs: z.number().int().min(0).max(20) }).nullable(),

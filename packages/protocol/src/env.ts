@@ -45,6 +45,13 @@ export const EngineConfig = z
     dp_size: z.number().int().positive().default(1),
     /** The model name to send; when absent it is read from the engine's `/v1/models`. */
     model: z.string().optional(),
+    /**
+     * The model profile (what rollgate knows of the model's family): a preset name or an inline
+     * object, checked by the gateway against `@rollgate/models`; absent: `default`.
+     */
+    profile: z.union([z.string().min(1), z.record(z.string(), z.unknown())]).optional(),
+    /** Token ids must be below this; overrides the profile's vocabulary size. */
+    vocab_size: z.number().int().positive().optional(),
   })
   .strict();
 export type EngineConfig = z.infer<typeof EngineConfig>;
@@ -55,7 +62,7 @@ const EngineList = z
     try {
       return JSON.parse(s) as unknown;
     } catch {
-      ctx.addIssue({ code: "custom", message: "must be a JSON list of {kind, url, dp_size, model?}" });
+      ctx.addIssue({ code: "custom", message: "must be a JSON list of {kind, url, dp_size, model?, profile?, vocab_size?}" });
       return z.NEVER;
     }
   })

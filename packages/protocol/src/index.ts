@@ -7,3 +7,4 @@ export * from "./session.js";
 export * from "./task.js";
 export * from "./env.js";
 export * from "./readiness.js";
+export * from "./preflight.js";

@@ -92,3 +92,29 @@ export const Trajectory = z.object({
   stats: TrajectoryStats,
 });
 export type Trajectory = z.infer<typeof Trajectory>;
+
+/** A run of response tokens with one loss-mask value, as text: `trainable` = sampled by the policy (mask 1). */
+export const DecodedSegment = z.object({ trainable: z.boolean(), tokens: z.number().int(), text: z.string() });
+export type DecodedSegment = z.infer<typeof DecodedSegment>;
+
+/** `GET /v1/sessions/:id/trajectory/decoded`: a trajectory as the engine's own tokenizer reads it. */
+export const DecodedTrajectory = z.object({
+  session_id: z.string(),
+  /** The engine whose /detokenize decoded the tokens. */
+  engine: z.string(),
+  builder: TrajectoryBuilderName,
+  traces: z.array(
+    z.object({
+      index: z.number().int(),
+      finish_reason: z.string(),
+      prompt_tokens: z.number().int(),
+      response_tokens: z.number().int(),
+      trainable_tokens: z.number().int(),
+      prompt_text: z.string(),
+      segments: z.array(DecodedSegment),
+      weight_versions: z.array(WeightVersion),
+    }),
+  ),
+  stats: TrajectoryStats.pick({ records: true, traces: true, response_tokens: true, trainable_tokens: true, breaks: true, weight_versions: true }),
+});
+export type DecodedTrajectory = z.infer<typeof DecodedTrajectory>;

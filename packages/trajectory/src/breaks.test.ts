@@ -69,22 +69,47 @@ describe("break reasons", () => {
     const [brk] = t.stats.breaks;
     expect(brk).toMatchObject({ record_id: "b", closest_trace: 0, position: P1.length, reason: "history_rewritten" });
     expect(brk!.detail).toContain("record a");
+
     // nothing was silently merged: the second trace starts from b's own prompt, output fully trainable
     expect(t.traces[1]).toMatchObject({ prompt_ids: p2, response_ids: [2, IM_END], loss_mask: [1, 1] });
   });
 
-  it("history_rewritten names Qwen3's reasoning drop when a user query follows the turn", () => {
+  /** What the gateway passes for an engine on the qwen3 profile (the wording is the profile's). */
+  const QWEN3_TEMPLATE = {
+    profile: "qwen3",
+    toolResultWrappers: [["<tool_response>", "</tool_response>"]] as const,
+    reasoningDropped: "the template leaves out the reasoning of turns before the last user query",
+    generationPromptDropped: "with thinking off the template renders earlier turns without the empty think block",
+  };
+
+  describe("history_rewritten names a reasoning drop when a user query follows the turn", () => {
     const a = makeRecord({
       id: "a", seq: 0, prompt_ids: P1, output_ids: [THINK, 11, END_THINK, 271, 300, IM_END], messages: MSGS,
       message: { content: "\n\nok", reasoning: "\nhmm\n" },
     });
-    const b = makeRecord({
-      id: "b", seq: 1, prompt_ids: [...P1, 271, 300, IM_END, NL, ...user(5), ...GEN], output_ids: [2, IM_END],
-      messages: [...MSGS, { role: "assistant", content: "\n\nok", reasoning: "\nhmm\n" }, { role: "user", content: "next" }],
+    const b = (next: string) =>
+      makeRecord({
+        id: "b", seq: 1, prompt_ids: [...P1, 271, 300, IM_END, NL, ...user(5), ...GEN], output_ids: [2, IM_END],
+        messages: [...MSGS, { role: "assistant", content: "\n\nok", reasoning: "\nhmm\n" }, { role: "user", content: next }],
+      });
+
+    it("in general words when the template is unknown", () => {
+      const [brk] = prefixMerging([a, b("next")]).stats.breaks;
+      expect(brk).toMatchObject({ record_id: "b", position: P1.length, reason: "history_rewritten" });
+      expect(brk!.detail).toMatch(/left out that turn's reasoning, now that a later user query follows it$/);
     });
-    const [brk] = prefixMerging([a, b]).stats.breaks;
-    expect(brk).toMatchObject({ record_id: "b", position: P1.length, reason: "history_rewritten" });
-    expect(brk!.detail).toMatch(/dropped that turn's reasoning/);
+
+    it("in the profile's words when the gateway knows the template", () => {
+      const [brk] = prefixMerging([a, b("next")], { template: QWEN3_TEMPLATE }).stats.breaks;
+      expect(brk!.detail).toMatch(/left out that turn's reasoning, now that a later user query follows it \(qwen3 profile: the template leaves out/);
+    });
+
+    it("a tool result the template wraps is not a user query", () => {
+      const [brk] = prefixMerging([a, b("<tool_response>\nok\n</tool_response>")], { template: QWEN3_TEMPLATE }).stats.breaks;
+      expect(brk!.detail).not.toMatch(/reasoning/);
+      // Without the profile's wrappers it would read as a query.
+      expect(prefixMerging([a, b("<tool_response>\nok\n</tool_response>")]).stats.breaks[0]!.detail).toMatch(/reasoning/);
+    });
   });
 
   it("history_rewritten names the generation prompt the template does not re-render (Qwen3, thinking off)", () => {
@@ -96,7 +121,22 @@ describe("break reasons", () => {
     });
     const [brk] = prefixMerging([a, b]).stats.breaks;
     expect(brk).toMatchObject({ record_id: "b", position: P1.length, reason: "history_rewritten" });
-    expect(brk!.detail).toMatch(/4 tokens before record a's output, in the generation prompt/);
+    expect(brk!.detail).toMatch(/4 tokens before record a's output, in the generation prompt it was sampled after: the chat template renders that turn without it$/);
+    expect(prefixMerging([a, b], { template: QWEN3_TEMPLATE }).stats.breaks[0]!.detail).toMatch(/without it \(qwen3 profile: with thinking off/);
+  });
+
+  it("history_rewritten inside a generated output, in the profile's words when it knows how its template re-renders", () => {
+    const a = makeRecord({ id: "a", seq: 0, prompt_ids: P1, output_ids: [300, 301, 302, IM_END], messages: MSGS, message: { content: "ok" } });
+    const b = makeRecord({
+      id: "b", seq: 1, prompt_ids: [...P1, 300, 999, 302, IM_END, NL, ...user(5), ...GEN], output_ids: [2, IM_END],
+      messages: [...MSGS, { role: "assistant", content: "ok" }, { role: "tool", content: "x", tool_call_id: "c" }],
+    });
+    const [brk] = prefixMerging([a, b]).stats.breaks;
+    expect(brk).toMatchObject({ reason: "history_rewritten", position: P1.length + 1 });
+    expect(brk!.detail).toMatch(/diverges at token 1 of record a's generated output \(the history was re-rendered differently\)$/);
+    expect(prefixMerging([a, b], { template: { profile: "gpt-oss", rerendered: "harmony re-renders past turns" } }).stats.breaks[0]!.detail).toMatch(
+      /re-rendered differently\) \(gpt-oss profile: harmony re-renders past turns\)$/,
+    );
   });
 
   it("history_rewritten: the messages show an earlier assistant turn changed (compaction)", () => {

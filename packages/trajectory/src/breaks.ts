@@ -1,5 +1,5 @@
 import type { ChatMessage, CompletionRecord, ContentPart } from "@rollgate/protocol";
-import type { BreakReason, BuiltTraceBreak, RecordSpan } from "./types.js";
+import type { BreakReason, BuiltTraceBreak, RecordSpan, TemplateFacts } from "./types.js";
 
 /**
  * Why a record extended no chain. Only runs for records that start a new trace; the token-level
@@ -94,23 +94,29 @@ export function changedAssistantTurn(
   return null;
 }
 
-/** A generation prompt is short (Qwen3's with thinking off: `<|im_start|>assistant\n<think>\n\n</think>\n\n`, 7 tokens). */
+/** A generation prompt is short (the longest known, Qwen3's with thinking off: `<|im_start|>assistant\n<think>\n\n</think>\n\n`, 7 tokens). */
 const GENERATION_PROMPT_TOKENS = 16;
 
-function isQuery(m: ChatMessage): boolean {
+/** A user query: a user message that is not a tool result the template wraps (the profile says which wrappers). */
+function isQuery(m: ChatMessage, t: TemplateFacts): boolean {
   if (m.role !== "user") return false;
-  const t = text(m.content);
-  return !(t.startsWith("<tool_response>") && t.endsWith("</tool_response>"));
+  const body = text(m.content);
+  return !(t.toolResultWrappers ?? []).some(([open, close]) => body.startsWith(open) && body.endsWith(close));
 }
 
 /**
  * Whether the record's request echoes `produced`'s answer with its reasoning while a later user
- * query follows it: the situation in which Qwen3's template leaves that reasoning out.
+ * query follows it: the situation in which templates that drop earlier reasoning leave it out.
  */
-function reasoningDropped(record: CompletionRecord, produced: CompletionRecord): boolean {
+function reasoningDropped(record: CompletionRecord, produced: CompletionRecord, t: TemplateFacts): boolean {
   if (!produced.message.reasoning) return false;
   const at = produced.request.messages.length;
-  return record.request.messages.slice(at + 1).some(isQuery);
+  return record.request.messages.slice(at + 1).some((m) => isQuery(m, t));
+}
+
+/** " (<profile> profile: <note>)" when the template is known to do this, else "". */
+function knownFor(t: TemplateFacts, note: string | null | undefined): string {
+  return note ? ` (${t.profile ? `${t.profile} profile: ` : ""}${note})` : "";
 }
 
 /** The span whose output region contains response offset `r`, if any. */
@@ -118,7 +124,7 @@ function outputSpanAt(spans: readonly RecordSpan[], r: number): RecordSpan | und
   return spans.find((s) => r >= s.output_start && r < s.end);
 }
 
-export function classifyBreak(e: BreakEvidence): BuiltTraceBreak {
+export function classifyBreak(e: BreakEvidence, template: TemplateFacts = {}): BuiltTraceBreak {
   const { record, closest, position } = e;
   const make = (reason: BreakReason, detail: string): BuiltTraceBreak => ({
     record_id: record.id,
@@ -160,19 +166,19 @@ export function classifyBreak(e: BreakEvidence): BuiltTraceBreak {
     const j = closest.spans.indexOf(span);
     const produced = closest.records[j];
     const at = `diverges at token ${r - span.output_start} of record ${span.record_id}'s generated output`;
-    if (produced && reasoningDropped(record, produced)) {
+    if (produced && reasoningDropped(record, produced, template)) {
       return make(
         "history_rewritten",
-        `${at}: the chat template dropped that turn's reasoning, as Qwen3's does for turns before the last user query`,
+        `${at}: the chat template left out that turn's reasoning, now that a later user query follows it${knownFor(template, template.reasoningDropped)}`,
       );
     }
-    return make("history_rewritten", `${at} (the history was re-rendered differently)`);
+    return make("history_rewritten", `${at} (the history was re-rendered differently)${knownFor(template, template.rerendered)}`);
   }
   const changed = changedAssistantTurn(record, closest.records);
   if (changed) return make("history_rewritten", `record ${changed.record_id}: ${changed.why}`);
   // The divergence lies before the end of some record's answer that the request echoes back: the
-  // template re-rendered that assistant turn differently from how it was generated (Qwen3 drops
-  // earlier reasoning, and with thinking off the empty <think></think> block of the generation prompt).
+  // template re-rendered that assistant turn differently from how it was generated (dropped earlier
+  // reasoning, or a generation prompt the template does not write for a past turn).
   const j = closest.spans.findIndex((s) => r < s.end);
   const echoedAt = j >= 0 ? closest.records[j] : undefined;
   if (echoedAt && record.request.messages[echoedAt.request.messages.length]?.role === "assistant") {
@@ -180,7 +186,7 @@ export function classifyBreak(e: BreakEvidence): BuiltTraceBreak {
     if (gap > 0 && gap <= GENERATION_PROMPT_TOKENS) {
       return make(
         "history_rewritten",
-        `diverges ${gap} tokens before record ${echoedAt.id}'s output, in the generation prompt it was sampled after: the chat template renders that turn without it (Qwen3 with thinking off leaves out the empty <think></think> block)`,
+        `diverges ${gap} tokens before record ${echoedAt.id}'s output, in the generation prompt it was sampled after: the chat template renders that turn without it${knownFor(template, template.generationPromptDropped)}`,
       );
     }
     return make(

@@ -4,7 +4,7 @@ import { perRequestTraces } from "./per-request.js";
 import { prefixMergingTraces } from "./prefix-merging.js";
 import { orderRecords } from "./records.js";
 import { computeStats } from "./stats.js";
-import { QWEN3_VOCAB_SIZE, type BuildOptions, type BuiltTrajectory } from "./types.js";
+import type { BuildOptions, BuiltTrajectory } from "./types.js";
 
 /**
  * Completion records → traces: sort by seq, check every record, build, check every trace, count.
@@ -16,9 +16,9 @@ export function buildTrajectory(
   builder: TrajectoryBuilderName,
   options: BuildOptions = {},
 ): BuiltTrajectory {
-  const vocabSize = options.vocabSize ?? QWEN3_VOCAB_SIZE;
+  const vocabSize = options.vocabSize ?? null;
   const ordered = orderRecords(records, vocabSize);
-  const built = builder === "per_request" ? perRequestTraces(ordered) : prefixMergingTraces(ordered);
+  const built = builder === "per_request" ? perRequestTraces(ordered) : prefixMergingTraces(ordered, options.template);
   built.traces.forEach((trace, i) => checkTraceInvariants(trace, { vocabSize, traceIndex: i, spans: built.spans[i] }));
   return { builder, traces: built.traces, stats: computeStats(ordered, built) };
 }

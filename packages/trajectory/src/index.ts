@@ -14,8 +14,8 @@ export {
   type PrimeRlSample,
 } from "./formats.js";
 export {
-  QWEN3_VOCAB_SIZE,
   type BuildOptions,
+  type TemplateFacts,
   type BuiltTrajectory,
   type BuiltTrajectoryStats,
   type BuiltTraceBreak,

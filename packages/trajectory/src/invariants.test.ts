@@ -36,12 +36,23 @@ describe("record invariants fail the build naming the record", () => {
     expect(e).toMatchObject({ record_id: "b", rule: "logprob_length_mismatch" });
   });
 
-  it("ids outside the vocabulary (default Qwen3 151_936, or the given size)", () => {
-    expect(thrown(() => buildTrajectory([good(), next({ output_ids: [6, 151_936] })], "prefix_merging"))).toMatchObject({ record_id: "b", rule: "id_out_of_vocab", position: 1 });
+  it("ids that are not token ids: negative or fractional, whatever the vocabulary", () => {
     expect(thrown(() => buildTrajectory([good(), next({ prompt_ids: [1, 2, 3, IM_END, -1] })], "prefix_merging"))).toMatchObject({ record_id: "b", rule: "id_out_of_vocab" });
     expect(thrown(() => buildTrajectory([good(), next({ output_ids: [6, 7.5] })], "prefix_merging"))).toMatchObject({ record_id: "b" });
-    expect(buildTrajectory([good(), next({ output_ids: [6, 151_935] })], "prefix_merging").traces).toHaveLength(1);
+  });
+
+  it("without a vocabulary size any non-negative id is valid: gpt-oss's <|start|> 200006, a Kimi-K2 special token 163587", () => {
+    const t = buildTrajectory([good(), next({ output_ids: [200_006, 163_587] })], "prefix_merging");
+    expect(t.traces).toHaveLength(1);
+    expect(t.traces[0]!.response_ids.slice(-2)).toEqual([200_006, 163_587]);
+    expect(buildTrajectory([good(), next({ output_ids: [6, 201_087] })], "prefix_merging", { vocabSize: 201_088 }).traces).toHaveLength(1);
+  });
+
+  it("a declared vocabulary still rejects ids beyond it, naming record and position", () => {
+    expect(thrown(() => buildTrajectory([good(), next({ output_ids: [6, 151_936] })], "prefix_merging", { vocabSize: 151_936 }))).toMatchObject({ record_id: "b", rule: "id_out_of_vocab", position: 1 });
+    expect(buildTrajectory([good(), next({ output_ids: [6, 151_935] })], "prefix_merging", { vocabSize: 151_936 }).traces).toHaveLength(1);
     expect(thrown(() => buildTrajectory([good()], "prefix_merging", { vocabSize: 1000 }))).toMatchObject({ record_id: "a", rule: "id_out_of_vocab" });
+    expect(thrown(() => buildTrajectory([good()], "prefix_merging", { vocabSize: 1000 })).message).toMatch(/not a token id in \[0, 1000\)/);
   });
 
   it("duplicate records, duplicate seq and mixed sessions", () => {
@@ -89,9 +100,12 @@ describe("checkTraceInvariants", () => {
     expect(thrown(() => checkTraceInvariants(u, { spans }))).toMatchObject({ rule: "masked_logprob_not_zero", record_id: "b" });
   });
 
-  it("rejects out-of-vocabulary response ids", () => {
+  it("rejects out-of-vocabulary response ids when a vocabulary size is given, and negative ones always", () => {
     const t = trace();
     t.response_ids[4] = 200_000;
+    expect(thrown(() => checkTraceInvariants(t, { spans, vocabSize: 151_936 }))).toMatchObject({ rule: "id_out_of_vocab", record_id: "b" });
+    expect(() => checkTraceInvariants(t, { spans })).not.toThrow();
+    t.response_ids[4] = -3;
     expect(thrown(() => checkTraceInvariants(t, { spans }))).toMatchObject({ rule: "id_out_of_vocab", record_id: "b" });
   });
 });

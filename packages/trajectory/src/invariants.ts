@@ -1,21 +1,26 @@
 import type { CompletionRecord, Trace } from "@rollgate/protocol";
 import { TrajectoryInvariantError } from "./errors.js";
-import { QWEN3_VOCAB_SIZE, type RecordSpan } from "./types.js";
+import type { RecordSpan } from "./types.js";
+
+/** A token id: a non-negative integer, below the vocabulary size when one is known. */
+function isTokenId(id: unknown, vocabSize: number | null): boolean {
+  return typeof id === "number" && Number.isInteger(id) && id >= 0 && (vocabSize === null || id < vocabSize);
+}
+
+function range(vocabSize: number | null): string {
+  return vocabSize === null ? "a non-negative integer" : `a token id in [0, ${vocabSize})`;
+}
 
 function checkIds(
   ids: readonly unknown[],
-  vocabSize: number,
+  vocabSize: number | null,
   what: string,
   where: { record_id?: string | null; trace_index?: number | null },
 ): void {
   for (let i = 0; i < ids.length; i++) {
     const id = ids[i];
-    if (typeof id !== "number" || !Number.isInteger(id) || id < 0 || id >= vocabSize) {
-      throw new TrajectoryInvariantError(
-        "id_out_of_vocab",
-        `${what}[${i}] = ${String(id)} is not a token id in [0, ${vocabSize})`,
-        { ...where, position: i },
-      );
+    if (!isTokenId(id, vocabSize)) {
+      throw new TrajectoryInvariantError("id_out_of_vocab", `${what}[${i}] = ${String(id)} is not ${range(vocabSize)}`, { ...where, position: i });
     }
   }
 }
@@ -27,9 +32,10 @@ export function isRealLogprob(lp: unknown): lp is number {
 
 /**
  * Input invariants of one completion record, checked before it is used: one finite logprob per
- * output token (a gap is never filled with 0.0) and ids inside the vocabulary.
+ * output token (a gap is never filled with 0.0) and ids inside the vocabulary (null: any
+ * non-negative integer).
  */
-export function checkRecordInvariants(record: CompletionRecord, vocabSize: number = QWEN3_VOCAB_SIZE): void {
+export function checkRecordInvariants(record: CompletionRecord, vocabSize: number | null = null): void {
   const where = { record_id: record.id };
   if (!Array.isArray(record.prompt_ids) || !Array.isArray(record.output_ids) || !Array.isArray(record.output_logprobs)) {
     throw new TrajectoryInvariantError("malformed_record", "prompt_ids, output_ids and output_logprobs must be arrays", where);
@@ -63,7 +69,7 @@ export function checkRecordInvariants(record: CompletionRecord, vocabSize: numbe
 }
 
 export interface TraceCheckOptions {
-  vocabSize?: number;
+  vocabSize?: number | null;
   /** Index of the trace in its trajectory, for the error message. */
   traceIndex?: number;
   /** Where each merged record sits in the response, so a violation names the record. */
@@ -83,7 +89,7 @@ function recordAt(trace: Trace, spans: readonly RecordSpan[] | undefined, pos: n
  * carry logprob 0; ids inside the vocabulary. Throws `TrajectoryInvariantError` naming the record.
  */
 export function checkTraceInvariants(trace: Trace, options: TraceCheckOptions = {}): void {
-  const vocabSize = options.vocabSize ?? QWEN3_VOCAB_SIZE;
+  const vocabSize = options.vocabSize ?? null;
   const traceIndex = options.traceIndex ?? null;
   const n = trace.response_ids.length;
   const base = { trace_index: traceIndex, record_id: trace.completion_ids.at(-1) ?? null };
@@ -119,8 +125,8 @@ export function checkTraceInvariants(trace: Trace, options: TraceCheckOptions = 
   const ids: readonly unknown[] = trace.response_ids;
   for (let i = 0; i < n; i++) {
     const id = ids[i];
-    if (typeof id !== "number" || !Number.isInteger(id) || id < 0 || id >= vocabSize) {
-      throw new TrajectoryInvariantError("id_out_of_vocab", `response_ids[${i}] = ${String(id)} is not in [0, ${vocabSize})`, where(i));
+    if (!isTokenId(id, vocabSize)) {
+      throw new TrajectoryInvariantError("id_out_of_vocab", `response_ids[${i}] = ${String(id)} is not ${range(vocabSize)}`, where(i));
     }
   }
 }

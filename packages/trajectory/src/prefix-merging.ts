@@ -11,7 +11,7 @@ import {
   type HashState,
   type PrefixHashes,
 } from "./token-hash.js";
-import type { BuiltTraceBreak, BuiltTraces, RecordSpan } from "./types.js";
+import type { BuiltTraceBreak, BuiltTraces, RecordSpan, TemplateFacts } from "./types.js";
 
 /**
  * The `prefix_merging` builder (DESIGN §3). A record whose prompt starts with a chain's full token
@@ -20,9 +20,10 @@ import type { BuiltTraceBreak, BuiltTraces, RecordSpan } from "./types.js";
  * Each chain tip is extended at most once; a record that extends nothing opens a new chain and a
  * break explains why.
  *
- * End of turn needs no special case: an output that stopped on `<|im_end|>` holds that token, the
- * next prompt repeats it inside the chain's prefix, so it is neither duplicated nor masked out; an
- * output cut on `length` has no end token, so the next prompt's `<|im_end|>` is interstitial glue.
+ * End of turn needs no special case: an output that stopped on its end-of-turn token (`<|im_end|>`,
+ * `<|eot_id|>`, …) holds that token, the next prompt repeats it inside the chain's prefix, so it is
+ * neither duplicated nor masked out; an output cut on `length` has no end token, so the next
+ * prompt's end-of-turn token is interstitial glue.
  *
  * Linear in the session's tokens: each prompt is hashed once, every prefix length is looked up in
  * an index of chain tips keyed by (length, hash), and only the longest hit is verified token by token.
@@ -50,6 +51,7 @@ interface StateRef {
 }
 
 class Merger {
+  constructor(private readonly template: TemplateFacts = {}) {}
   readonly chains: Chain[] = [];
   readonly breaks: BuiltTraceBreak[] = [];
   /** Current, not yet extended, tip of every chain. */
@@ -70,7 +72,7 @@ class Merger {
       ref.chain = target.index;
       this.extend(target, record, H);
     } else {
-      if (this.chains.length > 0) this.breaks.push(classifyBreak(this.diagnose(record, H)));
+      if (this.chains.length > 0) this.breaks.push(classifyBreak(this.diagnose(record, H), this.template));
       ref.chain = this.open(record, H).index;
     }
     this.prompts.add(stateAt(H, p.length), ref);
@@ -203,8 +205,8 @@ class Merger {
 }
 
 /** Merge records (already in seq order and checked) into prefix-extending chains. */
-export function prefixMergingTraces(records: readonly CompletionRecord[]): BuiltTraces {
-  const m = new Merger();
+export function prefixMergingTraces(records: readonly CompletionRecord[], template?: TemplateFacts): BuiltTraces {
+  const m = new Merger(template);
   for (const r of records) m.add(r);
   return {
     traces: m.chains.map((c) => ({

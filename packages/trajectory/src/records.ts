@@ -6,7 +6,7 @@ import { checkRecordInvariants } from "./invariants.js";
  * The session's records in `seq` order, each checked (logprobs, ids) before any builder sees it.
  * Two records with the same id or the same seq, or records of different sessions, fail the build.
  */
-export function orderRecords(records: readonly CompletionRecord[], vocabSize: number): CompletionRecord[] {
+export function orderRecords(records: readonly CompletionRecord[], vocabSize: number | null): CompletionRecord[] {
   const sorted = records
     .map((r, i) => ({ r, i }))
     .sort((a, b) => a.r.seq - b.r.seq || a.i - b.i)

@@ -1,11 +1,27 @@
 import type { BreakReason, RecordSpan, Trace, TraceBreak, TraceStats, Trajectory, TrajectoryStats, WeightVersion } from "@rollgate/protocol";
 
-/** Qwen3's embedding size (151_643 BPE tokens + added tokens, padded): the default id bound. */
-export const QWEN3_VOCAB_SIZE = 151_936;
+/**
+ * What the break classifier may know of the chat template that rendered the records (the gateway
+ * fills it from the engine's model profile). Without it, breaks get the generic wording.
+ */
+export interface TemplateFacts {
+  /** Name of the model profile, quoted in break details. */
+  profile?: string;
+  /** User messages wrapped in one of these (open, close) are tool results the template marks, not user queries. */
+  toolResultWrappers?: readonly (readonly [string, string])[];
+  /** How this template drops earlier reasoning at a new user query, in words (null: it is not known to). */
+  reasoningDropped?: string | null;
+  /** How this template re-renders earlier turns without the generation prompt they were sampled after. */
+  generationPromptDropped?: string | null;
+  /** How this template otherwise re-renders a generated turn differently from what the model wrote. */
+  rerendered?: string | null;
+}
 
 export interface BuildOptions {
-  /** Every prompt and output id must be an integer in [0, vocabSize). Default 151_936 (Qwen3). */
-  vocabSize?: number;
+  /** Every prompt and output id must be an integer in [0, vocabSize); absent or null: any non-negative integer. */
+  vocabSize?: number | null;
+  /** What is known of the chat template, for break reasons. */
+  template?: TemplateFacts;
 }
 
 // The stats shapes live in protocol (they cross the API boundary); these names are kept for

@@ -9,6 +9,9 @@ export class StreamAccumulator {
   private promptIds: number[] = [];
   private readonly outputIds: number[] = [];
   private readonly logprobs: EngineResult["logprobs"] = [];
+  /** Per output token, the version the delta carried (null where it carried none). */
+  private readonly versions: (string | null)[] = [];
+  private sawVersions = false;
   private content = "";
   private sawContent = false;
   private reasoning = "";
@@ -27,6 +30,8 @@ export class StreamAccumulator {
       case "delta":
         this.outputIds.push(...event.token_ids);
         this.logprobs.push(...event.logprobs);
+        if (event.versions) this.sawVersions = true;
+        for (let i = 0; i < event.token_ids.length; i++) this.versions.push(event.versions?.[i] ?? null);
         if (event.content !== undefined) {
           this.content += event.content;
           this.sawContent = true;
@@ -77,6 +82,7 @@ export class StreamAccumulator {
         completion_tokens: this.outputIds.length,
         cached_tokens: 0,
       },
+      ...(this.sawVersions ? { output_versions: this.versions } : {}),
     };
   }
 }

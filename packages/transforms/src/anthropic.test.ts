@@ -103,6 +103,7 @@ describe("fromAnthropic", () => {
       tool_choice: "auto",
       sampling: { temperature: 0.7, top_p: 0.9, top_k: 20, max_tokens: 1024, stop: ["END"] },
       enable_thinking: true,
+      reasoning_effort: "high",
       stream: true,
       client_logprobs: null,
     });
@@ -160,6 +161,7 @@ describe("fromAnthropic", () => {
       tool_choice: "auto",
       sampling: { max_tokens: 64000 },
       enable_thinking: true,
+      reasoning_effort: "high",
       stream: true,
       client_logprobs: null,
     });

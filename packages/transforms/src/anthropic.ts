@@ -26,7 +26,8 @@ import { openReasoning, signReasoning, verifyReasoning } from "./reasoning-seal.
  * - `thinking.type` `enabled` / `adaptive` → `enable_thinking: true`, `disabled` → false;
  *   `budget_tokens` and `display` are ignored (thinking is always shown). Without `thinking`,
  *   `output_config.effort` asks for thinking (`true`); without either the engine's template
- *   default holds.
+ *   default holds. The effort is also kept as the canonical `reasoning_effort` (the engine's model
+ *   profile decides whether it reaches the engine).
  * - Tools with an `input_schema` are offered to the engine (cache_control, defer_loading,
  *   eager_input_streaming are ignored); Anthropic's typed server tools without a schema
  *   (`web_search_20250305`, …) are accepted and not offered.
@@ -320,6 +321,7 @@ export function fromAnthropic(body: unknown, opts: FromAnthropicOptions = {}): A
     ...(tools.length > 0 ? { tools } : {}),
     ...(req.tool_choice && tools.length > 0 ? { tool_choice: toolChoiceOf(req.tool_choice) } : {}),
     ...(enableThinking !== undefined ? { enable_thinking: enableThinking } : {}),
+    ...(req.output_config?.effort != null ? { reasoning_effort: req.output_config.effort } : {}),
   };
   if (canonical.messages.length === 0) throw invalid(["messages"], "messages must not be empty");
   return { canonical, clientModel: req.model ?? "", droppedThinking: dropped.count };

@@ -13,6 +13,11 @@ export interface EngineResult {
   finish_reason: string;
   stop_reason: string | number | null;
   usage: Usage;
+  /**
+   * Per output token, the weight version it was sampled under, when the answer was read as it
+   * arrived across a weight change (a freeze-in-place pause); absent: every token has the call's.
+   */
+  output_versions?: (string | null)[];
 }
 
 /** A streamed tool-call fragment, OpenAI-chunk shaped (the first fragment of a call has id and name). */
@@ -33,6 +38,8 @@ export type EngineStreamEvent =
       tool_calls?: ToolCallDelta[];
       token_ids: number[];
       logprobs: TokenLogprob[];
+      /** The weight version of each token, when the adapter read them as they arrived (see EngineResult.output_versions). */
+      versions?: (string | null)[];
     }
   | { type: "finish"; finish_reason: string; stop_reason: string | number | null }
   | { type: "usage"; usage: Usage };

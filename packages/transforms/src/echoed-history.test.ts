@@ -1,6 +1,6 @@
 import type { AssistantOutput, ChatMessage, RecordHead, ToolDefinition } from "@rollgate/protocol";
 import { describe, expect, it } from "vitest";
-import { findExtendedRecord, matchEchoedHistory, normalizeEchoedHistory, recordHead, restoreEchoedHistory } from "./echoed-history.js";
+import { findExtendedRecord, matchEchoedHistory, recordHead, restoreEchoedHistory } from "./echoed-history.js";
 
 /** A record as the gateway stores it, read back as its head (what the functions see). */
 function record(seq: number, messages: ChatMessage[], message: Partial<AssistantOutput>, tools?: ToolDefinition[]): RecordHead {
@@ -57,35 +57,14 @@ const agentEcho: ChatMessage[] = [
   { role: "user", content: "thanks, now more" },
 ];
 
-describe("normalizeEchoedHistory", () => {
-  it("drops what Qwen3's template adds beside tool calls: whitespace-only content, one trailing newline", () => {
-    const c = call("x", "f", "{}");
-    expect(
-      normalizeEchoedHistory([
-        { role: "assistant", content: "\n\n", tool_calls: [c] },
-        { role: "assistant", content: "text\n", tool_calls: [c] },
-        { role: "assistant", content: "text\n\n", tool_calls: [c] },
-        { role: "assistant", content: "text\n" },
-        { role: "user", content: "text\n" },
-      ]),
-    ).toEqual([
-      { role: "assistant", content: "", tool_calls: [c] },
-      { role: "assistant", content: "text", tool_calls: [c] },
-      { role: "assistant", content: "text\n", tool_calls: [c] },
-      { role: "assistant", content: "text\n" },
-      { role: "user", content: "text\n" },
-    ]);
-  });
-});
-
 describe("restoreEchoedHistory (golden)", () => {
-  it("puts back reasoning, exact arguments and content; keeps the agent's ids and every other message", () => {
+  it("puts back reasoning, exact arguments and content as generated; keeps the agent's ids and every other message", () => {
     expect(restoreEchoedHistory(agentEcho, [r0, r1, r2])).toEqual([
       SYS,
       USER,
-      { role: "assistant", content: "", reasoning: "\nlook\n", tool_calls: [call("chatcmpl-tool-a", "shell", '{"command": "ls", "n": 1.0}')] },
+      { role: "assistant", content: "\n\n", reasoning: "\nlook\n", tool_calls: [call("chatcmpl-tool-a", "shell", '{"command": "ls", "n": 1.0}')] },
       { role: "tool", content: "a.txt", tool_call_id: "chatcmpl-tool-a" },
-      { role: "assistant", content: "\n\nReading.", reasoning: "\nread it\n", tool_calls: [call("chatcmpl-tool-b", "shell", '{"command": "cat a.txt"}')] },
+      { role: "assistant", content: "\n\nReading.\n", reasoning: "\nread it\n", tool_calls: [call("chatcmpl-tool-b", "shell", '{"command": "cat a.txt"}')] },
       { role: "tool", content: "hello", tool_call_id: "chatcmpl-tool-b" },
       { role: "assistant", content: "It says hello.", reasoning: "\ndone\n" },
       { role: "user", content: "thanks, now more" },
@@ -95,7 +74,12 @@ describe("restoreEchoedHistory (golden)", () => {
   it("matches by content when the agent minted its own tool-call ids (Gemini), and keeps those ids", () => {
     const echo: ChatMessage[] = [SYS, USER, { role: "assistant", content: null, tool_calls: [call("gemini-call-0-0", "shell", '{"n":1,"command":"ls"}')] }];
     const [, , restored] = restoreEchoedHistory(echo, [r0]);
-    expect(restored).toEqual({ role: "assistant", content: "", reasoning: "\nlook\n", tool_calls: [call("gemini-call-0-0", "shell", '{"command": "ls", "n": 1.0}')] });
+    expect(restored).toEqual({ role: "assistant", content: "\n\n", reasoning: "\nlook\n", tool_calls: [call("gemini-call-0-0", "shell", '{"command": "ls", "n": 1.0}')] });
+  });
+
+  it("restores a turn whose echoed reasoning is only the last streamed piece (the OpenAI SDK's stream assembler)", () => {
+    const echo: ChatMessage[] = [SYS, USER, { role: "assistant", content: "\n\n", reasoning: "k\n", tool_calls: [call("chatcmpl-tool-a", "shell", '{"command":"ls","n":1}')] }];
+    expect(restoreEchoedHistory(echo, [r0])[2]).toMatchObject({ reasoning: "\nlook\n" });
   });
 
   it("leaves a turn the agent really changed as it is (the break is then the truth)", () => {
@@ -124,6 +108,13 @@ describe("findExtendedRecord", () => {
     const short = agentEcho.slice(0, 4);
     const h2 = matchEchoedHistory(short, [r0, r1, r2]);
     expect(findExtendedRecord({ messages: h2.messages, tools: TOOLS }, h2)).toEqual({ record: r0, index: 2 });
+  });
+
+  it("finds the record whatever normalised form an earlier turn was sent in (the keys ignore surrounding whitespace)", () => {
+    // r1 was recorded with r0's turn sent as content "" (normalised); now it comes back as generated ("\n\n").
+    const history = matchEchoedHistory(agentEcho.slice(0, 6), [r0, r1]);
+    expect(history.messages[2]).toMatchObject({ content: "\n\n" });
+    expect(findExtendedRecord({ messages: history.messages, tools: TOOLS }, history)).toEqual({ record: r1, index: 4 });
   });
 
   it("finds none when the tools changed, the prefix differs, or nothing follows the answer", () => {

@@ -6,10 +6,11 @@ import type { AssistantOutput, CanonicalChatRequest, ChatMessage, CompletionReco
  * engine renders them again through the chat template. Where the re-render differs from what the
  * engine generated, the trajectory breaks. Three layers close that gap (README "Trajectories"):
  *
- * 1. `normalizeEchoedHistory` — the known case the template cannot round-trip (below);
- * 2. `matchEchoedHistory` / `restoreEchoedHistory` — each echoed assistant turn is matched to the
+ * 1. `matchEchoedHistory` / `restoreEchoedHistory` — each echoed assistant turn is matched to the
  *    session record that produced it and restored to exactly what the engine generated (content,
  *    reasoning, tool-call names and arguments; the agent's tool-call ids are kept);
+ * 2. empirical normalisation (history-normalization.ts) — what the template cannot round-trip even
+ *    so, learned per engine by trying a few forms of a turn against the record's own ids;
  * 3. `findExtendedRecord` — the recorded call the conversation continues, so the gateway can
  *    continue token-in from that record's own ids where the template still cannot round-trip
  *    (Qwen3 with thinking off, or reasoning dropped before a new user query).
@@ -23,26 +24,6 @@ import type { AssistantOutput, CanonicalChatRequest, ChatMessage, CompletionReco
 export type HeadLike = Pick<RecordHead, "message" | "message_count">;
 
 type AssistantMessage = Extract<ChatMessage, { role: "assistant" }>;
-
-/**
- * What Qwen3's template cannot round-trip beside tool calls (vLLM's reasoning + hermes parsers make
- * the content "the text before the first `<tool_call>`", and the template writes a "\n" before
- * the first tool call whenever content is non-empty):
- *
- * - `<think>…</think>\n\n<tool_call>…` comes back as `content: "\n\n"`: the template strips
- *   leading newlines from content but would still add that "\n", a token the model never
- *   produced. Whitespace-only content beside tool calls carries nothing: drop it.
- * - `text\n<tool_call>…` comes back as `content: "text\n"`, and the template would render
- *   `text\n\n<tool_call>`: the trailing "\n" is the template's own separator, so one is dropped.
- */
-export function normalizeEchoedHistory(messages: ChatMessage[]): ChatMessage[] {
-  return messages.map((m) => {
-    if (m.role !== "assistant" || !m.tool_calls || m.tool_calls.length === 0 || typeof m.content !== "string") return m;
-    if (m.content !== "" && /^\n+$/.test(m.content)) return { ...m, content: "" };
-    if (m.content.endsWith("\n")) return { ...m, content: m.content.slice(0, -1) };
-    return m;
-  });
-}
 
 /** Text of a message's content as vLLM's "string" content format joins it. */
 function contentText(content: string | ContentPart[] | null | undefined): string {
@@ -80,27 +61,29 @@ function sameCalls(a: readonly ToolCall[], b: readonly ToolCall[]): boolean {
   );
 }
 
-/** The assistant message a record's answer is, as an agent would echo it (normalised). */
+/** The assistant message a record's answer is, as the engine generated it. */
 export function recordedAssistantMessage(record: { message: AssistantOutput }): AssistantMessage {
   const out = record.message;
   const m: AssistantMessage = { role: "assistant", content: out.content, reasoning: out.reasoning };
   if (out.tool_calls.length > 0) m.tool_calls = out.tool_calls.map((c) => ({ ...c, function: { ...c.function } }));
-  return normalizeEchoedHistory([m])[0] as AssistantMessage;
+  return m;
 }
 
 /**
  * Whether an echoed assistant message is the record's answer, serialised the agent's way: the same
  * visible text up to surrounding whitespace, the same tool calls (names, arguments by value), and
- * the same reasoning or none at all (agents drop the non-standard field). An agent that really
- * changed a turn (edited text, removed a call) does not match: its history is its own, and a break
- * in the trajectory is then the truth.
+ * the same reasoning, none at all (agents drop the non-standard field), or only its end (the
+ * OpenAI SDK's stream assembler keeps just the last streamed piece of a field it does not know).
+ * An agent that really changed a turn (edited text, removed a call) does not match: its history is
+ * its own, and a break in the trajectory is then the truth.
  */
 export function echoesRecord(m: AssistantMessage, record: { message: AssistantOutput }): boolean {
   const out = record.message;
   if (contentText(m.content).trim() !== (out.content ?? "").trim()) return false;
   if (!sameCalls(m.tool_calls ?? [], out.tool_calls)) return false;
   const r = (m.reasoning ?? "").trim();
-  return r === "" || r === (out.reasoning ?? "").trim();
+  const recorded = (out.reasoning ?? "").trim();
+  return r === "" || r === recorded || (recorded.endsWith(r) && (m.reasoning ?? "").length < (out.reasoning ?? "").length);
 }
 
 /** The echoed assistant turn with the engine's own answer put back; the agent's tool-call ids are kept. */
@@ -118,7 +101,7 @@ function restore(m: AssistantMessage, record: { message: AssistantOutput }): Ass
 }
 
 export interface EchoedHistory<R extends HeadLike = RecordHead> {
-  /** The conversation with every matched assistant turn restored, then normalised. */
+  /** The conversation with every matched assistant turn restored as generated. */
   messages: ChatMessage[];
   /** Per message: the record whose answer it is (assistant turns only), else null. */
   producers: (R | null)[];
@@ -158,7 +141,7 @@ export function matchEchoedHistory<R extends HeadLike>(messages: readonly ChatMe
     producers.push(found ?? null);
     return found ? restore(m, found) : m;
   });
-  return { messages: normalizeEchoedHistory(out), producers };
+  return { messages: out, producers };
 }
 
 /** `matchEchoedHistory` without the provenance: the conversation with the engine's own answers put back. */
@@ -167,8 +150,11 @@ export function restoreEchoedHistory(messages: readonly ChatMessage[], records: 
 }
 
 /**
- * A message as the chat template sees it. Ids are left out: Qwen3's template renders neither
- * tool-call ids nor tool_call_id, and agents (Gemini's) may mint their own.
+ * A message as the chat template sees it. Ids are left out: most templates render neither
+ * tool-call ids nor tool_call_id, and agents (Gemini's) may mint their own (the continuation
+ * planner re-checks the engine's renders, so a template that does render them is still safe).
+ * An assistant turn's content counts without its surrounding whitespace, so a turn compares the
+ * same whichever normalised form it was sent in.
  */
 function messageKey(m: ChatMessage): string {
   switch (m.role) {
@@ -181,7 +167,7 @@ function messageKey(m: ChatMessage): string {
     case "assistant":
       return stable([
         "assistant",
-        contentText(m.content),
+        contentText(m.content).trim(),
         m.reasoning ?? "",
         (m.tool_calls ?? []).map((c) => [c.function.name, argsKey(c.function.arguments)]),
       ]);

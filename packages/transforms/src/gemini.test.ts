@@ -261,7 +261,7 @@ describe("geminiSchemaToJsonSchema", () => {
   });
 });
 
-const ctx: GeminiResponseContext = { model: "gemini-2.5-flash", responseId: "r-1", key: KEY, includeThoughts: true, clientLogprobs: null };
+const ctx: GeminiResponseContext = { model: "gemini-2.5-flash", responseId: "r-1", key: KEY, includeThoughts: true, clientLogprobs: null, reasoningEnd: "</think>" };
 const lp = (token: string, logprob = -0.5) => ({ token, logprob, bytes: null, top_logprobs: [] });
 
 const toolResult: EngineResult = {

@@ -36,7 +36,8 @@ import { openReasoning, sealReasoning } from "./reasoning-seal.js";
  *   responseLogprobs + logprobs map to canonical sampling / client logprobs; `candidateCount > 1`
  *   is a 400. `thinkingConfig.thinkingBudget: 0` or `thinkingLevel: "MINIMAL"` turn thinking
  *   off, any other budget or level turns it on; absent, the template default holds; a positive
- *   budget is not enforced as a token cap. `includeThoughts` decides whether `thought` parts are
+ *   budget is not enforced as a token cap. A `thinkingLevel` is also kept, lower-cased, as the
+ *   canonical `reasoning_effort`. `includeThoughts` decides whether `thought` parts are
  *   shown (the signature is always issued). `responseMimeType`, `responseSchema`,
  *   `responseJsonSchema` are accepted and NOT enforced (the canonical request has no guided
  *   decoding field yet).
@@ -364,6 +365,7 @@ export function fromGemini(body: unknown, opts: FromGeminiOptions = {}): GeminiC
     ...(tools.length > 0 ? { tools } : {}),
     ...(tools.length > 0 && toolChoice !== undefined ? { tool_choice: toolChoice } : {}),
     ...(enableThinking !== undefined ? { enable_thinking: enableThinking } : {}),
+    ...(thinking?.thinkingLevel != null ? { reasoning_effort: thinking.thinkingLevel.toLowerCase() } : {}),
   };
   return { canonical, includeThoughts: thinking?.includeThoughts === true };
 }
@@ -379,6 +381,8 @@ export interface GeminiResponseContext {
   key: string;
   includeThoughts: boolean;
   clientLogprobs: CanonicalChatRequest["client_logprobs"];
+  /** The text of the output token that ends reasoning in this model's format (its profile's); absent or null: thoughts are not counted. */
+  reasoningEnd?: string | null;
 }
 
 export interface GeminiPart {
@@ -453,10 +457,10 @@ function functionCallPart(call: ToolCall): GeminiPart {
   return { functionCall: { ...(call.id ? { id: call.id } : {}), name: call.function.name, args: parseArgs(call.function.arguments) } };
 }
 
-/** Tokens spent thinking: up to and including the engine's `</think>` token, when it reports token text. */
-function thoughtsTokens(logprobs: readonly TokenLogprob[], reasoning: string | null): number | undefined {
-  if (reasoning === null) return undefined;
-  for (let i = logprobs.length - 1; i >= 0; i--) if (logprobs[i]!.token === "</think>") return i + 1;
+/** Tokens spent thinking: up to and including the reasoning end marker, when the engine reports token text. */
+function thoughtsTokens(logprobs: readonly TokenLogprob[], reasoning: string | null, end: string | null | undefined): number | undefined {
+  if (reasoning === null || !end) return undefined;
+  for (let i = logprobs.length - 1; i >= 0; i--) if (logprobs[i]!.token === end) return i + 1;
   return undefined;
 }
 
@@ -526,7 +530,7 @@ export function toGeminiResponse(result: EngineResult, ctx: GeminiResponseContex
   }
   return {
     candidates: [candidate],
-    usageMetadata: usageMetadata(result.usage, thoughtsTokens(result.logprobs, result.message.reasoning)),
+    usageMetadata: usageMetadata(result.usage, thoughtsTokens(result.logprobs, result.message.reasoning, ctx.reasoningEnd)),
     modelVersion: ctx.model,
     responseId: ctx.responseId,
   };
@@ -589,7 +593,7 @@ export class GeminiStreamEncoder {
       this.pendingIds = [];
     }
     const out: GeminiResponse = { candidates: [candidate], modelVersion: this.ctx.model, responseId: this.ctx.responseId };
-    if (final) out.usageMetadata = usageMetadata(final.usage, thoughtsTokens(this.allLogprobs, this.reasoning !== "" ? this.reasoning : null));
+    if (final) out.usageMetadata = usageMetadata(final.usage, thoughtsTokens(this.allLogprobs, this.reasoning !== "" ? this.reasoning : null, this.ctx.reasoningEnd));
     return out;
   }
 

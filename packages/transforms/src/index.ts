@@ -7,3 +7,4 @@ export * from "./reasoning-seal.js";
 export * from "./anthropic.js";
 export * from "./openai-responses.js";
 export * from "./gemini.js";
+export * from "./history-normalization.js";

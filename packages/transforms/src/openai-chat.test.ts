@@ -5,7 +5,6 @@ import { agentRequests } from "./__fixtures__/agent-requests.js";
 import type { EngineResult } from "./canonical.js";
 import { StreamAccumulator } from "./accumulate.js";
 import { fromOpenAIChat, toOpenAIChatChunk, toOpenAIChatResponse } from "./openai-chat.js";
-import { normalizeEchoedHistory } from "./echoed-history.js";
 import { applySessionSampling } from "./sampling.js";
 
 // What the OpenAI SDK sends for an agent's second turn: the assistant message echoed back as it
@@ -111,6 +110,21 @@ describe("fromOpenAIChat", () => {
     });
     expect(call.canonical.messages[1]).toEqual({ role: "assistant", content: "a", reasoning: "r" });
     expect(call.canonical.enable_thinking).toBe(false);
+    expect(call.canonical.reasoning_effort).toBe("none");
+  });
+
+  it("keeps the client's chat_template_kwargs whole (the model profile decides what reaches the engine)", () => {
+    const call = fromOpenAIChat({
+      messages: [{ role: "user", content: "q" }],
+      chat_template_kwargs: { enable_thinking: true, thinking: true, custom: { a: [1] } },
+      reasoning_effort: "high",
+    });
+    expect(call.canonical).toMatchObject({
+      enable_thinking: true,
+      reasoning_effort: "high",
+      chat_template_kwargs: { enable_thinking: true, thinking: true, custom: { a: [1] } },
+    });
+    expect(fromOpenAIChat({ messages: [{ role: "user", content: "q" }] }).canonical).not.toHaveProperty("chat_template_kwargs");
   });
 
   it("names the bad field when the body is wrong", () => {
@@ -206,19 +220,6 @@ describe("streaming", () => {
     acc.push({ type: "delta", tool_calls: [{ index: 0, function: { arguments: '"ls"}' } }], token_ids: [], logprobs: [] });
     expect(acc.result().message.tool_calls).toEqual([{ id: "t1", type: "function", function: { name: "shell", arguments: '{"command": "ls"}' } }]);
     expect(acc.result().message.content).toBeNull();
-  });
-});
-
-describe("normalizeEchoedHistory", () => {
-  it("drops whitespace-only content beside tool calls, which Qwen3's template would re-render with an extra newline", () => {
-    const { canonical } = fromOpenAIChat(secondTurn);
-    const out = normalizeEchoedHistory(canonical.messages);
-    expect(out[2]).toMatchObject({ role: "assistant", content: "", reasoning: "I will use the shell." });
-    expect(out.filter((_, i) => i !== 2)).toEqual(canonical.messages.filter((_, i) => i !== 2));
-  });
-  it("keeps real text beside tool calls", () => {
-    const msgs = [{ role: "assistant" as const, content: "Let me look.", tool_calls: [{ id: "a", type: "function" as const, function: { name: "f", arguments: "{}" } }] }];
-    expect(normalizeEchoedHistory(msgs)).toEqual(msgs);
   });
 });
 

@@ -140,6 +140,8 @@ export function fromOpenAIChat(body: unknown): OpenAIChatCall {
     ...(req.tools && req.tools.length > 0 ? { tools: req.tools } : {}),
     ...(req.tool_choice ? { tool_choice: req.tool_choice } : {}),
     ...(enableThinking !== undefined ? { enable_thinking: enableThinking } : {}),
+    ...(req.chat_template_kwargs ? { chat_template_kwargs: req.chat_template_kwargs } : {}),
+    ...(req.reasoning_effort != null ? { reasoning_effort: req.reasoning_effort } : {}),
   };
   return { canonical, clientModel: req.model ?? "", includeUsage: req.stream_options?.include_usage === true };
 }

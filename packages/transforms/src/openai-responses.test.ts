@@ -278,6 +278,8 @@ const ctx = (namespaced: ResponsesContext["namespaced"] = new Map()): ResponsesC
   reasoningKey: KEY,
   namespaced,
   echo: { parallel_tool_calls: true, tool_choice: "auto", temperature: null, top_p: null, max_output_tokens: null, reasoning: { effort: null, summary: "auto" } },
+  // Qwen3's marker, as the gateway passes it from the engine's model profile.
+  reasoningEnd: "</think>",
 });
 
 const lp = (token: string) => ({ token, logprob: -0.5, bytes: null, top_logprobs: [] });
@@ -345,6 +347,8 @@ describe("toResponsesResponse", () => {
       },
     });
     expect(openReasoning(KEY, (r.output[0] as { encrypted_content: string }).encrypted_content)).toBe("Run it.");
+    // A model whose profile has no reasoning end marker: the count is not known, so 0.
+    expect(toResponsesResponse(thinkAndCall, { ...ctx(namespaced), reasoningEnd: null }).usage?.output_tokens_details.reasoning_tokens).toBe(0);
   });
 
   it("gives a text answer as a message item, and a length stop as incomplete", () => {

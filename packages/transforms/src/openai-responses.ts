@@ -27,7 +27,8 @@ import { openReasoning, sealReasoning } from "./reasoning-seal.js";
  *   `custom`, …) are accepted and not offered to the engine: it cannot run them. A `tool_choice`
  *   naming one becomes the engine's default.
  * - **Thinking.** `reasoning.effort` "none" or "minimal" → `enable_thinking: false`; any other
- *   effort → true; no effort → the chat template's default.
+ *   effort → true; no effort → the chat template's default. The effort itself is kept as the
+ *   canonical `reasoning_effort` (forwarded where the model profile says the model reads it).
  * - **Reasoning items.** The engine's reasoning (Qwen3 `<think>`) is given to the client as one
  *   `summary_text` part of a `reasoning` item (streamed as `response.reasoning_summary_*`, which
  *   Codex shows by default), and always with `encrypted_content`: the reasoning sealed with the
@@ -399,6 +400,7 @@ export function fromResponses(body: unknown, options: FromResponsesOptions = {})
     ...(tools.length > 0 ? { tools } : {}),
     ...(toolChoice !== undefined ? { tool_choice: toolChoice } : {}),
     ...(enableThinking !== undefined ? { enable_thinking: enableThinking } : {}),
+    ...(effort !== null ? { reasoning_effort: effort } : {}),
   };
   return {
     canonical,
@@ -428,6 +430,11 @@ export interface ResponsesContext {
   reasoningKey: string;
   namespaced: Map<string, NamespacedName>;
   echo: ResponsesEcho;
+  /**
+   * The text of the output token that ends reasoning in this model's format (its model profile's,
+   * `</think>` for Qwen3): reasoning tokens are counted up to it. Absent or null: not countable, 0.
+   */
+  reasoningEnd?: string | null;
 }
 
 export interface ResponsesUsage {
@@ -485,20 +492,20 @@ const reasoningId = (ctx: ResponsesContext) => `rs_${idBase(ctx)}`;
 const messageId = (ctx: ResponsesContext) => `msg_${idBase(ctx)}`;
 const callItemId = (ctx: ResponsesContext, k: number) => `fc_${idBase(ctx)}_${k}`;
 
-/** Output tokens up to and including `</think>` (all of them when the answer stopped inside it). */
-function reasoningTokens(result: EngineResult): number {
-  if (!result.message.reasoning) return 0;
-  const end = result.logprobs.findIndex((l) => l.token === "</think>");
-  return end >= 0 ? end + 1 : result.logprobs.length;
+/** Output tokens up to and including the reasoning end marker (all of them when the answer stopped inside the reasoning). */
+function reasoningTokens(result: EngineResult, end: string | null | undefined): number {
+  if (!result.message.reasoning || !end) return 0;
+  const at = result.logprobs.findIndex((l) => l.token === end);
+  return at >= 0 ? at + 1 : result.logprobs.length;
 }
 
-export function toResponsesUsage(result: EngineResult): ResponsesUsage {
+export function toResponsesUsage(result: EngineResult, reasoningEnd?: string | null): ResponsesUsage {
   const u = result.usage;
   return {
     input_tokens: u.prompt_tokens,
     input_tokens_details: { cached_tokens: u.cached_tokens },
     output_tokens: u.completion_tokens,
-    output_tokens_details: { reasoning_tokens: reasoningTokens(result) },
+    output_tokens_details: { reasoning_tokens: reasoningTokens(result, reasoningEnd) },
     total_tokens: u.prompt_tokens + u.completion_tokens,
   };
 }
@@ -591,7 +598,7 @@ function responseObject(
 /** The non-streaming Responses object for an engine result. */
 export function toResponsesResponse(result: EngineResult, ctx: ResponsesContext): ResponsesObject {
   const incomplete = isIncomplete(result.finish_reason);
-  return responseObject(ctx, incomplete ? "incomplete" : "completed", toResponsesOutput(result, ctx), toResponsesUsage(result), {
+  return responseObject(ctx, incomplete ? "incomplete" : "completed", toResponsesOutput(result, ctx), toResponsesUsage(result, ctx.reasoningEnd), {
     incomplete_details: incomplete ? { reason: "max_output_tokens" } : null,
   });
 }
@@ -784,7 +791,7 @@ export class ResponsesStreamEncoder {
       out.push(this.ev("response.output_text.delta", { item_id: messageId(this.ctx), output_index: cur.index, content_index: 0, delta: text, logprobs: [] }));
     }
     this.close(out, incomplete);
-    const response = responseObject(this.ctx, incomplete ? "incomplete" : "completed", this.done, toResponsesUsage(result), {
+    const response = responseObject(this.ctx, incomplete ? "incomplete" : "completed", this.done, toResponsesUsage(result, this.ctx.reasoningEnd), {
       incomplete_details: incomplete ? { reason: "max_output_tokens" } : null,
     });
     out.push(this.ev(incomplete ? "response.incomplete" : "response.completed", { response }));

@@ -1,8 +1,8 @@
-import { RollgateError, TRAINER_FORMATS, type TaskRecord, type Trajectory } from "@rollgate/client";
+import { RollgateError, TRAINER_FORMATS, type DecodedTrajectory, type TaskRecord, type Trajectory } from "@rollgate/client";
 import type { TrajectoryBuilderName } from "@rollgate/protocol";
 import { UsageError, numberOption, type CommandSpec } from "../framework.js";
 import { EXIT, fmt, statusColor, type Context } from "../output.js";
-import { qwen3Decoder, renderIds, renderSegments, segments } from "../decode.js";
+import { renderIds, renderSegments } from "../decode.js";
 
 type Target =
   | { kind: "session"; sessionId: string; builder: TrajectoryBuilderName | undefined }
@@ -35,16 +35,16 @@ export const trajectoryCommand: CommandSpec<Context> = {
   summary: "print a task's (or session's, or a whole group's) trajectory: traces, masks, a trainer format, or decoded text",
   description: `Prints the trajectory of a task's session (or of a session given by id) as rollgate builds it
 for training. Default: each trace's sizes and its response token ids, masked (loss_mask 0) ids
-dim on a terminal or [in brackets] otherwise. --decode shows the text through the Qwen3
-tokenizer, the trainable tokens (what the policy sampled) in green and the masked ones (tool
-results, template glue) dim, or [[in double brackets]] when not on a terminal. --format prints
-the samples a trainer consumes, as JSON. Given a GRPO group id, does this for every task of the
-group (with --json or --format: {group_id, tasks: [{task_id, status, reward, session_id,
+dim on a terminal or [in brackets] otherwise. --decode shows the text, decoded by the engine that
+generated it (through the gateway), the trainable tokens (what the policy sampled) in green and the
+masked ones (tool results, template glue) dim, or [[in double brackets]] when not on a terminal.
+--format prints the samples a trainer consumes, as JSON. Given a GRPO group id, does this for every
+task of the group (with --json or --format: {group_id, tasks: [{task_id, status, reward, session_id,
 trajectory | samples}]}).`,
   args: [{ name: "id", required: true, description: "a task id (its session is used), a session id, or a group id" }],
   options: [
     { name: "format", short: "f", type: "string", value: "<name>", choices: TRAINER_FORMATS, description: "print the trainer format as JSON" },
-    { name: "decode", short: "d", type: "boolean", description: "decode the tokens to text (Qwen3 tokenizer)" },
+    { name: "decode", short: "d", type: "boolean", description: "decode the tokens to text (by the engine's own tokenizer, through the gateway)" },
     { name: "builder", short: "b", type: "string", value: "<name>", choices: ["prefix_merging", "per_request"], description: "trajectory builder (default: the task's)" },
     { name: "prompt", type: "boolean", default: true, description: "with --decode, show each trace's prompt (--no-prompt hides it)" },
     { name: "max-ids", type: "string", value: "<n>", default: "400", description: "token ids shown per trace without --decode" },
@@ -60,7 +60,7 @@ trajectory | samples}]}).`,
     if (format && values.decode) throw new UsageError("--decode shows the trace as text and --format prints trainer JSON: use one of them", "trajectory");
     const maxIds = numberOption(values, "max-ids", "trajectory", { integer: true, min: 1 }) ?? 400;
     const target = await resolveTarget(ctx, id!);
-    const decode = values.decode ? await qwen3Decoder() : null;
+    const decode = values.decode === true;
     const show = { format, decode, prompt: values.prompt !== false, maxIds, builder: values.builder as TrajectoryBuilderName | undefined };
     if (target.kind === "session") {
       const out = await showSession(ctx, target.sessionId, show.builder ?? target.builder ?? "prefix_merging", show);
@@ -93,29 +93,28 @@ trajectory | samples}]}).`,
 
 interface ShowOptions {
   format: (typeof TRAINER_FORMATS)[number] | undefined;
-  decode: ((ids: number[]) => string) | null;
+  /** Show text, decoded by the engine that generated it (the gateway's decoded-trajectory route). */
+  decode: boolean;
   prompt: boolean;
   maxIds: number;
 }
 
 /** Prints one session's trajectory, or returns what --json / --format print for it. */
 async function showSession(ctx: Context, sessionId: string, builder: TrajectoryBuilderName, o: ShowOptions): Promise<unknown> {
-  const { decode } = o;
   if (o.format) return ctx.client.getTrajectory(sessionId, { builder, format: o.format });
-  const trajectory: Trajectory = await ctx.client.getTrajectory(sessionId, { builder });
+  const [trajectory, decoded]: [Trajectory, DecodedTrajectory | null] = await Promise.all([
+    ctx.client.getTrajectory(sessionId, { builder }),
+    o.decode ? ctx.client.getDecodedTrajectory(sessionId, { builder }) : null,
+  ]);
   const s = ctx.style;
   if (ctx.json) {
-    if (!decode) return trajectory;
+    if (!decoded) return trajectory;
     return {
       session_id: sessionId,
       builder,
+      engine: decoded.engine,
       stats: trajectory.stats,
-      traces: trajectory.traces.map((t, i) => ({
-        index: i,
-        finish_reason: t.finish_reason,
-        prompt_text: decode(t.prompt_ids),
-        segments: segments(t, decode).map((seg) => ({ trainable: seg.trainable, tokens: seg.ids.length, text: seg.text })),
-      })),
+      traces: decoded.traces.map((t) => ({ index: t.index, finish_reason: t.finish_reason, prompt_text: t.prompt_text, segments: t.segments })),
     };
   }
   const st = trajectory.stats;
@@ -126,7 +125,7 @@ async function showSession(ctx: Context, sessionId: string, builder: TrajectoryB
   ctx.out(
     s.enabled
       ? `${s.gray("legend:")} ${s.green("trainable")} (loss_mask 1) · ${s.dim("masked")} (loss_mask 0)`
-      : decode
+      : decoded
         ? "legend: trainable text (loss_mask 1) as is; masked text (loss_mask 0) [[in double brackets]]"
         : "legend: trainable ids (loss_mask 1) as is; masked ids (loss_mask 0) [in brackets]",
   );
@@ -134,13 +133,14 @@ async function showSession(ctx: Context, sessionId: string, builder: TrajectoryB
     const trainable = t.loss_mask.reduce<number>((a, m) => a + m, 0);
     ctx.out("");
     ctx.out(s.bold(`── trace ${i} · prompt ${t.prompt_ids.length} tokens · response ${t.response_ids.length} tokens (${trainable} trainable) · finish ${t.finish_reason} ──`));
-    if (decode) {
+    const text = decoded?.traces[i];
+    if (text) {
       if (o.prompt) {
         ctx.out(s.gray("prompt:"));
-        ctx.out(s.enabled ? s.dim(decode(t.prompt_ids)) : `[[${decode(t.prompt_ids)}]]`);
+        ctx.out(s.enabled ? s.dim(text.prompt_text) : `[[${text.prompt_text}]]`);
         ctx.out(s.gray("response:"));
       }
-      ctx.out(renderSegments(segments(t, decode), s));
+      ctx.out(renderSegments(text.segments, s));
     } else {
       ctx.out(renderIds(t, s, o.maxIds));
     }

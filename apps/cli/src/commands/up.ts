@@ -5,6 +5,7 @@ import readline from "node:readline";
 import { fileURLToPath } from "node:url";
 import { numberOption, type CommandSpec } from "../framework.js";
 import { EXIT, type Context } from "../output.js";
+import { printPreflight } from "../preflight.js";
 
 /** apps/cluster's entry point, next to this package in the workspace (or ROLLGATE_CLUSTER_MAIN). */
 export function clusterMain(): string {
@@ -60,6 +61,7 @@ stderr. Ctrl-C (or SIGTERM, also of npx) stops everything. Same as \`npm start\`
       const url = m[1]!;
       if (ctx.json) {
         ctx.printJson({ ready: true, url, dashboard: `${url}/dashboard` }, true);
+        void printPreflight(ctx, url);
         return;
       }
       ctx.out(line);
@@ -67,6 +69,8 @@ stderr. Ctrl-C (or SIGTERM, also of npx) stops everything. Same as \`npm start\`
       ctx.out(`  dashboard  ${s.cyan(`${url}/dashboard`)}`);
       ctx.out(`  try        ${s.bold(`${url === "http://127.0.0.1:8080" ? "" : `ROLLGATE_URL=${url} `}rollgate submit examples/react-agent/task.json`)}`);
       ctx.out(`  stop       Ctrl-C`);
+      // Model profiles: what will hold on each engine before a run (the gateway's preflight).
+      void printPreflight(ctx, url);
     });
     const forward = (sig: NodeJS.Signals) => () => child.kill(sig);
     process.on("SIGINT", forward("SIGINT"));

@@ -12,6 +12,18 @@ import { buildGateway } from "../app.js";
 
 export const TEST_REDIS_URL = process.env.REDIS_URL || "redis://127.0.0.1:6379";
 
+/** The model profile of each engine-sim family (engine-sim serves Qwen3 unless told otherwise). */
+export const PROFILE_OF_FAMILY: Record<string, string> = {
+  qwen3: "qwen3",
+  "qwen3-coder": "qwen3-coder",
+  "llama3.1": "llama3",
+  "deepseek-v3": "deepseek-v3",
+  "deepseek-v3.1": "deepseek-v3.1",
+  "gpt-oss": "gpt-oss",
+};
+
+const profileOfSim = (sim: EngineSimOptions) => PROFILE_OF_FAMILY[sim.family ?? "qwen3"];
+
 /** Listens on a free loopback port and returns the base URL. */
 export async function listenLocal(app: FastifyInstance): Promise<string> {
   await app.listen({ port: 0, host: "127.0.0.1" });
@@ -45,15 +57,15 @@ export interface Harness {
   close: () => Promise<void>;
 }
 
-/** engine-sim + gateway listening, with one vLLM engine of `sim.dpSize` ranks. */
-export async function startHarness(name: string, sim: EngineSimOptions = {}, extraEnv: Record<string, string> = {}, logger?: Logger): Promise<Harness> {
+/** engine-sim + gateway listening, with one engine of `sim.dpSize` ranks (vLLM unless `sim.kind` says), on the profile of `sim.family` (or `profile`). */
+export async function startHarness(name: string, sim: EngineSimOptions = {}, extraEnv: Record<string, string> = {}, logger?: Logger, profile?: unknown): Promise<Harness> {
   const prefix = `test-${name}-${randomUUID().slice(0, 8)}`;
   const engine = buildEngineSim({ dpSize: 1, ...sim });
   const simUrl = await listenLocal(engine);
   const env = GatewayEnv.parse({
     REDIS_URL: TEST_REDIS_URL,
     ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: sim.kind ?? "vllm", url: simUrl, dp_size: sim.dpSize ?? 1 }]),
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: sim.kind ?? "vllm", url: simUrl, dp_size: sim.dpSize ?? 1, profile: profile ?? profileOfSim(sim) }]),
     ...extraEnv,
   });
   const app = await buildGateway({ env, logger: logger ?? pino({ level: "silent" }) });
@@ -107,7 +119,7 @@ export async function startSimFleet(name: string, sim: EngineSimOptions = {}): P
       const env = GatewayEnv.parse({
         REDIS_URL: TEST_REDIS_URL,
         ROLLGATE_KEY_PREFIX: prefix,
-        ROLLGATE_ENGINES: JSON.stringify(opts.engines ?? [{ kind: sim.kind ?? "vllm", url: simUrl, dp_size: sim.dpSize ?? 2 }]),
+        ROLLGATE_ENGINES: JSON.stringify(opts.engines ?? [{ kind: sim.kind ?? "vllm", url: simUrl, dp_size: sim.dpSize ?? 2, profile: profileOfSim(sim) }]),
         ...opts.env,
       });
       return buildGateway({ env, logger: opts.logger ?? pino({ level: "silent" }) });

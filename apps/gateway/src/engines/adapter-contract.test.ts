@@ -4,6 +4,7 @@
  * session's rank is the one that serves, streaming gives the same result, and an engine that
  * leaves out what we asked for fails clearly.
  */
+import { PRESETS } from "@rollgate/models";
 import { buildEngineSim, getSimState, getTokenizer, simLogprob } from "@rollgate/engine-sim";
 import type { CanonicalChatRequest, EngineConfig } from "@rollgate/protocol";
 import { StreamAccumulator } from "@rollgate/transforms";
@@ -38,7 +39,7 @@ for (const kind of ["vllm", "sglang"] as const) {
     let engine: EngineConfig;
     const adapter = adapterFor(kind)!;
     const call = (req: CanonicalChatRequest, dpRank = 1, model = "Qwen/Qwen3-8B"): EngineCall => ({
-      target: { engineIndex: 0, engine, dpRank },
+      target: { engineIndex: 0, engine, dpRank, profile: PRESETS.qwen3! },
       model,
       request: req,
       requestId: `r-${Math.random()}`,
@@ -111,7 +112,7 @@ for (const kind of ["vllm", "sglang"] as const) {
       }));
       const url = await listen(old);
       const err = await adapter
-        .chat({ ...call(request(false)), target: { engineIndex: 0, engine: { kind, url, dp_size: 1 }, dpRank: 0 } })
+        .chat({ ...call(request(false)), target: { engineIndex: 0, engine: { kind, url, dp_size: 1 }, dpRank: 0, profile: PRESETS.qwen3! } })
         .catch((e: unknown) => e);
       await old.close();
       expect(err).toBeInstanceOf(EngineError);
@@ -120,7 +121,7 @@ for (const kind of ["vllm", "sglang"] as const) {
 
     it("says an unreachable engine is unreachable", async () => {
       const err = await adapter
-        .chat({ ...call(request(false)), target: { engineIndex: 0, engine: { kind, url: "http://127.0.0.1:9", dp_size: 1 }, dpRank: 0 } })
+        .chat({ ...call(request(false)), target: { engineIndex: 0, engine: { kind, url: "http://127.0.0.1:9", dp_size: 1 }, dpRank: 0, profile: PRESETS.qwen3! } })
         .catch((e: unknown) => e);
       expect(err).toMatchObject({ status: 502, kind: "unreachable" });
     });

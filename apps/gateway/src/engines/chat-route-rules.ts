@@ -1,3 +1,5 @@
+import { gatewayParser, type GatewayParser } from "@rollgate/models";
+import { EngineError } from "./errors.js";
 import type { TokenInCall } from "./token-in.js";
 
 /**
@@ -6,11 +8,21 @@ import type { TokenInCall } from "./token-in.js";
  */
 
 /** The chat routes parse tool calls only when the request has tools and tool_choice is not "none". */
-export function parsesTools(call: TokenInCall): boolean {
+export function parsesTools(call: Pick<TokenInCall, "request">): boolean {
   return (call.request.tools?.length ?? 0) > 0 && call.request.tool_choice !== "none";
 }
 
 /** The finish reason a chat route gives: "tool_calls" once a call was parsed (unless cut by an abort). */
 export function chatFinishReason(engine: string, toolCalls: number): string {
   return toolCalls > 0 && engine !== "abort" ? "tool_calls" : engine;
+}
+
+/**
+ * The parser the engine's model profile lets the gateway run on text it generated on a route with
+ * no engine parser. Callers only take such a route when the profile declares one.
+ */
+export function profileParser(call: Pick<TokenInCall, "target">): GatewayParser {
+  const name = call.target.profile.gateway_parser;
+  if (!name) throw new EngineError(`the ${call.target.profile.name} profile declares no gateway parser: this route cannot parse its output`, 501, "rejected");
+  return gatewayParser(name);
 }

@@ -1,7 +1,11 @@
+import { profileOf, type ModelProfile } from "@rollgate/models";
 import type { EngineConfig } from "@rollgate/protocol";
 import { rankMember } from "@rollgate/store";
 import { Agent, request } from "undici";
 import { z } from "zod";
+import { probeCapabilities, type EngineCapabilities } from "./capabilities.js";
+import { CachedDetokenizer } from "./detokenize.js";
+import type { TokenizeCall } from "./tokenizer.js";
 
 const ModelList = z.object({ data: z.array(z.object({ id: z.string() })).min(1) });
 
@@ -10,6 +14,8 @@ export interface RankTarget {
   engineIndex: number;
   engine: EngineConfig;
   dpRank: number;
+  /** What rollgate knows of the engine's model family (ROLLGATE_ENGINES[].profile). */
+  profile: ModelProfile;
 }
 
 /**
@@ -18,18 +24,24 @@ export interface RankTarget {
  */
 export class EngineRegistry {
   private readonly servedModels = new Map<number, Promise<string>>();
+  private readonly caps = new Map<number, Promise<EngineCapabilities>>();
   readonly dispatcher: Agent;
+  /** Per engine, its model profile (a bad one throws here: loadGatewayEnv reports it first). */
+  readonly profiles: ModelProfile[];
+  private readonly detokenizer: CachedDetokenizer;
 
   constructor(
     readonly engines: EngineConfig[],
     timeoutMs: number,
   ) {
+    this.profiles = engines.map((e) => profileOf(e.profile, e.vocab_size));
     this.dispatcher = new Agent({
       connections: 256,
       keepAliveTimeout: 60_000,
       headersTimeout: timeoutMs,
       bodyTimeout: timeoutMs,
     });
+    this.detokenizer = new CachedDetokenizer(this.dispatcher);
   }
 
   members(): string[] {
@@ -39,7 +51,49 @@ export class EngineRegistry {
   target(engineIndex: number, dpRank: number): RankTarget {
     const engine = this.engines[engineIndex];
     if (!engine || dpRank >= engine.dp_size) throw new Error(`no engine rank ${engineIndex}:${dpRank} is configured`);
-    return { engineIndex, engine, dpRank };
+    return { engineIndex, engine, dpRank, profile: this.profiles[engineIndex]! };
+  }
+
+  /**
+   * What the engine can do beyond its chat route (capabilities.ts), probed on its first rank once
+   * and kept; a probe that fails (engine down) is retried on the next ask.
+   */
+  capabilities(engineIndex: number): Promise<EngineCapabilities> {
+    let pending = this.caps.get(engineIndex);
+    if (!pending) {
+      pending = this.servedModel(engineIndex).then((model) => probeCapabilities(this.probeCall(engineIndex, model)));
+      pending.catch(() => this.caps.delete(engineIndex));
+      this.caps.set(engineIndex, pending);
+    }
+    return pending;
+  }
+
+  /** Forgets what was probed of an engine (a restarted engine may be another version). */
+  forgetCapabilities(engineIndex: number): void {
+    this.caps.delete(engineIndex);
+  }
+
+  /** A call for the gateway's own requests to an engine's first rank (probes, preflight). */
+  probeCall(engineIndex: number, model: string): TokenizeCall {
+    return {
+      target: this.target(engineIndex, 0),
+      model,
+      request: { messages: [{ role: "user", content: "rollgate probe" }], sampling: {}, stream: false, client_logprobs: null },
+      signal: AbortSignal.timeout(60_000),
+      dispatcher: this.dispatcher,
+    };
+  }
+
+  /** Token ids → text, by the engine's own tokenizer (cached): what people read of a trajectory. */
+  async decode(engineIndex: number, ids: readonly number[]): Promise<string> {
+    const engine = this.engines[engineIndex];
+    if (!engine) throw new Error(`no engine ${engineIndex}`);
+    return this.detokenizer.decode(engine, await this.servedModel(engineIndex), ids);
+  }
+
+  /** The index of the engine at `url` (records name their engine by URL), or -1. */
+  indexOf(url: string): number {
+    return this.engines.findIndex((e) => e.url === url);
   }
 
   /** The model name to send to an engine: configured, or the first one its /v1/models lists. */

@@ -1,37 +1,39 @@
-import type { TokenLogprob } from "@rollgate/protocol";
-import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
+import { makeToolCallId, parseWhole, type ParsedDelta } from "@rollgate/models";
+import type { AssistantOutput, TokenLogprob } from "@rollgate/protocol";
+import { StreamAccumulator, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
-import { Qwen3OutputParser, parseQwen3AnswerText, parseQwen3Output, type ParsedDelta } from "./qwen3-parsers.js";
 import { sglangPost } from "./sglang.js";
 import { sseJson } from "./sse.js";
-import { chatFinishReason, parsesTools } from "./chat-route-rules.js";
-import type { TokenInCall, TokenInEngine, TokenizeCall } from "./token-in.js";
+import { chatFinishReason, parsesTools, profileParser } from "./chat-route-rules.js";
+import type { TokenInCall } from "./token-in.js";
 
 /**
- * SGLang's token-in route: native `POST /generate` with `input_ids`, `return_logprob`
+ * SGLang's token-in routes: native `POST /generate` with `input_ids`, `return_logprob`
  * (`output_token_logprobs` as `[logprob, id, text]`), `routed_dp_rank` in the body (the header is
  * ignored there) and `rid`. SGLang's default `max_new_tokens` is 128, so the budget is always sent.
- * The text is parsed by the gateway's Qwen3 reasoning + tool parsers, as SGLang's chat route would
- * (`/generate` runs no parser). Used to continue a call an abort-mode pause cut; SGLang's /tokenize
- * cannot render a history without the generation prompt, so echoed-history planning stays on the
- * chat route (`plansHistory: false`).
+ * `/generate` runs no parser, so the answer's text is parsed either by the gateway parser the
+ * engine's model profile declares (`sglangTokenIn`), or by SGLang's own parsers through its
+ * `/separate_reasoning` and `/parse_function_call` routes with the profile's SGLang parser names
+ * (`sglangEngineParsed`: the text is asked for with special tokens kept, as its chat route does for
+ * its parsers; a stream then brings ids and logprobs as they come and the parsed message at the end).
  */
 
 type Sampling = TokenInCall["request"]["sampling"];
 
 /** The /generate body. Pure, so it has golden tests. */
-export function buildSglangGenerateBody(call: TokenInCall): Record<string, unknown> {
+export function buildSglangGenerateBody(call: TokenInCall, keepSpecialTokens = false): Record<string, unknown> {
   const s: Sampling = call.request.sampling;
-  const maxNew = s.max_tokens ?? (call.maxModelLen !== null ? call.maxModelLen - call.promptIds.length : undefined);
+  const maxNew = s.max_tokens ?? (call.maxModelLen !== null ? call.maxModelLen - call.tokenIds.length : undefined);
   const sampling: Record<string, unknown> = {};
+  if (keepSpecialTokens) sampling.skip_special_tokens = false;
   if (maxNew !== undefined) sampling.max_new_tokens = maxNew;
   for (const key of ["temperature", "top_p", "top_k", "min_p", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty"] as const) {
     if (s[key] !== undefined) sampling[key] = s[key];
   }
   if (s.seed !== undefined) sampling.sampling_seed = s.seed;
   return {
-    input_ids: call.promptIds,
+    input_ids: call.tokenIds,
     sampling_params: sampling,
     return_logprob: true,
     logprob_start_len: -1,
@@ -80,16 +82,87 @@ function finishOf(meta: z.infer<typeof Meta>): { reason: string; stop: string | 
 }
 
 
-async function generate(call: TokenInCall): Promise<EngineResult> {
-  const res = await sglangPost(call, "/generate", buildSglangGenerateBody({ ...call, request: { ...call.request, stream: false } }));
+/** What reads an answer's text: pushed as it comes, finished once it ended. */
+interface TextParser {
+  push(text: string): ParsedDelta | null;
+  end(): Promise<ParsedDelta | null>;
+  readonly toolCalls: number;
+}
+
+type Parsing = "gateway" | "engine";
+
+function gatewayTextParser(call: TokenInCall): TextParser {
+  const p = profileParser(call).create(parsesTools(call));
+  if (call.primeText) p.push(call.primeText);
+  return {
+    push: (text) => p.push(text),
+    end: async () => p.end(),
+    get toolCalls() {
+      return p.toolCalls;
+    },
+  };
+}
+
+const SeparatedReasoning = z.object({ text: z.string(), reasoning_text: z.string().nullish() });
+const ParsedCalls = z.object({ normal_text: z.string(), calls: z.array(z.object({ name: z.string().nullish(), parameters: z.string().nullish() })) });
+
+/** An answer's whole text parsed by SGLang's own parsers (its parse routes, with the profile's SGLang parser names). */
+export async function parseWithEngine(call: TokenInCall, text: string): Promise<AssistantOutput> {
+  const names = call.target.profile.engine_parsers.sglang;
+  let content = text;
+  let reasoning: string | null = null;
+  if (names.reasoning_parser) {
+    const res = await sglangPost(call, "/separate_reasoning", { text, reasoning_parser: names.reasoning_parser });
+    const r = SeparatedReasoning.safeParse(await res.body.json());
+    if (!r.success) throw new EngineError("engine /separate_reasoning answer is malformed", 502, "bad_response");
+    content = r.data.text;
+    reasoning = r.data.reasoning_text ? r.data.reasoning_text : null;
+  }
+  const calls: AssistantOutput["tool_calls"] = [];
+  if (parsesTools(call) && names.tool_call_parser) {
+    const res = await sglangPost(call, "/parse_function_call", { text: content, tools: call.request.tools, tool_call_parser: names.tool_call_parser });
+    const r = ParsedCalls.safeParse(await res.body.json());
+    if (!r.success) throw new EngineError("engine /parse_function_call answer is malformed", 502, "bad_response");
+    content = r.data.normal_text;
+    for (const c of r.data.calls) calls.push({ id: makeToolCallId(), type: "function", function: { name: c.name ?? "", arguments: c.parameters ?? "" } });
+  }
+  return { content: content === "" ? null : content, reasoning, tool_calls: calls };
+}
+
+function engineTextParser(call: TokenInCall): TextParser {
+  let text = "";
+  let calls = 0;
+  return {
+    push(t) {
+      text += t;
+      return null;
+    },
+    async end() {
+      const m = await parseWithEngine(call, text);
+      calls = m.tool_calls.length;
+      const d: ParsedDelta = {};
+      if (m.reasoning !== null) d.reasoning = m.reasoning;
+      if (m.content !== null) d.content = m.content;
+      if (m.tool_calls.length > 0) d.tool_calls = m.tool_calls.map((c, index) => ({ index, id: c.id, type: "function", function: { ...c.function } }));
+      return Object.keys(d).length > 0 ? d : null;
+    },
+    get toolCalls() {
+      return calls;
+    },
+  };
+}
+
+async function generate(call: TokenInCall, parsing: Parsing): Promise<EngineResult> {
+  if (call.stamp) return generateStamped(call, parsing);
+  const res = await sglangPost(call, "/generate", buildSglangGenerateBody({ ...call, request: { ...call.request, stream: false } }, parsing === "engine"));
   const parsed = GenerateOut.safeParse(await res.body.json());
   if (!parsed.success) throw new EngineError(`engine /generate answer is malformed: ${parsed.error.message}`, 502, "bad_response");
   const out: GenerateOut = parsed.data;
   const logprobs = toTokenLogprobs(out.meta_info, 0, out.output_ids.length);
   const finish = finishOf(out.meta_info) ?? { reason: "stop", stop: null };
-  const message = parseQwen3Output(out.text, parsesTools(call));
+  const message = parsing === "gateway" ? parseWhole(profileParser(call).create(parsesTools(call)), out.text) : await parseWithEngine(call, out.text);
   return {
-    prompt_ids: call.promptIds,
+    prompt_ids: call.tokenIds,
     output_ids: out.output_ids,
     output_logprobs: logprobs.map((l) => l.logprob),
     logprobs,
@@ -100,9 +173,18 @@ async function generate(call: TokenInCall): Promise<EngineResult> {
   };
 }
 
-function deltaEvent(d: ParsedDelta | null, ids: number[], logprobs: TokenLogprob[]): EngineStreamEvent | null {
+function deltaEvent(d: ParsedDelta | null, ids: number[], logprobs: TokenLogprob[], stamp?: () => string | null): EngineStreamEvent | null {
   if (ids.length === 0 && !d) return null;
-  return { type: "delta", ...(d ?? {}), token_ids: ids, logprobs };
+  const version = stamp?.();
+  return { type: "delta", ...(d ?? {}), token_ids: ids, logprobs, ...(stamp ? { versions: ids.map(() => version ?? null) } : {}) };
+}
+
+/** A non-streamed generation read as a stream, so its tokens are stamped as they arrive. */
+async function generateStamped(call: TokenInCall, parsing: Parsing): Promise<EngineResult> {
+  const acc = new StreamAccumulator();
+  for await (const event of generateStream({ ...call, request: { ...call.request, stream: true } }, parsing)) acc.push(event);
+  if (!acc.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
+  return acc.result();
 }
 
 /**
@@ -110,15 +192,14 @@ function deltaEvent(d: ParsedDelta | null, ids: number[], logprobs: TokenLogprob
  * event by default and deltas with `--incremental-streaming-output`; which one is read off the
  * events (a later event that repeats every id so far is cumulative).
  */
-async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEvent> {
-  const res = await sglangPost(call, "/generate", buildSglangGenerateBody({ ...call, request: { ...call.request, stream: true } }));
-  const parser = new Qwen3OutputParser(parsesTools(call));
-  if (call.primeText) parser.push(call.primeText);
+async function* generateStream(call: TokenInCall, parsing: Parsing): AsyncGenerator<EngineStreamEvent> {
+  const res = await sglangPost(call, "/generate", buildSglangGenerateBody({ ...call, request: { ...call.request, stream: true } }, parsing === "engine"));
+  const parser = parsing === "gateway" ? gatewayTextParser(call) : engineTextParser(call);
   const ids: number[] = [];
   let textSoFar = 0;
   let cumulative: boolean | null = null;
   let finished = false;
-  yield { type: "start", prompt_ids: call.promptIds };
+  yield { type: "start", prompt_ids: call.tokenIds };
   for await (const json of sseJson(res.body)) {
     const parsed = GenerateOut.safeParse(json);
     if (!parsed.success) throw new EngineError(`engine sent a malformed /generate event: ${parsed.error.message}`, 502, "bad_response");
@@ -131,12 +212,12 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
     const text = cumulative ? ev.text.slice(textSoFar) : ev.text;
     textSoFar += text.length;
     ids.push(...fresh);
-    const delta = deltaEvent(text ? parser.push(text) : null, fresh, logprobs);
+    const delta = deltaEvent(text ? parser.push(text) : null, fresh, logprobs, call.stamp);
     if (delta) yield delta;
     const finish = finishOf(ev.meta_info);
     if (finish && !finished) {
       finished = true;
-      const tail = deltaEvent(parser.end(), [], []);
+      const tail = deltaEvent(await parser.end(), [], []);
       if (tail) yield tail;
       yield { type: "finish", finish_reason: chatFinishReason(finish.reason, parser.toolCalls), stop_reason: finish.stop };
       yield {
@@ -147,37 +228,14 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
   }
 }
 
-const TokenizeOut = z.object({ tokens: z.array(z.number().int()), max_model_len: z.number().int().nullable().optional() });
+/** SGLang's token-in route whose text the gateway parser reads. */
+export const sglangTokenIn = {
+  generate: (call: TokenInCall) => generate(call, "gateway"),
+  generateStream: (call: TokenInCall) => generateStream(call, "gateway"),
+};
 
-async function tokenizeText(call: TokenizeCall, text: string): Promise<z.infer<typeof TokenizeOut>> {
-  const res = await sglangPost(call, "/tokenize", { model: call.model, prompt: text, add_special_tokens: false });
-  const parsed = TokenizeOut.safeParse(await res.body.json());
-  if (!parsed.success) throw new EngineError("engine /tokenize answer has no tokens", 502, "bad_response");
-  return parsed.data;
-}
-
-export const sglangTokenIn: TokenInEngine = {
-  plansHistory: false,
-  tokenizeChat() {
-    return Promise.reject(new EngineError("SGLang's /tokenize cannot render a history without the generation prompt", 501, "rejected"));
-  },
-  async tokenizeText(call, text) {
-    return (await tokenizeText(call, text)).tokens;
-  },
-  async detokenize(call, ids) {
-    // Special tokens kept, as vLLM's /detokenize does: the caller strips the end-of-turn token.
-    const res = await sglangPost(call, "/detokenize", { model: call.model, tokens: ids, skip_special_tokens: false });
-    const parsed = z.object({ text: z.string() }).safeParse(await res.body.json());
-    if (!parsed.success) throw new EngineError("engine /detokenize answer has no text", 502, "bad_response");
-    return parsed.data.text;
-  },
-  async maxModelLen(call) {
-    return (await tokenizeText(call, "")).max_model_len ?? null;
-  },
-  parseAnswer(call, text, engineFinish) {
-    const message = parseQwen3AnswerText(text, parsesTools(call));
-    return { message, finish_reason: chatFinishReason(engineFinish, message.tool_calls.length) };
-  },
-  generate,
-  generateStream,
+/** SGLang's token-in route whose text SGLang's own parse routes read. */
+export const sglangEngineParsed = {
+  generate: (call: TokenInCall) => generate(call, "engine"),
+  generateStream: (call: TokenInCall) => generateStream(call, "engine"),
 };

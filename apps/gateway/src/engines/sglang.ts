@@ -1,19 +1,21 @@
+import { templateFields, type ModelProfile } from "@rollgate/models";
 import type { CanonicalChatRequest, ChatMessage, TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
-import type { EngineCall } from "./vllm.js";
+import { promptIdsFields, type EngineCall } from "./vllm.js";
 
 /**
- * The SGLang adapter, on SGLang's OpenAI chat route with the token-id extensions of PR #30917
- * (`return_token_ids` → `choices[].token_ids`, `return_prompt_token_ids` →
- * `choices[].prompt_token_ids`), `logprobs` (token text only: values line up with the ids by
+ * The SGLang adapter, on SGLang's OpenAI chat route with its token-id extensions: PR #30917's
+ * `return_token_ids` / `return_prompt_token_ids` (→ `choices[].token_ids` / `prompt_token_ids`)
+ * and PR #34488's `return_input_ids` / `return_output_ids` (→ `sglext.input_ids` / `output_ids`,
+ * whichever the server has), `logprobs` (token text only: values line up with the ids by
  * position), `separate_reasoning` (→ `reasoning_content`) and `routed_dp_rank` in the body.
  *
- * SGLang refuses those extensions on streamed chat, so a streaming agent call is answered from one
- * non-streaming engine call replayed as events: the agent still gets a well-formed stream and the
- * record is identical to the non-streaming one, but time-to-first-token is the whole generation.
+ * SGLang refuses PR #30917's ids on streamed chat, so a streaming agent call is answered from one
+ * engine call replayed as events: the agent still gets a well-formed stream and the record is
+ * identical to the non-streaming one, but time-to-first-token is the whole generation.
  */
 
 function toSglangMessage(m: ChatMessage): Record<string, unknown> {
@@ -22,7 +24,7 @@ function toSglangMessage(m: ChatMessage): Record<string, unknown> {
 }
 
 /** The request body SGLang gets. Pure, so it has golden tests. */
-export function buildSglangChatBody(model: string, req: CanonicalChatRequest, dpRank: number): Record<string, unknown> {
+export function buildSglangChatBody(model: string, req: CanonicalChatRequest, dpRank: number, profile: ModelProfile, promptIds?: EngineCall["promptIds"]): Record<string, unknown> {
   const s = req.sampling;
   const body: Record<string, unknown> = {
     model,
@@ -33,11 +35,13 @@ export function buildSglangChatBody(model: string, req: CanonicalChatRequest, dp
     return_token_ids: true,
     return_prompt_token_ids: true,
     separate_reasoning: true,
+    return_input_ids: true,
+    return_output_ids: true,
     routed_dp_rank: dpRank,
   };
   if (req.tools) body.tools = req.tools;
   if (req.tool_choice) body.tool_choice = req.tool_choice;
-  if (req.enable_thinking !== undefined) body.chat_template_kwargs = { enable_thinking: req.enable_thinking };
+  Object.assign(body, templateFields(profile, req), promptIdsFields(promptIds));
   for (const key of ["temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty"] as const) {
     if (s[key] !== undefined) body[key] = s[key];
   }
@@ -53,6 +57,18 @@ const SglangLogprob = z.object({
     .nullable()
     .optional(),
 });
+
+const SglangUsage = z.object({
+  prompt_tokens: z.number().int(),
+  completion_tokens: z.number().int(),
+  prompt_tokens_details: z.object({ cached_tokens: z.number().int().nullable().optional() }).nullable().optional(),
+});
+
+/** PR #34488's response-level ids: the prompt, and one output list per choice. */
+const SglExt = z
+  .object({ input_ids: z.array(z.number().int()).nullish(), output_ids: z.array(z.array(z.number().int())).nullish() })
+  .loose()
+  .nullish();
 
 const SglangChatResponse = z.object({
   choices: z
@@ -74,14 +90,8 @@ const SglangChatResponse = z.object({
       }),
     )
     .min(1),
-  usage: z
-    .object({
-      prompt_tokens: z.number().int(),
-      completion_tokens: z.number().int(),
-      prompt_tokens_details: z.object({ cached_tokens: z.number().int().nullable().optional() }).nullable().optional(),
-    })
-    .nullable()
-    .optional(),
+  usage: SglangUsage.nullable().optional(),
+  sglext: SglExt,
 });
 
 /** SGLang answers errors flat (`{object:"error", message}`) or nested (`{error:{message}}`). */
@@ -133,22 +143,25 @@ function toTokenLogprob(l: z.infer<typeof SglangLogprob>): TokenLogprob {
   };
 }
 
+const MISSING_IDS =
+  "the engine returned no token ids: rollgate needs an SGLang with return_token_ids / return_prompt_token_ids (or return_input_ids / return_output_ids) on its chat route";
+
 export async function sglangChat(call: EngineCall): Promise<EngineResult> {
-  const res = await sglangPost(call, "/v1/chat/completions", buildSglangChatBody(call.model, call.request, call.target.dpRank));
+  const res = await sglangPost(call, "/v1/chat/completions", buildSglangChatBody(call.model, call.request, call.target.dpRank, call.target.profile, call.promptIds));
   const parsed = SglangChatResponse.safeParse(await res.body.json());
   if (!parsed.success) throw new EngineError(`engine response is not a chat completion: ${parsed.error.message}`, 502, "bad_response");
   const choice = parsed.data.choices[0]!;
-  if (!choice.token_ids || !choice.prompt_token_ids) {
-    throw new EngineError("the engine returned no token ids: rollgate needs an SGLang with return_token_ids / return_prompt_token_ids on its chat route", 502, "bad_response");
-  }
+  const promptIds = choice.prompt_token_ids ?? parsed.data.sglext?.input_ids;
+  const outputIds = choice.token_ids ?? parsed.data.sglext?.output_ids?.[0];
+  if (!outputIds || !promptIds) throw new EngineError(MISSING_IDS, 502, "bad_response");
   const lps = (choice.logprobs?.content ?? []).map(toTokenLogprob);
-  if (lps.length !== choice.token_ids.length) {
-    throw new EngineError(`engine returned ${choice.token_ids.length} token ids but ${lps.length} logprobs`, 502, "bad_response");
+  if (lps.length !== outputIds.length) {
+    throw new EngineError(`engine returned ${outputIds.length} token ids but ${lps.length} logprobs`, 502, "bad_response");
   }
   const usage = parsed.data.usage;
   return {
-    prompt_ids: choice.prompt_token_ids,
-    output_ids: choice.token_ids,
+    prompt_ids: promptIds,
+    output_ids: outputIds,
     output_logprobs: lps.map((l) => l.logprob),
     logprobs: lps,
     message: {
@@ -163,8 +176,8 @@ export async function sglangChat(call: EngineCall): Promise<EngineResult> {
     finish_reason: choice.finish_reason ?? "stop",
     stop_reason: choice.matched_stop ?? null,
     usage: {
-      prompt_tokens: usage?.prompt_tokens ?? choice.prompt_token_ids.length,
-      completion_tokens: usage?.completion_tokens ?? choice.token_ids.length,
+      prompt_tokens: usage?.prompt_tokens ?? promptIds.length,
+      completion_tokens: usage?.completion_tokens ?? outputIds.length,
       cached_tokens: usage?.prompt_tokens_details?.cached_tokens ?? 0,
     },
   };
@@ -183,6 +196,7 @@ export async function* sglangChatStream(call: EngineCall): AsyncGenerator<Engine
       : {}),
     token_ids: r.output_ids,
     logprobs: r.logprobs,
+    ...(r.output_versions ? { versions: r.output_versions } : {}),
   };
   yield { type: "finish", finish_reason: r.finish_reason, stop_reason: r.stop_reason };
   yield { type: "usage", usage: r.usage };
@@ -197,7 +211,7 @@ export async function sglangCountTokens(call: Omit<EngineCall, "requestId">): Pr
     model: call.model,
     messages: req.messages.map(toSglangMessage),
     ...(req.tools ? { tools: req.tools } : {}),
-    ...(req.enable_thinking !== undefined ? { chat_template_kwargs: { enable_thinking: req.enable_thinking } } : {}),
+    ...templateFields(call.target.profile, req),
   });
   const parsed = SglangTokenizeResponse.safeParse(await res.body.json());
   if (!parsed.success) throw new EngineError("engine /tokenize answer has no count", 502, "bad_response");

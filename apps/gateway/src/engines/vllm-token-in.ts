@@ -1,31 +1,31 @@
-import type { ChatMessage, TokenLogprob } from "@rollgate/protocol";
-import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
+import { parseWhole, type ParsedDelta } from "@rollgate/models";
+import type { TokenLogprob } from "@rollgate/protocol";
+import { StreamAccumulator, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
-import { Qwen3OutputParser, parseQwen3AnswerText, parseQwen3Output, type ParsedDelta } from "./qwen3-parsers.js";
-import { chatFinishReason, parsesTools } from "./chat-route-rules.js";
-import type { TokenInCall, TokenInEngine, TokenizeCall } from "./token-in.js";
+import { chatFinishReason, parsesTools, profileParser } from "./chat-route-rules.js";
+import type { TokenInCall } from "./token-in.js";
+import type { TokenizeCall } from "./tokenizer.js";
 import { sseJson } from "./sse.js";
-import { MISSING_TOKENS, rejectUnlessOk, toVllmMessage } from "./vllm.js";
+import { MISSING_TOKENS, rejectUnlessOk } from "./vllm.js";
 
 /**
  * vLLM's token-in route: `POST /v1/completions` with `prompt` = token ids, `return_token_ids`
  * (≥ v0.10.2) and legacy `logprobs: k` (`{tokens, token_logprobs, top_logprobs, text_offset}`),
  * routed by `X-data-parallel-rank` like the chat route. The generated text is parsed by the
- * gateway's copy of vLLM's Qwen3 reasoning + hermes tool parsers (qwen3-parsers.ts), which the
- * completions route does not run. Also the engine's own renderer and tokenizer (`POST /tokenize`,
- * chat and text forms), which the continuation planner uses to derive the new turns' ids.
+ * gateway parser the engine's model profile declares (the completions route runs no parser), so
+ * only profiles that declare one use it.
  */
 
 /** The completions body. Pure, so it has golden tests. */
 export function buildVllmCompletionBody(call: TokenInCall): Record<string, unknown> {
   const req = call.request;
   const s = req.sampling;
-  const maxTokens = s.max_tokens ?? (call.maxModelLen !== null ? call.maxModelLen - call.promptIds.length : undefined);
+  const maxTokens = s.max_tokens ?? (call.maxModelLen !== null ? call.maxModelLen - call.tokenIds.length : undefined);
   const body: Record<string, unknown> = {
     model: call.model,
-    prompt: call.promptIds,
+    prompt: call.tokenIds,
     stream: req.stream,
     // k+1 entries per step (the sampled token first): the chat route's top_logprobs = k.
     logprobs: req.client_logprobs?.top_logprobs ?? 0,
@@ -106,6 +106,7 @@ function postCompletion(call: TokenInCall): Promise<Dispatcher.ResponseData> {
 
 /** One non-streaming token-in generation. */
 async function generate(call: TokenInCall): Promise<EngineResult> {
+  if (call.stamp) return generateStamped(call);
   const res = await postCompletion(call);
   await rejectUnlessOk(res, call.target.engine.url);
   const parsed = CompletionResponse.safeParse(await res.body.json());
@@ -117,7 +118,7 @@ async function generate(call: TokenInCall): Promise<EngineResult> {
   if (logprobs.length !== choice.token_ids.length) {
     throw new EngineError(`engine returned ${choice.token_ids.length} token ids but ${logprobs.length} logprobs`, 502, "bad_response");
   }
-  const message = parseQwen3Output(choice.text, parsesTools(call));
+  const message = parseWhole(profileParser(call).create(parsesTools(call)), choice.text);
   return {
     prompt_ids: choice.prompt_token_ids,
     output_ids: choice.token_ids,
@@ -134,9 +135,18 @@ async function generate(call: TokenInCall): Promise<EngineResult> {
   };
 }
 
-function deltaEvent(d: ParsedDelta | null, ids: number[], logprobs: TokenLogprob[]): EngineStreamEvent | null {
+function deltaEvent(d: ParsedDelta | null, ids: number[], logprobs: TokenLogprob[], stamp?: () => string | null): EngineStreamEvent | null {
   if (ids.length === 0 && !d) return null;
-  return { type: "delta", ...(d ?? {}), token_ids: ids, logprobs };
+  const version = stamp?.();
+  return { type: "delta", ...(d ?? {}), token_ids: ids, logprobs, ...(stamp ? { versions: ids.map(() => version ?? null) } : {}) };
+}
+
+/** A non-streamed generation read as a stream, so its tokens are stamped as they arrive. */
+async function generateStamped(call: TokenInCall): Promise<EngineResult> {
+  const acc = new StreamAccumulator();
+  for await (const event of generateStream({ ...call, request: { ...call.request, stream: true } })) acc.push(event);
+  if (!acc.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
+  return acc.result();
 }
 
 /**
@@ -147,7 +157,7 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
   const res = await postCompletion(call);
   await rejectUnlessOk(res, call.target.engine.url);
   const topK = call.request.client_logprobs?.top_logprobs ?? 0;
-  const parser = new Qwen3OutputParser(parsesTools(call));
+  const parser = profileParser(call).create(parsesTools(call));
   // Continuing a cut answer: the parser reads what was already sent, so new text lands in context.
   if (call.primeText) {
     parser.push(call.primeText);
@@ -172,7 +182,7 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
       const lps = toTokenLogprobs(choice.logprobs, topK);
       tokens += ids.length;
       logprobCount += lps.length;
-      const ev = deltaEvent(choice.text ? parser.push(choice.text) : null, ids, lps);
+      const ev = deltaEvent(choice.text ? parser.push(choice.text) : null, ids, lps, call.stamp);
       if (ev) yield ev;
       if (choice.finish_reason && !finished) {
         finished = true;
@@ -196,50 +206,5 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
   if (tokens !== logprobCount) throw new EngineError(`engine streamed ${tokens} token ids but ${logprobCount} logprobs`, 502, "bad_response");
 }
 
-const TokenizeResponse = z.object({
-  tokens: z.array(z.number().int()),
-  max_model_len: z.number().int().nullable().optional(),
-});
-
-async function tokenize(call: TokenizeCall, body: Record<string, unknown>): Promise<z.infer<typeof TokenizeResponse>> {
-  const url = call.target.engine.url;
-  const res = await post(url, "/tokenize", { model: call.model, ...body }, call);
-  await rejectUnlessOk(res, url);
-  const parsed = TokenizeResponse.safeParse(await res.body.json());
-  if (!parsed.success) throw new EngineError("engine /tokenize answer has no tokens", 502, "bad_response");
-  return parsed.data;
-}
-
-export const vllmTokenIn: TokenInEngine = {
-  plansHistory: true,
-  async tokenizeChat(call, messages: ChatMessage[], addGenerationPrompt) {
-    const req = call.request;
-    const r = await tokenize(call, {
-      messages: messages.map(toVllmMessage),
-      add_generation_prompt: addGenerationPrompt,
-      ...(req.tools ? { tools: req.tools } : {}),
-      ...(req.enable_thinking !== undefined ? { chat_template_kwargs: { enable_thinking: req.enable_thinking } } : {}),
-    });
-    return { ids: r.tokens, maxModelLen: r.max_model_len ?? null };
-  },
-  async tokenizeText(call, text) {
-    return (await tokenize(call, { prompt: text, add_special_tokens: false })).tokens;
-  },
-  async detokenize(call, ids) {
-    const url = call.target.engine.url;
-    const res = await post(url, "/detokenize", { model: call.model, tokens: ids }, call);
-    await rejectUnlessOk(res, url);
-    const parsed = z.object({ prompt: z.string() }).safeParse(await res.body.json());
-    if (!parsed.success) throw new EngineError("engine /detokenize answer has no prompt text", 502, "bad_response");
-    return parsed.data.prompt;
-  },
-  async maxModelLen(call) {
-    return (await tokenize(call, { prompt: "", add_special_tokens: false })).max_model_len ?? null;
-  },
-  parseAnswer(call, text, engineFinish) {
-    const message = parseQwen3AnswerText(text, parsesTools(call));
-    return { message, finish_reason: chatFinishReason(engineFinish, message.tool_calls.length) };
-  },
-  generate,
-  generateStream,
-};
+/** vLLM's token-in route (the gateway parses its output). */
+export const vllmTokenIn = { generate, generateStream };

@@ -1,5 +1,6 @@
+import { templateFields, type ModelProfile } from "@rollgate/models";
 import type { CanonicalChatRequest, ChatMessage, TokenLogprob } from "@rollgate/protocol";
-import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
+import { StreamAccumulator, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
@@ -18,6 +19,30 @@ export interface EngineCall {
   requestId: string;
   signal: AbortSignal;
   dispatcher: Dispatcher;
+  /**
+   * A pre-tokenised prompt for the chat route (token-in): the engine generates from these ids while
+   * the messages and tools still drive its tool and reasoning parsers. `field` is how this engine
+   * takes it (capabilities.ts probes which one it honours).
+   */
+  promptIds?: { ids: number[]; field: ChatPromptField };
+  /**
+   * Set when a freeze-in-place pause may fall inside this call: the weight version current now. The
+   * adapter reads the answer as it arrives and stamps each token with it (EngineResult.output_versions).
+   */
+  stamp?: () => string | null;
+}
+
+/**
+ * How a chat route takes a pre-tokenised prompt: vLLM `prompt_token_ids` (PR #55771) or
+ * `kv_transfer_params.prompt_token_ids` (PR #48145), SGLang `input_ids`.
+ */
+export type ChatPromptField = "prompt_token_ids" | "kv_transfer_params" | "input_ids";
+
+/** The body fields that carry a pre-tokenised prompt. */
+export function promptIdsFields(p: EngineCall["promptIds"]): Record<string, unknown> {
+  if (!p) return {};
+  if (p.field === "kv_transfer_params") return { kv_transfer_params: { prompt_token_ids: p.ids } };
+  return { [p.field]: p.ids };
 }
 
 export function toVllmMessage(m: ChatMessage): Record<string, unknown> {
@@ -28,7 +53,7 @@ export function toVllmMessage(m: ChatMessage): Record<string, unknown> {
 }
 
 /** The request body vLLM gets. Pure, so it has golden tests. */
-export function buildVllmChatBody(model: string, req: CanonicalChatRequest): Record<string, unknown> {
+export function buildVllmChatBody(model: string, req: CanonicalChatRequest, profile: ModelProfile, promptIds?: EngineCall["promptIds"]): Record<string, unknown> {
   const s = req.sampling;
   const body: Record<string, unknown> = {
     model,
@@ -41,7 +66,7 @@ export function buildVllmChatBody(model: string, req: CanonicalChatRequest): Rec
   if (req.stream) body.stream_options = { include_usage: true };
   if (req.tools) body.tools = req.tools;
   if (req.tool_choice) body.tool_choice = req.tool_choice;
-  if (req.enable_thinking !== undefined) body.chat_template_kwargs = { enable_thinking: req.enable_thinking };
+  Object.assign(body, templateFields(profile, req), promptIdsFields(promptIds));
   for (const key of [
     "temperature",
     "top_p",
@@ -152,7 +177,7 @@ async function post(call: EngineCall): Promise<Dispatcher.ResponseData> {
         "x-data-parallel-rank": String(target.dpRank),
         "x-request-id": call.requestId,
       },
-      body: JSON.stringify(buildVllmChatBody(call.model, call.request)),
+      body: JSON.stringify(buildVllmChatBody(call.model, call.request, target.profile, call.promptIds)),
     });
   } catch (err) {
     if (call.signal.aborted) throw err;
@@ -178,8 +203,17 @@ function safeJson(text: string): unknown {
   }
 }
 
-/** One non-streaming call. */
+/**
+ * One non-streaming call. When the caller stamps weight versions, the call is read as a stream
+ * instead (the same record), so each token carries the version current when it arrived.
+ */
 export async function vllmChat(call: EngineCall): Promise<EngineResult> {
+  if (call.stamp) {
+    const acc = new StreamAccumulator();
+    for await (const event of vllmChatStream({ ...call, request: { ...call.request, stream: true } })) acc.push(event);
+    if (!acc.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
+    return acc.result();
+  }
   const res = await post(call);
   await rejectUnlessOk(res, call.target.engine.url);
   const parsed = VllmChatResponse.safeParse(await res.body.json());
@@ -242,8 +276,10 @@ export async function* vllmChatStream(call: EngineCall): AsyncGenerator<EngineSt
       const reasoning = d?.reasoning ?? d?.reasoning_content ?? undefined;
       const hasText = (d?.content ?? "") !== "" || (reasoning ?? "") !== "" || (d?.tool_calls?.length ?? 0) > 0;
       if (ids.length > 0 || hasText) {
+        const version = call.stamp?.();
         yield {
           type: "delta",
+          ...(call.stamp ? { versions: ids.map(() => version ?? null) } : {}),
           ...(d?.content ? { content: d.content } : {}),
           ...(reasoning ? { reasoning } : {}),
           ...(d?.tool_calls && d.tool_calls.length > 0
@@ -291,7 +327,7 @@ export async function vllmCountTokens(call: Omit<EngineCall, "requestId">): Prom
     messages: req.messages.map(toVllmMessage),
     add_generation_prompt: true,
     ...(req.tools ? { tools: req.tools } : {}),
-    ...(req.enable_thinking !== undefined ? { chat_template_kwargs: { enable_thinking: req.enable_thinking } } : {}),
+    ...templateFields(target.profile, req),
   };
   let res: Dispatcher.ResponseData;
   try {

@@ -3,24 +3,27 @@ import type { CanonicalChatRequest, ClientProtocol, CompletionRecord, Session, W
 import { rankMember, type SessionStore, type TaskStore } from "@rollgate/store";
 import {
   StreamAccumulator,
+  applyNormalizations,
   applySessionSampling,
   findExtendedRecord,
   matchEchoedHistory,
-  normalizeEchoedHistory,
   recordHead,
   type EchoedHistory,
   type EngineResult,
   type EngineStreamEvent,
 } from "@rollgate/transforms";
 import type { Logger } from "pino";
+import { pausePlan } from "../engines/capabilities.js";
 import { EngineError } from "../engines/errors.js";
 import type { EngineRegistry, RankTarget } from "../engines/registry.js";
 import type { GateSlot, PauseGate } from "../ops/pause-gate.js";
 import type { Rerouter } from "../ops/reroute.js";
 import { adapterFor, type EngineAdapter } from "../engines/adapter.js";
-import { tokenInFor, type TokenInCall, type TokenInEngine } from "../engines/token-in.js";
+import { SGLANG_GENERATE_ENGINE_PARSED, cutContinuationRoute, historyRoute, parseAnswer, type TokenInCall, type TokenInRoute } from "../engines/token-in.js";
+import { engineTokenizer } from "../engines/tokenizer.js";
 import type { EngineCall } from "../engines/vllm.js";
-import { planContinuation, type ContinuationMode, type TokenInPlan } from "./continuation.js";
+import { planContinuation, type ContinuationMode } from "./continuation.js";
+import { HistoryNormalizer } from "./history-normalizer.js";
 import { addCut, continuationPrompt, continuationRequest, joinContinuation, type CutGeneration } from "./pause-continuation.js";
 
 /** The engine could not serve the call (unreachable, or a 5xx): worth another rank, unlike a refusal. */
@@ -51,8 +54,12 @@ export interface PreparedCall {
   engineCall: EngineCall;
   weightVersion: string | null;
   startedAt: number;
-  /** Set when the call continues a recorded one token-in (see continuation.ts); null: the engine renders. */
-  tokenIn: { engine: TokenInEngine; plan: TokenInPlan } | null;
+  /**
+   * Set when the call goes to the engine as token ids: it continues a recorded one token-in (see
+   * continuation.ts; `base` is that record's seq), or its engine is an SGLang that serves every
+   * call through /generate (an in-place pause can fall inside it). Null: the chat route renders.
+   */
+  tokenIn: { route: TokenInRoute; promptIds: number[]; maxModelLen: number | null; base: number | null } | null;
 }
 
 /**
@@ -76,6 +83,9 @@ export class ChatCaller {
       countError?: (what: string) => void;
     },
   ) {}
+
+  /** What this gateway learned of each engine's template re-rendering of echoed turns. */
+  readonly normalizer = new HistoryNormalizer();
 
   async prepare(given: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal): Promise<PreparedCall> {
     const { session, reroutedFrom } = await this.deps.rerouter.ensureHealthy(given);
@@ -102,15 +112,11 @@ export class ChatCaller {
     // Echoed history: each assistant turn is restored from the session's own records (what the
     // engine generated). Only the records' small heads are read, once per call and only when
     // there are such turns; the one full record a token-in continuation needs is read after.
-    let messages = normalizeEchoedHistory(canonical.messages);
     let history: EchoedHistory | null = null;
-    if (heads && messages.some((m) => m.role === "assistant")) {
-      history = matchEchoedHistory(messages, heads);
-      messages = history.messages;
-    }
+    if (heads && canonical.messages.some((m) => m.role === "assistant")) history = matchEchoedHistory(canonical.messages, heads);
     const request: CanonicalChatRequest = {
       ...canonical,
-      messages,
+      messages: history?.messages ?? canonical.messages,
       sampling: applySessionSampling(canonical.sampling, session.sampling),
     };
     const engineCall: EngineCall = {
@@ -121,7 +127,20 @@ export class ChatCaller {
       signal,
       dispatcher: this.deps.registry.dispatcher,
     };
-    const tokenIn = history ? await this.planTokenIn(engineCall, history, session.id, seq) : null;
+    // Capabilities are probed once per engine; a call never waits on a failed probe.
+    const caps = await this.deps.registry.capabilities(assignment.engine).catch(() => null);
+    const pauseMode = caps ? pausePlan(target.engine.kind, caps, target.profile).mode : null;
+    const guided = request.tool_choice === "required" || typeof request.tool_choice === "object";
+    // A freeze-in-place pause may fall inside any call: the answer is then read as it arrives and
+    // each token stamped with the weight version current when it came. On SGLang that takes
+    // /generate (capabilities.ts), which has no guided decoding: such calls stay on the chat route.
+    const viaGenerate = pauseMode === "in_place" && !guided;
+    if (pauseMode === "keep" || viaGenerate) engineCall.stamp = () => this.deps.pause.weights;
+    let tokenIn = history ? await this.restoreAndPlan(engineCall, history, session.id, seq, caps) : null;
+    if (viaGenerate && !tokenIn) {
+      const rendered = await engineTokenizer.renderChat(engineCall, engineCall.request.messages);
+      tokenIn = { route: SGLANG_GENERATE_ENGINE_PARSED, promptIds: rendered.ids, maxModelLen: rendered.maxModelLen, base: null };
+    }
     return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), engineCall, tokenIn };
   }
 
@@ -131,23 +150,52 @@ export class ChatCaller {
     });
   }
 
-  /** Whether this call continues a recorded one token-in (continuation.ts); a plan that fails falls back to rendering. */
-  private async planTokenIn(call: EngineCall, history: EchoedHistory, sid: string, seq: number): Promise<PreparedCall["tokenIn"]> {
+  /**
+   * Echoed history, step two and three: the restored turns get the forms this engine's template
+   * re-renders faithfully (learned empirically where the profile asks for it), then the call is
+   * planned: continued token-in from a recorded call's own ids, or left to the engine to render.
+   * Planning never fails a call: anything that goes wrong falls back to rendering.
+   */
+  private async restoreAndPlan(
+    call: EngineCall,
+    history: EchoedHistory,
+    sid: string,
+    seq: number,
+    caps: Awaited<ReturnType<EngineRegistry["capabilities"]>> | null,
+  ): Promise<PreparedCall["tokenIn"]> {
+    const profile = call.target.profile;
+    const restored = history.producers.flatMap((p, i) => (p ? [i] : []));
     const mode = this.deps.continuation ?? "auto";
-    if (mode === "render") return null;
-    const found = tokenInFor(call.target.engine.kind);
-    const engine = found?.plansHistory ? found : undefined;
     try {
       const found = findExtendedRecord(call.request, history);
-      const full = found ? await this.deps.sessions.record(sid, found.record.seq) : null;
+      const needFull = found && (mode !== "render" || profile.history_normalization === "empirical");
+      const full = needFull ? await this.deps.sessions.record(sid, found.record.seq) : null;
+      if (profile.history_normalization === "empirical") {
+        let messages = applyNormalizations(history.messages, restored, this.normalizer.learned(call));
+        if (found && full) {
+          const learned = await this.normalizer.learn(engineTokenizer, { ...call, request: { ...call.request, messages } }, messages, found.index, full);
+          if (learned) messages = applyNormalizations(history.messages, restored, this.normalizer.learned(call));
+        }
+        call.request = { ...call.request, messages };
+      }
+      if (mode === "render") return null;
+      const chosen = caps ? historyRoute(call.target.engine.kind, caps, profile) : { route: null, why: "the engine's capabilities are not known yet" };
       const extended = found && full ? { record: full, index: found.index } : null;
-      const outcome = await planContinuation({ mode, engine, call, request: call.request, extended });
-      if (!outcome.plan || !engine) {
-        this.deps.log.debug({ session: sid, seq, why: outcome.plan ? "no engine" : outcome.why }, "call rendered by the engine");
+      const outcome = await planContinuation({
+        mode,
+        route: chosen.route,
+        ...(chosen.route ? {} : { noRoute: chosen.why }),
+        tokenizer: engineTokenizer,
+        call,
+        request: call.request,
+        extended,
+      });
+      if (!outcome.plan || !chosen.route) {
+        this.deps.log.debug({ session: sid, seq, why: outcome.plan ? "no route" : outcome.why }, "call rendered by the engine");
         return null;
       }
-      this.deps.log.debug({ session: sid, seq, base: outcome.plan.base.seq, diverges_at: outcome.plan.divergesAt }, "call continues token-in");
-      return { engine, plan: outcome.plan };
+      this.deps.log.debug({ session: sid, seq, base: outcome.plan.base.seq, diverges_at: outcome.plan.divergesAt, route: chosen.route.name }, "call continues token-in");
+      return { route: chosen.route, promptIds: outcome.plan.promptIds, maxModelLen: outcome.plan.maxModelLen, base: outcome.plan.base.seq };
     } catch (err) {
       if (call.signal.aborted) throw err;
       this.deps.log.warn({ session: sid, seq, err: (err as Error).message }, "token-in planning failed; the engine renders this call");
@@ -161,8 +209,8 @@ export class ChatCaller {
   private send(call: PreparedCall, signal: AbortSignal, stream: boolean): Promise<EngineResult> | AsyncGenerator<EngineStreamEvent> {
     const engineCall = { ...call.engineCall, signal, request: { ...call.engineCall.request, stream } };
     if (call.tokenIn) {
-      const tokenInCall = { ...engineCall, promptIds: call.tokenIn.plan.promptIds, maxModelLen: call.tokenIn.plan.maxModelLen };
-      return stream ? call.tokenIn.engine.generateStream(tokenInCall) : call.tokenIn.engine.generate(tokenInCall);
+      const tokenInCall: TokenInCall = { ...engineCall, tokenIds: call.tokenIn.promptIds, maxModelLen: call.tokenIn.maxModelLen };
+      return stream ? call.tokenIn.route.generateStream(tokenInCall) : call.tokenIn.route.generate(tokenInCall);
     }
     return stream ? call.adapter.chatStream(engineCall) : call.adapter.chat(engineCall);
   }
@@ -174,7 +222,7 @@ export class ChatCaller {
     const adapter = adapterFor(target.engine.kind);
     if (!adapter) throw new CallRejected(`engine kind ${target.engine.kind} is not supported yet`, 501, "engine_unsupported");
     const model = await this.deps.registry.servedModel(session.assignment.engine);
-    return adapter.countTokens({ target, model, request: { ...canonical, messages: normalizeEchoedHistory(canonical.messages) }, signal, dispatcher: this.deps.registry.dispatcher });
+    return adapter.countTokens({ target, model, request: canonical, signal, dispatcher: this.deps.registry.dispatcher });
   }
 
   /**
@@ -204,7 +252,7 @@ export class ChatCaller {
       } finally {
         slot.release();
       }
-      if (result && (await this.cutByPause(result.finish_reason, slot))) {
+      if (result && this.canContinue(call) && (await this.cutByPause(result.finish_reason, slot))) {
         cut = addCut(cut, result, version);
         continue;
       }
@@ -234,7 +282,7 @@ export class ChatCaller {
         const events = cut ? this.continueCutStream(call, cut, slot.signal) : this.send(call, slot.signal, true);
         for await (const event of events) {
           piece.push(event);
-          if (event.type === "finish" && (await this.cutByPause(event.finish_reason, slot))) heldFinish = true;
+          if (event.type === "finish" && this.canContinue(call) && (await this.cutByPause(event.finish_reason, slot))) heldFinish = true;
           // The agent already has its start; usage is told once, for the whole answer.
           if ((event.type === "start" && cut) || (event.type === "usage" && (heldFinish || cut)) || heldFinish) continue;
           acc.push(event);
@@ -296,20 +344,30 @@ export class ChatCaller {
     return finishReason === "abort" && (await this.deps.pause.cutByPause(slot));
   }
 
+  /**
+   * Whether an answer a pause cut can be continued: only where the model profile declares a gateway
+   * parser (the whole answer's text is parsed again). Otherwise the cut answer is the answer.
+   */
+  private canContinue(call: PreparedCall): boolean {
+    return cutContinuationRoute(call.target.engine.kind, call.target.profile) !== null;
+  }
+
   /** The token-in call that continues a cut answer, or null when its max_tokens is already spent. */
-  private async continuationCall(call: PreparedCall, cut: CutGeneration, signal: AbortSignal, stream: boolean): Promise<{ engine: TokenInEngine; call: TokenInCall } | null> {
-    const engine = tokenInFor(call.target.engine.kind);
+  private async continuationCall(call: PreparedCall, cut: CutGeneration, signal: AbortSignal, stream: boolean): Promise<{ route: TokenInRoute; call: TokenInCall } | null> {
+    const route = cutContinuationRoute(call.target.engine.kind, call.target.profile);
+    if (!route) throw new EngineError(`the ${call.target.profile.name} profile declares no gateway parser: a cut answer cannot be continued`, 502, "rejected");
     const request = continuationRequest(cut, call.engineCall.request);
     if (!request) return null;
-    const base = { ...call.engineCall, signal, requestId: `${call.engineCall.requestId}-cont${cut.cuts}`, request: { ...request, stream } };
-    const maxModelLen = request.sampling.max_tokens === undefined ? await engine.maxModelLen(base) : null;
-    return { engine, call: { ...base, promptIds: continuationPrompt(cut), maxModelLen } };
+    const { promptIds: _chatPrompt, ...engineCall } = call.engineCall;
+    const base = { ...engineCall, signal, requestId: `${call.engineCall.requestId}-cont${cut.cuts}`, request: { ...request, stream } };
+    const maxModelLen = request.sampling.max_tokens === undefined ? await engineTokenizer.maxModelLen(base) : null;
+    return { route, call: { ...base, tokenIds: continuationPrompt(cut), maxModelLen } };
   }
 
   private async continueCut(call: PreparedCall, cut: CutGeneration, signal: AbortSignal): Promise<EngineResult | null> {
     const next = await this.continuationCall(call, cut, signal, false);
     this.deps.log.info({ session: call.session.id, seq: call.seq, tokens_so_far: cut.outputIds.length }, "continuing a call cut by a pause");
-    return next ? next.engine.generate(next.call) : null;
+    return next ? next.route.generate(next.call) : null;
   }
 
   private async *continueCutStream(call: PreparedCall, cut: CutGeneration, signal: AbortSignal): AsyncGenerator<EngineStreamEvent> {
@@ -319,17 +377,15 @@ export class ChatCaller {
       yield { type: "finish", finish_reason: "length", stop_reason: null };
       return;
     }
-    const primeText = await next.engine.detokenize(next.call, cut.outputIds);
-    yield* next.engine.generateStream({ ...next.call, primeText });
+    const primeText = await engineTokenizer.detokenize(next.call, cut.outputIds);
+    yield* next.route.generateStream({ ...next.call, primeText });
   }
 
   /** The whole answer of a continued call: every piece's tokens, the message parsed from their text. */
   private async joinCut(call: PreparedCall, cut: CutGeneration, rest: EngineResult | null, version: WeightVersion): Promise<EngineResult> {
-    const engine = tokenInFor(call.target.engine.kind);
     const ids = cut.outputIds.concat(rest?.output_ids ?? []);
-    const tokenInCall = { ...call.engineCall, promptIds: cut.promptIds, maxModelLen: null };
-    const text = await engine.detokenize(tokenInCall, ids);
-    const answer = engine.parseAnswer(tokenInCall, text, rest?.finish_reason ?? "length");
+    const text = await engineTokenizer.detokenize(call.engineCall, ids);
+    const answer = parseAnswer(call.engineCall, text, rest?.finish_reason ?? "length");
     const { result, versions } = joinContinuation(cut, rest, version, answer);
     call.continued = { cuts: cut.cuts, versions };
     return result;
@@ -351,8 +407,22 @@ export class ChatCaller {
     }
   }
 
+  /**
+   * The weight versions of a call's tokens: from the continuation of a cut call, else from the
+   * stamps an answer read as it arrived carries (a freeze-in-place pause changed the weights inside
+   * the call when they differ), else the version the call started under.
+   */
+  private versionsOf(call: PreparedCall, result: EngineResult): { weight_version: WeightVersion; output_weight_versions?: WeightVersion[] } {
+    if (call.continued) return { weight_version: call.weightVersion, output_weight_versions: call.continued.versions };
+    const stamps = result.output_versions;
+    if (!stamps || stamps.length === 0 || stamps.length !== result.output_ids.length) return { weight_version: call.weightVersion };
+    const last = stamps.at(-1) ?? null;
+    return stamps.every((v) => v === last) ? { weight_version: last } : { weight_version: last, output_weight_versions: stamps };
+  }
+
   private async record(call: PreparedCall, result: EngineResult): Promise<void> {
     const { request } = call.engineCall;
+    const versions = this.versionsOf(call, result);
     const record: CompletionRecord = {
       id: `cmpl-${randomUUID()}`,
       session_id: call.session.id,
@@ -361,13 +431,15 @@ export class ChatCaller {
       protocol: call.protocol,
       engine: call.target.engine.url,
       dp_rank: call.target.dpRank,
-      weight_version: call.weightVersion,
+      weight_version: versions.weight_version,
       request: {
         messages: request.messages,
         sampling: request.sampling,
         ...(request.tools ? { tools: request.tools } : {}),
         ...(request.tool_choice ? { tool_choice: request.tool_choice } : {}),
         ...(request.enable_thinking !== undefined ? { enable_thinking: request.enable_thinking } : {}),
+        ...(request.chat_template_kwargs !== undefined ? { chat_template_kwargs: request.chat_template_kwargs } : {}),
+        ...(request.reasoning_effort !== undefined ? { reasoning_effort: request.reasoning_effort } : {}),
       },
       prompt_ids: result.prompt_ids,
       output_ids: result.output_ids,
@@ -377,7 +449,8 @@ export class ChatCaller {
       usage: result.usage,
       latency_ms: Date.now() - call.startedAt,
       ...(call.reroutedFrom ? { rerouted_from: call.reroutedFrom } : {}),
-      ...(call.continued ? { output_weight_versions: call.continued.versions, continued_after_pause: call.continued.cuts } : {}),
+      ...(versions.output_weight_versions ? { output_weight_versions: versions.output_weight_versions } : {}),
+      ...(call.continued ? { continued_after_pause: call.continued.cuts } : {}),
     };
     const taskId = call.session.metadata.task_id;
     // The record and the task's progress event are written together (one round trip's wait).

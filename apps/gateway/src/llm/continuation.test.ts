@@ -1,58 +1,67 @@
 /**
  * The continuation planner against a fake engine that renders with engine-sim's real Qwen3
  * template and tokenizer (no HTTP): when it continues token-in, how the new turns' ids are cut,
- * and every case in which it leaves the call to the engine's chat route.
+ * and every case in which it leaves the call to the engine's chat route. Nothing in the planner
+ * knows ChatML: the end-of-turn token is derived from the fake engine's renders.
  */
+import { PRESETS } from "@rollgate/models";
 import type { CanonicalChatRequest, ChatMessage, CompletionRecord } from "@rollgate/protocol";
 import { getTokenizer, parsePyJson, renderChat } from "@rollgate/engine-sim";
-import { findExtendedRecord, matchEchoedHistory, recordHead } from "@rollgate/transforms";
+import { applyNormalizations, findExtendedRecord, matchEchoedHistory, recordHead } from "@rollgate/transforms";
 import { describe, expect, it } from "vitest";
-import type { TokenInEngine, TokenizeCall } from "../engines/token-in.js";
+import type { TokenInRoute } from "../engines/token-in.js";
+import type { EngineTokenizer, TokenizeCall } from "../engines/tokenizer.js";
 import { planContinuation, type ContinuationMode } from "./continuation.js";
+import { HistoryNormalizer } from "./history-normalizer.js";
+import { tokenAfterDifference } from "./turn-markers.js";
 
 const tok = getTokenizer();
 const TOOLS = [{ type: "function" as const, function: { name: "shell", parameters: { type: "object" } } }];
+const IM_END = tok.encode("<|im_end|>")[0]!;
+const ENDOFTEXT = tok.encode("<|endoftext|>")[0]!;
 
-function fakeEngine(opts: { probe?: string } = {}): TokenInEngine {
-  return {
-    plansHistory: true,
-    async tokenizeChat(call, messages, addGenerationPrompt) {
-      const text = renderChat({
-        messages: messages.map((m) => (m.role === "assistant" && m.reasoning ? { ...m, reasoning_content: m.reasoning } : m)),
-        tools: call.request.tools ? call.request.tools.map((t) => parsePyJson(JSON.stringify(t))) : null,
-        addGenerationPrompt,
-        chatTemplateKwargs: call.request.enable_thinking !== undefined ? { enable_thinking: call.request.enable_thinking } : null,
-      });
-      return { ids: tok.encode(text), maxModelLen: 40960 };
-    },
-    async tokenizeText(_call, text) {
-      return tok.encode(opts.probe ?? text);
-    },
-    detokenize: async (_call, ids) => tok.decode(ids),
-    maxModelLen: async () => 40960,
-    parseAnswer: () => {
-      throw new Error("not used");
-    },
-    generate: () => Promise.reject(new Error("not used")),
-    generateStream: () => {
-      throw new Error("not used");
-    },
-  };
-}
-
-let engineNo = 0;
-const callFor = (request: CanonicalChatRequest): TokenizeCall =>
-  ({ target: { engine: { kind: "vllm", url: `http://fake-${engineNo++}`, dp_size: 1 }, dpRank: 0 }, model: "m", request, signal: new AbortController().signal, dispatcher: undefined }) as never;
-
-const render = (messages: ChatMessage[], thinking: boolean, agp: boolean) =>
-  tok.encode(
+function renderIds(messages: ChatMessage[], thinking: boolean | undefined, agp = true): number[] {
+  return tok.encode(
     renderChat({
       messages: messages.map((m) => (m.role === "assistant" && m.reasoning ? { ...m, reasoning_content: m.reasoning } : m)),
       tools: TOOLS.map((t) => parsePyJson(JSON.stringify(t))),
       addGenerationPrompt: agp,
-      chatTemplateKwargs: { enable_thinking: thinking },
+      chatTemplateKwargs: thinking !== undefined ? { enable_thinking: thinking } : null,
     }),
   );
+}
+
+/**
+ * A fake engine on the real Qwen3 template. `endsByRole` makes it end an assistant turn with a
+ * different token before a tool result (as a template without an end token of its own does).
+ */
+function fakeTokenizer(opts: { endsByRole?: boolean } = {}): EngineTokenizer {
+  return {
+    async renderChat(call, messages) {
+      const ids = renderIds(messages, call.request.enable_thinking);
+      if (opts.endsByRole && messages.at(-1)?.role === "tool") return { ids: ids.map((id) => (id === IM_END ? ENDOFTEXT : id)), maxModelLen: 40960 };
+      return { ids, maxModelLen: 40960 };
+    },
+    tokenizeText: async (_call, text) => tok.encode(text),
+    detokenize: async (_call, ids) => tok.decode(ids, false),
+    maxModelLen: async () => 40960,
+  };
+}
+
+const route = (parsedBy: "engine" | "gateway" = "engine"): TokenInRoute => ({
+  name: parsedBy === "engine" ? "chat_prompt_token_ids" : "completions",
+  parsedBy,
+  generate: () => Promise.reject(new Error("not used")),
+  generateStream: () => {
+    throw new Error("not used");
+  },
+});
+
+let engineNo = 0;
+const callFor = (request: CanonicalChatRequest): TokenizeCall =>
+  ({ target: { engine: { kind: "vllm", url: `http://fake-${engineNo++}`, dp_size: 1 }, dpRank: 0, profile: PRESETS.qwen3 }, model: "m", request, signal: new AbortController().signal, dispatcher: undefined }) as never;
+
+const render = (messages: ChatMessage[], thinking: boolean, agp: boolean) => renderIds(messages, thinking, agp);
 
 /** A recorded first call: the engine's prompt for `messages`, and the ids of what it emitted. */
 function firstCall(messages: ChatMessage[], thinking: boolean, emitted: string, message: CompletionRecord["message"]): CompletionRecord {
@@ -83,11 +92,18 @@ const START: ChatMessage[] = [
 ];
 const CALL = { id: "chatcmpl-tool-1", type: "function" as const, function: { name: "shell", arguments: '{"command": "ls"}' } };
 
-async function plan(mode: ContinuationMode, record: CompletionRecord, next: ChatMessage[], extra: Partial<CanonicalChatRequest> = {}, engine = fakeEngine()) {
+/** Restores, normalises (learning the forms as the gateway does) and plans, like ChatCaller.prepare. */
+async function plan(mode: ContinuationMode, record: CompletionRecord, next: ChatMessage[], extra: Partial<CanonicalChatRequest> = {}, opts: { tokenizer?: EngineTokenizer; route?: TokenInRoute | null } = {}) {
+  const tokenizer = opts.tokenizer ?? fakeTokenizer();
   const history = matchEchoedHistory(next, [recordHead(record)]);
-  const request: CanonicalChatRequest = { messages: history.messages, tools: TOOLS, sampling: {}, stream: false, client_logprobs: null, enable_thinking: record.request.enable_thinking!, ...extra };
+  let request: CanonicalChatRequest = { messages: history.messages, tools: TOOLS, sampling: {}, stream: false, client_logprobs: null, enable_thinking: record.request.enable_thinking!, ...extra };
   const found = findExtendedRecord(request, history);
-  return planContinuation({ mode, engine, call: callFor(request), request, extended: found && { record, index: found.index } });
+  const call = callFor(request);
+  const restored = history.producers.flatMap((p, i) => (p ? [i] : []));
+  const normalizer = new HistoryNormalizer();
+  if (found) await normalizer.learn(tokenizer, call, request.messages, found.index, record);
+  request = { ...request, messages: applyNormalizations(request.messages, restored, normalizer.learned(call)) };
+  return planContinuation({ mode, route: opts.route === undefined ? route() : opts.route, noRoute: "no route here", tokenizer, call: { ...call, request }, request, extended: found && { record, index: found.index } });
 }
 
 describe("planContinuation", () => {
@@ -119,7 +135,9 @@ describe("planContinuation", () => {
     const next: ChatMessage[] = [...START, { role: "assistant", content: "\n\n", tool_calls: [CALL] }, { role: "tool", content: "x", tool_call_id: CALL.id }];
     expect(await plan("auto", on, next)).toEqual({ plan: null, why: "the engine's rendering reproduces the recorded tokens" });
     const forced = await plan("token_in", on, next);
-    expect(forced.plan?.promptIds).toEqual(render(matchEchoedHistory(next, [recordHead(on)]).messages, true, true));
+    // The "\n\n" content beside the call was learned to re-render as "" (what reproduces the ids).
+    const normalised = matchEchoedHistory(next, [recordHead(on)]).messages.map((m, i) => (i === 2 ? { ...m, content: "" } : m)) as ChatMessage[];
+    expect(forced.plan?.promptIds).toEqual(render(normalised, true, true));
     expect(forced.plan?.divergesAt).toBeNull();
     // A new user query: the template would drop the reasoning; the sentinel is then a user turn.
     const q = await plan("auto", on, [...next.slice(0, 4), { role: "user", content: "more" }]);
@@ -131,11 +149,24 @@ describe("planContinuation", () => {
   it("renders when it cannot or need not continue", async () => {
     expect((await plan("render", off, afterTool)).plan).toBeNull();
     expect(await plan("auto", off, START)).toMatchObject({ plan: null, why: "the call extends no recorded call" });
-    expect(await plan("auto", off, afterTool, { tool_choice: "required" })).toMatchObject({ why: expect.stringMatching(/guided decoding/) });
-    expect(await plan("auto", off, afterTool, {}, fakeEngine({ probe: "no special tokens here" }))).toMatchObject({ why: expect.stringMatching(/Qwen3's chat format/) });
+    expect((await plan("auto", off, afterTool, { tool_choice: "required" })).plan).not.toBeNull();
+    expect(await plan("auto", off, afterTool, {}, { tokenizer: fakeTokenizer({ endsByRole: true }) })).toMatchObject({
+      why: expect.stringMatching(/different token before a user message than before a tool result/),
+    });
+    expect(await plan("auto", off, afterTool, {}, { route: null })).toMatchObject({ plan: null, why: "no route here" });
+    // Guided decoding needs a chat route: a route the gateway parses cannot give it.
+    expect(await plan("auto", off, afterTool, { tool_choice: "required" }, { route: route("gateway") })).toMatchObject({ why: expect.stringMatching(/guided decoding/) });
     expect(await plan("auto", { ...off, finish_reason: "abort" }, afterTool)).toMatchObject({ why: expect.stringMatching(/abort/) });
     // The agent changed the recorded answer: not a continuation of it.
     const edited: ChatMessage[] = [...START, { role: "assistant", content: "something else", tool_calls: [CALL] }, afterTool[3]!];
     expect(await plan("token_in", off, edited)).toMatchObject({ plan: null, why: "the call extends no recorded call" });
+  });
+});
+
+describe("turn markers", () => {
+  it("the first token after the one run where two renders differ", () => {
+    expect(tokenAfterDifference([1, 2, 3, 9, 8, 7], [1, 2, 4, 4, 9, 8, 7])).toBe(9);
+    expect(tokenAfterDifference([1, 2], [1, 2])).toBeNull();
+    expect(tokenAfterDifference([1, 2, 3], [1, 2, 4])).toBeNull();
   });
 });

@@ -1,46 +1,45 @@
+import type { ModelProfile } from "@rollgate/models";
 import type { CanonicalChatRequest, ChatMessage, CompletionRecord, GatewayEnv } from "@rollgate/protocol";
 import type { ExtendedRecord } from "@rollgate/transforms";
-import type { TokenInEngine, TokenizeCall } from "../engines/token-in.js";
+import type { TokenInRoute } from "../engines/token-in.js";
+import type { EngineTokenizer, TokenizeCall } from "../engines/tokenizer.js";
+import { deriveTurnMarkers, type TurnMarkers } from "./turn-markers.js";
 
 /**
  * Token-in continuation. When a call extends a recorded one r (r's request messages + r's answer
  * are a prefix of the new conversation, after restoration), the prompt the model should see is
  *
- *     r.prompt_ids + r.output_ids [+ <|im_end|> when r did not end on it] + glue + new turns' ids
+ *     r.prompt_ids + r.output_ids [+ eot when r did not end on it] + what the template writes
+ *     after r's turn (its glue and the new turns' blocks, the generation prompt last)
  *
- * where glue is what the template writes after an assistant turn's `<|im_end|>` ("\n" for Qwen3),
- * and the new turns' ids (the messages after r's answer, plus the generation prompt) come from the
- * engine's own template and tokenizer. The chain of recorded tokens then continues by construction,
- * whatever the template would have done to the history: Qwen3 with thinking off leaves the empty
- * `<think>\n\n</think>\n\n` of the generation prompt out when it re-renders an earlier turn, and
- * with thinking on drops the reasoning of turns before the last user query.
+ * The chain of recorded tokens then continues by construction, whatever the template would have
+ * done to the history (Qwen3 with thinking off leaves the empty `<think>\n\n</think>\n\n` of the
+ * generation prompt out of earlier turns; with thinking on, templates drop the reasoning of turns
+ * before the last user query).
  *
- * How the new turns' ids are derived, and why they are exact. Two renders by the engine (`/tokenize`,
- * chat form), run in parallel:
- *   A = the full conversation with the generation prompt (what the chat route would send);
- *   B = the conversation up to and including r's answer, plus one sentinel message, no generation prompt.
- * In a ChatML template (Qwen3's) each message renders as its own block opening with `<|im_start|>`,
- * and a block's text depends only on the message itself, on whether it is the last message, on the
- * index of the last user query (which earlier assistant turns keep their reasoning) and on whether
- * its neighbours are tool messages (tool responses share one user block). The sentinel makes all of
- * these the same for the history in B as in A: it is a user query when the new turns hold one (so
- * the history sees the last query after it, as in A), else a tool response (not a query, so the
- * last query stays where A has it); r's answer is then never the last message, as in A; and since
- * r's answer is an assistant turn, no tool block spans the boundary. Special tokens are never
- * merged with neighbouring text by BPE, so B's ids before the sentinel's `<|im_start|>` (the last
- * one in B) are exactly the ids of the history's rendering, H. The planner does not trust this: it
- * checks that A starts with H and that A continues with `<|im_start|>`; then A[|H|:] is the engine's
- * own rendering of the new turns and the generation prompt, token for token. Any failed check falls
- * back to rendering (the trajectory then shows an explained break rather than a wrong token).
+ * Nothing about the chat format is assumed. The end-of-turn token `eot` is derived once per engine
+ * from its own renders (turn-markers.ts); then, per call, three renders by the engine (`/tokenize`,
+ * chat form, with the generation prompt, run in parallel):
+ *   A  = the full conversation (what the chat route would send);
+ *   B1 = the conversation up to and including r's answer, plus one sentinel message;
+ *   B2 = the same with another sentinel text.
+ * The sentinel makes the history render in B as in A: it is a user query when the new turns hold
+ * one (so the history sees a later query, as in A), else a tool result (not a query, so the last
+ * query stays where A has it); r's answer is never the last message, as in A. B1 and B2 first
+ * differ inside the sentinel's text, so the last `eot` before that is where r's turn ends in the
+ * render: B1[0..e] is the history's rendering H. The planner does not trust this: it checks that
+ * the `eot` sits at most a turn header away from the sentinel and that A starts with H; then
+ * A[e+1..] is the engine's own rendering of everything after r's turn, token for token. Any failed
+ * check falls back to rendering (the trajectory then shows an explained break, never a wrong token).
  *
  * When is token-in used (ROLLGATE_CONTINUATION): `render` never; `token_in` whenever a base record
  * is found and the checks pass; `auto` (default) only when the engine's rendering of the history
  * (H) differs from the recorded tokens, i.e. when rendering would break the trajectory — otherwise
- * the chat route is used and gives the same prompt ids. Token-in needs the model to speak Qwen3's
- * format (the gateway parses its output with vLLM's Qwen3 reasoning + hermes tool parsers): the
- * engine's tokenizer must know `<|im_start|>`, `<|im_end|>`, `<think>`, `</think>`, `<tool_call>`,
- * `</tool_call>` as single tokens, probed once per engine. Calls that need guided decoding
- * (tool_choice "required" or a named function) and bases that were aborted are rendered.
+ * the chat route is used and gives the same prompt ids. The route (engines/token-in.ts) is the
+ * engine's chat route with a pre-tokenised prompt where it has one (its own parsers read the
+ * answer), else a parser-less route where the model profile declares a gateway parser. Calls that
+ * need guided decoding (tool_choice "required" or a named function) stay on chat routes, and bases
+ * that were aborted are rendered.
  */
 
 export type ContinuationMode = GatewayEnv["ROLLGATE_CONTINUATION"];
@@ -55,34 +54,15 @@ export interface TokenInPlan {
 
 export type PlanOutcome = { plan: TokenInPlan } | { plan: null; why: string };
 
-const SENTINEL = "rollgate-continuation-sentinel";
-const PROBE = "<|im_start|><|im_end|><think></think><tool_call></tool_call>";
+const SENTINELS = ["Xq7 rollgate continuation sentinel", "Zk9 rollgate continuation sentinel"] as const;
+/** How far the end of r's turn may sit from the sentinel's text: glue and one turn header. */
+const MAX_HEADER_TOKENS = 24;
 
-interface SpecialIds {
-  imStart: number;
-  imEnd: number;
-}
-
-/** Per engine URL + model: the ChatML / Qwen3 special ids, or null when the model lacks them. */
-const probes = new Map<string, Promise<SpecialIds | null>>();
-
-function specialIds(engine: TokenInEngine, call: TokenizeCall): Promise<SpecialIds | null> {
-  const key = `${call.target.engine.url}\u0000${call.model}`;
-  let p = probes.get(key);
-  if (!p) {
-    p = engine.tokenizeText(call, PROBE).then((ids) => (ids.length === 6 ? { imStart: ids[0]!, imEnd: ids[1]! } : null));
-    // A failed probe (engine down) is retried on the next call, not cached.
-    p.catch(() => probes.delete(key));
-    probes.set(key, p);
-  }
-  return p;
-}
-
-/** Qwen3's notion of a user query: a user message that is not a wrapped tool response. */
-function isQuery(m: ChatMessage): boolean {
+/** A user query by the profile's lights: a user message that is not a tool result its template wraps. */
+export function isQuery(m: ChatMessage, profile: Pick<ModelProfile, "tool_result_wrappers">): boolean {
   if (m.role !== "user") return false;
   const text = typeof m.content === "string" ? m.content : m.content.map((p) => (p.type === "text" ? p.text : "")).join("\n");
-  return !(text.startsWith("<tool_response>") && text.endsWith("</tool_response>"));
+  return !profile.tool_result_wrappers.some(([open, close]) => text.startsWith(open) && text.endsWith(close));
 }
 
 function firstDifference(a: readonly number[], b: readonly number[]): number | null {
@@ -91,54 +71,77 @@ function firstDifference(a: readonly number[], b: readonly number[]): number | n
   return a.length === b.length ? null : n;
 }
 
+function sentinel(role: "user" | "tool", text: string): ChatMessage {
+  return role === "user" ? { role: "user", content: text } : { role: "tool", content: text, tool_call_id: "rollgate-sentinel" };
+}
+
+/** Per engine URL, model and template kwargs: the derived turn markers (or why there are none). */
+const markerCache = new Map<string, Promise<TurnMarkers | { why: string }>>();
+
+function markersFor(tokenizer: EngineTokenizer, call: TokenizeCall): Promise<TurnMarkers | { why: string }> {
+  const key = `${call.target.engine.url}\u0000${call.model}\u0000${JSON.stringify(call.request.chat_template_kwargs ?? {})}\u0000${String(call.request.enable_thinking)}`;
+  let p = markerCache.get(key);
+  if (!p) {
+    p = deriveTurnMarkers(tokenizer, call);
+    // A failed probe (engine down) is retried on the next call, not cached.
+    p.catch(() => markerCache.delete(key));
+    markerCache.set(key, p);
+  }
+  return p;
+}
+
 /**
  * Decides how a call reaches the engine. `request.messages` are already restored and normalised;
  * `extended` is what `findExtendedRecord` found for them.
  */
 export async function planContinuation(args: {
   mode: ContinuationMode;
-  engine: TokenInEngine | undefined;
+  /** The token-in route this engine offers, or null with why it has none. */
+  route: TokenInRoute | null;
+  noRoute?: string;
+  tokenizer: EngineTokenizer;
   call: TokenizeCall;
   request: CanonicalChatRequest;
   /** The full record (its token ids are the prefix), not just its head. */
   extended: ExtendedRecord<CompletionRecord> | null;
 }): Promise<PlanOutcome> {
-  const { mode, engine, call, request, extended } = args;
+  const { mode, route, tokenizer, call, request, extended } = args;
   if (mode === "render") return { plan: null, why: "ROLLGATE_CONTINUATION=render" };
-  if (!engine) return { plan: null, why: `no token-in route for ${call.target.engine.kind}` };
+  if (!route) return { plan: null, why: args.noRoute ?? "the engine has no token-in route" };
   if (!extended) return { plan: null, why: "the call extends no recorded call" };
   const base = extended.record;
   if (base.finish_reason === "abort" || base.finish_reason === "error") return { plan: null, why: `the base call ended with ${base.finish_reason}` };
   const tc = request.tool_choice;
-  if (tc === "required" || (tc !== undefined && typeof tc === "object")) return { plan: null, why: "tool_choice needs the chat route's guided decoding" };
+  const guided = tc === "required" || (tc !== undefined && typeof tc === "object");
+  if (guided && route.parsedBy === "gateway") return { plan: null, why: "tool_choice needs the chat route's guided decoding" };
 
-  const ids = await specialIds(engine, call);
-  if (!ids) return { plan: null, why: "the model's tokenizer does not speak Qwen3's chat format" };
+  const markers = await markersFor(tokenizer, call);
+  if ("why" in markers) return { plan: null, why: markers.why };
+  const { eot } = markers;
 
   const history = request.messages.slice(0, extended.index + 1);
   const newTurns = request.messages.slice(extended.index + 1);
-  const sentinel: ChatMessage = newTurns.some(isQuery)
-    ? { role: "user", content: SENTINEL }
-    : { role: "tool", content: SENTINEL, tool_call_id: SENTINEL };
-  const [full, probe] = await Promise.all([
-    engine.tokenizeChat(call, request.messages, true),
-    engine.tokenizeChat(call, [...history, sentinel], false),
+  const role = newTurns.some((m) => isQuery(m, call.target.profile)) ? "user" : "tool";
+  const [full, b1, b2] = await Promise.all([
+    tokenizer.renderChat(call, request.messages),
+    tokenizer.renderChat(call, [...history, sentinel(role, SENTINELS[0])]),
+    tokenizer.renderChat(call, [...history, sentinel(role, SENTINELS[1])]),
   ]);
   const A = full.ids;
-  const B = probe.ids;
-  const h = B.lastIndexOf(ids.imStart);
-  if (h <= 0) return { plan: null, why: "the sentinel's turn was not found in the render" };
-  for (let i = 0; i < h; i++) {
+  const B = b1.ids;
+  const d = firstDifference(B, b2.ids);
+  if (d === null || d === 0) return { plan: null, why: "the sentinel's turn was not found in the render" };
+  const e = B.lastIndexOf(eot, d - 1);
+  if (e < 0) return { plan: null, why: "the history's last turn has no end token" };
+  if (d - e - 1 > MAX_HEADER_TOKENS) return { plan: null, why: "the end of the history's last turn is not next to the new turn" };
+  for (let i = 0; i <= e; i++) {
     if (A[i] !== B[i]) return { plan: null, why: `the history renders differently before the new turns (token ${i})` };
   }
-  if (A[h] !== ids.imStart) return { plan: null, why: "the new turns do not start a message block" };
-  const lastEnd = B.lastIndexOf(ids.imEnd, h - 1);
-  if (lastEnd < 0) return { plan: null, why: "the history's last turn has no end token" };
-  const glue = B.slice(lastEnd + 1, h);
+  if (A.length <= e + 1) return { plan: null, why: "the render has nothing after the history" };
 
   const out = base.output_ids;
-  const view = [...base.prompt_ids, ...out, ...(out.at(-1) === ids.imEnd ? [] : [ids.imEnd]), ...glue];
-  const divergesAt = firstDifference(A.slice(0, h), view);
+  const view = [...base.prompt_ids, ...out, ...(out.at(-1) === eot ? [] : [eot])];
+  const divergesAt = firstDifference(B.slice(0, e + 1), view);
   if (mode === "auto" && divergesAt === null) return { plan: null, why: "the engine's rendering reproduces the recorded tokens" };
-  return { plan: { base, promptIds: [...view, ...A.slice(h)], maxModelLen: full.maxModelLen, divergesAt } };
+  return { plan: { base, promptIds: [...view, ...A.slice(e + 1)], maxModelLen: full.maxModelLen, divergesAt } };
 }

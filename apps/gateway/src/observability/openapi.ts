@@ -3,7 +3,9 @@ import {
   CompletionRecord,
   CreateSessionRequest,
   CreateSessionResponse,
+  DecodedTrajectory,
   ErrorBody,
+  Preflight,
   Readiness,
   Session,
   Task,
@@ -41,7 +43,12 @@ const CancelAnswer = z.object({ id: z.string(), status: z.enum(["cancelled", "ca
 const CompletionList = z.object({ session_id: z.string(), completions: z.array(CompletionRecord) });
 const PauseRequest = z
   .object({
-    mode: z.enum(["drain", "abort"]).default("drain").describe("drain: in-flight calls finish; abort: the engines cut them now and the gateway continues them token-in after resume"),
+    mode: z
+      .enum(["drain", "abort"])
+      .default("drain")
+      .describe(
+        "drain: in-flight calls finish; abort: each engine pauses at once, the way its preflight says (keep: frozen in place and resumed on the new weights; abort_continue: cut and continued token-in by the gateway; drain when neither is possible)",
+      ),
     timeout_s: z.number().nonnegative().max(3600).default(60).describe("how long to wait for in-flight calls of every replica"),
   })
   .strict();
@@ -52,7 +59,8 @@ const PauseAnswer = z.object({
   inflight_at_pause: z.number().int(),
   drained: z.boolean(),
   still_inflight: z.number().int(),
-  engines: z.array(z.record(z.string(), z.unknown())),
+  frozen: z.number().int().describe("calls frozen in place on engines that keep them (they go on after resume)"),
+  engines: z.array(z.record(z.string(), z.unknown())).describe("per engine: the pause route's answer, the plan (keep, abort_continue, drain) and why"),
 });
 const ResumeAnswer = z.object({ paused: z.literal(false), was_paused: z.boolean(), engines: z.array(z.record(z.string(), z.unknown())) });
 const InferenceState = z.object({ paused: z.record(z.string(), z.unknown()).nullable(), inflight: z.number().int() });
@@ -86,6 +94,8 @@ const EnginesAnswer = z.object({
       kind: z.string(),
       url: z.string(),
       dp_size: z.number().int(),
+      profile: z.string().describe("the engine's model profile"),
+      preflight: Preflight.nullable().describe("what will hold on the engine before a run; null while still running"),
       ranks: z.array(
         z.object({
           dp_rank: z.number().int(),
@@ -130,6 +140,8 @@ const OUTPUT_SCHEMAS: Record<string, z.ZodType> = {
   EngineLoad,
   EnginesAnswer,
   Readiness,
+  Preflight,
+  DecodedTrajectory,
 };
 
 type Json = Record<string, unknown>;
@@ -176,7 +188,7 @@ const ERROR_TEXT: Record<number, string> = {
   404: "not found",
   409: "conflict",
   422: "the records violate a trajectory invariant",
-  502: "an engine did not do what was asked (error.details says which)",
+  502: "an engine failed, is unreachable, or did not do what was asked (error.details says which)",
   503: "no engine rank is available",
 };
 const pathParam = (name: string, description: string) => ({ name, in: "path", required: true, schema: { type: "string" }, description });
@@ -370,6 +382,20 @@ function buildPaths(): Json {
         },
       },
     },
+    "/v1/sessions/{id}/trajectory/decoded": {
+      get: {
+        tags: ["sessions"],
+        summary: "The session's trajectory as text",
+        description:
+          "Each trace decoded by the engine that produced its tokens (its own `/detokenize`, cached): the prompt, and the response as runs of trainable (loss_mask 1) and masked tokens. What the dashboard and `rollgate trajectory --decode` show.",
+        security: TRAINER,
+        parameters: [SESSION_ID, { name: "builder", in: "query", required: false, schema: { type: "string", enum: TrajectoryBuilderName.options, default: "prefix_merging" } }],
+        responses: {
+          "200": { description: "the decoded trajectory", content: json(ref("DecodedTrajectory")) },
+          ...errors(400, 401, 404, 409, 422, 502),
+        },
+      },
+    },
     "/s/{sid}/v1/chat/completions": { post: agentOp("OpenAI Chat Completions", "OpenAI Chat Completions, streamed (`stream: true`) or not.") },
     "/s/{sid}/v1/responses": { post: agentOp("OpenAI Responses", "OpenAI Responses API, streamed or not.") },
     "/s/{sid}/v1/messages": { post: agentOp("Anthropic Messages", "Anthropic Messages, streamed or not.") },
@@ -451,10 +477,15 @@ function buildPaths(): Json {
     "/admin/engines": {
       get: {
         tags: ["admin"],
-        summary: "Engines and their ranks",
-        description: "Per (engine, dp_rank): health, open sessions, in-flight calls, recent call latency and the last probe.",
+        summary: "Engines, their preflight and their ranks",
+        description:
+          "Per engine: its model profile and preflight (what will hold before a run: vocabulary, token-in and its route, whether tool-calling turns re-render to their ids, whether the template drops reasoning at new user turns, what an abort-mode pause does). Per (engine, dp_rank): health, open sessions, in-flight calls, recent call latency and the last probe.",
         security: TRAINER,
-        responses: { "200": { description: "engines", content: json(ref("EnginesAnswer")) }, ...errors(401) },
+        parameters: [
+          { name: "refresh", in: "query", required: false, schema: { type: "string", enum: ["true", "false"] }, description: "run every engine's preflight again" },
+          { name: "wait_s", in: "query", required: false, schema: { type: "number", minimum: 0, maximum: 120, default: 30 }, description: "how long to wait for a preflight still running (null after)" },
+        ],
+        responses: { "200": { description: "engines", content: json(ref("EnginesAnswer")) }, ...errors(400, 401) },
       },
     },
     "/admin/queues": {

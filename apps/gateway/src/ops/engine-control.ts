@@ -26,16 +26,23 @@ async function call(dispatcher: Dispatcher, url: string, path: string, body?: un
 }
 
 /**
- * The engines' own pause routes: vLLM `POST /pause?mode=abort|wait` and `/resume` (dev mode on
- * newer vLLM), SGLang `POST /pause_generation {mode}` and `/continue_generation`. The gateway
- * pauses them after its own drain, so `mode` only matters for what is still running then.
+ * How an engine's own pause route treats what is still running: cut it (`abort`), let it finish
+ * (`finish`: vLLM `wait`; SGLang has no such mode, and the gateway only asks after its own drain, so
+ * `in_place` holds nothing), or freeze it until resume (`freeze`: vLLM `keep`, SGLang `in_place`).
  */
-export async function pauseEngine(dispatcher: Dispatcher, e: EngineConfig, abort: boolean): Promise<EngineControlResult> {
+export type EnginePauseMode = "abort" | "finish" | "freeze";
+
+/**
+ * The engines' own pause routes: vLLM `POST /pause?mode=abort|wait|keep` and `/resume` (dev mode on
+ * newer vLLM), SGLang `POST /pause_generation {mode: abort|in_place}` and `/continue_generation`.
+ */
+export async function pauseEngine(dispatcher: Dispatcher, e: EngineConfig, mode: EnginePauseMode): Promise<EngineControlResult & { mode: string }> {
+  const engineMode = e.kind === "vllm" ? { abort: "abort", finish: "wait", freeze: "keep" }[mode] : { abort: "abort", finish: "in_place", freeze: "in_place" }[mode];
   const r =
     e.kind === "vllm"
-      ? await call(dispatcher, e.url, `/pause?mode=${abort ? "abort" : "wait"}`)
-      : await call(dispatcher, e.url, "/pause_generation", { mode: abort ? "abort" : "in_place" });
-  return { url: e.url, kind: e.kind, ok: r.status === 200, status: r.status, detail: r.text };
+      ? await call(dispatcher, e.url, `/pause?mode=${engineMode}`)
+      : await call(dispatcher, e.url, "/pause_generation", { mode: engineMode });
+  return { url: e.url, kind: e.kind, mode: engineMode, ok: r.status === 200, status: r.status, detail: r.text };
 }
 
 export async function resumeEngine(dispatcher: Dispatcher, e: EngineConfig): Promise<EngineControlResult> {

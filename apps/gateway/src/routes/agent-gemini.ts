@@ -135,6 +135,7 @@ export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
         key: auth.tokenHash,
         includeThoughts: call.includeThoughts,
         clientLogprobs: call.canonical.client_logprobs,
+        reasoningEnd: prepared.target.profile.reasoning_end,
       };
       if (!stream) return toGeminiResponse(await ctx.caller.complete(prepared), out);
 

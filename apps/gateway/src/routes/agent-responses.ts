@@ -40,6 +40,7 @@ export function responsesAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
         reasoningKey: auth.tokenHash,
         namespaced: call.namespaced,
         echo: call.echo,
+        reasoningEnd: prepared.target.profile.reasoning_end,
       };
       if (!call.canonical.stream) return toResponsesResponse(await ctx.caller.complete(prepared), out);
 

@@ -1,8 +1,8 @@
 import type { Trace, Trajectory } from "@rollgate/protocol";
 
-/** Turns token ids into text (the real Qwen3 tokenizer in production; anything in tests). */
+/** Turns token ids into text (the engine's own /detokenize in production; anything in tests). */
 export interface TokenDecoder {
-  decode(ids: number[]): string;
+  decode(ids: number[]): Promise<string>;
 }
 
 /** A run of response tokens with one loss-mask value: `trainable` = sampled by the policy (mask 1). */
@@ -27,32 +27,33 @@ export interface DecodedTrace {
  * Decodes a trace for people: the prompt as one text, the response as runs of equal loss mask.
  * Runs are decoded whole (not token by token), so a character split across tokens stays intact.
  */
-export function decodeTrace(trace: Trace, index: number, decoder: TokenDecoder): DecodedTrace {
-  const segments: DecodedSegment[] = [];
+export async function decodeTrace(trace: Trace, index: number, decoder: TokenDecoder): Promise<DecodedTrace> {
+  const runs: { trainable: boolean; ids: number[] }[] = [];
   let start = 0;
   for (let i = 1; i <= trace.response_ids.length; i++) {
     if (i === trace.response_ids.length || trace.loss_mask[i] !== trace.loss_mask[start]) {
-      const ids = trace.response_ids.slice(start, i);
-      segments.push({ trainable: trace.loss_mask[start] === 1, tokens: ids.length, text: decoder.decode(ids) });
+      runs.push({ trainable: trace.loss_mask[start] === 1, ids: trace.response_ids.slice(start, i) });
       start = i;
     }
   }
+  const [promptText, ...texts] = await Promise.all([decoder.decode(trace.prompt_ids), ...runs.map((r) => decoder.decode(r.ids))]);
+  const segments: DecodedSegment[] = runs.map((r, i) => ({ trainable: r.trainable, tokens: r.ids.length, text: texts[i]! }));
   return {
     index,
     finish_reason: trace.finish_reason,
     prompt_tokens: trace.prompt_ids.length,
     response_tokens: trace.response_ids.length,
     trainable_tokens: trace.loss_mask.reduce<number>((a, m) => a + m, 0),
-    prompt_text: decoder.decode(trace.prompt_ids),
+    prompt_text: promptText!,
     segments,
     weight_versions: [...new Set(trace.weight_versions)],
   };
 }
 
-export function decodeTrajectory(trajectory: Trajectory, decoder: TokenDecoder) {
+export async function decodeTrajectory(trajectory: Trajectory, decoder: TokenDecoder) {
   return {
     builder: trajectory.builder,
-    traces: trajectory.traces.map((t, i) => decodeTrace(t, i, decoder)),
+    traces: await Promise.all(trajectory.traces.map((t, i) => decodeTrace(t, i, decoder))),
     stats: {
       records: trajectory.stats.records,
       traces: trajectory.stats.traces,

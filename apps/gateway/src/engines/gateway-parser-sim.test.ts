@@ -1,11 +1,12 @@
 /**
- * The gateway's Qwen3 output parsers (token-in path) against engine-sim's chat route, which parses
- * the same scripted answers the way vLLM's qwen3 reasoning + hermes tool parsers do.
+ * The gateway's qwen3 parser (the qwen3 profile's, for the token-in path) agrees with engine-sim's
+ * chat route on the answers engine-sim writes (the parser's own golden tests, on Qwen3's published
+ * format and vLLM's parser tests, are in @rollgate/models).
  */
 import { buildEngineSim, getTokenizer } from "@rollgate/engine-sim";
 import type { FastifyInstance } from "fastify";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { Qwen3OutputParser, parseQwen3Output, type ParsedDelta } from "./qwen3-parsers.js";
+import { HermesOutputParser, PRESETS, parseWhole, qwen3Parser, type ParsedDelta } from "@rollgate/models";
 import { buildVllmCompletionBody } from "./vllm-token-in.js";
 
 /** A `#sim:` step (DESIGN §7) with plain JSON arguments. */
@@ -53,6 +54,9 @@ const CASES: [string, SimStep | string][] = [
   ["Python-json arguments: floats, key order, non-ASCII, escapes", '[{"tool_calls": [{"name": "f", "arguments": {"2": 1.0, "1": "über \\"q\\"\\n", "big": 123456789012345678901, "e": 1e-7}}]}]'],
   ["reasoning with newlines inside", { think: "line one\n\nline two", text: "ok" }],
 ];
+
+const parseQwen3Output = (text: string, tools: boolean) => parseWhole(qwen3Parser.create(tools), text);
+const Qwen3OutputParser = HermesOutputParser;
 
 describe("Qwen3 output parsers (vLLM qwen3 reasoning + hermes tools)", () => {
   it.each(CASES)("parse like engine-sim's chat route: %s", async (_name, step) => {
@@ -118,14 +122,14 @@ describe("Qwen3 output parsers (vLLM qwen3 reasoning + hermes tools)", () => {
 });
 
 describe("buildVllmCompletionBody", () => {
-  const target = { engine: { kind: "vllm" as const, url: "http://e", dp_size: 1 }, dpRank: 0 } as never;
+  const target = { engine: { kind: "vllm" as const, url: "http://e", dp_size: 1 }, dpRank: 0, profile: PRESETS.qwen3 } as never;
   const base = {
     target,
     model: "Qwen/Qwen3-8B",
     requestId: "r",
     signal: new AbortController().signal,
     dispatcher: undefined as never,
-    promptIds: [1, 2, 3],
+    tokenIds: [1, 2, 3],
     maxModelLen: 100,
   };
   it("sends the ids, token extensions and the session's sampling; max_tokens defaults to the context left", () => {

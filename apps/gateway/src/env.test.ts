@@ -1,0 +1,38 @@
+import { describe, expect, it } from "vitest";
+import { loadGatewayEnv } from "./env.js";
+
+const engines = (list: unknown[]) => ({ ROLLGATE_ENGINES: JSON.stringify(list) });
+
+describe("gateway environment: model profiles", () => {
+  it("takes a preset name, an inline profile, a vocab_size, or nothing", () => {
+    const env = loadGatewayEnv(
+      engines([
+        { kind: "vllm", url: "http://a:8000", profile: "llama3" },
+        { kind: "sglang", url: "http://b:30000", profile: { extends: "qwen3", thinking: { forward_reasoning_effort: true } }, vocab_size: 152_064 },
+        { kind: "vllm", url: "http://c:8000" },
+      ]),
+    );
+    expect(env.ROLLGATE_ENGINES.map((e) => e.profile ?? null)).toEqual(["llama3", { extends: "qwen3", thinking: { forward_reasoning_effort: true } }, null]);
+    expect(env.ROLLGATE_ENGINES[1]!.vocab_size).toBe(152_064);
+  });
+
+  it("names each bad profile by engine, with the presets, together with every other bad variable", () => {
+    let message = "";
+    try {
+      loadGatewayEnv({
+        PORT: "eighty",
+        ...engines([
+          { kind: "vllm", url: "http://a:8000", profile: "qwen4" },
+          { kind: "vllm", url: "http://b:8000", profile: { token_in: "sometimes" } },
+        ]),
+      });
+    } catch (err) {
+      message = (err as Error).message;
+    }
+    expect(message).toMatch(/^invalid environment:/);
+    expect(message).toMatch(/PORT/);
+    expect(message).toMatch(/ROLLGATE_ENGINES\.0\.profile: unknown profile "qwen4" \(presets: .*llama3/);
+    expect(message).toMatch(/ROLLGATE_ENGINES\.1\.profile: token_in/);
+    expect(() => loadGatewayEnv(engines([{ kind: "vllm", url: "http://a:8000", vocab_size: 0 }]))).toThrow(/ROLLGATE_ENGINES\.0\.vocab_size/);
+  });
+});
