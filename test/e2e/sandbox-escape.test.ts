@@ -46,7 +46,7 @@ beforeAll(async () => {
   engine = await startApp("engine-sim", ["--port", "0", "--dp", "1"], {});
   gateway = await startApp("gateway", ["--port", "0"], {
     ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 1 }]),
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 1, profile: "qwen3" }]),
   });
   worker = await startApp("worker", [], {
     ROLLGATE_KEY_PREFIX: prefix,
