@@ -2,6 +2,8 @@ export * from "./errors.js";
 export * from "./ids.js";
 export * from "./chat.js";
 export * from "./trace.js";
+export * from "./trace-kind.js";
+export * from "./prefix-tree.js";
 export * from "./record.js";
 export * from "./session.js";
 export * from "./task.js";

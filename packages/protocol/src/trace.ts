@@ -1,11 +1,17 @@
 import { z } from "zod";
 import { WeightVersion } from "./ids.js";
+import { PrefixTree } from "./prefix-tree.js";
+import { TraceKind, TraceParent } from "./trace-kind.js";
 
-export const TrajectoryBuilderName = z.enum(["per_request", "prefix_merging"]);
+export const TrajectoryBuilderName = z.enum(["per_request", "prefix_merging", "prefix_tree"]);
 export type TrajectoryBuilderName = z.infer<typeof TrajectoryBuilderName>;
 
 /** One training sample built from one or more completion records (DESIGN §3). */
 export const Trace = z.object({
+  /** Which conversation of the rollout this is (docs/trace-kinds.md). */
+  kind: TraceKind.default("main"),
+  /** The trace (and tool call) it came from, when the wire shows it. */
+  parent: TraceParent.nullable().default(null),
   prompt_ids: z.array(z.number().int()),
   response_ids: z.array(z.number().int()),
   response_logprobs: z.array(z.number()),
@@ -23,6 +29,10 @@ export const BreakReason = z.enum([
   "sibling",
   "truncated_output",
   "unknown",
+  // The record starts a conversation of another kind (TraceKind): no break in the agent's own conversation.
+  "sub_agent",
+  "compaction",
+  "side_request",
 ]);
 export type BreakReason = z.infer<typeof BreakReason>;
 
@@ -90,6 +100,8 @@ export const Trajectory = z.object({
   builder: TrajectoryBuilderName,
   traces: z.array(Trace),
   stats: TrajectoryStats,
+  /** `prefix_tree` only: the same conversations as a tree of shared token prefixes (`traces` is its flat view). */
+  tree: PrefixTree.optional(),
 });
 export type Trajectory = z.infer<typeof Trajectory>;
 

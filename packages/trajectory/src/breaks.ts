@@ -27,7 +27,8 @@ export interface BreakEvidence {
   sibling: { kind: "former_tip" | "identical_prompt"; record_id: string } | null;
 }
 
-function text(content: string | ContentPart[] | null | undefined): string {
+/** A message's content as one string (images as `[image:<url>]`). */
+export function text(content: string | ContentPart[] | null | undefined): string {
   if (content == null) return "";
   if (typeof content === "string") return content;
   return content.map((p) => (p.type === "text" ? p.text : `[image:${p.image_url.url}]`)).join("");

@@ -1,15 +1,17 @@
-import type { CompletionRecord, TrajectoryBuilderName } from "@rollgate/protocol";
-import { checkTraceInvariants } from "./invariants.js";
+import type { CompletionRecord, Trace, TrajectoryBuilderName } from "@rollgate/protocol";
+import { checkTraceInvariants, checkTreeInvariants } from "./invariants.js";
+import { classifyTraces, nameBreaks } from "./kinds.js";
 import { perRequestTraces } from "./per-request.js";
 import { prefixMergingTraces } from "./prefix-merging.js";
+import { buildPrefixTree } from "./prefix-tree.js";
 import { orderRecords } from "./records.js";
 import { computeStats } from "./stats.js";
 import type { BuildOptions, BuiltTrajectory } from "./types.js";
 
 /**
- * Completion records → traces: sort by seq, check every record, build, check every trace, count.
- * Throws `TrajectoryInvariantError` (naming the record) instead of returning a trace a trainer
- * would silently mis-train on.
+ * Completion records → traces: sort by seq, check every record, build, classify each trace's kind,
+ * check every trace (and the tree), count. Throws `TrajectoryInvariantError` (naming the record)
+ * instead of returning a trace a trainer would silently mis-train on.
  */
 export function buildTrajectory(
   records: readonly CompletionRecord[],
@@ -19,8 +21,15 @@ export function buildTrajectory(
   const vocabSize = options.vocabSize ?? null;
   const ordered = orderRecords(records, vocabSize);
   const built = builder === "per_request" ? perRequestTraces(ordered) : prefixMergingTraces(ordered, options.template);
-  built.traces.forEach((trace, i) => checkTraceInvariants(trace, { vocabSize, traceIndex: i, spans: built.spans[i] }));
-  return { builder, traces: built.traces, stats: computeStats(ordered, built) };
+  const origins = classifyTraces(built.records);
+  const traces: Trace[] = built.traces.map((t, i) => ({ kind: origins[i]?.kind ?? "main", parent: origins[i]?.parent ?? null, ...t }));
+  built.breaks = nameBreaks(built.breaks, built.records.map((rs) => rs[0]?.id), origins);
+  traces.forEach((trace, i) => checkTraceInvariants(trace, { vocabSize, traceIndex: i, spans: built.spans[i] }));
+  const stats = computeStats(ordered, built);
+  if (builder !== "prefix_tree") return { builder, traces, stats };
+  const tree = buildPrefixTree(traces, built.spans);
+  checkTreeInvariants(tree, traces);
+  return { builder, traces, stats, tree };
 }
 
 export function perRequest(records: readonly CompletionRecord[], options?: BuildOptions): BuiltTrajectory {
@@ -29,4 +38,9 @@ export function perRequest(records: readonly CompletionRecord[], options?: Build
 
 export function prefixMerging(records: readonly CompletionRecord[], options?: BuildOptions): BuiltTrajectory {
   return buildTrajectory(records, "prefix_merging", options);
+}
+
+/** The session's conversations as a tree of shared token prefixes (`tree`), and as flat samples (`traces`). */
+export function prefixTree(records: readonly CompletionRecord[], options?: BuildOptions): BuiltTrajectory {
+  return buildTrajectory(records, "prefix_tree", options);
 }

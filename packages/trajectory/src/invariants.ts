@@ -1,4 +1,4 @@
-import type { CompletionRecord, Trace } from "@rollgate/protocol";
+import type { CompletionRecord, PrefixTree, Trace } from "@rollgate/protocol";
 import { TrajectoryInvariantError } from "./errors.js";
 import type { RecordSpan } from "./types.js";
 
@@ -128,5 +128,63 @@ export function checkTraceInvariants(trace: Trace, options: TraceCheckOptions = 
     if (!isTokenId(id, vocabSize)) {
       throw new TrajectoryInvariantError("id_out_of_vocab", `response_ids[${i}] = ${String(id)} is not ${range(vocabSize)}`, where(i));
     }
+  }
+}
+
+/**
+ * The tree invariants a trainer relies on: parents come first and each node's depth continues its
+ * parent's; a node's arrays have one entry per token; trainable tokens carry a real logprob and
+ * belong to a record span, the others logprob 0 and no weight version; every sample's root-to-node
+ * path is its flat trace token for token; and the tree holds exactly as many trainable tokens as
+ * the flat traces (each sampled token trainable exactly once).
+ */
+export function checkTreeInvariants(tree: PrefixTree, traces: readonly Trace[]): void {
+  const fail = (rule: string, message: string, where: { record_id?: string | null; trace_index?: number | null; position?: number | null } = {}): never => {
+    throw new TrajectoryInvariantError(rule, `prefix tree: ${message}`, where);
+  };
+  let trainable = 0;
+  tree.nodes.forEach((node, k) => {
+    const n = node.token_ids.length;
+    if (node.loss_mask.length !== n || node.logprobs.length !== n || node.weight_versions.length !== n) {
+      fail("tree_length_mismatch", `node ${k}'s arrays do not have one entry per token`);
+    }
+    const parent = node.parent === null ? null : tree.nodes[node.parent];
+    if (node.parent !== null && (node.parent >= k || parent === undefined)) fail("tree_order", `node ${k}'s parent ${node.parent} does not come before it`);
+    const depth = parent ? parent.depth + parent.token_ids.length : 0;
+    if (node.depth !== depth) fail("tree_depth", `node ${k} has depth ${node.depth}, its parent ends at ${depth}`);
+    let covered = 0;
+    for (const s of node.spans) covered += s.end - s.start;
+    for (let i = 0; i < n; i++) {
+      if (node.loss_mask[i] === 1) {
+        trainable++;
+        if (!isRealLogprob(node.logprobs[i])) fail("missing_logprob", `node ${k} token ${i} is trainable without a real logprob`, { position: i });
+        if (!node.spans.some((s) => i >= s.start && i < s.end)) fail("tree_unowned_token", `node ${k} token ${i} is trainable but no record sampled it`, { position: i });
+      } else if (node.logprobs[i] !== 0 || node.weight_versions[i] !== null) {
+        fail("masked_logprob_not_zero", `node ${k} token ${i} is masked but has a logprob or weight version`, { position: i });
+      }
+    }
+    if (covered !== node.loss_mask.reduce<number>((a, m) => a + m, 0)) fail("tree_span_mismatch", `node ${k}'s record spans do not cover exactly its trainable tokens`);
+  });
+  const flatTrainable = traces.reduce((a, t) => a + t.loss_mask.reduce<number>((x, m) => x + m, 0), 0);
+  if (trainable !== flatTrainable) fail("tree_trainable_count", `${trainable} trainable tokens in the tree, ${flatTrainable} in the flat traces`);
+  if (tree.samples.length !== traces.length) fail("tree_samples", `${tree.samples.length} samples for ${traces.length} traces`);
+  for (const sample of tree.samples) {
+    const t = traces[sample.trace];
+    if (t === undefined) return fail("tree_samples", `a sample names trace ${sample.trace}, which does not exist`);
+    const want = t.prompt_ids.length + t.response_ids.length;
+    let pos = want;
+    for (let k: number | null = sample.node; k !== null; ) {
+      const node: PrefixTree["nodes"][number] | undefined = tree.nodes[k];
+      if (node === undefined) return fail("tree_samples", `trace ${sample.trace}'s sample ends at node ${k}, which does not exist`);
+      pos -= node.token_ids.length;
+      if (pos !== node.depth) fail("tree_path", `trace ${sample.trace}'s path length differs from its ${want} tokens`, { trace_index: sample.trace });
+      for (let i = 0; i < node.token_ids.length; i++) {
+        const at = pos + i;
+        const id = at < t.prompt_ids.length ? t.prompt_ids[at] : t.response_ids[at - t.prompt_ids.length];
+        if (node.token_ids[i] !== id) fail("tree_path", `trace ${sample.trace}'s token ${at} differs from its path in the tree`, { trace_index: sample.trace, position: at });
+      }
+      k = node.parent;
+    }
+    if (pos !== 0) fail("tree_path", `trace ${sample.trace}'s path is shorter than its ${want} tokens`, { trace_index: sample.trace });
   }
 }

@@ -12,6 +12,8 @@ describe("per_request", () => {
     t.traces.forEach((trace, i) => {
       const r = records[i]!;
       expect(trace).toEqual({
+        kind: "main",
+        parent: null,
         prompt_ids: r.prompt_ids,
         response_ids: r.output_ids,
         response_logprobs: r.output_logprobs,

@@ -15,6 +15,7 @@ export function perRequestTraces(records: readonly CompletionRecord[]): BuiltTra
       finish_reason: r.finish_reason,
     })),
     spans: records.map((r) => [{ record_id: r.id, start: 0, output_start: 0, end: r.output_ids.length }]),
+    records: records.map((r) => [r]),
     record_versions: records.map(versionRuns),
     breaks: [],
   };

@@ -219,6 +219,7 @@ export function prefixMergingTraces(records: readonly CompletionRecord[], templa
       finish_reason: c.finish_reason,
     })),
     spans: m.chains.map((c) => c.spans),
+    records: m.chains.map((c) => c.records),
     record_versions: m.chains.map((c) => c.records.flatMap(versionRuns)),
     breaks: m.breaks,
   };

@@ -1,4 +1,4 @@
-import type { BreakReason, RecordSpan, Trace, TraceBreak, TraceStats, Trajectory, TrajectoryStats, WeightVersion } from "@rollgate/protocol";
+import type { BreakReason, CompletionRecord, RecordSpan, Trace, TraceBreak, TraceStats, Trajectory, TrajectoryStats, WeightVersion } from "@rollgate/protocol";
 
 /**
  * What the break classifier may know of the chat template that rendered the records (the gateway
@@ -31,9 +31,14 @@ export type BuiltTraceBreak = TraceBreak;
 export type BuiltTrajectoryStats = TrajectoryStats;
 export type BuiltTrajectory = Trajectory;
 
-/** What a builder produces before stats are attached. */
+/** A trace's tokens, before its kind and parent are known. */
+export type TraceTokens = Omit<Trace, "kind" | "parent">;
+
+/** What a builder produces before kinds and stats are attached. */
 export interface BuiltTraces {
-  traces: Trace[];
+  traces: TraceTokens[];
+  /** Per trace, the records it holds, in order. */
+  records: CompletionRecord[][];
   spans: RecordSpan[][];
   /** Per trace, the weight version of each merged record, in order. */
   record_versions: WeightVersion[][];
