@@ -9,19 +9,30 @@ import type { PrefixTree, PrefixTreeNode, PrefixTreeSpan, RecordSpan, Trace, Wei
  * token is lost or trained twice.
  *
  * Linear in the conversations' tokens: each token is compared once on the way down, nodes are views
- * into the conversation that first wrote them (a split is O(1)), and the output is one depth-first pass.
+ * into the conversation that first wrote them (a split is O(1), nothing is copied until the
+ * output), and the output is one depth-first pass.
  */
 
-/** One conversation's tokens, mask, logprobs, versions and sampling record, position by position. */
-interface Source {
-  ids: number[];
-  mask: (0 | 1)[];
-  logprobs: number[];
-  versions: WeightVersion[];
-  owner: (string | null)[];
+/** A token that a conversation only read (mask 0) and a later one sampled at the same place. */
+interface Sampled {
+  logprob: number;
+  version: WeightVersion;
+  owner: string;
 }
 
-/** A node: src[start, end). Its object keeps its end position through splits (samples point at it). */
+/**
+ * One conversation, read in place from its flat trace (no copies: the build allocates little
+ * beyond its output). Position q < prompt length is prompt_ids[q], else response_ids[q - p].
+ */
+interface Source {
+  trace: Pick<Trace, "prompt_ids" | "response_ids" | "loss_mask" | "response_logprobs" | "weight_versions">;
+  spans: readonly RecordSpan[];
+  p: number;
+  n: number;
+  sampled: Map<number, Sampled> | null;
+}
+
+/** A node: src positions [start, end). Its object keeps its end position through splits (samples point at it). */
 interface Node {
   src: Source;
   start: number;
@@ -29,25 +40,52 @@ interface Node {
   children: Map<number, Node[]>;
 }
 
-function sourceOf(trace: Pick<Trace, "prompt_ids" | "response_ids" | "loss_mask" | "response_logprobs" | "weight_versions">, spans: readonly RecordSpan[]): Source {
+function sourceOf(trace: Source["trace"], spans: readonly RecordSpan[]): Source {
   const p = trace.prompt_ids.length;
-  const owner: (string | null)[] = new Array<string | null>(p + trace.response_ids.length).fill(null);
-  for (const s of spans) for (let k = s.output_start; k < s.end; k++) owner[p + k] = s.record_id;
+  return { trace, spans, p, n: p + trace.response_ids.length, sampled: null };
+}
+
+function idAt(s: Source, q: number): number {
+  return (q < s.p ? s.trace.prompt_ids[q] : s.trace.response_ids[q - s.p]) as number;
+}
+
+function maskAt(s: Source, q: number): 0 | 1 {
+  if (s.sampled?.has(q)) return 1;
+  return q < s.p ? 0 : (s.trace.loss_mask[q - s.p] as 0 | 1);
+}
+
+/** The span holding response offset r (spans are in response order). */
+function spanAt(spans: readonly RecordSpan[], r: number): RecordSpan | undefined {
+  let lo = 0;
+  let hi = spans.length - 1;
+  while (lo <= hi) {
+    const mid = (lo + hi) >> 1;
+    const sp = spans[mid] as RecordSpan;
+    if (r < sp.start) hi = mid - 1;
+    else if (r >= sp.end) lo = mid + 1;
+    else return sp;
+  }
+  return undefined;
+}
+
+/** What a trainable position holds: the record that sampled it, its logprob and weight version. */
+function sampleAt(s: Source, q: number): Sampled {
+  const up = s.sampled?.get(q);
+  if (up) return up;
+  const r = q - s.p;
   return {
-    ids: trace.prompt_ids.concat(trace.response_ids),
-    mask: new Array<0 | 1>(p).fill(0).concat(trace.loss_mask),
-    logprobs: new Array<number>(p).fill(0).concat(trace.response_logprobs),
-    versions: new Array<WeightVersion>(p).fill(null).concat(trace.weight_versions),
-    owner,
+    logprob: s.trace.response_logprobs[r] as number,
+    version: s.trace.weight_versions[r] as WeightVersion,
+    owner: (spanAt(s.spans, r) as RecordSpan).record_id,
   };
 }
 
 /** How many of `node`'s tokens the conversation `c` (from position i) can walk: equal, and not both sampled. */
 function walkable(node: Node, c: Source, i: number): number {
-  const n = node.end - node.start;
+  const len = node.end - node.start;
   const s = node.src;
   let j = 0;
-  while (j < n && i + j < c.ids.length && s.ids[node.start + j] === c.ids[i + j] && !(s.mask[node.start + j] === 1 && c.mask[i + j] === 1)) j++;
+  while (j < len && i + j < c.n && idAt(s, node.start + j) === idAt(c, i + j) && !(maskAt(s, node.start + j) === 1 && maskAt(c, i + j) === 1)) j++;
   return j;
 }
 
@@ -56,12 +94,12 @@ class TreeBuilder {
 
   /** Insert one conversation; returns the node holding its last token. */
   insert(c: Source): Node {
-    const n = c.ids.length;
+    const n = c.n;
     let children = this.roots;
     let cur: Node | null = null;
     let i = 0;
     while (i < n) {
-      const key = c.ids[i] as number;
+      const key = idAt(c, i);
       const list = children.get(key);
       let next: Node | undefined;
       let at = -1;
@@ -80,18 +118,12 @@ class TreeBuilder {
       const s = next.src;
       for (let j = 0; j < len; j++) {
         // A token the earlier conversation only read (prompt, tool result) that this one sampled: trainable from now on.
-        if (c.mask[i + j] === 1) {
-          const q = next.start + j;
-          s.mask[q] = 1;
-          s.logprobs[q] = c.logprobs[i + j] as number;
-          s.versions[q] = c.versions[i + j] as WeightVersion;
-          s.owner[q] = c.owner[i + j] as string | null;
-        }
+        if (maskAt(c, i + j) === 1) (s.sampled ??= new Map()).set(next.start + j, sampleAt(c, i + j));
       }
       i += len;
       if (len < next.end - next.start) {
         // Split: a new head takes the walked tokens; `next` keeps its end (and every sample pointing at it).
-        const head: Node = { src: s, start: next.start, end: next.start + len, children: new Map([[s.ids[next.start + len] as number, [next]]]) };
+        const head: Node = { src: s, start: next.start, end: next.start + len, children: new Map([[idAt(s, next.start + len), [next]]]) };
         next.start += len;
         (list as Node[])[at] = head;
         next = head;
@@ -110,16 +142,33 @@ class TreeBuilder {
   }
 }
 
-function spansOf(src: Source, start: number, end: number): PrefixTreeSpan[] {
-  const out: PrefixTreeSpan[] = [];
-  for (let q = start; q < end; q++) {
-    const owner = src.owner[q];
-    if (src.mask[q] !== 1 || owner == null) continue;
-    const last = out.at(-1);
-    if (last && last.end === q - start && last.record_id === owner) last.end++;
-    else out.push({ record_id: owner, start: q - start, end: q - start + 1 });
+/** A node's arrays, read from its source (sized up front: the output is most of what the build allocates). */
+function nodeOf(node: Node, parent: number | null, depth: number): PrefixTreeNode {
+  const { src, start, end } = node;
+  const len = end - start;
+  const token_ids = new Array<number>(len);
+  const loss_mask = new Array<0 | 1>(len);
+  const logprobs = new Array<number>(len);
+  const weight_versions = new Array<WeightVersion>(len);
+  const spans: PrefixTreeSpan[] = [];
+  for (let i = 0; i < len; i++) {
+    const q = start + i;
+    token_ids[i] = idAt(src, q);
+    if (maskAt(src, q) === 0) {
+      loss_mask[i] = 0;
+      logprobs[i] = 0;
+      weight_versions[i] = null;
+      continue;
+    }
+    const t = sampleAt(src, q);
+    loss_mask[i] = 1;
+    logprobs[i] = t.logprob;
+    weight_versions[i] = t.version;
+    const last = spans.at(-1);
+    if (last && last.end === i && last.record_id === t.owner) last.end++;
+    else spans.push({ record_id: t.owner, start: i, end: i + 1 });
   }
-  return out;
+  return { parent, depth, token_ids, loss_mask, logprobs, weight_versions, spans };
 }
 
 /** The tree of `traces` (prefix_merging's conversations, with where each record sits in them). */
@@ -138,18 +187,9 @@ export function buildPrefixTree(traces: readonly Trace[], spans: readonly (reado
   push(b.roots, null, 0);
   while (stack.length > 0) {
     const { node, parent, depth } = stack.pop() as { node: Node; parent: number | null; depth: number };
-    const { src, start, end } = node;
     index.set(node, nodes.length);
-    nodes.push({
-      parent,
-      depth,
-      token_ids: src.ids.slice(start, end),
-      loss_mask: src.mask.slice(start, end),
-      logprobs: src.logprobs.slice(start, end),
-      weight_versions: src.versions.slice(start, end),
-      spans: spansOf(src, start, end),
-    });
-    push(node.children, nodes.length - 1, depth + end - start);
+    nodes.push(nodeOf(node, parent, depth));
+    push(node.children, nodes.length - 1, depth + node.end - node.start);
   }
   return {
     nodes,
