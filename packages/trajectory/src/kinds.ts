@@ -214,6 +214,6 @@ export function nameBreaks(breaks: readonly TraceBreak[], firstRecords: readonly
     const i = traceOf.get(b.record_id);
     const o = i === undefined ? undefined : origins[i];
     if (o === undefined || o.kind === "main") return b;
-    return { ...b, reason: o.kind, detail: `${o.kind.replace("_", " ")}: ${o.why} (tokens: ${b.detail})` };
+    return { ...b, reason: o.kind, detail: `${o.kind.replace("_", " ")}: ${o.why}; by tokens alone: ${b.reason}, ${b.detail}` };
   });
 }
