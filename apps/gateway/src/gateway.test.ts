@@ -162,6 +162,37 @@ describe("sessions and the OpenAI chat route", () => {
     await app.close();
   });
 
+  it("serves prefix_tree: the session's conversations as one tree of shared prefixes, and flat for a trainer's format", async () => {
+    const app = await gateway([{ kind: "vllm", url: simUrl, dp_size: 2 }]);
+    const s = await openSession(app);
+    const first = await chat(app, s, { messages: [{ role: "user", content: "hi" }] });
+    const answer = first.json().choices[0].message;
+    await chat(app, s, { messages: [{ role: "user", content: "hi" }, answer, { role: "user", content: "more" }] });
+    // A second conversation in the same session: the template's opening tokens are shared with the first.
+    await chat(app, s, { messages: [{ role: "user", content: "something else entirely" }] });
+    const res = await app.inject({ url: `/v1/sessions/${s.id}/trajectory?builder=prefix_tree` });
+    expect(res.statusCode).toBe(200);
+    const t = res.json();
+    const merged = (await app.inject({ url: `/v1/sessions/${s.id}/trajectory?builder=prefix_merging` })).json();
+    expect(t.builder).toBe("prefix_tree");
+    expect(t.traces).toEqual(merged.traces);
+    expect(t.traces).toHaveLength(2);
+    expect(t.traces.map((x: { kind: string }) => x.kind)).toEqual(["main", "main"]);
+    const { nodes, samples, tree_tokens, flat_tokens } = t.tree;
+    expect(samples).toHaveLength(2);
+    expect(nodes.filter((n: { parent: number | null }) => n.parent === null)).toHaveLength(1);
+    expect(tree_tokens).toBeLessThan(flat_tokens);
+    for (const { node, trace } of samples as { node: number; trace: number }[]) {
+      const path: number[] = [];
+      for (let k: number | null = node; k !== null; k = nodes[k].parent) path.unshift(...nodes[k].token_ids);
+      expect(path).toEqual([...t.traces[trace].prompt_ids, ...t.traces[trace].response_ids]);
+    }
+    const verl = (await app.inject({ url: `/v1/sessions/${s.id}/trajectory?builder=prefix_tree&format=verl` })).json();
+    expect(verl).toMatchObject({ builder: "prefix_tree", format: "verl" });
+    expect(verl.samples).toEqual((await app.inject({ url: `/v1/sessions/${s.id}/trajectory?format=verl` })).json().samples);
+    await app.close();
+  });
+
   it("requires the API key on trainer routes when one is configured", async () => {
     const app = await gateway([{ kind: "vllm", url: simUrl, dp_size: 1 }], { ROLLGATE_API_KEY: "k-1" });
     expect((await app.inject({ method: "POST", url: "/v1/sessions", payload: {} })).statusCode).toBe(401);

@@ -126,6 +126,17 @@ describe("trace kinds: a title request, a compaction and the conversation resume
     expect(t.stats.breaks[0]!.detail).toContain("pi's continuation preamble");
   });
 
+  it("a preamble over a reworded summary finds the summary request that came before it", () => {
+    // Claude Code drops the <analysis> part of the answer before resuming: the answer is not quoted whole.
+    const reworded = makeRecord({ ...resumed, messages: [resumed.request.messages[0]!, { role: "user", content: "This session is being continued from a previous conversation that ran out of context. Summary: fixed." }] });
+    const t = prefixMerging([m1, m2, summary, reworded]);
+    expect(t.traces.map((x) => [x.completion_ids, x.kind, x.parent])).toEqual([
+      [["m1", "m2"], "main", null],
+      [["sum"], "side_request", { trace: 0, record_id: "m2", tool_call_id: null }],
+      [["c1"], "compaction", { trace: 0, record_id: "sum", tool_call_id: null }],
+    ]);
+  });
+
   it("a session whose requests never declare tools has no side requests: every trace is the agent's own", () => {
     const plain = [title, makeRecord({ id: "x", seq: 1, prompt_ids: [1, 1, 10], output_ids: [11], messages: [mainSys, ask] })];
     expect(prefixMerging(plain).traces.map((x) => x.kind)).toEqual(["main", "main"]);

@@ -189,7 +189,18 @@ export function classifyTraces(traces: readonly (readonly CompletionRecord[])[])
       };
     }
     const marker = CONTINUATION_MARKERS.find((m) => quoted.some((q) => q.includes(m.text)));
-    if (marker) return { kind: "compaction", parent: null, why: `it opens with ${marker.cli}'s continuation preamble (the summary record is not in the session)` };
+    if (marker) {
+      // The CLI reworded the answer (Claude Code drops its analysis part): the summary is the latest marked summary request before it.
+      let asked: { record: CompletionRecord; trace: number } | undefined;
+      traces.forEach((rs, t) => {
+        if (t === i) return;
+        for (const r of rs) if (r.seq < first.seq && (!asked || r.seq > asked.record.seq) && isSummaryRequest(r)) asked = { record: r, trace: t };
+      });
+      const from = asked ? summarised(asked.record, asked.trace) : null;
+      return asked && from
+        ? { kind: "compaction", parent: { trace: from.trace, record_id: asked.record.id, tool_call_id: null }, why: `it opens with ${marker.cli}'s continuation preamble after record ${asked.record.id}'s summary request` }
+        : { kind: "compaction", parent: null, why: `it opens with ${marker.cli}'s continuation preamble (no summary request of the session precedes it)` };
+    }
 
     if (noTools[i]) {
       const from = isSummaryRequest(first) || summaries.some((s) => s.record === first) ? summarised(first, i) : null;

@@ -1,5 +1,5 @@
 import { RollgateError, TRAINER_FORMATS, type DecodedTrajectory, type TaskRecord, type Trajectory } from "@rollgate/client";
-import type { TrajectoryBuilderName } from "@rollgate/protocol";
+import { TrajectoryBuilderName } from "@rollgate/protocol";
 import { UsageError, numberOption, type CommandSpec } from "../framework.js";
 import { EXIT, fmt, statusColor, type Context } from "../output.js";
 import { renderIds, renderSegments } from "../decode.js";
@@ -45,7 +45,7 @@ trajectory | samples}]}).`,
   options: [
     { name: "format", short: "f", type: "string", value: "<name>", choices: TRAINER_FORMATS, description: "print the trainer format as JSON" },
     { name: "decode", short: "d", type: "boolean", description: "decode the tokens to text (by the engine's own tokenizer, through the gateway)" },
-    { name: "builder", short: "b", type: "string", value: "<name>", choices: ["prefix_merging", "per_request"], description: "trajectory builder (default: the task's)" },
+    { name: "builder", short: "b", type: "string", value: "<name>", choices: TrajectoryBuilderName.options, description: "trajectory builder (default: the task's)" },
     { name: "prompt", type: "boolean", default: true, description: "with --decode, show each trace's prompt (--no-prompt hides it)" },
     { name: "max-ids", type: "string", value: "<n>", default: "400", description: "token ids shown per trace without --decode" },
   ],

@@ -13,7 +13,7 @@ JSON = Dict[str, Any]
 
 TERMINAL = frozenset(("completed", "failed", "timed_out", "cancelled"))
 TRAINER_FORMATS = ("rollgate", "verl", "slime", "prime-rl")
-BUILDERS = ("prefix_merging", "per_request")
+BUILDERS = ("prefix_merging", "per_request", "prefix_tree")
 # Loading weights can take minutes on real engines: the gateway waits for every engine.
 LOAD_TIMEOUT_S = 20 * 60.0
 
