@@ -64,6 +64,8 @@ describe("record invariants fail the build naming the record", () => {
 
 describe("checkTraceInvariants", () => {
   const trace = (): Trace => ({
+    kind: "main",
+    parent: null,
     prompt_ids: [1, 2],
     response_ids: [3, IM_END, 5, 6, 7],
     response_logprobs: [-1, -2, 0, -3, -4],

@@ -152,18 +152,26 @@ export function checkTreeInvariants(tree: PrefixTree, traces: readonly Trace[]):
     if (node.parent !== null && (node.parent >= k || parent === undefined)) fail("tree_order", `node ${k}'s parent ${node.parent} does not come before it`);
     const depth = parent ? parent.depth + parent.token_ids.length : 0;
     if (node.depth !== depth) fail("tree_depth", `node ${k} has depth ${node.depth}, its parent ends at ${depth}`);
-    let covered = 0;
-    for (const s of node.spans) covered += s.end - s.start;
+    let nodeTrainable = 0;
     for (let i = 0; i < n; i++) {
       if (node.loss_mask[i] === 1) {
-        trainable++;
+        nodeTrainable++;
         if (!isRealLogprob(node.logprobs[i])) fail("missing_logprob", `node ${k} token ${i} is trainable without a real logprob`, { position: i });
-        if (!node.spans.some((s) => i >= s.start && i < s.end)) fail("tree_unowned_token", `node ${k} token ${i} is trainable but no record sampled it`, { position: i });
       } else if (node.logprobs[i] !== 0 || node.weight_versions[i] !== null) {
         fail("masked_logprob_not_zero", `node ${k} token ${i} is masked but has a logprob or weight version`, { position: i });
       }
     }
-    if (covered !== node.loss_mask.reduce<number>((a, m) => a + m, 0)) fail("tree_span_mismatch", `node ${k}'s record spans do not cover exactly its trainable tokens`);
+    trainable += nodeTrainable;
+    // Spans in order, disjoint, over trainable tokens only, and as many of them as the mask has: each trainable token has its record.
+    let covered = 0;
+    let prevEnd = 0;
+    for (const s of node.spans) {
+      if (s.start < prevEnd || s.end <= s.start || s.end > n) fail("tree_span_mismatch", `node ${k}'s record spans are not ordered, disjoint runs inside it`);
+      for (let i = s.start; i < s.end; i++) if (node.loss_mask[i] !== 1) fail("tree_span_mismatch", `node ${k} token ${i} is in record ${s.record_id}'s span but masked`, { record_id: s.record_id, position: i });
+      covered += s.end - s.start;
+      prevEnd = s.end;
+    }
+    if (covered !== nodeTrainable) fail("tree_unowned_token", `node ${k} has ${nodeTrainable} trainable tokens but its record spans cover ${covered}`);
   });
   const flatTrainable = traces.reduce((a, t) => a + t.loss_mask.reduce<number>((x, m) => x + m, 0), 0);
   if (trainable !== flatTrainable) fail("tree_trainable_count", `${trainable} trainable tokens in the tree, ${flatTrainable} in the flat traces`);

@@ -4,7 +4,7 @@ import { Trajectory as TrajectorySchema } from "@rollgate/protocol";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { makeRecord } from "./__fixtures__/make-record.js";
-import { buildPrefixTree, pathOf, prefixMerging, prefixMergingTraces, prefixTree, toTrainerFormat } from "./index.js";
+import { buildPrefixTree, checkTreeInvariants, pathOf, prefixMerging, prefixMergingTraces, prefixTree, toTrainerFormat, TrajectoryInvariantError } from "./index.js";
 
 /** Each sample's tokens, read from the tree by following parent links. */
 function pathTokens(tree: PrefixTree, node: number): number[] {
@@ -126,6 +126,37 @@ describe("prefix_tree: a session of three conversations", () => {
     expectTreeInvariants([a, b], t);
     // In a's flat sample the same tokens stay prompt: they are b's samples, not a's.
     expect(t.traces[0]!.prompt_ids).toEqual([...SYS, 1, 5, 6, 2]);
+  });
+});
+
+describe("prefix_tree: the build's own checks", () => {
+  const records = [
+    makeRecord({ id: "a", seq: 0, prompt_ids: [...SYS, 1], output_ids: [2, 3] }),
+    makeRecord({ id: "b", seq: 1, prompt_ids: [...SYS, 4], output_ids: [5] }),
+  ];
+  const rule = (mutate: (tree: PrefixTree) => void): string => {
+    const t = prefixTree(records);
+    const tree = structuredClone(t.tree!);
+    mutate(tree);
+    try {
+      checkTreeInvariants(tree, t.traces);
+    } catch (e) {
+      expect(e).toBeInstanceOf(TrajectoryInvariantError);
+      return (e as TrajectoryInvariantError).rule;
+    }
+    return "passed";
+  };
+  const leafOf = (tree: PrefixTree, trace: number) => tree.nodes[tree.samples[trace]!.node]!;
+
+  it("pass on the tree it built, and name what is wrong in a corrupted one", () => {
+    expect(rule(() => {})).toBe("passed");
+    expect(rule((tree) => (leafOf(tree, 0).token_ids[0] = 99))).toBe("tree_path");
+    expect(rule((tree) => (leafOf(tree, 0).spans = []))).toBe("tree_unowned_token");
+    expect(rule((tree) => (leafOf(tree, 0).logprobs[1] = Number.NaN))).toBe("missing_logprob");
+    expect(rule((tree) => (leafOf(tree, 0).logprobs[0] = -1))).toBe("masked_logprob_not_zero");
+    expect(rule((tree) => ((tree.nodes[0]!.loss_mask[0] as number) = 1))).not.toBe("passed");
+    expect(rule((tree) => (leafOf(tree, 1).depth = 0))).toBe("tree_depth");
+    expect(rule((tree) => tree.samples.pop())).toBe("tree_samples");
   });
 });
 
