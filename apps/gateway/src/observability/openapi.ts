@@ -369,7 +369,8 @@ function buildPaths(): Json {
       get: {
         tags: ["sessions"],
         summary: "The session's trajectory",
-        description: "Traces and stats (`format=rollgate`), or `{builder, format, samples}` in a trainer's format.",
+        description:
+          "Traces and stats (`format=rollgate`; with `builder=prefix_tree` also `tree`, the conversations as one tree of shared prefixes), or `{builder, format, samples}` in a trainer's format, one sample per trace.",
         security: TRAINER,
         parameters: [
           SESSION_ID,
