@@ -50,6 +50,15 @@ describe("trace kinds: a sub-agent started by the Agent tool", () => {
     expect(prefixTree(records).traces.map((x) => x.kind)).toEqual(["main", "sub_agent"]);
   });
 
+  it("finds the task after a reminder block when the protocol joined the blocks into one string (Anthropic)", () => {
+    const joined = makeRecord({ ...r1, messages: [subFirst[0]!, { role: "user", content: `<system-reminder>be brief\nand exact</system-reminder>\n${TASK}` }] });
+    const t = prefixMerging([r0, joined, r3]);
+    expect(t.traces.map((x) => [x.kind, x.parent?.tool_call_id ?? null])).toEqual([
+      ["main", null],
+      ["sub_agent", "toolu_1"],
+    ]);
+  });
+
   it("a short tool argument that happens to equal a user message is not a sub-agent", () => {
     const shortCall = { ...call, function: { name: "Bash", arguments: JSON.stringify({ command: "ls" }) } };
     const a = makeRecord({ ...r0, id: "a", seq: 0, prompt_ids: [1, 1, 10], output_ids: [11], messages: [mainSys, ask], tools: MAIN_TOOLS, message: { tool_calls: [shortCall] } });

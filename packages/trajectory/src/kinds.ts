@@ -6,8 +6,9 @@ import { stableStringify, text } from "./breaks.js";
  * `side_request`) and where it came from, read from the records' canonical messages alone
  * (docs/trace-kinds.md describes what each CLI sends):
  *
- * - sub_agent: the first user message (or one of its text parts) is, verbatim, a string argument
- *   of a tool call an earlier record of another trace made: the Task/Agent/task tool's `prompt`.
+ * - sub_agent: the first user message (one of its text parts, or its start or end at a line
+ *   boundary) is, verbatim, a string argument of a tool call an earlier record of another trace
+ *   made: the Task/Agent/task tool's `prompt`.
  * - compaction: the first request carries an earlier summary request's whole answer (a summary
  *   request is a record whose request a CLI's summary instruction marks, or a record of a trace
  *   without tools), or a CLI's continuation preamble.
@@ -66,11 +67,23 @@ function stringsIn(args: string): string[] {
   return out;
 }
 
-/** The whole text of a message and each of its text parts, trimmed: the forms a sub-agent's task can take. */
+/** Line boundaries looked at in one message (a task sits at the start or the end of it). */
+const MAX_BOUNDARIES = 256;
+
+/**
+ * The forms a sub-agent's task can take in its first user message, trimmed: the whole text, each
+ * text part, and every start or end of the text at a line boundary (Anthropic text blocks arrive
+ * joined by "\n", so a task after a reminder block is the text's end).
+ */
 function textForms(m: ChatMessage): string[] {
-  const forms = [text(m.content).trim()];
+  const whole = text(m.content);
+  const forms = [whole.trim()];
   if (Array.isArray(m.content)) for (const p of m.content) if (p.type === "text") forms.push(p.text.trim());
-  return forms.filter((f) => f.length > 0);
+  let seen = 0;
+  for (let at = whole.indexOf("\n"); at >= 0 && seen < MAX_BOUNDARIES; at = whole.indexOf("\n", at + 1), seen++) {
+    forms.push(whole.slice(0, at).trim(), whole.slice(at + 1).trim());
+  }
+  return forms.filter((f) => f.length >= MIN_TASK_CHARS);
 }
 
 function hasTools(records: readonly CompletionRecord[]): boolean {
