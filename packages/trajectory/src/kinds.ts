@@ -75,7 +75,7 @@ const MAX_BOUNDARIES = 256;
  * text part, and every start or end of the text at a line boundary (Anthropic text blocks arrive
  * joined by "\n", so a task after a reminder block is the text's end).
  */
-function textForms(m: ChatMessage): string[] {
+function textForms(m: ChatMessage, lengths: ReadonlySet<number>): string[] {
   const whole = text(m.content);
   const forms = [whole.trim()];
   if (Array.isArray(m.content)) for (const p of m.content) if (p.type === "text") forms.push(p.text.trim());
@@ -83,7 +83,8 @@ function textForms(m: ChatMessage): string[] {
   for (let at = whole.indexOf("\n"); at >= 0 && seen < MAX_BOUNDARIES; at = whole.indexOf("\n", at + 1), seen++) {
     forms.push(whole.slice(0, at).trim(), whole.slice(at + 1).trim());
   }
-  return forms.filter((f) => f.length >= MIN_TASK_CHARS);
+  // Only lengths some argument has are worth hashing for a lookup.
+  return forms.filter((f) => lengths.has(f.length));
 }
 
 function hasTools(records: readonly CompletionRecord[]): boolean {
@@ -122,8 +123,6 @@ function sharedMessages(a: CompletionRecord, b: CompletionRecord): number {
  * it sits. Pure: the same records give the same answer.
  */
 export function classifyTraces(traces: readonly (readonly CompletionRecord[])[]): TraceOrigin[] {
-  const traceOf = new Map<string, number>();
-  traces.forEach((rs, i) => rs.forEach((r) => traceOf.set(r.id, i)));
   const sessionHasTools = traces.some(hasTools);
   const noTools = traces.map((rs) => sessionHasTools && !hasTools(rs));
 
@@ -167,6 +166,8 @@ export function classifyTraces(traces: readonly (readonly CompletionRecord[])[])
     return best;
   };
 
+  const argLengths = new Set([...toolArgs.keys()].map((k) => k.length));
+
   const origins: TraceOrigin[] = traces.map((rs, i) => {
     const first = rs[0];
     if (first === undefined) return { kind: "main", parent: null, why: "" };
@@ -175,7 +176,7 @@ export function classifyTraces(traces: readonly (readonly CompletionRecord[])[])
     const task = messages.find((m) => m.role === "user");
     if (task) {
       let found: ToolArg | undefined;
-      for (const form of textForms(task)) {
+      for (const form of textForms(task, argLengths)) {
         for (const arg of toolArgs.get(form) ?? []) {
           if (arg.trace === i || arg.record.seq >= first.seq) continue;
           if (!found || arg.record.seq > found.record.seq) found = arg;
@@ -191,7 +192,10 @@ export function classifyTraces(traces: readonly (readonly CompletionRecord[])[])
       }
     }
 
-    const quoted = messages.filter((m) => m.role === "user" || m.role === "assistant").map((m) => text(m.content));
+    // A resumed conversation opens with its summary: every CLI puts it before, or as, the first assistant turn.
+    const firstAnswer = messages.findIndex((m) => m.role === "assistant");
+    const opening = firstAnswer < 0 ? messages : messages.slice(0, firstAnswer + 1);
+    const quoted = opening.filter((m) => m.role === "user" || m.role === "assistant").map((m) => text(m.content));
     const summary = summaries.findLast((s) => s.trace !== i && s.record.seq < first.seq && quoted.some((q) => q.includes(s.text)));
     if (summary) {
       const from = summarised(summary.record, summary.trace);
