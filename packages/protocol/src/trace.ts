@@ -6,7 +6,7 @@ import { TraceKind, TraceParent } from "./trace-kind.js";
 export const TrajectoryBuilderName = z.enum(["per_request", "prefix_merging", "prefix_tree"]);
 export type TrajectoryBuilderName = z.infer<typeof TrajectoryBuilderName>;
 
-/** One training sample built from one or more completion records (DESIGN §3). */
+/** One training sample built from one or more completion records (docs/data-model.md#trace-and-trajectory). */
 export const Trace = z.object({
   /** Which conversation of the rollout this is (docs/trace-kinds.md). */
   kind: TraceKind.default("main"),
