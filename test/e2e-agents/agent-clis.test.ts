@@ -16,6 +16,7 @@
  * "Agent CLIs"), so there is one run per CLI, protocol and family.
  */
 import { createHmac, randomUUID } from "node:crypto";
+import { mkdirSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -75,7 +76,10 @@ const report: { name: string; family: string; version: string; llm_calls: number
 
 function plan(c: AgentCase, family: Family = "qwen3"): Planned {
   const slug = family === "qwen3" ? caseSlug(c) : `${caseSlug(c)}-${family.replace(/\./g, "")}`;
-  const script = scriptFor(c, `agent-ok-${slug}-${randomUUID().slice(0, 6)}`, linkDir, { think: FAMILY_CAN[family].think });
+  // Each family links its sandboxes in a folder of its own: a link is made once, by its case's slug.
+  const links = family === "qwen3" ? linkDir : path.join(linkDir, family);
+  mkdirSync(links, { recursive: true });
+  const script = scriptFor(c, `agent-ok-${slug}-${randomUUID().slice(0, 6)}`, links, { think: FAMILY_CAN[family].think });
   return { ...script, c, taskId: `t-agents-${slug}-${randomUUID().slice(0, 8)}`, secret: `secret-${randomUUID()}` };
 }
 

@@ -79,7 +79,7 @@ function preflightRow(p) {
   const tool = p.tool_turn.round_trips ? `yes${p.tool_turn.form && p.tool_turn.form !== "as_generated" ? ` (sent as ${p.tool_turn.form})` : ""}` : `${yesNo(p.tool_turn.round_trips)}: ${p.tool_turn.detail}`;
   const reasoning = `${yesNo(p.reasoning.dropped_at_user_turn)}: ${p.reasoning.detail}`;
   const pause = `${p.pause.abort_mode ?? "unknown"} (${p.pause.why})`;
-  const cells = [family, `${p.kind} ${p.version ?? ""}`.trim(), code(p.profile), p.vocab_size ?? "unbounded", tokenIn, tool, reasoning, pause];
+  const cells = [family, `${p.kind} ${p.version ?? ""}`.trim(), code(p.profile), p.vocab_size?.toLocaleString("en-US") ?? "unbounded", tokenIn, tool, reasoning, pause];
   return `| ${cells.map((c) => String(c).replaceAll("\n", " ").replaceAll("|", "\\|")).join(" | ")} |`;
 }
 
