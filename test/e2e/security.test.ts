@@ -1,6 +1,6 @@
 /**
  * Sandboxes, callbacks and limits through the whole system (real processes, real Redis): the
- * agent's environment holds only DESIGN §6's variables, output is bounded, a fork bomb or an
+ * agent's environment holds only the variables of docs/agent-environment.md#environment-variables, output is bounded, a fork bomb or an
  * agent ignoring SIGTERM leaves no process behind, a symlink cannot make an evaluator read a host
  * file, callbacks and http evaluators cannot reach link-local / metadata addresses, the session
  * limits stop a real agent, and no token reaches the apps' logs (LOG_LEVEL debug).
@@ -97,7 +97,7 @@ function survivors(marker: string): string[] {
 let dumpedToken = "";
 
 describe("the sandbox", () => {
-  it("gives the agent exactly the DESIGN §6 environment: none of the worker's own variables or secrets", async () => {
+  it("gives the agent exactly the documented environment (docs/agent-environment.md): none of the worker's own variables or secrets", async () => {
     const id = await submit({ instruction: "dump the environment", agent: { harness: "command", command: ["env"], env: { MY_TASK_VAR: "1" } } });
     const r = await terminal(id);
     expect(r.status).toBe("completed");

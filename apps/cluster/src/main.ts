@@ -8,7 +8,7 @@ import { startChild, stopChild, watchParent } from "./children.js";
 import { watchReadiness, type ReadinessWatch } from "./readiness.js";
 import { resolveRedis } from "./redis.js";
 
-const HELP = `rollgate cluster: the all-in-one local cluster (DESIGN §6) in one process tree:
+const HELP = `rollgate cluster: the all-in-one local cluster (docs/operations.md) in one process tree:
 engine-sim (unless ROLLGATE_ENGINES names real engines), the gateway and a worker, on a Redis
 (REDIS_URL, or the local default, or a private redis-server it starts itself).
 

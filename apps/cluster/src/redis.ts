@@ -83,7 +83,7 @@ export async function startPrivateRedis(onSpawn?: (stop: () => Promise<void>) =>
 }
 
 /**
- * DESIGN §6: use REDIS_URL when given (and say so plainly if it does not answer); otherwise the
+ * docs/operations.md#running-the-cluster: use REDIS_URL when given (and say so plainly if it does not answer); otherwise the
  * default local Redis; otherwise a private redis-server if one is installed; otherwise explain.
  */
 export async function resolveRedis(

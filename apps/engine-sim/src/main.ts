@@ -58,7 +58,7 @@ Sim-only (both): GET /sim/stats, GET|POST /sim/faults {rank?, mode, error_rate?,
 POST /sim/weights {version?}, GET|POST /sim/load_faults {rank?, message?, clear?} (a rank's weight loads fail).
 Responses carry x-sim-dp-rank (the serving rank).
 A "#sim: [STEP, …]" line in a user/system message (or a raw prompt) scripts the answers, written in the
-family's own output format (see the README).
+family's own output format (specified in docs/sim-policy.md).
 
 When listening it prints one line to stdout: "engine-sim ready: http://HOST:PORT".`;
 

@@ -155,7 +155,7 @@ async function runAgent(app: FastifyInstance, opts: AgentOptions) {
   return { session: s.id, messages, answers, records, trajectory };
 }
 
-/** A `#sim:` step (DESIGN §7), with plain JSON arguments (the script is sent as JSON text). */
+/** A `#sim:` step (docs/sim-policy.md#steps), with plain JSON arguments (the script is sent as JSON text). */
 interface SimStep {
   text?: string;
   think?: string;

@@ -65,7 +65,7 @@ function fastifyPattern(path: string): string {
 }
 
 describe("GET /docs/openapi.json", () => {
-  it("documents every public route of DESIGN §2 with schemas from protocol, and every $ref resolves", async () => {
+  it("documents every public route of docs/http-api.md with schemas from protocol, and every $ref resolves", async () => {
     const app = await gateway();
     const res = await app.inject({ url: "/docs/openapi.json" });
     expect(res.statusCode).toBe(200);

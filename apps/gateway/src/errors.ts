@@ -2,7 +2,7 @@ import { describeIssues, issuesMessage, type ErrorBody } from "@rollgate/protoco
 import type { FastifyError, FastifyReply, FastifyRequest } from "fastify";
 import { ZodError } from "zod";
 
-/** Our error body (DESIGN §2) for trainer and admin routes. */
+/** Our error body (docs/http-api.md#errors) for trainer and admin routes. */
 export function errorBody(type: string, message: string, details?: unknown): ErrorBody {
   return { error: { type, message, ...(details !== undefined ? { details } : {}) } };
 }

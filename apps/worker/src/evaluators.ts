@@ -77,7 +77,7 @@ async function readRewardFile(sandbox: EvalContext["sandbox"], rel: string | und
   return `no reward file (${candidates.join(" or ")}) in the working directory`;
 }
 
-/** Scores a finished rollout with the task's evaluator (DESIGN §2: evaluation kept in `evaluation`). */
+/** Scores a finished rollout with the task's evaluator (docs/data-model.md#evaluators; the evaluation is kept in `evaluation`). */
 export async function evaluate(spec: EvaluatorSpec | null, ctx: EvalContext): Promise<EvalOutcome> {
   if (!spec || spec.kind === "none") return { kind: "scored", reward: null, evaluation: null };
   switch (spec.kind) {

@@ -1,7 +1,7 @@
 import type { AgentProtocol, AgentSpec, HarnessPreset } from "@rollgate/protocol";
 
 /**
- * How each agent CLI runs unmodified and offline against a session (../shared/notes/agent-clis.md):
+ * How each agent CLI runs unmodified and offline against a session (docs/agent-environment.md#harness-presets):
  * its binary and non-interactive argv, the config files it needs in HOME, the variables that turn
  * its telemetry and update checks off, and how its model name is pinned. The instruction is always
  * one argv element, never part of a shell string.

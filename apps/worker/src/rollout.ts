@@ -137,7 +137,7 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
     return { ...base, status: "failed", error: { kind: "prepare_failed", message: `a prepare step exited with ${result.exitCode ?? result.signal}` } };
   }
 
-  // An agent that exits non-zero is still evaluated (DESIGN §2): its exit code is in agent.exit_code.
+  // An agent that exits non-zero is still evaluated (docs/data-model.md#outcomes): its exit code is in agent.exit_code.
   await deps.tasks.appendEvent(task.id, "evaluating", { agent_exit_code: result.exitCode });
   const evalStart = Date.now();
   const ev = await evaluate(task.evaluator, {
@@ -160,7 +160,7 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
 }
 
 /**
- * One rollout job (DESIGN §1): open a session, run the agent in fresh sandbox folders, evaluate,
+ * One rollout job (docs/architecture.md#the-life-of-a-task): open a session, run the agent in fresh sandbox folders, evaluate,
  * close the session, build the trajectory, store the result, queue the callback. Infrastructure
  * failures throw so BullMQ retries with backoff: the gateway unreachable or failing, and a
  * session that lost an LLM call (never scored; its session is closed and the next attempt opens a

@@ -103,7 +103,7 @@ function describeNetworkError(err: unknown): string {
 }
 
 /**
- * The typed SDK for rollgate's trainer and admin API (DESIGN §2). Every method validates the
+ * The typed SDK for rollgate's trainer and admin API (docs/http-api.md). Every method validates the
  * gateway's answer with the protocol's zod schemas and throws `RollgateError` on any failure.
  */
 export class RollgateClient {

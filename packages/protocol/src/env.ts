@@ -1,6 +1,6 @@
 import { z } from "zod";
 
-/** Environment schemas for each app (DESIGN §6). A bad value is a start-up error, never a silent default. */
+/** Environment schemas for each app (docs/operations.md#environment). A bad value is a start-up error, never a silent default. */
 
 const Port = z.coerce.number().int().min(0).max(65535);
 const LogLevel = z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info");

@@ -1,6 +1,6 @@
 import { z } from "zod";
 
-/** The error body of every trainer/admin route (DESIGN §2). Agent routes answer in their client's shape. */
+/** The error body of every trainer/admin route (docs/http-api.md#errors). Agent routes answer in their client's shape. */
 export const ErrorBody = z.object({
   error: z.object({
     type: z.string(),

@@ -5,7 +5,7 @@ import { WeightVersion } from "./ids.js";
 export const ClientProtocol = z.enum(["openai_chat", "openai_responses", "anthropic_messages", "gemini"]);
 export type ClientProtocol = z.infer<typeof ClientProtocol>;
 
-/** One LLM call, appended to its session in order (DESIGN §3). Ids and logprobs come from the engine. */
+/** One LLM call, appended to its session in order (docs/data-model.md#completion-record). Ids and logprobs come from the engine. */
 export const CompletionRecord = z.object({
   id: z.string(),
   session_id: z.string(),

@@ -62,7 +62,7 @@ const MemoryQuantity = z.union([
 const LabelValue = z.string().regex(/^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$/, "must be a Kubernetes label value");
 
 /**
- * Where a rollout runs (DESIGN §5): `local` (folders on the worker's host), `docker` (one
+ * Where a rollout runs (docs/agent-environment.md#runtimes): `local` (folders on the worker's host), `docker` (one
  * container per rollout on the worker's Docker engine) or `kubernetes` (one pod per rollout in the
  * worker's sandbox namespace). One object with kind-specific optional fields, so a task without
  * `runtime` (or `{}`) stays a `local` one with the same defaults as before.
@@ -193,7 +193,7 @@ export const CallbackSpec = z
   .strict();
 export type CallbackSpec = z.infer<typeof CallbackSpec>;
 
-/** The task a trainer submits (DESIGN §2). */
+/** The task a trainer submits (docs/data-model.md#task). */
 export const Task = z
   .object({
     id: Id.optional(),

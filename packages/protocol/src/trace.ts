@@ -4,7 +4,7 @@ import { WeightVersion } from "./ids.js";
 export const TrajectoryBuilderName = z.enum(["per_request", "prefix_merging"]);
 export type TrajectoryBuilderName = z.infer<typeof TrajectoryBuilderName>;
 
-/** One training sample built from one or more completion records (DESIGN §3). */
+/** One training sample built from one or more completion records (docs/data-model.md#trace-and-trajectory). */
 export const Trace = z.object({
   prompt_ids: z.array(z.number().int()),
   response_ids: z.array(z.number().int()),

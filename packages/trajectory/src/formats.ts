@@ -13,7 +13,7 @@ export type TrainerFormat = (typeof TRAINER_FORMATS)[number];
  * verl: the agent loop's `AgentLoopOutput` (`prompt_ids`, `response_ids`, `response_mask`,
  * `response_logprobs` exported as `rollout_log_probs`) as verl PR #5931's `TrajectoryAssembler`
  * batches it into `prompts` / `responses` / `response_mask` / `rollout_log_probs` (the rollout
- * logprobs verl's rollout correction #2953/#3694 consumes). Source: shared/notes/anchors-verl-and-peers.md §1a, §1b.
+ * logprobs verl's rollout correction #2953/#3694 consumes). Source: verl-project/verl PR #5931 and its agent loop.
  */
 export interface VerlSample {
   prompts: number[];
@@ -23,9 +23,8 @@ export interface VerlSample {
 }
 
 /**
- * slime: one `Sample` per trace, as Polar's `slime_bridge` builds them (shared/notes/anchors-polar.md,
- * "slime_bridge") and slime's own OpenAI/Anthropic adapters return `list[Sample]`
- * (shared/notes/anchors-verl-and-peers.md, "slime"): `tokens` is prompt + response, `response_length`
+ * slime: one `Sample` per trace, as Polar's `slime_bridge` builds them and slime's own
+ * OpenAI/Anthropic adapters return `list[Sample]` (THUDM/slime, `Sample`): `tokens` is prompt + response, `response_length`
  * the response's length, and `loss_mask` / `rollout_log_probs` cover the response tokens only.
  */
 export interface SlimeSample {
@@ -38,9 +37,8 @@ export interface SlimeSample {
 /**
  * prime-rl: the `tokens` of a verifiers `TrajectoryStep` (`TokensResponse`: `prompt_ids`,
  * `prompt_mask` all 0, `completion_ids`, `completion_mask`, `completion_logprobs`, `is_truncated`),
- * which prime-rl's orchestrator (`interleave_rollout`) trains on. Source:
- * shared/notes/anchors-prime-rl-verifiers.md, "How token ids and logprobs are obtained" and
- * "How multi-turn trajectories are assembled".
+ * which prime-rl's orchestrator (`orchestrator/trajectories.py`, `interleave_rollout`) trains on.
+ * Source: PrimeIntellect-ai/verifiers and PrimeIntellect-ai/prime-rl.
  */
 export interface PrimeRlSample {
   prompt_ids: number[];

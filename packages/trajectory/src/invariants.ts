@@ -84,7 +84,7 @@ function recordAt(trace: Trace, spans: readonly RecordSpan[] | undefined, pos: n
 }
 
 /**
- * The trace invariants of DESIGN §3: equal lengths of response_ids / response_logprobs / loss_mask /
+ * The trace invariants (docs/data-model.md#trace-and-trajectory): equal lengths of response_ids / response_logprobs / loss_mask /
  * weight_versions; masks only 0/1; every mask-1 token carries a real finite logprob; mask-0 tokens
  * carry logprob 0; ids inside the vocabulary. Throws `TrajectoryInvariantError` naming the record.
  */

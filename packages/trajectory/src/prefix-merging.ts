@@ -14,7 +14,7 @@ import {
 import type { BuiltTraceBreak, BuiltTraces, RecordSpan, TemplateFacts } from "./types.js";
 
 /**
- * The `prefix_merging` builder (DESIGN §3). A record whose prompt starts with a chain's full token
+ * The `prefix_merging` builder (docs/data-model.md#builders). A record whose prompt starts with a chain's full token
  * sequence (prompt + everything appended so far) extends it: the extra prompt tokens are appended
  * with mask 0 / logprob 0 / weight version null, the new output with mask 1 and its own logprobs.
  * Each chain tip is extended at most once; a record that extends nothing opens a new chain and a

@@ -63,7 +63,7 @@ function pyJson(v: Json): string {
   return JSON.stringify(v);
 }
 
-/** What Qwen3 emits for an answer (DESIGN §7): text, then each call in <tool_call> tags, then <|im_end|>. */
+/** What Qwen3 emits for an answer (docs/sim-policy.md#what-each-family-writes): text, then each call in <tool_call> tags, then <|im_end|>. */
 function emitted(text: string, calls: { name: string; args: Record<string, Json> }[]): string {
   const tc = calls.map((c) => `<tool_call>\n{"name": ${JSON.stringify(c.name)}, "arguments": ${pyJson(c.args)}}\n</tool_call>`);
   return text + (tc.length > 0 ? `\n${tc.join("\n")}` : "") + "<|im_end|>";

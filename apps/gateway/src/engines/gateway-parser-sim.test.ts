@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { HermesOutputParser, PRESETS, parseWhole, qwen3Parser, type ParsedDelta } from "@rollgate/models";
 import { buildVllmCompletionBody } from "./vllm-token-in.js";
 
-/** A `#sim:` step (DESIGN §7) with plain JSON arguments. */
+/** A `#sim:` step (docs/sim-policy.md#steps) with plain JSON arguments. */
 interface SimStep {
   text?: string;
   think?: string;

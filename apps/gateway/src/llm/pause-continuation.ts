@@ -2,7 +2,7 @@ import type { CanonicalChatRequest, TokenLogprob, WeightVersion } from "@rollgat
 import type { EngineResult } from "@rollgate/transforms";
 
 /**
- * Transparent continuation after an abort-mode pause (DESIGN §2 admin): the engine cut a call
+ * Transparent continuation after an abort-mode pause (docs/operations.md#pause-resume-and-weights): the engine cut a call
  * short with finish_reason "abort" and the tokens generated so far. After resume the gateway asks
  * the same rank to go on token-in from prompt + those tokens, on the new weights, and the agent
  * receives one answer. These pure helpers keep what each cut left and join the pieces; every

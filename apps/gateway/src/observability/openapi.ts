@@ -23,7 +23,7 @@ import { z } from "zod";
 import { WeightLoad } from "../ops/weight-loading.js";
 
 /**
- * The OpenAPI 3.1 document of the public API (DESIGN §2), generated from the zod schemas of
+ * The OpenAPI 3.1 document of the public API (docs/http-api.md), generated from the zod schemas of
  * `@rollgate/protocol` with `z.toJSONSchema` (JSON Schema 2020-12, which OpenAPI 3.1 uses as is).
  * Request bodies are the schemas' input side (defaults make fields optional), responses their
  * output side. Agent-facing routes speak their client's protocol (OpenAI, Anthropic, Gemini):

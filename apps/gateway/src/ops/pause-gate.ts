@@ -19,7 +19,7 @@ const REPORT_MS = 3_000;
 const REPORT_COALESCE_MS = 20;
 
 /**
- * This replica's view of the inference pause (DESIGN §2 admin): engine calls wait while paused
+ * This replica's view of the inference pause (docs/operations.md#pause-resume-and-weights): engine calls wait while paused
  * (they are not failed), and the replica's in-flight count is reported to Redis so the pause
  * route can tell when every replica has drained. State comes from a Redis key at start (a replica
  * started while paused is paused) and from the admin channel after.

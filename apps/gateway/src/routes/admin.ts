@@ -28,7 +28,7 @@ const Version = z.union([z.string().min(1).max(128), z.number().int().nonnegativ
 const WeightsBody = z.object({ version: Version }).strict();
 const InferenceWeightsBody = z.object({ version: Version, load: WeightLoad.optional() }).strict();
 
-/** The RL loop's admin routes (DESIGN §2): pause/resume inference, the weight version, engine state. */
+/** The RL loop's admin routes (docs/http-api.md#admin): pause/resume inference, the weight version, engine state. */
 export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
   return async (app) => {
     app.setErrorHandler(trainerErrorHandler);

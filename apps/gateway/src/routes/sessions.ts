@@ -21,7 +21,7 @@ export function sessionUrls(publicUrl: string, id: string): Pick<CreateSessionRe
   return { base_url: base, urls: { openai: `${base}/v1`, anthropic: base, gemini: base } };
 }
 
-/** The session API (DESIGN §2): open, inspect, close, read records and trajectories. */
+/** The session API (docs/http-api.md#sessions): open, inspect, close, read records and trajectories. */
 export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
   return async (app) => {
     app.setErrorHandler(trainerErrorHandler);

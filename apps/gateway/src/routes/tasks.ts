@@ -32,7 +32,7 @@ function cancelledBeforeStart(task: AcceptedTask, createdAt: string, reason: str
   };
 }
 
-/** The trainer-facing task API (DESIGN §2). */
+/** The trainer-facing task API (docs/http-api.md#tasks). */
 export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
   /** Stores and enqueues one validated task; idempotent on its id. */
   async function submit(task: AcceptedTask): Promise<{ id: string; status: TaskStatus | null }> {

@@ -125,7 +125,7 @@ describe("docker runtime: the container", () => {
 });
 
 describe("docker runtime: steps", () => {
-  it("runs prepare, harness and evaluator steps in order via exec with exactly the DESIGN §6 environment (the token only in each exec's Env)", async () => {
+  it("runs prepare, harness and evaluator steps in order via exec with exactly the documented agent environment (the token only in each exec's Env)", async () => {
     const sb = await rt.create("t-1", spec());
     const steps = [["echo", "prepare"], ["printenv"], ["echo", "evaluate"]];
     const results = [];

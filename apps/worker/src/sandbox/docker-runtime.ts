@@ -45,7 +45,7 @@ import { type TarEntry, buildTar, readTar } from "./tar.js";
  *   built here, before the container starts. Directories are 0777 and files 0666 so an image with a
  *   non-root user can use them.
  * - Each step is a `docker exec` (POST /containers/:id/exec + the hijacked, multiplexed
- *   /exec/:id/start stream) with exactly the DESIGN §6 environment in the exec's Env — the session
+ *   /exec/:id/start stream) with exactly the documented environment (docs/agent-environment.md#environment-variables) in the exec's Env — the session
  *   token lives only there, never in the container config — on top of the image's own ENV. A PATH
  *   equal to the worker's local sandbox PATH is dropped so the image's PATH applies.
  * - Timeouts and cancels: the Engine API cannot kill an exec, so the worker kills the whole

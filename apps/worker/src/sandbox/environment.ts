@@ -16,7 +16,7 @@ export interface SandboxEnvInput {
 }
 
 /**
- * The whole environment an agent gets (DESIGN §6): the gateway URLs for every SDK, the session
+ * The whole environment an agent gets (docs/agent-environment.md#environment-variables): the gateway URLs for every SDK, the session
  * token as every key, the task's identity and instruction, its harness preset's variables, the
  * task's own `agent.env`, and the minimum a program needs to start (PATH, HOME, TMPDIR, LANG).
  * Nothing of the worker's own environment is copied.

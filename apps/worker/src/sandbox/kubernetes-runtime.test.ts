@@ -201,7 +201,7 @@ describe("kubernetes runtime: the network", () => {
 });
 
 describe("kubernetes runtime: steps", () => {
-  it("runs the steps in order via the exec WebSocket with the DESIGN §6 environment; no token or instruction in any exec URL", async () => {
+  it("runs the steps in order via the exec WebSocket with the documented agent environment; no token or instruction in any exec URL", async () => {
     const rt = runtime();
     const sb = await rt.create("t-1", spec(), { sessionToken: TOKEN });
     const steps = [["echo", "prepare"], ["printenv"], ["echo", "evaluate"]];

@@ -45,7 +45,7 @@ import { type TarEntry, buildTar } from "./tar.js";
  * `valueFrom.secretKeyRef`. No token literal is in the pod spec, in an exec URL or on stdin. The
  * Exec API cannot set an environment, so each step runs as
  *   sh -c 'eval "$(head -c N)"' rollgate-step <argv…>
- * with a short script on the exec's stdin that exports the step's DESIGN §6 environment (a value
+ * with a short script on the exec's stdin that exports the step's agent environment (docs/agent-environment.md#environment-variables) (a value
  * equal to the session token is written as "$T", read from the pod env), unsets the token and the
  * KUBERNETES_* variables, cds to the working directory and `exec`s the argv with stdin at
  * /dev/null. The image's own ENV stays (as with `docker exec`); a PATH equal to the worker's
@@ -80,7 +80,7 @@ import { type TarEntry, buildTar } from "./tar.js";
 export const SANDBOX_APP = "rollgate-sandbox";
 const CONTAINER = "sandbox";
 const TOKEN_ENV = "ROLLGATE_SESSION_TOKEN";
-/** The DESIGN §6 variables that carry the session token. */
+/** The agent environment's variables that carry the session token. */
 const TOKEN_VARS = ["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY"];
 /** What Kubernetes injects into every container and a sandboxed step must not see. */
 const K8S_VARS = [

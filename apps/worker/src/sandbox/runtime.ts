@@ -53,7 +53,7 @@ export interface CreateOptions {
   /**
    * The gateway session token. The `kubernetes` runtime puts it in the pod's own Secret; when it is
    * not given here, the pod is created at the first exec and the token is taken from that step's
-   * environment (the DESIGN §6 key variables). Other runtimes ignore it.
+   * environment (the key variables of docs/agent-environment.md#environment-variables). Other runtimes ignore it.
    */
   sessionToken?: string;
   /** The rollout's time limit (`limits.timeout_s`): a pod outlives it by a margin at most (activeDeadlineSeconds). */

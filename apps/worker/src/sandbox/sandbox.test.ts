@@ -18,7 +18,7 @@ function survivors(marker: string): string {
 }
 
 describe("sandboxEnv", () => {
-  it("gives the agent the DESIGN §6 variables and nothing of the worker's own environment", () => {
+  it("gives the agent the documented variables (docs/agent-environment.md) and nothing of the worker's own environment", () => {
     process.env.WORKER_SECRET = "must-not-leak";
     const env = sandboxEnv({
       sessionUrl: "http://gw/s/s-1",
