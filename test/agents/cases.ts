@@ -61,6 +61,9 @@ export const caseSlug = (c: AgentCase) => (c.protocol ? `${c.harness}-${c.protoc
 /** The protocol the case's requests arrive in. */
 export const caseProtocol = (c: AgentCase): AgentProtocol => c.protocol ?? HARNESS_PROTOCOL[c.harness]!;
 
+/** What the model thinks before its shell call, where the family's format can hold reasoning. */
+export const SHELL_THOUGHT = "I will write the file with the shell tool.";
+
 export interface AgentScript {
   /** What the shell call writes into result.txt (and the evaluator expects). */
   word: string;
@@ -73,16 +76,18 @@ export interface AgentScript {
 
 /**
  * The script for one case. `linkDir` is where the shell step links the sandbox folder for a CLI
- * whose read tool wants absolute paths (the sandbox folder's own name is random).
+ * whose read tool wants absolute paths (the sandbox folder's own name is random); `think: false`
+ * for a model family that cannot write reasoning.
  */
-export function scriptFor(c: AgentCase, word: string, linkDir: string): AgentScript {
+export function scriptFor(c: AgentCase, word: string, linkDir: string, opts: { think?: boolean } = {}): AgentScript {
   const link = path.join(linkDir, caseSlug(c));
   const shellCommand = `echo ${word} > result.txt${c.read?.absolute ? ` && ln -s "$PWD" ${link}` : ""}`;
   const readArg = c.read ? (c.read.absolute ? `${link}/result.txt` : "result.txt") : "cat result.txt";
   const answer = `result.txt holds ${word}.`;
   const read = c.read ?? c.shell;
   const steps = [
-    { think: "I will write the file with the shell tool.", tool_calls: [{ name: c.shell.name, arguments: { [c.shell.arg]: shellCommand } }] },
+    // A family whose output format has no reasoning (Llama 3.1, DeepSeek-V3, …) goes straight to the call.
+    { ...(opts.think === false ? {} : { think: SHELL_THOUGHT }), tool_calls: [{ name: c.shell.name, arguments: { [c.shell.arg]: shellCommand } }] },
     { tool_calls: [{ name: read.name, arguments: { [read.arg]: readArg } }] },
     { text: answer },
   ];

@@ -15,6 +15,13 @@ export interface AgentStack {
   stop: () => Promise<void>;
 }
 
+/** A worker whose sandboxes find the CLIs on their PATH. */
+export const AGENT_WORKER_ENV: Record<string, string> = {
+  // Two rollouts at once: the machine is small and the CLIs are heavy to start.
+  ROLLGATE_WORKER_CONCURRENCY: "2",
+  ROLLGATE_SANDBOX_PATH: [path.dirname(process.execPath), AGENT_BIN, path.join(REPO_ROOT, "node_modules", ".bin"), "/usr/local/bin", "/usr/bin", "/bin"].join(":"),
+};
+
 /** Throws, naming what is missing, unless install.sh has installed every CLI. */
 export function requireAgentClis(): void {
   const missing = AGENT_EXECUTABLES.filter((b) => !existsSync(path.join(AGENT_BIN, b)));
@@ -30,11 +37,7 @@ export async function startAgentStack(opts: { prefix: string; gatewayEnv?: Recor
       engineUrl: engine.ready,
       workers: 1,
       ...(opts.gatewayEnv ? { gatewayEnv: opts.gatewayEnv } : {}),
-      workerEnv: {
-        // Two rollouts at once: the machine is small and the CLIs are heavy to start.
-        ROLLGATE_WORKER_CONCURRENCY: "2",
-        ROLLGATE_SANDBOX_PATH: [path.dirname(process.execPath), AGENT_BIN, path.join(REPO_ROOT, "node_modules", ".bin"), "/usr/local/bin", "/usr/bin", "/bin"].join(":"),
-      },
+      workerEnv: AGENT_WORKER_ENV,
     });
     return {
       engine,

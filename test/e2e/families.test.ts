@@ -11,7 +11,10 @@
  * profile's words.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { Preflight } from "@rollgate/protocol";
 import { FAMILIES, exampleAgentTask, startFamilyStack, type Family, type FamilyStack, type Kind } from "../support/families.js";
+import { apiClient } from "../support/http.js";
+import { measureCell, writePreflight } from "../support/matrix.js";
 
 /** Families whose template the gateway cannot keep a prefix through, and the break reason they give. */
 const BREAKS: Partial<Record<Family, { reason: string; note: RegExp }>> = {
@@ -27,30 +30,45 @@ for (const family of Object.keys(FAMILIES) as Family[]) {
       }, 60_000);
       afterAll(async () => stack?.stop());
 
+      it("preflight: the family's profile and vocabulary, checked without errors (its README row)", async () => {
+        const { status, body } = await apiClient(() => stack.gatewayUrl)("/admin/engines?wait_s=60");
+        expect(status).toBe(200);
+        const preflight = (body as { engines: { preflight: Preflight | null }[] }).engines[0]!.preflight;
+        expect(preflight, "preflight ran").not.toBeNull();
+        expect(preflight!.profile).toBe(FAMILIES[family].profile);
+        expect(preflight!.errors).toEqual([]);
+        expect(preflight!.vocab_size).toBeGreaterThan(100_000);
+        await writePreflight(family, preflight!);
+      });
+
       it.each([false, true])("streamed %s: completed, reward 1, token-exact, decodes to the conversation", async (stream) => {
-        const run = await stack.runTask(exampleAgentTask(family, stream));
-        expect(run.task.status, JSON.stringify(run.task.result?.error)).toBe("completed");
-        expect(run.task.result!.reward).toBe(1);
-        expect(run.records).toHaveLength(3);
-        expect(run.records.slice(0, 2).map((r) => r.message.tool_calls.map((c) => c.function.name))).toEqual([["shell"], ["shell"]]);
-        expect(run.exact, "every trainable token is the engine's, with its logprob").toBe(true);
-        expect(run.decodes, "every trace decodes to the engine's text of its calls").toBe(true);
-        // The trace of the last call is the whole conversation: the task, both tool calls, the answer.
-        expect(run.text).toContain("Create hello.txt containing the word hello.");
-        const history = run.text.slice(run.text.indexOf("I created hello.txt.") + 1);
-        expect(history).toMatch(/echo hello > hello\.txt[\s\S]*cat hello\.txt/);
-        expect(run.text.trimEnd()).toMatch(/I created hello\.txt\.(<\|im_end\|>|<\|eot_id\|>|<｜end▁of▁sentence｜>|<\|return\|>)$/);
-        const known = BREAKS[family];
-        if (!known) {
-          expect(run.traces, JSON.stringify(run.breaks)).toBe(1);
-          expect(run.breaks).toEqual([]);
-        } else {
-          expect(run.breaks.length).toBe(run.traces - 1);
-          for (const b of run.breaks) {
-            expect(b.reason).toBe(known.reason);
-            expect(b.detail).toMatch(known.note);
+        const cell = { family, agent: "example-agent", protocol: "openai_chat", kind, variant: stream ? "streamed" : "not streamed", suite: "families" };
+        await measureCell(cell, async (note) => {
+          const run = await stack.runTask(exampleAgentTask(family, stream));
+          note({ llm_calls: run.records.length, traces: run.traces, breaks: run.breaks.map((b) => b.reason), exact: run.exact });
+          expect(run.task.status, JSON.stringify(run.task.result?.error)).toBe("completed");
+          expect(run.task.result!.reward).toBe(1);
+          expect(run.records).toHaveLength(3);
+          expect(run.records.slice(0, 2).map((r) => r.message.tool_calls.map((c) => c.function.name))).toEqual([["shell"], ["shell"]]);
+          expect(run.exact, "every trainable token is the engine's, with its logprob").toBe(true);
+          expect(run.decodes, "every trace decodes to the engine's text of its calls").toBe(true);
+          // The trace of the last call is the whole conversation: the task, both tool calls, the answer.
+          expect(run.text).toContain("Create hello.txt containing the word hello.");
+          const history = run.text.slice(run.text.indexOf("I created hello.txt.") + 1);
+          expect(history).toMatch(/echo hello > hello\.txt[\s\S]*cat hello\.txt/);
+          expect(run.text.trimEnd()).toMatch(/I created hello\.txt\.(<\|im_end\|>|<\|eot_id\|>|<｜end▁of▁sentence｜>|<\|return\|>)$/);
+          const known = BREAKS[family];
+          if (!known) {
+            expect(run.traces, JSON.stringify(run.breaks)).toBe(1);
+            expect(run.breaks).toEqual([]);
+          } else {
+            expect(run.breaks.length).toBe(run.traces - 1);
+            for (const b of run.breaks) {
+              expect(b.reason).toBe(known.reason);
+              expect(b.detail).toMatch(known.note);
+            }
           }
-        }
+        });
       });
     });
   }

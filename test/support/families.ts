@@ -31,7 +31,7 @@ export type Family = keyof typeof FAMILIES;
 export type Kind = "vllm" | "sglang";
 
 /** Whether a family's output format can hold reasoning, and text beside a tool call. */
-const CAN = {
+export const FAMILY_CAN = {
   qwen3: { think: true, textWithCall: true },
   "qwen3-coder": { think: false, textWithCall: true },
   "llama3.1": { think: false, textWithCall: false },
@@ -50,7 +50,7 @@ export interface SimToolCall {
  * sentence beside the calls where the family's format has room for them, then a final answer.
  */
 export function familyScript(family: Family, turns: SimToolCall[][], answer: string): Record<string, unknown>[] {
-  const can = CAN[family];
+  const can = FAMILY_CAN[family];
   const steps: Record<string, unknown>[] = turns.map((calls, i) => ({
     ...(can.think ? { think: `Step ${i + 1}: I use the tool.` } : {}),
     ...(can.textWithCall && i > 0 ? { text: "Checking the result." } : {}),
@@ -89,6 +89,18 @@ export interface FamilyStack {
   /** Checks one session's trajectory (what a trainer would be given). */
   verdict: (sessionId: string) => Promise<TrajectoryVerdict>;
   stop: () => Promise<void>;
+}
+
+/** The engine's own text of `ids` (its /detokenize, special tokens kept): decoding without knowing the family. */
+export async function engineDetokenize(engineUrl: string, kind: Kind, ids: number[]): Promise<string> {
+  const res = await fetch(`${engineUrl}/detokenize`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ tokens: ids, ...(kind === "sglang" ? { skip_special_tokens: false } : {}) }),
+  });
+  if (res.status !== 200) throw new Error(`${engineUrl}/detokenize answered ${res.status}: ${await res.text()}`);
+  const j = (await res.json()) as { prompt?: string; text?: string };
+  return (j.prompt ?? j.text)!;
 }
 
 async function listen(app: FastifyInstance): Promise<string> {
@@ -148,15 +160,7 @@ export async function startFamilyStack(opts: {
           t.response_logprobs.every((lp, i) => t.loss_mask[i] === 1 || lp === 0);
       }
       const d = decoded.body as DecodedTrajectory;
-      const engineText = async (ids: number[]) => {
-        const res = await fetch(`${engineUrl}/detokenize`, {
-          method: "POST",
-          headers: { "content-type": "application/json" },
-          body: JSON.stringify({ tokens: ids, ...(opts.kind === "sglang" ? { skip_special_tokens: false } : {}) }),
-        });
-        const j = (await res.json()) as { prompt?: string; text?: string };
-        return j.prompt ?? j.text;
-      };
+      const engineText = (ids: number[]) => engineDetokenize(engineUrl, opts.kind, ids);
       // Every trace, decoded through the gateway, is the engine's text of its last record's prompt + output.
       let decodes = d.traces.length === trajectory.traces.length && d.traces.length > 0;
       let text = "";

@@ -124,9 +124,11 @@ const DEEPSEEK_V3: ModelProfile = {
 
 const DEEPSEEK_V31: ModelProfile = {
   name: "deepseek-v3.1",
-  description: "DeepSeek-V3.1 (<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS calls; thinking switched by the `thinking` kwarg)",
+  description: "DeepSeek-V3.1 (<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS calls; thinking switched by the `thinking` kwarg, off when tools are declared)",
   vocab_size: 129_280,
-  thinking: { kwarg: "thinking", forward_reasoning_effort: false },
+  // V3.1 calls tools in non-thinking mode only: with thinking on, a turn after a tool result opens no
+  // <think>, so the reasoning parser takes the whole answer, tool call included, for reasoning.
+  thinking: { kwarg: "thinking", forward_reasoning_effort: false, off_with_tools: true },
   chat_template_kwargs: "all",
   history_normalization: "empirical",
   token_in: "auto",

@@ -28,6 +28,11 @@ export const ModelProfile = z
         kwarg: z.string().min(1).nullable(),
         /** Whether a client's `reasoning_effort` goes to the engine as a top-level field (gpt-oss reads it). */
         forward_reasoning_effort: z.boolean(),
+        /**
+         * The family calls tools only in non-thinking mode (DeepSeek-V3.1): a client's thinking switch
+         * is turned off for a request that declares tools, as Ollama's V3.1 template does. Default false.
+         */
+        off_with_tools: z.boolean().optional(),
       })
       .strict(),
     /** Which keys of a client's chat_template_kwargs reach the engine: "all" (opaque pass-through) or a list. */

@@ -36,6 +36,11 @@ describe("vLLM chat body", () => {
     expect(buildVllmChatBody("m", req({ enable_thinking: true, reasoning_effort: "high" }), PRESETS["deepseek-v3.1"]!)).toMatchObject({ chat_template_kwargs: { thinking: true } });
   });
 
+  it("deepseek-v3.1: thinking off when the request declares tools (V3.1 calls tools only without thinking; Claude Code asks for both)", () => {
+    const tools = [{ type: "function" as const, function: { name: "Bash", parameters: { type: "object", properties: { command: { type: "string" } } } } }];
+    expect(buildVllmChatBody("m", req({ enable_thinking: true, tools }), PRESETS["deepseek-v3.1"]!)).toMatchObject({ chat_template_kwargs: { thinking: false } });
+  });
+
   it("gpt-oss: no thinking kwarg; reasoning_effort forwarded at the top level", () => {
     const body = buildVllmChatBody("m", req({ enable_thinking: true, reasoning_effort: "low" }), PRESETS["gpt-oss"]!);
     expect(body.reasoning_effort).toBe("low");
