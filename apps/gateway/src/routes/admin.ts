@@ -43,7 +43,13 @@ const PauseAnswer = named(
     still_inflight: z.number().int(),
     frozen: z.number().int().describe("calls frozen in place on engines that keep them (they go on after resume)"),
     engines: z
-      .array(EngineAnswer.extend({ plan: z.string(), why: z.string() }))
+      .array(
+        EngineAnswer.extend({
+          mode: z.string().describe("what the engine's pause route was asked to do with running requests: abort, finish or freeze"),
+          plan: z.string(),
+          why: z.string(),
+        }),
+      )
       .describe("per engine: the pause route's answer, the plan (keep, in_place, abort_continue, drain) and why"),
   }),
 );
