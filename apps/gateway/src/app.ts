@@ -1,4 +1,3 @@
-import type { GatewayEnv } from "@rollgate/protocol";
 import { createRedis, duplicateClient, rolloutQueue } from "@rollgate/queue";
 import { AdminStore, RankRouter, SessionStore, TaskStore, WeightStore, rankMember } from "@rollgate/store";
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type RouteOptions } from "fastify";
@@ -28,6 +27,7 @@ import { metricsRoutes } from "./routes/metrics.js";
 import { queueBoardRoutes } from "./routes/queues.js";
 import { zodValidatorCompiler } from "./routes/schemas.js";
 import { trainerRoutes } from "./routes/trainer.js";
+import type { GatewayEnv } from "./env.js";
 
 export interface BuildGatewayOptions {
   env: GatewayEnv;

@@ -5,12 +5,12 @@
  * the admin key.
  */
 import { randomUUID } from "node:crypto";
-import { GatewayEnv } from "@rollgate/protocol";
 import type { FastifyInstance, RouteOptions } from "fastify";
 import { Redis } from "ioredis";
 import { pino } from "pino";
 import { afterAll, describe, expect, it } from "vitest";
 import { buildGateway } from "./app.js";
+import { GatewayEnv } from "./env.js";
 
 const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
 const prefixes: string[] = [];

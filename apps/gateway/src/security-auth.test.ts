@@ -9,13 +9,13 @@ import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { Writable } from "node:stream";
 import { buildEngineSim } from "@rollgate/engine-sim";
-import { GatewayEnv } from "@rollgate/protocol";
 import fc from "fast-check";
 import type { FastifyInstance, InjectOptions } from "fastify";
 import { Redis } from "ioredis";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildGateway } from "./app.js";
+import { GatewayEnv } from "./env.js";
 
 const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
 const API_KEY = `rk-${randomUUID()}`;
