@@ -138,6 +138,8 @@ describe("GET /docs/json: the OpenAPI document generated from the routes", () =>
     expect(task.required).toEqual(expect.arrayContaining(["instruction", "agent"]));
     for (const defaulted of ["runtime", "sampling", "limits", "metadata"]) expect(task.required).not.toContain(defaulted);
     expect(JSON.stringify(schemas.TaskResult)).toContain("#/components/schemas/Trajectory");
+    // Field descriptions written on the schemas (`.describe()`) reach the document.
+    expect(((schemas.PauseRequestInput as { properties: Record<string, Json> }).properties.mode!.description as string)).toMatch(/^drain: in-flight calls finish/);
     // Query parameters come from the route's query schema.
     const list = doc.paths["/v1/tasks"]!.get!;
     expect(((list.parameters ?? []) as Json[]).filter((p) => p.in === "query").map((p) => p.name)).toEqual(expect.arrayContaining(["limit", "status", "group_id", "cursor"]));

@@ -25,8 +25,12 @@ import { z } from "zod";
  * schemas the OpenAPI document lists once under `components.schemas` and `$ref`s everywhere else.
  */
 
-/** Named schemas: `components.schemas.<id>` (answers) and `<id>Input` (request bodies). */
-export const apiSchemas = z.registry<{ id: string }>();
+/**
+ * Named schemas: `components.schemas.<id>` (answers) and `<id>Input` (request bodies). zod's
+ * global registry, because that is also where `.describe()` keeps field descriptions: the document
+ * generator reads both from the one registry it is given.
+ */
+export const apiSchemas = z.globalRegistry;
 
 /** Registers a schema under a component name and returns it. */
 export function named<T extends z.ZodType>(id: string, schema: T): T {
