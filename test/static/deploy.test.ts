@@ -6,7 +6,10 @@
  */
 import { existsSync, readFileSync } from "node:fs";
 import path from "node:path";
-import { EngineSimEnv, GatewayEnv, WorkerEnv, parseEnv } from "@rollgate/protocol";
+import { parseEnv } from "@rollgate/config";
+import { EngineSimEnv } from "@rollgate/engine-sim/env";
+import { GatewayEnv } from "@rollgate/gateway/env";
+import { WorkerEnv } from "@rollgate/worker/env";
 import { describe, expect, it } from "vitest";
 import { parse } from "yaml";
 import { REPO_ROOT } from "../support/cluster.js";

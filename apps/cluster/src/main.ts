@@ -2,11 +2,11 @@
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import { ClusterEnv, parseEnv } from "@rollgate/protocol";
 import type { ChildProcess } from "node:child_process";
 import { startChild, stopChild, watchParent } from "./children.js";
 import { watchReadiness, type ReadinessWatch } from "./readiness.js";
 import { resolveRedis } from "./redis.js";
+import { loadClusterEnv, type ClusterEnv } from "./env.js";
 
 const HELP = `rollgate cluster: the all-in-one local cluster (docs/operations.md) in one process tree:
 engine-sim (unless ROLLGATE_ENGINES names real engines), the gateway and a worker, on a Redis
@@ -41,7 +41,7 @@ const say = (msg: string) => process.stderr.write(`[cluster] ${msg}\n`);
 
 let env: ClusterEnv;
 try {
-  env = parseEnv(ClusterEnv, process.env);
+  env = loadClusterEnv(process.env);
 } catch (err) {
   console.error(`rollgate: ${(err as Error).message}`);
   process.exit(2);

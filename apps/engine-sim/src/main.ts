@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 import { parseArgs } from "node:util";
 import closeWithGrace from "close-with-grace";
-import { EngineSimEnv, parseEnv } from "@rollgate/protocol";
+import { loadEngineSimEnv, type EngineSimEnv } from "./env.js";
 
 const HELP = `engine-sim — a wire-faithful simulator of the vLLM OpenAI-compatible server or the SGLang server
 (real tokenizers and chat templates of several model families, token ids, deterministic logprobs, each
@@ -142,7 +142,7 @@ async function main(): Promise<void> {
   }
   let cfg: EngineSimEnv;
   try {
-    cfg = parseEnv(EngineSimEnv, env);
+    cfg = loadEngineSimEnv(env);
   } catch (e) {
     fail((e as Error).message);
   }

@@ -1,7 +1,7 @@
-import type { GatewayEnv } from "@rollgate/protocol";
 import { createRedis, duplicateClient, rolloutQueue } from "@rollgate/queue";
 import { AdminStore, RankRouter, SessionStore, TaskStore, WeightStore, rankMember } from "@rollgate/store";
-import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import Fastify, { type FastifyBaseLogger, type FastifyInstance, type RouteOptions } from "fastify";
+import { serializerCompiler } from "fastify-type-provider-zod";
 import { pino, type Logger } from "pino";
 import type { GatewayContext } from "./context.js";
 import { EngineRegistry } from "./engines/registry.js";
@@ -16,29 +16,31 @@ import { PauseGate } from "./ops/pause-gate.js";
 import { PreflightReports } from "./ops/preflight.js";
 import { SessionRateLimiter, retryAfterHeader } from "./ops/rate-limit.js";
 import { Rerouter } from "./ops/reroute.js";
-import { adminRoutes } from "./routes/admin.js";
 import { anthropicAgentRoutes } from "./routes/agent-anthropic.js";
 import { dashboardRoutes } from "./routes/dashboard.js";
-import { docsRoutes } from "./routes/docs.js";
+import { registerDocs } from "./routes/docs.js";
 import { geminiAgentRoutes } from "./routes/agent-gemini.js";
 import { openAIAgentRoutes } from "./routes/agent-openai.js";
 import { responsesAgentRoutes } from "./routes/agent-responses.js";
 import { healthRoutes } from "./routes/health.js";
 import { metricsRoutes } from "./routes/metrics.js";
 import { queueBoardRoutes } from "./routes/queues.js";
-import { sessionRoutes } from "./routes/sessions.js";
-import { taskRoutes } from "./routes/tasks.js";
+import { zodValidatorCompiler } from "./routes/schemas.js";
+import { trainerRoutes } from "./routes/trainer.js";
+import type { GatewayEnv } from "./env.js";
 
 export interface BuildGatewayOptions {
   env: GatewayEnv;
   logger?: Logger;
+  /** Sees every route as it is added (tests hold the OpenAPI document against them). */
+  onRoute?: (route: RouteOptions) => void;
 }
 
 /**
  * The gateway app factory: builds every client and route but does not listen (tests use
  * `inject()` or `listen({port: 0})`). Closing the app closes Redis, the queue and the engine pool.
  */
-export async function buildGateway({ env, logger }: BuildGatewayOptions): Promise<FastifyInstance> {
+export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions): Promise<FastifyInstance> {
   // Secrets are redacted (headers, ?key= in URLs) whatever logger is passed in: observability/logging.ts.
   const log = redactingLogger(logger ?? pino(rootLoggerOptions(env.LOG_LEVEL)));
   const redis = createRedis(env.REDIS_URL, "producer");
@@ -66,7 +68,13 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
     // A URL Fastify cannot decode is a 400 in the caller's shape (input-guards.ts).
     frameworkErrors,
   });
+  if (onRoute) app.addHook("onRoute", onRoute);
   app.setNotFoundHandler(notFoundHandler);
+  // Routes declare zod schemas (routes/schemas.ts): they validate requests and encode answers.
+  app.setValidatorCompiler(zodValidatorCompiler);
+  app.setSerializerCompiler(serializerCompiler);
+  // Before any route: the OpenAPI document is collected from the routes as they are added.
+  await registerDocs(app);
   // JSON bodies: an empty body (a DELETE sent with a JSON content type) is no body; a malformed,
   // too deep or prototype-poisoning one is a 400 every route renders in its protocol's error shape.
   app.removeContentTypeParser("application/json");
@@ -149,16 +157,13 @@ export async function buildGateway({ env, logger }: BuildGatewayOptions): Promis
   app.addHook("onSend", retryAfterHeader);
   await app.register(requestObservability({ metrics, sessionTasks }));
   await app.register(healthRoutes(ctx));
-  await app.register(taskRoutes(ctx));
-  await app.register(sessionRoutes(ctx));
-  await app.register(adminRoutes(ctx));
+  await app.register(trainerRoutes(ctx));
   await app.register(openAIAgentRoutes(ctx));
   await app.register(responsesAgentRoutes(ctx));
   await app.register(anthropicAgentRoutes(ctx));
   await app.register(geminiAgentRoutes(ctx));
-  await app.register(dashboardRoutes(ctx));
+  await app.register(dashboardRoutes());
   await app.register(metricsRoutes(ctx, metrics));
-  await app.register(docsRoutes());
   await app.register(queueBoardRoutes(ctx));
 
   // What will hold on each engine, found out in the background once the app is up (and logged).

@@ -1,4 +1,3 @@
-import type { GatewayEnv } from "@rollgate/protocol";
 import type { RolloutJob } from "@rollgate/queue";
 import type { AdminStore, RankRouter, SessionStore, TaskStore, WeightStore } from "@rollgate/store";
 import type { Queue } from "bullmq";
@@ -11,6 +10,7 @@ import type { EngineHealth } from "./ops/engine-health.js";
 import type { PauseGate } from "./ops/pause-gate.js";
 import type { PreflightReports } from "./ops/preflight.js";
 import type { SessionRateLimiter } from "./ops/rate-limit.js";
+import type { GatewayEnv } from "./env.js";
 
 /** Everything the routes share. Built once per gateway process (see app.ts). */
 export interface GatewayContext {

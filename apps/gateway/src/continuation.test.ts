@@ -6,7 +6,7 @@
  */
 import { randomUUID } from "node:crypto";
 import Anthropic from "@anthropic-ai/sdk";
-import { GatewayEnv, parseEnv, type CompletionRecord, type Trajectory } from "@rollgate/protocol";
+import type { CompletionRecord, Trajectory } from "@rollgate/protocol";
 import { buildEngineSim, getTokenizer, simLogprob } from "@rollgate/engine-sim";
 import type { FastifyInstance } from "fastify";
 import fc from "fast-check";
@@ -14,6 +14,7 @@ import { Redis } from "ioredis";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildGateway } from "./app.js";
+import { GatewayEnv, loadGatewayEnv } from "./env.js";
 
 const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
 const prefixes: string[] = [];
@@ -201,9 +202,9 @@ const decode = (ids: number[]) => getTokenizer().decode(ids);
 describe("ROLLGATE_CONTINUATION", () => {
   it("defaults to auto and refuses an unknown mode at start-up", () => {
     const engines = JSON.stringify([{ kind: "vllm", url: "http://e:8000" }]);
-    expect(parseEnv(GatewayEnv, { ROLLGATE_ENGINES: engines }).ROLLGATE_CONTINUATION).toBe("auto");
-    expect(parseEnv(GatewayEnv, { ROLLGATE_ENGINES: engines, ROLLGATE_CONTINUATION: "token_in" }).ROLLGATE_CONTINUATION).toBe("token_in");
-    expect(() => parseEnv(GatewayEnv, { ROLLGATE_ENGINES: engines, ROLLGATE_CONTINUATION: "sometimes" })).toThrow(/ROLLGATE_CONTINUATION/);
+    expect(loadGatewayEnv({ ROLLGATE_ENGINES: engines }).ROLLGATE_CONTINUATION).toBe("auto");
+    expect(loadGatewayEnv({ ROLLGATE_ENGINES: engines, ROLLGATE_CONTINUATION: "token_in" }).ROLLGATE_CONTINUATION).toBe("token_in");
+    expect(() => loadGatewayEnv({ ROLLGATE_ENGINES: engines, ROLLGATE_CONTINUATION: "sometimes" })).toThrow(/ROLLGATE_CONTINUATION/);
   });
 });
 

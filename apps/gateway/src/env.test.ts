@@ -1,6 +1,20 @@
 import { describe, expect, it } from "vitest";
 import { loadGatewayEnv } from "./env.js";
 
+describe("gateway environment", () => {
+  it("fills the documented defaults", () => {
+    const env = loadGatewayEnv({ ROLLGATE_ENGINES: '[{"kind":"vllm","url":"http://e:8000/"}]' });
+    expect(env).toMatchObject({ PORT: 8080, REDIS_URL: "redis://127.0.0.1:6379", ROLLGATE_KEY_PREFIX: "rg", LOG_LEVEL: "info", ROLLGATE_ROUTING: "least_loaded" });
+    expect(env.ROLLGATE_ENGINES).toEqual([{ kind: "vllm", url: "http://e:8000", dp_size: 1 }]);
+  });
+
+  it("stops on a bad value with a message naming every bad variable, never a silent default", () => {
+    expect(() => loadGatewayEnv({ PORT: "eighty", ROLLGATE_ENGINES: "[" })).toThrow(/PORT[\s\S]*ROLLGATE_ENGINES: must be a JSON list/);
+    expect(() => loadGatewayEnv({ ROLLGATE_ENGINES: '[{"kind":"tgi","url":"http://e"}]' })).toThrow(/ROLLGATE_ENGINES\.0\.kind/);
+    expect(() => loadGatewayEnv({})).toThrow(/ROLLGATE_ENGINES/);
+  });
+});
+
 const engines = (list: unknown[]) => ({ ROLLGATE_ENGINES: JSON.stringify(list) });
 
 describe("gateway environment: model profiles", () => {

@@ -1,5 +1,81 @@
+import { KeyPrefix, LogLevel, OptionalSecret, Port, RedisUrl, parseEnv } from "@rollgate/config";
 import { resolveProfile } from "@rollgate/models";
-import { GatewayEnv, parseEnv } from "@rollgate/protocol";
+import { z } from "zod";
+
+/** The gateway's environment (a bad value is a start-up error naming every bad variable). */
+
+export const EngineConfig = z
+  .object({
+    kind: z.enum(["vllm", "sglang"]),
+    url: z.url({ protocol: /^https?$/ }).transform((u) => u.replace(/\/+$/, "")),
+    dp_size: z.number().int().positive().default(1),
+    /** The model name to send; when absent it is read from the engine's `/v1/models`. */
+    model: z.string().optional(),
+    /**
+     * The model profile (what rollgate knows of the model's family): a preset name or an inline
+     * object, checked by the gateway against `@rollgate/models`; absent: `default`.
+     */
+    profile: z.union([z.string().min(1), z.record(z.string(), z.unknown())]).optional(),
+    /** Token ids must be below this; overrides the profile's vocabulary size. */
+    vocab_size: z.number().int().positive().optional(),
+  })
+  .strict();
+export type EngineConfig = z.infer<typeof EngineConfig>;
+
+const EngineList = z
+  .string()
+  .transform((s, ctx) => {
+    try {
+      return JSON.parse(s) as unknown;
+    } catch {
+      ctx.addIssue({ code: "custom", message: "must be a JSON list of {kind, url, dp_size, model?, profile?, vocab_size?}" });
+      return z.NEVER;
+    }
+  })
+  .pipe(z.array(EngineConfig).min(1));
+
+export const GatewayEnv = z.object({
+  PORT: Port.default(8080),
+  HOST: z.string().default("127.0.0.1"),
+  REDIS_URL: RedisUrl,
+  ROLLGATE_KEY_PREFIX: KeyPrefix,
+  ROLLGATE_API_KEY: OptionalSecret,
+  ROLLGATE_ENGINES: EngineList,
+  ROLLGATE_PUBLIC_URL: z.url().optional(),
+  ROLLGATE_ENGINE_TIMEOUT_S: z.coerce.number().positive().default(600),
+  /** How a new session picks its engine rank (see RankRouter). */
+  ROLLGATE_ROUTING: z.enum(["affinity", "least_loaded", "round_robin"]).default("least_loaded"),
+  /** `affinity` routing: a group's rank with this many more open sessions than the least-loaded rank is overloaded, and the group moves on. */
+  ROLLGATE_AFFINITY_MAX_SKEW: z.coerce.number().int().positive().default(16),
+  /** Seconds between health probes of every engine rank (0 turns them off). */
+  ROLLGATE_HEALTH_INTERVAL_S: z.coerce.number().nonnegative().default(10),
+  /** Consecutive failed probes before a rank is drained. */
+  ROLLGATE_HEALTH_FAILURES: z.coerce.number().int().positive().default(2),
+  /**
+   * How a call that continues a recorded one reaches the engine (README "Trajectories"):
+   * `auto` lets the engine render the chat unless its template would rewrite the recorded tokens,
+   * then continues token-in (recorded prompt + output ids + the new turns' ids); `token_in` always
+   * continues token-in when the call extends a recorded one; `render` never does.
+   */
+  ROLLGATE_CONTINUATION: z.enum(["auto", "render", "token_in"]).default("auto"),
+  /**
+   * Agent calls one session may make per second, across every replica (a token bucket in Redis);
+   * over it, the call is answered 429 in the agent's protocol with `retry-after`. 0 (default): off.
+   */
+  ROLLGATE_SESSION_RATE: z.coerce.number().nonnegative().default(0),
+  /** The bucket: calls a session may make at once after being idle (default: twice the rate, at least 1). */
+  ROLLGATE_SESSION_BURST: z.coerce.number().positive().optional(),
+  /**
+   * The infrastructure retry budget of a rollout: attempts in all (the gateway unreachable or
+   * failing for the worker, a session that lost an LLM call). Set on each rollout job when it is queued.
+   */
+  ROLLGATE_ROLLOUT_ATTEMPTS: z.coerce.number().int().positive().default(3),
+  /** Delay before a rollout's second attempt, doubled for each later one (with jitter). */
+  ROLLGATE_ROLLOUT_BACKOFF_MS: z.coerce.number().int().nonnegative().default(2_000),
+  LOG_LEVEL: LogLevel,
+});
+export type GatewayEnv = z.infer<typeof GatewayEnv>;
+
 
 /** The gateway's environment: GatewayEnv, with each engine's model profile checked against the presets. */
 const GatewayEnvWithProfiles = GatewayEnv.extend({

@@ -3,12 +3,12 @@
  * engine-sim, on the real Redis under a unique key prefix.
  */
 import { GoogleGenAI, type Content, type GenerateContentResponse, type Part } from "@google/genai";
-import { GatewayEnv } from "@rollgate/protocol";
 import { getTokenizer } from "@rollgate/engine-sim";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { TEST_REDIS_URL, startHarness, type Harness } from "./__fixtures__/harness.js";
 import { buildGateway } from "./app.js";
+import { GatewayEnv } from "./env.js";
 
 let h: Harness;
 

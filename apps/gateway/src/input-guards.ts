@@ -48,13 +48,21 @@ export class BadJsonBody extends Error {
 export function parseJsonBody(text: string): unknown {
   if (text.trim() === "") return undefined;
   if (jsonDepthExceeds(text)) throw new BadJsonBody(`the body nests deeper than ${MAX_JSON_DEPTH} levels`);
+  let body: unknown;
   try {
-    return sjson.parse(text, { protoAction: "error", constructorAction: "error" });
+    body = JSON.parse(text);
   } catch (err) {
-    const message = (err as Error).message;
-    if (/prototype property/i.test(message)) throw new BadJsonBody("the body holds a __proto__ or constructor.prototype key, which the gateway refuses");
-    throw new BadJsonBody(`the body is not valid JSON: ${message}`);
+    throw new BadJsonBody(`the body is not valid JSON: ${(err as Error).message}`);
   }
+  // Only a body that spells one of the keys (perhaps \u-escaped) can hold one: skip the walk otherwise.
+  if (body !== null && typeof body === "object" && (text.includes("__proto__") || text.includes("constructor") || text.includes("\\u"))) {
+    try {
+      sjson.scan(body as Record<string, unknown>, { protoAction: "error", constructorAction: "error" });
+    } catch {
+      throw new BadJsonBody("the body holds a __proto__ or constructor.prototype key, which the gateway refuses");
+    }
+  }
+  return body;
 }
 
 function decodeQueryPart(s: string): string | null {

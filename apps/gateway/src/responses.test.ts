@@ -6,11 +6,12 @@
  */
 import OpenAI from "openai";
 import { getTokenizer } from "@rollgate/engine-sim";
-import { GatewayEnv, type Trace } from "@rollgate/protocol";
+import { type Trace } from "@rollgate/protocol";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { TEST_REDIS_URL, dropPrefixes, startHarness, type Harness } from "./__fixtures__/harness.js";
 import { buildGateway } from "./app.js";
+import { GatewayEnv } from "./env.js";
 
 let h: Harness;
 

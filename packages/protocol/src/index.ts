@@ -7,6 +7,5 @@ export * from "./prefix-tree.js";
 export * from "./record.js";
 export * from "./session.js";
 export * from "./task.js";
-export * from "./env.js";
 export * from "./readiness.js";
 export * from "./preflight.js";

@@ -1,8 +1,12 @@
 import { z } from "zod";
 import { SamplingParams } from "./chat.js";
-import { isEgressRule } from "./env.js";
 import { Id } from "./ids.js";
 import { Trajectory, TrajectoryBuilderName } from "./trace.js";
+
+/** Whether a string has the form of one egress rule: a CIDR, an IP, a host name, `*.suffix` or `*` (the worker parses it fully). */
+export function isEgressRule(r: string): boolean {
+  return r === "*" || /^(\*\.)?[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.?$/.test(r) || /^[0-9A-Fa-f:.]+(\/\d{1,3})?$/.test(r);
+}
 
 const Argv = z.array(z.string()).min(1, "needs at least the program to run");
 

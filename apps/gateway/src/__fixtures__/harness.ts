@@ -4,11 +4,12 @@
  */
 import { randomUUID } from "node:crypto";
 import { buildEngineSim, type EngineSimOptions } from "@rollgate/engine-sim";
-import { GatewayEnv, type CompletionRecord } from "@rollgate/protocol";
+import { type CompletionRecord } from "@rollgate/protocol";
 import type { FastifyInstance } from "fastify";
 import { Redis } from "ioredis";
 import { pino, type Logger } from "pino";
 import { buildGateway } from "../app.js";
+import { GatewayEnv } from "../env.js";
 
 export const TEST_REDIS_URL = process.env.REDIS_URL || "redis://127.0.0.1:6379";
 

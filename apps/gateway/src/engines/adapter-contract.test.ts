@@ -6,7 +6,7 @@
  */
 import { PRESETS } from "@rollgate/models";
 import { buildEngineSim, getSimState, getTokenizer, simLogprob } from "@rollgate/engine-sim";
-import type { CanonicalChatRequest, EngineConfig } from "@rollgate/protocol";
+import type { CanonicalChatRequest } from "@rollgate/protocol";
 import { StreamAccumulator } from "@rollgate/transforms";
 import Fastify, { type FastifyInstance } from "fastify";
 import { Agent } from "undici";
@@ -14,6 +14,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { adapterFor } from "./adapter.js";
 import { EngineError } from "./errors.js";
 import type { EngineCall } from "./vllm.js";
+import type { EngineConfig } from "../env.js";
 
 const dispatcher = new Agent();
 afterAll(() => dispatcher.close());

@@ -1,7 +1,7 @@
-import type { EngineConfig } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
 import { sglangChat, sglangChatStream, sglangCountTokens } from "./sglang.js";
 import { vllmChat, vllmChatStream, vllmCountTokens, type EngineCall } from "./vllm.js";
+import type { EngineConfig } from "../env.js";
 
 /**
  * What the gateway needs from an engine, whatever its kind. Every adapter asks the engine for

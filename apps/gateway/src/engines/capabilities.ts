@@ -1,9 +1,9 @@
 import type { ModelProfile } from "@rollgate/models";
-import type { EngineConfig } from "@rollgate/protocol";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { engineTokenizer, type TokenizeCall } from "./tokenizer.js";
 import type { ChatPromptField } from "./vllm.js";
+import type { EngineConfig } from "../env.js";
 
 /**
  * What an engine can do for the gateway beyond its chat route, found out once per engine:

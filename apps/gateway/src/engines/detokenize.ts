@@ -1,9 +1,9 @@
 import { createHash } from "node:crypto";
-import type { EngineConfig } from "@rollgate/protocol";
 import { LRUCache } from "lru-cache";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
+import type { EngineConfig } from "../env.js";
 
 const VllmText = z.object({ prompt: z.string() });
 const SglangText = z.object({ text: z.string() });

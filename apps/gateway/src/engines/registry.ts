@@ -1,11 +1,11 @@
 import { profileOf, type ModelProfile } from "@rollgate/models";
-import type { EngineConfig } from "@rollgate/protocol";
 import { rankMember } from "@rollgate/store";
 import { Agent, request } from "undici";
 import { z } from "zod";
 import { probeCapabilities, type EngineCapabilities } from "./capabilities.js";
 import { CachedDetokenizer } from "./detokenize.js";
 import type { TokenizeCall } from "./tokenizer.js";
+import type { EngineConfig } from "../env.js";
 
 const ModelList = z.object({ data: z.array(z.object({ id: z.string() })).min(1) });
 

@@ -8,7 +8,7 @@
  */
 import { PRESETS, profileOf } from "@rollgate/models";
 import { buildEngineSim, getTokenizer } from "@rollgate/engine-sim";
-import type { CanonicalChatRequest, EngineConfig } from "@rollgate/protocol";
+import type { CanonicalChatRequest } from "@rollgate/protocol";
 import { StreamAccumulator } from "@rollgate/transforms";
 import type { FastifyInstance } from "fastify";
 import { Agent } from "undici";
@@ -20,6 +20,7 @@ import { buildSglangGenerateBody } from "./sglang-token-in.js";
 import { cutContinuationRoute, historyRoute, parseAnswer, type TokenInCall, type TokenInRoute } from "./token-in.js";
 import { engineTokenizer } from "./tokenizer.js";
 import type { EngineCall } from "./vllm.js";
+import type { EngineConfig } from "../env.js";
 
 const dispatcher = new Agent();
 afterAll(() => dispatcher.close());

@@ -1,5 +1,5 @@
 import type { ModelProfile } from "@rollgate/models";
-import type { AssistantOutput, EngineConfig } from "@rollgate/protocol";
+import type { AssistantOutput } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
 import { adapterFor } from "./adapter.js";
 import { pausePlan, sglangReadsGenerate, type EngineCapabilities } from "./capabilities.js";
@@ -8,6 +8,7 @@ import { parseAnswerText } from "@rollgate/models";
 import { sglangEngineParsed, sglangTokenIn } from "./sglang-token-in.js";
 import { vllmTokenIn } from "./vllm-token-in.js";
 import type { ChatPromptField, EngineCall } from "./vllm.js";
+import type { EngineConfig } from "../env.js";
 
 /**
  * Token-in generation: the engine generates from token ids the gateway gives it, instead of letting

@@ -1,10 +1,11 @@
 import { templateFields } from "@rollgate/models";
-import type { ChatMessage, EngineConfig } from "@rollgate/protocol";
+import type { ChatMessage } from "@rollgate/protocol";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { detokenize } from "./detokenize.js";
 import { EngineError } from "./errors.js";
 import type { EngineCall } from "./vllm.js";
+import type { EngineConfig } from "../env.js";
 
 /**
  * The engine's own chat template and tokenizer, as the gateway reads them: `POST /tokenize` in its

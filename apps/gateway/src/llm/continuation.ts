@@ -1,9 +1,10 @@
 import type { ModelProfile } from "@rollgate/models";
-import type { CanonicalChatRequest, ChatMessage, CompletionRecord, GatewayEnv } from "@rollgate/protocol";
+import type { CanonicalChatRequest, ChatMessage, CompletionRecord } from "@rollgate/protocol";
 import type { ExtendedRecord } from "@rollgate/transforms";
 import type { TokenInRoute } from "../engines/token-in.js";
 import type { EngineTokenizer, TokenizeCall } from "../engines/tokenizer.js";
 import { deriveTurnMarkers, type TurnMarkers } from "./turn-markers.js";
+import type { GatewayEnv } from "../env.js";
 
 /**
  * Token-in continuation. When a call extends a recorded one r (r's request messages + r's answer

@@ -1,5 +1,5 @@
-import type { EngineConfig } from "@rollgate/protocol";
 import { request, type Dispatcher } from "undici";
+import type { EngineConfig } from "../env.js";
 
 export interface EngineControlResult {
   url: string;

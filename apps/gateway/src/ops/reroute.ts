@@ -1,7 +1,8 @@
-import type { GatewayEnv, Session } from "@rollgate/protocol";
+import type { Session } from "@rollgate/protocol";
 import { parseRankMember, rankMember, type RankRouter, type SessionStore } from "@rollgate/store";
 import type { EngineRegistry } from "../engines/registry.js";
 import type { EngineHealth } from "./engine-health.js";
+import type { GatewayEnv } from "../env.js";
 
 /**
  * Moves a session off a drained rank on its next call: to the least-loaded healthy rank (or its

@@ -1,6 +1,6 @@
-import type { EngineConfig } from "@rollgate/protocol";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
+import type { EngineConfig } from "../env.js";
 
 /** What to load: a checkpoint folder every engine can read, or a LoRA adapter (loaded or replaced under `name`). */
 export const WeightLoad = z.union([

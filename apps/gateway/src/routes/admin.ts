@@ -1,38 +1,132 @@
 import { randomUUID } from "node:crypto";
 import { parseRankMember } from "@rollgate/store";
+import { Preflight } from "@rollgate/protocol";
 import type { FastifyPluginAsync } from "fastify";
+import type { ZodTypeProvider } from "fastify-type-provider-zod";
 import { z } from "zod";
-import { requireApiKey } from "../auth.js";
 import type { GatewayContext } from "../context.js";
-import { errorBody, trainerErrorHandler, validationError } from "../errors.js";
+import { errorBody } from "../errors.js";
 import { pausePlan, type AbortPauseMode } from "../engines/capabilities.js";
 import { pauseEngine, resumeEngine, type EnginePauseMode } from "../ops/engine-control.js";
 import { WeightLoad, describeLoadFailures, loadEngineWeights } from "../ops/weight-loading.js";
+import { TRAINER_SECURITY, errorResponses, named } from "./schemas.js";
 
 /** How each per-engine pause plan drives the engine's own pause route. */
 const ENGINE_MODE: Record<AbortPauseMode, EnginePauseMode> = { keep: "freeze", in_place: "freeze", abort_continue: "abort", drain: "finish" };
 const FROZEN = new Set<string>(["keep", "in_place"]);
 
-const PauseBody = z
-  .object({
-    mode: z.enum(["drain", "abort"]).default("drain"),
-    /** How long to wait for in-flight calls (every replica) to finish. */
-    timeout_s: z.number().nonnegative().max(3600).default(60),
-  })
-  .strict();
+const PauseBody = named(
+  "PauseRequest",
+  z
+    .object({
+      mode: z
+        .enum(["drain", "abort"])
+        .default("drain")
+        .describe(
+          "drain: in-flight calls finish; abort: each engine pauses at once, the way its preflight says (keep: frozen in place and resumed on the new weights; abort_continue: cut and continued token-in by the gateway; drain when neither is possible)",
+        ),
+      timeout_s: z.number().nonnegative().max(3600).default(60).describe("how long to wait for in-flight calls of every replica"),
+    })
+    .strict(),
+);
+/** Each engine's answer to its own pause or resume route (ops/engine-control.ts). */
+const EngineAnswer = z.object({ url: z.string(), kind: z.string(), ok: z.boolean(), status: z.number().int().nullable(), detail: z.string() });
+const EngineAnswers = z.array(EngineAnswer);
+const PauseAnswer = named(
+  "PauseAnswer",
+  z.object({
+    paused: z.literal(true),
+    mode: z.enum(["drain", "abort"]),
+    id: z.string(),
+    inflight_at_pause: z.number().int(),
+    drained: z.boolean(),
+    still_inflight: z.number().int(),
+    frozen: z.number().int().describe("calls frozen in place on engines that keep them (they go on after resume)"),
+    engines: z
+      .array(
+        EngineAnswer.extend({
+          mode: z.string().describe("what the engine's pause route was asked to do with running requests: abort, finish or freeze"),
+          plan: z.string(),
+          why: z.string(),
+        }),
+      )
+      .describe("per engine: the pause route's answer, the plan (keep, in_place, abort_continue, drain) and why"),
+  }),
+);
+const ResumeAnswer = named("ResumeAnswer", z.object({ paused: z.literal(false), was_paused: z.boolean(), engines: EngineAnswers }));
+const InferenceState = named("InferenceState", z.object({ paused: z.record(z.string(), z.unknown()).nullable(), inflight: z.number().int() }));
 const EnginesQuery = z.object({
-  refresh: z.enum(["true", "false"]).optional(),
-  wait_s: z.coerce.number().min(0).max(120).default(30),
+  refresh: z.enum(["true", "false"]).optional().describe("run every engine's preflight again"),
+  wait_s: z.coerce.number().min(0).max(120).default(30).describe("how long to wait for a preflight still running (null after)"),
 });
 const Version = z.union([z.string().min(1).max(128), z.number().int().nonnegative()]);
-const WeightsBody = z.object({ version: Version }).strict();
-const InferenceWeightsBody = z.object({ version: Version, load: WeightLoad.optional() }).strict();
+const WeightsBody = named("WeightsRequest", z.object({ version: Version }).strict());
+const WeightsAnswer = named("WeightsAnswer", z.object({ version: z.string().nullable() }));
+const InferenceWeightsBody = named(
+  "InferenceWeightsRequest",
+  z
+    .object({
+      version: Version,
+      load: WeightLoad.optional().describe(
+        "`{path}`: a checkpoint folder every engine can read; `{lora: {name, path}}`: a LoRA adapter, loaded (or replaced) under `name`. Needs inference paused.",
+      ),
+    })
+    .strict(),
+);
+const EngineLoad = named(
+  "EngineLoad",
+  z.object({
+    index: z.number().int(),
+    kind: z.string(),
+    url: z.string(),
+    ok: z.boolean(),
+    ranks: z.array(z.object({ dp_rank: z.number().int(), loaded: z.boolean().describe("true only when the engine confirmed this rank loaded"), detail: z.string() })),
+    steps: z.array(z.object({ route: z.string(), status: z.number().int().nullable(), detail: z.string() })).describe("the engine routes called, in order"),
+    engine_weight_version: z.string().nullable(),
+  }),
+);
+const InferenceWeightsAnswer = named(
+  "InferenceWeightsAnswer",
+  z.object({ version: z.string(), previous_version: z.string().nullable(), load: z.record(z.string(), z.unknown()).nullable(), engines: z.array(EngineLoad) }),
+);
+const EnginesAnswer = named(
+  "EnginesAnswer",
+  z.object({
+    engines: z.array(
+      z.object({
+        index: z.number().int(),
+        kind: z.string(),
+        url: z.string(),
+        dp_size: z.number().int(),
+        profile: z.string().describe("the engine's model profile"),
+        preflight: Preflight.nullable().describe("what will hold on the engine before a run; null while still running"),
+        ranks: z.array(
+          z.object({
+            dp_rank: z.number().int(),
+            healthy: z.boolean(),
+            sessions: z.number().describe("open sessions assigned to the rank"),
+            inflight: z.number().int().describe("engine calls in flight on the rank, all replicas"),
+            recent_calls: z
+              .object({ calls: z.number().int(), p50_ms: z.number(), p95_ms: z.number() })
+              .nullable()
+              .describe("latency of the rank's last calls (up to 100) through this replica; null before the first"),
+            last_probe_latency_ms: z.number().nullable(),
+            last_probe: z.string().nullable(),
+            detail: z.string().nullable(),
+          }),
+        ),
+      }),
+    ),
+    inflight_this_replica: z.number().int(),
+  }),
+);
+const tags = ["admin"];
+const security = TRAINER_SECURITY;
 
 /** The RL loop's admin routes (docs/http-api.md#admin): pause/resume inference, the weight version, engine state. */
 export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
-  return async (app) => {
-    app.setErrorHandler(trainerErrorHandler);
-    app.addHook("onRequest", requireApiKey(ctx.env.ROLLGATE_API_KEY));
+  return async (plain) => {
+    const app = plain.withTypeProvider<ZodTypeProvider>();
 
     /**
      * Every replica stops sending new calls (agents wait, they are not failed). `drain`: in-flight
@@ -44,10 +138,17 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
      * a gateway parser; or, when neither is possible, drained first. Agents only see latency, and
      * records note which tokens came from which weight version.
      */
-    app.post("/admin/inference/pause", async (req, reply) => {
-      const parsed = PauseBody.safeParse(req.body ?? {});
-      if (!parsed.success) return reply.code(400).send(validationError(parsed.error));
-      const { mode, timeout_s } = parsed.data;
+    const pauseSchema = {
+      tags,
+      security,
+      summary: "Pause inference on every replica",
+      description:
+        "New engine calls wait (agents are not failed). drain: in-flight calls finish, then the engines' own pause routes are called. abort: the engines are paused at once, cutting in-flight calls, which the gateway continues from their tokens after resume (one answer per call; records keep each token's weight version). The body may be left out.",
+      body: PauseBody.prefault({}),
+      response: { 200: PauseAnswer, ...errorResponses(400, 401) },
+    };
+    app.post("/admin/inference/pause", { schema: pauseSchema }, async (req) => {
+      const { mode, timeout_s } = req.body;
       const state = { mode, since: new Date().toISOString(), id: randomUUID() };
       // Replicas report their in-flight count within a few ms of every call start and end.
       const inflightAtPause = await ctx.admin.inflight();
@@ -82,7 +183,7 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       for (const [k, r] of (await Promise.all(later.map(pauseOne))).entries()) results[later[k]!] = r;
       const frozen = Object.entries(await ctx.admin.inflightByRank()).reduce((n, [member, count]) => (FROZEN.has(plans[parseRankMember(member).engine]?.mode ?? "") ? n + count : n), 0);
       return {
-        paused: true,
+        paused: true as const,
         mode,
         id: state.id,
         inflight_at_pause: inflightAtPause,
@@ -93,13 +194,15 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       };
     });
 
-    app.post("/admin/inference/resume", async () => {
+    const resumeSchema = { tags, security, summary: "Resume inference", response: { 200: ResumeAnswer, ...errorResponses(401) } };
+    app.post("/admin/inference/resume", { schema: resumeSchema }, async () => {
       const engines = await Promise.all(ctx.registry.engines.map((e) => resumeEngine(ctx.registry.dispatcher, e)));
       const was = await ctx.admin.resume();
-      return { paused: false, was_paused: was !== null, engines };
+      return { paused: false as const, was_paused: was !== null, engines };
     });
 
-    app.get("/admin/inference", async () => ({ paused: ctx.pause.paused, inflight: await ctx.admin.inflight() }));
+    const stateSchema = { tags, security, summary: "Pause state and calls in flight", response: { 200: InferenceState, ...errorResponses(401) } };
+    app.get("/admin/inference", { schema: stateSchema }, async () => ({ paused: ctx.pause.paused, inflight: await ctx.admin.inflight() }));
 
     /** The version stamped on every engine call from now on, on every replica. */
     const setVersion = async (version: string) => {
@@ -107,10 +210,16 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       await ctx.admin.publish({ type: "weights", version });
     };
 
-    app.post("/admin/weights", async (req, reply) => {
-      const parsed = WeightsBody.safeParse(req.body);
-      if (!parsed.success) return reply.code(400).send(validationError(parsed.error));
-      const version = String(parsed.data.version);
+    const setWeightsSchema = {
+      tags,
+      security,
+      summary: "Set the policy weight version",
+      description: "Stamped on every completion (and token) from now on.",
+      body: WeightsBody,
+      response: { 200: WeightsAnswer, ...errorResponses(400, 401) },
+    };
+    app.post("/admin/weights", { schema: setWeightsSchema }, async (req) => {
+      const version = String(req.body.version);
       await setVersion(version);
       return { version };
     });
@@ -121,11 +230,18 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
      * version moves only when every engine confirmed the load; otherwise 502 says which engine and
      * rank did not, the version stays, and inference stays paused for a retry.
      */
-    app.post("/admin/inference/weights", async (req, reply) => {
-      const parsed = InferenceWeightsBody.safeParse(req.body);
-      if (!parsed.success) return reply.code(400).send(validationError(parsed.error));
-      const version = String(parsed.data.version);
-      const { load } = parsed.data;
+    const loadWeightsSchema = {
+      tags,
+      security,
+      summary: "Set the weight version, loading new weights on every engine",
+      description:
+        "Without `load`: the same as `POST /admin/weights`. With `load` (only while paused, else 409): every engine loads the weights through its own route (vLLM `/collective_rpc` update_config + reload_weights or `/v1/load_lora_adapter`; SGLang `/update_weights_from_disk` or `/load_lora_adapter`), and the version moves only when every engine confirmed it. Otherwise 502 `weights_load_failed` whose `details.engines` says per engine and rank what loaded; the version stays and inference stays paused.",
+      body: InferenceWeightsBody,
+      response: { 200: InferenceWeightsAnswer, ...errorResponses(400, 401, 409, 502) },
+    };
+    app.post("/admin/inference/weights", { schema: loadWeightsSchema }, async (req, reply) => {
+      const version = String(req.body.version);
+      const { load } = req.body;
       const previous = await ctx.weights.get();
       if (!load) {
         await setVersion(version);
@@ -146,21 +262,29 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       return { version, previous_version: previous, load, engines };
     });
 
-    app.get("/admin/weights", async () => ({ version: await ctx.weights.get() }));
+    const getWeightsSchema = { tags, security, summary: "The policy weight version", response: { 200: WeightsAnswer, ...errorResponses(401) } };
+    app.get("/admin/weights", { schema: getWeightsSchema }, async () => ({ version: await ctx.weights.get() }));
 
     /**
      * The engines: their ranks' health and load, and each engine's preflight (what will hold before
      * a run: profile, vocabulary, token-in, tool-turn round trip, reasoning drops, pause mode).
      * `?refresh=true` runs the preflight again; a preflight still running after `wait_s` is null.
      */
-    app.get("/admin/engines", async (req, reply) => {
-      const q = EnginesQuery.safeParse(req.query);
-      if (!q.success) return reply.code(400).send(validationError(q.error));
+    const enginesSchema = {
+      tags,
+      security,
+      summary: "Engines, their preflight and their ranks",
+      description:
+        "Per engine: its model profile and preflight (what will hold before a run: vocabulary, token-in and its route, whether tool-calling turns re-render to their ids, whether the template drops reasoning at new user turns, what an abort-mode pause does). Per (engine, dp_rank): health, open sessions, in-flight calls, recent call latency and the last probe.",
+      querystring: EnginesQuery,
+      response: { 200: EnginesAnswer, ...errorResponses(400, 401) },
+    };
+    app.get("/admin/engines", { schema: enginesSchema }, async (req) => {
       const [loads, down, inflight, preflight] = await Promise.all([
         ctx.router.loads(),
         ctx.router.downRanks(),
         ctx.admin.inflightByRank(),
-        ctx.preflight.all({ full: true, refresh: q.data.refresh === "true", waitMs: q.data.wait_s * 1000 }),
+        ctx.preflight.all({ full: true, refresh: req.query.refresh === "true", waitMs: req.query.wait_s * 1000 }),
       ]);
       const health = new Map(ctx.health.snapshot().map((h) => [h.member, h]));
       return {

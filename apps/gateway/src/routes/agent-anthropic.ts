@@ -1,5 +1,6 @@
 import { randomUUID } from "node:crypto";
 import {
+  AnthropicRequest,
   AnthropicStreamEncoder,
   anthropicError,
   anthropicErrorType,
@@ -8,15 +9,19 @@ import {
   type AnthropicCall,
 } from "@rollgate/transforms";
 import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from "fastify";
+import type { ZodTypeProvider } from "fastify-type-provider-zod";
 import { ZodError, type core } from "zod";
 import type { GatewayContext } from "../context.js";
+import { SidParams } from "./schemas.js";
 import {
   AGENT_BODY_LIMIT,
   authorizeSession,
   clientAbortSignal,
   agentFailure,
+  agentSchema,
   failureOf,
   isAuthFailure,
+  rejectInvalid,
   startSse,
   type AuthorizedSession,
 } from "./agent-common.js";
@@ -49,7 +54,7 @@ function sendAnthropicError(reply: FastifyReply, err: unknown) {
   return reply.code(f.status).send(anthropicError(anthropicErrorType(f.status), f.message));
 }
 
-type SidRequest = FastifyRequest<{ Params: { sid: string } }>;
+type SidRequest = FastifyRequest & { params: { sid: string } };
 
 /** Authenticates and parses; answers the failure itself and returns null when there is one. */
 async function authorizeAndParse(
@@ -62,6 +67,7 @@ async function authorizeAndParse(
     await reply.code(auth.status).send(anthropicError(anthropicErrorType(auth.status), auth.message));
     return null;
   }
+  rejectInvalid(req);
   const call = fromAnthropic(req.body, { reasoningKey: auth.tokenHash });
   if (call.droppedThinking > 0) {
     req.log.debug({ sid: req.params.sid, dropped: call.droppedThinking }, "dropped thinking blocks this session did not issue");
@@ -71,7 +77,8 @@ async function authorizeAndParse(
 
 /** The Anthropic Messages routes of one session: `/s/:sid/v1/messages` (+ `count_tokens`). */
 export function anthropicAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
-  return async (app) => {
+  return async (plain) => {
+    const app = plain.withTypeProvider<ZodTypeProvider>();
     // Every failure answered here is checked for a lost call first (agentFailure).
     app.setErrorHandler(async (err, req, reply) => {
       await agentFailure(ctx, req, reply, err);
@@ -81,16 +88,19 @@ export function anthropicAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
     // Claude Code (2.1.1xx) probes `HEAD <ANTHROPIC_BASE_URL>` without credentials before its first
     // call. Answer that the gateway is there: an empty 200 for any session id (no auth, so it says
     // nothing about which sessions exist), and nothing is recorded.
-    app.head<{ Params: { sid: string } }>("/s/:sid", async (_req, reply) => reply.code(200).send());
+    const probeSchema = { tags: ["agent"], summary: "Anthropic base URL probe", description: "An empty 200 for any session id, without credentials (Claude Code probes its base URL).", params: SidParams };
+    app.head("/s/:sid", { schema: probeSchema, config: { swagger: { exposeHeadRoute: true } } }, async (_req, reply) => reply.code(200).send());
 
-    app.post<{ Params: { sid: string } }>("/s/:sid/v1/messages/count_tokens", { bodyLimit: AGENT_BODY_LIMIT }, async (req, reply) => {
+    const countSchema = agentSchema("Anthropic count_tokens", "Prompt tokens of a Messages request on the session's engine; records nothing.", AnthropicRequest);
+    app.post("/s/:sid/v1/messages/count_tokens", { bodyLimit: AGENT_BODY_LIMIT, attachValidation: true, schema: countSchema }, async (req, reply) => {
       const ok = await authorizeAndParse(ctx, req, reply);
       if (!ok) return reply;
       const inputTokens = await ctx.caller.countTokens(ok.auth.session, ok.call.canonical, clientAbortSignal(reply));
       return { input_tokens: inputTokens };
     });
 
-    app.post<{ Params: { sid: string } }>("/s/:sid/v1/messages", { bodyLimit: AGENT_BODY_LIMIT }, async (req, reply) => {
+    const messagesSchema = agentSchema("Anthropic Messages", "Anthropic Messages, streamed (Server-Sent Events) or not.", AnthropicRequest);
+    app.post("/s/:sid/v1/messages", { bodyLimit: AGENT_BODY_LIMIT, attachValidation: true, schema: messagesSchema }, async (req, reply) => {
       const ok = await authorizeAndParse(ctx, req, reply);
       if (!ok) return reply;
       const { auth, call } = ok;

@@ -2,13 +2,14 @@ import type { Session } from "@rollgate/protocol";
 import { hashToken, tokenMatches } from "@rollgate/store";
 import { issuesMessage } from "@rollgate/protocol";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { ZodError } from "zod";
+import { ZodError, type z } from "zod";
 import { sessionToken } from "../auth.js";
 import type { GatewayContext } from "../context.js";
 import { EngineError } from "../engines/errors.js";
 import { BODY_TOO_LARGE_MESSAGE, isBodyTooLarge, isStorageUnavailable } from "../errors.js";
 import { CallRejected } from "../llm/chat-call.js";
 import { lostCallOf, type AgentFailure } from "../llm/lost-calls.js";
+import { AGENT_SECURITY, SidParams } from "./schemas.js";
 
 /**
  * What every agent-facing route shares, whatever its protocol: session authentication, the
@@ -18,6 +19,31 @@ import { lostCallOf, type AgentFailure } from "../llm/lost-calls.js";
 
 /** Agents send long histories: allow far more than Fastify's 1 MiB default. */
 export const AGENT_BODY_LIMIT = 64 * 1024 * 1024;
+
+/**
+ * The declared schema of an agent-facing route. The body is the client protocol's own request
+ * schema (open objects: fields a real CLI sends that the gateway does not use pass through).
+ * Routes take it with `attachValidation`: the session token is checked first, so a caller without
+ * one learns nothing from the body's errors; then `rejectInvalid` hands a bad body to the route's
+ * error handler, which answers in the protocol's shape.
+ */
+export function agentSchema(summary: string, description: string): AgentRouteSchema;
+export function agentSchema<B extends z.ZodType>(summary: string, description: string, body: B): AgentRouteSchema & { body: B };
+export function agentSchema(summary: string, description: string, body?: z.ZodType) {
+  return { tags: ["agent"], security: AGENT_SECURITY, summary, description, params: SidParams, ...(body ? { body } : {}) };
+}
+interface AgentRouteSchema {
+  tags: string[];
+  security: typeof AGENT_SECURITY;
+  summary: string;
+  description: string;
+  params: typeof SidParams;
+}
+
+/** Throws a body that failed its declared schema (after authentication: see agentSchema). */
+export function rejectInvalid(req: FastifyRequest): void {
+  if (req.validationError) throw req.validationError;
+}
 
 export interface AuthorizedSession {
   session: Session;

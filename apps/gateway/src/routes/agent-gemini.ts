@@ -10,15 +10,18 @@ import {
   type GeminiStreamMode,
 } from "@rollgate/transforms";
 import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from "fastify";
-import { ZodError } from "zod";
+import { ZodError, z } from "zod";
 import type { GatewayContext } from "../context.js";
+import { SidParams } from "./schemas.js";
 import {
   AGENT_BODY_LIMIT,
   authorizeSession,
   clientAbortSignal,
   agentFailure,
+  agentSchema,
   failureOf,
   isAuthFailure,
+  rejectInvalid,
   startSse,
   type AuthFailure,
   type AuthorizedSession,
@@ -38,6 +41,16 @@ import {
 
 type Params = { sid: string; "*": string };
 type Query = { alt?: string; key?: string };
+
+const GeminiQuery = z.object({
+  key: z.string().optional().describe("the session token, when not sent as x-goog-api-key"),
+  alt: z.string().optional().describe("`sse`: stream as Server-Sent Events instead of a JSON array"),
+});
+/** Checked by each method's own parser (`fromGemini`); countTokens also takes `{generateContentRequest}`. */
+const GeminiBody = z.looseObject({}).optional().describe("a Gemini GenerateContentRequest (countTokens: also `{generateContentRequest}`)");
+const MODEL_PATH = "the model and method: `{model}:generateContent`, `{model}:streamGenerateContent` or `{model}:countTokens` (any model name: the session's model answers)";
+const ModelParams = SidParams.extend({ "*": z.string().describe("a model name (any: the session's model answers)") });
+const MethodParams = SidParams.extend({ "*": z.string().describe(MODEL_PATH) });
 
 const ACTIONS = new Set(["generateContent", "streamGenerateContent", "countTokens"]);
 
@@ -97,13 +110,15 @@ export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
     });
     const servedName = (auth: AuthorizedSession) => auth.session.model ?? auth.session.assignment?.served_model ?? "unknown";
 
-    app.get<{ Params: { sid: string }; Querystring: Query }>("/s/:sid/v1beta/models", async (req, reply) => {
+    const listSchema = { ...agentSchema("The served model (Gemini shape)", "The session's model, as Gemini's model list."), querystring: GeminiQuery };
+    app.get<{ Params: { sid: string }; Querystring: Query }>("/s/:sid/v1beta/models", { schema: listSchema }, async (req, reply) => {
       const auth = await authorize(req);
       if (isAuthFailure(auth)) return sendAuthFailure(reply, auth);
       return { models: [modelInfo(servedName(auth))] };
     });
 
-    app.get<{ Params: Params; Querystring: Query }>("/s/:sid/v1beta/models/*", async (req, reply) => {
+    const modelSchema = { ...agentSchema("A model (Gemini shape)", "Any model name: the session's model answers."), params: ModelParams, querystring: GeminiQuery };
+    app.get<{ Params: Params; Querystring: Query }>("/s/:sid/v1beta/models/*", { schema: modelSchema }, async (req, reply) => {
       const auth = await authorize(req);
       if (isAuthFailure(auth)) return sendAuthFailure(reply, auth);
       // Any model name the agent uses is served by the session's model.
@@ -113,6 +128,7 @@ export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
     const handler = async (req: FastifyRequest<{ Params: Params; Querystring: Query }>, reply: FastifyReply) => {
       const auth = await authorize(req);
       if (isAuthFailure(auth)) return sendAuthFailure(reply, auth);
+      rejectInvalid(req);
       const target = splitModelAction(req.params["*"]);
       if (!target || !ACTIONS.has(target.action)) {
         return reply.code(404).send(geminiError(404, `no such method: ${req.params["*"]} (supported: generateContent, streamGenerateContent, countTokens)`));
@@ -162,8 +178,13 @@ export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
       reply.raw.end(geminiStreamClose(mode));
     };
 
+    const schema = {
+      ...agentSchema("Gemini generateContent, streamGenerateContent, countTokens", `Gemini \`models/{model}:{method}\`; ${MODEL_PATH}.`, GeminiBody),
+      params: MethodParams,
+      querystring: GeminiQuery,
+    };
     for (const version of ["v1beta", "v1"]) {
-      app.post<{ Params: Params; Querystring: Query }>(`/s/:sid/${version}/models/*`, { bodyLimit: AGENT_BODY_LIMIT }, handler);
+      app.post<{ Params: Params; Querystring: Query }>(`/s/:sid/${version}/models/*`, { bodyLimit: AGENT_BODY_LIMIT, attachValidation: true, schema }, handler);
     }
   };
 }

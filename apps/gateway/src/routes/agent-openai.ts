@@ -1,6 +1,7 @@
 import { randomUUID } from "node:crypto";
-import { fromOpenAIChat, openAIError, toOpenAIChatChunk, toOpenAIChatResponse } from "@rollgate/transforms";
+import { OpenAIChatRequest, fromOpenAIChat, openAIError, toOpenAIChatChunk, toOpenAIChatResponse } from "@rollgate/transforms";
 import type { FastifyPluginAsync } from "fastify";
+import type { ZodTypeProvider } from "fastify-type-provider-zod";
 import type { GatewayContext } from "../context.js";
 import { openAIErrorType, sendOpenAIAuthFailure, sendOpenAIError } from "./openai-errors.js";
 import {
@@ -8,29 +9,35 @@ import {
   authorizeSession,
   clientAbortSignal,
   agentFailure,
+  agentSchema,
   isAuthFailure,
+  rejectInvalid,
   startSse,
 } from "./agent-common.js";
 
 /** The OpenAI Chat Completions routes of one session: `/s/:sid/v1/…`. */
 export function openAIAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
-  return async (app) => {
+  return async (plain) => {
+    const app = plain.withTypeProvider<ZodTypeProvider>();
     // Every failure answered here is checked for a lost call first (agentFailure).
     app.setErrorHandler(async (err, req, reply) => {
       await agentFailure(ctx, req, reply, err);
       return sendOpenAIError(reply, err);
     });
 
-    app.get<{ Params: { sid: string } }>("/s/:sid/v1/models", async (req, reply) => {
+    const modelsSchema = agentSchema("The served model (OpenAI shape)", "The session's model, as OpenAI's model list.");
+    app.get("/s/:sid/v1/models", { schema: modelsSchema }, async (req, reply) => {
       const auth = await authorizeSession(ctx, req, req.params.sid);
       if (isAuthFailure(auth)) return sendOpenAIAuthFailure(reply, auth);
       const id = auth.session.model ?? auth.session.assignment?.served_model ?? "unknown";
       return { object: "list", data: [{ id, object: "model", created: 0, owned_by: "rollgate" }] };
     });
 
-    app.post<{ Params: { sid: string } }>("/s/:sid/v1/chat/completions", { bodyLimit: AGENT_BODY_LIMIT }, async (req, reply) => {
+    const chatSchema = agentSchema("OpenAI Chat Completions", "OpenAI Chat Completions, streamed (`stream: true`, Server-Sent Events) or not.", OpenAIChatRequest);
+    app.post("/s/:sid/v1/chat/completions", { bodyLimit: AGENT_BODY_LIMIT, attachValidation: true, schema: chatSchema }, async (req, reply) => {
       const auth = await authorizeSession(ctx, req, req.params.sid);
       if (isAuthFailure(auth)) return sendOpenAIAuthFailure(reply, auth);
+      rejectInvalid(req);
       const call = fromOpenAIChat(req.body);
       const prepared = await ctx.caller.prepare(auth.session, "openai_chat", call.canonical, clientAbortSignal(reply));
       const out = {

@@ -1,5 +1,6 @@
 import { randomUUID } from "node:crypto";
 import {
+  OpenAIResponsesRequest,
   ResponsesStreamEncoder,
   fromResponses,
   responsesSseFrame,
@@ -7,6 +8,7 @@ import {
   type ResponsesContext,
 } from "@rollgate/transforms";
 import type { FastifyPluginAsync } from "fastify";
+import type { ZodTypeProvider } from "fastify-type-provider-zod";
 import type { GatewayContext } from "../context.js";
 import { sendOpenAIAuthFailure, sendOpenAIError } from "./openai-errors.js";
 import {
@@ -14,22 +16,27 @@ import {
   authorizeSession,
   clientAbortSignal,
   agentFailure,
+  agentSchema,
   isAuthFailure,
+  rejectInvalid,
   startSse,
 } from "./agent-common.js";
 
 /** The OpenAI Responses route of one session: `POST /s/:sid/v1/responses` (streaming and not). */
 export function responsesAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
-  return async (app) => {
+  return async (plain) => {
+    const app = plain.withTypeProvider<ZodTypeProvider>();
     // Every failure answered here is checked for a lost call first (agentFailure).
     app.setErrorHandler(async (err, req, reply) => {
       await agentFailure(ctx, req, reply, err);
       return sendOpenAIError(reply, err);
     });
 
-    app.post<{ Params: { sid: string } }>("/s/:sid/v1/responses", { bodyLimit: AGENT_BODY_LIMIT }, async (req, reply) => {
+    const schema = agentSchema("OpenAI Responses", "OpenAI Responses API, streamed (Server-Sent Events) or not; stateless (`store` is always false).", OpenAIResponsesRequest);
+    app.post("/s/:sid/v1/responses", { bodyLimit: AGENT_BODY_LIMIT, attachValidation: true, schema }, async (req, reply) => {
       const auth = await authorizeSession(ctx, req, req.params.sid);
       if (isAuthFailure(auth)) return sendOpenAIAuthFailure(reply, auth);
+      rejectInvalid(req);
       // Reasoning we hand out is sealed with the session's token hash; only this session can replay it.
       const call = fromResponses(req.body, { reasoningKey: auth.tokenHash });
       const prepared = await ctx.caller.prepare(auth.session, "openai_responses", call.canonical, clientAbortSignal(reply));

@@ -1,6 +1,17 @@
-import type { Readiness } from "@rollgate/protocol";
+import { Readiness } from "@rollgate/protocol";
 import type { FastifyPluginAsync } from "fastify";
+import type { ZodTypeProvider } from "fastify-type-provider-zod";
+import { z } from "zod";
 import type { GatewayContext } from "../context.js";
+
+const tags = ["operations"];
+const liveness = { tags, summary: "Liveness", response: { 200: z.object({ status: z.literal("ok") }) } };
+const readiness = {
+  tags,
+  summary: "Readiness: Redis answers and every engine has a rank that answers and a known model",
+  description: "503 until then, with the reason per engine. Workers take no tasks while it is 503 (the queue holds them).",
+  response: { 200: Readiness.describe("ready"), 503: Readiness.describe("not ready, and why") },
+};
 
 /**
  * `/healthz`: the process is alive. `/readyz`: it can serve, i.e. Redis answers and every
@@ -8,9 +19,10 @@ import type { GatewayContext } from "../context.js";
  * 503 with the reason per engine until then. Workers hold their tasks while it is 503.
  */
 export function healthRoutes(ctx: GatewayContext): FastifyPluginAsync {
-  return async (app) => {
-    app.get("/healthz", async () => ({ status: "ok" }));
-    app.get("/readyz", async (_req, reply) => {
+  return async (plain) => {
+    const app = plain.withTypeProvider<ZodTypeProvider>();
+    app.get("/healthz", { schema: liveness }, async () => ({ status: "ok" as const }));
+    app.get("/readyz", { schema: readiness }, async (_req, reply) => {
       let redis = "ok";
       try {
         await ctx.redis.ping();

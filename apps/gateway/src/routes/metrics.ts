@@ -3,6 +3,15 @@ import type { FastifyPluginAsync } from "fastify";
 import { requireApiKey } from "../auth.js";
 import type { GatewayContext } from "../context.js";
 import type { GatewayMetrics } from "../observability/metrics.js";
+import { TRAINER_SECURITY, errorResponses, textResponse } from "./schemas.js";
+
+const schema = {
+  tags: ["operations"],
+  summary: "Prometheus metrics",
+  description: "Text exposition format. Requires the API key when ROLLGATE_API_KEY is set.",
+  security: TRAINER_SECURITY,
+  response: { 200: textResponse("text/plain", "metrics"), ...errorResponses(401) },
+};
 
 /**
  * `GET /metrics`: Prometheus text format. State metrics (queues, tasks, sessions, ranks, pause,
@@ -19,7 +28,7 @@ export function metricsRoutes(ctx: GatewayContext, metrics: GatewayMetrics): Fas
     });
     app.addHook("onRequest", requireApiKey(ctx.env.ROLLGATE_API_KEY));
 
-    app.get("/metrics", async (_req, reply) => {
+    app.get("/metrics", { schema }, async (_req, reply) => {
       await metrics.refresh({
         redis: ctx.redis,
         keyPrefix: ctx.env.ROLLGATE_KEY_PREFIX,

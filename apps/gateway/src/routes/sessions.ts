@@ -1,20 +1,41 @@
 import { randomBytes, randomUUID } from "node:crypto";
-import { CreateSessionRequest, TrajectoryBuilderName, type CreateSessionResponse } from "@rollgate/protocol";
+import {
+  CompletionRecord,
+  CreateSessionRequest,
+  CreateSessionResponse,
+  DecodedTrajectory,
+  Session,
+  Trajectory,
+  TrajectoryBuilderName,
+} from "@rollgate/protocol";
 import { hashToken, parseRankMember } from "@rollgate/store";
 import { TRAINER_FORMATS, TrajectoryInvariantError, buildTrajectory, toTrainerFormat } from "@rollgate/trajectory";
 import type { FastifyPluginAsync } from "fastify";
+import type { ZodTypeProvider } from "fastify-type-provider-zod";
 import { z } from "zod";
-import { requireApiKey } from "../auth.js";
 import type { GatewayContext } from "../context.js";
-import { errorBody, trainerErrorHandler, validationError } from "../errors.js";
+import { EngineError } from "../engines/errors.js";
+import { errorBody } from "../errors.js";
 import { trajectoryOptions } from "../trajectory-options.js";
+import { decodeTrajectory, type TokenDecoder } from "./dashboard-decode.js";
+import { IdParams, TRAINER_SECURITY, errorResponses, named } from "./schemas.js";
 
-const IdParams = z.object({ id: z.string().min(1).max(256) });
 const TrajectoryQuery = z.object({
   builder: TrajectoryBuilderName.default("prefix_merging"),
   /** `rollgate` (default): the trajectory itself; a trainer's name: `{builder, format, samples}`, one sample per trace. */
-  format: z.enum(TRAINER_FORMATS).default("rollgate"),
+  format: z.enum(TRAINER_FORMATS).default("rollgate").describe("`rollgate`: the trajectory itself; a trainer's name: `{builder, format, samples}`, one sample per trace"),
 });
+const DecodedQuery = z.object({ builder: TrajectoryBuilderName.default("prefix_merging") });
+const CompletionList = named("CompletionList", z.object({ session_id: z.string(), completions: z.array(CompletionRecord) }));
+const TrainerSamples = z.object({ builder: TrajectoryBuilderName, format: z.string(), samples: z.array(z.unknown()) }).describe("one sample per trace, in a trainer's format");
+const tags = ["sessions"];
+const security = TRAINER_SECURITY;
+
+/** The engine whose tokenizer decodes a session's tokens: the one its records came from, else its assignment. */
+function engineOf(ctx: GatewayContext, session: Session, records: readonly CompletionRecord[]): number {
+  const fromRecords = records.length > 0 ? ctx.registry.indexOf(records[0]!.engine) : -1;
+  return fromRecords >= 0 ? fromRecords : records.length === 0 ? (session.assignment?.engine ?? -1) : -1;
+}
 
 export function sessionUrls(publicUrl: string, id: string): Pick<CreateSessionResponse, "base_url" | "urls"> {
   const base = `${publicUrl}/s/${id}`;
@@ -23,14 +44,20 @@ export function sessionUrls(publicUrl: string, id: string): Pick<CreateSessionRe
 
 /** The session API (docs/http-api.md#sessions): open, inspect, close, read records and trajectories. */
 export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
-  return async (app) => {
-    app.setErrorHandler(trainerErrorHandler);
-    app.addHook("onRequest", requireApiKey(ctx.env.ROLLGATE_API_KEY));
+  return async (plain) => {
+    const app = plain.withTypeProvider<ZodTypeProvider>();
 
-    app.post("/v1/sessions", async (req, reply) => {
-      const parsed = CreateSessionRequest.safeParse(req.body ?? {});
-      if (!parsed.success) return reply.code(400).send(validationError(parsed.error));
-      const body = parsed.data;
+    const openSchema = {
+      tags,
+      security,
+      summary: "Open a session",
+      description: "Assigns an engine rank; the answer holds the session token (shown once) and the base URLs for each client protocol. The body may be left out.",
+      // No body at all is an empty request (every field has a default).
+      body: CreateSessionRequest.prefault({}),
+      response: { 201: CreateSessionResponse, ...errorResponses(400, 401, 409, 503) },
+    };
+    app.post("/v1/sessions", { schema: openSchema }, async (req, reply) => {
+      const body = req.body;
       const id = body.id ?? `s-${randomUUID()}`;
       if (await ctx.sessions.get(id)) return reply.code(409).send(errorBody("conflict", `session ${id} exists`));
       const healthy = ctx.registry.members().filter((m) => !ctx.health.isDown(m));
@@ -54,51 +81,125 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       return found ? ctx.lostCalls.withHeld(found.session, found.tokenHash) : null;
     };
 
-    app.get("/v1/sessions/:id", async (req, reply) => {
-      const { id } = IdParams.parse(req.params);
+    const getSchema = {
+      tags,
+      security,
+      summary: "A session",
+      description: "State, assigned (engine, dp_rank), counts.",
+      params: IdParams,
+      response: { 200: Session, ...errorResponses(400, 401, 404) },
+    };
+    app.get("/v1/sessions/:id", { schema: getSchema }, async (req, reply) => {
+      const { id } = req.params;
       const session = await current(id);
       if (!session) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
       return session;
     });
 
-    app.post("/v1/sessions/:id/close", async (req, reply) => {
-      const { id } = IdParams.parse(req.params);
+    const closeSchema = {
+      tags,
+      security,
+      summary: "Close a session",
+      description: "No further LLM calls are accepted.",
+      params: IdParams,
+      response: { 200: Session, ...errorResponses(400, 401, 404) },
+    };
+    app.post("/v1/sessions/:id/close", { schema: closeSchema }, async (req, reply) => {
+      const { id } = req.params;
       if (!(await ctx.sessions.get(id))) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
       // Held lost-call marks are written before the session closes: a closed session's marks are final.
       await ctx.lostCalls.flush(id);
       await ctx.sessions.close(id, new Date());
-      return current(id);
+      return (await current(id)) ?? reply.code(404).send(errorBody("not_found", `no session ${id}`));
     });
 
-    app.delete("/v1/sessions/:id", async (req, reply) => {
-      const { id } = IdParams.parse(req.params);
+    const dropSchema = {
+      tags,
+      security,
+      summary: "Drop a session and its records",
+      params: IdParams,
+      response: { 204: z.undefined().describe("dropped"), ...errorResponses(400, 401, 404) },
+    };
+    app.delete("/v1/sessions/:id", { schema: dropSchema }, async (req, reply) => {
+      const { id } = req.params;
       const existed = await ctx.sessions.delete(id, new Date());
       if (!existed) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
       return reply.code(204).send();
     });
 
-    app.get("/v1/sessions/:id/completions", async (req, reply) => {
-      const { id } = IdParams.parse(req.params);
+    const completionsSchema = {
+      tags,
+      security,
+      summary: "The raw completion records",
+      params: IdParams,
+      response: { 200: CompletionList, ...errorResponses(400, 401, 404) },
+    };
+    app.get("/v1/sessions/:id/completions", { schema: completionsSchema }, async (req, reply) => {
+      const { id } = req.params;
       if (!(await ctx.sessions.get(id))) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
       return { session_id: id, completions: await ctx.sessions.records(id) };
     });
 
-    app.get("/v1/sessions/:id/trajectory", async (req, reply) => {
-      const { id } = IdParams.parse(req.params);
-      const query = TrajectoryQuery.safeParse(req.query);
-      if (!query.success) return reply.code(400).send(validationError(query.error));
+    const trajectorySchema = {
+      tags,
+      security,
+      summary: "The session's trajectory",
+      description:
+        "Traces and stats (`format=rollgate`; with `builder=prefix_tree` also `tree`, the conversations as one tree of shared prefixes), or `{builder, format, samples}` in a trainer's format, one sample per trace.",
+      params: IdParams,
+      querystring: TrajectoryQuery,
+      response: { 200: z.union([Trajectory, TrainerSamples]), ...errorResponses(400, 401, 404, 422) },
+    };
+    app.get("/v1/sessions/:id/trajectory", { schema: trajectorySchema }, async (req, reply) => {
+      const { id } = req.params;
       const session = await ctx.sessions.get(id);
       if (!session) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
       const [records, failures] = await Promise.all([ctx.sessions.records(id), ctx.sessions.failures(id)]);
       try {
-        const trajectory = buildTrajectory(records, query.data.builder, trajectoryOptions(ctx.registry, session, records));
+        const trajectory = buildTrajectory(records, req.query.builder, trajectoryOptions(ctx.registry, session, records));
         trajectory.stats.failed_calls = failures;
-        const { format, builder } = query.data;
+        const { format, builder } = req.query;
         return format === "rollgate" ? trajectory : { builder, format, samples: toTrainerFormat(trajectory, format) };
       } catch (err) {
         if (err instanceof TrajectoryInvariantError) {
           return reply.code(422).send(errorBody("trajectory_invalid", err.message, { record_id: err.record_id }));
         }
+        throw err;
+      }
+    });
+
+    const decodedSchema = {
+      tags,
+      security,
+      summary: "The session's trajectory as text",
+      description:
+        "Each trace decoded by the engine that produced its tokens (its own `/detokenize`, cached): the prompt, and the response as runs of trainable (loss_mask 1) and masked tokens. What the dashboard and `rollgate trajectory --decode` show.",
+      params: IdParams,
+      querystring: DecodedQuery,
+      response: { 200: DecodedTrajectory, ...errorResponses(400, 401, 404, 409, 422, 502) },
+    };
+    app.get("/v1/sessions/:id/trajectory/decoded", { schema: decodedSchema }, async (req, reply) => {
+      const { id } = req.params;
+      const session = await ctx.sessions.get(id);
+      if (!session) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
+      const records = await ctx.sessions.records(id);
+      let trajectory;
+      try {
+        trajectory = buildTrajectory(records, req.query.builder, trajectoryOptions(ctx.registry, session, records));
+      } catch (err) {
+        if (err instanceof TrajectoryInvariantError) {
+          return reply.code(422).send(errorBody("trajectory_invalid", err.message, { record_id: err.record_id }));
+        }
+        throw err;
+      }
+      // Decoded by the engine that produced the tokens: only its tokenizer knows what they say.
+      const engine = engineOf(ctx, session, records);
+      if (engine < 0) return reply.code(409).send(errorBody("no_engine", `session ${id} ran on an engine that is no longer configured: its tokens cannot be decoded`));
+      const decoder: TokenDecoder = { decode: (ids) => ctx.registry.decode(engine, ids) };
+      try {
+        return { session_id: id, engine: ctx.registry.engines[engine]!.url, ...(await decodeTrajectory(trajectory, decoder)) };
+      } catch (err) {
+        if (err instanceof EngineError) return reply.code(502).send(errorBody("engine_unavailable", `cannot decode through the engine: ${err.message}`));
         throw err;
       }
     });

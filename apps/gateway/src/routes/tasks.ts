@@ -1,12 +1,20 @@
 import { randomUUID } from "node:crypto";
-import { BatchRequest, Task, TaskListQuery, type AcceptedTask, type TaskResult, type TaskStatus } from "@rollgate/protocol";
+import { BatchRequest, Task, TaskAccepted, TaskEvent, TaskListQuery, TaskRecord, type AcceptedTask, type TaskResult, type TaskStatus } from "@rollgate/protocol";
 import type { FastifyPluginAsync } from "fastify";
+import type { ZodTypeProvider } from "fastify-type-provider-zod";
 import { z } from "zod";
-import { requireApiKey } from "../auth.js";
 import type { GatewayContext } from "../context.js";
-import { errorBody, trainerErrorHandler, validationError } from "../errors.js";
+import { errorBody } from "../errors.js";
+import { IdParams, TRAINER_SECURITY, errorResponses, named, textResponse } from "./schemas.js";
 
-const IdParams = z.object({ id: z.string().min(1).max(256) });
+const TaskPage = named("TaskPage", z.object({ tasks: z.array(TaskRecord), next_cursor: z.string().nullable() }));
+/** What a submission answers: null when the task was deleted before its state could be read back. */
+const Accepted = named("Accepted", TaskAccepted.extend({ status: TaskAccepted.shape.status.nullable() }));
+const BatchAccepted = named("BatchAccepted", z.object({ tasks: z.array(Accepted) }));
+const CancelAnswer = named("CancelAnswer", z.object({ id: z.string(), status: z.enum(["cancelled", "cancelling"]) }));
+const EventsQuery = z.object({ after: z.string().optional().describe("event id to resume after (or the Last-Event-ID header)") });
+const tags = ["tasks"];
+const security = TRAINER_SECURITY;
 const TERMINAL = new Set<TaskStatus>(["completed", "failed", "timed_out", "cancelled"]);
 const EVENT_POLL_MS = 250;
 const HEARTBEAT_MS = 15_000;
@@ -44,20 +52,31 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
     return { id: task.id, status };
   }
 
-  return async (app) => {
-    app.setErrorHandler(trainerErrorHandler);
-    app.addHook("onRequest", requireApiKey(ctx.env.ROLLGATE_API_KEY));
+  return async (plain) => {
+    const app = plain.withTypeProvider<ZodTypeProvider>();
 
-    app.post("/v1/tasks", async (req, reply) => {
-      const parsed = Task.safeParse(req.body);
-      if (!parsed.success) return reply.code(400).send(validationError(parsed.error));
-      return reply.code(202).send(await submit({ ...parsed.data, id: parsed.data.id ?? `t-${randomUUID()}` }));
+    const submitSchema = {
+      tags,
+      security,
+      summary: "Submit a task",
+      description: "Validates and enqueues one task. Re-submitting the same `id` is idempotent.",
+      body: Task,
+      response: { 202: Accepted, ...errorResponses(400, 401) },
+    };
+    app.post("/v1/tasks", { schema: submitSchema }, async (req, reply) => {
+      return reply.code(202).send(await submit({ ...req.body, id: req.body.id ?? `t-${randomUUID()}` }));
     });
 
-    app.post("/v1/tasks/batch", { bodyLimit: 256 * 1024 * 1024 }, async (req, reply) => {
-      const parsed = BatchRequest.safeParse(req.body);
-      if (!parsed.success) return reply.code(400).send(validationError(parsed.error));
-      const body = parsed.data;
+    const batchSchema = {
+      tags,
+      security,
+      summary: "Submit tasks or a GRPO group",
+      description: "`{tasks: [...]}`, or `{group_id, n, task}` expanding into `n` tasks `<group_id>-<k>` sharing one routing affinity.",
+      body: BatchRequest,
+      response: { 202: BatchAccepted, ...errorResponses(400, 401) },
+    };
+    app.post("/v1/tasks/batch", { bodyLimit: 256 * 1024 * 1024, schema: batchSchema }, async (req, reply) => {
+      const body = req.body;
       let tasks: AcceptedTask[];
       if ("tasks" in body) {
         tasks = body.tasks.map((t) => ({ ...t, id: t.id ?? `t-${randomUUID()}` }));
@@ -73,27 +92,49 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       return reply.code(202).send({ tasks: out });
     });
 
-    app.get("/v1/tasks", async (req, reply) => {
-      const q = TaskListQuery.safeParse(req.query);
-      if (!q.success) return reply.code(400).send(validationError(q.error));
-      const page = await ctx.tasks.list({
-        limit: q.data.limit,
-        ...(q.data.status ? { status: q.data.status } : {}),
-        ...(q.data.group_id ? { groupId: q.data.group_id } : {}),
-        ...(q.data.cursor ? { cursor: q.data.cursor } : {}),
+    const listSchema = {
+      tags,
+      security,
+      summary: "List tasks",
+      description: "Newest first; `cursor` is the `next_cursor` of the previous page.",
+      querystring: TaskListQuery,
+      response: { 200: TaskPage, ...errorResponses(400, 401) },
+    };
+    app.get("/v1/tasks", { schema: listSchema }, async (req) => {
+      const q = req.query;
+      return ctx.tasks.list({
+        limit: q.limit,
+        ...(q.status ? { status: q.status } : {}),
+        ...(q.group_id ? { groupId: q.group_id } : {}),
+        ...(q.cursor ? { cursor: q.cursor } : {}),
       });
-      return page;
     });
 
-    app.get("/v1/tasks/:id", async (req, reply) => {
-      const { id } = IdParams.parse(req.params);
+    const getSchema = {
+      tags,
+      security,
+      summary: "A task",
+      description: "Status, timings, attempts, callback delivery state, and the result when terminal.",
+      params: IdParams,
+      response: { 200: TaskRecord, ...errorResponses(400, 401, 404) },
+    };
+    app.get("/v1/tasks/:id", { schema: getSchema }, async (req, reply) => {
+      const { id } = req.params;
       const record = await ctx.tasks.get(id);
       if (!record) return reply.code(404).send(errorBody("not_found", `no task ${id}`));
       return record;
     });
 
-    app.delete("/v1/tasks/:id", async (req, reply) => {
-      const { id } = IdParams.parse(req.params);
+    const cancelSchema = {
+      tags,
+      security,
+      summary: "Cancel a task",
+      description: "A queued task never starts (200 `cancelled`); a running one has its sandbox killed (202 `cancelling`).",
+      params: IdParams,
+      response: { 200: CancelAnswer, 202: CancelAnswer, ...errorResponses(400, 401, 404, 409) },
+    };
+    app.delete("/v1/tasks/:id", { schema: cancelSchema }, async (req, reply) => {
+      const { id } = req.params;
       const record = await ctx.tasks.get(id);
       if (!record) return reply.code(404).send(errorBody("not_found", `no task ${id}`));
       if (record.status === "cancelled") return reply.code(200).send({ id, status: "cancelled" });
@@ -128,19 +169,35 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       return reply.code(202).send({ id, status: "cancelling" });
     });
 
-    app.get("/v1/tasks/:id/logs", async (req, reply) => {
-      const { id } = IdParams.parse(req.params);
+    const logsSchema = {
+      tags,
+      security,
+      summary: "The agent's output so far",
+      params: IdParams,
+      response: { 200: textResponse("text/plain", "the log tail"), ...errorResponses(400, 401, 404) },
+    };
+    app.get("/v1/tasks/:id/logs", { schema: logsSchema }, async (req, reply) => {
+      const { id } = req.params;
       const record = await ctx.tasks.get(id);
       if (!record) return reply.code(404).send(errorBody("not_found", `no task ${id}`));
       const logs = (await ctx.tasks.logs(id)) ?? record.result?.agent.log_tail ?? "";
       return reply.type("text/plain; charset=utf-8").send(logs);
     });
 
-    app.get("/v1/tasks/:id/events", async (req, reply) => {
-      const { id } = IdParams.parse(req.params);
+    const eventsSchema = {
+      tags,
+      security,
+      summary: "A task's lifecycle as Server-Sent Events",
+      description: "One `TaskEvent` per SSE message (`event:` is its type); ends after `terminal`. Resumes after `Last-Event-ID` or `?after=`.",
+      params: IdParams,
+      querystring: EventsQuery,
+      response: { 200: { description: "an SSE stream of TaskEvent", content: { "text/event-stream": { schema: TaskEvent } } }, ...errorResponses(400, 401, 404) },
+    };
+    app.get("/v1/tasks/:id/events", { schema: eventsSchema }, async (req, reply) => {
+      const { id } = req.params;
       if (!(await ctx.tasks.status(id))) return reply.code(404).send(errorBody("not_found", `no task ${id}`));
       const header = req.headers["last-event-id"];
-      const query = (req.query as { after?: unknown }).after;
+      const query = req.query.after;
       // An event id is a Redis stream id: anything else would fail the stream read after the 200.
       const [from, given] = typeof header === "string" && header ? ["Last-Event-ID", header] : ["after", query];
       if (given !== undefined && given !== "" && (typeof given !== "string" || !/^\d{1,16}-\d{1,16}$/.test(given))) {

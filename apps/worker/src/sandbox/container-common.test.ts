@@ -7,10 +7,12 @@ import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { RuntimeSpec, Task, WorkerEnv, parseEnv, runtimeNetwork } from "@rollgate/protocol";
+import { parseEnv } from "@rollgate/config";
+import { RuntimeSpec, Task, runtimeNetwork } from "@rollgate/protocol";
 import { describe, expect, it } from "vitest";
 import { Semaphore, cpuToNumber, dnsName, labelValue, memoryToBytes } from "./container-common.js";
 import { buildTar, readTar } from "./tar.js";
+import { WorkerEnv } from "../env.js";
 
 describe("tar", () => {
   it("writes archives tar(1) extracts, long names included, and reads what tar(1) writes", () => {

@@ -4,10 +4,12 @@
 import { readFileSync, readdirSync } from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { GatewayEnv, WorkerEnv, parseEnv } from "@rollgate/protocol";
+import { parseEnv } from "@rollgate/config";
+import { GatewayEnv } from "@rollgate/gateway/env";
 import yaml from "js-yaml";
 import { describe, expect, it } from "vitest";
 import { SANDBOX_APP } from "./kubernetes-runtime.js";
+import { WorkerEnv } from "../env.js";
 
 const dir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../../../deploy/k8s");
 // eslint-disable-next-line @typescript-eslint/no-explicit-any

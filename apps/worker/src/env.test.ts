@@ -1,0 +1,14 @@
+import { describe, expect, it } from "vitest";
+import { loadWorkerEnv } from "./env.js";
+
+describe("worker environment", () => {
+  it("fills the documented defaults", () => {
+    expect(loadWorkerEnv({})).toMatchObject({ ROLLGATE_WORKER_CONCURRENCY: 4, ROLLGATE_GATEWAY_URL: "http://127.0.0.1:8080", ROLLGATE_RUNTIMES: ["local"], LOG_LEVEL: "info" });
+  });
+
+  it("stops on a bad value with a message naming every bad variable, never a silent default", () => {
+    expect(() => loadWorkerEnv({ REDIS_URL: "localhost:6379" })).toThrow(/REDIS_URL: must be redis:\/\//);
+    expect(loadWorkerEnv({ REDIS_URL: "redis+cluster://10.0.0.1:7000,10.0.0.2:7001" }).REDIS_URL).toContain("cluster");
+    expect(() => loadWorkerEnv({ ROLLGATE_WORKER_CONCURRENCY: "0", ROLLGATE_CALLBACK_ALLOW: "http://x" })).toThrow(/ROLLGATE_WORKER_CONCURRENCY[\s\S]*ROLLGATE_CALLBACK_ALLOW/);
+  });
+});
