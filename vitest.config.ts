@@ -11,5 +11,8 @@ export default defineConfig({
     testTimeout: 30_000,
     hookTimeout: 60_000,
     pool: "forks",
+    // Two test files at a time even on 2 cores: most files wait on processes and sockets (engine-sim,
+    // gateways, workers), so the second worker fills the idle time (vitest's default is cores - 1).
+    maxWorkers: 2,
   },
 });

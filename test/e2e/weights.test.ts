@@ -5,19 +5,37 @@
  * refused unless paused, every rank confirmed, the new version on the next calls' tokens, and a
  * rank that fails to load reported by engine and rank with the version left as it was.
  */
+import { spawn } from "node:child_process";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
+import path from "node:path";
 import type { StartedChild } from "@rollgate/cluster/children";
 import { buildEngineSim, simLogprob } from "@rollgate/engine-sim";
 import type { CompletionRecord } from "@rollgate/protocol";
 import type { FastifyInstance } from "fastify";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
+import { REPO_ROOT } from "../support/cluster.js";
 import { apiClient } from "../support/http.js";
 import { dropPrefix, uniquePrefix } from "../support/redis.js";
 
 const post = (app: FastifyInstance, url: string, body?: unknown) => app.inject({ method: "POST", url, ...(body === undefined ? {} : { payload: body as object }) });
 const get = (app: FastifyInstance, url: string) => app.inject({ method: "GET", url });
+/** The built `rollgate` CLI as a user runs it. */
+function runCli(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const proc = spawn(process.execPath, [path.join(REPO_ROOT, "apps/cli/dist/main.js"), ...args], {
+      env: { ...process.env, NO_COLOR: "1", ROLLGATE_URL: "", ROLLGATE_API_KEY: "" },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let stdout = "";
+    let stderr = "";
+    proc.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
+    proc.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+    proc.on("exit", (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
 const PROMPT = "hello\n#sim: [{\"text\": \"fine\"}]";
 
 describe("engine-sim weight routes", () => {
@@ -234,6 +252,30 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
     }
     expect(((await api("/admin/inference/weights", { body: { version: "v5", load: { lora: { name: "policy" } } } })).status)).toBe(400);
     await api("/admin/inference/resume", { body: {} });
+  });
+
+  it("the rollgate CLI loads weights: pause, weights --load, resume; --lora needs --load; loading unpaused is refused", async () => {
+    const cli = (...args: string[]) => runCli(["--url", gw.ready, ...args]);
+    const refused = await cli("weights", "v6", "--load", "/ckpt/v6");
+    expect(refused.code).not.toBe(0);
+    expect(refused.stderr).toContain("not_paused");
+
+    const usage = await cli("weights", "v6", "--lora", "policy");
+    expect(usage.code).toBe(2);
+    expect(usage.stderr).toContain("--lora names the adapter that --load <path> loads");
+
+    expect((await cli("pause")).code).toBe(0);
+    const loaded = await cli("weights", "v6", "--load", "/ckpt/v6");
+    expect(loaded.code, loaded.stderr).toBe(0);
+    expect(loaded.stdout).toContain("loaded from /ckpt/v6 on 2 engine(s); weight version set to v6");
+    expect(loaded.stdout).toContain("engine 1 (sglang): ranks 0, 1 loaded");
+    expect((await vllmApi("/weight_info")).body).toEqual({ weight_version: "v6" });
+    const lora = await cli("--json", "weights", "v7", "--load", "/ckpt/v7/adapter", "--lora", "policy");
+    expect(lora.code, lora.stderr).toBe(0);
+    expect(JSON.parse(lora.stdout)).toMatchObject({ version: "v7", previous_version: "v6", load: { lora: { name: "policy", path: "/ckpt/v7/adapter" } } });
+    expect((await cli("resume")).code).toBe(0);
+    expect((await api("/admin/weights")).body.version).toBe("v7");
+    expect((await api("/admin/inference")).body.paused).toBeNull();
   });
 });
 

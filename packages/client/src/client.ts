@@ -102,6 +102,9 @@ function describeNetworkError(err: unknown): string {
   return e?.cause?.code ?? e?.cause?.message ?? e?.message ?? String(err);
 }
 
+/** What engines load: a checkpoint folder every engine can read, or a LoRA adapter (loaded or replaced under `name`). */
+export type WeightLoad = { path: string } | { lora: { name: string; path: string } };
+
 /**
  * The typed SDK for rollgate's trainer and admin API (docs/http-api.md). Every method validates the
  * gateway's answer with the protocol's zod schemas and throws `RollgateError` on any failure.
@@ -413,6 +416,15 @@ export class RollgateClient {
   /** `POST /admin/weights {version}`: the policy version stamped on every completion from now on. */
   setWeightVersion(version: string): Promise<unknown> {
     return this.anyJson("POST", "/admin/weights", { body: { version }, notFoundHint: adminHint("POST /admin/weights") });
+  }
+
+  /**
+   * `POST /admin/inference/weights {version, load}`: every engine loads the weights through its own
+   * route (a checkpoint folder, or a LoRA adapter under `name`), then the version moves. Inference
+   * must be paused (409 otherwise); a rank that fails to load is a 502 naming it, and the version stays.
+   */
+  loadWeights(version: string, load: WeightLoad): Promise<unknown> {
+    return this.anyJson("POST", "/admin/inference/weights", { body: { version, load }, notFoundHint: adminHint("POST /admin/inference/weights") });
   }
 
   /** `GET /admin/engines`: ranks, health, load, sessions. */

@@ -1,4 +1,4 @@
-export { RollgateClient, isTerminal } from "./client.js";
+export { RollgateClient, isTerminal, type WeightLoad } from "./client.js";
 export type {
   RollgateClientOptions,
   GroupRequest,

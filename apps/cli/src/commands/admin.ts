@@ -31,12 +31,31 @@ export const resumeCommand: CommandSpec<Context> = {
 
 export const weightsCommand: CommandSpec<Context> = {
   name: "weights",
-  summary: "set the policy weight version stamped on every completion from now on",
+  summary: "set the policy weight version stamped on every completion from now on; with --load, every engine loads the weights first (inference must be paused)",
   args: [{ name: "version", required: true, description: "e.g. step-42 (what your trainer calls this checkpoint)" }],
-  options: [],
-  examples: ["rollgate weights step-42"],
-  async run(ctx, [version]) {
-    show(ctx, `weight version set to ${version}`, await ctx.client.setWeightVersion(version!));
+  options: [
+    { name: "load", type: "string", value: "<path>", description: "a checkpoint folder every engine can read: each engine loads it through its own route, then the version moves" },
+    { name: "lora", type: "string", value: "<name>", description: "with --load: load the folder as the LoRA adapter <name> (replacing one of that name) instead of full weights" },
+  ],
+  examples: ["rollgate weights step-42", "rollgate pause && rollgate weights step-43 --load /ckpt/step-43 && rollgate resume"],
+  async run(ctx, [version], values) {
+    const path = values.load as string | undefined;
+    const lora = values.lora as string | undefined;
+    if (lora && !path) {
+      ctx.err("--lora names the adapter that --load <path> loads: give both");
+      return EXIT.usage;
+    }
+    if (!path) {
+      show(ctx, `weight version set to ${version}`, await ctx.client.setWeightVersion(version!));
+      return EXIT.ok;
+    }
+    const answer = await ctx.client.loadWeights(version!, lora ? { lora: { name: lora, path } } : { path });
+    if (ctx.json) ctx.printJson(answer);
+    else {
+      const engines = (answer as { engines?: { index: number; kind: string; ranks: { dp_rank: number; loaded: boolean }[] }[] }).engines ?? [];
+      ctx.out(`weights ${lora ? `(LoRA adapter ${lora}) ` : ""}loaded from ${path} on ${engines.length} engine(s); weight version set to ${version}`);
+      for (const e of engines) ctx.out(`  engine ${e.index} (${e.kind}): ranks ${e.ranks.filter((r) => r.loaded).map((r) => r.dp_rank).join(", ")} loaded`);
+    }
     return EXIT.ok;
   },
 };
