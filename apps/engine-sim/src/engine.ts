@@ -27,6 +27,8 @@ export interface GenToken {
   logprob: number;
   /** Sampled token first, then alternatives (length = topN, or 0). */
   top: TokenLogprob[];
+  /** The weight version the token was sampled under. */
+  version: string;
 }
 
 export interface GenRequest {
@@ -73,6 +75,8 @@ export class Generation {
   readonly stopper = new AbortController();
   queued = false;
   frozen = false;
+  /** The weight version the prompt was read (prefilled) under; set when the generation starts. */
+  promptVersion: string | null = null;
   constructor(readonly req: GenRequest) {}
 
   get signal(): AbortSignal {
@@ -205,6 +209,7 @@ export class Engine {
     const signal = g.signal;
     try {
       let version = this.weightVersion();
+      g.promptVersion = version;
       let h = contextHash(version, req.promptIds);
       for (let i = 0; i < req.ids.length; i++) {
         if (rank.fault.mode === "disconnect" && i >= rank.fault.afterTokens) {
@@ -225,7 +230,7 @@ export class Engine {
         }
         const id = req.ids[i]!;
         const top = topLogprobs(h, id, Math.max(1, req.topN), this.cfg.regularVocab);
-        const t: GenToken = { index: i, id, logprob: top[0]!.logprob, top: req.topN > 0 ? top : [] };
+        const t: GenToken = { index: i, id, logprob: top[0]!.logprob, top: req.topN > 0 ? top : [], version };
         g.tokens.push(t);
         yield t;
         h = extendContextHash(h, id);

@@ -39,6 +39,9 @@ Flags (each defaults to its environment variable, then to the value shown):
   --incremental-streaming-output SGLang: /generate streams deltas instead of cumulative events
   --return-input-ids     SGLang: every chat answer carries sglext.input_ids (PR #34488)
   --return-output-ids    SGLang: every chat answer carries sglext.output_ids (PR #34488)
+  --moe L,E,K            simulate a mixture-of-experts model: L MoE layers, E experts, top-K routing (moe.ts)
+  --enable-return-routed-experts   answers carry each token's routed experts (vLLM ≥ 0.21.0; SGLang on
+                         request with return_routed_experts; needs --moe)
   --fault SPEC           initial fault, repeatable: RANK|*:MODE[:key=value,…], MODE = down|slow|error|disconnect,
                          keys delay_ms, error_rate, after_tokens; e.g. --fault 1:slow:delay_ms=200
   --log-level L          fatal|error|warn|info|debug|trace|silent         (LOG_LEVEL, info)
@@ -96,6 +99,8 @@ async function main(): Promise<void> {
         "max-running": { type: "string" },
         "weight-version": { type: "string" },
         "incremental-streaming-output": { type: "boolean" },
+        moe: { type: "string" },
+        "enable-return-routed-experts": { type: "boolean" },
         fault: { type: "string", multiple: true },
         "log-level": { type: "string" },
         help: { type: "boolean", short: "h" },
@@ -157,6 +162,15 @@ async function main(): Promise<void> {
   }
   const reasoningField = values["reasoning-field"] ?? "reasoning";
   if (reasoningField !== "reasoning" && reasoningField !== "reasoning_content") fail(`--reasoning-field must be "reasoning" or "reasoning_content", got "${reasoningField}"`);
+  let moe = null;
+  if (values.moe !== undefined) {
+    const { parseMoe } = await import("./moe.js");
+    try {
+      moe = parseMoe(values.moe);
+    } catch (e) {
+      fail((e as Error).message);
+    }
+  }
   const { modelFlags, ModelFlagError } = await import("./model-flags.js");
   let model;
   try {
@@ -195,6 +209,8 @@ async function main(): Promise<void> {
       incrementalStreamingOutput: values["incremental-streaming-output"] === true,
       returnInputIds: values["return-input-ids"] === true,
       returnOutputIds: values["return-output-ids"] === true,
+      moe,
+      returnRoutedExperts: values["enable-return-routed-experts"] === true,
       faults,
       // Logs go to stderr so stdout carries only the ready line.
       logger: cfg.LOG_LEVEL === "silent" ? false : { level: cfg.LOG_LEVEL, stream: process.stderr },

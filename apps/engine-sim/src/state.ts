@@ -6,7 +6,8 @@ import type { FaultSpec } from "./faults.js";
 import { SimModel } from "./model.js";
 import { Ranks } from "./ranks.js";
 import type { SimTokenizer } from "./tokenizer.js";
-import { DEFAULT_VLLM_VERSION, releaseOf } from "./versions.js";
+import type { MoeSpec } from "./moe.js";
+import { DEFAULT_VLLM_VERSION, releaseOf, VLLM_FEATURES, vllmHas } from "./versions.js";
 
 export type SimKind = "vllm" | "sglang";
 export type ReasoningField = "reasoning" | "reasoning_content";
@@ -55,6 +56,10 @@ export interface EngineSimOptions {
   returnOutputIds?: boolean;
   /** SGLang `--incremental-streaming-output`: /generate stream events carry deltas instead of cumulative text/ids/logprobs. Default false. */
   incrementalStreamingOutput?: boolean;
+  /** Simulate a mixture-of-experts model with this routing (`--moe layers,experts,topk`; moe.ts). Default: a dense model. */
+  moe?: MoeSpec | null;
+  /** `--enable-return-routed-experts` (vLLM ≥ 0.21.0 and SGLang): answers carry the experts each token was routed to. Needs `moe`. */
+  returnRoutedExperts?: boolean;
   /** Faults in force from the start (as `POST /sim/faults` bodies). */
   faults?: FaultSpec[];
   /** Fastify logger: false (default), true, or pino options. */
@@ -83,6 +88,8 @@ export function resolveOptions(o: EngineSimOptions): ResolvedOptions {
     incrementalStreamingOutput: o.incrementalStreamingOutput ?? false,
     returnInputIds: o.returnInputIds ?? false,
     returnOutputIds: o.returnOutputIds ?? false,
+    moe: o.moe ?? null,
+    returnRoutedExperts: o.returnRoutedExperts ?? false,
   };
 }
 
@@ -102,6 +109,13 @@ export class SimState {
     if (!Number.isInteger(this.opts.dpSize) || this.opts.dpSize < 1) throw new Error(`dpSize must be a positive integer, got ${this.opts.dpSize}`);
     if (!Number.isInteger(this.opts.maxRunning) || this.opts.maxRunning < 0) throw new Error(`maxRunning must be a non-negative integer, got ${this.opts.maxRunning}`);
     releaseOf(this.opts.vllmVersion);
+    if (this.opts.returnRoutedExperts) {
+      // Both servers refuse the flag where it cannot work, so engine-sim does too.
+      if (!this.opts.moe) throw new Error("--enable-return-routed-experts needs a mixture-of-experts model (--moe layers,experts,topk)");
+      if (this.opts.kind === "vllm" && !vllmHas(this.opts.vllmVersion, "routedExperts")) {
+        throw new Error(`vLLM ${this.opts.vllmVersion} has no --enable-return-routed-experts (engine-sim follows it from ${VLLM_FEATURES.routedExperts})`);
+      }
+    }
     this.model = new SimModel({
       family: this.opts.family,
       tokenizer: options.tokenizer ?? null,

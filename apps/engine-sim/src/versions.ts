@@ -8,6 +8,13 @@
 export const VLLM_FEATURES = {
   /** `POST /pause?mode=abort|wait|keep` (PR #32351, merged Jan 2026; 0.16.0 is the first release engine-sim assumes has it). Older: `mode` is ignored. */
   pauseModes: "0.16.0",
+  /**
+   * `--enable-return-routed-experts` (routed experts replay, R3): non-streamed chat and completions
+   * answers carry `prompt_routed_experts` and `choices[].routed_experts` (PR #28284 added the capture,
+   * Nov 2025; 0.21.0 is the first release whose documented OpenAI-server form engine-sim follows).
+   * Older: the flag does not exist and the server refuses to start.
+   */
+  routedExperts: "0.21.0",
   /** Chat completions take a pre-tokenised prompt in `kv_transfer_params.prompt_token_ids` (PR #48145, merged 2026-07-29; first release known to include it: 0.28.0). */
   chatKvTransferPromptIds: "0.28.0",
   /** Chat completions take a first-class `prompt_token_ids` field (open PR #55771; engine-sim assumes it lands in 0.29.0). */

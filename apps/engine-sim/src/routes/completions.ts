@@ -9,6 +9,7 @@ import type { Completion } from "../limits.js";
 import { extendPastEos, promptPolicy } from "../policy.js";
 import { parseRankHeader, sglangRank } from "../ranks.js";
 import { ScriptError } from "../script.js";
+import { returnsRoutedExperts, sglangRoutedExperts, vllmRoutedExperts } from "./routed-experts.js";
 import type { SimState } from "../state.js";
 import { legacyLogprobs, promptTops, vllmPromptLogprobs } from "../wire-logprobs.js";
 import type { LegacyStep } from "../wire-logprobs.js";
@@ -50,6 +51,7 @@ const CompletionRequest = z.object({
   add_special_tokens: z.boolean().nullish(),
   return_token_ids: z.boolean().nullish(),
   return_tokens_as_token_ids: z.boolean().nullish(),
+  return_routed_experts: z.boolean().nullish(),
   n: z.number().int().nullish(),
   cache_salt: z.string().nullish(),
   request_id: z.string().nullish(),
@@ -228,6 +230,7 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
     return reply;
   }
   reply.header("x-sim-dp-rank", String(gens[0]!.rank.index));
+  const routed = returnsRoutedExperts(sim, p.body, p.sglang) ? p.jobs.map((j, i) => (p.sglang ? sglangRoutedExperts(sim, gens[i]!, j.promptIds) : vllmRoutedExperts(sim, gens[i]!, j.promptIds))) : null;
   const choices = p.jobs.map((j, i) => {
     const g = gens[i]!;
     const out = emitted(j.completion, g.tokens.length);
@@ -236,9 +239,11 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
     const genSteps: LegacyStep[] = g.tokens.map((t) => ({ id: t.id, top: t.top }));
     const steps = p.body.echo && p.k !== null ? [...promptSteps(sim, j, p.k), ...genSteps] : genSteps;
     const logprobs = p.k === null ? null : legacyLogprobs(sim.tok, steps, p.k, p.asTokenIds);
-    if (p.sglang) return { index: i, text: echoText + out.text, logprobs, finish_reason: fin.finish, matched_stop: fin.matched };
+    const r = routed?.[i];
+    if (p.sglang) return { index: i, text: echoText + out.text, logprobs, finish_reason: fin.finish, matched_stop: fin.matched, ...(typeof r === "string" ? { sgl_ext: { routed_experts: r } } : {}) };
     const pl = p.body.prompt_logprobs;
     return {
+      ...(r && typeof r !== "string" ? { routed_experts: r.output } : {}),
       index: i,
       text: echoText + out.text,
       logprobs,
@@ -261,6 +266,8 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
     service_tier: null,
     system_fingerprint: null,
     usage: usage(p, gens, true),
+    // vLLM shares one prompt's routing across its choices, at the response level.
+    ...(routed && typeof routed[0] !== "string" && routed.length === 1 ? { prompt_routed_experts: routed[0]!.prompt } : {}),
     kv_transfer_params: null,
   });
 }

@@ -12,6 +12,7 @@ import { continueOpenAnswer, randomOutput, scriptedOutput } from "../policy.js";
 import { renderPrompt } from "../prompt.js";
 import { parseRankHeader, sglangRank } from "../ranks.js";
 import { ScriptError, findScriptStep } from "../script.js";
+import { returnsRoutedExperts, sglangRoutedExperts, vllmRoutedExperts } from "./routed-experts.js";
 import type { SimState } from "../state.js";
 import { vllmHas } from "../versions.js";
 import { chatLogprobEntry, vllmPromptLogprobs } from "../wire-logprobs.js";
@@ -74,6 +75,8 @@ const ChatRequest = z.object({
   // SGLang PR #34488: response-level sglext.input_ids / sglext.output_ids.
   return_input_ids: z.boolean().nullish(),
   return_output_ids: z.boolean().nullish(),
+  // SGLang PR #17434: routed experts (needs --enable-return-routed-experts).
+  return_routed_experts: z.boolean().nullish(),
   chat_template: z.string().nullish(),
   reasoning_effort: z.string().nullish(),
 });
@@ -99,6 +102,8 @@ interface Prepared {
   /** SGLang sglext ids (request fields, x-sglext-* headers). */
   sglextInputIds: boolean;
   sglextOutputIds: boolean;
+  /** The answer carries routed experts (routed-experts.ts). */
+  routedExperts: boolean;
   toolParsing: boolean;
   reasoningField: string;
   parseRequest: ParseRequest;
@@ -249,6 +254,7 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
     returnPromptTokenIds: sglang && body.return_prompt_token_ids === true,
     sglextInputIds: sglang && (body.return_input_ids === true || headerOn(req, "x-sglext-return-input-ids") || o.returnInputIds),
     sglextOutputIds: sglang && (body.return_output_ids === true || headerOn(req, "x-sglext-return-output-ids") || o.returnOutputIds),
+    routedExperts: returnsRoutedExperts(sim, body, sglang),
     toolParsing,
     reasoningField: sglang ? "reasoning_content" : o.reasoningField,
     parseRequest: { tok: sim.tok, toolParsing, tools: body.tools ?? [], chatTemplateKwargs: body.chat_template_kwargs ?? {} },
@@ -327,6 +333,7 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
     const choice: Record<string, unknown> = { index: 0, message, logprobs, finish_reason: finishReason, matched_stop: matchedStop(c, g.outcome ?? "", sim.model.eosId) };
     if (p.returnTokenIds) choice.token_ids = out.ids;
     if (p.returnPromptTokenIds) choice.prompt_token_ids = p.promptIds;
+    if (p.routedExperts) choice.sgl_ext = { routed_experts: sglangRoutedExperts(sim, g, p.promptIds) };
     const resp: Record<string, unknown> = {
       id: p.requestId,
       object: "chat.completion",
@@ -358,6 +365,8 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
     stop_reason: aborted ? null : c.stopReason,
   };
   if (p.returnTokenIds) choice.token_ids = [...out.ids];
+  const routed = p.routedExperts ? vllmRoutedExperts(sim, g, p.promptIds) : null;
+  if (routed) choice.routed_experts = routed.output;
   const pl = p.body.prompt_logprobs;
   const body: Record<string, unknown> = {
     id: p.requestId,
@@ -371,6 +380,7 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
     prompt_logprobs: pl === null || pl === undefined ? null : vllmPromptLogprobs(sim.tok, sim.weightVersion, p.promptIds, pl === -1 ? MAX_TOP_LOGPROBS : pl),
   };
   if (p.returnTokenIds) body.prompt_token_ids = p.promptIds;
+  if (routed) body.prompt_routed_experts = routed.prompt;
   body.kv_transfer_params = null;
   return reply.send(body);
 }
@@ -466,7 +476,10 @@ async function stream(sim: SimState, p: Prepared, reply: FastifyReply) {
   const n = g.tokens.length;
   if (sg) {
     const fr = g.outcome === "abort" ? "abort" : parser.toolsStreamed > 0 && c.finishReason === "stop" ? "tool_calls" : c.finishReason;
-    send({ ...base, choices: [{ index: 0, delta: sglangDelta({}), logprobs: null, finish_reason: fr, matched_stop: matchedStop(c, g.outcome ?? "", sim.model.eosId) }], usage: null });
+    const finish: Record<string, unknown> = { index: 0, delta: sglangDelta({}), logprobs: null, finish_reason: fr, matched_stop: matchedStop(c, g.outcome ?? "", sim.model.eosId) };
+    // The routing is known once the request is done: it rides on the finishing chunk.
+    if (p.routedExperts) finish.sgl_ext = { routed_experts: sglangRoutedExperts(sim, g, p.promptIds) };
+    send({ ...base, choices: [finish], usage: null });
     // PR #34488: the ids arrive once, in a response-level chunk before [DONE].
     const ext = sglext(p, g.tokens.map((t) => t.id));
     if (ext) send({ ...base, choices: [], usage: null, sglext: ext });

@@ -9,6 +9,7 @@ import type { Completion } from "../limits.js";
 import { extendPastEos, promptPolicy } from "../policy.js";
 import { sglangRank } from "../ranks.js";
 import { ScriptError } from "../script.js";
+import { returnsRoutedExperts, sglangRoutedExperts } from "./routed-experts.js";
 import type { SimState } from "../state.js";
 import { promptTops, sglangTriple } from "../wire-logprobs.js";
 import { cutConnection, disconnectSignal, formatZodError } from "./common.js";
@@ -54,6 +55,7 @@ const GenerateRequest = z.object({
   rid: z.union([z.string(), z.array(z.string())]).nullish(),
   routed_dp_rank: z.number().int().nullish(),
   data_parallel_rank: z.number().int().nullish(),
+  return_routed_experts: z.boolean().nullish(),
 });
 type GenerateRequest = z.infer<typeof GenerateRequest>;
 
@@ -146,6 +148,8 @@ function output(sim: SimState, body: GenerateRequest, it: Item, g: Generation, f
   meta.cached_tokens = g.cached;
   if (sim.ranks.size > 1) meta.dp_rank = g.rank.index;
   if (final) meta.e2e_latency = (performance.now() - g.startedAt) / 1000;
+  // Known once the request is done: only the final output carries it.
+  if (final && returnsRoutedExperts(sim, body, true)) meta.routed_experts = sglangRoutedExperts(sim, g, it.promptIds);
   return { text: out.text.slice(prev.text.length), output_ids: out.ids.slice(from), meta_info: meta };
 }
 
