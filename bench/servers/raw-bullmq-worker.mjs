@@ -12,7 +12,12 @@ const close = async () => {
   connection.disconnect();
   process.exit(0);
 };
-process.once("SIGTERM", close);
-process.once("SIGINT", close);
+const stop = () =>
+  void close().catch((err) => {
+    console.error(err);
+    process.exit(1);
+  });
+process.once("SIGTERM", stop);
+process.once("SIGINT", stop);
 await worker.waitUntilReady();
 console.log("raw worker ready");

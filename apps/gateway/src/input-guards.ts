@@ -164,5 +164,6 @@ export function notFoundHandler(req: FastifyRequest, reply: FastifyReply) {
 /** Fastify's framework errors (a URL it cannot decode, a bad content-type header…): 400 in the caller's shape. */
 export function frameworkErrors(err: Error & { statusCode?: number }, req: FastifyRequest, reply: FastifyReply) {
   const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 500 ? err.statusCode : 400;
-  return sendInFamily(reply, req.url ?? "/", status, err.message, "invalid_request");
+  // Fastify wants nothing back from this handler; the reply (a thenable) is sent, not awaited.
+  void sendInFamily(reply, req.url ?? "/", status, err.message, "invalid_request");
 }

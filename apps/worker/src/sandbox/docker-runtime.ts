@@ -108,7 +108,8 @@ export class DockerRuntime implements SandboxRuntime {
     let p = this.pulls.get(image);
     if (!p) {
       p = new Promise<void>((resolve, reject) => {
-        this.o.docker.pull(image, (err: Error | null, stream?: Readable) => {
+        // The callback form reports every outcome; the promise dockerode also returns would only repeat it.
+        void this.o.docker.pull(image, (err: Error | null, stream?: Readable) => {
           if (err || !stream) return reject(err ?? new Error("no pull stream"));
           this.o.docker.modem.followProgress(stream, (e: Error | null) => (e ? reject(e) : resolve()));
         });
