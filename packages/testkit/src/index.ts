@@ -1,0 +1,3 @@
+export * from "./children.js";
+export * from "./ports.js";
+export * from "./redis.js";
