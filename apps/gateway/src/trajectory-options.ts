@@ -7,7 +7,11 @@ import type { EngineRegistry } from "./engines/registry.js";
  * from: the vocabulary bound (the largest of them; none when any engine has none or is no longer
  * configured) and what is known of the chat template, for the wording of breaks.
  */
-export function trajectoryOptions(registry: EngineRegistry, session: Pick<Session, "assignment">, records: readonly Pick<CompletionRecord, "engine">[]): BuildOptions {
+export function trajectoryOptions(
+  registry: EngineRegistry,
+  session: Pick<Session, "assignment"> & Partial<Pick<Session, "replay">>,
+  records: readonly Pick<CompletionRecord, "engine">[],
+): BuildOptions {
   const engines = new Set(records.map((r) => registry.indexOf(r.engine)));
   if (session.assignment) engines.add(session.assignment.engine);
   let vocabSize: number | null = 0;
@@ -18,6 +22,7 @@ export function trajectoryOptions(registry: EngineRegistry, session: Pick<Sessio
   const profile = registry.profiles[session.assignment?.engine ?? [...engines][0] ?? -1];
   return {
     vocabSize: engines.size === 0 ? null : vocabSize,
+    ...(session.replay?.train ? { trainReplayed: true } : {}),
     ...(profile
       ? {
           template: {

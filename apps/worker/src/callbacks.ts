@@ -69,7 +69,13 @@ async function deliveryFor(deps: CallbackDeps, data: CallbackJob): Promise<Deliv
     // Each member's result as stored (the bytes its own callback carries), plus what the group amounts to.
     const results = raws.map((raw) => (raw === null ? null : (JSON.parse(raw) as unknown)));
     const parsed = results.map((r) => TaskResult.safeParse(r).data ?? null);
-    const group = { group_id: data.group_id, tasks: results, summary: summarizeGroup(ids, parsed) };
+    const branch = await deps.tasks.groupBranch(data.group_id);
+    const group = {
+      group_id: data.group_id,
+      tasks: results,
+      summary: summarizeGroup(ids, parsed),
+      ...(branch ? { branch: { ...branch, rewards: parsed.map((r) => r?.reward ?? null) } } : {}),
+    };
     return JSON.stringify(group satisfies Omit<GroupResult, "tasks"> & { tasks: unknown[] });
   });
   return { ...spec, event: "group.completed", body };

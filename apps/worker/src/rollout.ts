@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import type { AcceptedTask, CallbackState, LostCalls, TaskError, TaskRecord, TaskResult, TerminalStatus, Trajectory } from "@rollgate/protocol";
+import type { AcceptedTask, CallbackState, LostCalls, Session, TaskError, TaskRecord, TaskResult, TerminalStatus, Trajectory } from "@rollgate/protocol";
 import type { CallbackJob, RolloutJob } from "@rollgate/queue";
 import type { TaskStore } from "@rollgate/store";
 import type { Job, Queue } from "bullmq";
@@ -92,10 +92,13 @@ export function lostCallsOf(session: LostCalls, sandbox: LostCalls): LostCalls |
   return { count, first: firsts[0] ?? null };
 }
 
-/** Reads the session's lost calls before evaluating: a rollout that lost one is never scored. */
-async function lostBeforeEvaluation(deps: RolloutDeps, sessionId: string, sandbox: Sandbox): Promise<LostCalls | null> {
+/**
+ * Reads the session before evaluating: a rollout that lost a call is never scored, and neither is
+ * a branch whose agent left the replayed path (it did not start from the source's state).
+ */
+async function unscoredBeforeEvaluation(deps: RolloutDeps, sessionId: string, sandbox: Sandbox): Promise<{ lost: LostCalls | null; diverged: Session["replay_diverged"] }> {
   const session = await deps.gateway.session(sessionId);
-  return lostCallsOf(session.lost_calls, sandbox.lostCalls());
+  return { lost: lostCallsOf(session.lost_calls, sandbox.lostCalls()), diverged: session.replay_diverged };
 }
 
 /** Prepare, harness and evaluator: everything that happens inside the sandbox. */
@@ -123,8 +126,9 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
   // After the harness, before anything is scored: an agent that lost a call to infrastructure did
   // not show what the policy does (a timeout it ran into while the engine was away included).
   if (stage === "harness") {
-    const lost = await lostBeforeEvaluation(deps, r.sessionId, sandbox);
+    const { lost, diverged } = await unscoredBeforeEvaluation(deps, r.sessionId, sandbox);
     if (lost) return { ...base, lost, status: "failed", error: { kind: "infrastructure", message: lostCallCause(lost) } };
+    if (diverged) return { ...base, status: "failed", error: { kind: "replay_diverged", call: diverged.call, message: `call ${diverged.call}: ${diverged.message}` } };
   }
   if (result.timedOut) {
     return { ...base, status: "timed_out", error: { kind: "timeout", message: `${stage} exceeded limits.timeout_s (${task.limits.timeout_s}s)` } };
@@ -247,6 +251,7 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
     },
     ...(task.agent.model ? { model: task.agent.model } : {}),
     ...(task.group_id ? { affinity_key: task.group_id } : {}),
+    ...(task.branch ? { replay: { session_id: task.branch.session_id, calls: task.branch.at_call, train: task.branch.train_replayed } } : {}),
     metadata: { task_id: task.id, attempt: attempt.number },
   });
   attempt.sessionId = session.id;

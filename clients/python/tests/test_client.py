@@ -72,6 +72,22 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(len(batch.samples), 3)
         self.assertGreater(batch.trainable_tokens, 0)
 
+    def test_a_finished_task_branched_replays_its_calls_and_masks_them(self):
+        c = self.client
+        source = c.wait(c.submit(answer_task())["id"], timeout=90, poll_interval=0.2)
+        branched = c.branch(source["id"], at_call=1, n=2)
+        self.assertEqual(len(branched["task_ids"]), 2)
+        results = c.wait_group(branched["group_id"], timeout=120, poll_interval=0.3)
+        self.assertEqual([r["reward"] for r in results], [1, 1])
+        for r in results:
+            [trace] = r["trajectory"]["traces"]
+            # The one call was answered from the source's record: not a sample of this run.
+            self.assertEqual(sum(trace["loss_mask"]), 0)
+            self.assertEqual(trace["response_ids"], source["trajectory"]["traces"][0]["response_ids"])
+        with self.assertRaises(rollgate.RollgateError) as err:
+            c.branch(source["id"], at_call=5, n=1)
+        self.assertEqual(err.exception.status, 409)
+
     def test_events_of_a_task_resume_after_an_event_id_and_a_groups_interleave(self):
         c = self.client
         tid = c.submit(answer_task())["id"]

@@ -1,4 +1,5 @@
 import {
+  BranchAccepted,
   CreateSessionResponse,
   DecodedTrajectory,
   Session,
@@ -6,6 +7,7 @@ import {
   TaskEvent,
   TaskRecord,
   Trajectory,
+  type BranchRequest,
   type CompletionRecord,
   type CreateSessionRequest,
   type TaskInput,
@@ -18,6 +20,9 @@ import type { z } from "zod";
 import { RollgateError } from "./errors.js";
 import { BatchAccepted, CancelAnswer, CompletionsAnswer, TaskPageSchema, type CreateSessionRequestInput } from "./schemas.js";
 import { SseParser } from "./sse.js";
+
+/** What `branch()` takes (defaults filled by the gateway). */
+export type BranchRequestInput = z.input<typeof BranchRequest>;
 
 export interface RollgateClientOptions {
   /** The gateway, e.g. `http://127.0.0.1:8080` (a trailing slash is fine). */
@@ -220,6 +225,14 @@ export class RollgateClient {
   async submitGroup(group: GroupRequest, opts: { signal?: AbortSignal } = {}): Promise<TaskAccepted[]> {
     const res = await this.json(BatchAccepted, "POST", "/v1/tasks/batch", { body: group, ...opts });
     return res.tasks;
+  }
+
+  /**
+   * `POST /v1/tasks/:id/branches`: `n` runs that replay the finished task's first `at_call` LLM
+   * calls from its records, then sample (docs/data-model.md#branches). `callback` is the group's.
+   */
+  branch(taskId: string, req: BranchRequestInput, opts: { signal?: AbortSignal } = {}): Promise<BranchAccepted> {
+    return this.json(BranchAccepted, "POST", `/v1/tasks/${encodeURIComponent(taskId)}/branches`, { body: req, ...opts });
   }
 
   /** `GET /v1/tasks/:id`: status, timings, callback state, and the result once terminal. */

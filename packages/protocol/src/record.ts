@@ -40,6 +40,11 @@ export const CompletionRecord = z.object({
    * the engine is configured with `routed_experts: true` (routed-experts.ts).
    */
   routed_experts: RoutedExperts.optional(),
+  /**
+   * Set on a branch's replayed call (docs/data-model.md#branches): the answer is the source
+   * session's record (this id), not a sample of this run. Absent: the engine answered.
+   */
+  replayed_from: z.string().optional(),
 });
 export type CompletionRecord = z.infer<typeof CompletionRecord>;
 

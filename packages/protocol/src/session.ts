@@ -10,6 +10,21 @@ export const SessionLimits = z
   .strict();
 export type SessionLimits = z.infer<typeof SessionLimits>;
 
+/** A branch's session: its first `calls` LLM calls are answered from `session_id`'s records (docs/data-model.md#branches). */
+export const ReplaySpec = z
+  .object({
+    session_id: z.string().min(1),
+    calls: z.number().int().min(1),
+    /** Replayed answers' tokens stay trainable (else loss_mask 0). */
+    train: z.boolean().default(false),
+  })
+  .strict();
+export type ReplaySpec = z.infer<typeof ReplaySpec>;
+
+/** Where a branch's agent asked something other than what the source asked: the branch ends `replay_diverged`. */
+export const ReplayDiverged = z.object({ call: z.number().int(), message: z.string() });
+export type ReplayDiverged = z.infer<typeof ReplayDiverged>;
+
 export const CreateSessionRequest = z
   .object({
     id: Id.optional(),
@@ -18,6 +33,7 @@ export const CreateSessionRequest = z
     limits: SessionLimits.default({}),
     affinity_key: z.string().min(1).max(256).optional(),
     metadata: z.record(z.string(), z.unknown()).default({}),
+    replay: ReplaySpec.optional(),
   })
   .strict();
 export type CreateSessionRequest = z.infer<typeof CreateSessionRequest>;
@@ -73,5 +89,7 @@ export const Session = z.object({
     cached_tokens: z.number().int(),
   }),
   lost_calls: LostCalls.default({ count: 0, first: null }),
+  replay: ReplaySpec.nullable().default(null),
+  replay_diverged: ReplayDiverged.nullable().default(null),
 });
 export type Session = z.infer<typeof Session>;

@@ -197,6 +197,23 @@ export const CallbackSpec = z
   .strict();
 export type CallbackSpec = z.infer<typeof CallbackSpec>;
 
+/**
+ * A branch of a recorded rollout (docs/data-model.md#branches): the first `at_call` LLM calls are
+ * answered from the source session's records (the agent re-executes the same tool calls in a fresh
+ * sandbox), later ones are sampled. Set by `POST /v1/tasks/:id/branches`.
+ */
+export const BranchSpec = z
+  .object({
+    task_id: z.string().min(1),
+    /** The source task's session, whose records answer the replayed calls. */
+    session_id: z.string().min(1),
+    at_call: z.number().int().min(1),
+    /** Keep the replayed answers' tokens trainable (loss_mask 1); by default they are masked, not being samples of this run. */
+    train_replayed: z.boolean().default(false),
+  })
+  .strict();
+export type BranchSpec = z.infer<typeof BranchSpec>;
+
 /** The task a trainer submits (docs/data-model.md#task). */
 export const Task = z
   .object({
@@ -211,6 +228,7 @@ export const Task = z
     trajectory: z.object({ builder: TrajectoryBuilderName.default("prefix_merging") }).strict().default({ builder: "prefix_merging" }),
     callback: CallbackSpec.nullable().default(null),
     metadata: z.record(z.string(), z.unknown()).default({}),
+    branch: BranchSpec.optional(),
   })
   .strict();
 export type TaskInput = z.input<typeof Task>;
@@ -223,7 +241,12 @@ export type TerminalStatus = z.infer<typeof TerminalStatus>;
 export const TaskStatus = z.enum(["queued", "running", ...TerminalStatus.options]);
 export type TaskStatus = z.infer<typeof TaskStatus>;
 
-export const TaskError = z.object({ kind: z.string(), message: z.string() });
+export const TaskError = z.object({
+  kind: z.string(),
+  message: z.string(),
+  /** `replay_diverged`: the index of the call where the branch's agent asked something else than the source. */
+  call: z.number().int().optional(),
+});
 export type TaskError = z.infer<typeof TaskError>;
 
 /** What a finished rollout produced: in `GET /v1/tasks/:id` and the callback body. */
@@ -280,12 +303,26 @@ export const GroupSummary = z.object({
 });
 export type GroupSummary = z.infer<typeof GroupSummary>;
 
+/** What a group of branches shares, told once in its group callback. */
+export const GroupBranch = z.object({
+  /** The task the group branches from, and the call it branches at. */
+  task_id: z.string(),
+  at_call: z.number().int(),
+  /** The replayed part's tokens: the prompt and answer of the last replayed call (every branch starts with them). */
+  shared_prefix_ids: z.array(z.number().int()),
+  /** Each member's reward, in member order (null: no reward). */
+  rewards: z.array(z.number().nullable()),
+});
+export type GroupBranch = z.infer<typeof GroupBranch>;
+
 /** A group callback's body (`X-Rollgate-Event: group.completed`, once every member has ended). */
 export const GroupResult = z.object({
   group_id: z.string(),
   /** Each member's result (null for one that expired from the store). */
   tasks: z.array(TaskResult.nullable()),
   summary: GroupSummary,
+  /** Set for a group of branches (POST /v1/tasks/:id/branches). */
+  branch: GroupBranch.optional(),
 });
 export type GroupResult = z.infer<typeof GroupResult>;
 
@@ -346,6 +383,25 @@ export const BatchRequest = z.union([
     .strict(),
 ]);
 export type BatchRequest = z.infer<typeof BatchRequest>;
+
+/** `POST /v1/tasks/:id/branches`: N runs that replay the task's first `at_call` calls, then sample. */
+export const BranchRequest = z
+  .object({
+    at_call: z.number().int().min(1),
+    n: z.number().int().min(1).max(4096),
+    /** The branches' sampling (later calls only; replayed answers are the records'); default: the source task's. */
+    sampling: SamplingParams.optional(),
+    /** The group callback: every branch's result, their rewards and the shared prefix, once all have ended. */
+    callback: GroupCallback.optional(),
+    /** Default: `b-<uuid>`; members are `<group_id>-<k>`. */
+    group_id: Id.optional(),
+    train_replayed: z.boolean().default(false),
+  })
+  .strict();
+export type BranchRequest = z.infer<typeof BranchRequest>;
+
+export const BranchAccepted = z.object({ group_id: z.string(), task_ids: z.array(z.string()) });
+export type BranchAccepted = z.infer<typeof BranchAccepted>;
 
 export const TaskEventType = z.enum(["queued", "started", "llm_call", "evaluating", "terminal", "cancel_requested", "retrying"]);
 export type TaskEventType = z.infer<typeof TaskEventType>;

@@ -1,5 +1,5 @@
 import { createHash, timingSafeEqual } from "node:crypto";
-import { Session, CompletionRecord, LostCall, RecordHead, type CreateSessionRequest } from "@rollgate/protocol";
+import { Session, CompletionRecord, LostCall, RecordHead, ReplayDiverged, type CreateSessionRequest } from "@rollgate/protocol";
 import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
@@ -98,6 +98,7 @@ export class SessionStore {
         limits: req.limits,
         affinity_key: req.affinity_key ?? null,
         metadata: req.metadata,
+        replay: req.replay ?? null,
       }),
       state: "open",
       closed_at: "",
@@ -130,6 +131,7 @@ export class SessionStore {
           cached_tokens: Number(h.cached_tokens ?? 0),
         },
         lost_calls: { count: Number(h.lost_calls ?? 0), first: h.lost_first ? JSON.parse(h.lost_first) : null },
+        replay_diverged: h.replay_diverged ? JSON.parse(h.replay_diverged) : null,
       }),
       `session ${id}`,
     );
@@ -156,6 +158,11 @@ export class SessionStore {
     if (typeof member !== "string") return false;
     if (member !== "") await this.redis.eval(RELEASE_SCRIPT, 1, this.k.rankLoad(), member);
     return true;
+  }
+
+  /** Notes where a branch's agent left the replayed path (the first note stays). */
+  async markReplayDiverged(id: string, diverged: ReplayDiverged): Promise<void> {
+    await this.redis.hsetnx(this.k.session(id), "replay_diverged", JSON.stringify(ReplayDiverged.parse(diverged)));
   }
 
   /** Reserves the next sequence number: records are ordered by when their call started. */

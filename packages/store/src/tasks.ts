@@ -5,6 +5,7 @@ import {
   TaskResult,
   TaskStatus,
   type AcceptedTask,
+  type GroupBranch,
   type TaskEvent,
   type TaskEventType,
   type TaskRecord,
@@ -67,6 +68,9 @@ export interface TaskPage {
   tasks: TaskRecord[];
   next_cursor: string | null;
 }
+
+/** A branch group's shared part, stored when the group is defined. */
+export type GroupBranchSpec = Omit<GroupBranch, "rewards">;
 
 /**
  * The task key family: one hash per task (one field per concern, so the worker writing a result
@@ -294,10 +298,21 @@ export class TaskStore {
   }
 
   /** Records a group's size and optional group callback (batch submission). */
-  async defineGroup(groupId: string, size: number, callback: { url: string; secret: string } | null): Promise<void> {
+  async defineGroup(groupId: string, size: number, callback: { url: string; secret: string } | null, branch: GroupBranchSpec | null = null): Promise<void> {
     // The group delivery's id is fixed when the group is defined: every run that sees the group
     // complete queues the same job id, and a later group reusing the name gets a new one.
-    await this.redis.hset(this.k.group(groupId), { size: String(size), callback: callback ? JSON.stringify(callback) : "", delivery: `group-${randomUUID()}` });
+    await this.redis.hset(this.k.group(groupId), {
+      size: String(size),
+      callback: callback ? JSON.stringify(callback) : "",
+      delivery: `group-${randomUUID()}`,
+      ...(branch ? { branch: JSON.stringify(branch) } : {}),
+    });
+  }
+
+  /** What a group of branches shares (its rewards are added when its callback is built); null for any other group. */
+  async groupBranch(groupId: string): Promise<GroupBranchSpec | null> {
+    const raw = await this.redis.hget(this.k.group(groupId), "branch");
+    return raw ? (JSON.parse(raw) as GroupBranchSpec) : null;
   }
 
   /**

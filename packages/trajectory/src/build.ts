@@ -20,7 +20,8 @@ export function buildTrajectory(
 ): BuiltTrajectory {
   const vocabSize = options.vocabSize ?? null;
   const ordered = orderRecords(records, vocabSize);
-  const built = builder === "per_request" ? perRequestTraces(ordered) : prefixMergingTraces(ordered, options.template);
+  const trainReplayed = options.trainReplayed ?? false;
+  const built = builder === "per_request" ? perRequestTraces(ordered, trainReplayed) : prefixMergingTraces(ordered, options.template, trainReplayed);
   const origins = classifyTraces(built.records);
   const traces: Trace[] = built.traces.map((t, i) => ({ kind: origins[i]?.kind ?? "main", parent: origins[i]?.parent ?? null, ...t }));
   built.breaks = nameBreaks(built.breaks, built.records.map((rs) => rs[0]?.id), origins);

@@ -1,16 +1,14 @@
 import type { CompletionRecord } from "@rollgate/protocol";
-import { outputVersions, versionRuns } from "./records.js";
+import { outputColumns, versionRuns } from "./records.js";
 import type { BuiltTraces } from "./types.js";
 
 /** The `per_request` builder: one trace per record, its whole output trainable. */
-export function perRequestTraces(records: readonly CompletionRecord[]): BuiltTraces {
+export function perRequestTraces(records: readonly CompletionRecord[], trainReplayed = false): BuiltTraces {
   return {
     traces: records.map((r) => ({
+      ...columns(outputColumns(r, trainReplayed)),
       prompt_ids: r.prompt_ids.slice(),
       response_ids: r.output_ids.slice(),
-      response_logprobs: r.output_logprobs.slice(),
-      loss_mask: r.output_ids.map(() => 1 as const),
-      weight_versions: outputVersions(r),
       completion_ids: [r.id],
       finish_reason: r.finish_reason,
       ...(r.routed_experts ? { routed_experts: r.routed_experts } : {}),
@@ -20,4 +18,8 @@ export function perRequestTraces(records: readonly CompletionRecord[]): BuiltTra
     record_versions: records.map(versionRuns),
     breaks: [],
   };
+}
+
+function columns(c: ReturnType<typeof outputColumns>) {
+  return { response_logprobs: c.logprobs, loss_mask: c.mask, weight_versions: c.versions };
 }

@@ -1,7 +1,7 @@
 import type { CompletionRecord, WeightVersion } from "@rollgate/protocol";
 import { RoutingPieces } from "./routed-experts.js";
 import { classifyBreak, type BreakEvidence, type ChainView } from "./breaks.js";
-import { outputVersions, versionRuns } from "./records.js";
+import { outputColumns, versionRuns } from "./records.js";
 import {
   commonPrefix,
   extendHash,
@@ -53,7 +53,10 @@ interface StateRef {
 }
 
 class Merger {
-  constructor(private readonly template: TemplateFacts = {}) {}
+  constructor(
+    private readonly template: TemplateFacts = {},
+    private readonly trainReplayed = false,
+  ) {}
   readonly chains: Chain[] = [];
   readonly breaks: BuiltTraceBreak[] = [];
   /** Current, not yet extended, tip of every chain. */
@@ -96,6 +99,7 @@ class Merger {
   private open(record: CompletionRecord, H: PrefixHashes): Chain {
     const p = record.prompt_ids;
     const out = record.output_ids;
+    const cols = outputColumns(record, this.trainReplayed);
     const chain: Chain = {
       index: this.chains.length,
       prompt_length: p.length,
@@ -103,9 +107,9 @@ class Merger {
       state: extendHash(stateAt(H, p.length), out),
       prompt_ids: p.slice(),
       response_ids: out.slice(),
-      response_logprobs: record.output_logprobs.slice(),
-      loss_mask: out.map(() => 1 as const),
-      weight_versions: outputVersions(record),
+      response_logprobs: cols.logprobs,
+      loss_mask: cols.mask,
+      weight_versions: cols.versions,
       completion_ids: [record.id],
       records: [record],
       spans: [{ record_id: record.id, start: 0, output_start: 0, end: out.length }],
@@ -135,12 +139,12 @@ class Merger {
       chain.weight_versions.push(null);
     }
     const outputStart = chain.response_ids.length;
-    const versions = outputVersions(record);
+    const cols = outputColumns(record, this.trainReplayed);
     for (let i = 0; i < out.length; i++) {
       chain.response_ids.push(out[i] as number);
-      chain.response_logprobs.push(record.output_logprobs[i] as number);
-      chain.loss_mask.push(1);
-      chain.weight_versions.push(versions[i] as WeightVersion);
+      chain.response_logprobs.push(cols.logprobs[i] as number);
+      chain.loss_mask.push(cols.mask[i] as 0 | 1);
+      chain.weight_versions.push(cols.versions[i] as WeightVersion);
     }
     chain.spans.push({ record_id: record.id, start, output_start: outputStart, end: chain.response_ids.length });
     chain.completion_ids.push(record.id);
@@ -210,8 +214,8 @@ class Merger {
 }
 
 /** Merge records (already in seq order and checked) into prefix-extending chains. */
-export function prefixMergingTraces(records: readonly CompletionRecord[], template?: TemplateFacts): BuiltTraces {
-  const m = new Merger(template);
+export function prefixMergingTraces(records: readonly CompletionRecord[], template?: TemplateFacts, trainReplayed = false): BuiltTraces {
+  const m = new Merger(template, trainReplayed);
   for (const r of records) m.add(r);
   return {
     traces: m.chains.map((c) => ({

@@ -46,3 +46,17 @@ export function versionRuns(r: CompletionRecord): WeightVersion[] {
   for (const v of r.output_weight_versions) if (runs.length === 0 || runs.at(-1) !== v) runs.push(v);
   return runs.length > 0 ? runs : [r.weight_version];
 }
+
+/**
+ * Whether a record's output is trained on: a branch's replayed answer is not a sample of this run
+ * (docs/data-model.md#branches), so it is masked unless the branch asked to train it.
+ */
+export function trainable(r: CompletionRecord, trainReplayed = false): boolean {
+  return r.replayed_from === undefined || trainReplayed;
+}
+
+/** A record's output columns in a trace: its logprobs, mask 1 and versions when trained, else 0 / 0 / null. */
+export function outputColumns(r: CompletionRecord, trainReplayed = false): { logprobs: number[]; mask: (0 | 1)[]; versions: WeightVersion[] } {
+  if (trainable(r, trainReplayed)) return { logprobs: r.output_logprobs.slice(), mask: r.output_ids.map(() => 1 as const), versions: outputVersions(r) };
+  return { logprobs: r.output_ids.map(() => 0), mask: r.output_ids.map(() => 0 as const), versions: r.output_ids.map(() => null) };
+}

@@ -22,6 +22,8 @@ export interface BuildOptions {
   vocabSize?: number | null;
   /** What is known of the chat template, for break reasons. */
   template?: TemplateFacts;
+  /** A branch's replayed answers (records with `replayed_from`) stay trainable; by default they are loss_mask 0. */
+  trainReplayed?: boolean;
 }
 
 // The stats shapes live in protocol (they cross the API boundary); these names are kept for

@@ -8,6 +8,7 @@ import {
   findExtendedRecord,
   matchEchoedHistory,
   recordHead,
+  resultAsEvents,
   type EchoedHistory,
   type EngineResult,
   type EngineStreamEvent,
@@ -25,6 +26,7 @@ import type { EngineCall } from "../engines/vllm.js";
 import { planContinuation, type ContinuationMode } from "./continuation.js";
 import { HistoryNormalizer } from "./history-normalizer.js";
 import { addCut, continuationPrompt, continuationRequest, joinContinuation, type CutGeneration } from "./pause-continuation.js";
+import { recordedResult, replayDifference } from "./replay.js";
 
 /** The engine could not serve the call (unreachable, or a 5xx): worth another rank, unlike a refusal. */
 function rankFailed(err: unknown): boolean {
@@ -60,6 +62,8 @@ export interface PreparedCall {
    * call through /generate (an in-place pause can fall inside it). Null: the chat route renders.
    */
   tokenIn: { route: TokenInRoute; promptIds: number[]; maxModelLen: number | null; base: number | null } | null;
+  /** A branch's replayed call: the source session's record that answers it (no engine call). */
+  replay?: CompletionRecord;
 }
 
 /**
@@ -137,11 +141,32 @@ export class ChatCaller {
     const viaGenerate = pauseMode === "in_place" && !guided;
     if (pauseMode === "keep" || viaGenerate) engineCall.stamp = () => this.deps.pause.weights;
     let tokenIn = history ? await this.restoreAndPlan(engineCall, history, session.id, seq, caps) : null;
+    // A branch's replayed call, compared as the engine would have been asked (echoed turns restored and normalised).
+    if (session.replay && seq < session.replay.calls) {
+      const replay = await this.replaySource(session, seq, engineCall.request);
+      return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), engineCall, tokenIn: null, replay };
+    }
     if (viaGenerate && !tokenIn) {
       const rendered = await engineTokenizer.renderChat(engineCall, engineCall.request.messages);
       tokenIn = { route: SGLANG_GENERATE_ENGINE_PARSED, promptIds: rendered.ids, maxModelLen: rendered.maxModelLen, base: null };
     }
     return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), engineCall, tokenIn };
+  }
+
+  /**
+   * The record that answers a branch's call `seq`: the source session's call of the same index,
+   * when the agent asked what the source asked. Otherwise the branch has left the recorded path:
+   * the session notes where (the rollout ends `replay_diverged`) and the call is refused.
+   */
+  private async replaySource(session: Session, seq: number, request: CanonicalChatRequest): Promise<CompletionRecord> {
+    const replay = session.replay!;
+    const source = await this.deps.sessions.record(replay.session_id, seq);
+    const difference = source ? replayDifference(source.request, request) : `the source session ${replay.session_id} has no call ${seq}`;
+    if (!source || difference) {
+      await this.deps.sessions.markReplayDiverged(session.id, { call: seq, message: difference! });
+      throw new CallRejected(`the branch left the replayed rollout at call ${seq}: ${difference!}`, 409, "replay_diverged");
+    }
+    return source;
   }
 
   private servedModel(engine: number): Promise<string> {
@@ -231,6 +256,7 @@ export class ChatCaller {
    * continued token-in from those tokens on the same rank, so the agent receives one answer.
    */
   async complete(call: PreparedCall): Promise<EngineResult> {
+    if (call.replay) return this.replayed(call, call.replay);
     let cut: CutGeneration | null = null;
     let movedAfterFailure = false;
     for (;;) {
@@ -268,6 +294,11 @@ export class ChatCaller {
    * after resume the answer goes on token-in in the same stream (the agent sees only latency).
    */
   async *stream(call: PreparedCall): AsyncGenerator<EngineStreamEvent, EngineResult> {
+    if (call.replay) {
+      const result = recordedResult(call.replay);
+      for (const event of resultAsEvents(result)) yield event;
+      return this.replayed(call, call.replay);
+    }
     const acc = new StreamAccumulator();
     let cut: CutGeneration | null = null;
     let movedAfterFailure = false;
@@ -319,6 +350,13 @@ export class ChatCaller {
       await this.record(call, result);
       return result;
     }
+  }
+
+  /** A replayed call's answer, recorded in the branch's session as the source's (marked as replayed). */
+  private async replayed(call: PreparedCall, source: CompletionRecord): Promise<EngineResult> {
+    const result = recordedResult(source);
+    await this.record(call, result);
+    return result;
   }
 
   /**
@@ -422,15 +460,19 @@ export class ChatCaller {
 
   private async record(call: PreparedCall, result: EngineResult): Promise<void> {
     const { request } = call.engineCall;
-    const versions = this.versionsOf(call, result);
+    const source = call.replay;
+    // A replayed answer was sampled where and under the weights its source was.
+    const versions = source
+      ? { weight_version: source.weight_version, ...(source.output_weight_versions ? { output_weight_versions: source.output_weight_versions } : {}) }
+      : this.versionsOf(call, result);
     const record: CompletionRecord = {
       id: `cmpl-${randomUUID()}`,
       session_id: call.session.id,
       seq: call.seq,
       created_at: new Date(call.startedAt).toISOString(),
       protocol: call.protocol,
-      engine: call.target.engine.url,
-      dp_rank: call.target.dpRank,
+      engine: source?.engine ?? call.target.engine.url,
+      dp_rank: source?.dp_rank ?? call.target.dpRank,
       weight_version: versions.weight_version,
       request: {
         messages: request.messages,
@@ -452,6 +494,7 @@ export class ChatCaller {
       ...(versions.output_weight_versions ? { output_weight_versions: versions.output_weight_versions } : {}),
       ...(call.continued ? { continued_after_pause: call.continued.cuts } : {}),
       ...(result.routed_experts ? { routed_experts: result.routed_experts } : {}),
+      ...(source ? { replayed_from: source.id } : {}),
     };
     const taskId = call.session.metadata.task_id;
     // The record and the task's progress event are written together (one round trip's wait).

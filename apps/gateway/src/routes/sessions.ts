@@ -54,14 +54,20 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       description: "Assigns an engine rank; the answer holds the session token (shown once) and the base URLs for each client protocol. The body may be left out.",
       // No body at all is an empty request (every field has a default).
       body: CreateSessionRequest.prefault({}),
-      response: { 201: CreateSessionResponse, ...errorResponses(400, 401, 409, 503) },
+      response: { 201: CreateSessionResponse, ...errorResponses(400, 401, 404, 409, 503) },
     };
     app.post("/v1/sessions", { schema: openSchema }, async (req, reply) => {
       const body = req.body;
       const id = body.id ?? `s-${randomUUID()}`;
       if (await ctx.sessions.get(id)) return reply.code(409).send(errorBody("conflict", `session ${id} exists`));
+      if (body.replay && !(await ctx.sessions.get(body.replay.session_id))) {
+        return reply.code(404).send(errorBody("not_found", `no session ${body.replay.session_id} to replay`));
+      }
       const healthy = ctx.registry.members().filter((m) => !ctx.health.isDown(m));
-      const member = await ctx.router.assign(healthy, body.affinity_key, ctx.env.ROLLGATE_ROUTING);
+      // A branch goes to its source's rank while that rank is up: its prefix cache holds the replayed prefix.
+      const sourceRank = body.replay ? await ctx.sessions.rankMember(body.replay.session_id) : null;
+      const candidates = sourceRank && healthy.includes(sourceRank) ? [sourceRank] : healthy;
+      const member = await ctx.router.assign(candidates, body.affinity_key, ctx.env.ROLLGATE_ROUTING);
       if (!member) return reply.code(503).send(errorBody("no_engine", "no engine rank is available"));
       const { engine, dpRank } = parseRankMember(member);
       const target = ctx.registry.target(engine, dpRank);

@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { BatchRequest, Task, TaskAccepted, TaskEvent, TaskListQuery, TaskRecord, type AcceptedTask, type TaskResult, type TaskStatus } from "@rollgate/protocol";
+import { BatchRequest, BranchAccepted, BranchRequest, Task, TaskAccepted, TaskEvent, TaskListQuery, TaskRecord, type AcceptedTask, type TaskResult, type TaskStatus } from "@rollgate/protocol";
 import type { FastifyPluginAsync } from "fastify";
 import type { ZodTypeProvider } from "fastify-type-provider-zod";
 import { z } from "zod";
@@ -90,6 +90,52 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const out = [];
       for (const t of tasks) out.push(await submit(t));
       return reply.code(202).send({ tasks: out });
+    });
+
+    const branchSchema = {
+      tags,
+      security,
+      summary: "Branch a finished rollout",
+      description:
+        "Creates a group of `n` tasks with the source task's agent, runtime, instruction and evaluator (members `<group_id>-<k>`). Each replays the source's first `at_call` LLM calls from its records (its agent must ask what the source asked: otherwise it ends `failed` with `error.kind: replay_diverged`), then samples. Replayed answers are loss_mask 0 unless `train_replayed`. `callback` is the group callback: every member's result, their rewards and the shared prefix, once.",
+      params: IdParams,
+      body: BranchRequest,
+      response: { 202: named("BranchAccepted", BranchAccepted), ...errorResponses(400, 401, 404, 409) },
+    };
+    app.post("/v1/tasks/:id/branches", { schema: branchSchema }, async (req, reply) => {
+      const body = req.body;
+      const source = await ctx.tasks.get(req.params.id);
+      if (!source) return reply.code(404).send(errorBody("not_found", `no task ${req.params.id}`));
+      if (!TERMINAL.has(source.status) || !source.session_id) {
+        return reply.code(409).send(errorBody("conflict", `task ${source.id} is ${source.status}: a rollout can be branched once it has ended`));
+      }
+      const records = await ctx.sessions.records(source.session_id);
+      const bySeq = new Map(records.map((r) => [r.seq, r]));
+      for (let seq = 0; seq < body.at_call; seq++) {
+        if (!bySeq.has(seq)) {
+          const why = seq >= records.length ? `its rollout made ${records.length} LLM calls` : `its call ${seq} has no record (it failed)`;
+          return reply.code(409).send(errorBody("conflict", `task ${source.id} cannot be replayed to call ${body.at_call}: ${why}`));
+        }
+      }
+      const last = bySeq.get(body.at_call - 1)!;
+      const groupId = body.group_id ?? `b-${randomUUID()}`;
+      const branch = { task_id: source.id, session_id: source.session_id, at_call: body.at_call, train_replayed: body.train_replayed };
+      const tasks: AcceptedTask[] = Array.from({ length: body.n }, (_, k) => ({
+        ...source.task,
+        id: `${groupId}-${k}`,
+        group_id: groupId,
+        sampling: body.sampling ?? source.task.sampling,
+        // The group callback tells the branches' results; members send none of their own.
+        callback: null,
+        branch,
+      }));
+      await ctx.tasks.defineGroup(groupId, body.n, body.callback ?? null, {
+        task_id: source.id,
+        at_call: body.at_call,
+        shared_prefix_ids: last.prompt_ids.concat(last.output_ids),
+      });
+      for (const t of tasks) await submit(t);
+      return reply.code(202).send({ group_id: groupId, task_ids: tasks.map((t) => t.id) });
     });
 
     const listSchema = {

@@ -66,6 +66,29 @@ def submit_group(task: Mapping[str, Any], n: int, group_id: Optional[str] = None
     return Call("POST", "/v1/tasks/batch", body=body, has_body=True, idempotent=False, parse=lambda v: {"group_id": gid, "tasks": v["tasks"]})
 
 
+def branch(
+    task_id: str,
+    at_call: int,
+    n: int,
+    sampling: Optional[Mapping[str, Any]] = None,
+    callback: Optional[Mapping[str, str]] = None,
+    group_id: Optional[str] = None,
+    train_replayed: bool = False,
+) -> Call[JSON]:
+    for name, v in (("at_call", at_call), ("n", n)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError("%s must be a positive int, got %r" % (name, v))
+    body: JSON = {"at_call": at_call, "n": n, "train_replayed": bool(train_replayed)}
+    if sampling is not None:
+        body["sampling"] = dict(sampling)
+    if callback is not None:
+        body["callback"] = dict(callback)
+    if group_id is not None:
+        body["group_id"] = group_id
+    # Not sent twice without a group id: each send makes a new group.
+    return Call("POST", "/v1/tasks/" + seg(task_id) + "/branches", body=body, has_body=True, idempotent=False)
+
+
 def get(task_id: str) -> Call[JSON]:
     return Call("GET", "/v1/tasks/" + seg(task_id), idempotent=True)
 

@@ -57,6 +57,18 @@ class AsyncClient:
     async def submit_group(self, task: Mapping[str, Any], n: int, group_id: Optional[str] = None, group_callback: Optional[Mapping[str, str]] = None) -> JSON:
         return await self._transport.call(_api.submit_group(task, n, group_id, group_callback))
 
+    async def branch(
+        self,
+        task_id: str,
+        at_call: int,
+        n: int,
+        sampling: Optional[Mapping[str, Any]] = None,
+        callback: Optional[Mapping[str, str]] = None,
+        group_id: Optional[str] = None,
+        train_replayed: bool = False,
+    ) -> JSON:
+        return await self._transport.call(_api.branch(task_id, at_call, n, sampling, callback, group_id, train_replayed))
+
     async def get(self, task_id: str) -> JSON:
         return await self._transport.call(_api.get(task_id))
 

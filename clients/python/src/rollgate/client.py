@@ -73,6 +73,24 @@ class Client:
         """
         return self._transport.call(_api.submit_group(task, n, group_id, group_callback))
 
+    def branch(
+        self,
+        task_id: str,
+        at_call: int,
+        n: int,
+        sampling: Optional[Mapping[str, Any]] = None,
+        callback: Optional[Mapping[str, str]] = None,
+        group_id: Optional[str] = None,
+        train_replayed: bool = False,
+    ) -> JSON:
+        """``POST /v1/tasks/:id/branches``: ``n`` runs that replay the finished task's first ``at_call`` LLM
+        calls from its records (their tokens masked unless ``train_replayed``), then sample.
+
+        ``callback`` (``{"url", "secret"}``) is the group's: every branch's result, the rewards and the
+        shared prefix, once. Returns ``{"group_id", "task_ids"}``; ``wait_group(group_id)`` waits for them.
+        """
+        return self._transport.call(_api.branch(task_id, at_call, n, sampling, callback, group_id, train_replayed))
+
     def get(self, task_id: str) -> JSON:
         """``GET /v1/tasks/:id``: status, timings, callback state, and ``result`` once it ended."""
         return self._transport.call(_api.get(task_id))

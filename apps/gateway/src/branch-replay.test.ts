@@ -1,0 +1,134 @@
+/**
+ * Replay-then-branch at the gateway (docs/data-model.md#branches), with the official SDKs against
+ * engine-sim and real Redis: a session opened with `replay` gets its first calls answered from the
+ * source session's records (the same answer, tool call ids included, streamed or not, in the
+ * agent's protocol), the rest from the engine; a request that differs from the recorded one is
+ * refused as `replay_diverged` and the session says where; the trajectory masks replayed answers
+ * unless the branch trains them; a branch goes to its source's rank.
+ */
+import Anthropic from "@anthropic-ai/sdk";
+import type { CompletionRecord, Session, Trajectory } from "@rollgate/protocol";
+import OpenAI from "openai";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startHarness, type Harness } from "./__fixtures__/harness.js";
+
+const TOOLS: OpenAI.ChatCompletionTool[] = [{ type: "function", function: { name: "shell", parameters: { type: "object", properties: { command: { type: "string" } } } } }];
+const steps = [
+  { think: "start", tool_calls: [{ name: "shell", arguments: { command: "echo one > a.txt" } }] },
+  { tool_calls: [{ name: "shell", arguments: { command: "echo two >> a.txt" } }] },
+  { tool_calls: [{ name: "shell", arguments: { command: "echo three >> a.txt" } }] },
+  { text: "done" },
+];
+
+type Opened = { id: string; token: string };
+const sdk = (h: Harness, s: Opened) => new OpenAI({ baseURL: `${h.url}/s/${s.id}/v1`, apiKey: s.token, maxRetries: 0 });
+
+async function open(h: Harness, body: Record<string, unknown> = {}): Promise<Opened & { status: number }> {
+  const res = await fetch(`${h.url}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+  return { status: res.status, ...((await res.json()) as Opened) };
+}
+
+const session = async (h: Harness, id: string) => (await (await fetch(`${h.url}/v1/sessions/${id}`)).json()) as Session;
+
+/**
+ * An agent that runs the script: each tool call's result is `toolResult(call index)`. Returns every
+ * answer it got (the OpenAI SDK's parsed response, minus the per-response id and time).
+ */
+async function runAgent(h: Harness, s: Opened, user: string, toolResult: (i: number) => string = (i) => `ok ${i}`) {
+  const client = sdk(h, s);
+  const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: user }];
+  const answers: unknown[] = [];
+  for (let i = 0; i < 8; i++) {
+    const res = await client.chat.completions.create({ model: "m", messages, tools: TOOLS });
+    const { id: _id, created: _created, ...rest } = res;
+    answers.push(rest);
+    const msg = res.choices[0]!.message;
+    messages.push(msg);
+    if (!msg.tool_calls?.length) break;
+    for (const c of msg.tool_calls) messages.push({ role: "tool", tool_call_id: c.id, content: toolResult(i) });
+  }
+  return answers;
+}
+
+describe("replaying a recorded rollout", () => {
+  let h: Harness;
+  let source: Opened;
+  let sourceAnswers: unknown[];
+  let sourceRecords: CompletionRecord[];
+  const user = `build a.txt\n#sim: ${JSON.stringify(steps)}`;
+  beforeAll(async () => {
+    h = await startHarness("branch", { dpSize: 4 });
+    source = await open(h);
+    sourceAnswers = await runAgent(h, source, user);
+    sourceRecords = await h.records(source.id);
+    expect(sourceRecords).toHaveLength(4);
+  });
+  afterAll(async () => h?.close());
+
+  it("answers the first calls from the records, byte for byte, then samples from the engine", async () => {
+    const branch = await open(h, { replay: { session_id: source.id, calls: 2 } });
+    expect(branch.status).toBe(201);
+    const answers = await runAgent(h, branch, user);
+    expect(answers).toHaveLength(4);
+    // The replayed answers are the source's exactly (content, reasoning, tool call ids, finish, usage).
+    expect(answers.slice(0, 2)).toEqual(sourceAnswers.slice(0, 2));
+    const records = await h.records(branch.id);
+    expect(records.map((r) => r.replayed_from ?? null)).toEqual([sourceRecords[0]!.id, sourceRecords[1]!.id, null, null]);
+    expect(records[0]!.output_ids).toEqual(sourceRecords[0]!.output_ids);
+    expect(records[0]!.output_logprobs).toEqual(sourceRecords[0]!.output_logprobs);
+    // The engine answered calls 2 and 3 (its usage says it saw the prompt).
+    expect(records[2]!.usage.prompt_tokens).toBeGreaterThan(0);
+    expect((await session(h, branch.id)).assignment!.dp_rank).toBe((await session(h, source.id)).assignment!.dp_rank);
+
+    const t = (await (await fetch(`${h.url}/v1/sessions/${branch.id}/trajectory`)).json()) as Trajectory;
+    expect(t.traces).toHaveLength(1);
+    const spans = t.stats.per_trace[0]!.spans;
+    const mask = t.traces[0]!.loss_mask;
+    const outputMask = (k: number) => mask.slice(spans[k]!.output_start, spans[k]!.end);
+    // Replayed answers are not samples of this run: masked, logprob 0; the engine's are trained.
+    expect(outputMask(0).every((m) => m === 0) && outputMask(1).every((m) => m === 0)).toBe(true);
+    expect(outputMask(2).every((m) => m === 1) && outputMask(3).every((m) => m === 1)).toBe(true);
+    expect(t.stats.trainable_tokens).toBe(records[2]!.output_ids.length + records[3]!.output_ids.length);
+  });
+
+  it("with train: true the replayed answers keep their logprobs and stay trainable", async () => {
+    const branch = await open(h, { replay: { session_id: source.id, calls: 2, train: true } });
+    await runAgent(h, branch, user);
+    const t = (await (await fetch(`${h.url}/v1/sessions/${branch.id}/trajectory`)).json()) as Trajectory;
+    const spans = t.stats.per_trace[0]!.spans;
+    expect(t.traces[0]!.loss_mask.slice(spans[0]!.output_start, spans[0]!.end).every((m) => m === 1)).toBe(true);
+    expect(t.traces[0]!.response_logprobs.slice(spans[0]!.output_start, spans[0]!.end)).toEqual(sourceRecords[0]!.output_logprobs);
+  });
+
+  it("a streaming agent gets the replayed answer as a stream in its protocol (Anthropic Messages)", async () => {
+    const src = await open(h);
+    const anthropic = (s: Opened) => new Anthropic({ baseURL: `${h.url}/s/${s.id}`, apiKey: s.token, maxRetries: 0 });
+    const ask = { model: "m", max_tokens: 200, messages: [{ role: "user" as const, content: `hi\n#sim: ${JSON.stringify([{ think: "hm", text: "hello there" }])}` }] };
+    const original = await anthropic(src).messages.stream(ask).finalMessage();
+    const branch = await open(h, { replay: { session_id: src.id, calls: 1 } });
+    const replayed = await anthropic(branch).messages.stream(ask).finalMessage();
+    // Byte for byte but the thinking block's signature, which is keyed per session (reasoning-seal.ts).
+    const unsigned = (blocks: Anthropic.ContentBlock[]) => blocks.map((b) => (b.type === "thinking" ? { ...b, signature: "" } : b));
+    expect(unsigned(replayed.content)).toEqual(unsigned(original.content));
+    expect(replayed.content[0]).toMatchObject({ type: "thinking", thinking: expect.stringContaining("hm") });
+    expect(replayed.stop_reason).toBe(original.stop_reason);
+    expect((await h.records(branch.id))[0]!.replayed_from).toBe((await h.records(src.id))[0]!.id);
+  });
+
+  it("an agent that asks something else before the branch point is refused: replay_diverged, with the call and the difference", async () => {
+    const branch = await open(h, { replay: { session_id: source.id, calls: 3 } });
+    // The sandbox of this run answers the second tool call differently.
+    const err = await runAgent(h, branch, user, (i) => (i === 1 ? "something else" : `ok ${i}`)).then(
+      () => null,
+      (e: unknown) => e as InstanceType<typeof OpenAI.APIError>,
+    );
+    expect(err?.status).toBe(409);
+    expect(err?.message).toMatch(/left the replayed rollout at call 2: message 4 differs/);
+    expect((await session(h, branch.id)).replay_diverged).toEqual({ call: 2, message: expect.stringMatching(/^message 4 differs: recorded .*ok 1.*, asked .*something else/) });
+  });
+
+  it("a replay of a session that does not exist is refused when the session is opened", async () => {
+    const res = await open(h, { replay: { session_id: "s-nope", calls: 1 } });
+    expect(res.status).toBe(404);
+  });
+});

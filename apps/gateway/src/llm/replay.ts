@@ -1,0 +1,56 @@
+import type { CanonicalChatRequest, CompletionRecord } from "@rollgate/protocol";
+import type { EngineResult } from "@rollgate/transforms";
+
+/**
+ * Replay-then-branch (docs/data-model.md#branches): a branch's first calls are answered from the
+ * source session's records. Pure helpers: whether the agent asked what the source asked, and the
+ * recorded answer as an engine result.
+ */
+
+/** JSON with object keys sorted, so two requests compare by content, not by key order. */
+function canonicalJson(v: unknown): string {
+  return JSON.stringify(v, (_key, value: unknown) => {
+    if (value === null || typeof value !== "object" || Array.isArray(value)) return value;
+    const obj = value as Record<string, unknown>;
+    return Object.fromEntries(Object.keys(obj).sort().map((k) => [k, obj[k]]));
+  });
+}
+
+function preview(v: unknown): string {
+  const s = canonicalJson(v) ?? "undefined";
+  return s.length > 160 ? `${s.slice(0, 157)}...` : s;
+}
+
+/**
+ * Null when the agent's request asks what the recorded one asked (the same messages, with echoed
+ * turns restored from the session's records, and the same tools); else the first difference, in words.
+ */
+export function replayDifference(recorded: CompletionRecord["request"], asked: CanonicalChatRequest): string | null {
+  const a = recorded.messages;
+  const b = asked.messages;
+  for (let i = 0; i < Math.min(a.length, b.length); i++) {
+    if (canonicalJson(a[i]) !== canonicalJson(b[i])) return `message ${i} differs: recorded ${preview(a[i])}, asked ${preview(b[i])}`;
+  }
+  if (a.length !== b.length) return `the recorded request has ${a.length} messages, this one ${b.length}`;
+  if (canonicalJson(recorded.tools ?? []) !== canonicalJson(asked.tools ?? [])) {
+    return `the tools differ: recorded ${(recorded.tools ?? []).map((t) => t.function.name).join(", ") || "none"}, asked ${(asked.tools ?? []).map((t) => t.function.name).join(", ") || "none"}`;
+  }
+  return null;
+}
+
+/** The recorded answer as the engine gave it: the same tokens, logprobs, message and finish. */
+export function recordedResult(r: CompletionRecord): EngineResult {
+  return {
+    prompt_ids: r.prompt_ids,
+    output_ids: r.output_ids,
+    output_logprobs: r.output_logprobs,
+    // Per-token detail (top logprobs) is not recorded: the sampled token's logprob only.
+    logprobs: r.output_logprobs.map((logprob) => ({ token: "", logprob, bytes: null, top_logprobs: [] })),
+    message: r.message,
+    finish_reason: r.finish_reason,
+    stop_reason: null,
+    usage: r.usage,
+    ...(r.output_weight_versions ? { output_versions: r.output_weight_versions } : {}),
+    ...(r.routed_experts ? { routed_experts: r.routed_experts } : {}),
+  };
+}

@@ -1,0 +1,136 @@
+/**
+ * Replay-then-branch end to end, with real processes on real Redis (engine-sim, a gateway, a
+ * worker running the example agent in fresh sandboxes): a 4-call rollout, then
+ * `POST /v1/tasks/:id/branches` at call 2 with n = 4. Each branch's first two answers are the
+ * source's (its agent re-ran the same shell commands in its own sandbox, so the evaluator sees the
+ * same files), calls 2 and 3 went to the engine, the trajectories mask the replayed answers, and the
+ * group callback carries the four rewards and the shared prefix once. A branch of a branch works;
+ * a rollout whose sandbox answers differently before the branch point ends `replay_diverged`.
+ */
+import { createHmac } from "node:crypto";
+import type { StartedChild } from "@rollgate/testkit";
+import type { CompletionRecord, GroupResult, TaskRecord, Trajectory } from "@rollgate/protocol";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startApp, stopChild } from "../support/apps.js";
+import { apiClient } from "../support/http.js";
+import { poll } from "../support/poll.js";
+import { dropPrefix, uniquePrefix } from "../support/redis.js";
+import { startTrainer } from "../support/trainer.js";
+
+const shell = (command: string) => ({ tool_calls: [{ name: "shell", arguments: { command } }] });
+/** Four calls: three shell commands that build a.txt, then the answer; the evaluator checks a.txt. */
+const buildTask = (first = "echo one > a.txt") => ({
+  instruction: `Build a.txt.\n#sim: ${JSON.stringify([shell(first), shell("echo two >> a.txt"), shell("echo three >> a.txt"), { text: "done" }])}`,
+  agent: { harness: "command", command: ["rollgate-example-agent"] },
+  evaluator: { kind: "command", command: ["bash", "-c", 'test "$(tr "\\n" " " < a.txt)" = "one two three "'] },
+  limits: { timeout_s: 60 },
+});
+
+describe("branching a recorded rollout", () => {
+  let engine: StartedChild;
+  let gateway: StartedChild;
+  let worker: StartedChild;
+  let prefix: string;
+  let api: ReturnType<typeof apiClient>;
+  const terminal = async (id: string) => {
+    const r = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t?.result != null, 90_000, 150);
+    if (!r?.result) throw new Error(`task ${id} is still ${r?.status}`);
+    return r;
+  };
+  const records = async (sid: string) => ((await api(`/v1/sessions/${sid}/completions`)).body as { completions: CompletionRecord[] }).completions;
+
+  beforeAll(async () => {
+    prefix = uniquePrefix("branches");
+    engine = await startApp("engine-sim", ["--port", "0", "--dp", "2"], {});
+    gateway = await startApp("gateway", ["--port", "0"], { ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2, profile: "qwen3" }]) });
+    worker = await startApp("worker", [], {
+      ROLLGATE_KEY_PREFIX: prefix,
+      ROLLGATE_GATEWAY_URL: gateway.ready,
+      ROLLGATE_WORKER_NAME: "w-branches",
+      ROLLGATE_WORKER_CONCURRENCY: "4",
+      ROLLGATE_CALLBACK_BACKOFF_MS: "100",
+    });
+    api = apiClient(() => gateway.ready);
+  }, 60_000);
+  afterAll(async () => {
+    await stopChild(worker?.proc, 5_000);
+    await stopChild(gateway?.proc, 5_000);
+    await stopChild(engine?.proc);
+    await dropPrefix(prefix);
+  });
+
+  it("n = 4 branches at call 2: replayed answers, the same sandbox state, fresh samples after, masks and the group callback", async () => {
+    const { id: sourceId } = (await api("/v1/tasks", { body: buildTask() })).body as { id: string };
+    const source = await terminal(sourceId);
+    expect(source.result).toMatchObject({ status: "completed", reward: 1 });
+    const sourceRecords = await records(source.session_id!);
+    expect(sourceRecords).toHaveLength(4);
+
+    const trainer = await startTrainer();
+    const secret = "branch-secret";
+    try {
+      const res = await api(`/v1/tasks/${sourceId}/branches`, { body: { at_call: 2, n: 4, callback: { url: trainer.url, secret } } });
+      expect(res.status).toBe(202);
+      const { group_id, task_ids } = res.body as { group_id: string; task_ids: string[] };
+      expect(task_ids).toEqual([0, 1, 2, 3].map((k) => `${group_id}-${k}`));
+      for (const id of task_ids) {
+        const t = await terminal(id);
+        // The evaluator saw the files the replayed commands made in this branch's own sandbox.
+        expect(t.result).toMatchObject({ status: "completed", reward: 1 });
+        expect(t.task.branch).toEqual({ task_id: sourceId, session_id: source.session_id, at_call: 2, train_replayed: false });
+        const rs = await records(t.session_id!);
+        expect(rs.map((r) => r.replayed_from ?? null)).toEqual([sourceRecords[0]!.id, sourceRecords[1]!.id, null, null]);
+        for (const k of [0, 1]) expect({ ...rs[k]!.message }).toEqual(sourceRecords[k]!.message);
+        const traj = t.result!.trajectory as Trajectory;
+        const spans = traj.stats.per_trace[0]!.spans;
+        const mask = traj.traces[0]!.loss_mask;
+        const trained = (k: number) => mask.slice(spans[k]!.output_start, spans[k]!.end);
+        expect([0, 1].every((k) => trained(k).every((m) => m === 0))).toBe(true);
+        expect([2, 3].every((k) => trained(k).every((m) => m === 1))).toBe(true);
+      }
+      const [delivery] = await trainer.waitFor(1);
+      expect(delivery!.headers["x-rollgate-event"]).toBe("group.completed");
+      const signature = String(delivery!.headers["x-rollgate-signature"] ?? "");
+      expect(signature).toContain(createHmac("sha256", secret).update(delivery!.rawBody).digest("hex"));
+      const body = JSON.parse(delivery!.rawBody) as GroupResult;
+      expect(body.group_id).toBe(group_id);
+      expect(body.branch).toEqual({
+        task_id: sourceId,
+        at_call: 2,
+        shared_prefix_ids: sourceRecords[1]!.prompt_ids.concat(sourceRecords[1]!.output_ids),
+        rewards: [1, 1, 1, 1],
+      });
+      expect(body.summary).toMatchObject({ size: 4, scored: 4 });
+
+      // A branch of a branch: replayed through three calls of the first branch's own records.
+      const again = (await api(`/v1/tasks/${task_ids[0]}/branches`, { body: { at_call: 3, n: 1 } })).body as { task_ids: string[] };
+      const leaf = await terminal(again.task_ids[0]!);
+      expect(leaf.result).toMatchObject({ status: "completed", reward: 1 });
+      expect((await records(leaf.session_id!)).map((r) => r.replayed_from != null)).toEqual([true, true, true, false]);
+    } finally {
+      await trainer.close();
+    }
+  }, 240_000);
+
+  it("a rollout whose sandbox answers differently before the branch point ends replay_diverged, naming the call", async () => {
+    // The first command's output differs on every run: the branch's second call cannot be the recorded one.
+    const { id } = (await api("/v1/tasks", { body: buildTask("date +%s%N; echo one > a.txt") })).body as { id: string };
+    expect((await terminal(id)).result).toMatchObject({ status: "completed", reward: 1 });
+    const { task_ids } = (await api(`/v1/tasks/${id}/branches`, { body: { at_call: 2, n: 1 } })).body as { task_ids: string[] };
+    const t = await terminal(task_ids[0]!);
+    expect(t.result).toMatchObject({ status: "failed", reward: null, error: { kind: "replay_diverged", call: 1 } });
+    expect(t.result!.error!.message).toMatch(/^call 1: message \d+ differs/);
+  }, 120_000);
+
+  it("refuses a branch point the rollout never reached, and a task that has not ended", async () => {
+    const { id } = (await api("/v1/tasks", { body: buildTask() })).body as { id: string };
+    const early = await api(`/v1/tasks/${id}/branches`, { body: { at_call: 1, n: 2 } });
+    if (early.status !== 202) expect(early.body).toMatchObject({ error: { type: "conflict" } });
+    await terminal(id);
+    const far = await api(`/v1/tasks/${id}/branches`, { body: { at_call: 9, n: 2 } });
+    expect(far.status).toBe(409);
+    expect(JSON.stringify(far.body)).toMatch(/made 4 LLM calls/);
+    expect((await api(`/v1/tasks/nope/branches`, { body: { at_call: 1, n: 1 } })).status).toBe(404);
+    expect((await api(`/v1/tasks/${id}/branches`, { body: { at_call: 0, n: 1 } })).status).toBe(400);
+  }, 120_000);
+});
