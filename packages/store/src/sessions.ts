@@ -1,5 +1,5 @@
-import { createHash, timingSafeEqual } from "node:crypto";
-import { Session, CompletionRecord, LostCall, RecordHead, type CreateSessionRequest } from "@rollgate/protocol";
+import { createHash } from "node:crypto";
+import { secretsEqual, Session, CompletionRecord, LostCall, RecordHead, type CreateSessionRequest } from "@rollgate/protocol";
 import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
@@ -18,9 +18,7 @@ export function hashToken(token: string): string {
 }
 
 export function tokenMatches(token: string, storedHash: string): boolean {
-  const a = Buffer.from(hashToken(token), "hex");
-  const b = Buffer.from(storedHash, "hex");
-  return a.length === b.length && timingSafeEqual(a, b);
+  return secretsEqual(Buffer.from(hashToken(token), "hex"), Buffer.from(storedHash, "hex"));
 }
 
 // Closes an open session in one step and returns the rank it held, so a double close never frees
