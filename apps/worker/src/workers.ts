@@ -1,5 +1,6 @@
 import { issuesMessage } from "@rollgate/protocol";
-import { CallbackJob, QueueName, RolloutJob, duplicateClient, queuePrefix, type RedisClient } from "@rollgate/queue";
+import { CallbackJob, QueueName, RolloutJob, duplicateClient, queuePrefix } from "@rollgate/queue";
+import type { RedisClient } from "@rollgate/store";
 import { DelayedError, UnrecoverableError, Worker, type Job } from "bullmq";
 import type { Logger } from "pino";
 import type { z } from "zod";

@@ -1,7 +1,6 @@
 import { AsyncLocalStorage } from "node:async_hooks";
 import type { CompletionRecord } from "@rollgate/protocol";
-import type { RedisClient } from "@rollgate/queue";
-import { keys, parseRankMember, type RankRouter } from "@rollgate/store";
+import { keys, parseRankMember, type RankRouter, type RedisClient } from "@rollgate/store";
 import type { Queue } from "bullmq";
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
 import type { PreparedCall } from "../llm/chat-call.js";

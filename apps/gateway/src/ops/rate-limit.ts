@@ -1,4 +1,4 @@
-import type { RedisClient } from "@rollgate/queue";
+import type { RedisClient } from "@rollgate/store";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { CallRejected } from "../llm/chat-call.js";
 
