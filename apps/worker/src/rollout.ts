@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import type { AcceptedTask, CallbackState, LostCalls, TaskError, TaskRecord, TaskResult, TerminalStatus, Trajectory } from "@rollgate/protocol";
+import { isTerminalStatus, type AcceptedTask, type CallbackState, type LostCalls, type TaskError, type TaskRecord, type TaskResult, type TerminalStatus, type Trajectory } from "@rollgate/protocol";
 import type { CallbackJob, RolloutJob } from "@rollgate/queue";
 import type { TaskStore } from "@rollgate/store";
 import type { Job, Queue } from "bullmq";
@@ -42,7 +42,6 @@ export function lostCallCause(lost: LostCalls): string {
   return `an LLM call was lost to infrastructure: ${what}${lost.count > 1 ? `; ${lost.count} calls lost in all` : ""}`;
 }
 
-const TERMINAL = new Set(["completed", "failed", "timed_out", "cancelled"]);
 const LOG_FLUSH_MS = 2_000;
 
 interface Outcome {
@@ -178,7 +177,7 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
   }
   // Ended already (a cancel before start, or a worker that died after storing the result): only
   // what follows the result may be missing.
-  if (TERMINAL.has(record.status)) {
+  if (isTerminalStatus(record.status)) {
     await queueFollowUps(deps, record.task as AcceptedTask, record.callback);
     return;
   }
@@ -216,7 +215,7 @@ export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err:
   deps = { ...deps, log: deps.log.child({ task_id: taskId }) };
   const record = await deps.tasks.get(taskId);
   if (!record) return;
-  if (TERMINAL.has(record.status)) {
+  if (isTerminalStatus(record.status)) {
     await queueFollowUps(deps, record.task as AcceptedTask, record.callback);
     return;
   }

@@ -4,11 +4,11 @@ import {
   Task,
   TaskResult,
   TaskStatus,
+  TerminalStatus,
   type AcceptedTask,
   type TaskEvent,
   type TaskEventType,
   type TaskRecord,
-  type TerminalStatus,
 } from "@rollgate/protocol";
 import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
@@ -17,14 +17,18 @@ import { keys, type Keys } from "./keys.js";
 const MAX_EVENTS = 2_000;
 const MAX_LOG_BYTES = 256 * 1024;
 
+// Lua: `terminal[s]` is true for the statuses a task ends in (the protocol's list, not a copy).
+const TERMINAL_LUA = `local terminal = {${TerminalStatus.options.map((s) => `['${s}'] = true`).join(", ")}}`;
+
 // Writes a terminal result unless the task already has one, and appends the terminal event, in
 // one step: a cancel racing a finishing worker produces exactly one result. A pending callback
 // state is written in the same step, so a worker that dies right after cannot leave a result
 // whose callback nobody will send (the next run of the job queues it).
 // KEYS: task, events. ARGV: status, finished_at, result json, ttl, event json, maxlen, callback json or "".
 const FINISH_SCRIPT = `
+${TERMINAL_LUA}
 local s = redis.call('HGET', KEYS[1], 'status')
-if s == 'completed' or s == 'failed' or s == 'timed_out' or s == 'cancelled' then return 0 end
+if terminal[s] then return 0 end
 if not redis.call('HGET', KEYS[1], 'task') then return -1 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'finished_at', ARGV[2], 'result', ARGV[3])
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'callback', ARGV[7]) end
@@ -50,8 +54,9 @@ return 0
 
 // KEYS: task. ARGV: started_at, worker, attempt, session id. Never revives a task that ended.
 const MARK_RUNNING_SCRIPT = `
+${TERMINAL_LUA}
 local s = redis.call('HGET', KEYS[1], 'status')
-if s == 'completed' or s == 'failed' or s == 'timed_out' or s == 'cancelled' or not s then return 0 end
+if not s or terminal[s] then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1], 'worker', ARGV[2], 'attempts', ARGV[3], 'session_id', ARGV[4])
 return 1
 `;

@@ -1,5 +1,5 @@
 import { AsyncLocalStorage } from "node:async_hooks";
-import type { CompletionRecord } from "@rollgate/protocol";
+import { TaskStatus, type CompletionRecord } from "@rollgate/protocol";
 import { keys, parseRankMember, type RankRouter, type RedisClient } from "@rollgate/store";
 import type { Queue } from "bullmq";
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
@@ -38,7 +38,6 @@ export interface MetricSources {
   queues: Queue[];
 }
 
-const TASK_STATUSES = ["queued", "running", "completed", "failed", "timed_out", "cancelled"] as const;
 const CALLBACK_STATES = ["pending", "retrying", "delivered", "failed"] as const;
 const JOB_STATES = ["waiting", "active", "delayed", "prioritized", "waiting-children", "completed", "failed"] as const;
 
@@ -255,7 +254,7 @@ export class GatewayMetrics {
   private async refreshTasks(redis: RedisClient, prefix: string): Promise<void> {
     const k = keys(prefix);
     const [ids, total] = await Promise.all([redis.zrevrange(k.taskIndex(), 0, this.taskScan - 1), redis.zcard(k.taskIndex())]);
-    const byStatus: Record<string, number> = Object.fromEntries(TASK_STATUSES.map((s) => [s, 0]));
+    const byStatus: Record<string, number> = Object.fromEntries(TaskStatus.options.map((s) => [s, 0]));
     const byCallback: Record<string, number> = Object.fromEntries(CALLBACK_STATES.map((s) => [s, 0]));
     let scanned = 0;
     if (ids.length) {
