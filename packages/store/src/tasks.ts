@@ -88,6 +88,16 @@ return 1
 const taskScripts = (redis: RedisClient) =>
   scriptCommands(redis, { finish: FINISH_SCRIPT, groupFinished: GROUP_FINISHED_SCRIPT, markRunning: MARK_RUNNING_SCRIPT, requeue: REQUEUE_SCRIPT });
 
+function readCallback(raw: string | null): CallbackState | null {
+  if (!raw) return null;
+  try {
+    const parsed = CallbackState.safeParse(JSON.parse(raw));
+    return parsed.success ? parsed.data : null;
+  } catch {
+    return null;
+  }
+}
+
 export interface TaskPage {
   tasks: TaskRecord[];
   next_cursor: string | null;
@@ -260,6 +270,22 @@ export class TaskStore {
       const e = JSON.parse(raw) as Omit<TaskEvent, "id">;
       return { id: eventId, type: e.type, at: e.at, data: e.data ?? {} };
     });
+  }
+
+  /**
+   * The status and callback delivery state of the newest `limit` tasks of the task index, and how
+   * many tasks the index holds (for metrics). Two hash fields per task, by concurrent commands, not
+   * a pipeline (on a Redis Cluster each task has its own slot). Tasks whose record expired (result
+   * TTL) are left out; an unreadable callback state reads as null.
+   */
+  async recentStates(limit: number): Promise<{ indexed: number; tasks: { status: TaskStatus; callback: CallbackState | null }[] }> {
+    const [ids, indexed] = await Promise.all([this.redis.zrevrange(this.k.taskIndex(), 0, limit - 1), this.redis.zcard(this.k.taskIndex())]);
+    const rows = await Promise.all(ids.map((id) => this.redis.hmget(this.k.task(id), "status", "callback")));
+    const tasks = rows.flatMap(([status, callback]) => {
+      const s = TaskStatus.safeParse(status);
+      return s.success ? [{ status: s.data, callback: readCallback(callback ?? null) }] : [];
+    });
+    return { indexed, tasks };
   }
 
   /**
