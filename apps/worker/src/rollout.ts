@@ -210,8 +210,11 @@ function failedOutcome(kind: string, message: string): Outcome {
   return { status: "failed", reward: null, evaluation: null, error: { kind, message }, agent: NO_AGENT, runMs: 0, evalMs: 0 };
 }
 
+/** What a rollout task's `error.kind` says when BullMQ gives up on its job (docs/data-model.md#outcomes). */
+export type GaveUpKind = "invalid_job" | "worker_lost" | "infrastructure";
+
 /** BullMQ gave up on the job (attempts used up, or stalled too often): the task must not stay `running`. */
-export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err: Error, kind = /stalled/i.test(err.message) ? "worker_lost" : "infrastructure"): Promise<void> {
+export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err: Error, kind: GaveUpKind): Promise<void> {
   deps = { ...deps, log: deps.log.child({ task_id: taskId }) };
   const record = await deps.tasks.get(taskId);
   if (!record) return;
