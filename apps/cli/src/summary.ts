@@ -1,4 +1,5 @@
 import type { TaskResult } from "@rollgate/client";
+import { TerminalStatus } from "@rollgate/protocol";
 
 /** What `submit` reports per terminal status (pure: results in, figures out). */
 export interface StatusRow {
@@ -14,8 +15,6 @@ export interface StatusRow {
   /** Agents that exited non-zero (or by a signal): exit code or signal name → how many. */
   nonzero_agent_exits: Record<string, number>;
 }
-
-export const TERMINAL_STATUSES = ["completed", "failed", "timed_out", "cancelled"] as const;
 
 export function mean(xs: number[]): number | null {
   return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null;
@@ -41,7 +40,7 @@ export function nonzeroExit(agent: TaskResult["agent"]): string | null {
 
 /** One row per terminal status that has tasks, in a fixed order. */
 export function statusRows(results: TaskResult[]): StatusRow[] {
-  return TERMINAL_STATUSES.flatMap((status) => {
+  return TerminalStatus.options.flatMap((status) => {
     const rs = results.filter((r) => r.status === status);
     if (rs.length === 0) return [];
     return [

@@ -1,4 +1,4 @@
-import { timingSafeEqual } from "node:crypto";
+import { secretsEqual } from "@rollgate/protocol";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { errorBody } from "./errors.js";
 
@@ -7,18 +7,12 @@ function bearer(req: FastifyRequest): string | undefined {
   return h?.startsWith("Bearer ") ? h.slice(7).trim() : undefined;
 }
 
-function sameSecret(a: string, b: string): boolean {
-  const x = Buffer.from(a);
-  const y = Buffer.from(b);
-  return x.length === y.length && timingSafeEqual(x, y);
-}
-
 /** onRequest hook for trainer and admin routes: `Authorization: Bearer <ROLLGATE_API_KEY>` when one is set. */
 export function requireApiKey(apiKey: string | undefined) {
   return async (req: FastifyRequest, reply: FastifyReply) => {
     if (!apiKey) return;
     const given = bearer(req);
-    if (!given || !sameSecret(given, apiKey)) {
+    if (!given || !secretsEqual(given, apiKey)) {
       return reply.code(401).send(errorBody("unauthorized", "missing or wrong API key (Authorization: Bearer <key>)"));
     }
   };

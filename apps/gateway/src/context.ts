@@ -1,7 +1,6 @@
 import type { RolloutJob } from "@rollgate/queue";
-import type { AdminStore, RankRouter, SessionStore, TaskStore, WeightStore } from "@rollgate/store";
+import type { AdminStore, RankRouter, RedisClient, SessionStore, TaskStore, WeightStore } from "@rollgate/store";
 import type { Queue } from "bullmq";
-import type { RedisClient } from "@rollgate/queue";
 import type { Logger } from "pino";
 import type { EngineRegistry } from "./engines/registry.js";
 import type { ChatCaller } from "./llm/chat-call.js";

@@ -27,7 +27,12 @@ export function fastifyErrorStatus(err: FastifyError): { status: number; message
   return { status, message: status >= 500 ? "internal error" : err.message };
 }
 
-/** Whether an error means Redis is unreachable right now (a retry later may succeed). */
+/**
+ * Whether an error means Redis is unreachable right now (a retry later may succeed). Typed facts
+ * first (ioredis's MaxRetriesPerRequestError by name, a socket's errno code); the text is read
+ * only because ioredis raises a closed connection, an unwritable stream and too many cluster
+ * redirections as plain Errors, and Redis states CLUSTERDOWN only as the code word of its reply.
+ */
 export function isStorageUnavailable(err: unknown): boolean {
   const e = err as { name?: string; message?: string; code?: string };
   return (

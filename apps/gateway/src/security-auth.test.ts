@@ -6,9 +6,10 @@
  * no token or key reaches a log line; the per-session rate limit answers 429 in each protocol.
  */
 import { randomUUID } from "node:crypto";
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { Writable } from "node:stream";
 import { buildEngineSim } from "@rollgate/engine-sim";
+import { secretsEqual } from "@rollgate/protocol";
 import fc from "fast-check";
 import type { FastifyInstance, InjectOptions } from "fastify";
 import { Redis } from "ioredis";
@@ -280,14 +281,31 @@ describe("trainer and admin routes need the API key when one is configured", () 
   });
 
   it("secrets are compared in constant time (timingSafeEqual on equal-length buffers, never ===)", () => {
+    // One helper does it (the protocol's secretsEqual), and every key check goes through it.
+    const helper = readFileSync(new URL("../../../packages/protocol/src/secrets.ts", import.meta.url), "utf8");
+    expect(helper).toMatch(/export function secretsEqual\(/);
+    expect(helper).toMatch(/\.length === \w+\.length && timingSafeEqual\(/);
+    expect(secretsEqual("k-1", "k-1")).toBe(true);
+    expect(secretsEqual("k-1", "k-2")).toBe(false);
+    expect(secretsEqual("k-1", "k-12")).toBe(false);
     const sources = ["auth.ts", "routes/queues.ts"].map((f) => readFileSync(new URL(`./${f}`, import.meta.url), "utf8"));
     for (const src of sources) {
-      expect(src).toContain("timingSafeEqual");
+      expect(src).toContain("secretsEqual(");
       expect(src).not.toMatch(/(apiKey|token|key)\s*[!=]==\s*(apiKey|given|token|key)\b/);
     }
-    // Session tokens are checked by hash (store): sha256 then timingSafeEqual.
+    // Session tokens are checked by hash (store): sha256 then the same helper.
     const agent = readFileSync(new URL("./routes/agent-common.ts", import.meta.url), "utf8");
     expect(agent).toContain("tokenMatches(");
+    expect(readFileSync(new URL("../../../packages/store/src/sessions.ts", import.meta.url), "utf8")).toContain("secretsEqual(");
+    // No second copy of the comparison anywhere in the apps' and packages' sources.
+    const root = new URL("../../../", import.meta.url);
+    const copies = ["apps", "packages"].flatMap((top) =>
+      (readdirSync(new URL(top, root), { recursive: true }) as string[])
+        .filter((f) => /\/src\/.*\.ts$/.test(f) && !f.includes("node_modules") && !f.endsWith(".test.ts"))
+        .map((f) => `${top}/${f}`)
+        .filter((f) => readFileSync(new URL(f, root), "utf8").includes("timingSafeEqual")),
+    );
+    expect(copies).toEqual(["packages/protocol/src/secrets.ts"]);
   });
 });
 

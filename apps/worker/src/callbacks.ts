@@ -1,10 +1,10 @@
+import { signBody } from "@rollgate/client";
 import { TaskResult, summarizeGroup, type CallbackState, type GroupResult } from "@rollgate/protocol";
 import type { CallbackJob } from "@rollgate/queue";
 import type { TaskStore } from "@rollgate/store";
 import type { Job } from "bullmq";
 import type { Logger } from "pino";
 import { EgressDenied, egressRequest, type EgressPolicy } from "./egress.js";
-import { signBody } from "./signing.js";
 
 export interface CallbackDeps {
   tasks: TaskStore;

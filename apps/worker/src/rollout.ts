@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import type { AcceptedTask, CallbackState, LostCalls, Session, TaskError, TaskRecord, TaskResult, TerminalStatus, Trajectory } from "@rollgate/protocol";
+import { isTerminalStatus, type AcceptedTask, type CallbackState, type LostCalls, type Session, type TaskError, type TaskRecord, type TaskResult, type TerminalStatus, type Trajectory } from "@rollgate/protocol";
 import type { CallbackJob, RolloutJob } from "@rollgate/queue";
 import type { TaskStore } from "@rollgate/store";
 import type { Job, Queue } from "bullmq";
@@ -42,7 +42,6 @@ export function lostCallCause(lost: LostCalls): string {
   return `an LLM call was lost to infrastructure: ${what}${lost.count > 1 ? `; ${lost.count} calls lost in all` : ""}`;
 }
 
-const TERMINAL = new Set(["completed", "failed", "timed_out", "cancelled"]);
 const LOG_FLUSH_MS = 2_000;
 
 interface Outcome {
@@ -182,7 +181,7 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
   }
   // Ended already (a cancel before start, or a worker that died after storing the result): only
   // what follows the result may be missing.
-  if (TERMINAL.has(record.status)) {
+  if (isTerminalStatus(record.status)) {
     await queueFollowUps(deps, record.task as AcceptedTask, record.callback);
     return;
   }
@@ -215,12 +214,15 @@ function failedOutcome(kind: string, message: string): Outcome {
   return { status: "failed", reward: null, evaluation: null, error: { kind, message }, agent: NO_AGENT, runMs: 0, evalMs: 0 };
 }
 
+/** What a rollout task's `error.kind` says when BullMQ gives up on its job (docs/data-model.md#outcomes). */
+export type GaveUpKind = "invalid_job" | "worker_lost" | "infrastructure";
+
 /** BullMQ gave up on the job (attempts used up, or stalled too often): the task must not stay `running`. */
-export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err: Error, kind = /stalled/i.test(err.message) ? "worker_lost" : "infrastructure"): Promise<void> {
+export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err: Error, kind: GaveUpKind): Promise<void> {
   deps = { ...deps, log: deps.log.child({ task_id: taskId }) };
   const record = await deps.tasks.get(taskId);
   if (!record) return;
-  if (TERMINAL.has(record.status)) {
+  if (isTerminalStatus(record.status)) {
     await queueFollowUps(deps, record.task as AcceptedTask, record.callback);
     return;
   }

@@ -7,12 +7,12 @@ import { randomUUID } from "node:crypto";
 import { Task, type AcceptedTask } from "@rollgate/protocol";
 import { QueueName, callbackQueue, createRedis, queuePrefix } from "@rollgate/queue";
 import { TaskStore } from "@rollgate/store";
-import { Queue } from "bullmq";
+import { Queue, UnrecoverableError, Worker, type Job } from "bullmq";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { FailureCounter } from "./failure-counter.js";
 import { GatewayClient } from "./gateway-client.js";
-import { InvalidJob, WorkerSet, parseJob } from "./workers.js";
+import { InvalidJob, WorkerSet, gaveUpKind, parseJob } from "./workers.js";
 import { RolloutJob } from "@rollgate/queue";
 
 const REDIS_URL = process.env.REDIS_URL || "redis://127.0.0.1:6379";
@@ -107,4 +107,37 @@ describe("job payloads", () => {
     expect(job?.attemptsMade).toBe(1);
     expect(job?.failedReason).toMatch(/^invalid callbacks job payload: /);
   });
+});
+
+describe("why BullMQ gave up on a rollout job", () => {
+  it("a job whose worker died more often than maxStalledCount reads as worker_lost, from BullMQ's typed marks; an error's text decides nothing", async () => {
+    const qPrefix = `${prefix}-stall`;
+    const queue = new Queue("stall", { connection: redis, prefix: qPrefix });
+    const dyingConnection = createRedis(REDIS_URL, "worker");
+    const opts = { prefix: qPrefix, lockDuration: 500, stalledInterval: 300, maxStalledCount: 0 };
+    try {
+      await queue.add("rollout", {}, { jobId: "j-stall", attempts: 3 });
+      // A worker takes the job and dies: closed by force, it stops renewing the lock and never finishes.
+      let taken!: () => void;
+      const tookIt = new Promise<void>((r) => (taken = r));
+      const dying = new Worker("stall", () => (taken(), new Promise<never>(() => {})), { ...opts, connection: dyingConnection });
+      await tookIt;
+      await dying.close(true);
+      // The next worker's stalled check finds the job and, past maxStalledCount, BullMQ fails it.
+      const next = new Worker("stall", async () => undefined, { ...opts, connection: redis });
+      const [job, err] = await new Promise<[Job | undefined, Error]>((resolve) => next.on("failed", (j, e) => resolve([j, e])));
+      await next.close();
+      expect(err).toBeInstanceOf(UnrecoverableError);
+      expect(gaveUpKind(job, err)).toBe("worker_lost");
+    } finally {
+      await queue.obliterate({ force: true });
+      await queue.close();
+      dyingConnection.disconnect();
+      const left = await redis.keys(`${qPrefix}:*`);
+      if (left.length) await redis.del(...left);
+    }
+    // What an error says decides nothing: only its type and the job's marks do.
+    expect(gaveUpKind(undefined, new Error("job stalled more than allowable limit"))).toBe("infrastructure");
+    expect(gaveUpKind(undefined, new InvalidJob("invalid rollouts job payload"))).toBe("invalid_job");
+  }, 20_000);
 });

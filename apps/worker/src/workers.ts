@@ -1,11 +1,12 @@
 import { issuesMessage } from "@rollgate/protocol";
-import { CallbackJob, QueueName, RolloutJob, duplicateClient, queuePrefix, type RedisClient } from "@rollgate/queue";
+import { CallbackJob, QueueName, RolloutJob, duplicateClient, queuePrefix } from "@rollgate/queue";
+import type { RedisClient } from "@rollgate/store";
 import { DelayedError, UnrecoverableError, Worker, type Job } from "bullmq";
 import type { Logger } from "pino";
 import type { z } from "zod";
 import { deliverCallback, type CallbackDeps } from "./callbacks.js";
 import type { GatewayReadiness } from "./readiness.js";
-import { onRolloutExhausted, runRollout, type RolloutDeps } from "./rollout.js";
+import { onRolloutExhausted, runRollout, type GaveUpKind, type RolloutDeps } from "./rollout.js";
 
 export interface WorkerSetOptions {
   connection: RedisClient;
@@ -23,6 +24,18 @@ export interface WorkerSetOptions {
 /** A job whose payload does not match its schema: it fails at once, with the reason, and is not retried. */
 export class InvalidJob extends UnrecoverableError {
   override name = "InvalidJob";
+}
+
+/**
+ * Why BullMQ gave up on a rollout job, from typed facts, never from the error's text: a bad payload
+ * (InvalidJob); a job that stalled more than maxStalledCount times, so its workers died (BullMQ's
+ * stalled checker marks the job with `deferredFailure`, and the next worker to take it fails it
+ * with an UnrecoverableError without running it); else infrastructure (its attempts are used up).
+ */
+export function gaveUpKind(job: Job | undefined, err: Error): GaveUpKind {
+  if (err instanceof InvalidJob) return "invalid_job";
+  if (err instanceof UnrecoverableError && job?.deferredFailure) return "worker_lost";
+  return "infrastructure";
 }
 
 /** The payload of a job as its schema reads it, or InvalidJob naming what is wrong. */
@@ -82,11 +95,11 @@ export class WorkerSet {
     this.rollouts.on("failed", (job, err) => {
       if (err instanceof InvalidJob) this.noteInvalid(QueueName.rollouts, job, err);
       else o.log.warn({ task_id: job?.data.task_id, job: job?.id, err: err.message, attempts: job?.attemptsMade }, "rollout job failed");
-      const exhausted = !job || err instanceof InvalidJob || job.attemptsMade >= (job.opts.attempts ?? 1) || /stalled/i.test(err.message);
+      // An unrecoverable failure (a bad payload, a job stalled too often) is never retried either.
+      const exhausted = !job || err instanceof UnrecoverableError || job.attemptsMade >= (job.opts.attempts ?? 1);
       // A bad payload may lack the task id: the job id is the task id.
       const taskId = (typeof job?.data?.task_id === "string" ? job.data.task_id : undefined) ?? job?.id;
-      const kind = err instanceof InvalidJob ? "invalid_job" : undefined;
-      if (exhausted && taskId) void onRolloutExhausted(o.rollout, taskId, err, kind).catch((e: Error) => o.log.error({ task_id: taskId, err: e.message }, "cannot end an exhausted task"));
+      if (exhausted && taskId) void onRolloutExhausted(o.rollout, taskId, err, gaveUpKind(job, err)).catch((e: Error) => o.log.error({ task_id: taskId, err: e.message }, "cannot end an exhausted task"));
     });
     o.readiness?.onChange((state) => {
       if (state.ready) void this.rollouts.resume();

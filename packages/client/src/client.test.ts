@@ -1,3 +1,4 @@
+import { createHmac } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import { RollgateClient } from "./client.js";
 import { RollgateError } from "./errors.js";
@@ -55,10 +56,11 @@ describe("SseParser", () => {
 });
 
 describe("signatures", () => {
-  it("signs like the worker and verifies in constant time over the raw bytes", () => {
+  it("signs (the worker signs callbacks with this same function) and verifies in constant time over the raw bytes", () => {
     const body = '{"id":"t-1","reward":1}';
     const sig = signBody(body, "s3cret");
-    expect(sig).toMatch(/^sha256=[0-9a-f]{64}$/);
+    // docs/http-api.md#callbacks: sha256=<hex HMAC-SHA256 of the raw body with callback.secret>.
+    expect(sig).toBe(`sha256=${createHmac("sha256", "s3cret").update(body).digest("hex")}`);
     expect(verifySignature(body, sig, "s3cret")).toBe(true);
     expect(verifySignature(Buffer.from(body), sig, "s3cret")).toBe(true);
     expect(verifySignature(body + " ", sig, "s3cret")).toBe(false);

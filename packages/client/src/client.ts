@@ -7,6 +7,7 @@ import {
   TaskEvent,
   TaskRecord,
   Trajectory,
+  isTerminalStatus,
   type BranchRequest,
   type CompletionRecord,
   type CreateSessionRequest,
@@ -84,8 +85,8 @@ export interface PauseOptions {
   mode?: "drain" | "abort";
 }
 
-const TERMINAL = new Set<TaskStatus>(["completed", "failed", "timed_out", "cancelled"]);
-export const isTerminal = (status: TaskStatus): boolean => TERMINAL.has(status);
+/** Whether a task in this status has ended (the protocol's definition). */
+export const isTerminal = (status: TaskStatus): boolean => isTerminalStatus(status);
 
 const sleep = (ms: number, signal?: AbortSignal) =>
   new Promise<void>((resolve, reject) => {

@@ -1,4 +1,5 @@
-import { createHmac, timingSafeEqual } from "node:crypto";
+import { createHmac } from "node:crypto";
+import { secretsEqual } from "@rollgate/protocol";
 
 /** `sha256=<hex HMAC-SHA256(body, secret)>`: the `X-Rollgate-Signature` of a callback body. */
 export function signBody(body: string | Buffer, secret: string): string {
@@ -12,7 +13,5 @@ export function signBody(body: string | Buffer, secret: string): string {
 export function verifySignature(body: string | Buffer, signature: string | string[] | undefined | null, secret: string): boolean {
   const given = Array.isArray(signature) ? signature[0] : signature;
   if (!given || !given.startsWith("sha256=")) return false;
-  const expected = Buffer.from(signBody(body, secret));
-  const actual = Buffer.from(given.trim());
-  return expected.length === actual.length && timingSafeEqual(expected, actual);
+  return secretsEqual(signBody(body, secret), given.trim());
 }

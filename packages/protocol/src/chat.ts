@@ -75,6 +75,16 @@ export const SamplingParams = z
   })
   .strict();
 export type SamplingParams = z.infer<typeof SamplingParams>;
+/** Every sampling parameter's name, in the schema's order (the one list; engine adapters copy these). */
+export const SAMPLING_KEYS = SamplingParams.keyof().options;
+export type SamplingKey = (typeof SAMPLING_KEYS)[number];
+
+/** The parameters of `s` that are set, in SAMPLING_KEYS order, leaving out the `except` ones. */
+export function definedSampling(s: SamplingParams, except: readonly SamplingKey[] = []): Partial<SamplingParams> {
+  const out: Record<string, unknown> = {};
+  for (const key of SAMPLING_KEYS) if (s[key] !== undefined && !except.includes(key)) out[key] = s[key];
+  return out as Partial<SamplingParams>;
+}
 
 export const CanonicalChatRequest = z.object({
   messages: z.array(ChatMessage).min(1),

@@ -10,3 +10,4 @@ export * from "./session.js";
 export * from "./task.js";
 export * from "./readiness.js";
 export * from "./preflight.js";
+export * from "./secrets.js";

@@ -240,6 +240,10 @@ export const TerminalStatus = z.enum(["completed", "failed", "timed_out", "cance
 export type TerminalStatus = z.infer<typeof TerminalStatus>;
 export const TaskStatus = z.enum(["queued", "running", ...TerminalStatus.options]);
 export type TaskStatus = z.infer<typeof TaskStatus>;
+/** Whether a status is one a task ends in (and never leaves): the one definition of "terminal". */
+export function isTerminalStatus(status: string): status is TerminalStatus {
+  return (TerminalStatus.options as readonly string[]).includes(status);
+}
 
 export const TaskError = z.object({
   kind: z.string(),

@@ -1,7 +1,5 @@
+import type { RedisClient } from "@rollgate/store";
 import { Cluster, Redis, type ClusterOptions, type RedisOptions } from "ioredis";
-
-/** A single Redis or a Redis Cluster; BullMQ and every store accept either. */
-export type RedisClient = Redis | Cluster;
 
 /**
  * Who holds the connection decides how it behaves when Redis is away:

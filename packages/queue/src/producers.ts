@@ -1,5 +1,5 @@
 import { Queue } from "bullmq";
-import type { RedisClient } from "./connection.js";
+import type { RedisClient } from "@rollgate/store";
 import type { CallbackJob, RolloutJob } from "./jobs.js";
 import { QueueName, queuePrefix } from "./names.js";
 

@@ -4,4 +4,5 @@ export * from "./sessions.js";
 export * from "./routing.js";
 export * from "./weights.js";
 export * from "./admin.js";
+export * from "./rate-limit.js";
 export * from "./client.js";

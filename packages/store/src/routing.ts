@@ -1,5 +1,6 @@
 import type { RedisClient } from "./client.js";
 import { keys, type Keys } from "./keys.js";
+import { scriptCommands, type LuaScript } from "./scripts.js";
 
 /** A routing target: one data-parallel rank of one engine, as `"<engine index>:<rank>"`. */
 export function rankMember(engine: number, dpRank: number): string {
@@ -16,7 +17,10 @@ export function parseRankMember(member: string): { engine: number; dpRank: numbe
 // least-loaded rank, and the rest of its group follows) and counts the new session on it,
 // atomically so concurrent session opens spread evenly.
 // KEYS: load zset, affinity key. ARGV: affinity ttl seconds (0 = no affinity), max skew, members...
-const ASSIGN_SCRIPT = `
+const ASSIGN_SCRIPT: LuaScript = {
+  name: "rollgateRankAssign",
+  numberOfKeys: 2,
+  lua: `
 local ttl = tonumber(ARGV[1])
 local skew = tonumber(ARGV[2])
 local valid = {}
@@ -42,16 +46,23 @@ end
 redis.call('ZINCRBY', KEYS[1], 1, least)
 if ttl > 0 then redis.call('SET', KEYS[2], least, 'EX', ttl) end
 return least
-`;
+`,
+};
 
 // Round robin: the next configured rank in turn, counted like the others.
 // KEYS: load zset, counter. ARGV: members...
-const ROUND_ROBIN_SCRIPT = `
+const ROUND_ROBIN_SCRIPT: LuaScript = {
+  name: "rollgateRankRoundRobin",
+  numberOfKeys: 2,
+  lua: `
 local n = redis.call('INCR', KEYS[2])
 local m = ARGV[((n - 1) % #ARGV) + 1]
 redis.call('ZINCRBY', KEYS[1], 1, m)
 return m
-`;
+`,
+};
+
+const routingScripts = (redis: RedisClient) => scriptCommands(redis, { assign: ASSIGN_SCRIPT, roundRobin: ROUND_ROBIN_SCRIPT });
 
 /**
  * How a new session picks its rank: `least_loaded` (default) takes the rank with the fewest open
@@ -66,6 +77,7 @@ export class RankRouter {
   private readonly k: Keys;
   private readonly affinityTtlSeconds: number;
   private readonly maxSkew: number;
+  private readonly scripts: ReturnType<typeof routingScripts>;
 
   /**
    * `maxSkew`: an affinity rank that has this many more open sessions than the least-loaded rank
@@ -77,6 +89,7 @@ export class RankRouter {
     options: { maxSkew?: number; affinityTtlSeconds?: number } = {},
   ) {
     this.k = keys(prefix);
+    this.scripts = routingScripts(redis);
     this.maxSkew = options.maxSkew ?? 16;
     this.affinityTtlSeconds = options.affinityTtlSeconds ?? 24 * 3600;
   }
@@ -85,13 +98,11 @@ export class RankRouter {
   async assign(members: string[], affinityKey: string | undefined, policy: RoutingPolicy = "affinity"): Promise<string | null> {
     if (members.length === 0) return null;
     if (policy === "round_robin") {
-      const res = await this.redis.eval(ROUND_ROBIN_SCRIPT, 2, this.k.rankLoad(), this.k.roundRobin(), ...members);
+      const res = await this.scripts.roundRobin(this.k.rankLoad(), this.k.roundRobin(), ...members);
       return typeof res === "string" ? res : null;
     }
     const ttl = affinityKey && policy === "affinity" ? this.affinityTtlSeconds : 0;
-    const res = await this.redis.eval(
-      ASSIGN_SCRIPT,
-      2,
+    const res = await this.scripts.assign(
       this.k.rankLoad(),
       this.k.affinity(affinityKey ?? "-"),
       String(ttl),

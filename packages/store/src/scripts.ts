@@ -1,20 +1,35 @@
-import { createHash } from "node:crypto";
 import type { RedisClient } from "./client.js";
 
-const shas = new Map<string, string>();
+/** A Lua script of the store: its command name (unique, `rollgate…`), how many of its arguments are keys, its body. */
+export interface LuaScript {
+  readonly name: string;
+  readonly numberOfKeys: number;
+  readonly lua: string;
+}
+
+/** A script as a command: its keys first, then its arguments. */
+export type ScriptCommand = (...keysThenArgs: string[]) => Promise<unknown>;
+
+const defined = new WeakMap<RedisClient, Set<string>>();
 
 /**
- * Runs a Lua script by its SHA (EVALSHA), sending the body only when the server does not know it
- * yet (NOSCRIPT: a new or restarted node, or another cluster node): per-call scripts then cost a
- * 40-byte hash on the wire instead of their whole text.
+ * The given scripts as commands of this connection, each registered with ioredis `defineCommand`
+ * once per connection (a second store on the same connection reuses them). ioredis runs a defined
+ * command by EVALSHA and sends the body only when the server does not know it yet (a fresh
+ * connection, a restarted or another cluster node, SCRIPT FLUSH), on Redis Cluster too.
  */
-export async function runScript(redis: RedisClient, script: string, keys: string[], args: string[]): Promise<unknown> {
-  let sha = shas.get(script);
-  if (!sha) shas.set(script, (sha = createHash("sha1").update(script).digest("hex")));
-  try {
-    return await redis.evalsha(sha, keys.length, ...keys, ...args);
-  } catch (err) {
-    if (!String((err as Error).message).startsWith("NOSCRIPT")) throw err;
-    return redis.eval(script, keys.length, ...keys, ...args);
+export function scriptCommands<N extends string>(redis: RedisClient, scripts: Record<N, LuaScript>): Record<N, ScriptCommand> {
+  let names = defined.get(redis);
+  if (!names) defined.set(redis, (names = new Set()));
+  const commands = redis as unknown as Record<string, ScriptCommand>;
+  const out = {} as Record<N, ScriptCommand>;
+  for (const key of Object.keys(scripts) as N[]) {
+    const { name, numberOfKeys, lua } = scripts[key];
+    if (!names.has(name)) {
+      redis.defineCommand(name, { numberOfKeys, lua });
+      names.add(name);
+    }
+    out[key] = (...keysThenArgs) => commands[name]!(...keysThenArgs);
   }
+  return out;
 }

@@ -1,9 +1,9 @@
-import { createHash, timingSafeEqual } from "node:crypto";
-import { Session, CompletionRecord, LostCall, RecordHead, ReplayDiverged, type CreateSessionRequest } from "@rollgate/protocol";
+import { createHash } from "node:crypto";
+import { secretsEqual, Session, CompletionRecord, LostCall, RecordHead, ReplayDiverged, type CreateSessionRequest } from "@rollgate/protocol";
 import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
-import { runScript } from "./scripts.js";
+import { scriptCommands, type LuaScript } from "./scripts.js";
 
 export type SessionAssignment = NonNullable<Session["assignment"]>;
 
@@ -18,23 +18,28 @@ export function hashToken(token: string): string {
 }
 
 export function tokenMatches(token: string, storedHash: string): boolean {
-  const a = Buffer.from(hashToken(token), "hex");
-  const b = Buffer.from(storedHash, "hex");
-  return a.length === b.length && timingSafeEqual(a, b);
+  return secretsEqual(Buffer.from(hashToken(token), "hex"), Buffer.from(storedHash, "hex"));
 }
 
 // Closes an open session in one step and returns the rank it held, so a double close never frees
 // the slot twice. KEYS: session. ARGV: closed_at.
-const CLOSE_SCRIPT = `
+const CLOSE_SCRIPT: LuaScript = {
+  name: "rollgateSessionClose",
+  numberOfKeys: 1,
+  lua: `
 if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return false end
 redis.call('HSET', KEYS[1], 'state', 'closed', 'closed_at', ARGV[1])
 return redis.call('HGET', KEYS[1], 'rank_member') or ''
-`;
+`,
+};
 
 // Stores a completion record and its head and adds its usage to the session's counters, in one
 // step. KEYS: records, record heads, session. ARGV: seq, record json, head json, prompt,
 // completion and cached tokens.
-const APPEND_RECORD_SCRIPT = `
+const APPEND_RECORD_SCRIPT: LuaScript = {
+  name: "rollgateSessionAppendRecord",
+  numberOfKeys: 3,
+  lua: `
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 redis.call('HINCRBY', KEYS[3], 'llm_calls', 1)
@@ -42,27 +47,39 @@ redis.call('HINCRBY', KEYS[3], 'prompt_tokens', ARGV[4])
 redis.call('HINCRBY', KEYS[3], 'completion_tokens', ARGV[5])
 redis.call('HINCRBY', KEYS[3], 'cached_tokens', ARGV[6])
 return 1
-`;
+`,
+};
 
 // Counts lost calls on a session and keeps the first cause. An unverified note (from a call that
 // could not be authenticated while Redis was away) carries the hash of the token it presented and
 // is written only if that token is the session's. KEYS: session. ARGV: count, first cause json,
 // token hash or "". Returns 1, or 0 when there is no such session (or the token is not its own).
-const LOST_CALL_SCRIPT = `
+const LOST_CALL_SCRIPT: LuaScript = {
+  name: "rollgateSessionLostCalls",
+  numberOfKeys: 1,
+  lua: `
 local hash = redis.call('HGET', KEYS[1], 'token_hash')
 if not hash then return 0 end
 if ARGV[3] ~= '' and ARGV[3] ~= hash then return 0 end
 redis.call('HINCRBY', KEYS[1], 'lost_calls', ARGV[1])
 redis.call('HSETNX', KEYS[1], 'lost_first', ARGV[2])
 return 1
-`;
+`,
+};
 
 // Gives one slot back on a rank, never below zero. KEYS: rank load. ARGV: member.
-const RELEASE_SCRIPT = `
+const RELEASE_SCRIPT: LuaScript = {
+  name: "rollgateRankRelease",
+  numberOfKeys: 1,
+  lua: `
 local load = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0')
 if load and load > 0 then redis.call('ZINCRBY', KEYS[1], -1, ARGV[1]) end
 return 1
-`;
+`,
+};
+
+const sessionScripts = (redis: RedisClient) =>
+  scriptCommands(redis, { close: CLOSE_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT });
 
 /**
  * The session key family: `session` (a hash: static JSON, state, token hash, assignment, counters)
@@ -70,11 +87,13 @@ return 1
  */
 export class SessionStore {
   private readonly k: Keys;
+  private readonly scripts: ReturnType<typeof sessionScripts>;
   constructor(
     private readonly redis: RedisClient,
     prefix: string,
   ) {
     this.k = keys(prefix);
+    this.scripts = sessionScripts(redis);
   }
 
   /** Creates a session; false when the id is taken. */
@@ -154,9 +173,9 @@ export class SessionStore {
   /** Returns true when this call closed it, false when it was already closed. */
   async close(id: string, now: Date): Promise<boolean> {
     // Two steps, because the session and the routing keys live in different cluster slots.
-    const member = await this.redis.eval(CLOSE_SCRIPT, 1, this.k.session(id), now.toISOString());
+    const member = await this.scripts.close(this.k.session(id), now.toISOString());
     if (typeof member !== "string") return false;
-    if (member !== "") await this.redis.eval(RELEASE_SCRIPT, 1, this.k.rankLoad(), member);
+    if (member !== "") await this.scripts.release(this.k.rankLoad(), member);
     return true;
   }
 
@@ -178,11 +197,16 @@ export class SessionStore {
     const sid = record.session_id;
     const u = record.usage;
     // One script instead of a six-command MULTI: the same atomic write, a fraction of the client work.
-    await runScript(
-      this.redis,
-      APPEND_RECORD_SCRIPT,
-      [this.k.records(sid), this.k.recordHeads(sid), this.k.session(sid)],
-      [String(record.seq), JSON.stringify(record), JSON.stringify(head), String(u.prompt_tokens), String(u.completion_tokens), String(u.cached_tokens)],
+    await this.scripts.appendRecord(
+      this.k.records(sid),
+      this.k.recordHeads(sid),
+      this.k.session(sid),
+      String(record.seq),
+      JSON.stringify(record),
+      JSON.stringify(head),
+      String(u.prompt_tokens),
+      String(u.completion_tokens),
+      String(u.cached_tokens),
     );
   }
 
@@ -199,7 +223,7 @@ export class SessionStore {
    * if the token is the session's. False when nothing was written (no such session, other token).
    */
   async noteLostCalls(id: string, lost: { count: number; first: LostCall }, presentedTokenHash: string | null = null): Promise<boolean> {
-    const res = await runScript(this.redis, LOST_CALL_SCRIPT, [this.k.session(id)], [String(lost.count), JSON.stringify(LostCall.parse(lost.first)), presentedTokenHash ?? ""]);
+    const res = await this.scripts.lostCalls(this.k.session(id), String(lost.count), JSON.stringify(LostCall.parse(lost.first)), presentedTokenHash ?? "");
     return res === 1;
   }
 

@@ -270,17 +270,28 @@ describe("TaskStore", () => {
   });
 });
 
-describe("runScript", () => {
-  it("runs a script by its SHA, loading it when the server does not know it", async () => {
-    const { runScript } = await import("./scripts.js");
-    const key = `${prefix}-script:k`;
-    // A script no server has seen (its comment is random): the first call finds NOSCRIPT.
-    const script = `return redis.call('INCRBY', KEYS[1], ARGV[1]) -- ${Math.random()}`;
-    expect(await runScript(redis, script, [key], ["2"])).toBe(2);
-    const sha = (await import("node:crypto")).createHash("sha1").update(script).digest("hex");
-    expect(await redis.script("EXISTS", sha)).toEqual([1]);
-    // Known now: EVALSHA alone.
-    expect(await runScript(redis, script, [key], ["3"])).toBe(5);
-    await redis.del(key);
+describe("Lua scripts (ioredis defineCommand)", () => {
+  it("work on a fresh connection, again after SCRIPT FLUSH, and once defined per connection", async () => {
+    // A connection no script was ever defined or run on.
+    const fresh = new Redis(url);
+    try {
+      const store = new TaskStore(fresh, `${prefix}-script`);
+      await store.create(taskInput("t-s1"), new Date());
+      expect(await store.markRunning("t-s1", { worker: "w", attempt: 1, sessionId: "s-1", now: new Date() })).toBe(true);
+      expect(await store.requeue("t-s1", {})).toBe(true);
+      // The server forgets every script (as a restarted or another cluster node would): the same
+      // scripts, which this connection has run, still work (ioredis resends the body on NOSCRIPT).
+      await fresh.script("FLUSH");
+      expect(await store.markRunning("t-s1", { worker: "w", attempt: 2, sessionId: "s-2", now: new Date() })).toBe(true);
+      expect(await store.requeue("t-s1", {})).toBe(true);
+      expect(await store.status("t-s1")).toBe("queued");
+      // A second store on the same connection uses the same commands.
+      const again = new TaskStore(fresh, `${prefix}-script`);
+      expect(await again.markRunning("t-s1", { worker: "w", attempt: 3, sessionId: "s-3", now: new Date() })).toBe(true);
+      expect(await again.finish("t-s1", resultOf("t-s1", "completed"), new Date(), 60)).toBe(true);
+      expect(await store.finish("t-s1", resultOf("t-s1", "failed"), new Date(), 60)).toBe(false);
+    } finally {
+      fresh.disconnect();
+    }
   });
 });

@@ -4,28 +4,36 @@ import {
   Task,
   TaskResult,
   TaskStatus,
+  TerminalStatus,
   type AcceptedTask,
   type GroupBranch,
   type TaskEvent,
   type TaskEventType,
   type TaskRecord,
-  type TerminalStatus,
 } from "@rollgate/protocol";
 import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
+import { scriptCommands, type LuaScript } from "./scripts.js";
 
 const MAX_EVENTS = 2_000;
 const MAX_LOG_BYTES = 256 * 1024;
+
+// Lua: `terminal[s]` is true for the statuses a task ends in (the protocol's list, not a copy).
+const TERMINAL_LUA = `local terminal = {${TerminalStatus.options.map((s) => `['${s}'] = true`).join(", ")}}`;
 
 // Writes a terminal result unless the task already has one, and appends the terminal event, in
 // one step: a cancel racing a finishing worker produces exactly one result. A pending callback
 // state is written in the same step, so a worker that dies right after cannot leave a result
 // whose callback nobody will send (the next run of the job queues it).
 // KEYS: task, events. ARGV: status, finished_at, result json, ttl, event json, maxlen, callback json or "".
-const FINISH_SCRIPT = `
+const FINISH_SCRIPT: LuaScript = {
+  name: "rollgateTaskFinish",
+  numberOfKeys: 2,
+  lua: `
+${TERMINAL_LUA}
 local s = redis.call('HGET', KEYS[1], 'status')
-if s == 'completed' or s == 'failed' or s == 'timed_out' or s == 'cancelled' then return 0 end
+if terminal[s] then return 0 end
 if not redis.call('HGET', KEYS[1], 'task') then return -1 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'finished_at', ARGV[2], 'result', ARGV[3])
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'callback', ARGV[7]) end
@@ -33,10 +41,14 @@ redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 return 1
-`;
+`,
+};
 
 // KEYS: group hash, group's finished-task set. ARGV: task id, group id.
-const GROUP_FINISHED_SCRIPT = `
+const GROUP_FINISHED_SCRIPT: LuaScript = {
+  name: "rollgateGroupTaskFinished",
+  numberOfKeys: 2,
+  lua: `
 local size = redis.call('HGET', KEYS[1], 'size')
 local cb = redis.call('HGET', KEYS[1], 'callback')
 if not size or not cb or cb == '' then return 0 end
@@ -47,22 +59,45 @@ if redis.call('SCARD', KEYS[2]) >= tonumber(size) then
   return redis.call('HGET', KEYS[1], 'delivery') or ('group-' .. ARGV[2])
 end
 return 0
-`;
+`,
+};
 
 // KEYS: task. ARGV: started_at, worker, attempt, session id. Never revives a task that ended.
-const MARK_RUNNING_SCRIPT = `
+const MARK_RUNNING_SCRIPT: LuaScript = {
+  name: "rollgateTaskMarkRunning",
+  numberOfKeys: 1,
+  lua: `
+${TERMINAL_LUA}
 local s = redis.call('HGET', KEYS[1], 'status')
-if s == 'completed' or s == 'failed' or s == 'timed_out' or s == 'cancelled' or not s then return 0 end
+if not s or terminal[s] then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1], 'worker', ARGV[2], 'attempts', ARGV[3], 'session_id', ARGV[4])
 return 1
-`;
+`,
+};
 
 // KEYS: task. Puts a running task back to queued (an attempt given up for a retry); never an ended one.
-const REQUEUE_SCRIPT = `
+const REQUEUE_SCRIPT: LuaScript = {
+  name: "rollgateTaskRequeue",
+  numberOfKeys: 1,
+  lua: `
 if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'queued')
 return 1
-`;
+`,
+};
+
+const taskScripts = (redis: RedisClient) =>
+  scriptCommands(redis, { finish: FINISH_SCRIPT, groupFinished: GROUP_FINISHED_SCRIPT, markRunning: MARK_RUNNING_SCRIPT, requeue: REQUEUE_SCRIPT });
+
+function readCallback(raw: string | null): CallbackState | null {
+  if (!raw) return null;
+  try {
+    const parsed = CallbackState.safeParse(JSON.parse(raw));
+    return parsed.success ? parsed.data : null;
+  } catch {
+    return null;
+  }
+}
 
 export interface TaskPage {
   tasks: TaskRecord[];
@@ -79,11 +114,13 @@ export type GroupBranchSpec = Omit<GroupBranch, "rewards">;
  */
 export class TaskStore {
   private readonly k: Keys;
+  private readonly scripts: ReturnType<typeof taskScripts>;
   constructor(
     private readonly redis: RedisClient,
     prefix: string,
   ) {
     this.k = keys(prefix);
+    this.scripts = taskScripts(redis);
   }
 
   /** Creates the task unless one with the same id exists; returns whether it was created. */
@@ -147,9 +184,7 @@ export class TaskStore {
    * worker picking it up): then nothing changes and it returns false.
    */
   async markRunning(id: string, fields: { worker: string; attempt: number; sessionId: string; now: Date }): Promise<boolean> {
-    const res = await this.redis.eval(
-      MARK_RUNNING_SCRIPT,
-      1,
+    const res = await this.scripts.markRunning(
       this.k.task(id),
       fields.now.toISOString(),
       fields.worker,
@@ -167,7 +202,7 @@ export class TaskStore {
    * (it ended meanwhile, e.g. cancelled).
    */
   async requeue(id: string, data: Record<string, unknown>, now = new Date()): Promise<boolean> {
-    const res = await this.redis.eval(REQUEUE_SCRIPT, 1, this.k.task(id));
+    const res = await this.scripts.requeue(this.k.task(id));
     if (res !== 1) return false;
     await this.appendEvent(id, "retrying", data, now);
     return true;
@@ -180,9 +215,7 @@ export class TaskStore {
   /** Stores the one terminal result (false: the task already had one); `callback`: its delivery state, set in the same step. */
   async finish(id: string, result: TaskResult, now: Date, ttlSeconds: number, callback: CallbackState | null = null): Promise<boolean> {
     const event = JSON.stringify({ type: "terminal", at: now.toISOString(), data: { status: result.status, reward: result.reward, error: result.error } });
-    const res = await this.redis.eval(
-      FINISH_SCRIPT,
-      2,
+    const res = await this.scripts.finish(
       this.k.task(id),
       this.k.taskEvents(id),
       result.status satisfies TerminalStatus,
@@ -241,6 +274,22 @@ export class TaskStore {
       const e = JSON.parse(raw) as Omit<TaskEvent, "id">;
       return { id: eventId, type: e.type, at: e.at, data: e.data ?? {} };
     });
+  }
+
+  /**
+   * The status and callback delivery state of the newest `limit` tasks of the task index, and how
+   * many tasks the index holds (for metrics). Two hash fields per task, by concurrent commands, not
+   * a pipeline (on a Redis Cluster each task has its own slot). Tasks whose record expired (result
+   * TTL) are left out; an unreadable callback state reads as null.
+   */
+  async recentStates(limit: number): Promise<{ indexed: number; tasks: { status: TaskStatus; callback: CallbackState | null }[] }> {
+    const [ids, indexed] = await Promise.all([this.redis.zrevrange(this.k.taskIndex(), 0, limit - 1), this.redis.zcard(this.k.taskIndex())]);
+    const rows = await Promise.all(ids.map((id) => this.redis.hmget(this.k.task(id), "status", "callback")));
+    const tasks = rows.flatMap(([status, callback]) => {
+      const s = TaskStatus.safeParse(status);
+      return s.success ? [{ status: s.data, callback: readCallback(callback ?? null) }] : [];
+    });
+    return { indexed, tasks };
   }
 
   /**
@@ -322,7 +371,7 @@ export class TaskStore {
    * it returns the same id: the delivery's job id is fixed, so the queue drops the repeat.
    */
   async groupTaskFinished(groupId: string, taskId: string): Promise<string | null> {
-    const res = await this.redis.eval(GROUP_FINISHED_SCRIPT, 2, this.k.group(groupId), this.k.groupFinished(groupId), taskId, groupId);
+    const res = await this.scripts.groupFinished(this.k.group(groupId), this.k.groupFinished(groupId), taskId, groupId);
     return typeof res === "string" ? res : null;
   }
 

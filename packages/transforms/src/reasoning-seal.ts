@@ -1,4 +1,5 @@
-import { createCipheriv, createDecipheriv, createHash, createHmac, timingSafeEqual } from "node:crypto";
+import { createCipheriv, createDecipheriv, createHash, createHmac } from "node:crypto";
+import { secretsEqual } from "@rollgate/protocol";
 
 /**
  * Reasoning the gateway hands to an agent and must get back intact: Anthropic `thinking` blocks
@@ -18,9 +19,7 @@ export function signReasoning(key: string, text: string): string {
 }
 
 export function verifyReasoning(key: string, text: string, signature: string): boolean {
-  const expected = Buffer.from(signReasoning(key, text));
-  const given = Buffer.from(signature);
-  return expected.length === given.length && timingSafeEqual(expected, given);
+  return secretsEqual(signReasoning(key, text), signature);
 }
 
 /** `encrypted_content` for a Responses reasoning item: AES-256-GCM, iv‖tag‖ciphertext, base64url. */

@@ -2,11 +2,11 @@ import { randomUUID } from "node:crypto";
 import { closeSync, openSync, writeSync } from "node:fs";
 import path from "node:path";
 import { isTerminal, type TaskResult } from "@rollgate/client";
-import type { TaskInput, TaskStatus } from "@rollgate/protocol";
+import { TerminalStatus, type TaskInput, type TaskStatus } from "@rollgate/protocol";
 import { UsageError, numberOption, type CommandSpec } from "../framework.js";
 import { EXIT, fmt, statusColor, type Context } from "../output.js";
 import { ProgressView, emptyCounts, type ProgressCounts } from "../progress.js";
-import { TERMINAL_STATUSES as STATUSES, describeCounts, describeExits, listIds, mean, statusRows, std } from "../summary.js";
+import { describeCounts, describeExits, listIds, mean, statusRows, std } from "../summary.js";
 import { renderTable } from "../table.js";
 import { TasksFileError, readTasksFile } from "../tasks-file.js";
 
@@ -198,7 +198,7 @@ timed out or were cancelled.`,
       ended: results.length,
       unfinished,
       interrupted,
-      by_status: Object.fromEntries(STATUSES.map((st) => [st, rows.find((r) => r.status === st)?.tasks ?? 0])),
+      by_status: Object.fromEntries(TerminalStatus.options.map((st) => [st, rows.find((r) => r.status === st)?.tasks ?? 0])),
       statuses: rows,
       mean_reward: mean(rewards),
       llm_calls: results.reduce((a, r) => a + r.usage.llm_calls, 0),

@@ -1,11 +1,11 @@
 import type { TaskRecord } from "@rollgate/client";
-import type { TaskStatus } from "@rollgate/protocol";
+import { TaskStatus } from "@rollgate/protocol";
 import { numberOption, type CommandSpec } from "../framework.js";
 import { nonzeroExit } from "../summary.js";
 import { renderTable } from "../table.js";
 import { EXIT, fmt, statusColor, type Context } from "../output.js";
 
-const STATUSES = ["queued", "running", "completed", "failed", "timed_out", "cancelled"] as const;
+const STATUSES = TaskStatus.options;
 
 /** How long ago, in a few characters ("4s", "12m", "3h", "2d"). */
 export function ago(iso: string | null, now: number): string {

@@ -1,5 +1,5 @@
 import { makeToolCallId, parseWhole, type ParsedDelta } from "@rollgate/models";
-import type { AssistantOutput, TokenLogprob } from "@rollgate/protocol";
+import { definedSampling, type AssistantOutput, type TokenLogprob } from "@rollgate/protocol";
 import { StreamAccumulator, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
@@ -29,9 +29,8 @@ export function buildSglangGenerateBody(call: TokenInCall, keepSpecialTokens = f
   const sampling: Record<string, unknown> = {};
   if (keepSpecialTokens) sampling.skip_special_tokens = false;
   if (maxNew !== undefined) sampling.max_new_tokens = maxNew;
-  for (const key of ["temperature", "top_p", "top_k", "min_p", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty"] as const) {
-    if (s[key] !== undefined) sampling[key] = s[key];
-  }
+  // max_tokens and seed go by SGLang's own names (max_new_tokens above, sampling_seed below).
+  Object.assign(sampling, definedSampling(s, ["max_tokens", "seed"]));
   if (s.seed !== undefined) sampling.sampling_seed = s.seed;
   return {
     input_ids: call.tokenIds,

@@ -1,5 +1,5 @@
 import { parseWhole, type ParsedDelta } from "@rollgate/models";
-import type { TokenLogprob } from "@rollgate/protocol";
+import { definedSampling, type TokenLogprob } from "@rollgate/protocol";
 import { StreamAccumulator, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
@@ -34,9 +34,8 @@ export function buildVllmCompletionBody(call: TokenInCall): Record<string, unkno
   };
   if (maxTokens !== undefined) body.max_tokens = maxTokens;
   if (req.stream) body.stream_options = { include_usage: true };
-  for (const key of ["temperature", "top_p", "top_k", "min_p", "stop", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty"] as const) {
-    if (s[key] !== undefined) body[key] = s[key];
-  }
+  // max_tokens is set above (bounded by the model length when the task sets none).
+  Object.assign(body, definedSampling(s, ["max_tokens"]));
   return body;
 }
 

@@ -1,5 +1,5 @@
 import { templateFields, type ModelProfile } from "@rollgate/models";
-import type { CanonicalChatRequest, ChatMessage, TokenLogprob } from "@rollgate/protocol";
+import { definedSampling, type CanonicalChatRequest, type ChatMessage, type TokenLogprob } from "@rollgate/protocol";
 import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
@@ -68,20 +68,7 @@ export function buildVllmChatBody(model: string, req: CanonicalChatRequest, prof
   if (req.tools) body.tools = req.tools;
   if (req.tool_choice) body.tool_choice = req.tool_choice;
   Object.assign(body, templateFields(profile, req), promptIdsFields(promptIds));
-  for (const key of [
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "max_tokens",
-    "stop",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-  ] as const) {
-    if (s[key] !== undefined) body[key] = s[key];
-  }
+  Object.assign(body, definedSampling(s));
   return body;
 }
 

@@ -1,7 +1,6 @@
 import { AsyncLocalStorage } from "node:async_hooks";
-import type { CompletionRecord } from "@rollgate/protocol";
-import type { RedisClient } from "@rollgate/queue";
-import { keys, parseRankMember, type RankRouter } from "@rollgate/store";
+import { TaskStatus, type CompletionRecord } from "@rollgate/protocol";
+import { parseRankMember, type RankRouter, type TaskStore } from "@rollgate/store";
 import type { Queue } from "bullmq";
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
 import type { PreparedCall } from "../llm/chat-call.js";
@@ -29,8 +28,7 @@ export interface RequestScope {
 export const requestScope = new AsyncLocalStorage<RequestScope>();
 
 export interface MetricSources {
-  redis: RedisClient;
-  keyPrefix: string;
+  tasks: TaskStore;
   router: RankRouter;
   members: () => string[];
   paused: () => boolean;
@@ -39,7 +37,6 @@ export interface MetricSources {
   queues: Queue[];
 }
 
-const TASK_STATUSES = ["queued", "running", "completed", "failed", "timed_out", "cancelled"] as const;
 const CALLBACK_STATES = ["pending", "retrying", "delivered", "failed"] as const;
 const JOB_STATES = ["waiting", "active", "delayed", "prioritized", "waiting-children", "completed", "failed"] as const;
 
@@ -229,7 +226,7 @@ export class GatewayMetrics {
     this.inflight.set(src.inflight());
     await Promise.all([
       guard("queues", this.refreshQueues(src.queues)),
-      guard("tasks", this.refreshTasks(src.redis, src.keyPrefix)),
+      guard("tasks", this.refreshTasks(src.tasks)),
       guard("routing", this.refreshRouting(src)),
       guard("weights", this.refreshWeights(src)),
     ]);
@@ -248,33 +245,24 @@ export class GatewayMetrics {
   }
 
   /**
-   * Tasks by status and callback state: the newest `taskScan` tasks of the task index, two hash
-   * fields each (concurrent commands, not a pipeline: on a Redis Cluster each task has its own
-   * slot). Older tasks are not counted, and tasks whose record
-   * expired (result TTL) drop out; `rollgate_tasks_indexed` says how many the index holds.
+   * Tasks by status and callback state: the newest `taskScan` tasks of the task index (read by
+   * the task store). Older tasks are not counted, and tasks whose record expired (result TTL) drop
+   * out; `rollgate_tasks_indexed` says how many the index holds.
    */
-  private async refreshTasks(redis: RedisClient, prefix: string): Promise<void> {
-    const k = keys(prefix);
-    const [ids, total] = await Promise.all([redis.zrevrange(k.taskIndex(), 0, this.taskScan - 1), redis.zcard(k.taskIndex())]);
-    const byStatus: Record<string, number> = Object.fromEntries(TASK_STATUSES.map((s) => [s, 0]));
+  private async refreshTasks(store: TaskStore): Promise<void> {
+    const { indexed, tasks } = await store.recentStates(this.taskScan);
+    const byStatus: Record<string, number> = Object.fromEntries(TaskStatus.options.map((s) => [s, 0]));
     const byCallback: Record<string, number> = Object.fromEntries(CALLBACK_STATES.map((s) => [s, 0]));
-    let scanned = 0;
-    if (ids.length) {
-      const rows = await Promise.all(ids.map((id) => redis.hmget(k.task(id), "status", "callback")));
-      for (const [status, callback] of rows) {
-        if (!status) continue; // expired
-        scanned++;
-        byStatus[status] = (byStatus[status] ?? 0) + 1;
-        const cb = parseCallback(callback ?? null);
-        if (!cb || cb.state === "none") continue;
-        const state = cb.state === "pending" && cb.attempts > 0 ? "retrying" : cb.state;
-        byCallback[state] = (byCallback[state] ?? 0) + 1;
-      }
+    for (const { status, callback: cb } of tasks) {
+      byStatus[status] = (byStatus[status] ?? 0) + 1;
+      if (!cb || cb.state === "none") continue;
+      const state = cb.state === "pending" && cb.attempts > 0 ? "retrying" : cb.state;
+      byCallback[state] = (byCallback[state] ?? 0) + 1;
     }
     for (const [status, n] of Object.entries(byStatus)) this.tasks.set({ status }, n);
     for (const [state, n] of Object.entries(byCallback)) this.callbacks.set({ state }, n);
-    this.tasksScanned.set(scanned);
-    this.tasksIndexed.set(total);
+    this.tasksScanned.set(tasks.length);
+    this.tasksIndexed.set(indexed);
   }
 
   private async refreshRouting(src: MetricSources): Promise<void> {
@@ -295,15 +283,5 @@ export class GatewayMetrics {
     const version = await src.weightVersion();
     this.weightVersion.reset();
     if (version !== null) this.weightVersion.set({ version }, 1);
-  }
-}
-
-function parseCallback(raw: string | null): { state: string; attempts: number } | null {
-  if (!raw) return null;
-  try {
-    const v = JSON.parse(raw) as { state?: unknown; attempts?: unknown };
-    return typeof v.state === "string" ? { state: v.state, attempts: typeof v.attempts === "number" ? v.attempts : 0 } : null;
-  } catch {
-    return null;
   }
 }

@@ -1,6 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { parseAdminMessage, type AdminMessage, type AdminStore, type PauseState } from "@rollgate/store";
-import type { RedisClient } from "@rollgate/queue";
+import { parseAdminMessage, type AdminMessage, type AdminStore, type PauseState, type RedisClient } from "@rollgate/store";
 import type { Logger } from "pino";
 
 export interface GateSlot {

@@ -30,8 +30,7 @@ export function metricsRoutes(ctx: GatewayContext, metrics: GatewayMetrics): Fas
 
     app.get("/metrics", { schema }, async (_req, reply) => {
       await metrics.refresh({
-        redis: ctx.redis,
-        keyPrefix: ctx.env.ROLLGATE_KEY_PREFIX,
+        tasks: ctx.tasks,
         router: ctx.router,
         members: () => ctx.registry.members(),
         paused: () => ctx.pause.paused !== null,

@@ -1,7 +1,8 @@
-import { createHash, timingSafeEqual } from "node:crypto";
+import { createHash } from "node:crypto";
 import { createBullBoard } from "@bull-board/api";
 import { BullMQAdapter } from "@bull-board/api/bullMQAdapter";
 import { FastifyAdapter } from "@bull-board/fastify";
+import { secretsEqual } from "@rollgate/protocol";
 import { callbackQueue } from "@rollgate/queue";
 import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from "fastify";
 import type { GatewayContext } from "../context.js";
@@ -13,12 +14,6 @@ const COOKIE = "rollgate_admin";
 /** The cookie holds a hash of the key, never the key itself. */
 function cookieToken(apiKey: string): string {
   return createHash("sha256").update(`rollgate-admin-cookie\0${apiKey}`).digest("base64url");
-}
-
-function same(a: string, b: string): boolean {
-  const x = Buffer.from(a);
-  const y = Buffer.from(b);
-  return x.length === y.length && timingSafeEqual(x, y);
 }
 
 function cookie(req: FastifyRequest, name: string): string | undefined {
@@ -39,12 +34,12 @@ function requireAdminKey(apiKey: string | undefined) {
   return async (req: FastifyRequest, reply: FastifyReply) => {
     if (!apiKey) return;
     const auth = req.headers.authorization;
-    if (auth?.startsWith("Bearer ") && same(auth.slice(7).trim(), apiKey)) return;
+    if (auth?.startsWith("Bearer ") && secretsEqual(auth.slice(7).trim(), apiKey)) return;
     const expected = cookieToken(apiKey);
     const fromCookie = cookie(req, COOKIE);
-    if (fromCookie && same(fromCookie, expected)) return;
+    if (fromCookie && secretsEqual(fromCookie, expected)) return;
     const key = (req.query as Record<string, unknown> | undefined)?.key;
-    if (typeof key === "string" && same(key, apiKey)) {
+    if (typeof key === "string" && secretsEqual(key, apiKey)) {
       reply.header("set-cookie", `${COOKIE}=${expected}; Path=${QUEUES_BASE_PATH}; HttpOnly; SameSite=Strict`);
       if (req.method === "GET" && (req.headers.accept ?? "").includes("text/html")) {
         const url = new URL(req.url, "http://gateway");

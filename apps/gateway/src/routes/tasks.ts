@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { BatchRequest, BranchAccepted, BranchRequest, Task, TaskAccepted, TaskEvent, TaskListQuery, TaskRecord, type AcceptedTask, type TaskResult, type TaskStatus } from "@rollgate/protocol";
+import { BatchRequest, BranchAccepted, BranchRequest, Task, TaskAccepted, TaskEvent, TaskListQuery, TaskRecord, isTerminalStatus, type AcceptedTask, type TaskResult, type TaskStatus } from "@rollgate/protocol";
 import type { FastifyPluginAsync } from "fastify";
 import type { ZodTypeProvider } from "fastify-type-provider-zod";
 import { z } from "zod";
@@ -15,7 +15,6 @@ const CancelAnswer = named("CancelAnswer", z.object({ id: z.string(), status: z.
 const EventsQuery = z.object({ after: z.string().optional().describe("event id to resume after (or the Last-Event-ID header)") });
 const tags = ["tasks"];
 const security = TRAINER_SECURITY;
-const TERMINAL = new Set<TaskStatus>(["completed", "failed", "timed_out", "cancelled"]);
 const EVENT_POLL_MS = 250;
 const HEARTBEAT_MS = 15_000;
 
@@ -106,7 +105,7 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const body = req.body;
       const source = await ctx.tasks.get(req.params.id);
       if (!source) return reply.code(404).send(errorBody("not_found", `no task ${req.params.id}`));
-      if (!TERMINAL.has(source.status) || !source.session_id) {
+      if (!isTerminalStatus(source.status) || !source.session_id) {
         return reply.code(409).send(errorBody("conflict", `task ${source.id} is ${source.status}: a rollout can be branched once it has ended`));
       }
       const records = await ctx.sessions.records(source.session_id);
@@ -184,7 +183,7 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const record = await ctx.tasks.get(id);
       if (!record) return reply.code(404).send(errorBody("not_found", `no task ${id}`));
       if (record.status === "cancelled") return reply.code(200).send({ id, status: "cancelled" });
-      if (TERMINAL.has(record.status)) {
+      if (isTerminalStatus(record.status)) {
         return reply.code(409).send(errorBody("conflict", `task ${id} already ended as ${record.status}`));
       }
       const reason = "cancelled by DELETE /v1/tasks/:id";

@@ -120,6 +120,7 @@ export class DockerRuntime implements SandboxRuntime {
       await p;
     } catch (err) {
       const msg = (err as Error).message;
+      // A 404 is typed; a failure reported mid-pull arrives only as the text of Docker's progress stream.
       if (statusOf(err) === 404 || /not found|denied|manifest unknown|invalid reference/i.test(msg)) {
         throw new SandboxUnavailable(`cannot pull image ${image}: ${msg}`);
       }
