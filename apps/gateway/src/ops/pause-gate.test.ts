@@ -6,14 +6,10 @@
  */
 import { randomUUID } from "node:crypto";
 import { Writable } from "node:stream";
-import { duplicateClient } from "@rollgate/queue";
-import { AdminStore } from "@rollgate/store";
-import { Redis } from "ioredis";
 import { pino } from "pino";
 import { afterAll, describe, expect, it } from "vitest";
-import { TEST_REDIS_URL, dropPrefixes } from "../__fixtures__/harness.js";
-import { AdminChannel } from "./admin-channel.js";
-import { PauseGate } from "./pause-gate.js";
+import { adminReplica } from "../__fixtures__/admin-replica.js";
+import { dropPrefixes } from "../__fixtures__/harness.js";
 
 const prefix = `test-pausegate-${randomUUID().slice(0, 8)}`;
 afterAll(() => dropPrefixes([prefix]));
@@ -29,29 +25,11 @@ function captureLog() {
   return { log: pino({ level: "info" }, sink), lines };
 }
 
-/** One replica's gate on its own Redis connections; `close` ends it. */
-async function replica(keyPrefix: string) {
-  const redis = new Redis(TEST_REDIS_URL, { maxRetriesPerRequest: 1 });
-  const admin = new AdminStore(redis, keyPrefix);
-  const channel = new AdminChannel(admin, duplicateClient(redis));
-  const gate = new PauseGate(admin, channel, pino({ level: "silent" }), async () => null);
-  await gate.start();
-  return {
-    admin,
-    gate,
-    close: async () => {
-      await gate.stop();
-      channel.close();
-      redis.disconnect();
-    },
-  };
-}
-
 describe("PauseGate", () => {
   it("holds new calls while another replica has inference paused, lets them go at resume, and follows the weight version", async () => {
     const p = `${prefix}-gate`;
-    const here = await replica(p);
-    const other = await replica(p);
+    const here = await adminReplica(p);
+    const other = await adminReplica(p);
     try {
       const inFlight = await here.gate.enter(new AbortController().signal, "0:0");
       await other.admin.pause({ mode: "abort", since: new Date().toISOString(), id: "p1" });
@@ -89,9 +67,9 @@ describe("PauseGate", () => {
 
   it("a replica that starts while inference is paused is paused", async () => {
     const p = `${prefix}-late`;
-    const first = await replica(p);
+    const first = await adminReplica(p);
     await first.admin.pause({ mode: "drain", since: new Date().toISOString(), id: "p2" });
-    const late = await replica(p);
+    const late = await adminReplica(p);
     try {
       expect(late.gate.paused).toMatchObject({ mode: "drain", id: "p2" });
       const client = new AbortController();
@@ -107,13 +85,9 @@ describe("PauseGate", () => {
   });
 
   it("logs and counts an in-flight report Redis did not take, with the replica and the count", async () => {
-    const redis = new Redis(TEST_REDIS_URL, { maxRetriesPerRequest: 1 });
-    const admin = new AdminStore(redis, prefix);
-    const channel = new AdminChannel(admin, duplicateClient(redis));
     const { log, lines } = captureLog();
     const failures: string[] = [];
-    const gate = new PauseGate(admin, channel, log, async () => null, (op) => failures.push(op));
-    await gate.start();
+    const { redis, gate, close } = await adminReplica(prefix, { log, onFailure: (op) => failures.push(op) });
     expect(failures).toEqual([]);
 
     // Redis goes away for this replica: its connection is closed, so every write is refused.
@@ -124,8 +98,7 @@ describe("PauseGate", () => {
     expect(line).toMatchObject({ level: 40, replica: gate.replicaId, inflight: 1, msg: expect.stringContaining("failed") });
     expect(String(line!.err)).toMatch(/closed/i);
     slot.release();
-    await gate.stop();
-    channel.close();
+    await close();
     expect(failures).toContain("forget_replica");
   });
 });

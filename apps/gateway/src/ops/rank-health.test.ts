@@ -4,14 +4,9 @@
  * not rank changes, and rank changes do not pause anything.
  */
 import { randomUUID } from "node:crypto";
-import { duplicateClient } from "@rollgate/queue";
-import { AdminStore } from "@rollgate/store";
-import { Redis } from "ioredis";
-import { pino } from "pino";
 import { afterAll, describe, expect, it } from "vitest";
-import { TEST_REDIS_URL, dropPrefixes } from "../__fixtures__/harness.js";
-import { AdminChannel } from "./admin-channel.js";
-import { PauseGate } from "./pause-gate.js";
+import { adminReplica } from "../__fixtures__/admin-replica.js";
+import { dropPrefixes } from "../__fixtures__/harness.js";
 import { RankHealthBus } from "./rank-health.js";
 
 const prefix = `test-rankhealth-${randomUUID().slice(0, 8)}`;
@@ -19,26 +14,12 @@ afterAll(() => dropPrefixes([prefix]));
 
 /** One replica as app.ts wires it: one admin channel heard by its pause gate and its rank-health bus. */
 async function replica() {
-  const redis = new Redis(TEST_REDIS_URL, { maxRetriesPerRequest: 1 });
-  const admin = new AdminStore(redis, prefix);
-  const channel = new AdminChannel(admin, duplicateClient(redis));
-  const gate = new PauseGate(admin, channel, pino({ level: "silent" }));
-  await gate.start();
-  const bus = new RankHealthBus(admin, channel);
+  const r = await adminReplica(prefix);
+  const bus = new RankHealthBus(r.admin, r.channel);
   const heard: [string, boolean][] = [];
   bus.onChange((member, down) => heard.push([member, down]));
   await bus.start();
-  return {
-    admin,
-    gate,
-    bus,
-    heard,
-    close: async () => {
-      await gate.stop();
-      channel.close();
-      redis.disconnect();
-    },
-  };
+  return { ...r, bus, heard };
 }
 
 describe("RankHealthBus", () => {
