@@ -273,8 +273,8 @@ export class ChatCaller {
    * Returns the whole answer, once recorded.
    */
   private async *run(call: PreparedCall, streamed: boolean): AsyncGenerator<EngineStreamEvent, EngineResult> {
-    /** What the agent has been given so far, over every attempt. */
-    const shown = new StreamAccumulator();
+    /** What a streamed agent has been given so far, over every attempt (a cut answer's message). */
+    const shown = streamed ? new StreamAccumulator() : null;
     let cut: CutGeneration | null = null;
     let movedAfterFailure = false;
     for (;;) {
@@ -296,7 +296,7 @@ export class ChatCaller {
           if (event.type === "finish" && this.canContinue(call) && (await this.cutByPause(event.finish_reason, slot))) heldFinish = true;
           // The agent already has its start; usage is told once, for the whole answer.
           if ((event.type === "start" && cut) || (event.type === "usage" && (heldFinish || cut)) || heldFinish) continue;
-          shown.push(event);
+          shown?.push(event);
           yielded = true;
           yield event;
         }
@@ -325,7 +325,7 @@ export class ChatCaller {
       }
       // The agent got the cut pieces and the rest as one answer: it is recorded as one, and a
       // streamed agent is told its usage once, for the whole of it.
-      const result = cut ? await this.joinCut(call, cut, piece, version, streamed ? shown.result() : null) : piece!;
+      const result = cut ? await this.joinCut(call, cut, piece, version, shown?.result() ?? null) : piece!;
       if (cut) yield { type: "usage", usage: result.usage };
       await this.record(call, result);
       return result;
