@@ -2,7 +2,7 @@
  * Tests need a real Redis. When REDIS_URL is not set and nothing answers at 127.0.0.1:6379, start a
  * private redis-server for the run (if one is installed) so `npm test` works on a fresh machine.
  */
-import { DEFAULT_REDIS_URL, redisAnswers, startPrivateRedis, type PrivateRedis } from "@rollgate/cluster/redis";
+import { DEFAULT_REDIS_URL, redisAnswers, startPrivateRedis, type PrivateRedis } from "@rollgate/testkit";
 
 let own: PrivateRedis | null = null;
 

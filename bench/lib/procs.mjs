@@ -1,69 +1,42 @@
 // Child processes of the benchmarks: every app runs as its own process (as in production), is
-// tracked here, and is stopped at the end of its benchmark, or at exit and on failure.
-import { spawn } from "node:child_process";
+// tracked here, and is stopped at the end of its benchmark, or at exit and on failure. Starting and
+// stopping one is @rollgate/testkit's, as for the tests and the cluster.
 import { readFileSync } from "node:fs";
-import net from "node:net";
 import path from "node:path";
-import readline from "node:readline";
 import { fileURLToPath } from "node:url";
+import { DEFAULT_REDIS_URL, freePort, startChild, stopChild } from "@rollgate/testkit";
 
 export const BENCH_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 export const REPO_ROOT = path.resolve(BENCH_DIR, "..");
-export const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
+export const REDIS_URL = process.env.REDIS_URL ?? DEFAULT_REDIS_URL;
 
-/** @typedef {{ name: string, proc: import("node:child_process").ChildProcess, ready: string, tail: string[] }} Child a process started here */
+/** @typedef {import("@rollgate/testkit").StartedChild} Child a process started here */
 
-/** @type {Set<Child>} */
+/** @type {Set<import("node:child_process").ChildProcess>} */
 const live = new Set();
 const verbose = process.env.BENCH_VERBOSE === "1";
 
 /**
- * Starts a process and waits for its ready line on stdout (the first capture group, or the line, is
- * returned as `ready`). Its output goes to our stderr only with BENCH_VERBOSE=1, or when it fails.
+ * Starts a node process and waits for its ready line on stdout (the first capture group, or the
+ * line, is returned as `ready`). Its output goes to our stderr only with BENCH_VERBOSE=1; the error
+ * of a failed start carries its last lines.
  * @param {string} name
  * @param {string[]} args
  * @param {{ env?: Record<string, string>, ready: RegExp, timeoutMs?: number, nodeArgs?: string[] }} options
  * @returns {Promise<Child>}
  */
 export function start(name, args, { env = {}, ready, timeoutMs = 60_000, nodeArgs = [] }) {
-  const proc = spawn(process.execPath, [...nodeArgs, ...args], {
+  return startChild(name, process.execPath, [...nodeArgs, ...args], {
     env: { ...process.env, LOG_LEVEL: "warn", ...env },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  /** @type {Child} */
-  const child = { name, proc, ready: "", tail: [] };
-  live.add(child);
-  proc.once("exit", () => live.delete(child));
-  const keep = (/** @type {string} */ line) => {
-    child.tail.push(line);
-    if (child.tail.length > 40) child.tail.shift();
-    if (verbose) process.stderr.write(`[${name}] ${line}\n`);
-  };
-  readline.createInterface({ input: proc.stderr }).on("line", keep);
-  const out = readline.createInterface({ input: proc.stdout });
-  return new Promise((resolve, reject) => {
-    let done = false;
-    const fail = (/** @type {string} */ msg) => {
-      if (done) return;
-      done = true;
-      clearTimeout(timer);
-      proc.kill("SIGKILL");
-      reject(new Error(`${name}: ${msg}\n${child.tail.join("\n")}`));
-    };
-    const timer = setTimeout(() => fail(`not ready within ${timeoutMs} ms`), timeoutMs);
-    out.on("line", (line) => {
-      keep(line);
-      if (done) return;
-      const m = ready.exec(line);
-      if (m) {
-        done = true;
-        clearTimeout(timer);
-        child.ready = m[1] ?? line;
-        resolve(child);
-      }
-    });
-    proc.once("error", (err) => fail(`could not start: ${err.message}`));
-    proc.once("exit", (code, sig) => fail(`exited before it was ready (${code ?? sig})`));
+    ready,
+    timeoutMs,
+    onSpawn: (proc) => {
+      live.add(proc);
+      proc.once("exit", () => live.delete(proc));
+    },
+    onLine: (line) => {
+      if (verbose) process.stderr.write(`[${name}] ${line}\n`);
+    },
   });
 }
 
@@ -73,26 +46,16 @@ export function start(name, args, { env = {}, ready, timeoutMs = 60_000, nodeArg
  * @returns {Promise<void>}
  */
 export function stop(child, graceMs = 10_000) {
-  if (!child) return Promise.resolve();
-  const { proc } = child;
-  if (proc.exitCode !== null || proc.signalCode !== null) return Promise.resolve();
-  return new Promise(/** @param {(value?: void) => void} resolve */ (resolve) => {
-    const timer = setTimeout(() => proc.kill("SIGKILL"), graceMs);
-    proc.once("exit", () => {
-      clearTimeout(timer);
-      resolve();
-    });
-    proc.kill("SIGTERM");
-  });
+  return child ? stopChild(child.proc, graceMs) : Promise.resolve();
 }
 
 export async function stopAll() {
-  await Promise.all([...live].map((c) => stop(c, 5_000)));
+  await Promise.all([...live].map((proc) => stopChild(proc, 5_000)));
 }
 
 /** Last resort: whatever is still running when we exit is killed (by its own pid only). */
 process.once("exit", () => {
-  for (const c of live) c.proc.kill("SIGKILL");
+  for (const proc of live) proc.kill("SIGKILL");
 });
 /** Called on SIGINT/SIGTERM after the children are stopped (redis.mjs drops its key prefixes). */
 /** @type {(() => Promise<unknown>)[]} */
@@ -107,18 +70,6 @@ for (const sig of ["SIGINT", "SIGTERM"]) {
     void stopAll()
       .then(() => Promise.all(onInterrupt.map((fn) => fn().catch(() => {}))))
       .finally(() => process.exit(130));
-  });
-}
-
-/** @returns {Promise<number>} */
-export function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.once("error", reject);
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = /** @type {import("node:net").AddressInfo} */ (s.address());
-      s.close(() => resolve(port));
-    });
   });
 }
 

@@ -1,4 +1,4 @@
-import { randomUUID } from "node:crypto";
+import { dropPrefix as dropKeys, uniquePrefix as newPrefix } from "@rollgate/testkit";
 import { Redis } from "ioredis";
 import { REDIS_URL, atInterrupt } from "./procs.mjs";
 
@@ -11,7 +11,7 @@ export const livePrefixes = new Set();
  * @param {string} name
  */
 export function uniquePrefix(name) {
-  const p = `bench-${name}-${randomUUID().slice(0, 8)}`;
+  const p = newPrefix("bench", name);
   livePrefixes.add(p);
   return p;
 }
@@ -24,23 +24,9 @@ export function redisClient() {
  * Deletes every key under a prefix (plain and hash-tagged forms); returns how many.
  * @param {string} prefix
  */
-export async function dropPrefix(prefix) {
+export function dropPrefix(prefix) {
   livePrefixes.delete(prefix);
-  const redis = redisClient();
-  let n = 0;
-  try {
-    for (const pattern of [`${prefix}:*`, `{${prefix}:*`, `{${prefix}}*`]) {
-      let cursor = "0";
-      do {
-        const [next, found] = await redis.scan(cursor, "MATCH", pattern, "COUNT", 1000);
-        cursor = next;
-        if (found.length > 0) n += await redis.unlink(...found);
-      } while (cursor !== "0");
-    }
-  } finally {
-    redis.disconnect();
-  }
-  return n;
+  return dropKeys(REDIS_URL, prefix);
 }
 
 atInterrupt(() => Promise.all([...livePrefixes].map((p) => dropPrefix(p))));

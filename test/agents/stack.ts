@@ -4,7 +4,7 @@
  */
 import { existsSync } from "node:fs";
 import path from "node:path";
-import type { StartedChild } from "@rollgate/cluster/children";
+import type { StartedChild } from "@rollgate/testkit";
 import { startApp, startFleet, stopChild } from "../support/apps.js";
 import { REPO_ROOT } from "../support/cluster.js";
 import { AGENT_BIN, AGENT_EXECUTABLES } from "./cases.js";

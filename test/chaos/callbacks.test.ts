@@ -7,11 +7,10 @@
 import { createHmac, randomUUID } from "node:crypto";
 import http from "node:http";
 import type { TaskRecord } from "@rollgate/protocol";
-import { freePort } from "@rollgate/cluster/redis";
+import { freePort, type StartedChild } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startFleet } from "../support/apps.js";
 import { startApp, stopChild } from "../support/apps.js";
-import type { StartedChild } from "@rollgate/cluster/children";
 import { apiClient } from "../support/http.js";
 import { poll } from "../support/poll.js";
 import { dropPrefix, uniquePrefix } from "../support/redis.js";

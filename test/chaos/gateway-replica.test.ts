@@ -6,7 +6,7 @@
  * one chain holding every turn, token-exact (the builder checks its invariants).
  */
 import type { CompletionRecord } from "@rollgate/protocol";
-import type { StartedChild } from "@rollgate/cluster/children";
+import type { StartedChild } from "@rollgate/testkit";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";

@@ -14,7 +14,7 @@
  */
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import type { StartedChild } from "@rollgate/cluster/children";
+import type { StartedChild } from "@rollgate/testkit";
 import { Agent } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";

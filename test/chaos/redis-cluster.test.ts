@@ -5,7 +5,7 @@
  */
 import { spawnSync } from "node:child_process";
 import type { TaskRecord } from "@rollgate/protocol";
-import type { StartedChild } from "@rollgate/cluster/children";
+import type { StartedChild } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
 import { apiClient } from "../support/http.js";

@@ -2,8 +2,7 @@
  * Redis going away under a running gateway: trainer and agent routes answer 503 (retryable, in
  * each caller's shape) instead of a 500, and the gateway itself stays up.
  */
-import { startPrivateRedis } from "@rollgate/cluster/redis";
-import type { StartedChild } from "@rollgate/cluster/children";
+import { startPrivateRedis, type StartedChild } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
 

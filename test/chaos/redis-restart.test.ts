@@ -5,7 +5,7 @@
  * terminal and none is stuck; the apps stay up and the gateway is ready again.
  */
 import { spawnSync } from "node:child_process";
-import type { StartedChild } from "@rollgate/cluster/children";
+import type { StartedChild } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
 import { apiClient } from "../support/http.js";

@@ -5,7 +5,7 @@
  * queued or running — and every task's callback arrives.
  */
 import { randomUUID } from "node:crypto";
-import type { StartedChild } from "@rollgate/cluster/children";
+import type { StartedChild } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
 import { apiClient } from "../support/http.js";

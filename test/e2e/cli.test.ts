@@ -7,7 +7,7 @@ import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "n
 import os from "node:os";
 import path from "node:path";
 import readline from "node:readline";
-import { freePort } from "@rollgate/cluster/redis";
+import { freePort } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { REPO_ROOT, startCluster, type RunningCluster } from "../support/cluster.js";
 import { startApp, stopChild } from "../support/apps.js";

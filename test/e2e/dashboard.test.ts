@@ -140,6 +140,12 @@ describe.skipIf(skipReason !== null)("dashboard in headless Chromium", () => {
     expect(page.status).toBe(200);
     expect(page.headers.get("content-type")).toContain("text/html");
     expect((await fetch(`${cluster.url}/dashboard/..%2Fpackage.json`)).status).toBe(404);
+    // The script is the build's JavaScript; its TypeScript source and config are not served.
+    const script = await fetch(`${cluster.url}/dashboard/app.js`);
+    expect(script.status).toBe(200);
+    expect(script.headers.get("content-type")).toContain("text/javascript");
+    expect(await script.text()).not.toContain("import type");
+    for (const file of ["app.ts", "src", "tsconfig.json"]) expect((await fetch(`${cluster.url}/dashboard/${file}`)).status).toBe(404);
     const groups = (await (await fetch(`${cluster.url}/v1/stats/groups`, { headers: auth })).json()) as { groups: { group_id: string; rewards: number[]; mean: number }[] };
     const g = groups.groups.find((x) => x.group_id === groupId);
     expect(g?.rewards).toEqual([1, 1, 1]);

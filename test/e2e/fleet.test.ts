@@ -4,7 +4,7 @@
  */
 import { createHmac, randomUUID } from "node:crypto";
 import type { TaskRecord, TaskResult } from "@rollgate/protocol";
-import type { StartedChild } from "@rollgate/cluster/children";
+import type { StartedChild } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, startFleet, stopChild } from "../support/apps.js";
 import { apiClient } from "../support/http.js";

@@ -4,7 +4,7 @@
  * started again on the same port), engine-sim and a gateway.
  */
 import { spawnSync } from "node:child_process";
-import type { StartedChild } from "@rollgate/cluster/children";
+import type { StartedChild } from "@rollgate/testkit";
 import type { Session } from "@rollgate/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";

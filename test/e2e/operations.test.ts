@@ -3,7 +3,7 @@
  * pause/resume with weight versions, and a rank that goes down being drained.
  */
 import type { CompletionRecord } from "@rollgate/protocol";
-import type { StartedChild } from "@rollgate/cluster/children";
+import type { StartedChild } from "@rollgate/testkit";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { getTokenizer } from "@rollgate/engine-sim";

@@ -7,8 +7,7 @@
  * succeeded is still scored.
  */
 import { randomUUID } from "node:crypto";
-import net from "node:net";
-import type { StartedChild } from "@rollgate/cluster/children";
+import { freePort, type StartedChild } from "@rollgate/testkit";
 import type { GroupResult, Readiness, TaskEvent, TaskRecord } from "@rollgate/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
@@ -57,15 +56,6 @@ async function events(api: Api, id: string, quietMs = 600): Promise<TaskEvent[]>
 
 const fault = (engineUrl: string, body: Record<string, unknown>) =>
   fetch(`${engineUrl}/sim/faults`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
-
-function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const srv = net.createServer().listen(0, "127.0.0.1", () => {
-      const { port } = srv.address() as net.AddressInfo;
-      srv.close(() => resolve(port));
-    });
-  });
-}
 
 /** A gateway and a worker on their own prefix, against `engineUrl`. */
 async function startPair(name: string, engineUrl: string, gatewayEnv: Record<string, string>, workerEnv: Record<string, string> = {}) {

@@ -8,10 +8,9 @@
 import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
-import type { StartedChild } from "@rollgate/cluster/children";
+import { freePort, type StartedChild } from "@rollgate/testkit";
 import type { TaskRecord } from "@rollgate/protocol";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -41,14 +40,6 @@ function composeRedisArgs(): string[] {
       .replace(/^~\{rg:\*$/, `~{${prefix}:*`)
       .replace(/^&rg:\*$/, `&${prefix}:*`),
   );
-}
-
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, "127.0.0.1", r));
-  const port = (s.address() as net.AddressInfo).port;
-  await new Promise((r) => s.close(r));
-  return port;
 }
 
 beforeAll(async () => {

@@ -16,7 +16,7 @@ import { randomUUID } from "node:crypto";
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { startChild, type StartedChild } from "@rollgate/cluster/children";
+import { startChild, type StartedChild } from "@rollgate/testkit";
 import type { CompletionRecord, TaskRecord } from "@rollgate/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
@@ -205,8 +205,10 @@ describe("a worker that cannot seal the network", () => {
       "worker-nobwrap",
       process.execPath,
       [path.join(REPO_ROOT, "apps/worker/dist/main.js")],
-      { ...process.env, PATH: "/nonexistent", REDIS_URL: TEST_REDIS_URL, LOG_LEVEL: "warn", ROLLGATE_KEY_PREFIX: p, ROLLGATE_GATEWAY_URL: gw.ready, ROLLGATE_WORKER_NAME: "nobwrap-w" },
-      /^(sandbox: .*)$/,
+      {
+        env: { ...process.env, PATH: "/nonexistent", REDIS_URL: TEST_REDIS_URL, LOG_LEVEL: "warn", ROLLGATE_KEY_PREFIX: p, ROLLGATE_GATEWAY_URL: gw.ready, ROLLGATE_WORKER_NAME: "nobwrap-w" },
+        ready: /^(sandbox: .*)$/,
+      },
     );
     try {
       expect(w.ready).toMatch(/bubblewrap cannot start a sandbox here/);

@@ -11,7 +11,7 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import type { TaskRecord } from "@rollgate/protocol";
-import type { StartedChild } from "@rollgate/cluster/children";
+import type { StartedChild } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
 import { poll } from "../support/poll.js";

@@ -9,7 +9,7 @@ import { spawn } from "node:child_process";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
-import type { StartedChild } from "@rollgate/cluster/children";
+import type { StartedChild } from "@rollgate/testkit";
 import { buildEngineSim, simLogprob } from "@rollgate/engine-sim";
 import type { CompletionRecord } from "@rollgate/protocol";
 import type { FastifyInstance } from "fastify";

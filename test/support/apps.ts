@@ -1,18 +1,15 @@
 import path from "node:path";
-import { startChild, stopChild, type StartedChild } from "@rollgate/cluster/children";
+import { startChild, stopChild, type StartedChild } from "@rollgate/testkit";
 import { REPO_ROOT } from "./cluster.js";
 import { TEST_REDIS_URL } from "./redis.js";
 
 /** Starts one built app (`apps/<name>/dist/main.js`) as a process and waits for its ready line. */
 export function startApp(name: "engine-sim" | "gateway" | "worker", args: string[], env: Record<string, string>): Promise<StartedChild> {
   const ready = { "engine-sim": /^engine-sim ready: (\S+)/, gateway: /^gateway ready: (\S+)/, worker: /^worker ready: (\S+)/ }[name];
-  return startChild(
-    name,
-    process.execPath,
-    [path.join(REPO_ROOT, "apps", name, "dist", "main.js"), ...args],
-    { ...process.env, REDIS_URL: TEST_REDIS_URL, LOG_LEVEL: "warn", ...env },
+  return startChild(name, process.execPath, [path.join(REPO_ROOT, "apps", name, "dist", "main.js"), ...args], {
+    env: { ...process.env, REDIS_URL: TEST_REDIS_URL, LOG_LEVEL: "warn", ...env },
     ready,
-  );
+  });
 }
 
 /** A gateway and `workers` worker processes on one key prefix, against a running engine. */

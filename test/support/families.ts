@@ -9,7 +9,7 @@
  *   await stack.stop();
  */
 import { randomUUID } from "node:crypto";
-import type { StartedChild } from "@rollgate/cluster/children";
+import type { StartedChild } from "@rollgate/testkit";
 import { buildEngineSim } from "@rollgate/engine-sim";
 import type { CompletionRecord, DecodedTrajectory, TaskRecord, Trajectory, TraceBreak } from "@rollgate/protocol";
 import type { FastifyInstance } from "fastify";

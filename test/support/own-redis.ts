@@ -7,7 +7,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { freePort } from "@rollgate/cluster/redis";
+import { freePort } from "@rollgate/testkit";
 import { poll } from "./poll.js";
 
 export interface OwnRedis {

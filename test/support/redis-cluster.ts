@@ -2,7 +2,7 @@ import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { freePort } from "@rollgate/cluster/redis";
+import { freePort } from "@rollgate/testkit";
 
 export interface LocalRedisCluster {
   url: string;

@@ -3,7 +3,8 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import type { ChildProcess } from "node:child_process";
-import { startChild, stopChild, watchParent } from "./children.js";
+import { startChild, stopChild } from "@rollgate/testkit";
+import { watchParent } from "./parent.js";
 import { watchReadiness, type ReadinessWatch } from "./readiness.js";
 import { resolveRedis } from "./redis.js";
 import { loadClusterEnv, type ClusterEnv } from "./env.js";
@@ -92,10 +93,7 @@ try {
       "engine-sim",
       process.execPath,
       [appMain("engine-sim"), "--port", String(env.ROLLGATE_SIM_PORT), "--dp", String(env.ROLLGATE_SIM_DP_SIZE)],
-      base,
-      /^engine-sim ready: (\S+)/,
-      60_000,
-      track("engine-sim"),
+      { env: base, ready: /^engine-sim ready: (\S+)/, onSpawn: track("engine-sim") },
     );
     engines = JSON.stringify([{ kind: "vllm", url: sim.ready, dp_size: env.ROLLGATE_SIM_DP_SIZE, profile: "qwen3" }]);
   }
@@ -103,19 +101,17 @@ try {
     "gateway",
     process.execPath,
     [appMain("gateway")],
-    { ...base, PORT: String(env.PORT), HOST: env.HOST, ROLLGATE_ENGINES: engines },
-    /^gateway ready: (\S+)/,
-    60_000,
-    track("gateway"),
+    { env: { ...base, PORT: String(env.PORT), HOST: env.HOST, ROLLGATE_ENGINES: engines }, ready: /^gateway ready: (\S+)/, onSpawn: track("gateway") },
   );
   await startChild(
     "worker",
     process.execPath,
     [appMain("worker")],
-    { ...base, ROLLGATE_GATEWAY_URL: gateway.ready, ROLLGATE_WORKER_CONCURRENCY: String(env.ROLLGATE_WORKER_CONCURRENCY) },
-    /^worker ready: (\S+)/,
-    60_000,
-    track("worker", workerGraceMs),
+    {
+      env: { ...base, ROLLGATE_GATEWAY_URL: gateway.ready, ROLLGATE_WORKER_CONCURRENCY: String(env.ROLLGATE_WORKER_CONCURRENCY) },
+      ready: /^worker ready: (\S+)/,
+      onSpawn: track("worker", workerGraceMs),
+    },
   );
   // "ready" only once the gateway can serve: until then, each engine's state and why it is not ready.
   let announced = false;

@@ -17,3 +17,5 @@ export { BLOCK_SIZE } from "./ranks.js";
 export type { PauseMode, Outcome } from "./engine.js";
 export type { FaultMode, FaultSpec } from "./faults.js";
 export { parseFaultFlag } from "./faults.js";
+export { parseMoe, routeSequence } from "./moe.js";
+export type { MoeSpec } from "./moe.js";

@@ -18,6 +18,11 @@ export const EngineConfig = z
     profile: z.union([z.string().min(1), z.record(z.string(), z.unknown())]).optional(),
     /** Token ids must be below this; overrides the profile's vocabulary size. */
     vocab_size: z.number().int().positive().optional(),
+    /**
+     * Ask for and record the experts an MoE model routed each token to (routing replay, R3): the
+     * engine must run with `--enable-return-routed-experts`; an answer without them fails the call.
+     */
+    routed_experts: z.boolean().optional(),
   })
   .strict();
 export type EngineConfig = z.infer<typeof EngineConfig>;
@@ -28,7 +33,7 @@ const EngineList = z
     try {
       return JSON.parse(s) as unknown;
     } catch {
-      ctx.addIssue({ code: "custom", message: "must be a JSON list of {kind, url, dp_size, model?, profile?, vocab_size?}" });
+      ctx.addIssue({ code: "custom", message: "must be a JSON list of {kind, url, dp_size, model?, profile?, vocab_size?, routed_experts?}" });
       return z.NEVER;
     }
   })

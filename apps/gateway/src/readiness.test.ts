@@ -3,21 +3,12 @@
  * a rank that answers and a known served model, 200 after. The gateway in-process on the real
  * Redis, engine-sim started later on the port the gateway was told.
  */
-import net from "node:net";
 import { buildEngineSim, getSimState } from "@rollgate/engine-sim";
 import type { Readiness } from "@rollgate/protocol";
+import { freePort } from "@rollgate/testkit";
 import type { FastifyInstance } from "fastify";
 import { afterAll, describe, expect, it } from "vitest";
 import { startSimFleet, type SimFleet } from "./__fixtures__/harness.js";
-
-function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const srv = net.createServer().listen(0, "127.0.0.1", () => {
-      const { port } = srv.address() as net.AddressInfo;
-      srv.close(() => resolve(port));
-    });
-  });
-}
 
 async function readiness(app: FastifyInstance): Promise<{ status: number; body: Readiness }> {
   const res = await app.inject({ url: "/readyz" });

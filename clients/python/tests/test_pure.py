@@ -4,8 +4,10 @@ be sent again, how error answers are read, and that the package stays Python 3.9
 from __future__ import annotations
 
 import ast
+import base64
 import math
 import os
+import struct
 import unittest
 
 import rollgate
@@ -111,6 +113,31 @@ class StepBatchTest(unittest.TestCase):
         self.assertIn("no trajectory", batch.skipped["g-0"])
         with self.assertRaises(ValueError):
             grpo.step_batch(results, grpo.advantages([1.0]))
+
+
+class RoutedExpertsTest(unittest.TestCase):
+    # Rows of int32 little-endian ids, base64: 3 positions x 2 layers x 2 experts, the second unknown (-1).
+    ROWS = [[[1, 5], [0, 7]], [[-1, -1], [-1, -1]], [[3, 2], [6, 4]]]
+    PACKED = {"layers": 2, "topk": 2, "width": 4, "data": base64.b64encode(struct.pack("<12i", *[e for r in ROWS for l in r for e in l])).decode()}
+
+    def test_decodes_to_positions_layers_topk(self):
+        self.assertEqual(rollgate.decode_routed_experts(self.PACKED), self.ROWS)
+
+    def test_flat_rows_when_the_shape_is_not_known(self):
+        flat = dict(self.PACKED, layers=None, topk=None)
+        self.assertEqual(rollgate.decode_routed_experts(flat), [[1, 5, 0, 7], [-1, -1, -1, -1], [3, 2, 6, 4]])
+
+    def test_a_ragged_payload_is_refused(self):
+        with self.assertRaises(ValueError):
+            rollgate.decode_routed_experts(dict(self.PACKED, width=5))
+
+    def test_step_batch_carries_them_per_sample(self):
+        t = trace([1, 2], [3, 4], [0, 1], [0.0, -0.5], [None, "v1"])
+        t["routed_experts"] = self.PACKED
+        batch = grpo.step_batch([result("a", 1.0, traces=[t]), result("b", 0.0, traces=[trace([1], [2], [1], [-1.0], ["v1"])])], grpo.advantages([1.0, 0.0]))
+        self.assertEqual(batch.samples[0]["routed_experts"], self.ROWS)
+        self.assertEqual(len(batch.samples[0]["routed_experts"]), len(batch.samples[0]["input_ids"]) - 1)
+        self.assertNotIn("routed_experts", batch.samples[1])
 
 
 class SignatureTest(unittest.TestCase):

@@ -5,6 +5,7 @@ export * from "./trace.js";
 export * from "./trace-kind.js";
 export * from "./prefix-tree.js";
 export * from "./record.js";
+export * from "./routed-experts.js";
 export * from "./session.js";
 export * from "./task.js";
 export * from "./readiness.js";

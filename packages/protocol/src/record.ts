@@ -1,6 +1,7 @@
 import { z } from "zod";
 import { AssistantOutput, CanonicalChatRequest, Usage } from "./chat.js";
 import { WeightVersion } from "./ids.js";
+import { RoutedExperts } from "./routed-experts.js";
 
 export const ClientProtocol = z.enum(["openai_chat", "openai_responses", "anthropic_messages", "gemini"]);
 export type ClientProtocol = z.infer<typeof ClientProtocol>;
@@ -34,6 +35,11 @@ export const CompletionRecord = z.object({
   output_weight_versions: z.array(WeightVersion).optional(),
   /** How many times an abort-mode pause cut this call before it finished (each time it was continued). */
   continued_after_pause: z.number().int().positive().optional(),
+  /**
+   * The experts each position of `prompt_ids ++ output_ids` was routed to (all but the last), when
+   * the engine is configured with `routed_experts: true` (routed-experts.ts).
+   */
+  routed_experts: RoutedExperts.optional(),
 });
 export type CompletionRecord = z.infer<typeof CompletionRecord>;
 

@@ -1,6 +1,7 @@
 import { z } from "zod";
 import { WeightVersion } from "./ids.js";
 import { PrefixTree } from "./prefix-tree.js";
+import { RoutedExperts } from "./routed-experts.js";
 import { TraceKind, TraceParent } from "./trace-kind.js";
 
 export const TrajectoryBuilderName = z.enum(["per_request", "prefix_merging", "prefix_tree"]);
@@ -19,6 +20,11 @@ export const Trace = z.object({
   weight_versions: z.array(WeightVersion),
   completion_ids: z.array(z.string()),
   finish_reason: z.string(),
+  /**
+   * The routed experts of `prompt_ids ++ response_ids` (all positions but the last), each taken
+   * from the record whose forward pass sampled the next token; present when every record has them.
+   */
+  routed_experts: RoutedExperts.optional(),
 });
 export type Trace = z.infer<typeof Trace>;
 

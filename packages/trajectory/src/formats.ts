@@ -1,9 +1,12 @@
-import type { Trace, Trajectory } from "@rollgate/protocol";
+import type { RoutedExperts, Trace, Trajectory } from "@rollgate/protocol";
 
 /**
  * Output adapters: one training sample per trace, in the shape each trainer consumes. Arrays are
  * unpadded per sample (each trainer pads its own batch). Every adapter keeps mask-1 logprobs exactly
- * as the engine gave them and mask-0 positions at 0.
+ * as the engine gave them and mask-0 positions at 0. When the engine sent routed experts (R3), each
+ * sample carries them for prompt + response (every position but the last; protocol
+ * routed-experts.ts): verl and prime-rl as `routed_experts`, slime as `rollout_routed_experts`
+ * (its `Sample` field).
  */
 
 export const TRAINER_FORMATS = ["rollgate", "verl", "slime", "prime-rl"] as const;
@@ -20,6 +23,7 @@ export interface VerlSample {
   responses: number[];
   response_mask: (0 | 1)[];
   rollout_log_probs: number[];
+  routed_experts?: RoutedExperts;
 }
 
 /**
@@ -32,6 +36,7 @@ export interface SlimeSample {
   response_length: number;
   loss_mask: (0 | 1)[];
   rollout_log_probs: number[];
+  rollout_routed_experts?: RoutedExperts;
 }
 
 /**
@@ -47,6 +52,7 @@ export interface PrimeRlSample {
   completion_mask: (0 | 1)[];
   completion_logprobs: number[];
   is_truncated: boolean;
+  routed_experts?: RoutedExperts;
 }
 
 export interface TrainerFormatMap {
@@ -62,6 +68,7 @@ function verl(t: Trace): VerlSample {
     responses: t.response_ids.slice(),
     response_mask: t.loss_mask.slice(),
     rollout_log_probs: t.response_logprobs.slice(),
+    ...(t.routed_experts ? { routed_experts: t.routed_experts } : {}),
   };
 }
 
@@ -71,6 +78,7 @@ function slime(t: Trace): SlimeSample {
     response_length: t.response_ids.length,
     loss_mask: t.loss_mask.slice(),
     rollout_log_probs: t.response_logprobs.slice(),
+    ...(t.routed_experts ? { rollout_routed_experts: t.routed_experts } : {}),
   };
 }
 
@@ -82,6 +90,7 @@ function primeRl(t: Trace): PrimeRlSample {
     completion_mask: t.loss_mask.slice(),
     completion_logprobs: t.response_logprobs.slice(),
     is_truncated: t.finish_reason === "length",
+    ...(t.routed_experts ? { routed_experts: t.routed_experts } : {}),
   };
 }
 

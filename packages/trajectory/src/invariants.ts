@@ -1,4 +1,4 @@
-import type { CompletionRecord, PrefixTree, Trace } from "@rollgate/protocol";
+import { routedRows, type CompletionRecord, type PrefixTree, type RoutedExperts, type Trace } from "@rollgate/protocol";
 import { TrajectoryInvariantError } from "./errors.js";
 import type { RecordSpan } from "./types.js";
 
@@ -54,6 +54,7 @@ export function checkRecordInvariants(record: CompletionRecord, vocabSize: numbe
       where,
     );
   }
+  checkRouted(record.routed_experts, record.prompt_ids.length + record.output_ids.length, where);
   const lps: readonly unknown[] = record.output_logprobs;
   for (let i = 0; i < lps.length; i++) {
     if (!isRealLogprob(lps[i])) {
@@ -93,6 +94,7 @@ export function checkTraceInvariants(trace: Trace, options: TraceCheckOptions = 
   const traceIndex = options.traceIndex ?? null;
   const n = trace.response_ids.length;
   const base = { trace_index: traceIndex, record_id: trace.completion_ids.at(-1) ?? null };
+  checkRouted(trace.routed_experts, trace.prompt_ids.length + n, base);
   if (trace.completion_ids.length === 0) {
     throw new TrajectoryInvariantError("no_records", "a trace must come from at least one record", base);
   }
@@ -194,5 +196,14 @@ export function checkTreeInvariants(tree: PrefixTree, traces: readonly Trace[]):
       k = node.parent;
     }
     if (pos !== 0) fail("tree_path", `trace ${sample.trace}'s path is shorter than its ${want} tokens`, { trace_index: sample.trace });
+  }
+}
+
+/** Routed experts cover every position of the token sequence but the last (routed-experts.ts in protocol). */
+function checkRouted(r: RoutedExperts | undefined, tokens: number, where: { record_id?: string | null; trace_index?: number | null }): void {
+  if (!r) return;
+  const rows = routedRows(r);
+  if (rows !== Math.max(tokens - 1, 0)) {
+    throw new TrajectoryInvariantError("routed_experts_misaligned", `routed experts cover ${rows} positions, not ${Math.max(tokens - 1, 0)} (tokens - 1)`, where);
   }
 }

@@ -13,6 +13,7 @@ export function perRequestTraces(records: readonly CompletionRecord[]): BuiltTra
       weight_versions: outputVersions(r),
       completion_ids: [r.id],
       finish_reason: r.finish_reason,
+      ...(r.routed_experts ? { routed_experts: r.routed_experts } : {}),
     })),
     spans: records.map((r) => [{ record_id: r.id, start: 0, output_start: 0, end: r.output_ids.length }]),
     records: records.map((r) => [r]),

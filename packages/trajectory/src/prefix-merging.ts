@@ -1,4 +1,5 @@
 import type { CompletionRecord, WeightVersion } from "@rollgate/protocol";
+import { RoutingPieces } from "./routed-experts.js";
 import { classifyBreak, type BreakEvidence, type ChainView } from "./breaks.js";
 import { outputVersions, versionRuns } from "./records.js";
 import {
@@ -43,6 +44,7 @@ interface Chain extends ChainView {
   records: CompletionRecord[];
   spans: RecordSpan[];
   finish_reason: string;
+  routing: RoutingPieces;
 }
 
 interface StateRef {
@@ -108,7 +110,9 @@ class Merger {
       records: [record],
       spans: [{ record_id: record.id, start: 0, output_start: 0, end: out.length }],
       finish_reason: record.finish_reason,
+      routing: new RoutingPieces(),
     };
+    chain.routing.add(record, 0);
     this.chains.push(chain);
     this.tips.add(chain.state, chain.index);
     if (this.prefixes) this.indexPrefixes(chain, { len: 0, h1: 0, h2: 0 });
@@ -142,6 +146,7 @@ class Merger {
     chain.completion_ids.push(record.id);
     chain.records.push(record);
     chain.finish_reason = record.finish_reason;
+    chain.routing.add(record, old.len - 1);
     chain.seq = p.concat(out);
     chain.state = extendHash(stateAt(H, p.length), out);
     this.tips.add(chain.state, chain.index);
@@ -217,6 +222,7 @@ export function prefixMergingTraces(records: readonly CompletionRecord[], templa
       weight_versions: c.weight_versions,
       completion_ids: c.completion_ids,
       finish_reason: c.finish_reason,
+      ...c.routing.field(),
     })),
     spans: m.chains.map((c) => c.spans),
     records: m.chains.map((c) => c.records),

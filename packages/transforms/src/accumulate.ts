@@ -1,4 +1,4 @@
-import type { ToolCall } from "@rollgate/protocol";
+import type { RoutedExperts, ToolCall } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 
 /**
@@ -21,6 +21,7 @@ export class StreamAccumulator {
   private stopReason: string | number | null = null;
   private usage: EngineResult["usage"] | null = null;
   private finished = false;
+  private routedExperts: RoutedExperts | null = null;
 
   push(event: EngineStreamEvent): void {
     switch (event.type) {
@@ -52,6 +53,7 @@ export class StreamAccumulator {
         this.finishReason = event.finish_reason;
         this.stopReason = event.stop_reason;
         this.finished = true;
+        if (event.routed_experts) this.routedExperts = event.routed_experts;
         break;
       case "usage":
         this.usage = event.usage;
@@ -83,6 +85,30 @@ export class StreamAccumulator {
         cached_tokens: 0,
       },
       ...(this.sawVersions ? { output_versions: this.versions } : {}),
+      ...(this.routedExperts ? { routed_experts: this.routedExperts } : {}),
     };
   }
+}
+
+/**
+ * The events of a whole answer, in stream order: what a stream of it would have carried, for an
+ * engine that answers only whole (StreamAccumulator folds them back into the same result).
+ */
+export function resultAsEvents(r: EngineResult): EngineStreamEvent[] {
+  return [
+    { type: "start", prompt_ids: r.prompt_ids },
+    {
+      type: "delta",
+      ...(r.message.reasoning ? { reasoning: r.message.reasoning } : {}),
+      ...(r.message.content ? { content: r.message.content } : {}),
+      ...(r.message.tool_calls.length > 0
+        ? { tool_calls: r.message.tool_calls.map((t, index) => ({ index, id: t.id, type: "function" as const, function: { ...t.function } })) }
+        : {}),
+      token_ids: r.output_ids,
+      logprobs: r.logprobs,
+      ...(r.output_versions ? { versions: r.output_versions } : {}),
+    },
+    { type: "finish", finish_reason: r.finish_reason, stop_reason: r.stop_reason, ...(r.routed_experts ? { routed_experts: r.routed_experts } : {}) },
+    { type: "usage", usage: r.usage },
+  ];
 }

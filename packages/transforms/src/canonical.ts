@@ -1,4 +1,4 @@
-import type { AssistantOutput, TokenLogprob, Usage } from "@rollgate/protocol";
+import type { AssistantOutput, RoutedExperts, TokenLogprob, Usage } from "@rollgate/protocol";
 
 /**
  * What an engine adapter hands back for one call, whatever the engine. Token ids and logprobs
@@ -18,6 +18,8 @@ export interface EngineResult {
    * arrived across a weight change (a freeze-in-place pause); absent: every token has the call's.
    */
   output_versions?: (string | null)[];
+  /** The routed experts of prompt + output (all positions but the last), when the engine was asked for them. */
+  routed_experts?: RoutedExperts;
 }
 
 /** A streamed tool-call fragment, OpenAI-chunk shaped (the first fragment of a call has id and name). */
@@ -41,5 +43,11 @@ export type EngineStreamEvent =
       /** The weight version of each token, when the adapter read them as they arrived (see EngineResult.output_versions). */
       versions?: (string | null)[];
     }
-  | { type: "finish"; finish_reason: string; stop_reason: string | number | null }
+  | {
+      type: "finish";
+      finish_reason: string;
+      stop_reason: string | number | null;
+      /** Engines send routed experts once, with the finished answer (EngineResult.routed_experts). */
+      routed_experts?: RoutedExperts;
+    }
   | { type: "usage"; usage: Usage };

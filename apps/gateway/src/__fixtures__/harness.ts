@@ -58,15 +58,25 @@ export interface Harness {
   close: () => Promise<void>;
 }
 
-/** engine-sim + gateway listening, with one engine of `sim.dpSize` ranks (vLLM unless `sim.kind` says), on the profile of `sim.family` (or `profile`). */
-export async function startHarness(name: string, sim: EngineSimOptions = {}, extraEnv: Record<string, string> = {}, logger?: Logger, profile?: unknown): Promise<Harness> {
+/**
+ * engine-sim + gateway listening, with one engine of `sim.dpSize` ranks (vLLM unless `sim.kind` says), on the profile of `sim.family` (or `profile`);
+ * `engineFields` adds to the engine's ROLLGATE_ENGINES entry.
+ */
+export async function startHarness(
+  name: string,
+  sim: EngineSimOptions = {},
+  extraEnv: Record<string, string> = {},
+  logger?: Logger,
+  profile?: unknown,
+  engineFields: Record<string, unknown> = {},
+): Promise<Harness> {
   const prefix = `test-${name}-${randomUUID().slice(0, 8)}`;
   const engine = buildEngineSim({ dpSize: 1, ...sim });
   const simUrl = await listenLocal(engine);
   const env = GatewayEnv.parse({
     REDIS_URL: TEST_REDIS_URL,
     ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: sim.kind ?? "vllm", url: simUrl, dp_size: sim.dpSize ?? 1, profile: profile ?? profileOfSim(sim) }]),
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: sim.kind ?? "vllm", url: simUrl, dp_size: sim.dpSize ?? 1, profile: profile ?? profileOfSim(sim), ...engineFields }]),
     ...extraEnv,
   });
   const app = await buildGateway({ env, logger: logger ?? pino({ level: "silent" }) });

@@ -7,6 +7,7 @@ import { sglangPost } from "./sglang.js";
 import { sseJson } from "./sse.js";
 import { chatFinishReason, parsesTools, profileParser } from "./chat-route-rules.js";
 import type { TokenInCall } from "./token-in.js";
+import { fromSglang, sglangRoutedExpertsField } from "./routed-experts.js";
 
 /**
  * SGLang's token-in routes: native `POST /generate` with `input_ids`, `return_logprob`
@@ -42,6 +43,7 @@ export function buildSglangGenerateBody(call: TokenInCall, keepSpecialTokens = f
     stream: call.request.stream,
     rid: call.requestId,
     routed_dp_rank: call.target.dpRank,
+    ...sglangRoutedExpertsField(call.target),
   };
 }
 
@@ -53,6 +55,7 @@ const Meta = z.object({
   cached_tokens: z.number().int().nullable().optional(),
   output_token_logprobs: z.array(Triple).nullable().optional(),
   output_top_logprobs: z.array(z.array(Triple).nullable()).nullable().optional(),
+  routed_experts: z.string().nullish(),
 });
 const GenerateOut = z.object({ text: z.string(), output_ids: z.array(z.number().int()), meta_info: Meta });
 type GenerateOut = z.infer<typeof GenerateOut>;
@@ -161,6 +164,7 @@ async function generate(call: TokenInCall, parsing: Parsing): Promise<EngineResu
   const logprobs = toTokenLogprobs(out.meta_info, 0, out.output_ids.length);
   const finish = finishOf(out.meta_info) ?? { reason: "stop", stop: null };
   const message = parsing === "gateway" ? parseWhole(profileParser(call).create(parsesTools(call)), out.text) : await parseWithEngine(call, out.text);
+  const routed = fromSglang(call.target, out.meta_info.routed_experts, call.tokenIds.length, out.output_ids.length);
   return {
     prompt_ids: call.tokenIds,
     output_ids: out.output_ids,
@@ -170,6 +174,7 @@ async function generate(call: TokenInCall, parsing: Parsing): Promise<EngineResu
     finish_reason: chatFinishReason(finish.reason, message.tool_calls.length),
     stop_reason: finish.stop,
     usage: { prompt_tokens: out.meta_info.prompt_tokens, completion_tokens: out.meta_info.completion_tokens, cached_tokens: out.meta_info.cached_tokens ?? 0 },
+    ...(routed ? { routed_experts: routed } : {}),
   };
 }
 
@@ -219,7 +224,8 @@ async function* generateStream(call: TokenInCall, parsing: Parsing): AsyncGenera
       finished = true;
       const tail = deltaEvent(await parser.end(), [], []);
       if (tail) yield tail;
-      yield { type: "finish", finish_reason: chatFinishReason(finish.reason, parser.toolCalls), stop_reason: finish.stop };
+      const routed = fromSglang(call.target, ev.meta_info.routed_experts, call.tokenIds.length, ids.length);
+      yield { type: "finish", finish_reason: chatFinishReason(finish.reason, parser.toolCalls), stop_reason: finish.stop, ...(routed ? { routed_experts: routed } : {}) };
       yield {
         type: "usage",
         usage: { prompt_tokens: ev.meta_info.prompt_tokens, completion_tokens: ev.meta_info.completion_tokens, cached_tokens: ev.meta_info.cached_tokens ?? 0 },

@@ -1,10 +1,11 @@
 import { templateFields, type ModelProfile } from "@rollgate/models";
 import type { CanonicalChatRequest, ChatMessage, TokenLogprob } from "@rollgate/protocol";
-import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
+import { resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
 import { promptIdsFields, type EngineCall } from "./vllm.js";
+import { fromSglang } from "./routed-experts.js";
 
 /**
  * The SGLang adapter, on SGLang's OpenAI chat route with its token-id extensions: PR #30917's
@@ -24,7 +25,14 @@ function toSglangMessage(m: ChatMessage): Record<string, unknown> {
 }
 
 /** The request body SGLang gets. Pure, so it has golden tests. */
-export function buildSglangChatBody(model: string, req: CanonicalChatRequest, dpRank: number, profile: ModelProfile, promptIds?: EngineCall["promptIds"]): Record<string, unknown> {
+export function buildSglangChatBody(
+  model: string,
+  req: CanonicalChatRequest,
+  dpRank: number,
+  profile: ModelProfile,
+  promptIds?: EngineCall["promptIds"],
+  routedExperts = false,
+): Record<string, unknown> {
   const s = req.sampling;
   const body: Record<string, unknown> = {
     model,
@@ -39,6 +47,7 @@ export function buildSglangChatBody(model: string, req: CanonicalChatRequest, dp
     return_output_ids: true,
     routed_dp_rank: dpRank,
   };
+  if (routedExperts) body.return_routed_experts = true;
   if (req.tools) body.tools = req.tools;
   if (req.tool_choice) body.tool_choice = req.tool_choice;
   Object.assign(body, templateFields(profile, req), promptIdsFields(promptIds));
@@ -87,6 +96,7 @@ const SglangChatResponse = z.object({
         matched_stop: z.union([z.string(), z.number()]).nullable().optional(),
         token_ids: z.array(z.number().int()).nullable().optional(),
         prompt_token_ids: z.array(z.number().int()).nullable().optional(),
+        sgl_ext: z.object({ routed_experts: z.string().nullish() }).loose().nullish(),
       }),
     )
     .min(1),
@@ -147,7 +157,7 @@ const MISSING_IDS =
   "the engine returned no token ids: rollgate needs an SGLang with return_token_ids / return_prompt_token_ids (or return_input_ids / return_output_ids) on its chat route";
 
 export async function sglangChat(call: EngineCall): Promise<EngineResult> {
-  const res = await sglangPost(call, "/v1/chat/completions", buildSglangChatBody(call.model, call.request, call.target.dpRank, call.target.profile, call.promptIds));
+  const res = await sglangPost(call, "/v1/chat/completions", buildSglangChatBody(call.model, call.request, call.target.dpRank, call.target.profile, call.promptIds, call.target.engine.routed_experts === true));
   const parsed = SglangChatResponse.safeParse(await res.body.json());
   if (!parsed.success) throw new EngineError(`engine response is not a chat completion: ${parsed.error.message}`, 502, "bad_response");
   const choice = parsed.data.choices[0]!;
@@ -159,6 +169,7 @@ export async function sglangChat(call: EngineCall): Promise<EngineResult> {
     throw new EngineError(`engine returned ${outputIds.length} token ids but ${lps.length} logprobs`, 502, "bad_response");
   }
   const usage = parsed.data.usage;
+  const routed = fromSglang(call.target, choice.sgl_ext?.routed_experts, promptIds.length, outputIds.length);
   return {
     prompt_ids: promptIds,
     output_ids: outputIds,
@@ -180,26 +191,13 @@ export async function sglangChat(call: EngineCall): Promise<EngineResult> {
       completion_tokens: usage?.completion_tokens ?? outputIds.length,
       cached_tokens: usage?.prompt_tokens_details?.cached_tokens ?? 0,
     },
+    ...(routed ? { routed_experts: routed } : {}),
   };
 }
 
 /** A streaming call answered from one non-streaming engine call (see the module comment). */
 export async function* sglangChatStream(call: EngineCall): AsyncGenerator<EngineStreamEvent> {
-  const r = await sglangChat(call);
-  yield { type: "start", prompt_ids: r.prompt_ids };
-  yield {
-    type: "delta",
-    ...(r.message.reasoning ? { reasoning: r.message.reasoning } : {}),
-    ...(r.message.content ? { content: r.message.content } : {}),
-    ...(r.message.tool_calls.length > 0
-      ? { tool_calls: r.message.tool_calls.map((t, index) => ({ index, id: t.id, type: "function" as const, function: { ...t.function } })) }
-      : {}),
-    token_ids: r.output_ids,
-    logprobs: r.logprobs,
-    ...(r.output_versions ? { versions: r.output_versions } : {}),
-  };
-  yield { type: "finish", finish_reason: r.finish_reason, stop_reason: r.stop_reason };
-  yield { type: "usage", usage: r.usage };
+  yield* resultAsEvents(await sglangChat(call));
 }
 
 const SglangTokenizeResponse = z.object({ count: z.number().int() });

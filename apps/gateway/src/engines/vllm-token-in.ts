@@ -9,6 +9,7 @@ import type { TokenInCall } from "./token-in.js";
 import type { TokenizeCall } from "./tokenizer.js";
 import { sseJson } from "./sse.js";
 import { MISSING_TOKENS, rejectUnlessOk } from "./vllm.js";
+import { fromVllm, wantsRoutedExperts, wholeAnswerStamp } from "./routed-experts.js";
 
 /**
  * vLLM's token-in route: `POST /v1/completions` with `prompt` = token ids, `return_token_ids`
@@ -60,10 +61,12 @@ const Choice = z.object({
   stop_reason: z.union([z.string(), z.number()]).nullable().optional(),
   token_ids: z.array(z.number().int()).nullable().optional(),
   prompt_token_ids: z.array(z.number().int()).nullable().optional(),
+  routed_experts: z.unknown().optional(),
 });
 
-const CompletionResponse = z.object({ choices: z.array(Choice).min(1), usage: Usage.nullable().optional() });
-const CompletionChunk = z.object({ choices: z.array(Choice), usage: Usage.nullable().optional() });
+const CompletionResponse = z.object({ choices: z.array(Choice).min(1), usage: Usage.nullable().optional(), prompt_routed_experts: z.unknown().optional() });
+const CompletionChunk = z.object({ choices: z.array(Choice), usage: Usage.nullable().optional(), prompt_routed_experts: z.unknown().optional() });
+type CompletionChunk = z.infer<typeof CompletionChunk>;
 
 const utf8 = new TextEncoder();
 
@@ -107,7 +110,7 @@ function postCompletion(call: TokenInCall): Promise<Dispatcher.ResponseData> {
 /** One non-streaming token-in generation. */
 async function generate(call: TokenInCall): Promise<EngineResult> {
   if (call.stamp) return generateStamped(call);
-  const res = await postCompletion(call);
+  const res = await postCompletion({ ...call, request: { ...call.request, stream: false } });
   await rejectUnlessOk(res, call.target.engine.url);
   const parsed = CompletionResponse.safeParse(await res.body.json());
   if (!parsed.success) throw new EngineError(`engine response is not a completion: ${parsed.error.message}`, 502, "bad_response");
@@ -119,6 +122,7 @@ async function generate(call: TokenInCall): Promise<EngineResult> {
     throw new EngineError(`engine returned ${choice.token_ids.length} token ids but ${logprobs.length} logprobs`, 502, "bad_response");
   }
   const message = parseWhole(profileParser(call).create(parsesTools(call)), choice.text);
+  const routed = fromVllm(call.target, body.prompt_routed_experts, choice.routed_experts, choice.prompt_token_ids.length, choice.token_ids.length);
   return {
     prompt_ids: choice.prompt_token_ids,
     output_ids: choice.token_ids,
@@ -132,6 +136,7 @@ async function generate(call: TokenInCall): Promise<EngineResult> {
       completion_tokens: body.usage?.completion_tokens ?? choice.token_ids.length,
       cached_tokens: body.usage?.prompt_tokens_details?.cached_tokens ?? 0,
     },
+    ...(routed ? { routed_experts: routed } : {}),
   };
 }
 
@@ -150,12 +155,32 @@ async function generateStamped(call: TokenInCall): Promise<EngineResult> {
 }
 
 /**
+ * The engine's answer as chunks: its SSE chunks, or, with routed experts on (vLLM sends them on
+ * whole answers only), the whole answer as the one chunk it reads the same as.
+ */
+async function* completionChunks(call: TokenInCall): AsyncGenerator<CompletionChunk> {
+  const whole = wantsRoutedExperts(call.target);
+  const res = await postCompletion(whole ? { ...call, request: { ...call.request, stream: false } } : call);
+  await rejectUnlessOk(res, call.target.engine.url);
+  if (whole) {
+    const parsed = CompletionResponse.safeParse(await res.body.json());
+    if (!parsed.success) throw new EngineError(`engine response is not a completion: ${parsed.error.message}`, 502, "bad_response");
+    yield parsed.data;
+    return;
+  }
+  for await (const json of sseJson(res.body)) {
+    const parsed = CompletionChunk.safeParse(json);
+    if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
+    yield parsed.data;
+  }
+}
+
+/**
  * A streaming token-in generation, as canonical events: content and reasoning deltas as the text
  * arrives, a tool-call delta when each `</tool_call>` closes, then finish and usage.
  */
 async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEvent> {
-  const res = await postCompletion(call);
-  await rejectUnlessOk(res, call.target.engine.url);
+  const stamp = call.stamp && wantsRoutedExperts(call.target) ? wholeAnswerStamp(call.stamp) : call.stamp;
   const topK = call.request.client_logprobs?.top_logprobs ?? 0;
   const parser = profileParser(call).create(parsesTools(call));
   // Continuing a cut answer: the parser reads what was already sent, so new text lands in context.
@@ -166,15 +191,14 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
   let finished = false;
   let tokens = 0;
   let logprobCount = 0;
-  for await (const json of sseJson(res.body)) {
-    const parsed = CompletionChunk.safeParse(json);
-    if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
-    const chunk = parsed.data;
+  let promptLen = 0;
+  for await (const chunk of completionChunks(call)) {
     const choice = chunk.choices[0];
     if (choice) {
       if (!started) {
         if (!choice.prompt_token_ids) throw new EngineError(MISSING_TOKENS, 502, "bad_response");
         started = true;
+        promptLen = choice.prompt_token_ids.length;
         yield { type: "start", prompt_ids: choice.prompt_token_ids };
       }
       if (!choice.token_ids && choice.text !== "") throw new EngineError(MISSING_TOKENS, 502, "bad_response");
@@ -182,13 +206,19 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
       const lps = toTokenLogprobs(choice.logprobs, topK);
       tokens += ids.length;
       logprobCount += lps.length;
-      const ev = deltaEvent(choice.text ? parser.push(choice.text) : null, ids, lps, call.stamp);
+      const ev = deltaEvent(choice.text ? parser.push(choice.text) : null, ids, lps, stamp);
       if (ev) yield ev;
       if (choice.finish_reason && !finished) {
         finished = true;
         const tail = deltaEvent(parser.end(), [], []);
         if (tail) yield tail;
-        yield { type: "finish", finish_reason: chatFinishReason(choice.finish_reason, parser.toolCalls), stop_reason: choice.stop_reason ?? null };
+        const routed = fromVllm(call.target, chunk.prompt_routed_experts, choice.routed_experts, promptLen, tokens);
+        yield {
+          type: "finish",
+          finish_reason: chatFinishReason(choice.finish_reason, parser.toolCalls),
+          stop_reason: choice.stop_reason ?? null,
+          ...(routed ? { routed_experts: routed } : {}),
+        };
       }
     }
     if (chunk.usage) {

@@ -1,11 +1,12 @@
 import { templateFields, type ModelProfile } from "@rollgate/models";
 import type { CanonicalChatRequest, ChatMessage, TokenLogprob } from "@rollgate/protocol";
-import { StreamAccumulator, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
+import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
 import { sseJson } from "./sse.js";
 import type { RankTarget } from "./registry.js";
+import { fromVllm, wantsRoutedExperts, wholeAnswerStamp } from "./routed-experts.js";
 
 /**
  * The vLLM adapter: canonical chat → vLLM's OpenAI server with its token extensions
@@ -123,10 +124,12 @@ const VllmChatResponse = z.object({
         finish_reason: z.string().nullable(),
         stop_reason: z.union([z.string(), z.number()]).nullable().optional(),
         token_ids: z.array(z.number().int()).nullable().optional(),
+        routed_experts: z.unknown().optional(),
       }),
     )
     .min(1),
   usage: VllmUsage.nullable().optional(),
+  prompt_routed_experts: z.unknown().optional(),
 });
 
 const VllmChunk = z.object({
@@ -208,13 +211,15 @@ function safeJson(text: string): unknown {
  * instead (the same record), so each token carries the version current when it arrived.
  */
 export async function vllmChat(call: EngineCall): Promise<EngineResult> {
-  if (call.stamp) {
+  if (call.stamp && !wantsRoutedExperts(call.target)) {
     const acc = new StreamAccumulator();
     for await (const event of vllmChatStream({ ...call, request: { ...call.request, stream: true } })) acc.push(event);
     if (!acc.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
     return acc.result();
   }
-  const res = await post(call);
+  // Routed experts come only on whole answers: a stamped call is then stamped once, on arrival.
+  const stamp = call.stamp ? wholeAnswerStamp(call.stamp) : undefined;
+  const res = await post({ ...call, request: { ...call.request, stream: false } });
   await rejectUnlessOk(res, call.target.engine.url);
   const parsed = VllmChatResponse.safeParse(await res.body.json());
   if (!parsed.success) throw new EngineError(`engine response is not a chat completion: ${parsed.error.message}`, 502, "bad_response");
@@ -227,6 +232,7 @@ export async function vllmChat(call: EngineCall): Promise<EngineResult> {
   }
   const m = choice.message;
   const logprobs = lps.map(toTokenLogprob);
+  const routed = fromVllm(call.target, body.prompt_routed_experts, choice.routed_experts, body.prompt_token_ids.length, choice.token_ids.length);
   return {
     prompt_ids: body.prompt_token_ids,
     output_ids: choice.token_ids,
@@ -248,11 +254,20 @@ export async function vllmChat(call: EngineCall): Promise<EngineResult> {
       completion_tokens: body.usage?.completion_tokens ?? choice.token_ids.length,
       cached_tokens: body.usage?.prompt_tokens_details?.cached_tokens ?? 0,
     },
+    ...(routed ? { routed_experts: routed } : {}),
+    ...(stamp ? { output_versions: choice.token_ids.map(() => stamp()) } : {}),
   };
 }
 
-/** A streaming call: yields canonical events as vLLM's SSE chunks arrive. */
+/**
+ * A streaming call: yields canonical events as vLLM's SSE chunks arrive. With routed experts on,
+ * the answer is asked for whole (vLLM sends them on non-streamed answers only) and told as events.
+ */
 export async function* vllmChatStream(call: EngineCall): AsyncGenerator<EngineStreamEvent> {
+  if (wantsRoutedExperts(call.target)) {
+    yield* resultAsEvents(await vllmChat({ ...call, request: { ...call.request, stream: false } }));
+    return;
+  }
   const res = await post(call);
   await rejectUnlessOk(res, call.target.engine.url);
   let started = false;

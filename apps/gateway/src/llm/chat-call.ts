@@ -481,6 +481,7 @@ export class ChatCaller {
       ...(call.reroutedFrom ? { rerouted_from: call.reroutedFrom } : {}),
       ...(versions.output_weight_versions ? { output_weight_versions: versions.output_weight_versions } : {}),
       ...(call.continued ? { continued_after_pause: call.continued.cuts } : {}),
+      ...(result.routed_experts ? { routed_experts: result.routed_experts } : {}),
     };
     const taskId = call.session.metadata.task_id;
     // The record and the task's progress event are written together (one round trip's wait).

@@ -1,4 +1,4 @@
-import type { CanonicalChatRequest, TokenLogprob, WeightVersion } from "@rollgate/protocol";
+import { joinRoutedRows, routedRows, type CanonicalChatRequest, type RoutedExperts, type TokenLogprob, type WeightVersion } from "@rollgate/protocol";
 import type { EngineResult } from "@rollgate/transforms";
 
 /**
@@ -21,6 +21,31 @@ export interface CutGeneration {
   cachedTokens: number;
   /** How many times a pause cut the call. */
   cuts: number;
+  /**
+   * Routed experts of prompt + outputIds so far (all positions but the last), when the engine
+   * sends them: each position's row comes from the piece whose forward pass sampled the next token.
+   */
+  routed?: RoutedExperts;
+}
+
+/**
+ * Routed experts of a sequence grown by one more engine answer: positions already covered keep
+ * their rows (they produced the tokens already kept); the piece gives the rest. Undefined when
+ * either side has none.
+ */
+function extendRouted(sofar: RoutedExperts | undefined, covered: number, piece: RoutedExperts | undefined): RoutedExperts | undefined {
+  if (!piece) return undefined;
+  if (covered === 0) return piece;
+  if (!sofar) return undefined;
+  return joinRoutedRows([
+    { experts: sofar, from: 0, to: covered },
+    { experts: piece, from: covered, to: routedRows(piece) },
+  ]) ?? undefined;
+}
+
+/** Positions of prompt + output the rows cover: every one but the last. */
+function coveredPositions(promptIds: readonly number[], outputIds: readonly number[], started: boolean): number {
+  return started ? Math.max(promptIds.length + outputIds.length - 1, 0) : 0;
 }
 
 /** Adds what an aborted engine answer generated (under `version`) to the call's cut so far. */
@@ -34,8 +59,10 @@ export function addCut(cut: CutGeneration | null, aborted: EngineResult, version
     cachedTokens: aborted.usage.cached_tokens,
     cuts: 0,
   };
+  const routed = extendRouted(base.routed, coveredPositions(base.promptIds, base.outputIds, cut !== null), aborted.routed_experts);
   return {
     ...base,
+    ...(routed ? { routed } : {}),
     outputIds: base.outputIds.concat(aborted.output_ids),
     outputLogprobs: base.outputLogprobs.concat(aborted.output_logprobs),
     logprobs: base.logprobs.concat(aborted.logprobs),
@@ -74,6 +101,7 @@ export function joinContinuation(
 ): { result: EngineResult; versions: WeightVersion[] } {
   const restIds = rest?.output_ids ?? [];
   const outputIds = cut.outputIds.concat(restIds);
+  const routed = rest ? extendRouted(cut.routed, coveredPositions(cut.promptIds, cut.outputIds, true), rest.routed_experts) : cut.routed;
   return {
     result: {
       prompt_ids: cut.promptIds,
@@ -84,6 +112,7 @@ export function joinContinuation(
       finish_reason: answer.finish_reason,
       stop_reason: rest?.stop_reason ?? null,
       usage: { prompt_tokens: cut.promptIds.length, completion_tokens: outputIds.length, cached_tokens: cut.cachedTokens },
+      ...(routed ? { routed_experts: routed } : {}),
     },
     versions: cut.versions.concat(restIds.map(() => version)),
   };

@@ -18,5 +18,6 @@ from .async_client import AsyncClient
 from .callbacks import CallbackReceiver, Delivery, sign, verify
 from .client import Client
 from .errors import RollgateError
+from .routing import decode_routed_experts
 
-__all__ = ["AsyncClient", "CallbackReceiver", "Client", "Delivery", "RollgateError", "grpo", "sign", "verify", "__version__"]
+__all__ = ["AsyncClient", "CallbackReceiver", "Client", "Delivery", "RollgateError", "decode_routed_experts", "grpo", "sign", "verify", "__version__"]

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from .routing import decode_routed_experts
+
 JSON = Dict[str, Any]
 METHODS = ("mean_std", "mean", "leave_one_out")
 
@@ -126,7 +128,9 @@ class StepBatch:
     sampled, 0 on prompt, tool results and template glue), ``old_logprobs`` (the engine's logprob of
     each sampled token, 0 elsewhere), ``advantages`` (the member's advantage on every trainable token,
     0 elsewhere), ``weight_versions`` (the policy version that sampled each token, None on the
-    prompt: mask stale tokens with it), ``prompt_length``, ``task_id``, ``member``, ``trace``.
+    prompt: mask stale tokens with it), ``prompt_length``, ``task_id``, ``member``, ``trace``; and,
+    when the engine sent them, ``routed_experts`` (one row per input position but the last, decoded
+    by ``rollgate.decode_routed_experts``) for routing replay.
     """
 
     samples: List[JSON]
@@ -181,8 +185,10 @@ def step_batch(results: Sequence[Optional[Mapping[str, Any]]], adv: GroupAdvanta
             prompt = list(trace["prompt_ids"])
             mask = [int(m) for m in trace["loss_mask"]]
             pad = [0] * len(prompt)
+            routed = trace.get("routed_experts")
             batch.samples.append(
                 {
+                    **({"routed_experts": decode_routed_experts(routed)} if routed else {}),
                     "task_id": task_id,
                     "member": member,
                     "trace": k,

@@ -1,28 +1,66 @@
-/* global document, window, location, localStorage, Node, URLSearchParams */
-// rollgate dashboard: plain ES module, no build step, no network beyond this gateway.
-// Reads the task API (/v1/tasks…), the session API and the dashboard's /v1/stats/* endpoints.
+// rollgate dashboard: a browser ES module (built by the gateway's build into dist/dashboard/app.js),
+// no network beyond this gateway. Reads the task API (/v1/tasks…), the session API and the
+// dashboard's /v1/stats/* endpoints. Wire types come from @rollgate/protocol (types only: nothing
+// of it is loaded in the browser).
+
+import type { DecodedTrajectory, Preflight, TaskError, TaskEvent, TaskRecord, TaskResult, TaskStatus } from "@rollgate/protocol";
+
+// The /v1/stats/* aggregates are open objects in the API document: what this page reads of them.
+interface Overview {
+  by_status: Partial<Record<TaskStatus, number>>;
+  reward: { mean: number | null };
+  usage: TaskResult["usage"];
+  weight_version: string | null;
+}
+interface Series {
+  bucket_s: number;
+  buckets: { t: string; llm_calls: number; tokens_per_s: number }[];
+}
+interface Ranks {
+  engines?: { index: number; kind: string; url: string; profile: string; preflight: Preflight | null }[];
+  ranks: { engine: number; dp_rank: number; kind: string; url: string; sessions: number; healthy: boolean; status: number | null; latency_ms: number; error?: string }[];
+}
+interface Groups {
+  range: { min: number; max: number };
+  groups: { group_id: string; tasks: number; ended: number; rewards: number[]; mean: number | null; std: number | null; histogram: number[] }[];
+}
+interface ErrorJson {
+  error?: { type?: string; message?: string };
+}
 
 const KEY_STORAGE = "rollgate.apiKey";
 const REFRESH_MS = 3000;
-const view = document.getElementById("view");
-let timer = null;
-let streamAbort = null;
+let timer: ReturnType<typeof setTimeout> | undefined;
+let streamAbort: AbortController | null = null;
 
 // ── helpers ────────────────────────────────────────────────────────────────────────────
 
-function h(tag, attrs = {}, ...children) {
+/** An element the page (index.html) must have. */
+function byId<T extends HTMLElement = HTMLElement>(id: string): T {
+  const el = document.getElementById(id);
+  if (!el) throw new Error(`the dashboard page has no #${id}`);
+  return el as T;
+}
+
+const view = byId("view");
+
+type Leaf = Node | string | number | null | undefined | false;
+type Child = Leaf | Leaf[];
+type Attrs = Record<string, string | number | boolean | null | undefined | ((e: Event) => void)>;
+
+function h(tag: string, attrs: Attrs = {}, ...children: Child[]): HTMLElement {
   const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs ?? {})) {
+  for (const [k, v] of Object.entries(attrs)) {
     if (v === undefined || v === null || v === false) continue;
-    if (k === "class") el.className = v;
-    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    if (typeof v === "function") el.addEventListener(k.slice(2), v);
+    else if (k === "class") el.className = String(v);
     else el.setAttribute(k, v === true ? "" : String(v));
   }
   for (const c of children.flat()) if (c !== null && c !== undefined && c !== false) el.append(c instanceof Node ? c : String(c));
   return el;
 }
 
-function svg(tag, attrs = {}, ...children) {
+function svg(tag: string, attrs: Record<string, string | number> = {}, ...children: Child[]): SVGElement {
   const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
   for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
   for (const c of children.flat()) if (c) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
@@ -30,82 +68,95 @@ function svg(tag, attrs = {}, ...children) {
 }
 
 const fmt = {
-  num: (n, d = 0) => (n === null || n === undefined || Number.isNaN(n) ? "–" : Number(n).toLocaleString("en-US", { maximumFractionDigits: d, minimumFractionDigits: d })),
-  reward: (r) => (r === null || r === undefined ? "–" : Number(r).toFixed(3)),
-  ms: (ms) => (ms === null || ms === undefined ? "–" : ms < 1000 ? `${Math.round(ms)} ms` : ms < 60_000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.floor(ms / 60000)}m ${Math.round((ms % 60000) / 1000)}s`),
-  time: (iso) => (iso ? new Date(iso).toLocaleTimeString([], { hour12: false }) : "–"),
-  ago: (iso) => {
+  num: (n: number | null | undefined, d = 0) => (n === null || n === undefined || Number.isNaN(n) ? "–" : Number(n).toLocaleString("en-US", { maximumFractionDigits: d, minimumFractionDigits: d })),
+  reward: (r: number | null | undefined) => (r === null || r === undefined ? "–" : Number(r).toFixed(3)),
+  ms: (ms: number | null | undefined) => (ms === null || ms === undefined ? "–" : ms < 1000 ? `${Math.round(ms)} ms` : ms < 60_000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.floor(ms / 60000)}m ${Math.round((ms % 60000) / 1000)}s`),
+  time: (iso: string | null | undefined) => (iso ? new Date(iso).toLocaleTimeString([], { hour12: false }) : "–"),
+  ago: (iso: string | null | undefined) => {
     if (!iso) return "–";
     const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
     return s < 60 ? `${Math.round(s)}s ago` : s < 3600 ? `${Math.round(s / 60)}m ago` : `${Math.round(s / 3600)}h ago`;
   },
 };
 
-const badge = (status) => h("span", { class: `badge ${status}` }, status.replace("_", " "));
+const badge = (status: string) => h("span", { class: `badge ${status}` }, status.replace("_", " "));
 
-function apiKey() {
+function apiKey(): string {
   return localStorage.getItem(KEY_STORAGE) || "";
 }
 
 class ApiError extends Error {
-  constructor(status, body) {
+  readonly status: number;
+  readonly type: string | undefined;
+  constructor(status: number, body: ErrorJson | null) {
     super(body?.error?.message ?? `HTTP ${status}`);
     this.status = status;
     this.type = body?.error?.type;
   }
 }
 
-async function api(path, { text = false, signal } = {}) {
-  const headers = {};
+function authHeaders(headers: Record<string, string> = {}): Record<string, string> {
   const key = apiKey();
   if (key) headers.authorization = `Bearer ${key}`;
-  const res = await fetch(path, { headers, signal });
+  return headers;
+}
+
+async function request(path: string): Promise<Response> {
+  const res = await fetch(path, { headers: authHeaders() });
   setConn(true);
   if (!res.ok) {
-    let body = null;
+    let body: ErrorJson | null = null;
     try {
-      body = await res.json();
+      body = (await res.json()) as ErrorJson;
     } catch {
       /* not JSON */
     }
     if (res.status === 401) askKey(true);
     throw new ApiError(res.status, body);
   }
-  return text ? res.text() : res.json();
+  return res;
 }
 
-function setConn(ok, message) {
-  const el = document.getElementById("conn");
+/** GETs a JSON route of this gateway; its type is what the route answers. */
+async function api<T>(path: string): Promise<T> {
+  return (await (await request(path)).json()) as T;
+}
+
+async function apiText(path: string): Promise<string> {
+  return (await request(path)).text();
+}
+
+function setConn(ok: boolean, message?: string) {
+  const el = byId("conn");
   el.className = `pill ${ok ? "ok" : "bad"}`;
   el.textContent = ok ? "connected" : message ?? "unreachable";
 }
 
-function askKey(required) {
-  const dialog = document.getElementById("key-dialog");
+function askKey(required: boolean) {
+  const dialog = byId<HTMLDialogElement>("key-dialog");
   if (dialog.open) return;
-  const input = document.getElementById("key-input");
-  input.value = apiKey();
+  byId<HTMLInputElement>("key-input").value = apiKey();
   if (required) setConn(false, "API key needed");
   dialog.showModal();
 }
 
-document.getElementById("key-btn").addEventListener("click", () => askKey(false));
-document.getElementById("key-dialog").addEventListener("close", () => {
-  const dialog = document.getElementById("key-dialog");
-  if (dialog.returnValue === "save") {
-    localStorage.setItem(KEY_STORAGE, document.getElementById("key-input").value.trim());
-    route();
+byId("key-btn").addEventListener("click", () => askKey(false));
+byId<HTMLDialogElement>("key-dialog").addEventListener("close", () => {
+  if (byId<HTMLDialogElement>("key-dialog").returnValue === "save") {
+    localStorage.setItem(KEY_STORAGE, byId<HTMLInputElement>("key-input").value.trim());
+    void route();
   }
 });
 
-function errorBox(err) {
+function errorBox(err: unknown) {
   if (err instanceof TypeError) setConn(false);
-  return h("div", { class: "error-box" }, err instanceof ApiError ? `${err.type ?? "error"}: ${err.message}` : `cannot reach the gateway: ${err.message}`);
+  const message = err instanceof Error ? err.message : String(err);
+  return h("div", { class: "error-box" }, err instanceof ApiError ? `${err.type ?? "error"}: ${message}` : `cannot reach the gateway: ${message}`);
 }
 
 // ── charts (inline SVG) ────────────────────────────────────────────────────────────────
 
-function barChart(values, { color = "#5b8def", labels = [], unit = "" } = {}) {
+function barChart(values: number[], { color = "#5b8def", labels = [] as string[], unit = "" } = {}) {
   const W = 600, H = 150, L = 38, B = 18, T = 8;
   const max = Math.max(1e-9, ...values);
   const n = Math.max(1, values.length);
@@ -136,19 +187,20 @@ let statusFilter = "";
 const groupFilter = () => new URLSearchParams(location.hash.split("?")[1] ?? "").get("group");
 
 async function renderOverview() {
+  const group = groupFilter();
   const [overview, series, ranks, groups, tasks] = await Promise.all([
-    api("/v1/stats/overview"),
-    api("/v1/stats/timeseries?minutes=15&bucket_s=15"),
-    api("/v1/stats/ranks"),
-    api("/v1/stats/groups?limit=12"),
-    api(`/v1/tasks?limit=50${statusFilter ? `&status=${statusFilter}` : ""}${groupFilter() ? `&group_id=${encodeURIComponent(groupFilter())}` : ""}`),
+    api<Overview>("/v1/stats/overview"),
+    api<Series>("/v1/stats/timeseries?minutes=15&bucket_s=15"),
+    api<Ranks>("/v1/stats/ranks"),
+    api<Groups>("/v1/stats/groups?limit=12"),
+    api<{ tasks: TaskRecord[] }>(`/v1/tasks?limit=50${statusFilter ? `&status=${statusFilter}` : ""}${group ? `&group_id=${encodeURIComponent(group)}` : ""}`),
   ]);
-  document.getElementById("weight").textContent = `weights: ${overview.weight_version ?? "–"}`;
+  byId("weight").textContent = `weights: ${overview.weight_version ?? "–"}`;
   const s = overview.by_status;
   const cards = h(
     "section",
     { class: "grid cards", id: "cards" },
-    [
+    ([
       ["queued", s.queued, "queued"],
       ["running", s.running, "running"],
       ["completed", s.completed, "completed"],
@@ -157,7 +209,7 @@ async function renderOverview() {
       ["", fmt.reward(overview.reward.mean), "mean reward"],
       ["", fmt.num(overview.usage.llm_calls), "LLM calls"],
       ["", fmt.num(overview.usage.completion_tokens), "tokens generated"],
-    ].map(([cls, value, label]) => h("div", { class: `panel card ${cls}` }, h("div", { class: "label" }, label), h("div", { class: "value" }, value ?? 0))),
+    ] satisfies [string, Child, string][]).map(([cls, value, label]) => h("div", { class: `panel card ${cls}` }, h("div", { class: "label" }, label), h("div", { class: "value" }, value ?? 0))),
   );
 
   const labels = series.buckets.map((b) => fmt.time(b.t).slice(0, 5));
@@ -196,7 +248,7 @@ async function renderOverview() {
   );
 
   // Each engine's preflight (GET /admin/engines has the full report): what will hold before a run.
-  const yesNo = (v, yes, no) => (v === null || v === undefined ? "–" : v ? yes : no);
+  const yesNo = (v: boolean | null | undefined, yes: string, no: string) => (v === null || v === undefined ? "–" : v ? yes : no);
   const enginePanel = h(
     "div",
     { class: "panel", id: "engines" },
@@ -260,8 +312,8 @@ async function renderOverview() {
     {
       id: "status-filter",
       onchange: (e) => {
-        statusFilter = e.target.value;
-        refresh();
+        statusFilter = (e.target as HTMLSelectElement).value;
+        void refresh();
       },
     },
     ["", "queued", "running", "completed", "failed", "timed_out", "cancelled"].map((st) => h("option", { value: st, selected: st === statusFilter }, st || "all statuses")),
@@ -270,7 +322,7 @@ async function renderOverview() {
     "div",
     { class: "panel", id: "tasks" },
     h("div", { class: "toolbar" }, h("h2", { style: "margin:0" }, "Tasks"), h("span", { class: "muted" }, `newest ${tasks.tasks.length}`),
-      groupFilter() ? h("a", { class: "pill", href: "#/", title: "show all groups" }, `group ${groupFilter()} ✕`) : null, h("div", { class: "spacer" }), filter),
+      group ? h("a", { class: "pill", href: "#/", title: "show all groups" }, `group ${group} ✕`) : null, h("div", { class: "spacer" }), filter),
     tasks.tasks.length === 0
       ? h("div", { class: "empty" }, "no tasks yet — submit some with ", h("code", {}, "rollgate submit tasks.jsonl"))
       : h(
@@ -307,22 +359,20 @@ async function renderOverview() {
 
 // ── task page ──────────────────────────────────────────────────────────────────────────
 
-function eventLine(e) {
+function eventLine(e: TaskEvent) {
   const d = e.data ?? {};
+  const error = d.error as TaskError | null | undefined;
   let detail = "";
   if (e.type === "llm_call") detail = `#${d.seq} prompt ${d.prompt_tokens} · completion ${d.completion_tokens} · cached ${d.cached_tokens} · ${d.latency_ms} ms · ${d.finish_reason}`;
   else if (e.type === "started") detail = `worker ${d.worker} · attempt ${d.attempt} · session ${d.session_id}`;
-  else if (e.type === "terminal") detail = `${d.status}${d.reward !== null && d.reward !== undefined ? ` · reward ${d.reward}` : ""}${d.error ? ` · ${d.error.kind}: ${d.error.message}` : ""}`;
+  else if (e.type === "terminal") detail = `${d.status}${d.reward !== null && d.reward !== undefined ? ` · reward ${d.reward}` : ""}${error ? ` · ${error.kind}: ${error.message}` : ""}`;
   else detail = Object.keys(d).length ? JSON.stringify(d) : "";
   return h("div", { class: `ev ${e.type}` }, h("span", { class: "muted" }, fmt.time(e.at)), h("span", { class: "type" }, e.type), h("span", {}, detail));
 }
 
 /** Follows the task's SSE stream with fetch (EventSource cannot send an Authorization header). */
-async function followEvents(id, box, signal) {
-  const headers = { accept: "text/event-stream" };
-  const key = apiKey();
-  if (key) headers.authorization = `Bearer ${key}`;
-  const res = await fetch(`/v1/tasks/${encodeURIComponent(id)}/events`, { headers, signal });
+async function followEvents(id: string, box: HTMLElement, signal: AbortSignal) {
+  const res = await fetch(`/v1/tasks/${encodeURIComponent(id)}/events`, { headers: authHeaders({ accept: "text/event-stream" }), signal });
   if (!res.ok || !res.body) throw new ApiError(res.status, null);
   const reader = res.body.getReader();
   const decoder = new TextDecoder();
@@ -342,7 +392,7 @@ async function followEvents(id, box, signal) {
         .join("\n");
       if (!data) continue;
       try {
-        box.append(eventLine(JSON.parse(data)));
+        box.append(eventLine(JSON.parse(data) as TaskEvent));
         box.scrollTop = box.scrollHeight;
       } catch {
         /* ignore */
@@ -351,7 +401,7 @@ async function followEvents(id, box, signal) {
   }
 }
 
-function renderTrajectory(decoded) {
+function renderTrajectory(decoded: DecodedTrajectory) {
   if (decoded.traces.length === 0) return h("div", { class: "empty" }, "no LLM calls recorded in this session");
   return h(
     "div",
@@ -387,10 +437,10 @@ function renderTrajectory(decoded) {
   );
 }
 
-async function renderTask(id) {
-  const task = await api(`/v1/tasks/${encodeURIComponent(id)}`);
+async function renderTask(id: string) {
+  const task = await api<TaskRecord>(`/v1/tasks/${encodeURIComponent(id)}`);
   const r = task.result;
-  const kv = (pairs) => h("dl", { class: "kv" }, pairs.filter(Boolean).flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v ?? "–")]));
+  const kv = (pairs: ([string, Leaf] | null)[]) => h("dl", { class: "kv" }, pairs.flatMap((p) => (p ? [h("dt", {}, p[0]), h("dd", {}, p[1] ?? "–")] : [])));
   const summary = h(
     "section",
     { class: "grid two" },
@@ -401,7 +451,7 @@ async function renderTask(id) {
       kv([
         ["reward", h("strong", {}, fmt.reward(r?.reward))],
         ["group", task.group_id],
-        ["instruction", h("span", { class: "mono" }, (task.task.instruction ?? "").split("\n")[0].slice(0, 160))],
+        ["instruction", h("span", { class: "mono" }, (task.task.instruction.split("\n")[0] ?? "").slice(0, 160))],
         ["harness", task.task.agent.harness],
         ["worker", task.worker],
         ["session", task.session_id ? h("span", { class: "mono" }, task.session_id) : null],
@@ -438,19 +488,19 @@ async function renderTask(id) {
   );
   streamAbort?.abort();
   streamAbort = new AbortController();
-  followEvents(id, eventsBox, streamAbort.signal).catch((err) => {
-    if (err.name !== "AbortError") eventsBox.append(errorBox(err));
+  followEvents(id, eventsBox, streamAbort.signal).catch((err: unknown) => {
+    if ((err as Error | null)?.name !== "AbortError") eventsBox.append(errorBox(err));
   });
-  api(`/v1/tasks/${encodeURIComponent(id)}/logs`, { text: true })
+  apiText(`/v1/tasks/${encodeURIComponent(id)}/logs`)
     .then((t) => (logs.textContent = t || "(no output)"))
-    .catch((err) => logs.replaceChildren(errorBox(err)));
+    .catch((err: unknown) => logs.replaceChildren(errorBox(err)));
   if (task.session_id) {
-    api(`/v1/sessions/${encodeURIComponent(task.session_id)}/trajectory/decoded?builder=${task.task.trajectory?.builder ?? "prefix_merging"}`)
+    api<DecodedTrajectory>(`/v1/sessions/${encodeURIComponent(task.session_id)}/trajectory/decoded?builder=${task.task.trajectory?.builder ?? "prefix_merging"}`)
       .then((d) => traj.replaceChildren(renderTrajectory(d)))
-      .catch((err) => traj.replaceChildren(errorBox(err)));
+      .catch((err: unknown) => traj.replaceChildren(errorBox(err)));
   }
   // A running task's page refreshes itself once it ends.
-  if (!r) timer = setTimeout(() => route(), REFRESH_MS * 2);
+  if (!r) timer = setTimeout(() => void route(), REFRESH_MS * 2);
 }
 
 // ── routing ────────────────────────────────────────────────────────────────────────────
@@ -462,7 +512,7 @@ async function refresh() {
   } catch (err) {
     view.replaceChildren(errorBox(err));
   }
-  if (currentRoute() === "overview") timer = setTimeout(refresh, REFRESH_MS);
+  if (currentRoute() === "overview") timer = setTimeout(() => void refresh(), REFRESH_MS);
 }
 
 function currentRoute() {
@@ -472,7 +522,7 @@ function currentRoute() {
 async function route() {
   clearTimeout(timer);
   streamAbort?.abort();
-  for (const a of document.querySelectorAll("[data-nav]")) a.classList.toggle("active", currentRoute() === a.dataset.nav);
+  for (const a of document.querySelectorAll<HTMLElement>("[data-nav]")) a.classList.toggle("active", currentRoute() === a.dataset.nav);
   if (currentRoute() === "task") {
     const id = decodeURIComponent(location.hash.slice("#/tasks/".length));
     view.replaceChildren(h("div", { class: "empty" }, "loading…"));
@@ -486,5 +536,5 @@ async function route() {
   }
 }
 
-window.addEventListener("hashchange", route);
-route();
+window.addEventListener("hashchange", () => void route());
+void route();

@@ -1,0 +1,4 @@
+export * from "./children.js";
+export * from "./ports.js";
+export * from "./redis.js";
+export * from "./prefixes.js";
