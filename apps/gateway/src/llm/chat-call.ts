@@ -8,6 +8,7 @@ import {
   findExtendedRecord,
   matchEchoedHistory,
   recordHead,
+  resultAsEvents,
   type EchoedHistory,
   type EngineResult,
   type EngineStreamEvent,
@@ -29,24 +30,6 @@ import { addCut, continuationPrompt, continuationRequest, joinContinuation, type
 /** The engine could not serve the call (unreachable, or a 5xx): worth another rank, unlike a refusal. */
 function rankFailed(err: unknown): boolean {
   return err instanceof EngineError && (err.kind === "unreachable" || (err.kind === "rejected" && err.status === 502));
-}
-
-/**
- * A whole engine answer told as the events a stream of it would carry (start, one delta, finish,
- * usage), so a non-streamed call goes through the same state machine as a streamed one.
- */
-function resultEvents(r: EngineResult): EngineStreamEvent[] {
-  const { content, reasoning, tool_calls } = r.message;
-  const delta: EngineStreamEvent = {
-    type: "delta",
-    token_ids: r.output_ids,
-    logprobs: r.logprobs,
-    ...(content !== null ? { content } : {}),
-    ...(reasoning !== null ? { reasoning } : {}),
-    ...(tool_calls.length ? { tool_calls: tool_calls.map((c, index) => ({ index, id: c.id, type: c.type, function: { name: c.function.name, arguments: c.function.arguments } })) } : {}),
-    ...(r.output_versions ? { versions: r.output_versions } : {}),
-  };
-  return [{ type: "start", prompt_ids: r.prompt_ids }, delta, { type: "finish", finish_reason: r.finish_reason, stop_reason: r.stop_reason }, { type: "usage", usage: r.usage }];
 }
 
 /** A call refused before it reached an engine (session limits); `status` and `code` go to the agent. */
@@ -348,7 +331,7 @@ export class ChatCaller {
     }
     if (!streamed) {
       const result = next ? await next.route.generate(next.call) : await this.send(call, signal, false);
-      yield* resultEvents(result);
+      yield* resultAsEvents(result);
       return result;
     }
     const piece = new StreamAccumulator();
