@@ -11,9 +11,11 @@ import { LostCallLedger } from "./llm/lost-calls.js";
 import { RedactingLogController, SessionTaskCache, redactingLogger, requestChildLogger, rootLoggerOptions } from "./observability/logging.js";
 import { GatewayMetrics } from "./observability/metrics.js";
 import { requestObservability } from "./observability/request-hooks.js";
+import { AdminChannel } from "./ops/admin-channel.js";
 import { EngineHealth } from "./ops/engine-health.js";
 import { PauseGate } from "./ops/pause-gate.js";
 import { PreflightReports } from "./ops/preflight.js";
+import { RankHealthBus } from "./ops/rank-health.js";
 import { SessionRateLimiter, retryAfterHeader } from "./ops/rate-limit.js";
 import { Rerouter } from "./ops/reroute.js";
 import { anthropicAgentRoutes } from "./routes/agent-anthropic.js";
@@ -104,19 +106,21 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
   const admin = new AdminStore(redis, prefix);
   const subscriber = duplicateClient(redis);
   subscriber.on("error", (err: Error) => log.warn({ err: err.message }, "redis subscriber error"));
-  const pause = new PauseGate(admin, subscriber, log, () => weights.get(), (operation) => metrics.backgroundError(operation));
+  // One subscription to the admin channel, heard by the pause gate and the rank-health bus.
+  const channel = new AdminChannel(admin, subscriber);
+  const pause = new PauseGate(admin, channel, log, () => weights.get(), (operation) => metrics.backgroundError(operation));
   await pause.start();
+  const rankHealth = new RankHealthBus(admin, channel);
   const health = new EngineHealth(
     registry,
     router,
     env.ROLLGATE_HEALTH_FAILURES,
     log,
-    (member, down) => admin.publish({ type: "rank", member, down }),
+    (member, down) => rankHealth.announce(member, down),
     () => pause.paused !== null,
   );
-  pause.onAdminMessage((msg) => {
-    if (msg.type === "rank") health.heard(msg.member, msg.down);
-  });
+  rankHealth.onChange((member, down) => health.heard(member, down));
+  await rankHealth.start();
   health.start(env.ROLLGATE_HEALTH_INTERVAL_S);
   const rerouter = new Rerouter(registry, router, sessions, health, env.ROLLGATE_ROUTING);
   const lostCalls = new LostCallLedger(sessions, log, { onNoted: (call) => metrics.lostCall(call.kind), storeReady: () => redis.status === "ready" });
@@ -173,6 +177,7 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
     health.stop();
     await lostCalls.close();
     await pause.stop();
+    channel.close();
     await rollouts.close();
     await registry.close();
     redis.disconnect();

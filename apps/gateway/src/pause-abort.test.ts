@@ -129,6 +129,22 @@ describe("abort-mode pause on vLLM: calls continue token-in", () => {
     expect(rec!.output_ids).toEqual(reference.record.output_ids.slice(0, 30));
     expect(tok.decode(rec!.output_ids)).toContain("look around first");
   });
+
+  it("streamed, max_tokens: one stream that ends on length at the whole answer's budget", async () => {
+    const s = await h.openSession();
+    const finishes: string[] = [];
+    const stream = sdk(h, s).chat.completions.stream({ model: "m", messages, tools: TOOLS, max_tokens: 30, stream_options: { include_usage: true } });
+    stream.on("chunk", (c) => {
+      if (c.choices[0]?.finish_reason) finishes.push(c.choices[0].finish_reason);
+    });
+    await pauseMidCall(h, "w2");
+    const final = await stream.finalChatCompletion();
+    expect(finishes).toEqual(["length"]);
+    expect(final.usage?.completion_tokens).toBe(30);
+    const [rec] = await h.records(s.id);
+    expect(rec!.output_ids).toEqual(reference.record.output_ids.slice(0, 30));
+    expect(rec!.continued_after_pause).toBe(1);
+  });
 });
 
 describe("abort-mode pause when the call's rank goes down during the pause", () => {
@@ -145,11 +161,10 @@ describe("abort-mode pause when the call's rank goes down during the pause", () 
       body: JSON.stringify({ rank, mode }),
     });
 
-  it("after resume the cut call moves off the rank that failed it, and the record says so", async () => {
-    await admin(h, "/admin/weights", { version: "d1" });
-    const s = await h.openSession();
-    const rank = ((await (await fetch(`${h.url}/v1/sessions/${s.id}`)).json()) as { assignment: { dp_rank: number } }).assignment.dp_rank;
-    const call = sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS });
+  const rankOf = async (sid: string) => ((await (await fetch(`${h.url}/v1/sessions/${sid}`)).json()) as { assignment: { dp_rank: number } }).assignment.dp_rank;
+
+  /** Pauses once the call has some tokens, takes its rank down during the pause, resumes, runs `then`; the rank comes back after. */
+  async function rankDownDuringPause(rank: number, then: () => Promise<void>) {
     await new Promise((r) => setTimeout(r, 300));
     await admin(h, "/admin/inference/pause", { mode: "abort", timeout_s: 5 });
     // The engine restarts badly during the weight update: its rank is down when inference resumes.
@@ -158,17 +173,51 @@ describe("abort-mode pause when the call's rank goes down during the pause", () 
       // No probe runs while paused (engine-health.test.ts), so the failure is found by the continuation itself.
       await admin(h, "/admin/weights", { version: "d2" });
       await admin(h, "/admin/inference/resume");
-      const res = await call;
-      expect(res.choices[0]!.finish_reason).toBe("tool_calls");
-      expect(res.choices[0]!.message.tool_calls).toHaveLength(1);
-      const [rec] = await h.records(s.id);
-      expect(rec).toMatchObject({ dp_rank: 1 - rank, rerouted_from: { engine: 0, dp_rank: rank }, continued_after_pause: 1, weight_version: "d2" });
-      expect(rec!.output_ids).toHaveLength(50);
-      expect(new Set(rec!.output_weight_versions)).toEqual(new Set(["d1", "d2"]));
-      expect(((await (await fetch(`${h.url}/v1/sessions/${s.id}`)).json()) as { assignment: { dp_rank: number } }).assignment.dp_rank).toBe(1 - rank);
+      await then();
     } finally {
       await fault(rank, "none");
     }
+  }
+
+  /** The record of a cut call that moved off `rank`: the whole answer, on the other rank, over both weight versions. */
+  async function expectMoved(sid: string, rank: number) {
+    const [rec] = await h.records(sid);
+    expect(rec).toMatchObject({ dp_rank: 1 - rank, rerouted_from: { engine: 0, dp_rank: rank }, continued_after_pause: 1, weight_version: "d2" });
+    expect(rec!.output_ids).toHaveLength(50);
+    expect(new Set(rec!.output_weight_versions)).toEqual(new Set(["d1", "d2"]));
+    expect(await rankOf(sid)).toBe(1 - rank);
+  }
+
+  it("after resume the cut call moves off the rank that failed it, and the record says so", async () => {
+    await admin(h, "/admin/weights", { version: "d1" });
+    const s = await h.openSession();
+    const rank = await rankOf(s.id);
+    const call = sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS });
+    await rankDownDuringPause(rank, async () => {
+      const res = await call;
+      expect(res.choices[0]!.finish_reason).toBe("tool_calls");
+      expect(res.choices[0]!.message.tool_calls).toHaveLength(1);
+      await expectMoved(s.id, rank);
+    });
+  });
+
+  it("streamed: the cut stream goes on from the other rank, with one finish", async () => {
+    await admin(h, "/admin/weights", { version: "d1" });
+    // The rank the last test took down may still be drained here: wait until both take sessions again.
+    await expect.poll(async () => ((await (await fetch(`${h.url}/readyz`)).json()) as { engines?: { healthy_ranks: number }[] }).engines?.[0]?.healthy_ranks, { timeout: 10_000 }).toBe(2);
+    const s = await h.openSession();
+    const rank = await rankOf(s.id);
+    const finishes: string[] = [];
+    const stream = sdk(h, s).chat.completions.stream({ model: "m", messages, tools: TOOLS });
+    stream.on("chunk", (c) => {
+      if (c.choices[0]?.finish_reason) finishes.push(c.choices[0].finish_reason);
+    });
+    await rankDownDuringPause(rank, async () => {
+      const final = await stream.finalChatCompletion();
+      expect(finishes).toEqual(["tool_calls"]);
+      expect(final.choices[0]!.message.tool_calls).toHaveLength(1);
+      await expectMoved(s.id, rank);
+    });
   });
 });
 

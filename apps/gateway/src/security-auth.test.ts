@@ -205,6 +205,7 @@ const TRAINER_ROUTES: { method: "GET" | "POST" | "DELETE"; url: string; doc?: st
   { method: "POST", url: "/v1/tasks", doc: "/v1/tasks" },
   { method: "GET", url: "/v1/tasks", doc: "/v1/tasks" },
   { method: "POST", url: "/v1/tasks/batch", doc: "/v1/tasks/batch" },
+  { method: "POST", url: "/v1/tasks/t-x/branches", doc: "/v1/tasks/{id}/branches" },
   { method: "GET", url: "/v1/tasks/t-x", doc: "/v1/tasks/{id}" },
   { method: "DELETE", url: "/v1/tasks/t-x", doc: "/v1/tasks/{id}" },
   { method: "GET", url: "/v1/tasks/t-x/events", doc: "/v1/tasks/{id}/events" },

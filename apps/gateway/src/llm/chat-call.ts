@@ -251,40 +251,14 @@ export class ChatCaller {
   }
 
   /**
-   * A non-streamed call waits while inference is paused. If an abort-mode pause cuts it (the
-   * engine answers finish_reason "abort" with the tokens so far), it waits for resume and is
-   * continued token-in from those tokens on the same rank, so the agent receives one answer.
+   * A non-streamed call: the same call as stream() (one state machine), drained. The engine is
+   * still asked for one whole answer (no stream on the wire); the agent gets the final answer.
    */
   async complete(call: PreparedCall): Promise<EngineResult> {
-    if (call.replay) return this.replayed(call, call.replay);
-    let cut: CutGeneration | null = null;
-    let movedAfterFailure = false;
+    const events = this.run(call, false);
     for (;;) {
-      const slot = await this.deps.pause.enter(call.engineCall.signal, rankMember(call.target.engineIndex, call.target.dpRank));
-      // Read once the gate is open: a call that waited through a pause runs on the new weights.
-      const version = (call.weightVersion = this.deps.pause.weights);
-      let result: EngineResult | null;
-      if (cut) await this.moveCutCall(call, false);
-      try {
-        result = cut ? await this.continueCut(call, cut, slot.signal) : await this.send(call, slot.signal, false);
-      } catch (err) {
-        // A cut call whose rank failed while paused goes on elsewhere (once): it has tokens to keep.
-        if (cut && !movedAfterFailure && rankFailed(err) && (await this.moveCutCall(call, true))) {
-          movedAfterFailure = true;
-          continue;
-        }
-        await this.noteFailure(call, err);
-        throw err;
-      } finally {
-        slot.release();
-      }
-      if (result && this.canContinue(call) && (await this.cutByPause(result.finish_reason, slot))) {
-        cut = addCut(cut, result, version);
-        continue;
-      }
-      const final = cut ? await this.joinCut(call, cut, result, version) : (result as EngineResult);
-      await this.record(call, final);
-      return final;
+      const next = await events.next();
+      if (next.done) return next.value;
     }
   }
 
@@ -293,36 +267,56 @@ export class ChatCaller {
    * abort-mode pause that cuts the stream is not shown to the agent: its finish is held back, and
    * after resume the answer goes on token-in in the same stream (the agent sees only latency).
    */
-  async *stream(call: PreparedCall): AsyncGenerator<EngineStreamEvent, EngineResult> {
+  stream(call: PreparedCall): AsyncGenerator<EngineStreamEvent, EngineResult> {
+    return this.run(call, true);
+  }
+
+  /**
+   * One agent call, streamed or not (`streamed` only decides how each engine attempt goes over
+   * the wire). Each attempt waits while inference is paused. If an abort-mode pause cuts it (the
+   * engine answers finish_reason "abort" with the tokens so far), that finish is held back, the
+   * call waits for resume and is continued token-in from those tokens on the same rank (or, if
+   * the rank was drained or fails the continuation, on another), so the agent receives one answer.
+   * Returns the whole answer, once recorded.
+   */
+  private async *run(call: PreparedCall, streamed: boolean): AsyncGenerator<EngineStreamEvent, EngineResult> {
+    // A branch's replayed call: the source's answer, no engine.
     if (call.replay) {
       const result = recordedResult(call.replay);
-      for (const event of resultAsEvents(result)) yield event;
-      return this.replayed(call, call.replay);
+      if (streamed) yield* resultAsEvents(result);
+      await this.record(call, result);
+      return result;
     }
-    const acc = new StreamAccumulator();
+    /** What a streamed agent has been given so far, over every attempt (a cut answer's message). */
+    const shown = streamed ? new StreamAccumulator() : null;
     let cut: CutGeneration | null = null;
     let movedAfterFailure = false;
     for (;;) {
       const slot = await this.deps.pause.enter(call.engineCall.signal, rankMember(call.target.engineIndex, call.target.dpRank));
+      // Read once the gate is open: a call that waited through a pause runs on the new weights.
       const version = (call.weightVersion = this.deps.pause.weights);
-      const piece = new StreamAccumulator();
       if (cut) await this.moveCutCall(call, false);
       let yielded = false;
       let heldFinish = false;
+      let piece: EngineResult | null = null;
+      const events = this.attempt(call, cut, slot.signal, streamed);
       try {
-        const events = cut ? this.continueCutStream(call, cut, slot.signal) : this.send(call, slot.signal, true);
-        for await (const event of events) {
-          piece.push(event);
+        for (let next = await events.next(); ; next = await events.next()) {
+          if (next.done) {
+            piece = next.value;
+            break;
+          }
+          const event = next.value;
           if (event.type === "finish" && this.canContinue(call) && (await this.cutByPause(event.finish_reason, slot))) heldFinish = true;
           // The agent already has its start; usage is told once, for the whole answer.
           if ((event.type === "start" && cut) || (event.type === "usage" && (heldFinish || cut)) || heldFinish) continue;
-          acc.push(event);
+          shown?.push(event);
           yielded = true;
           yield event;
         }
-        if (!piece.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
       } catch (err) {
-        // As in complete(), if the agent has seen nothing of the continuation yet.
+        // A cut call whose rank failed while paused goes on elsewhere (once): it has tokens to
+        // keep, if the agent has seen nothing of the continuation yet.
         if (cut && !yielded && !movedAfterFailure && rankFailed(err) && (await this.moveCutCall(call, true))) {
           movedAfterFailure = true;
           continue;
@@ -330,33 +324,56 @@ export class ChatCaller {
         await this.noteFailure(call, err);
         throw err;
       } finally {
-        slot.release();
+        // Left early (the agent went away, or a step here failed): the engine's stream is closed
+        // too, as a for-await loop would, before the slot is given back.
+        try {
+          await events.return(null);
+        } finally {
+          slot.release();
+        }
       }
-      if (heldFinish) {
-        cut = addCut(cut, piece.result(), version);
+      // Only a continuation whose budget was spent has no answer of its own (and is not cut).
+      if (heldFinish && piece) {
+        cut = addCut(cut, piece, version);
         continue;
       }
-      if (!cut) {
-        const result = acc.result();
-        await this.record(call, result);
-        return result;
-      }
-      // The agent got the cut pieces and the rest as one stream: record them as one answer.
-      const whole = acc.result();
-      const { result, versions } = joinContinuation(cut, piece.result(), version, { message: whole.message, finish_reason: whole.finish_reason });
-      call.continued = { cuts: cut.cuts, versions };
-      const usage = { type: "usage" as const, usage: result.usage };
-      yield usage;
+      // The agent got the cut pieces and the rest as one answer: it is recorded as one, and a
+      // streamed agent is told its usage once, for the whole of it.
+      const result = cut ? await this.joinCut(call, cut, piece, version, shown?.result() ?? null) : piece!;
+      if (cut) yield { type: "usage", usage: result.usage };
       await this.record(call, result);
       return result;
     }
   }
 
-  /** A replayed call's answer, recorded in the branch's session as the source's (marked as replayed). */
-  private async replayed(call: PreparedCall, source: CompletionRecord): Promise<EngineResult> {
-    const result = recordedResult(source);
-    await this.record(call, result);
-    return result;
+  /**
+   * One engine attempt of a call: its events, returning the engine's whole answer (null: a cut
+   * call whose max_tokens was already spent, which ends on "length"). Streamed, the events come as
+   * the engine sends them; else the engine's one answer is told as events once it has arrived.
+   */
+  private async *attempt(call: PreparedCall, cut: CutGeneration | null, signal: AbortSignal, streamed: boolean): AsyncGenerator<EngineStreamEvent, EngineResult | null> {
+    const next = cut ? await this.continuationCall(call, cut, signal, streamed) : null;
+    if (cut) {
+      this.deps.log.info({ session: call.session.id, seq: call.seq, tokens_so_far: cut.outputIds.length }, streamed ? "continuing a stream cut by a pause" : "continuing a call cut by a pause");
+      if (!next) {
+        yield { type: "finish", finish_reason: "length", stop_reason: null };
+        return null;
+      }
+    }
+    if (!streamed) {
+      const result = next ? await next.route.generate(next.call) : await this.send(call, signal, false);
+      yield* resultAsEvents(result);
+      return result;
+    }
+    const piece = new StreamAccumulator();
+    // A continuation's parser is primed with the text the agent already has.
+    const events = next && cut ? next.route.generateStream({ ...next.call, primeText: await engineTokenizer.detokenize(next.call, cut.outputIds) }) : this.send(call, signal, true);
+    for await (const event of events) {
+      piece.push(event);
+      yield event;
+    }
+    if (!piece.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
+    return piece.result();
   }
 
   /**
@@ -402,28 +419,17 @@ export class ChatCaller {
     return { route, call: { ...base, tokenIds: continuationPrompt(cut), maxModelLen } };
   }
 
-  private async continueCut(call: PreparedCall, cut: CutGeneration, signal: AbortSignal): Promise<EngineResult | null> {
-    const next = await this.continuationCall(call, cut, signal, false);
-    this.deps.log.info({ session: call.session.id, seq: call.seq, tokens_so_far: cut.outputIds.length }, "continuing a call cut by a pause");
-    return next ? next.route.generate(next.call) : null;
-  }
-
-  private async *continueCutStream(call: PreparedCall, cut: CutGeneration, signal: AbortSignal): AsyncGenerator<EngineStreamEvent> {
-    const next = await this.continuationCall(call, cut, signal, true);
-    this.deps.log.info({ session: call.session.id, seq: call.seq, tokens_so_far: cut.outputIds.length }, "continuing a stream cut by a pause");
-    if (!next) {
-      yield { type: "finish", finish_reason: "length", stop_reason: null };
-      return;
+  /**
+   * The whole answer of a continued call: every piece's tokens; the message is what a streamed
+   * agent was shown (`shown`: its pieces were parsed with the text before them), else it is parsed
+   * from the whole text.
+   */
+  private async joinCut(call: PreparedCall, cut: CutGeneration, rest: EngineResult | null, version: WeightVersion, shown: EngineResult | null): Promise<EngineResult> {
+    let answer = shown ? { message: shown.message, finish_reason: shown.finish_reason } : null;
+    if (!answer) {
+      const text = await engineTokenizer.detokenize(call.engineCall, cut.outputIds.concat(rest?.output_ids ?? []));
+      answer = parseAnswer(call.engineCall, text, rest?.finish_reason ?? "length");
     }
-    const primeText = await engineTokenizer.detokenize(next.call, cut.outputIds);
-    yield* next.route.generateStream({ ...next.call, primeText });
-  }
-
-  /** The whole answer of a continued call: every piece's tokens, the message parsed from their text. */
-  private async joinCut(call: PreparedCall, cut: CutGeneration, rest: EngineResult | null, version: WeightVersion): Promise<EngineResult> {
-    const ids = cut.outputIds.concat(rest?.output_ids ?? []);
-    const text = await engineTokenizer.detokenize(call.engineCall, ids);
-    const answer = parseAnswer(call.engineCall, text, rest?.finish_reason ?? "length");
     const { result, versions } = joinContinuation(cut, rest, version, answer);
     call.continued = { cuts: cut.cuts, versions };
     return result;

@@ -1,6 +1,7 @@
 import { randomUUID } from "node:crypto";
-import { parseAdminMessage, type AdminMessage, type AdminStore, type PauseState, type RedisClient } from "@rollgate/store";
+import type { AdminMessage, AdminStore, PauseState } from "@rollgate/store";
 import type { Logger } from "pino";
+import type { AdminChannel } from "./admin-channel.js";
 
 export interface GateSlot {
   /** Aborts when the client goes away. */
@@ -21,7 +22,8 @@ const REPORT_COALESCE_MS = 20;
  * This replica's view of the inference pause (docs/operations.md#pause-resume-and-weights): engine calls wait while paused
  * (they are not failed), and the replica's in-flight count is reported to Redis so the pause
  * route can tell when every replica has drained. State comes from a Redis key at start (a replica
- * started while paused is paused) and from the admin channel after.
+ * started while paused is paused) and from the admin channel after (its pause, resume and weights
+ * messages; rank health has its own bus, rank-health.ts).
  */
 export class PauseGate {
   readonly replicaId = `gw-${randomUUID().slice(0, 8)}`;
@@ -29,14 +31,12 @@ export class PauseGate {
   /** The policy weight version, kept current by the admin channel (read once at start). */
   private weightVersion: string | null = null;
   private waiters: (() => void)[] = [];
-  /** Told of admin messages that are not about the pause (rank health). */
-  private readonly listeners: ((msg: AdminMessage) => void)[] = [];
   private readonly inflight = new Set<{ controller: AbortController; paused: boolean; rank: string }>();
   private timer: NodeJS.Timeout | null = null;
 
   constructor(
     private readonly admin: AdminStore,
-    private readonly subscriber: RedisClient,
+    private readonly channel: AdminChannel,
     private readonly log: Logger,
     private readonly readWeights: () => Promise<string | null> = async () => null,
     /** Told of a background write that failed (the caller counts it); the gate logs it itself. */
@@ -53,8 +53,8 @@ export class PauseGate {
   }
 
   async start(): Promise<void> {
-    this.subscriber.on("message", (_channel, raw: string) => this.onMessage(raw));
-    await this.subscriber.subscribe(this.admin.channel());
+    // Subscribed before the state is read: a pause published in between is not missed.
+    await this.channel.listen((msg) => this.onMessage(msg));
     this.state = await this.admin.pauseState();
     this.weightVersion = await this.readWeights();
     await this.report();
@@ -66,7 +66,6 @@ export class PauseGate {
     if (this.timer) clearInterval(this.timer);
     if (this.reportSoon) clearTimeout(this.reportSoon);
     this.release();
-    this.subscriber.disconnect();
     await this.admin.forgetReplica(this.replicaId).catch((err: unknown) => this.failed("forget_replica", err));
   }
 
@@ -114,17 +113,8 @@ export class PauseGate {
     await this.admin.reportInflight(this.replicaId, this.inflight.size, this.inflightByRank()).catch((err: unknown) => this.failed("report_inflight", err));
   }
 
-  /** Hears the admin channel's other messages (this gate owns the replica's subscription). */
-  onAdminMessage(listener: (msg: AdminMessage) => void): void {
-    this.listeners.push(listener);
-  }
-
-  private onMessage(raw: string): void {
-    const msg = parseAdminMessage(raw);
-    if (!msg) return;
-    if (msg.type === "rank") {
-      for (const l of this.listeners) l(msg);
-    } else if (msg.type === "pause") {
+  private onMessage(msg: AdminMessage): void {
+    if (msg.type === "pause") {
       this.state = msg.state;
       this.log.info({ mode: msg.state.mode }, "inference paused");
       for (const slot of this.inflight) slot.paused = true;
