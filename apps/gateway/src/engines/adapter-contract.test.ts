@@ -13,7 +13,7 @@ import { Agent } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { adapterFor } from "./adapter.js";
 import { EngineError } from "./errors.js";
-import type { EngineCall } from "./vllm.js";
+import type { EngineCall } from "./call.js";
 import type { EngineConfig } from "../env.js";
 
 const dispatcher = new Agent();

@@ -1,6 +1,7 @@
 import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
-import { sglangChat, sglangChatStream, sglangCountTokens } from "./sglang.js";
-import { vllmChat, vllmChatStream, vllmCountTokens, type EngineCall } from "./vllm.js";
+import { sglangChat, sglangChatStream, sglangCountTokens } from "./sglang/chat.js";
+import { vllmChat, vllmChatStream, vllmCountTokens } from "./vllm/chat.js";
+import { type EngineCall } from "./call.js";
 import type { EngineConfig } from "../env.js";
 
 /**

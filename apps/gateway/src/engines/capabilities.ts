@@ -2,7 +2,7 @@ import type { ModelProfile } from "@rollgate/models";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { engineTokenizer, type TokenizeCall } from "./tokenizer.js";
-import type { ChatPromptField } from "./vllm.js";
+import type { ChatPromptField } from "./call.js";
 import type { EngineConfig } from "../env.js";
 
 /**

@@ -7,7 +7,7 @@ import { buildEngineSim, getTokenizer } from "@rollgate/engine-sim";
 import type { FastifyInstance } from "fastify";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { HermesOutputParser, PRESETS, parseWhole, qwen3Parser, type ParsedDelta } from "@rollgate/models";
-import { buildVllmCompletionBody } from "./vllm-token-in.js";
+import { buildVllmCompletionBody } from "./vllm/token-in.js";
 
 /** A `#sim:` step (docs/sim-policy.md#steps) with plain JSON arguments. */
 interface SimStep {

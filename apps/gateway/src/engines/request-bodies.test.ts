@@ -6,8 +6,8 @@
 import { PRESETS } from "@rollgate/models";
 import type { CanonicalChatRequest } from "@rollgate/protocol";
 import { describe, expect, it } from "vitest";
-import { buildSglangChatBody } from "./sglang.js";
-import { buildVllmChatBody } from "./vllm.js";
+import { buildSglangChatBody } from "./sglang/chat.js";
+import { buildVllmChatBody } from "./vllm/chat.js";
 
 const req = (extra: Partial<CanonicalChatRequest> = {}): CanonicalChatRequest => ({
   messages: [{ role: "user", content: "hi" }],

@@ -16,10 +16,10 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { listenLocal } from "../__fixtures__/harness.js";
 import { adapterFor } from "./adapter.js";
 import { probeCapabilities } from "./capabilities.js";
-import { buildSglangGenerateBody } from "./sglang-token-in.js";
+import { buildSglangGenerateBody } from "./sglang/token-in.js";
 import { cutContinuationRoute, historyRoute, parseAnswer, type TokenInCall, type TokenInRoute } from "./token-in.js";
 import { engineTokenizer } from "./tokenizer.js";
-import type { EngineCall } from "./vllm.js";
+import type { EngineCall } from "./call.js";
 import type { EngineConfig } from "../env.js";
 
 const dispatcher = new Agent();

@@ -5,9 +5,9 @@ import { adapterFor } from "./adapter.js";
 import { pausePlan, sglangReadsGenerate, type EngineCapabilities } from "./capabilities.js";
 import { chatFinishReason, parsesTools, profileParser } from "./chat-route-rules.js";
 import { parseAnswerText } from "@rollgate/models";
-import { sglangEngineParsed, sglangTokenIn } from "./sglang-token-in.js";
-import { vllmTokenIn } from "./vllm-token-in.js";
-import type { ChatPromptField, EngineCall } from "./vllm.js";
+import { sglangEngineParsed, sglangTokenIn } from "./sglang/token-in.js";
+import { vllmTokenIn } from "./vllm/token-in.js";
+import type { ChatPromptField, EngineCall } from "./call.js";
 import type { EngineConfig } from "../env.js";
 
 /**

@@ -4,7 +4,7 @@ import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { detokenize } from "./detokenize.js";
 import { EngineError } from "./errors.js";
-import type { EngineCall } from "./vllm.js";
+import type { EngineCall } from "./call.js";
 import type { EngineConfig } from "../env.js";
 
 /**

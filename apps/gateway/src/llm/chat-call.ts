@@ -22,7 +22,7 @@ import type { Rerouter } from "../ops/reroute.js";
 import { adapterFor, type EngineAdapter } from "../engines/adapter.js";
 import { SGLANG_GENERATE_ENGINE_PARSED, cutContinuationRoute, historyRoute, parseAnswer, type TokenInCall, type TokenInRoute } from "../engines/token-in.js";
 import { engineTokenizer } from "../engines/tokenizer.js";
-import type { EngineCall } from "../engines/vllm.js";
+import type { EngineCall } from "../engines/call.js";
 import { planContinuation, type ContinuationMode } from "./continuation.js";
 import { HistoryNormalizer } from "./history-normalizer.js";
 import { addCut, continuationPrompt, continuationRequest, joinContinuation, type CutGeneration } from "./pause-continuation.js";

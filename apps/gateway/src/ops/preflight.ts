@@ -6,7 +6,7 @@ import { pausePlan } from "../engines/capabilities.js";
 import type { EngineRegistry } from "../engines/registry.js";
 import { historyRoute } from "../engines/token-in.js";
 import { engineTokenizer, type TokenizeCall } from "../engines/tokenizer.js";
-import type { EngineCall } from "../engines/vllm.js";
+import type { EngineCall } from "../engines/call.js";
 import { deriveTurnMarkers } from "../llm/turn-markers.js";
 
 /**

@@ -2,11 +2,11 @@ import { makeToolCallId, parseWhole, type ParsedDelta } from "@rollgate/models";
 import { definedSampling, type AssistantOutput, type TokenLogprob } from "@rollgate/protocol";
 import { StreamAccumulator, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { z } from "zod";
-import { EngineError } from "./errors.js";
-import { sglangPost } from "./sglang.js";
-import { sseJson } from "./sse.js";
-import { chatFinishReason, parsesTools, profileParser } from "./chat-route-rules.js";
-import type { TokenInCall } from "./token-in.js";
+import { EngineError } from "../errors.js";
+import { sglangPost } from "./chat.js";
+import { sseJson } from "../sse.js";
+import { chatFinishReason, parsesTools, profileParser } from "../chat-route-rules.js";
+import type { TokenInCall } from "../token-in.js";
 import { fromSglang, sglangRoutedExpertsField } from "./routed-experts.js";
 
 /**

@@ -3,13 +3,14 @@ import { definedSampling, type TokenLogprob } from "@rollgate/protocol";
 import { StreamAccumulator, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
-import { EngineError } from "./errors.js";
-import { chatFinishReason, parsesTools, profileParser } from "./chat-route-rules.js";
-import type { TokenInCall } from "./token-in.js";
-import type { TokenizeCall } from "./tokenizer.js";
-import { sseJson } from "./sse.js";
-import { MISSING_TOKENS, rejectUnlessOk } from "./vllm.js";
-import { fromVllm, wantsRoutedExperts, wholeAnswerStamp } from "./routed-experts.js";
+import { EngineError } from "../errors.js";
+import { chatFinishReason, parsesTools, profileParser } from "../chat-route-rules.js";
+import type { TokenInCall } from "../token-in.js";
+import type { TokenizeCall } from "../tokenizer.js";
+import { sseJson } from "../sse.js";
+import { MISSING_TOKENS, rejectUnlessOk } from "./chat.js";
+import { wantsRoutedExperts, wholeAnswerStamp } from "../routed-experts.js";
+import { fromVllm } from "./routed-experts.js";
 
 /**
  * vLLM's token-in route: `POST /v1/completions` with `prompt` = token ids, `return_token_ids`

@@ -3,8 +3,8 @@ import { definedSampling, type CanonicalChatRequest, type ChatMessage, type Toke
 import { resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
-import { EngineError } from "./errors.js";
-import { promptIdsFields, type EngineCall } from "./vllm.js";
+import { EngineError } from "../errors.js";
+import { promptIdsFields, type EngineCall } from "../call.js";
 import { fromSglang } from "./routed-experts.js";
 
 /**

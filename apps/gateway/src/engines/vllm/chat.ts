@@ -3,48 +3,16 @@ import { definedSampling, type CanonicalChatRequest, type ChatMessage, type Toke
 import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
-import { EngineError } from "./errors.js";
-import { sseJson } from "./sse.js";
-import type { RankTarget } from "./registry.js";
-import { fromVllm, wantsRoutedExperts, wholeAnswerStamp } from "./routed-experts.js";
+import { EngineError } from "../errors.js";
+import { sseJson } from "../sse.js";
+import { promptIdsFields, type EngineCall } from "../call.js";
+import { wantsRoutedExperts, wholeAnswerStamp } from "../routed-experts.js";
+import { fromVllm } from "./routed-experts.js";
 
 /**
  * The vLLM adapter: canonical chat → vLLM's OpenAI server with its token extensions
  * (`return_token_ids` ≥ v0.10.2, `logprobs`), routed by the `X-data-parallel-rank` header.
  */
-
-export interface EngineCall {
-  target: RankTarget;
-  model: string;
-  request: CanonicalChatRequest;
-  requestId: string;
-  signal: AbortSignal;
-  dispatcher: Dispatcher;
-  /**
-   * A pre-tokenised prompt for the chat route (token-in): the engine generates from these ids while
-   * the messages and tools still drive its tool and reasoning parsers. `field` is how this engine
-   * takes it (capabilities.ts probes which one it honours).
-   */
-  promptIds?: { ids: number[]; field: ChatPromptField };
-  /**
-   * Set when a freeze-in-place pause may fall inside this call: the weight version current now. The
-   * adapter reads the answer as it arrives and stamps each token with it (EngineResult.output_versions).
-   */
-  stamp?: () => string | null;
-}
-
-/**
- * How a chat route takes a pre-tokenised prompt: vLLM `prompt_token_ids` (PR #55771) or
- * `kv_transfer_params.prompt_token_ids` (PR #48145), SGLang `input_ids`.
- */
-export type ChatPromptField = "prompt_token_ids" | "kv_transfer_params" | "input_ids";
-
-/** The body fields that carry a pre-tokenised prompt. */
-export function promptIdsFields(p: EngineCall["promptIds"]): Record<string, unknown> {
-  if (!p) return {};
-  if (p.field === "kv_transfer_params") return { kv_transfer_params: { prompt_token_ids: p.ids } };
-  return { [p.field]: p.ids };
-}
 
 export function toVllmMessage(m: ChatMessage): Record<string, unknown> {
   if (m.role !== "assistant" || m.reasoning == null) return m;
