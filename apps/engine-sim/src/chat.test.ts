@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { FastifyInstance } from "fastify";
 import { buildEngineSim } from "./app.js";
 import { simLogprob } from "./logprobs.js";
-import { parsePyJson } from "./pyjson.js";
+import { parsePyJson } from "@rollgate/pyjson";
 import { IM_END_ID, getTokenizer, renderChat } from "./index.js";
 
 // Wire format under test: vLLM OpenAI server, v0.10.2+ token extensions (PR #22587: return_token_ids,

@@ -12,7 +12,7 @@ export { IM_END_ID } from "./families/qwen3.js";
 export { SimTokenizer, tokenizerFrom } from "./tokenizer.js";
 export { readTokenizerFiles } from "./tokenizer-files.js";
 export { SimModel } from "./model.js";
-export { pyDumps, parsePyJson } from "./pyjson.js";
+export { pyDumps, parsePyJson } from "@rollgate/pyjson";
 export { BLOCK_SIZE } from "./ranks.js";
 export type { PauseMode, Outcome } from "./engine.js";
 export type { FaultMode, FaultSpec } from "./faults.js";

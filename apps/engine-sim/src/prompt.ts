@@ -1,6 +1,6 @@
 import { HttpError } from "./errors.js";
-import { PyDict, parsePyJson } from "./pyjson.js";
-import type { PyValue } from "./pyjson.js";
+import { PyDict, parsePyJson } from "@rollgate/pyjson";
+import type { PyValue } from "@rollgate/pyjson";
 import type { SimModel } from "./model.js";
 import { ChatRenderError } from "./template.js";
 

@@ -1,5 +1,5 @@
-import { PyDict, PyFloat, PyInt, PyJsonError, parsePyJson } from "./pyjson.js";
-import type { PyValue } from "./pyjson.js";
+import { PyDict, PyFloat, PyInt, PyJsonError, parsePyJson } from "@rollgate/pyjson";
+import type { PyValue } from "@rollgate/pyjson";
 import type { Family } from "./families/types.js";
 import { contentText } from "./template.js";
 

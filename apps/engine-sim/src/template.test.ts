@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { Template } from "@huggingface/jinja";
-import { PyDict, parsePyJson, pyDumps, pyFloatRepr } from "./pyjson.js";
+import { PyDict, parsePyJson, pyDumps, pyFloatRepr } from "@rollgate/pyjson";
 import { ChatRenderError } from "./template.js";
 import { renderChat } from "./index.js";
 

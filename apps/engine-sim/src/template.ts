@@ -1,7 +1,7 @@
 import { Template } from "@huggingface/jinja";
 import type { ArgumentsForm, TemplateFeed } from "./families/types.js";
-import { PyDict, PyJsonError, fromJs, parsePyJson, pyDumps, toJs } from "./pyjson.js";
-import type { PyValue } from "./pyjson.js";
+import { PyDict, PyJsonError, fromJs, parsePyJson, pyDumps, toJs } from "@rollgate/pyjson";
+import type { PyValue } from "@rollgate/pyjson";
 
 /**
  * A chat template rendered the way vLLM's chat_utils + transformers' apply_chat_template do.

@@ -1,4 +1,4 @@
-import { PyDict, pyDumps, pyStrValue } from "../pyjson.js";
+import { PyDict, pyDumps, pyStrValue } from "@rollgate/pyjson";
 import type { SimStep, SimToolCall } from "../script.js";
 import type { SimTokenizer } from "../tokenizer.js";
 import { readTokenizerFiles, renameAddedTokens } from "../tokenizer-files.js";

@@ -1,5 +1,5 @@
-import { PyDict, pyDumps, pyDumpsCompact, pyStrValue } from "../pyjson.js";
-import type { PyValue } from "../pyjson.js";
+import { PyDict, pyDumps, pyDumpsCompact, pyStrValue } from "@rollgate/pyjson";
+import type { PyValue } from "@rollgate/pyjson";
 import type { SimStep } from "../script.js";
 import { ScriptError } from "../script.js";
 import type { SimTokenizer } from "../tokenizer.js";

@@ -1,4 +1,4 @@
-import { PyDict, pyDumps, pyDumpsIndent, pyStr } from "../pyjson.js";
+import { PyDict, pyDumps, pyDumpsIndent, pyStr } from "@rollgate/pyjson";
 import type { SimStep } from "../script.js";
 import { ScriptError } from "../script.js";
 import type { SimTokenizer } from "../tokenizer.js";

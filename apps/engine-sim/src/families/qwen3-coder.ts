@@ -1,5 +1,5 @@
-import { PyDict, pyDumps, pyStrValue } from "../pyjson.js";
-import type { PyValue } from "../pyjson.js";
+import { PyDict, pyDumps, pyStrValue } from "@rollgate/pyjson";
+import type { PyValue } from "@rollgate/pyjson";
 import type { SimStep } from "../script.js";
 import { bundledTemplate } from "./bundled.js";
 import { countChatmlAnswers, openChatmlAnswer } from "./chatml.js";

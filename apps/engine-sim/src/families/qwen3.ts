@@ -1,4 +1,4 @@
-import { pyDumps } from "../pyjson.js";
+import { pyDumps } from "@rollgate/pyjson";
 import type { SimStep } from "../script.js";
 import { readTokenizerFiles } from "../tokenizer-files.js";
 import { countChatmlAnswers, openChatmlAnswer } from "./chatml.js";

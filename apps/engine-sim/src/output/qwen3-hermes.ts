@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { PyDict, parsePyJson, pyDumps } from "../pyjson.js";
+import { PyDict, parsePyJson, pyDumps } from "@rollgate/pyjson";
 import type { SimTokenizer } from "../tokenizer.js";
 import type { Delta, OutputParser, ParsedCall, ParseRequest, StreamingParser } from "./types.js";
 

@@ -1,4 +1,4 @@
-import { PyJsonError, parsePyJson, pyDumps } from "../pyjson.js";
+import { PyJsonError, parsePyJson, pyDumps } from "@rollgate/pyjson";
 import { extractToolCalls } from "./qwen3-hermes.js";
 import { deepseekV3, deepseekV31, llama3Json, qwen3Coder } from "./tool-parsers.js";
 import type { ParsedCall } from "./types.js";

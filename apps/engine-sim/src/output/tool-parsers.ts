@@ -1,5 +1,5 @@
-import { PyDict, PyFloat, PyInt, parsePyJson, pyDumps } from "../pyjson.js";
-import type { PyValue } from "../pyjson.js";
+import { PyDict, PyFloat, PyInt, parsePyJson, pyDumps } from "@rollgate/pyjson";
+import type { PyValue } from "@rollgate/pyjson";
 import type { SnapshotCall } from "./snapshot.js";
 import type { ParsedCall } from "./types.js";
 

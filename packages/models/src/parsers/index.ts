@@ -5,7 +5,7 @@ import { parseWhole, type GatewayParser } from "./types.js";
 
 export { HermesOutputParser, makeToolCallId, hermesParser, qwen3Parser } from "./hermes.js";
 export { parseWhole, type GatewayParser, type OutputParser, type ParsedDelta, type ParsedToolCallDelta } from "./types.js";
-export { PyDict, PyFloat, PyInt, PyJsonError, parsePyJson, pyDumps, type PyValue } from "./pyjson.js";
+export { PyDict, PyFloat, PyInt, PyJsonError, parsePyJson, pyDumps, type PyValue } from "@rollgate/pyjson";
 
 const PARSERS: Record<GatewayParserName, GatewayParser> = { qwen3: qwen3Parser, hermes: hermesParser };
 
