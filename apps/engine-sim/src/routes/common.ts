@@ -1,7 +1,8 @@
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { z } from "zod";
 import { sglangError, sglangOpenAIError, vllmError } from "../errors.js";
-import type { SimKind } from "../state.js";
+import type { Generation } from "../engine.js";
+import type { SimKind, SimState } from "../state.js";
 
 /** Raw JSON bodies, kept so tool schemas can be re-read with Python number semantics. */
 const rawBodies = new WeakMap<FastifyRequest, string>();
@@ -66,4 +67,28 @@ export function pyLen(s: string): number {
   let n = 0;
   for (const _ of s) n++;
   return n;
+}
+
+/** Runs every generation to its end (their tokens are collected on each). */
+export async function runToEnd(sim: SimState, gens: readonly Generation[]): Promise<void> {
+  await Promise.all(
+    gens.map(async (g) => {
+      for await (const _ of sim.engine.run(g)) {
+        // collected on g
+      }
+    }),
+  );
+}
+
+/**
+ * The answer when a generation did not finish for the answer to be sent: the client left (499) or
+ * a disconnect fault cuts the connection. Null when every one ran to an answer.
+ */
+export function endedEarly(gens: readonly Generation[], reply: FastifyReply): FastifyReply | null {
+  if (gens.some((g) => g.outcome === "client")) return reply.code(499).send();
+  if (gens.some((g) => g.outcome === "disconnect")) {
+    cutConnection(reply);
+    return reply;
+  }
+  return null;
 }

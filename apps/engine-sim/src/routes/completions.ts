@@ -13,7 +13,7 @@ import { returnsRoutedExperts, sglangRoutedExperts, vllmRoutedExperts } from "./
 import type { SimState } from "../state.js";
 import { legacyLogprobs, promptTops, vllmPromptLogprobs } from "../wire-logprobs.js";
 import type { LegacyStep } from "../wire-logprobs.js";
-import { cutConnection, disconnectSignal, errorBody, formatZodError, sendEnvError } from "./common.js";
+import { cutConnection, disconnectSignal, endedEarly, errorBody, formatZodError, runToEnd, sendEnvError } from "./common.js";
 import type { Envelope } from "./common.js";
 import { emitted } from "./openai-chat.js";
 
@@ -217,18 +217,9 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
     if (e instanceof EngineError) return sendEnvError(reply, p.env, e.status, e.message);
     throw e;
   }
-  await Promise.all(
-    gens.map(async (g) => {
-      for await (const _ of sim.engine.run(g)) {
-        // collected on g
-      }
-    }),
-  );
-  if (gens.some((g) => g.outcome === "client")) return reply.code(499).send();
-  if (gens.some((g) => g.outcome === "disconnect")) {
-    cutConnection(reply);
-    return reply;
-  }
+  await runToEnd(sim, gens);
+  const early = endedEarly(gens, reply);
+  if (early) return early;
   reply.header("x-sim-dp-rank", String(gens[0]!.rank.index));
   const routed = returnsRoutedExperts(sim, p.body, p.sglang) ? p.jobs.map((j, i) => (p.sglang ? sglangRoutedExperts(sim, gens[i]!, j.promptIds) : vllmRoutedExperts(sim, gens[i]!, j.promptIds))) : null;
   const choices = p.jobs.map((j, i) => {

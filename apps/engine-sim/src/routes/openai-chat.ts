@@ -16,7 +16,7 @@ import { returnsRoutedExperts, sglangRoutedExperts, vllmRoutedExperts } from "./
 import type { SimState } from "../state.js";
 import { vllmHas } from "../versions.js";
 import { chatLogprobEntry, vllmPromptLogprobs } from "../wire-logprobs.js";
-import { cutConnection, disconnectSignal, errorBody, formatZodError, getRawBody, sendEnvError } from "./common.js";
+import { cutConnection, disconnectSignal, endedEarly, errorBody, formatZodError, getRawBody, runToEnd, sendEnvError } from "./common.js";
 import type { Envelope } from "./common.js";
 
 /**
@@ -306,14 +306,9 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
   const ac = disconnectSignal(reply);
   const g = await admitOrFail(sim, p, reply, ac.signal);
   if (!g) return reply;
-  for await (const _ of sim.engine.run(g)) {
-    // tokens are collected on g
-  }
-  if (g.outcome === "client") return reply.code(499).send();
-  if (g.outcome === "disconnect") {
-    cutConnection(reply);
-    return reply;
-  }
+  await runToEnd(sim, [g]);
+  const early = endedEarly([g], reply);
+  if (early) return early;
   const aborted = g.outcome === "abort";
   const c = p.completion;
   const out = emitted(c, g.tokens.length);

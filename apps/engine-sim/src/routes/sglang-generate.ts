@@ -12,7 +12,7 @@ import { ScriptError } from "../script.js";
 import { returnsRoutedExperts, sglangRoutedExperts } from "./routed-experts.js";
 import type { SimState } from "../state.js";
 import { promptTops, sglangTriple } from "../wire-logprobs.js";
-import { cutConnection, disconnectSignal, formatZodError } from "./common.js";
+import { cutConnection, disconnectSignal, endedEarly, formatZodError, runToEnd } from "./common.js";
 import { emitted } from "./openai-chat.js";
 
 /**
@@ -184,18 +184,9 @@ export function registerSglangGenerateRoutes(app: FastifyInstance, sim: SimState
     }
 
     if (!body.stream) {
-      await Promise.all(
-        gens.map(async (g) => {
-          for await (const _ of sim.engine.run(g)) {
-            // collected on g
-          }
-        }),
-      );
-      if (gens.some((g) => g.outcome === "client")) return reply.code(499).send();
-      if (gens.some((g) => g.outcome === "disconnect")) {
-        cutConnection(reply);
-        return reply;
-      }
+      await runToEnd(sim, gens);
+      const early = endedEarly(gens, reply);
+      if (early) return early;
       const outs = items.map((it, i) => output(sim, body, it, gens[i]!, true, 0, PAUSE_ABORT));
       reply.header("x-sim-dp-rank", String(gens[0]!.rank.index));
       const batch = Array.isArray(body.text) || (Array.isArray(body.input_ids) && Array.isArray(body.input_ids[0]));
