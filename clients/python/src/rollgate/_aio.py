@@ -13,7 +13,7 @@ import asyncio
 import ssl
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ._http import Call, Endpoint, Failure, RetryPolicy, T, decode, headers_for, split_status_line, transport_error
+from ._http import Call, Endpoint, RetryPolicy, T, headers_for, settle, split_status_line, transport_error
 from .errors import RollgateError
 
 HEADER_LIMIT = 1 << 20
@@ -110,24 +110,19 @@ class AsyncTransport:
         attempt = 0
         limit = call.timeout if call.timeout is not None else self.timeout
         while True:
-            retry_after = None
+            answer: Optional[Tuple[int, Mapping[str, str], bytes]] = None
+            failed: Optional[BaseException] = None
             try:
                 try:
-                    status, headers, body = await asyncio.wait_for(self._once(call), limit)
+                    answer = await asyncio.wait_for(self._once(call), limit)
                 except asyncio.TimeoutError:
                     raise TimeoutError("timed out") from None
             except TRANSPORT_ERRORS as err:
-                failure = Failure(transport=True, error=transport_error(call, self.endpoint, err))
-            else:
-                if status < 200 or status >= 300:
-                    failure = Failure(transport=False, status=status, error=RollgateError.from_response(status, body, call.label))
-                    retry_after = headers.get("retry-after")
-                else:
-                    return decode(call, status, headers, body)
-            if not self.retry.should_retry(call, attempt, failure):
-                assert failure.error is not None
-                raise failure.error
-            await asyncio.sleep(self.retry.delay(attempt, retry_after))
+                failed = err
+            done, value = settle(self.retry, call, self.endpoint, attempt, answer, failed)
+            if done:
+                return value
+            await asyncio.sleep(value)
             attempt += 1
 
     async def open_stream(self, call: Call[Any], extra: Mapping[str, str], read_timeout: float) -> "AsyncStream":

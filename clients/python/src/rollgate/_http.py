@@ -142,6 +142,31 @@ class Failure:
     error: Optional[RollgateError] = None
 
 
+def settle(
+    retry: "RetryPolicy",
+    call: Call[T],
+    endpoint: Endpoint,
+    attempt: int,
+    answer: Optional[Tuple[int, Mapping[str, str], bytes]],
+    err: Optional[BaseException] = None,
+) -> Tuple[bool, Any]:
+    """One attempt's outcome, the same for the sync and async transports: ``(True, value)`` when the
+    call is answered, ``(False, seconds)`` to wait and try again; raises once the call is given up."""
+    retry_after = None
+    if answer is None:
+        failure = Failure(transport=True, error=transport_error(call, endpoint, err or RuntimeError("no answer")))
+    else:
+        status, headers, body = answer
+        if 200 <= status < 300:
+            return True, decode(call, status, headers, body)
+        failure = Failure(transport=False, status=status, error=RollgateError.from_response(status, body, call.label))
+        retry_after = headers.get("retry-after")
+    if not retry.should_retry(call, attempt, failure):
+        assert failure.error is not None
+        raise failure.error
+    return False, retry.delay(attempt, retry_after)
+
+
 def transport_error(call: Call[Any], endpoint: Endpoint, err: BaseException) -> RollgateError:
     base = "%s://%s%s" % (endpoint.scheme, endpoint.host_header, endpoint.base_path)
     kind = "timed out" if isinstance(err, TimeoutError) or "timed out" in str(err) else (str(err) or type(err).__name__)

@@ -8,7 +8,7 @@ import ssl
 import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ._http import Call, Endpoint, Failure, RetryPolicy, T, decode, headers_for, transport_error
+from ._http import Call, Endpoint, RetryPolicy, T, headers_for, settle, transport_error
 from .errors import RollgateError
 
 TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
@@ -41,21 +41,16 @@ class SyncTransport:
     def call(self, call: Call[T]) -> T:
         attempt = 0
         while True:
-            retry_after = None
+            answer: Optional[Tuple[int, Mapping[str, str], bytes]] = None
+            failed: Optional[BaseException] = None
             try:
-                status, headers, body = self._once(call)
+                answer = self._once(call)
             except TRANSPORT_ERRORS as err:
-                failure = Failure(transport=True, error=transport_error(call, self.endpoint, err))
-            else:
-                if status < 200 or status >= 300:
-                    failure = Failure(transport=False, status=status, error=RollgateError.from_response(status, body, call.label))
-                    retry_after = headers.get("retry-after")
-                else:
-                    return decode(call, status, headers, body)
-            if not self.retry.should_retry(call, attempt, failure):
-                assert failure.error is not None
-                raise failure.error
-            time.sleep(self.retry.delay(attempt, retry_after))
+                failed = err
+            done, value = settle(self.retry, call, self.endpoint, attempt, answer, failed)
+            if done:
+                return value
+            time.sleep(value)
             attempt += 1
 
     def open_stream(self, call: Call[Any], extra: Mapping[str, str], read_timeout: float) -> "Stream":
