@@ -9,6 +9,7 @@
  */
 import { createHmac } from "node:crypto";
 import type { StartedChild } from "@rollgate/testkit";
+import { RollgateClient } from "@rollgate/client";
 import type { CompletionRecord, GroupResult, TaskRecord, Trajectory } from "@rollgate/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
@@ -102,8 +103,8 @@ describe("branching a recorded rollout", () => {
       });
       expect(body.summary).toMatchObject({ size: 4, scored: 4 });
 
-      // A branch of a branch: replayed through three calls of the first branch's own records.
-      const again = (await api(`/v1/tasks/${task_ids[0]}/branches`, { body: { at_call: 3, n: 1 } })).body as { task_ids: string[] };
+      // A branch of a branch, through the TS client: replayed through three calls of the first branch's own records.
+      const again = await new RollgateClient({ baseUrl: gateway.ready }).branch(task_ids[0]!, { at_call: 3, n: 1 });
       const leaf = await terminal(again.task_ids[0]!);
       expect(leaf.result).toMatchObject({ status: "completed", reward: 1 });
       expect((await records(leaf.session_id!)).map((r) => r.replayed_from != null)).toEqual([true, true, true, false]);
