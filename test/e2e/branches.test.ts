@@ -7,12 +7,15 @@
  * group callback carries the four rewards and the shared prefix once. A branch of a branch works;
  * a rollout whose sandbox answers differently before the branch point ends `replay_diverged`.
  */
+import { spawnSync } from "node:child_process";
 import { createHmac } from "node:crypto";
+import path from "node:path";
 import type { StartedChild } from "@rollgate/testkit";
 import { RollgateClient } from "@rollgate/client";
 import type { CompletionRecord, GroupResult, TaskRecord, Trajectory } from "@rollgate/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
+import { REPO_ROOT } from "../support/cluster.js";
 import { apiClient } from "../support/http.js";
 import { poll } from "../support/poll.js";
 import { dropPrefix, uniquePrefix } from "../support/redis.js";
@@ -133,5 +136,20 @@ describe("branching a recorded rollout", () => {
     expect(JSON.stringify(far.body)).toMatch(/made 4 LLM calls/);
     expect((await api(`/v1/tasks/nope/branches`, { body: { at_call: 1, n: 1 } })).status).toBe(404);
     expect((await api(`/v1/tasks/${id}/branches`, { body: { at_call: 0, n: 1 } })).status).toBe(400);
+
+    // The CLI, as a user runs it.
+    const cli = (...args: string[]) =>
+      spawnSync(process.execPath, [path.join(REPO_ROOT, "apps/cli/dist/main.js"), ...args], { env: { ...process.env, NO_COLOR: "1", ROLLGATE_URL: gateway.ready, ROLLGATE_API_KEY: "" }, encoding: "utf8" });
+    const made = cli("branch", id, "--at", "1", "-n", "2", "--json");
+    expect(made.status).toBe(0);
+    const { group_id, task_ids } = JSON.parse(made.stdout) as { group_id: string; task_ids: string[] };
+    expect(task_ids).toEqual([`${group_id}-0`, `${group_id}-1`]);
+    for (const t of task_ids) expect((await terminal(t)).result).toMatchObject({ status: "completed", reward: 1 });
+    const usage = cli("branch", id);
+    expect(usage.status).toBe(2);
+    expect(usage.stderr).toMatch(/--at <call> is required/);
+    const refused = cli("branch", id, "--at", "9");
+    expect(refused.status).not.toBe(0);
+    expect(refused.stderr).toMatch(/made 4 LLM calls/);
   }, 120_000);
 });

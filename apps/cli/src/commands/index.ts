@@ -1,6 +1,7 @@
 import type { CommandSpec } from "../framework.js";
 import type { Context } from "../output.js";
 import { enginesCommand, pauseCommand, resumeCommand, weightsCommand } from "./admin.js";
+import { branchCommand } from "./branch.js";
 import { submitCommand } from "./submit.js";
 import { taskCommand } from "./task.js";
 import { tasksCommand } from "./tasks.js";
@@ -15,6 +16,7 @@ export const allCommands: CommandSpec<Context>[] = [
   tasksCommand,
   watchCommand,
   taskCommand,
+  branchCommand,
   trajectoryCommand,
   pauseCommand,
   resumeCommand,
