@@ -190,3 +190,43 @@ describe("routed experts through an abort-mode pause continuation (SGLang)", () 
     });
   }
 });
+
+describe("routed experts through a freeze-in-place pause (vLLM keep)", () => {
+  let h: Harness;
+  let simUrl: string;
+  beforeAll(async () => {
+    h = await startHarness("r3-keep", { tpotMs: 15, moe: MOE, returnRoutedExperts: true }, {}, undefined, undefined, { routed_experts: true });
+    simUrl = `http://127.0.0.1:${(h.sim.server.address() as AddressInfo).port}`;
+  });
+  afterAll(async () => h?.close());
+  const post = async (url: string, body: unknown = {}) =>
+    (await (await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) })).json()) as Record<string, unknown>;
+
+  it("the engine's routing of every position under the weights that fed it; versions unknown rather than guessed", async () => {
+    await post(`${h.url}/admin/weights`, { version: "a" });
+    await post(`${simUrl}/sim/weights`, { version: "a" });
+    const s = await h.openSession();
+    const step = { ...lsStep, tokens: 60 };
+    const call = sdk(h, s).chat.completions.create({ model: "m", messages: [{ role: "user", content: `list ${Math.random()}\n#sim: ${JSON.stringify([step])}` }], tools: TOOLS });
+    await new Promise((r) => setTimeout(r, 350));
+    const paused = await post(`${h.url}/admin/inference/pause`, { mode: "abort", timeout_s: 5 });
+    expect(paused).toMatchObject({ engines: [expect.objectContaining({ plan: "keep" })] });
+    await post(`${h.url}/admin/weights`, { version: "b" });
+    await post(`${simUrl}/sim/weights`, { version: "b" });
+    await post(`${h.url}/admin/inference/resume`);
+    expect((await call).choices[0]!.finish_reason).toBe("tool_calls");
+
+    const [rec] = await h.records(s.id);
+    const seq = rec!.prompt_ids.concat(rec!.output_ids);
+    const rows = unpackRoutedRows(rec!.routed_experts!);
+    expect(rows).toHaveLength(seq.length - 1);
+    // The prompt was routed under "a"; the last positions (fed after resume) under "b".
+    expect(rows[0]).toEqual(expected(seq, () => "a")[0]);
+    expect(rows.at(-1)).toEqual(expected(seq, () => "b").at(-1));
+    // A whole answer does not say which tokens came before the weight change: no version is claimed.
+    expect(rec!.weight_version).toBeNull();
+    expect(rec!.output_weight_versions ?? rec!.output_ids.map(() => rec!.weight_version)).toEqual(rec!.output_ids.map(() => null));
+    const t = await trajectory(h, s.id);
+    expect(unpackRoutedRows(t.traces[0]!.routed_experts!)).toEqual(rows);
+  });
+});
