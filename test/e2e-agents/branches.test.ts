@@ -10,7 +10,8 @@
  * What makes this work: every CLI writes its working directory (and HOME's folders) into its
  * prompts, and a bwrap sandbox's folders are at the same paths in every sandbox (/workspace,
  * /rollgate/home), so the branch's requests are the source's. Without bwrap the sandbox is a host
- * folder named after the task, and Claude Code's branch diverges at its first call. Codex shows a
+ * folder named after the task, and Claude Code's branch diverges at its first call. opencode's title
+ * request is its session's call 0, so its calls are numbered one later. Codex shows a
  * per-run value in a tool result: its exec_command output starts with a random `Chunk ID`, so a
  * Codex rollout diverges at the call after its first command and can be branched only before it.
  */
@@ -145,6 +146,25 @@ async function branchOnce(sourceId: string, atCall: number): Promise<TaskRecord>
   expect(res.status, JSON.stringify(res.body)).toBe(202);
   return terminal((res.body as { task_ids: string[] }).task_ids[0]!);
 }
+
+describe("opencode", () => {
+  it("its title request (no tools) is call 0 of the session: branched at call 3, the title and the first two commands are replayed", async () => {
+    const c = byHarness("opencode");
+    const id = `t-branch-opencode-${randomUUID().slice(0, 8)}`;
+    expect((await api("/v1/tasks", { body: buildTask(c, id) })).status).toBe(202);
+    const source = await terminal(id);
+    expect(source.result, diag(source)).toMatchObject({ status: "completed", reward: 1 });
+    const sourceRecords = await records(source.session_id!);
+    expect(sourceRecords.map((r) => (r.request.tools ?? []).length > 0)).toEqual([false, true, true, true, true]);
+    const res = await api(`/v1/tasks/${id}/branches`, { body: { at_call: 3, n: 2 } });
+    expect(res.status, JSON.stringify(res.body)).toBe(202);
+    for (const bid of (res.body as { task_ids: string[] }).task_ids) {
+      const t = await terminal(bid);
+      expect(t.result, diag(t)).toMatchObject({ status: "completed", reward: 1 });
+      expect((await records(t.session_id!)).map((r) => r.replayed_from ?? null)).toEqual([...sourceRecords.slice(0, 3).map((r) => r.id), null, null]);
+    }
+  });
+});
 
 describe("what keeps a CLI's requests from being replayed", () => {
   it("claude-code without bwrap: its prompt holds the sandbox's host folder (named after the task), so the branch diverges at call 0", async () => {
