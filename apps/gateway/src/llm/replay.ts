@@ -16,9 +16,18 @@ function canonicalJson(v: unknown): string {
   });
 }
 
-function preview(v: unknown): string {
-  const s = canonicalJson(v) ?? "undefined";
-  return s.length > 160 ? `${s.slice(0, 157)}...` : s;
+/**
+ * Both sides of a difference, each cut around the first character where they part (a system prompt
+ * is thousands of characters long: its start tells nothing), so the message names what differs.
+ */
+function differingParts(a: unknown, b: unknown): { recorded: string; asked: string } {
+  const sa = canonicalJson(a) ?? "undefined";
+  const sb = canonicalJson(b) ?? "undefined";
+  let at = 0;
+  while (at < sa.length && at < sb.length && sa[at] === sb[at]) at++;
+  const from = Math.max(0, at - 60);
+  const cut = (s: string) => `${from > 0 ? "..." : ""}${s.slice(from, at + 100)}${s.length > at + 100 ? "..." : ""}`;
+  return { recorded: cut(sa), asked: cut(sb) };
 }
 
 /**
@@ -29,7 +38,10 @@ export function replayDifference(recorded: CompletionRecord["request"], asked: C
   const a = recorded.messages;
   const b = asked.messages;
   for (let i = 0; i < Math.min(a.length, b.length); i++) {
-    if (canonicalJson(a[i]) !== canonicalJson(b[i])) return `message ${i} differs: recorded ${preview(a[i])}, asked ${preview(b[i])}`;
+    if (canonicalJson(a[i]) !== canonicalJson(b[i])) {
+      const d = differingParts(a[i], b[i]);
+      return `message ${i} differs: recorded ${d.recorded}, asked ${d.asked}`;
+    }
   }
   if (a.length !== b.length) return `the recorded request has ${a.length} messages, this one ${b.length}`;
   if (canonicalJson(recorded.tools ?? []) !== canonicalJson(asked.tools ?? [])) {

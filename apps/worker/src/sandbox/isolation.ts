@@ -1,6 +1,7 @@
 import { spawnSync } from "node:child_process";
 import { lstatSync, readdirSync, readlinkSync, realpathSync, statSync } from "node:fs";
 import path from "node:path";
+import { CONTAINER_HOME, CONTAINER_TMP, DEFAULT_WORKDIR } from "./container-common.js";
 
 /**
  * `runtime.isolation: "bwrap"`: every step of a local sandbox runs inside bubblewrap, which
@@ -13,6 +14,11 @@ import path from "node:path";
  *   ROLLGATE_SANDBOX_BINDS — and, writable, its own folders (working directory, HOME, TMPDIR)
  *   and a private /tmp. The worker's config and key files, other rollouts' folders, the
  *   Docker socket and every other unix socket of the host are simply not there.
+ * - the same paths in every sandbox: its own folders are mounted where a container has them
+ *   (INSIDE_WORKDIR, INSIDE_HOME, INSIDE_TMP), not at their host paths, which hold the task id
+ *   and a random suffix. An agent that writes its working directory into its prompts (every
+ *   agent CLI does) so sends the same prompt in every sandbox, as a branch's replay needs
+ *   (docs/data-model.md#branches), and sees nothing of the host's layout.
  * - a private PID namespace and /proc: the worker's processes (and their /proc/<pid>/environ)
  *   are not visible; no capabilities (root in the sandbox is not root), no new user namespaces
  *   where bubblewrap can forbid them, and it dies with the worker.
@@ -22,6 +28,11 @@ import path from "node:path";
  *   127.0.0.1:SANDBOX_GATEWAY_PORT inside the namespace carries the agent's connections to it.
  *   `host`: the host's network, as without isolation.
  */
+
+/** Where a sandbox's own folders appear inside it: where a container has them. */
+export const INSIDE_WORKDIR = DEFAULT_WORKDIR;
+export const INSIDE_HOME = CONTAINER_HOME;
+export const INSIDE_TMP = CONTAINER_TMP;
 
 /** Where the relay's socket and the shim appear inside a sealed sandbox. */
 export const RELAY_DIR = "/run/rollgate";
@@ -214,9 +225,11 @@ export interface BwrapStep {
   support: BwrapSupport;
   /** hostMountArgs(), computed once. */
   hostMounts: string[];
-  /** The sandbox's own folder (working directory, HOME, TMPDIR below it): the only writable path. */
-  writable: string;
-  cwd: string;
+  /**
+   * The sandbox's own folders on the host, the only writable paths: mounted at INSIDE_WORKDIR
+   * (also the steps' working directory), INSIDE_HOME and INSIDE_TMP.
+   */
+  dirs: { work: string; home: string; tmp: string };
   /** Sealed: the host folder holding the relay's socket and the shim, mounted at RELAY_DIR. Null: the host's network. */
   relayDir: string | null;
   /** node, to run the shim (default: the worker's). */
@@ -244,9 +257,11 @@ export function bwrapArgv(s: BwrapStep, argv: string[]): string[] {
     "--proc", "/proc",
     "--tmpfs", "/tmp",
     ...s.hostMounts,
-    "--bind", s.writable, s.writable,
+    "--bind", s.dirs.work, INSIDE_WORKDIR,
+    "--bind", s.dirs.home, INSIDE_HOME,
+    "--bind", s.dirs.tmp, INSIDE_TMP,
     ...network,
-    "--chdir", s.cwd,
+    "--chdir", INSIDE_WORKDIR,
     "--",
     ...program,
   ];

@@ -4,7 +4,7 @@ import path from "node:path";
 import { type RuntimeSpec, runtimeNetwork } from "@rollgate/protocol";
 import { sandboxEgressPolicy } from "../egress.js";
 import { CANNOT_START } from "./container-common.js";
-import { type BwrapSupport, RELAY_SHIM, RELAY_SOCKET, SANDBOX_GATEWAY_PORT, bwrapArgv, hostMountArgs, probeBwrap } from "./isolation.js";
+import { type BwrapSupport, INSIDE_HOME, INSIDE_TMP, INSIDE_WORKDIR, RELAY_SHIM, RELAY_SOCKET, SANDBOX_GATEWAY_PORT, bwrapArgv, hostMountArgs, probeBwrap } from "./isolation.js";
 import { type RunResult, runProcess } from "./process.js";
 import { RELAY_SHIM_SOURCE } from "./relay-shim.js";
 import { SessionRelay, egressProxyEnv } from "./relay.js";
@@ -135,13 +135,14 @@ export class LocalRuntime implements SandboxRuntime {
     const proxyEnv = relay && runtime.egress.length > 0 ? egressProxyEnv(inside) : {};
     const wrap = (argv: string[]) =>
       bwrap
-        ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(), writable: dirs.base, cwd: dirs.work, relayDir: relay?.dir ?? null }, argv)
+        ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(), dirs, relayDir: relay?.dir ?? null }, argv)
         : argv;
     let destroyed = false;
     return {
-      workdir: dirs.work,
-      home: dirs.home,
-      tmp: dirs.tmp,
+      // Inside bubblewrap the folders are at fixed paths (isolation.ts), the same in every sandbox.
+      workdir: bwrap ? INSIDE_WORKDIR : dirs.work,
+      home: bwrap ? INSIDE_HOME : dirs.home,
+      tmp: bwrap ? INSIDE_TMP : dirs.tmp,
       sessionUrl: relay && opts.session ? `${inside}/s/${encodeURIComponent(opts.session.id)}` : null,
       exec: async (argv: string[], o: ExecOptions) => {
         const r = await runProcess({ argv: wrap(argv), cwd: dirs.work, ...o, env: { ...o.env, ...proxyEnv } });

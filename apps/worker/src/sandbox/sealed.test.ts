@@ -150,7 +150,10 @@ describe.skipIf(!support.usable || !support.netns)(`a sealed bubblewrap sandbox 
         { kind: "read", name: "worker environ", path: `/proc/${process.pid}/environ` },
         { kind: "read", name: "key file", path: path.join(hostDir, "worker.key") },
         { kind: "read", name: "shadow", path: "/etc/shadow" },
-        { kind: "read", name: "other sandbox", path: path.join(other.workdir, "probe.mjs") },
+        // The other sandbox's folder on the host (inside, each sandbox has its own at the same path).
+        { kind: "read", name: "other sandbox", path: path.join(other.describe(), "work", "probe.mjs") },
+        { kind: "read", name: "own folder's host path", path: path.join(sb.describe(), "work", "probe.mjs") },
+        { kind: "read", name: "own file", path: path.join(sb.workdir, "probe.mjs") },
         { kind: "write", name: "system", path: "/usr/rollgate-was-here" },
         { kind: "write", name: "relay folder", path: "/run/rollgate/gateway.sock" },
         { kind: "write", name: "own folder", path: path.join(sb.workdir, "mine.txt") },
@@ -181,6 +184,10 @@ describe.skipIf(!support.usable || !support.netns)(`a sealed bubblewrap sandbox 
       expect(res["key file"]).toMatchObject({ read: false, code: "ENOENT" });
       expect(res.shadow).toMatchObject({ read: false, code: "ENOENT" });
       expect(res["other sandbox"]).toMatchObject({ read: false, code: "ENOENT" });
+      // Its own folders are at the fixed paths every sandbox has, not at their host paths.
+      expect([sb.workdir, sb.home, sb.tmp]).toEqual(["/workspace", "/rollgate/home", "/rollgate/tmp"]);
+      expect(res["own folder's host path"]).toMatchObject({ read: false, code: "ENOENT" });
+      expect(res["own file"]).toMatchObject({ read: true });
       expect(res.system).toMatchObject({ written: false });
       expect(res["relay folder"]).toMatchObject({ written: false });
       expect(res["own folder"]).toMatchObject({ written: true });
