@@ -1,0 +1,179 @@
+// 7. Orchestration CPU per rollout: what the worker and the gateway spend on one rollout besides
+// the agent's and evaluator's own processes. A trivial agent (`true`: no LLM call, no output), no
+// evaluator, local runtime; tasks submitted in batches and run by one worker. CPU from
+// /proc/<pid>/stat of the gateway, the worker and the worker's spawner helper (the long-lived child
+// that forks the sandboxes' processes off the worker's event loop), per rollout; the sandboxes'
+// own CPU (reaped children) is shown beside it, not counted. Also the worker's event-loop delay
+// while rollouts start (what a synchronous spawn on the event loop costs the other rollouts).
+import { mkdtempSync, readFileSync, readdirSync, rmSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { BENCH_DIR, procCpu, startEngineSim, startGateway, startWorker, stop } from "./lib/procs.mjs";
+import { dropPrefix, redisClient, uniquePrefix } from "./lib/redis.mjs";
+import { api } from "./lib/rollgate.mjs";
+import { median, printTable, round, sleep } from "./lib/stats.mjs";
+import { newestProfile, printProfile, summarizeProfile } from "./lib/cpuprofile.mjs";
+
+void BENCH_DIR;
+const TERMINAL = new Set(["completed", "failed", "timed_out", "cancelled"]);
+const GOAL_MS = 5;
+
+/** @param {string[]} command */
+const task = (command) => ({ instruction: "nothing", agent: { harness: "command", command }, evaluator: null, limits: { timeout_s: 60 } });
+
+/**
+ * Live child processes of `pid` whose command line contains `marker` (the worker's spawner helper).
+ * @param {number} pid
+ * @param {string} marker
+ */
+function helperPids(pid, marker) {
+  /** @type {number[]} */
+  const out = [];
+  for (const d of readdirSync("/proc")) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const stat = readFileSync(`/proc/${d}/stat`, "utf8");
+      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+      if (ppid !== pid) continue;
+      if (readFileSync(`/proc/${d}/cmdline`, "utf8").includes(marker)) out.push(Number(d));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return out;
+}
+
+/**
+ * @param {{ gateway: number, worker: number }} pids
+ * @returns {Record<string, number>}
+ */
+function cpuOf(pids) {
+  const g = procCpu(pids.gateway);
+  const w = procCpu(pids.worker);
+  const helpers = helperPids(pids.worker, "spawner").map((p) => procCpu(p));
+  return {
+    gateway: g.self,
+    worker: w.self,
+    spawner: helpers.reduce((a, x) => a + x.self, 0),
+    // the sandboxes' processes, reaped by the worker or by its spawner
+    sandboxes: w.children + helpers.reduce((a, x) => a + x.children, 0),
+  };
+}
+
+/**
+ * Submits `n` tasks in batches of at most 100 and waits until all are terminal.
+ * @param {string} gatewayUrl
+ * @param {string} prefix
+ * @param {number} n
+ * @param {string[]} command
+ */
+async function batch(gatewayUrl, prefix, n, command) {
+  const redis = redisClient();
+  try {
+    /** @type {string[]} */
+    const ids = [];
+    for (let i = 0; i < n; i += 100) {
+      const res = /** @type {{ tasks: { id: string }[] }} */ (
+        await api(gatewayUrl, "/v1/tasks/batch", { method: "POST", body: { tasks: Array.from({ length: Math.min(100, n - i) }, () => task(command)) } })
+      );
+      ids.push(...res.tasks.map((t) => t.id));
+    }
+    const t0 = Date.now();
+    const deadline = Date.now() + 300_000;
+    for (;;) {
+      const pipe = redis.pipeline();
+      for (const id of ids) pipe.hget(`${prefix}:{t:${id}}:task`, "status");
+      const rows = /** @type {[Error | null, string | null][]} */ (await pipe.exec()).map(([, v]) => v);
+      if (rows.every((s) => TERMINAL.has(/** @type {string} */ (s)))) {
+        /** @type {Record<string, number>} */
+        const statuses = {};
+        for (const s of rows) statuses[/** @type {string} */ (s)] = (statuses[/** @type {string} */ (s)] ?? 0) + 1;
+        return { statuses, seconds: (Date.now() - t0) / 1000 };
+      }
+      if (Date.now() > deadline) throw new Error(`orchestration: tasks not terminal after 300 s`);
+      await sleep(100);
+    }
+  } finally {
+    redis.disconnect();
+  }
+}
+
+/**
+ * One worker configuration: rounds of `tasks` rollouts, CPU per rollout of each process.
+ * With `profile`, the worker runs with --cpu-prof and its top functions are printed.
+ * @param {{ gatewayUrl: string, gatewayPid: number, prefix: string, label: string, env: Record<string, string>, rounds: number, tasks: number, concurrency: number, command: string[], profile?: boolean }} o
+ */
+async function measure(o) {
+  const profDir = o.profile ? mkdtempSync(path.join(os.tmpdir(), "rollgate-prof-orch-")) : null;
+  const t0 = Date.now();
+  /** @type {import("./lib/procs.mjs").Child | null} */
+  let worker = await startWorker({
+    prefix: o.prefix,
+    gatewayUrl: o.gatewayUrl,
+    name: o.label.replace(/\W+/g, "-"),
+    env: { ROLLGATE_WORKER_CONCURRENCY: String(o.concurrency), ...o.env },
+    nodeArgs: profDir ? ["--cpu-prof", `--cpu-prof-dir=${profDir}`] : [],
+  });
+  try {
+    const pids = { gateway: o.gatewayPid, worker: /** @type {number} */ (worker.proc.pid) };
+    await batch(o.gatewayUrl, o.prefix, o.concurrency * 4, o.command); // warm-up (JIT, connections)
+    const skipMs = Date.now() - t0;
+    /** @type {Record<string, number>[]} */
+    const rounds = [];
+    for (let r = 0; r < o.rounds; r++) {
+      const c0 = cpuOf(pids);
+      const x = await batch(o.gatewayUrl, o.prefix, o.tasks, o.command);
+      const c1 = cpuOf(pids);
+      if ((x.statuses.completed ?? 0) !== o.tasks) throw new Error(`${o.label}: not every rollout completed: ${JSON.stringify(x.statuses)}`);
+      const per = Object.fromEntries(Object.keys(c0).map((k) => [k, (c1[k] - c0[k]) / o.tasks]));
+      per.orchestration = per.gateway + per.worker + per.spawner;
+      per.rollouts_per_s = o.tasks / x.seconds;
+      rounds.push(per);
+      process.stderr.write(`orchestration: ${o.label} round ${r + 1}: ${round(per.orchestration, 2)} ms/rollout (gateway ${round(per.gateway, 2)}, worker ${round(per.worker, 2)}, spawner ${round(per.spawner, 2)})\n`);
+    }
+    await stop(worker);
+    worker = null;
+    const file = profDir ? newestProfile(profDir) : null;
+    if (file) printProfile(`7b. worker --cpu-prof, ${o.label}`, summarizeProfile(file, { skipMs }), printTable);
+    return Object.fromEntries(Object.keys(rounds[0]).map((k) => [k, round(median(rounds.map((x) => x[k])), 2)]));
+  } finally {
+    await stop(worker);
+    if (profDir) rmSync(profDir, { recursive: true, force: true });
+  }
+}
+
+/** @param {{ quick?: boolean, profile?: boolean }} [options] */
+export async function run({ quick = false, profile = !quick } = {}) {
+  const cfg = quick ? { rounds: 3, tasks: 40, concurrency: 4 } : { rounds: 5, tasks: 200, concurrency: 4 };
+  const prefix = uniquePrefix("orch");
+  const engine = await startEngineSim({ "random-tokens": 8 });
+  const gateway = await startGateway({ prefix, engineUrl: engine.ready });
+  try {
+    const gatewayPid = /** @type {number} */ (gateway.proc.pid);
+    const command = ["true"];
+    /** @type {[string, Record<string, string>][]} */
+    const variants = [
+      ["spawn on the event loop", { ROLLGATE_SANDBOX_SPAWNER: "off" }],
+      ["spawner helper", { ROLLGATE_SANDBOX_SPAWNER: "on" }],
+    ];
+    /** @type {Record<string, Record<string, number>>} */
+    const summary = {};
+    for (const [label, env] of variants) {
+      summary[label] = await measure({ gatewayUrl: gateway.ready, gatewayPid, prefix, label, env, command, ...cfg, profile });
+    }
+    const base = summary[variants[0][0]];
+    printTable(
+      `7. Orchestration CPU per rollout (agent \`true\`, no evaluator, local runtime, 1 worker × ${cfg.concurrency} slots; ${cfg.tasks} rollouts/round, medians of ${cfg.rounds}; ms)`,
+      ["worker", "orchestration", "gateway", "worker", "spawner", "(sandboxes)", "rollouts/s", "÷ event-loop spawn"],
+      Object.entries(summary).map(([k, s]) => [k, s.orchestration, s.gateway, s.worker, s.spawner, s.sandboxes, round(s.rollouts_per_s, 1), round(s.orchestration / base.orchestration, 2)]),
+    );
+    const best = summary[variants[1][0]].orchestration;
+    const targets = { orchestration_cpu_le_5_ms: { value: best, met: best <= GOAL_MS } };
+    console.log(`targets: ${JSON.stringify(targets)}`);
+    return { config: { ...cfg, agent: command }, summary, targets };
+  } finally {
+    await stop(gateway);
+    await stop(engine);
+    await dropPrefix(prefix);
+  }
+}
