@@ -49,7 +49,7 @@ async function call(url, headers, body) {
  * for `warmupS + measureS`; latencies of the calls that started in the measure window.
  * @param {{ n: number, thinkMs: number, warmupS: number, measureS: number, target: (i: number) => { url: string, headers: Record<string, string>, body: string } }} o
  */
-async function agents(o) {
+export async function agents(o) {
   const t0 = performance.now();
   const measureFrom = t0 + o.warmupS * 1000;
   const end = measureFrom + o.measureS * 1000;
