@@ -45,17 +45,15 @@ export interface BuildGatewayOptions {
 export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions): Promise<FastifyInstance> {
   // Secrets are redacted (headers, ?key= in URLs) whatever logger is passed in: observability/logging.ts.
   const log = redactingLogger(logger ?? pino(rootLoggerOptions(env.LOG_LEVEL)));
-  // The stores' connection pipelines on its own: the commands that many concurrent calls issue in
-  // one event-loop tick go out in one write (thousands of sessions: one syscall instead of dozens).
-  const redis = createRedis(env.REDIS_URL, "producer", { enableAutoPipelining: true });
+  const redis = createRedis(env.REDIS_URL, "producer");
   redis.on("error", (err) => log.warn({ err: err.message }, "redis connection error"));
   const prefix = env.ROLLGATE_KEY_PREFIX;
-  const registry = new EngineRegistry(env.ROLLGATE_ENGINES, env.ROLLGATE_ENGINE_TIMEOUT_S * 1000, env.ROLLGATE_ENGINE_CONNECTIONS);
+  const registry = new EngineRegistry(env.ROLLGATE_ENGINES, env.ROLLGATE_ENGINE_TIMEOUT_S * 1000);
   const sessions = new SessionStore(redis, prefix);
   const weights = new WeightStore(redis, prefix);
   // BullMQ gets a connection of its own: it loads dozens of Lua scripts onto the client it uses,
   // and ioredis copies those into every MULTI on that client (the stores' hot path).
-  const queueRedis = duplicateClient(redis, { enableAutoPipelining: false });
+  const queueRedis = duplicateClient(redis);
   queueRedis.on("error", (err: Error) => log.warn({ err: err.message }, "redis (queue) connection error"));
   const rollouts = rolloutQueue({ connection: queueRedis, keyPrefix: prefix, attempts: env.ROLLGATE_ROLLOUT_ATTEMPTS, backoffMs: env.ROLLGATE_ROLLOUT_BACKOFF_MS });
   rollouts.on("error", (err) => log.warn({ err: err.message }, "rollout queue error"));
@@ -106,7 +104,7 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
   const tasks = new TaskStore(redis, prefix);
   const router = new RankRouter(redis, prefix, { maxSkew: env.ROLLGATE_AFFINITY_MAX_SKEW });
   const admin = new AdminStore(redis, prefix);
-  const subscriber = duplicateClient(redis, { enableAutoPipelining: false });
+  const subscriber = duplicateClient(redis);
   subscriber.on("error", (err: Error) => log.warn({ err: err.message }, "redis subscriber error"));
   // One subscription to the admin channel, heard by the pause gate and the rank-health bus.
   const channel = new AdminChannel(admin, subscriber);
