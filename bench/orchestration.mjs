@@ -99,11 +99,12 @@ async function batch(gatewayUrl, prefix, n, command) {
 }
 
 /**
- * One worker configuration: rounds of `tasks` rollouts, CPU per rollout of each process.
- * With `profile`, the worker runs with --cpu-prof and its top functions are printed.
- * @param {{ gatewayUrl: string, gatewayPid: number, prefix: string, label: string, env: Record<string, string>, rounds: number, tasks: number, concurrency: number, command: string[], profile?: boolean }} o
+ * One round of one worker configuration: a fresh worker, a warm-up batch, then `tasks` rollouts;
+ * CPU per rollout of each process. With `profile`, the worker runs with --cpu-prof and its top
+ * functions are printed (profiled rounds are not counted).
+ * @param {{ gatewayUrl: string, gatewayPid: number, prefix: string, label: string, env: Record<string, string>, tasks: number, concurrency: number, command: string[], profile?: boolean }} o
  */
-async function measure(o) {
+async function oneRound(o) {
   const profDir = o.profile ? mkdtempSync(path.join(os.tmpdir(), "rollgate-prof-orch-")) : null;
   const t0 = Date.now();
   /** @type {import("./lib/procs.mjs").Child | null} */
@@ -116,26 +117,20 @@ async function measure(o) {
   });
   try {
     const pids = { gateway: o.gatewayPid, worker: /** @type {number} */ (worker.proc.pid) };
-    await batch(o.gatewayUrl, o.prefix, o.concurrency * 4, o.command); // warm-up (JIT, connections)
+    await batch(o.gatewayUrl, o.prefix, o.concurrency * 4, o.command); // warm-up (JIT, connections, the spawner)
     const skipMs = Date.now() - t0;
-    /** @type {Record<string, number>[]} */
-    const rounds = [];
-    for (let r = 0; r < o.rounds; r++) {
-      const c0 = cpuOf(pids);
-      const x = await batch(o.gatewayUrl, o.prefix, o.tasks, o.command);
-      const c1 = cpuOf(pids);
-      if ((x.statuses.completed ?? 0) !== o.tasks) throw new Error(`${o.label}: not every rollout completed: ${JSON.stringify(x.statuses)}`);
-      const per = Object.fromEntries(Object.keys(c0).map((k) => [k, (c1[k] - c0[k]) / o.tasks]));
-      per.orchestration = per.gateway + per.worker + per.spawner;
-      per.rollouts_per_s = o.tasks / x.seconds;
-      rounds.push(per);
-      process.stderr.write(`orchestration: ${o.label} round ${r + 1}: ${round(per.orchestration, 2)} ms/rollout (gateway ${round(per.gateway, 2)}, worker ${round(per.worker, 2)}, spawner ${round(per.spawner, 2)})\n`);
-    }
+    const c0 = cpuOf(pids);
+    const x = await batch(o.gatewayUrl, o.prefix, o.tasks, o.command);
+    const c1 = cpuOf(pids);
+    if ((x.statuses.completed ?? 0) !== o.tasks) throw new Error(`${o.label}: not every rollout completed: ${JSON.stringify(x.statuses)}`);
+    const per = Object.fromEntries(Object.keys(c0).map((k) => [k, (c1[k] - c0[k]) / o.tasks]));
+    per.orchestration = per.gateway + per.worker + per.spawner;
+    per.rollouts_per_s = o.tasks / x.seconds;
     await stop(worker);
     worker = null;
     const file = profDir ? newestProfile(profDir) : null;
     if (file) printProfile(`7b. worker --cpu-prof, ${o.label}`, summarizeProfile(file, { skipMs }), printTable);
-    return Object.fromEntries(Object.keys(rounds[0]).map((k) => [k, round(median(rounds.map((x) => x[k])), 2)]));
+    return per;
   } finally {
     await stop(worker);
     if (profDir) rmSync(profDir, { recursive: true, force: true });
@@ -144,7 +139,7 @@ async function measure(o) {
 
 /** @param {{ quick?: boolean, profile?: boolean }} [options] */
 export async function run({ quick = false, profile = !quick } = {}) {
-  const cfg = quick ? { rounds: 3, tasks: 40, concurrency: 4 } : { rounds: 5, tasks: 200, concurrency: 4 };
+  const cfg = quick ? { rounds: 2, tasks: 40, concurrency: 4 } : { rounds: 5, tasks: 200, concurrency: 4 };
   const prefix = uniquePrefix("orch");
   const engine = await startEngineSim({ "random-tokens": 8 });
   const gateway = await startGateway({ prefix, engineUrl: engine.ready });
@@ -156,11 +151,24 @@ export async function run({ quick = false, profile = !quick } = {}) {
       ["spawn on the event loop", { ROLLGATE_SANDBOX_SPAWNER: "off" }],
       ["spawner helper", { ROLLGATE_SANDBOX_SPAWNER: "on" }],
     ];
-    /** @type {Record<string, Record<string, number>>} */
-    const summary = {};
-    for (const [label, env] of variants) {
-      summary[label] = await measure({ gatewayUrl: gateway.ready, gatewayPid, prefix, label, env, command, ...cfg, profile });
+    const common = { gatewayUrl: gateway.ready, gatewayPid, prefix, command, tasks: cfg.tasks, concurrency: cfg.concurrency };
+    // The gateway warms up first (JIT), then the configurations alternate round by round, so
+    // neither gets a colder gateway or a quieter minute of the shared machine.
+    await oneRound({ ...common, label: "gateway warm-up", env: {} });
+    /** @type {Record<string, Record<string, number>[]>} */
+    const rounds = Object.fromEntries(variants.map(([label]) => [label, []]));
+    for (let r = 0; r < cfg.rounds; r++) {
+      for (const [label, env] of variants) {
+        const per = await oneRound({ ...common, label, env });
+        rounds[label].push(per);
+        process.stderr.write(`orchestration: ${label} round ${r + 1}: ${round(per.orchestration, 2)} ms/rollout (gateway ${round(per.gateway, 2)}, worker ${round(per.worker, 2)}, spawner ${round(per.spawner, 2)})\n`);
+      }
     }
+    /** @type {Record<string, Record<string, number>>} */
+    const summary = Object.fromEntries(
+      Object.entries(rounds).map(([label, rs]) => [label, Object.fromEntries(Object.keys(rs[0]).map((k) => [k, round(median(rs.map((x) => x[k])), 2)]))]),
+    );
+    if (profile) for (const [label, env] of variants) await oneRound({ ...common, label, env, profile: true });
     const base = summary[variants[0][0]];
     printTable(
       `7. Orchestration CPU per rollout (agent \`true\`, no evaluator, local runtime, 1 worker × ${cfg.concurrency} slots; ${cfg.tasks} rollouts/round, medians of ${cfg.rounds}; ms)`,
