@@ -13,6 +13,9 @@ import { dropPrefix, redisClient, uniquePrefix } from "./lib/redis.mjs";
 import { api } from "./lib/rollgate.mjs";
 import { median, printTable, round, sleep } from "./lib/stats.mjs";
 import { newestProfile, printProfile, summarizeProfile } from "./lib/cpuprofile.mjs";
+import { monitorEventLoopDelay, performance } from "node:perf_hooks";
+import { pathToFileURL } from "node:url";
+import { REPO_ROOT } from "./lib/procs.mjs";
 
 void BENCH_DIR;
 const TERMINAL = new Set(["completed", "failed", "timed_out", "cancelled"]);
@@ -137,6 +140,54 @@ async function oneRound(o) {
   }
 }
 
+/**
+ * What one step's start costs the event loop that starts it: `steps` sequential `true` steps through
+ * the worker's own runProcess (its built dist), forked by this process or by a spawner; the event
+ * loop's delay while they run (a timer every 1 ms notices each block) and the CPU of this process
+ * and of the spawner per step.
+ * @param {number} steps
+ */
+async function stepCost(steps) {
+  const { runProcess } = await import(pathToFileURL(path.join(REPO_ROOT, "apps", "worker", "dist", "sandbox", "process.js")).href);
+  const { Spawner } = await import(pathToFileURL(path.join(REPO_ROOT, "apps", "worker", "dist", "sandbox", "spawner.js")).href);
+  const spawner = new Spawner();
+  /** @type {Record<string, Record<string, number>>} */
+  const out = {};
+  try {
+    for (const [label, via] of /** @type {[string, unknown][]} */ ([["forked by the worker", null], ["spawner", spawner]])) {
+      const base = { argv: ["true"], cwd: os.tmpdir(), env: { PATH: process.env.PATH ?? "/usr/bin:/bin" }, timeoutMs: 10_000, spawner: via };
+      for (let i = 0; i < 20; i++) await runProcess(base); // warm-up (and the spawner's start)
+      const spawnerPid = helperPids(process.pid, "spawner")[0];
+      const h = monitorEventLoopDelay({ resolution: 1 });
+      const tick = setInterval(() => {}, 1);
+      const cpu0 = process.cpuUsage();
+      const s0 = spawnerPid ? procCpu(spawnerPid).self : 0;
+      const t0 = performance.now();
+      h.enable();
+      for (let i = 0; i < steps; i++) await runProcess(base);
+      h.disable();
+      clearInterval(tick);
+      const cpu = process.cpuUsage(cpu0);
+      out[label] = {
+        loop_delay_max_ms: round(h.max / 1e6, 2),
+        loop_delay_p99_ms: round(h.percentile(99) / 1e6, 2),
+        loop_delay_mean_ms: round(h.mean / 1e6, 2),
+        this_process_cpu_ms_per_step: round((cpu.user + cpu.system) / 1000 / steps, 2),
+        spawner_cpu_ms_per_step: round(spawnerPid ? (procCpu(spawnerPid).self - s0) / steps : 0, 2),
+        wall_ms_per_step: round((performance.now() - t0) / steps, 2),
+      };
+    }
+  } finally {
+    spawner.close();
+  }
+  printTable(
+    `7c. One step's start, ${steps} sequential \`true\` steps through the worker's runProcess (event-loop delay seen by a 1 ms timer; CPU per step)`,
+    ["started", "loop delay max ms", "p99", "mean", "CPU ms/step: this process", "spawner", "wall ms/step"],
+    Object.entries(out).map(([k, s]) => [k, s.loop_delay_max_ms, s.loop_delay_p99_ms, s.loop_delay_mean_ms, s.this_process_cpu_ms_per_step, s.spawner_cpu_ms_per_step, s.wall_ms_per_step]),
+  );
+  return out;
+}
+
 /** @param {{ quick?: boolean, profile?: boolean }} [options] */
 export async function run({ quick = false, profile = !quick } = {}) {
   const cfg = quick ? { rounds: 2, tasks: 40, concurrency: 4 } : { rounds: 5, tasks: 200, concurrency: 4 };
@@ -175,10 +226,11 @@ export async function run({ quick = false, profile = !quick } = {}) {
       ["worker", "orchestration", "gateway", "worker", "spawner", "(sandboxes)", "rollouts/s", "÷ event-loop spawn"],
       Object.entries(summary).map(([k, s]) => [k, s.orchestration, s.gateway, s.worker, s.spawner, s.sandboxes, round(s.rollouts_per_s, 1), round(s.orchestration / base.orchestration, 2)]),
     );
+    const steps = await stepCost(quick ? 100 : 400);
     const best = summary[variants[1][0]].orchestration;
     const targets = { orchestration_cpu_le_5_ms: { value: best, met: best <= GOAL_MS } };
     console.log(`targets: ${JSON.stringify(targets)}`);
-    return { config: { ...cfg, agent: command }, summary, targets };
+    return { config: { ...cfg, agent: command }, summary, step_start: steps, targets };
   } finally {
     await stop(gateway);
     await stop(engine);
