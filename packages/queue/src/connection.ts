@@ -49,8 +49,6 @@ export function createRedis(url: string, role: ConnectionRole, extra: RedisOptio
     return new Redis(url, { ...options, ...extra, lazyConnect: false });
   }
   const clusterOptions: ClusterOptions = {
-    // Auto-pipelining is the cluster's option (it pipelines per node), not its nodes'.
-    ...(extra.enableAutoPipelining !== undefined ? { enableAutoPipelining: extra.enableAutoPipelining } : {}),
     redisOptions: {
       ...options,
       ...extra,
@@ -85,15 +83,7 @@ export async function waitForRedis(redis: RedisClient, timeoutMs = 5_000): Promi
   throw new Error(`Redis did not answer within ${timeoutMs} ms: ${String(lastError)}`);
 }
 
-/** A second connection like `client` (pub/sub needs its own), with `extra` options changed. */
-export function duplicateClient(client: RedisClient, extra: Partial<RedisOptions> = {}): RedisClient {
-  if (client instanceof Cluster) {
-    const { enableAutoPipelining, ...rest } = extra;
-    return client.duplicate(undefined, {
-      ...client.options,
-      ...(enableAutoPipelining !== undefined ? { enableAutoPipelining } : {}),
-      redisOptions: { ...client.options.redisOptions, ...rest },
-    });
-  }
-  return (client as Redis).duplicate(extra);
+/** A second connection like `client` (pub/sub needs its own). */
+export function duplicateClient(client: RedisClient): RedisClient {
+  return client instanceof Cluster ? client.duplicate() : client.duplicate();
 }
