@@ -5,7 +5,7 @@ import os from "node:os";
 import path from "node:path";
 import { BENCH_DIR, stopAll } from "./lib/procs.mjs";
 
-const ALL = ["overhead", "streaming", "tasks", "trajectory", "storage", "routing", "branching"];
+const ALL = ["overhead", "streaming", "tasks", "trajectory", "storage", "routing", "orchestration", "sessions", "branching"];
 const args = process.argv.slice(2);
 const quick = args.includes("--quick");
 const profile = args.includes("--no-profile") ? false : undefined;

@@ -224,7 +224,8 @@ async function main(): Promise<void> {
     await app.close();
   });
 
-  await app.listen({ port: cfg.PORT, host: cfg.HOST });
+  // As uvicorn (vLLM, SGLang): an accept queue of 2048, not Node's 511.
+  await app.listen({ port: cfg.PORT, host: cfg.HOST, backlog: 2048 });
   const addr = app.server.address();
   const port = typeof addr === "object" && addr ? addr.port : cfg.PORT;
   const host = cfg.HOST.includes(":") ? `[${cfg.HOST}]` : cfg.HOST;

@@ -48,6 +48,11 @@ export const GatewayEnv = z.object({
   ROLLGATE_ENGINES: EngineList,
   ROLLGATE_PUBLIC_URL: z.url().optional(),
   ROLLGATE_ENGINE_TIMEOUT_S: z.coerce.number().positive().default(600),
+  /**
+   * Connections to each engine URL at most (calls in flight beyond it wait in the pool). Every
+   * agent session may have a call in flight: thousands of sessions need thousands of connections.
+   */
+  ROLLGATE_ENGINE_CONNECTIONS: z.coerce.number().int().positive().default(4096),
   /** How a new session picks its engine rank (see RankRouter). */
   ROLLGATE_ROUTING: z.enum(["affinity", "least_loaded", "round_robin"]).default("least_loaded"),
   /** `affinity` routing: a group's rank with this many more open sessions than the least-loaded rank is overloaded, and the group moves on. */

@@ -21,6 +21,7 @@ Environment:
   ROLLGATE_API_KEY          when set, trainer and admin routes require "Authorization: Bearer <key>"
   ROLLGATE_KEY_PREFIX       prefix of every Redis key and queue (default rg)
   ROLLGATE_ENGINE_TIMEOUT_S upstream timeout per engine call (default 600)
+  ROLLGATE_ENGINE_CONNECTIONS connections per engine URL at most; more calls in flight wait (default 4096)
   ROLLGATE_ROUTING          least_loaded (default) | affinity | round_robin: how sessions pick a rank
   ROLLGATE_AFFINITY_MAX_SKEW  affinity: sessions over the least-loaded rank before a group moves on (16)
   ROLLGATE_CONTINUATION     auto (default) | token_in | render: when a call continues a recorded one token-in
@@ -52,7 +53,10 @@ closeWithGrace({ delay: 10_000 }, async ({ err }) => {
   if (err) app.log.error({ err }, "shutting down after an error");
   await app.close();
 });
-await app.listen({ port: env.PORT, host: env.HOST });
+// Thousands of agents (re)connect at once after a pause or at a batch's start: Node's default
+// accept queue (511) overflows, and a dropped SYN costs its agent a 1 s retransmit. The kernel caps
+// it at net.core.somaxconn.
+await app.listen({ port: env.PORT, host: env.HOST, backlog: 8192 });
 const addr = app.server.address();
 const port = addr && typeof addr === "object" ? addr.port : env.PORT;
 console.log(`gateway ready: http://${env.HOST}:${port}`);

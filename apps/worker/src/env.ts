@@ -53,6 +53,11 @@ export const WorkerEnv = z.object({
    * Loopback, link-local / metadata addresses, Redis and the gateway are always refused.
    */
   ROLLGATE_SANDBOX_EGRESS_DENY: EgressList.default(""),
+  /**
+   * Local sandboxes: "on" starts the steps' programs from a small helper process (the spawner), so
+   * forking them costs the worker's event loop nothing; "off" forks them from the worker itself.
+   */
+  ROLLGATE_SANDBOX_SPAWNER: z.enum(["on", "off"]).default("on"),
   /** How long task records and results are kept in Redis. */
   ROLLGATE_RESULT_TTL_S: z.coerce.number().int().positive().default(7 * 24 * 3600),
   ROLLGATE_CALLBACK_ATTEMPTS: z.coerce.number().int().positive().default(12),

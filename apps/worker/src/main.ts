@@ -39,6 +39,8 @@ Environment:
   ROLLGATE_SANDBOX_PATH        PATH given to agents (default: node's folder, rollgate's bins, system bins)
   ROLLGATE_SANDBOX_BINDS       more host paths bwrap sandboxes see read-only (comma list; they always see
                                the system folders, node, the folders on the sandbox PATH)
+  ROLLGATE_SANDBOX_SPAWNER     on: local sandboxes' programs are started by a helper process, off the worker's
+                               event loop (default); off: the worker forks them itself
   ROLLGATE_SANDBOX_EGRESS_DENY destinations no sealed sandbox reaches whatever runtime.egress says (CIDRs,
                                IPs, hosts, *.domain; loopback, metadata, Redis and the gateway always)
   ROLLGATE_RESULT_TTL_S        how long results are kept (default 7 days)
@@ -116,6 +118,7 @@ if (env.ROLLGATE_RUNTIMES.includes("local")) {
     binds: env.ROLLGATE_SANDBOX_BINDS,
     bwrap,
     egressDeny: sandboxEgressDeny,
+    ...(env.ROLLGATE_SANDBOX_SPAWNER === "off" ? { spawner: null } : {}),
     log,
   });
 }

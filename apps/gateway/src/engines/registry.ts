@@ -33,10 +33,12 @@ export class EngineRegistry {
   constructor(
     readonly engines: EngineConfig[],
     timeoutMs: number,
+    /** Connections per engine URL (ROLLGATE_ENGINE_CONNECTIONS): every session may have a call in flight. */
+    connectionsPerEngine = 4096,
   ) {
     this.profiles = engines.map((e) => profileOf(e.profile, e.vocab_size));
     this.dispatcher = new Agent({
-      connections: 256,
+      connections: connectionsPerEngine,
       keepAliveTimeout: 60_000,
       headersTimeout: timeoutMs,
       bodyTimeout: timeoutMs,

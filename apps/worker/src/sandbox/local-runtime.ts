@@ -7,6 +7,7 @@ import { CANNOT_START } from "./container-common.js";
 import { type BwrapSupport, INSIDE_HOME, INSIDE_TMP, INSIDE_WORKDIR, RELAY_SHIM, RELAY_SOCKET, SANDBOX_GATEWAY_PORT, bwrapArgv, hostMountArgs, probeBwrap } from "./isolation.js";
 import { type RunResult, runProcess } from "./process.js";
 import { RELAY_SHIM_SOURCE } from "./relay-shim.js";
+import { type Spawner, sharedSpawner } from "./spawner.js";
 import { SessionRelay, egressProxyEnv } from "./relay.js";
 import { NO_LOST_CALLS, type CreateOptions, type ExecOptions, type Sandbox, type SandboxRuntime } from "./runtime.js";
 import { PathEscape, type SandboxDirs, makeSandboxDirs, readFileInside, removeSandboxDirs, writeFilesInside } from "./workdir.js";
@@ -27,6 +28,12 @@ export interface LocalRuntimeOptions {
   bwrap?: BwrapSupport;
   /** Destinations no sealed sandbox reaches whatever its `runtime.egress` (the worker's infrastructure, ROLLGATE_SANDBOX_EGRESS_DENY). */
   egressDeny?: string[];
+  /**
+   * What starts the steps' programs: the worker process's spawner (spawner.ts, the default), which
+   * keeps forks off the worker's event loop, or null to spawn from the worker itself
+   * (ROLLGATE_SANDBOX_SPAWNER=off).
+   */
+  spawner?: Spawner | null;
   log?: Log;
 }
 
@@ -57,8 +64,11 @@ export class LocalRuntime implements SandboxRuntime {
   /** Sandbox folders and relays that could not be removed (each also logged). */
   cleanupFailures = 0;
 
+  private readonly spawner: Spawner | null;
+
   constructor(private readonly o: LocalRuntimeOptions = {}) {
     this.support = o.bwrap;
+    this.spawner = o.spawner === undefined ? sharedSpawner() : o.spawner;
   }
 
   /** What bubblewrap can do here (probed once). */
@@ -145,7 +155,7 @@ export class LocalRuntime implements SandboxRuntime {
       tmp: bwrap ? INSIDE_TMP : dirs.tmp,
       sessionUrl: relay && opts.session ? `${inside}/s/${encodeURIComponent(opts.session.id)}` : null,
       exec: async (argv: string[], o: ExecOptions) => {
-        const r = await runProcess({ argv: wrap(argv), cwd: dirs.work, ...o, env: { ...o.env, ...proxyEnv } });
+        const r = await runProcess({ argv: wrap(argv), cwd: dirs.work, ...o, env: { ...o.env, ...proxyEnv }, spawner: this.spawner });
         return bwrap ? withSpawnError(r) : r;
       },
       writeHomeFiles: (files) => writeFilesInside(dirs.home, files),

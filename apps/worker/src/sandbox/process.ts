@@ -1,4 +1,5 @@
 import { spawn } from "node:child_process";
+import type { Spawner } from "./spawner.js";
 
 export interface RunOptions {
   argv: string[];
@@ -11,6 +12,8 @@ export interface RunOptions {
   maxLogBytes?: number;
   /** Called with each chunk of output as it arrives (live logs). */
   onOutput?: (chunk: Buffer) => void;
+  /** Start the program through this spawner (off the event loop: spawner.ts) instead of from this process. */
+  spawner?: Spawner | null;
 }
 
 export interface RunResult {
@@ -67,27 +70,19 @@ export function runProcess(o: RunOptions): Promise<RunResult> {
     let timedOut = false;
     let aborted = false;
     let settled = false;
-    const child = spawn(o.argv[0]!, o.argv.slice(1), {
-      cwd: o.cwd,
-      env: o.env,
-      detached: true,
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    child.stdout.on("data", (b: Buffer) => {
+    let pid: number | undefined;
+    const onData = (fd: 1 | 2, b: Buffer) => {
       tail.push(b);
-      stdoutTail.push(b);
+      if (fd === 1) stdoutTail.push(b);
       o.onOutput?.(b);
-    });
-    child.stderr.on("data", (b: Buffer) => {
-      tail.push(b);
-      o.onOutput?.(b);
-    });
-
+    };
+    let stopRequested = false;
     const stop = () => {
-      if (child.pid === undefined) return;
-      const pid = child.pid;
-      killGroup(pid, "SIGTERM");
-      setTimeout(() => killGroup(pid, "SIGKILL"), KILL_GRACE_MS).unref();
+      stopRequested = true;
+      if (pid === undefined) return;
+      const p = pid;
+      killGroup(p, "SIGTERM");
+      setTimeout(() => killGroup(p, "SIGKILL"), KILL_GRACE_MS).unref();
     };
     const timer = setTimeout(() => {
       timedOut = true;
@@ -98,7 +93,6 @@ export function runProcess(o: RunOptions): Promise<RunResult> {
       stop();
     };
     o.signal?.addEventListener("abort", onAbort, { once: true });
-    // A cancel that came before the step started still stops it.
     if (o.signal?.aborted) onAbort();
 
     const finish = (r: Omit<RunResult, "timedOut" | "aborted" | "logTail" | "stdoutTail" | "durationMs">) => {
@@ -108,6 +102,33 @@ export function runProcess(o: RunOptions): Promise<RunResult> {
       o.signal?.removeEventListener("abort", onAbort);
       resolve({ ...r, timedOut, aborted, logTail: tail.text(), stdoutTail: stdoutTail.text(), durationMs: Date.now() - started });
     };
+    if (o.spawner) {
+      o.spawner.spawn(
+        { argv: o.argv, cwd: o.cwd, env: o.env },
+        {
+          spawned: (p) => {
+            pid = p;
+            // A timeout or cancel that came while the program was being started.
+            if (stopRequested) stop();
+          },
+          output: onData,
+          exit: (code, sig) => finish({ exitCode: code, signal: sig, spawnError: null }),
+          error: (message) => finish({ exitCode: null, signal: null, spawnError: message }),
+        },
+      );
+      return;
+    }
+    const child = spawn(o.argv[0]!, o.argv.slice(1), {
+      cwd: o.cwd,
+      env: o.env,
+      detached: true,
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    pid = child.pid;
+    // A cancel that came before the step started still stops it.
+    if (stopRequested) stop();
+    child.stdout.on("data", (b: Buffer) => onData(1, b));
+    child.stderr.on("data", (b: Buffer) => onData(2, b));
     child.on("error", (err) => finish({ exitCode: null, signal: null, spawnError: err.message }));
     child.on("exit", (code, sig) => {
       // The agent is done: whatever it left running in its group goes with it, and we stop

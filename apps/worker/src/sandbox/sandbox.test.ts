@@ -2,9 +2,10 @@ import { spawnSync } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
 import path from "node:path";
-import { describe, expect, it } from "vitest";
+import { afterAll, describe, expect, it } from "vitest";
 import { defaultSandboxPath, sandboxEnv } from "./environment.js";
 import { runProcess } from "./process.js";
+import { Spawner } from "./spawner.js";
 import { makeSandboxDirs, removeSandboxDirs } from "./workdir.js";
 
 const pathEnv = defaultSandboxPath(process.cwd());
@@ -67,8 +68,15 @@ describe("makeSandboxDirs", () => {
   });
 });
 
-describe("runProcess", () => {
-  const base = { cwd: process.cwd(), env: { PATH: pathEnv } };
+const spawner = new Spawner();
+afterAll(() => spawner.close());
+
+// Every behaviour of a step, whether the worker forks it itself or its spawner does (the default).
+describe.each([
+  ["forked by this process", null],
+  ["started by the spawner", spawner],
+])("runProcess, %s", (_how, via) => {
+  const base = { cwd: process.cwd(), env: { PATH: pathEnv }, spawner: via };
 
   it("reports the exit code and keeps the output tail", async () => {
     const r = await runProcess({ ...base, argv: ["bash", "-c", "echo out; echo err >&2; exit 3"], timeoutMs: 10_000 });
@@ -121,5 +129,34 @@ describe("runProcess", () => {
     const r = await runProcess({ ...base, argv: ["sleep", "30"], timeoutMs: 20_000, signal: ac.signal });
     expect(r.aborted).toBe(true);
     expect(r.timedOut).toBe(false);
+  });
+
+  it("keeps stdout apart from stderr, and runs the program in the given folder with exactly the given environment", async () => {
+    const r = await runProcess({ ...base, cwd: "/", env: { PATH: pathEnv, ONLY: "this" }, argv: ["bash", "-c", "echo \"$PWD $ONLY ${HOME:-nohome}\"; echo oops >&2"], timeoutMs: 10_000 });
+    expect(r.stdoutTail).toBe("/ this nohome\n");
+    expect(r.logTail).toContain("oops");
+  });
+});
+
+describe("the spawner", () => {
+  const base = { cwd: process.cwd(), env: { PATH: pathEnv } };
+
+  it("is the parent of the programs it starts, not the worker", async () => {
+    const r = await runProcess({ ...base, spawner, argv: ["bash", "-c", "echo $PPID"], timeoutMs: 10_000 });
+    expect(r.exitCode).toBe(0);
+    expect(Number(r.stdoutTail.trim())).not.toBe(process.pid);
+  });
+
+  it("when it dies, the steps it was running end as not started and their processes are killed; the next step gets a new one", async () => {
+    const own = new Spawner();
+    const marker = `rg-orphan-${randomUUID()}`;
+    const step = runProcess({ ...base, spawner: own, argv: ["bash", "-c", `(exec -a ${marker} sleep 300) & echo up; wait`], timeoutMs: 20_000, onOutput: () => own.close() });
+    const r = await step;
+    expect(r.spawnError).toMatch(/spawner/);
+    await new Promise((res) => setTimeout(res, 200));
+    expect(survivors(marker)).toBe("");
+    const next = await runProcess({ ...base, spawner: own, argv: ["bash", "-c", "exit 4"], timeoutMs: 10_000 });
+    expect(next.exitCode).toBe(4);
+    own.close();
   });
 });
