@@ -1,0 +1,276 @@
+import { createHash } from "node:crypto";
+import { CompletionRecord } from "@rollgate/protocol";
+import { parseStored } from "./json.js";
+
+/**
+ * How a completion record is stored in its session's `records` hash (one field per seq).
+ *
+ * Format 1 (the first one, still read): the record's JSON. It starts with `{`.
+ *
+ * Format 2: binary, starting with the byte 0x02.
+ *
+ *   0x02, the base's seq in ASCII decimal (empty: no base), ";"
+ *   u32le J, J bytes of JSON: { d?: {p, m, r}, r: the record without its id and logprob arrays }
+ *   u32le P, u32le O, u8 W (4 or 8)
+ *   P × i32le   the prompt's ids after the prefix taken from the base
+ *   O × i32le   output ids
+ *   O × W-byte little-endian floats   output logprobs (float32 when every one of the record's
+ *               values is exactly a float32, as vLLM's and SGLang's are; else float64: always exact)
+ *
+ * A record extends a base: an earlier-written record of the same session. `d.p` ids of the base's
+ * `prompt_ids ++ output_ids` start its prompt, `d.m` of the base's request messages start its
+ * messages, and `d.r` says the request's other fields (sampling, tools, …) are the base's. Only
+ * what is new is stored, so a conversation of n calls costs its tokens once, not n times.
+ * The base's seq sits in ASCII at the front so a Lua script can follow the chain (RECORD_CHAIN_SCRIPT).
+ */
+export const RECORD_FORMAT_2 = 0x02;
+
+interface Delta {
+  /** Ids taken from the base's prompt ++ output. */
+  p: number;
+  /** Messages taken from the base's request. */
+  m: number;
+  /** 1: the request's fields besides messages are the base's. */
+  r: 0 | 1;
+}
+
+/** What the store remembers of a written record to delta the next ones against it. */
+export interface BaseCandidate {
+  seq: number;
+  /** prompt_ids ++ output_ids */
+  ids: Int32Array;
+  /** A hash of each request message's JSON. */
+  messages: string[];
+  /** A hash of the request's other fields' JSON. */
+  rest: string;
+}
+
+const hash = (s: string) => createHash("sha1").update(s).digest("base64");
+const INT32_MIN = -(2 ** 31);
+const INT32_MAX = 2 ** 31 - 1;
+
+/** Whether every value is an integer that fits an int32 (format 2 stores ids so). */
+function allInt32(ids: readonly number[]): boolean {
+  for (const x of ids) if (!Number.isInteger(x) || x < INT32_MIN || x > INT32_MAX) return false;
+  return true;
+}
+
+function commonPrefix(a: Int32Array, b: readonly number[]): number {
+  const n = Math.min(a.length, b.length);
+  let i = 0;
+  while (i < n && a[i] === b[i]) i++;
+  return i;
+}
+
+function commonCount(a: readonly string[], b: readonly string[]): number {
+  const n = Math.min(a.length, b.length);
+  let i = 0;
+  while (i < n && a[i] === b[i]) i++;
+  return i;
+}
+
+export interface Encoded {
+  value: Buffer | string;
+  /** What to remember of this record as a base for later ones (null when it was stored as JSON). */
+  candidate: BaseCandidate | null;
+}
+
+/**
+ * Encodes a record in format 2, as a delta of the candidate that shares the longest prompt prefix
+ * with it. Falls back to format 1 (JSON) for ids that are not int32 (never seen from an engine).
+ */
+export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandidate[]): Encoded {
+  const { prompt_ids, output_ids, output_logprobs, ...rest } = record;
+  if (!allInt32(prompt_ids) || !allInt32(output_ids) || output_logprobs.length !== output_ids.length) {
+    return { value: JSON.stringify(record), candidate: null };
+  }
+  const { messages, ...requestRest } = rest.request;
+  const messageHashes = messages.map((m) => hash(JSON.stringify(m)));
+  const restHash = hash(JSON.stringify(requestRest));
+
+  let base: BaseCandidate | null = null;
+  let p = 0;
+  for (const c of bases) {
+    if (c.seq === record.seq) continue;
+    const n = commonPrefix(c.ids, prompt_ids);
+    if (n > p) {
+      p = n;
+      base = c;
+    }
+  }
+  let delta: Delta | null = null;
+  if (base) delta = { p, m: commonCount(base.messages, messageHashes), r: base.rest === restHash ? 1 : 0 };
+
+  // The record's JSON part: its request keeps only the messages (and fields) the base lacks.
+  const request = { messages: delta ? messages.slice(delta.m) : messages, ...(delta?.r ? {} : requestRest) };
+  const meta = JSON.stringify(delta ? { d: delta, r: { ...rest, request } } : { r: { ...rest, request } });
+
+  const suffix = prompt_ids.length - p;
+  const out = output_ids.length;
+  const lpWidth = output_logprobs.every((x) => Math.fround(x) === x) ? 4 : 8;
+  const head = `\x02${base ? base.seq : ""};`;
+  const metaLen = Buffer.byteLength(meta);
+  const size = head.length + 4 + metaLen + 9 + 4 * (suffix + out) + lpWidth * out;
+  const buf = Buffer.allocUnsafe(size);
+  let o = buf.write(head, 0, "latin1");
+  o = buf.writeUInt32LE(metaLen, o);
+  o += buf.write(meta, o, "utf8");
+  o = buf.writeUInt32LE(suffix, o);
+  o = buf.writeUInt32LE(out, o);
+  o = buf.writeUInt8(lpWidth, o);
+  for (let i = p; i < prompt_ids.length; i++) o = buf.writeInt32LE(prompt_ids[i]!, o);
+  for (const id of output_ids) o = buf.writeInt32LE(id, o);
+  if (lpWidth === 4) for (const x of output_logprobs) o = buf.writeFloatLE(x, o);
+  else for (const x of output_logprobs) o = buf.writeDoubleLE(x, o);
+
+  const ids = new Int32Array(prompt_ids.length + out);
+  ids.set(prompt_ids);
+  ids.set(output_ids, prompt_ids.length);
+  return { value: buf, candidate: { seq: record.seq, ids, messages: messageHashes, rest: restHash } };
+}
+
+/** The seq of the record a stored value extends, or null (format 1, or format 2 without a base). */
+export function baseOf(raw: Buffer): number | null {
+  if (raw[0] !== RECORD_FORMAT_2) return null;
+  const end = raw.indexOf(0x3b /* ; */, 1);
+  if (end <= 1) return null;
+  return Number(raw.toString("latin1", 1, end));
+}
+
+// The record's fields besides the arrays, checked as the whole record was before.
+const RecordWithoutIds = CompletionRecord.omit({ prompt_ids: true, output_ids: true, output_logprobs: true });
+const FIELD_ORDER = Object.keys(CompletionRecord.shape) as (keyof CompletionRecord)[];
+
+/**
+ * Decodes stored records (format 1 or 2) into full CompletionRecords. `raw` must hold every base
+ * the wanted records extend (transitively); each record is decoded once however many extend it.
+ * `what` names the session in errors.
+ */
+export function decodeRecords(raw: ReadonlyMap<number, Buffer>, wanted: Iterable<number>, what: string): Map<number, CompletionRecord> {
+  const done = new Map<number, CompletionRecord>();
+  const decodeOne = (seq: number): CompletionRecord => {
+    // Walk down to the first record whose base is decoded (or that has none), then back up.
+    const chain: number[] = [];
+    let at: number | null = seq;
+    while (at !== null && !done.has(at)) {
+      if (chain.includes(at)) throw new Error(`stored record ${seq} of ${what}: its bases form a cycle`);
+      const value = raw.get(at);
+      if (!value) throw new Error(`stored record ${chain.at(-1) ?? seq} of ${what} extends record ${at}, which is missing`);
+      chain.push(at);
+      at = baseOf(value);
+    }
+    for (let i = chain.length - 1; i >= 0; i--) {
+      const s = chain[i]!;
+      done.set(s, decodeValue(raw.get(s)!, done, `record ${s} of ${what}`));
+    }
+    return done.get(seq)!;
+  };
+  const out = new Map<number, CompletionRecord>();
+  for (const seq of wanted) out.set(seq, decodeOne(seq));
+  return out;
+}
+
+function decodeValue(raw: Buffer, decoded: ReadonlyMap<number, CompletionRecord>, what: string): CompletionRecord {
+  if (raw[0] !== RECORD_FORMAT_2) return parseStored(CompletionRecord, raw.toString("utf8"), what);
+  try {
+    const baseSeq = baseOf(raw);
+    const base = baseSeq === null ? null : decoded.get(baseSeq)!;
+    let o = raw.indexOf(0x3b, 1) + 1;
+    const metaLen = raw.readUInt32LE(o);
+    o += 4;
+    const meta = JSON.parse(raw.toString("utf8", o, o + metaLen)) as { d?: Delta; r: Record<string, unknown> & { request: Record<string, unknown> } };
+    o += metaLen;
+    const suffix = raw.readUInt32LE(o);
+    const out = raw.readUInt32LE(o + 4);
+    const lpWidth = raw.readUInt8(o + 8);
+    o += 9;
+    if (o + 4 * (suffix + out) + lpWidth * out !== raw.length) throw new Error("its length does not match its counts");
+    const d = meta.d ?? { p: 0, m: 0, r: 0 };
+    if (d.p > 0 || d.m > 0 || d.r) {
+      if (!base) throw new Error("it has a delta but no base");
+      if (d.p > base.prompt_ids.length + base.output_ids.length || d.m > base.request.messages.length) throw new Error("its delta is longer than its base");
+    }
+    const prompt_ids: number[] = new Array<number>(d.p + suffix);
+    if (base) {
+      const bp = base.prompt_ids;
+      const n = Math.min(d.p, bp.length);
+      for (let i = 0; i < n; i++) prompt_ids[i] = bp[i]!;
+      for (let i = n; i < d.p; i++) prompt_ids[i] = base.output_ids[i - bp.length]!;
+    }
+    for (let i = 0; i < suffix; i++, o += 4) prompt_ids[d.p + i] = raw.readInt32LE(o);
+    const output_ids: number[] = new Array<number>(out);
+    for (let i = 0; i < out; i++, o += 4) output_ids[i] = raw.readInt32LE(o);
+    const output_logprobs: number[] = new Array<number>(out);
+    // `+ 0` turns -0 into 0, as format 1's JSON did.
+    if (lpWidth === 4) for (let i = 0; i < out; i++, o += 4) output_logprobs[i] = raw.readFloatLE(o) + 0;
+    else if (lpWidth === 8) for (let i = 0; i < out; i++, o += 8) output_logprobs[i] = raw.readDoubleLE(o) + 0;
+    else throw new Error(`unknown logprob width ${lpWidth}`);
+
+    const stored = meta.r.request as { messages: unknown[] } & Record<string, unknown>;
+    const { messages: own, ...ownRest } = stored;
+    const request = {
+      messages: d.m > 0 ? [...base!.request.messages.slice(0, d.m), ...own] : own,
+      ...(d.r ? requestRest(base!.request) : ownRest),
+    };
+    const rest = RecordWithoutIds.safeParse({ ...meta.r, request });
+    if (!rest.success) throw new Error(`it does not match its schema: ${rest.error.message}`);
+    const full = { ...rest.data, prompt_ids, output_ids, output_logprobs } as Record<string, unknown>;
+    // The keys in the schema's order, as a parse of the whole record gives them.
+    const ordered: Record<string, unknown> = {};
+    for (const k of FIELD_ORDER) if (full[k] !== undefined) ordered[k] = full[k];
+    return ordered as CompletionRecord;
+  } catch (err) {
+    throw new Error(`stored ${what} is corrupt: ${(err as Error).message}`);
+  }
+}
+
+function requestRest(request: CompletionRecord["request"]): Omit<CompletionRecord["request"], "messages"> {
+  const { messages: _m, ...rest } = request;
+  return rest;
+}
+
+/**
+ * The records this process wrote lately, per session, as bases for the next ones: the last few of
+ * each session (an agent and its sub-agents interleave conversations), within a byte budget over
+ * all sessions (least recently written sessions go first). Only an optimisation: a record whose
+ * base is not here (another replica wrote it, the budget dropped it) is stored whole, and every
+ * candidate is a record already in Redis, so nothing here can make a stored record unreadable.
+ */
+export class RecordBases {
+  private readonly sessions = new Map<string, BaseCandidate[]>();
+  private bytes = 0;
+  constructor(
+    private readonly perSession = 3,
+    private readonly budgetBytes = 64 * 2 ** 20,
+  ) {}
+
+  of(sid: string): readonly BaseCandidate[] {
+    return this.sessions.get(sid) ?? [];
+  }
+
+  add(sid: string, c: BaseCandidate): void {
+    const list = this.sessions.get(sid) ?? [];
+    this.sessions.delete(sid); // re-inserted last: the Map's order is the eviction order
+    list.push(c);
+    this.bytes += size(c);
+    while (list.length > this.perSession) this.bytes -= size(list.shift()!);
+    this.sessions.set(sid, list);
+    for (const [old, l] of this.sessions) {
+      if (this.bytes <= this.budgetBytes || old === sid) break;
+      this.drop(old, l);
+    }
+  }
+
+  drop(sid: string, list = this.sessions.get(sid)): void {
+    if (!list) return;
+    for (const c of list) this.bytes -= size(c);
+    this.sessions.delete(sid);
+  }
+
+  /** Bytes held (ids and hashes), for tests. */
+  get heldBytes(): number {
+    return this.bytes;
+  }
+}
+
+const size = (c: BaseCandidate) => c.ids.byteLength + 40 * (c.messages.length + 1) + 64;
