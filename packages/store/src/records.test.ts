@@ -3,6 +3,7 @@ import { CompletionRecord, type RecordHead } from "@rollgate/protocol";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { keys } from "./keys.js";
+import { RecordBases } from "./records.js";
 import { hashToken, SessionStore } from "./sessions.js";
 
 // Real Redis, a prefix of our own, removed afterwards.
@@ -140,23 +141,40 @@ describe("completion records in Redis", () => {
   it("pick the base sharing the longest prefix when conversations interleave, whatever order calls finish in", async () => {
     const store = await open("d", "s-d");
     const system = ids(50);
-    // A main agent (even seqs) and a sub-agent (odd seqs) with the same system prompt; calls finish out of order.
-    const main = conversation("s-d", [0, 2, 4, 6], { system });
-    const sub = conversation("s-d", [1, 3, 5, 7], { system });
-    const order = [sub[0]!, main[0]!, main[1]!, sub[1]!, sub[2]!, main[2]!, main[3]!, sub[3]!];
+    // A main agent and three sub-agents with the same system prompt, taking turns; some calls finish out of order.
+    const convs = [0, 1, 2, 3].map((c) => conversation("s-d", [c, c + 4, c + 8, c + 12], { system }));
+    const all = convs.flat().sort((a, b) => a.seq - b.seq);
+    const order = [...all];
+    for (const i of [1, 6, 9]) [order[i], order[i + 1]] = [order[i + 1]!, order[i]!];
     for (const r of order) await store.appendRecord(r, head(r));
-    const all = [...main, ...sub].sort((a, b) => a.seq - b.seq);
     expect(await store.records("s-d")).toEqual(all);
     const fresh = new SessionStore(redis, `${prefix}-d`);
-    expect(await fresh.record("s-d", 7)).toEqual(sub[3]);
-    expect(await fresh.record("s-d", 6)).toEqual(main[3]);
+    for (const seq of [15, 14, 9]) expect(await fresh.record("s-d", seq)).toEqual(all[seq]);
     // Each record extends its own conversation's last call.
     const k = keys(`${prefix}-d`).records("s-d");
     const base = async (seq: number) => {
       const raw = (await redis.hgetBuffer(k, String(seq)))!;
       return raw.toString("latin1", 1, raw.indexOf(";"));
     };
-    expect(await Promise.all([2, 3, 4, 5, 6, 7].map(base))).toEqual(["0", "1", "2", "3", "4", "5"]);
+    const later = all.slice(4).map((r) => r.seq);
+    expect(await Promise.all(later.map(base))).toEqual(later.map((s) => String(s - 4)));
+  });
+
+  it("remember recent records within a byte budget, least recently written sessions dropped first", () => {
+    const bases = new RecordBases(8, 3000);
+    const cand = (seq: number, n: number) => ({ seq, ids: new Int32Array(n), messages: [], rest: "" });
+    bases.add("a", cand(0, 200));
+    bases.add("b", cand(0, 200));
+    bases.add("a", cand(1, 300), 0); // a's call 1 holds all of call 0: it replaces it
+    expect(bases.of("a").map((c) => c.seq)).toEqual([1]);
+    bases.add("c", cand(0, 300));
+    // 3 × (ids + bookkeeping) is over the budget: b, written least recently, goes.
+    expect(bases.of("b")).toEqual([]);
+    expect(bases.of("a").length + bases.of("c").length).toBe(2);
+    expect(bases.heldBytes).toBeLessThanOrEqual(3000);
+    bases.drop("a");
+    bases.drop("c");
+    expect(bases.heldBytes).toBe(0);
   });
 
   it("keep routed experts, replays, reroutes and pause fields", async () => {

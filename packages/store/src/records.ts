@@ -73,6 +73,8 @@ export interface Encoded {
   value: Buffer | string;
   /** What to remember of this record as a base for later ones (null when it was stored as JSON). */
   candidate: BaseCandidate | null;
+  /** The base it extends when its prompt holds all of the base's ids: the base is then superseded. */
+  supersedes: number | null;
 }
 
 /**
@@ -82,7 +84,7 @@ export interface Encoded {
 export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandidate[]): Encoded {
   const { prompt_ids, output_ids, output_logprobs, ...rest } = record;
   if (!allInt32(prompt_ids) || !allInt32(output_ids) || output_logprobs.length !== output_ids.length) {
-    return { value: JSON.stringify(record), candidate: null };
+    return { value: JSON.stringify(record), candidate: null, supersedes: null };
   }
   const { messages, ...requestRest } = rest.request;
   const messageHashes = messages.map((m) => hash(JSON.stringify(m)));
@@ -126,7 +128,8 @@ export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandi
   const ids = new Int32Array(prompt_ids.length + out);
   ids.set(prompt_ids);
   ids.set(output_ids, prompt_ids.length);
-  return { value: buf, candidate: { seq: record.seq, ids, messages: messageHashes, rest: restHash } };
+  const supersedes = base && p === base.ids.length ? base.seq : null;
+  return { value: buf, candidate: { seq: record.seq, ids, messages: messageHashes, rest: restHash }, supersedes };
 }
 
 /** The seq of the record a stored value extends, or null (format 1, or format 2 without a base). */
@@ -230,9 +233,10 @@ function requestRest(request: CompletionRecord["request"]): Omit<CompletionRecor
 }
 
 /**
- * The records this process wrote lately, per session, as bases for the next ones: the last few of
- * each session (an agent and its sub-agents interleave conversations), within a byte budget over
- * all sessions (least recently written sessions go first). Only an optimisation: a record whose
+ * The records this process wrote lately, per session, as bases for the next ones: the last record
+ * of each of the session's conversations (an agent and its sub-agents interleave them; a record
+ * that holds all of its base's ids replaces it), a few per session, within a byte budget over all
+ * sessions (least recently written sessions go first). Only an optimisation: a record whose
  * base is not here (another replica wrote it, the budget dropped it) is stored whole, and every
  * candidate is a record already in Redis, so nothing here can make a stored record unreadable.
  */
@@ -240,7 +244,7 @@ export class RecordBases {
   private readonly sessions = new Map<string, BaseCandidate[]>();
   private bytes = 0;
   constructor(
-    private readonly perSession = 3,
+    private readonly perSession = 8,
     private readonly budgetBytes = 64 * 2 ** 20,
   ) {}
 
@@ -248,16 +252,18 @@ export class RecordBases {
     return this.sessions.get(sid) ?? [];
   }
 
-  add(sid: string, c: BaseCandidate): void {
+  add(sid: string, c: BaseCandidate, supersedes: number | null = null): void {
     const list = this.sessions.get(sid) ?? [];
     this.sessions.delete(sid); // re-inserted last: the Map's order is the eviction order
+    const old = supersedes === null ? -1 : list.findIndex((x) => x.seq === supersedes);
+    if (old >= 0) this.bytes -= size(list.splice(old, 1)[0]!);
     list.push(c);
     this.bytes += size(c);
     while (list.length > this.perSession) this.bytes -= size(list.shift()!);
     this.sessions.set(sid, list);
-    for (const [old, l] of this.sessions) {
-      if (this.bytes <= this.budgetBytes || old === sid) break;
-      this.drop(old, l);
+    for (const [other, l] of this.sessions) {
+      if (this.bytes <= this.budgetBytes || other === sid) break;
+      this.drop(other, l);
     }
   }
 

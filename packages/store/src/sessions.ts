@@ -121,7 +121,7 @@ export class SessionStore {
   ) {
     this.k = keys(prefix);
     this.scripts = sessionScripts(redis);
-    this.bases = new RecordBases(3, options.baseCacheBytes);
+    this.bases = new RecordBases(8, options.baseCacheBytes);
   }
 
   /** Creates a session; false when the id is taken. */
@@ -239,7 +239,7 @@ export class SessionStore {
       String(u.cached_tokens),
     );
     // Only once it is stored: a later record may then extend it.
-    if (encoded.candidate) this.bases.add(sid, encoded.candidate);
+    if (encoded.candidate) this.bases.add(sid, encoded.candidate, encoded.supersedes);
   }
 
   async records(id: string): Promise<CompletionRecord[]> {
