@@ -109,25 +109,22 @@ export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandi
 
   const suffix = prompt_ids.length - p;
   const out = output_ids.length;
-  const lpWidth = output_logprobs.every((x) => Math.fround(x) === x) ? 4 : 8;
-  const head = `\x02${base ? base.seq : ""};`;
-  const metaLen = Buffer.byteLength(meta);
-  const size = head.length + 4 + metaLen + 9 + 4 * (suffix + out) + lpWidth * out;
-  const buf = Buffer.allocUnsafe(size);
-  let o = buf.write(head, 0, "latin1");
-  o = buf.writeUInt32LE(metaLen, o);
-  o += buf.write(meta, o, "utf8");
-  o = buf.writeUInt32LE(suffix, o);
-  o = buf.writeUInt32LE(out, o);
-  o = buf.writeUInt8(lpWidth, o);
-  for (let i = p; i < prompt_ids.length; i++) o = buf.writeInt32LE(prompt_ids[i]!, o);
-  for (const id of output_ids) o = buf.writeInt32LE(id, o);
-  if (lpWidth === 4) for (const x of output_logprobs) o = buf.writeFloatLE(x, o);
-  else for (const x of output_logprobs) o = buf.writeDoubleLE(x, o);
-
+  // prompt ++ output: what later records compare against, and from `p` on what this one stores.
   const ids = new Int32Array(prompt_ids.length + out);
   ids.set(prompt_ids);
   ids.set(output_ids, prompt_ids.length);
+  const lps = output_logprobs.every((x) => Math.fround(x) === x) ? new Float32Array(output_logprobs) : new Float64Array(output_logprobs);
+  const headText = `\x02${base ? base.seq : ""};`;
+  const metaLen = Buffer.byteLength(meta);
+  const head = Buffer.allocUnsafe(headText.length + 4 + metaLen + 9);
+  let o = head.write(headText, 0, "latin1");
+  o = head.writeUInt32LE(metaLen, o);
+  o += head.write(meta, o, "utf8");
+  o = head.writeUInt32LE(suffix, o);
+  o = head.writeUInt32LE(out, o);
+  head.writeUInt8(lps.BYTES_PER_ELEMENT, o);
+  const buf = Buffer.concat([head, littleEndian(ids.subarray(p)), littleEndian(lps)]);
+
   const supersedes = base && p === base.ids.length ? base.seq : null;
   return { value: buf, candidate: { seq: record.seq, ids, messages: messageHashes, rest: restHash }, supersedes };
 }
@@ -193,21 +190,23 @@ function decodeValue(raw: Buffer, decoded: ReadonlyMap<number, CompletionRecord>
       if (!base) throw new Error("it has a delta but no base");
       if (d.p > base.prompt_ids.length + base.output_ids.length || d.m > base.request.messages.length) throw new Error("its delta is longer than its base");
     }
-    const prompt_ids: number[] = new Array<number>(d.p + suffix);
+    if (lpWidth !== 4 && lpWidth !== 8) throw new Error(`unknown logprob width ${lpWidth}`);
+    const storedIds = new Int32Array(suffix + out);
+    fromLittleEndian(storedIds, raw.subarray(o, (o += 4 * (suffix + out))));
+    const lps = lpWidth === 4 ? new Float32Array(out) : new Float64Array(out);
+    fromLittleEndian(lps, raw.subarray(o));
+    // Plain packed arrays, as JSON.parse gives them (the builders read them token by token).
+    let prompt_ids: number[] = [];
     if (base) {
       const bp = base.prompt_ids;
-      const n = Math.min(d.p, bp.length);
-      for (let i = 0; i < n; i++) prompt_ids[i] = bp[i]!;
-      for (let i = n; i < d.p; i++) prompt_ids[i] = base.output_ids[i - bp.length]!;
+      prompt_ids = d.p <= bp.length ? bp.slice(0, d.p) : bp.concat(base.output_ids.slice(0, d.p - bp.length));
     }
-    for (let i = 0; i < suffix; i++, o += 4) prompt_ids[d.p + i] = raw.readInt32LE(o);
-    const output_ids: number[] = new Array<number>(out);
-    for (let i = 0; i < out; i++, o += 4) output_ids[i] = raw.readInt32LE(o);
-    const output_logprobs: number[] = new Array<number>(out);
+    for (let i = 0; i < suffix; i++) prompt_ids.push(storedIds[i]!);
+    const output_ids: number[] = [];
+    for (let i = suffix; i < suffix + out; i++) output_ids.push(storedIds[i]!);
+    const output_logprobs: number[] = [];
     // `+ 0` turns -0 into 0, as format 1's JSON did.
-    if (lpWidth === 4) for (let i = 0; i < out; i++, o += 4) output_logprobs[i] = raw.readFloatLE(o) + 0;
-    else if (lpWidth === 8) for (let i = 0; i < out; i++, o += 8) output_logprobs[i] = raw.readDoubleLE(o) + 0;
-    else throw new Error(`unknown logprob width ${lpWidth}`);
+    for (let i = 0; i < out; i++) output_logprobs.push(lps[i]! + 0);
 
     const stored = meta.r.request as { messages: unknown[] } & Record<string, unknown>;
     const { messages: own, ...ownRest } = stored;
@@ -227,6 +226,23 @@ function decodeValue(raw: Buffer, decoded: ReadonlyMap<number, CompletionRecord>
   }
 }
 
+const BIG_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 0;
+
+/** The typed array's bytes, little-endian (a view when the machine is, a swapped copy when not). */
+function littleEndian(a: Int32Array | Float32Array | Float64Array): Buffer {
+  const bytes = Buffer.from(a.buffer, a.byteOffset, a.byteLength);
+  if (!BIG_ENDIAN) return bytes;
+  const copy = Buffer.from(bytes);
+  return a.BYTES_PER_ELEMENT === 8 ? copy.swap64() : copy.swap32();
+}
+
+/** Fills `into` from little-endian bytes (copied, since a reply's bytes need not be aligned). */
+function fromLittleEndian(into: Int32Array | Float32Array | Float64Array, bytes: Buffer): void {
+  const target = Buffer.from(into.buffer, into.byteOffset, into.byteLength);
+  bytes.copy(target);
+  if (BIG_ENDIAN) void (into.BYTES_PER_ELEMENT === 8 ? target.swap64() : target.swap32());
+}
+
 function requestRest(request: CompletionRecord["request"]): Omit<CompletionRecord["request"], "messages"> {
   const { messages: _m, ...rest } = request;
   return rest;
@@ -244,7 +260,7 @@ export class RecordBases {
   private readonly sessions = new Map<string, BaseCandidate[]>();
   private bytes = 0;
   constructor(
-    private readonly perSession = 8,
+    private readonly perSession = 16,
     private readonly budgetBytes = 64 * 2 ** 20,
   ) {}
 

@@ -121,7 +121,7 @@ export class SessionStore {
   ) {
     this.k = keys(prefix);
     this.scripts = sessionScripts(redis);
-    this.bases = new RecordBases(8, options.baseCacheBytes);
+    this.bases = new RecordBases(16, options.baseCacheBytes);
   }
 
   /** Creates a session; false when the id is taken. */
