@@ -36,7 +36,7 @@ const ids = (n: number) => Array.from({ length: n }, () => Math.floor(rand() * 1
 type Message = CompletionRecord["request"]["messages"][number];
 
 /** An agent's conversation: each call's prompt is the last one's prompt and output plus a tool result. */
-function conversation(sid: string, seqs: number[], opts: { system?: number[]; logprob?: () => number; tools?: boolean } = {}): CompletionRecord[] {
+function conversation(sid: string, seqs: number[], opts: { system?: number[]; logprob?: () => number; tools?: boolean; reasoning?: boolean } = {}): CompletionRecord[] {
   const out: CompletionRecord[] = [];
   let prompt = [...(opts.system ?? ids(40)), ...ids(20)];
   let messages: Message[] = [
@@ -46,6 +46,7 @@ function conversation(sid: string, seqs: number[], opts: { system?: number[]; lo
   for (const seq of seqs) {
     const output = ids(16);
     const text = `answer ${seq} ${rand()}`;
+    const reasoning = opts.reasoning ? `thinking about call ${seq} of ${sid}` : null;
     const rec: CompletionRecord = {
       id: `c${seq}`,
       session_id: sid,
@@ -64,13 +65,15 @@ function conversation(sid: string, seqs: number[], opts: { system?: number[]; lo
       output_ids: output,
       output_logprobs: output.map(opts.logprob ?? (() => -rand() * 5)),
       finish_reason: "stop",
-      message: { content: text, reasoning: null, tool_calls: [] },
+      message: { content: text, reasoning, tool_calls: [] },
       usage: { prompt_tokens: prompt.length, completion_tokens: output.length, cached_tokens: 0 },
       latency_ms: 12,
     };
     out.push(rec);
     prompt = [...prompt, ...output, ...ids(12)];
-    messages = [...messages, { role: "assistant", content: text }, { role: "user", content: `tool output ${seq}` }];
+    // The agent echoes the answer back (every third time reworded: not an echo then).
+    const echoed = seq % 3 === 2 ? `${text} (edited)` : text;
+    messages = [...messages, { role: "assistant", content: echoed, ...(reasoning ? { reasoning } : {}) }, { role: "user", content: `tool output ${seq}` }];
   }
   return out;
 }
@@ -85,7 +88,7 @@ const storedBytes = async (key: string) => {
 describe("completion records in Redis", () => {
   it("store a conversation's calls as deltas and give back every record exactly, all at once or one by one", async () => {
     const store = await open("a", "s-a");
-    const records = conversation("s-a", [0, 1, 2, 3, 4, 5, 6, 7], { tools: true });
+    const records = conversation("s-a", [0, 1, 2, 3, 4, 5, 6, 7], { tools: true, reasoning: true });
     for (const r of records) await store.appendRecord(r, head(r));
     expect(await store.records("s-a")).toEqual(records);
     // A reader that wrote nothing (another replica) follows the chain of bases in Redis.
@@ -99,6 +102,10 @@ describe("completion records in Redis", () => {
     const k = keys(`${prefix}-a`).records("s-a");
     const [second, last] = await Promise.all([redis.hstrlen(k, "1"), redis.hstrlen(k, "7")]);
     expect(last).toBeLessThanOrEqual(second + 8);
+    // ...and not the answer it echoes back either.
+    const third = (await redis.hgetBuffer(k, "3"))!.toString("latin1");
+    expect(third).not.toContain(records[2]!.message.reasoning);
+    expect(third).toContain(records[3]!.message.reasoning);
     const json = records.reduce((a, r) => a + JSON.stringify(r).length, 0);
     expect(await storedBytes(k)).toBeLessThan(json / 2.5);
   });
@@ -162,7 +169,7 @@ describe("completion records in Redis", () => {
 
   it("remember recent records within a byte budget, least recently written sessions dropped first", () => {
     const bases = new RecordBases(8, 3000);
-    const cand = (seq: number, n: number) => ({ seq, ids: new Int32Array(n), messages: [], rest: "" });
+    const cand = (seq: number, n: number) => ({ seq, ids: new Int32Array(n), messages: [], rest: "", answer: { content: null, reasoning: null } });
     bases.add("a", cand(0, 200));
     bases.add("b", cand(0, 200));
     bases.add("a", cand(1, 300), 0); // a's call 1 holds all of call 0: it replaces it

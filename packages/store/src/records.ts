@@ -32,7 +32,17 @@ interface Delta {
   m: number;
   /** 1: the request's fields besides messages are the base's. */
   r: 0 | 1;
+  /**
+   * Echoed answers: [index among the stored messages, field, field of the base's answer] for each
+   * assistant message's `content` or `reasoning` that is the base's answer's (stored as null).
+   */
+  e?: [number, EchoField, EchoField][];
 }
+
+type EchoField = "content" | "reasoning";
+const ECHO_FIELDS: readonly EchoField[] = ["content", "reasoning"];
+/** Shorter echoes are not worth a reference. */
+const MIN_ECHO = 16;
 
 /** What the store remembers of a written record to delta the next ones against it. */
 export interface BaseCandidate {
@@ -43,6 +53,8 @@ export interface BaseCandidate {
   messages: string[];
   /** A hash of the request's other fields' JSON. */
   rest: string;
+  /** Its answer's text, which the next call of its conversation usually echoes. */
+  answer: { content: string | null; reasoning: string | null };
 }
 
 const hash = (s: string) => createHash("sha1").update(s).digest("base64");
@@ -103,8 +115,28 @@ export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandi
   let delta: Delta | null = null;
   if (base) delta = { p, m: commonCount(base.messages, messageHashes), r: base.rest === restHash ? 1 : 0 };
 
-  // The record's JSON part: its request keeps only the messages (and fields) the base lacks.
-  const request = { messages: delta ? messages.slice(delta.m) : messages, ...(delta?.r ? {} : requestRest) };
+  // The record's JSON part: its request keeps only the messages (and fields) the base lacks, and
+  // of those no copy of the base's answer.
+  let kept = delta ? messages.slice(delta.m) : messages;
+  if (delta && base) {
+    const echoes: NonNullable<Delta["e"]> = [];
+    kept = kept.map((m, i) => {
+      if (m.role !== "assistant") return m;
+      let copy: Record<string, unknown> | null = null;
+      for (const f of ECHO_FIELDS) {
+        const v = (m as Record<string, unknown>)[f];
+        if (typeof v !== "string" || v.length < MIN_ECHO) continue;
+        const src = ECHO_FIELDS.find((g) => base.answer[g] === v);
+        if (!src) continue;
+        copy ??= { ...m };
+        copy[f] = null;
+        echoes.push([i, f, src]);
+      }
+      return (copy ?? m) as typeof m;
+    });
+    if (echoes.length) delta.e = echoes;
+  }
+  const request = { messages: kept, ...(delta?.r ? {} : requestRest) };
   const meta = JSON.stringify(delta ? { d: delta, r: { ...rest, request } } : { r: { ...rest, request } });
 
   const suffix = prompt_ids.length - p;
@@ -126,7 +158,7 @@ export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandi
   const buf = Buffer.concat([head, littleEndian(ids.subarray(p)), littleEndian(lps)]);
 
   const supersedes = base && p === base.ids.length ? base.seq : null;
-  return { value: buf, candidate: { seq: record.seq, ids, messages: messageHashes, rest: restHash }, supersedes };
+  return { value: buf, candidate: { seq: record.seq, ids, messages: messageHashes, rest: restHash, answer: { content: record.message.content, reasoning: record.message.reasoning } }, supersedes };
 }
 
 /** The seq of the record a stored value extends, or null (format 1, or format 2 without a base). */
@@ -208,8 +240,12 @@ function decodeValue(raw: Buffer, decoded: ReadonlyMap<number, CompletionRecord>
     // `+ 0` turns -0 into 0, as format 1's JSON did.
     for (let i = 0; i < out; i++) output_logprobs.push(lps[i]! + 0);
 
-    const stored = meta.r.request as { messages: unknown[] } & Record<string, unknown>;
+    const stored = meta.r.request as { messages: Record<string, unknown>[] } & Record<string, unknown>;
     const { messages: own, ...ownRest } = stored;
+    for (const [i, f, src] of d.e ?? []) {
+      if (!base || !own[i] || own[i][f] !== null) throw new Error("it echoes an answer it has no place for");
+      own[i][f] = base.message[src];
+    }
     const request = {
       messages: d.m > 0 ? [...base!.request.messages.slice(0, d.m), ...own] : own,
       ...(d.r ? requestRest(base!.request) : ownRest),
