@@ -47,6 +47,7 @@ function conversation(sid: string, seqs: number[], opts: { system?: number[]; lo
     const output = ids(16);
     const text = `answer ${seq} ${rand()}`;
     const reasoning = opts.reasoning ? `thinking about call ${seq} of ${sid}` : null;
+    const toolCalls = seq % 2 ? [{ id: `call_${sid}_${seq}`, type: "function" as const, function: { name: "shell", arguments: JSON.stringify({ cmd: `ls -la dir${seq}` }) } }] : [];
     const rec: CompletionRecord = {
       id: `c${seq}`,
       session_id: sid,
@@ -65,7 +66,7 @@ function conversation(sid: string, seqs: number[], opts: { system?: number[]; lo
       output_ids: output,
       output_logprobs: output.map(opts.logprob ?? (() => -rand() * 5)),
       finish_reason: "stop",
-      message: { content: text, reasoning, tool_calls: [] },
+      message: { content: text, reasoning, tool_calls: toolCalls },
       usage: { prompt_tokens: prompt.length, completion_tokens: output.length, cached_tokens: 0 },
       latency_ms: 12,
     };
@@ -73,7 +74,7 @@ function conversation(sid: string, seqs: number[], opts: { system?: number[]; lo
     prompt = [...prompt, ...output, ...ids(12)];
     // The agent echoes the answer back (every third time reworded: not an echo then).
     const echoed = seq % 3 === 2 ? `${text} (edited)` : text;
-    messages = [...messages, { role: "assistant", content: echoed, ...(reasoning ? { reasoning } : {}) }, { role: "user", content: `tool output ${seq}` }];
+    messages = [...messages, { role: "assistant", content: echoed, ...(reasoning ? { reasoning } : {}), ...(toolCalls.length ? { tool_calls: toolCalls } : {}) }, { role: "user", content: `tool output ${seq}` }];
   }
   return out;
 }
@@ -106,6 +107,9 @@ describe("completion records in Redis", () => {
     const third = (await redis.hgetBuffer(k, "3"))!.toString("latin1");
     expect(third).not.toContain(records[2]!.message.reasoning);
     expect(third).toContain(records[3]!.message.reasoning);
+    const second2 = (await redis.hgetBuffer(k, "2"))!.toString("latin1");
+    expect(second2).not.toContain("call_s-a_1");
+    expect(second2).toContain(records[2]!.message.content);
     const json = records.reduce((a, r) => a + JSON.stringify(r).length, 0);
     expect(await storedBytes(k)).toBeLessThan(json / 2.5);
   });
@@ -169,7 +173,7 @@ describe("completion records in Redis", () => {
 
   it("remember recent records within a byte budget, least recently written sessions dropped first", () => {
     const bases = new RecordBases(8, 3000);
-    const cand = (seq: number, n: number) => ({ seq, ids: new Int32Array(n), messages: [], rest: "", answer: { content: null, reasoning: null } });
+    const cand = (seq: number, n: number) => ({ seq, ids: new Int32Array(n), messages: [], rest: "", answer: { content: null, reasoning: null, tool_calls: null } });
     bases.add("a", cand(0, 200));
     bases.add("b", cand(0, 200));
     bases.add("a", cand(1, 300), 0); // a's call 1 holds all of call 0: it replaces it

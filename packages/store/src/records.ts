@@ -34,13 +34,13 @@ interface Delta {
   r: 0 | 1;
   /**
    * Echoed answers: [index among the stored messages, field, field of the base's answer] for each
-   * assistant message's `content` or `reasoning` that is the base's answer's (stored as null).
+   * assistant message's `content`, `reasoning` or `tool_calls` that is the base's answer's (stored as null).
    */
   e?: [number, EchoField, EchoField][];
 }
 
-type EchoField = "content" | "reasoning";
-const ECHO_FIELDS: readonly EchoField[] = ["content", "reasoning"];
+type EchoField = "content" | "reasoning" | "tool_calls";
+const TEXT_FIELDS = ["content", "reasoning"] as const;
 /** Shorter echoes are not worth a reference. */
 const MIN_ECHO = 16;
 
@@ -53,8 +53,8 @@ export interface BaseCandidate {
   messages: string[];
   /** A hash of the request's other fields' JSON. */
   rest: string;
-  /** Its answer's text, which the next call of its conversation usually echoes. */
-  answer: { content: string | null; reasoning: string | null };
+  /** Its answer (tool calls as JSON), which the next call of its conversation usually echoes. */
+  answer: { content: string | null; reasoning: string | null; tool_calls: string | null };
 }
 
 const hash = (s: string) => createHash("sha1").update(s).digest("base64");
@@ -123,15 +123,18 @@ export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandi
     kept = kept.map((m, i) => {
       if (m.role !== "assistant") return m;
       let copy: Record<string, unknown> | null = null;
-      for (const f of ECHO_FIELDS) {
-        const v = (m as Record<string, unknown>)[f];
-        if (typeof v !== "string" || v.length < MIN_ECHO) continue;
-        const src = ECHO_FIELDS.find((g) => base.answer[g] === v);
-        if (!src) continue;
+      const echo = (f: EchoField, src: EchoField) => {
         copy ??= { ...m };
         copy[f] = null;
         echoes.push([i, f, src]);
+      };
+      for (const f of TEXT_FIELDS) {
+        const v = m[f];
+        if (typeof v !== "string" || v.length < MIN_ECHO) continue;
+        const src = TEXT_FIELDS.find((g) => base.answer[g] === v);
+        if (src) echo(f, src);
       }
+      if (m.tool_calls?.length && base.answer.tool_calls && JSON.stringify(m.tool_calls) === base.answer.tool_calls) echo("tool_calls", "tool_calls");
       return (copy ?? m) as typeof m;
     });
     if (echoes.length) delta.e = echoes;
@@ -158,7 +161,12 @@ export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandi
   const buf = Buffer.concat([head, littleEndian(ids.subarray(p)), littleEndian(lps)]);
 
   const supersedes = base && p === base.ids.length ? base.seq : null;
-  return { value: buf, candidate: { seq: record.seq, ids, messages: messageHashes, rest: restHash, answer: { content: record.message.content, reasoning: record.message.reasoning } }, supersedes };
+  const answer = {
+    content: record.message.content,
+    reasoning: record.message.reasoning,
+    tool_calls: record.message.tool_calls.length ? JSON.stringify(record.message.tool_calls) : null,
+  };
+  return { value: buf, candidate: { seq: record.seq, ids, messages: messageHashes, rest: restHash, answer }, supersedes };
 }
 
 /** The seq of the record a stored value extends, or null (format 1, or format 2 without a base). */
