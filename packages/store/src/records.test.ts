@@ -173,7 +173,7 @@ describe("completion records in Redis", () => {
 
   it("remember recent records within a byte budget, least recently written sessions dropped first", () => {
     const bases = new RecordBases(8, 3000);
-    const cand = (seq: number, n: number) => ({ seq, ids: new Int32Array(n), messages: [], rest: "", answer: { content: null, reasoning: null, tool_calls: null } });
+    const cand = (seq: number, n: number) => ({ seq, id: `c${seq}`, ids: new Int32Array(n), messages: [], rest: "", answer: { content: null, reasoning: null, tool_calls: null } });
     bases.add("a", cand(0, 200));
     bases.add("b", cand(0, 200));
     bases.add("a", cand(1, 300), 0); // a's call 1 holds all of call 0: it replaces it
@@ -214,6 +214,24 @@ describe("completion records in Redis", () => {
     expect(await store.records("s-f")).toEqual([r0, huge]);
     expect(await store.delete("s-f", new Date())).toBe(true);
     expect(await store.records("s-f")).toEqual([]);
+  });
+
+  it("a replica remembering records of a session since deleted and made again under its id stores the new one whole", async () => {
+    const a = await open("h", "s-h");
+    const b = new SessionStore(redis, `${prefix}-h`);
+    const [old0] = conversation("s-h", [0]);
+    await a.appendRecord(old0!, head(old0!));
+    // Another replica deletes the session and a new one of the same id records other calls.
+    expect(await b.delete("s-h", new Date())).toBe(true);
+    await b.create("s-h", { sampling: {}, limits: {}, metadata: {} }, hashToken("t2"), assignment, "0:0", new Date());
+    const [new0, new1] = conversation("s-h", [0, 1], { system: old0!.prompt_ids.slice(0, 40) });
+    const other0 = { ...new0!, id: "c0-second-life", prompt_ids: old0!.prompt_ids };
+    await b.appendRecord(other0, head(other0));
+    // `a` would extend its own record 0, which is no longer there.
+    const next = { ...new1!, prompt_ids: [...old0!.prompt_ids, ...old0!.output_ids, 7, 8, 9] };
+    await a.appendRecord(next, head(next));
+    expect(await a.records("s-h")).toEqual([other0, next]);
+    expect(await b.record("s-h", 1)).toEqual(next);
   });
 
   it("a corrupt stored record is an error naming it, not a guess", async () => {

@@ -47,6 +47,8 @@ const MIN_ECHO = 16;
 /** What the store remembers of a written record to delta the next ones against it. */
 export interface BaseCandidate {
   seq: number;
+  /** The record's id (checked when a record extending it is written). */
+  id: string;
   /** prompt_ids ++ output_ids */
   ids: Int32Array;
   /** A hash of each request message's JSON. */
@@ -87,6 +89,8 @@ export interface Encoded {
   candidate: BaseCandidate | null;
   /** The base it extends when its prompt holds all of the base's ids: the base is then superseded. */
   supersedes: number | null;
+  /** The base it extends and text only that record holds (its id as stored), to check it still is. */
+  base: { seq: number; holds: string } | null;
 }
 
 /**
@@ -96,7 +100,7 @@ export interface Encoded {
 export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandidate[]): Encoded {
   const { prompt_ids, output_ids, output_logprobs, ...rest } = record;
   if (!allInt32(prompt_ids) || !allInt32(output_ids) || output_logprobs.length !== output_ids.length) {
-    return { value: JSON.stringify(record), candidate: null, supersedes: null };
+    return { value: JSON.stringify(record), candidate: null, supersedes: null, base: null };
   }
   const { messages, ...requestRest } = rest.request;
   const messageHashes = messages.map((m) => hash(JSON.stringify(m)));
@@ -166,7 +170,12 @@ export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandi
     reasoning: record.message.reasoning,
     tool_calls: record.message.tool_calls.length ? JSON.stringify(record.message.tool_calls) : null,
   };
-  return { value: buf, candidate: { seq: record.seq, ids, messages: messageHashes, rest: restHash, answer }, supersedes };
+  return {
+    value: buf,
+    candidate: { seq: record.seq, id: record.id, ids, messages: messageHashes, rest: restHash, answer },
+    supersedes,
+    base: base ? { seq: base.seq, holds: `"id":${JSON.stringify(base.id)}` } : null,
+  };
 }
 
 /** The seq of the record a stored value extends, or null (format 1, or format 2 without a base). */

@@ -3,7 +3,7 @@ import { secretsEqual, Session, type CompletionRecord, LostCall, RecordHead, Rep
 import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
-import { decodeRecords, encodeRecord, RecordBases } from "./records.js";
+import { decodeRecords, encodeRecord, RecordBases, type Encoded } from "./records.js";
 import { scriptCommands, type LuaScript } from "./scripts.js";
 
 export type SessionAssignment = NonNullable<Session["assignment"]>;
@@ -35,12 +35,18 @@ return redis.call('HGET', KEYS[1], 'rank_member') or ''
 };
 
 // Stores a completion record and its head and adds its usage to the session's counters, in one
-// step. KEYS: records, record heads, session. ARGV: seq, record json, head json, prompt,
-// completion and cached tokens.
+// step. A record stored as a delta of a base (records.ts) is written only if the base is still the
+// record it was encoded against (a session deleted and made again under its id has other records):
+// else nothing is written and 0 returned. KEYS: records, record heads, session. ARGV: seq, record,
+// head json, prompt, completion and cached tokens, base seq or "", text the base holds (its id).
 const APPEND_RECORD_SCRIPT: LuaScript = {
   name: "rollgateSessionAppendRecord",
   numberOfKeys: 3,
   lua: `
+if ARGV[7] ~= '' then
+  local base = redis.call('HGET', KEYS[1], ARGV[7])
+  if not base or not string.find(base, ARGV[8], 1, true) then return 0 end
+end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 redis.call('HINCRBY', KEYS[3], 'llm_calls', 1)
@@ -225,19 +231,29 @@ export class SessionStore {
   async appendRecord(record: CompletionRecord, head: RecordHead): Promise<void> {
     const sid = record.session_id;
     const u = record.usage;
-    const encoded = encodeRecord(record, this.bases.of(sid));
-    // One script instead of a six-command MULTI: the same atomic write, a fraction of the client work.
-    await this.scripts.appendRecord(
-      this.k.records(sid),
-      this.k.recordHeads(sid),
-      this.k.session(sid),
-      String(record.seq),
-      encoded.value,
-      JSON.stringify(head),
-      String(u.prompt_tokens),
-      String(u.completion_tokens),
-      String(u.cached_tokens),
-    );
+    const headJson = JSON.stringify(head);
+    const write = (encoded: Encoded) =>
+      // One script instead of a six-command MULTI: the same atomic write, a fraction of the client work.
+      this.scripts.appendRecord(
+        this.k.records(sid),
+        this.k.recordHeads(sid),
+        this.k.session(sid),
+        String(record.seq),
+        encoded.value,
+        headJson,
+        String(u.prompt_tokens),
+        String(u.completion_tokens),
+        String(u.cached_tokens),
+        encoded.base ? String(encoded.base.seq) : "",
+        encoded.base?.holds ?? "",
+      );
+    let encoded = encodeRecord(record, this.bases.of(sid));
+    if ((await write(encoded)) === 0) {
+      // What this process remembers of the session is not what Redis holds: forget it, store whole.
+      this.bases.drop(sid);
+      encoded = encodeRecord(record, []);
+      await write(encoded);
+    }
     // Only once it is stored: a later record may then extend it.
     if (encoded.candidate) this.bases.add(sid, encoded.candidate, encoded.supersedes);
   }
