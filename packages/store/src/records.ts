@@ -193,34 +193,53 @@ const FIELD_ORDER = Object.keys(CompletionRecord.shape) as (keyof CompletionReco
 /**
  * Decodes stored records (format 1 or 2) into full CompletionRecords. `raw` must hold every base
  * the wanted records extend (transitively); each record is decoded once however many extend it.
+ * Only the wanted records are checked against the schema (what a base gives a wanted record is
+ * checked as part of it), so reading one record of a long chain costs one parse, not one per base.
  * `what` names the session in errors.
  */
-export function decodeRecords(raw: ReadonlyMap<number, Buffer>, wanted: Iterable<number>, what: string): Map<number, CompletionRecord> {
-  const done = new Map<number, CompletionRecord>();
+export function decodeRecords(raw: ReadonlyMap<number, Buffer>, wanted: readonly number[], what: string): Map<number, CompletionRecord> {
+  const done = new Map<number, Decoded>();
+  const check = new Set(wanted);
   const decodeOne = (seq: number): CompletionRecord => {
     // Walk down to the first record whose base is decoded (or that has none), then back up.
     const chain: number[] = [];
+    const seen = new Set<number>();
     let at: number | null = seq;
     while (at !== null && !done.has(at)) {
-      if (chain.includes(at)) throw new Error(`stored record ${seq} of ${what}: its bases form a cycle`);
+      if (seen.has(at)) throw new Error(`stored record ${seq} of ${what}: its bases form a cycle`);
       const value = raw.get(at);
       if (!value) throw new Error(`stored record ${chain.at(-1) ?? seq} of ${what} extends record ${at}, which is missing`);
       chain.push(at);
+      seen.add(at);
       at = baseOf(value);
     }
     for (let i = chain.length - 1; i >= 0; i--) {
       const s = chain[i]!;
-      done.set(s, decodeValue(raw.get(s)!, done, `record ${s} of ${what}`));
+      done.set(s, decodeValue(raw.get(s)!, done, `record ${s} of ${what}`, check.has(s)));
     }
-    return done.get(seq)!;
+    const got = done.get(seq)!;
+    // A record decoded as a base of an earlier wanted one and wanted itself too.
+    if (!got.checked) done.set(seq, decodeValue(raw.get(seq)!, done, `record ${seq} of ${what}`, true));
+    return done.get(seq)!.record;
   };
   const out = new Map<number, CompletionRecord>();
   for (const seq of wanted) out.set(seq, decodeOne(seq));
   return out;
 }
 
-function decodeValue(raw: Buffer, decoded: ReadonlyMap<number, CompletionRecord>, what: string): CompletionRecord {
-  if (raw[0] !== RECORD_FORMAT_2) return parseStored(CompletionRecord, raw.toString("utf8"), what);
+/**
+ * A decoded record. `checked`: it went through the schema and has its arrays; otherwise it is a
+ * base read only for what it gives the records extending it (its request, its answer and `ids`).
+ */
+interface Decoded {
+  record: CompletionRecord;
+  checked: boolean;
+  /** prompt ++ output, when it is of format 2 (records of format 1 are never bases). */
+  ids: Int32Array | null;
+}
+
+function decodeValue(raw: Buffer, decoded: ReadonlyMap<number, Decoded>, what: string, validate: boolean): Decoded {
+  if (raw[0] !== RECORD_FORMAT_2) return { record: parseStored(CompletionRecord, raw.toString("utf8"), what), checked: true, ids: null };
   try {
     const baseSeq = baseOf(raw);
     const base = baseSeq === null ? null : decoded.get(baseSeq)!;
@@ -234,46 +253,51 @@ function decodeValue(raw: Buffer, decoded: ReadonlyMap<number, CompletionRecord>
     const lpWidth = raw.readUInt8(o + 8);
     o += 9;
     if (o + 4 * (suffix + out) + lpWidth * out !== raw.length) throw new Error("its length does not match its counts");
-    const d = meta.d ?? { p: 0, m: 0, r: 0 };
-    if (d.p > 0 || d.m > 0 || d.r) {
-      if (!base) throw new Error("it has a delta but no base");
-      if (d.p > base.prompt_ids.length + base.output_ids.length || d.m > base.request.messages.length) throw new Error("its delta is longer than its base");
-    }
     if (lpWidth !== 4 && lpWidth !== 8) throw new Error(`unknown logprob width ${lpWidth}`);
-    const storedIds = new Int32Array(suffix + out);
-    fromLittleEndian(storedIds, raw.subarray(o, (o += 4 * (suffix + out))));
-    const lps = lpWidth === 4 ? new Float32Array(out) : new Float64Array(out);
-    fromLittleEndian(lps, raw.subarray(o));
-    // Plain packed arrays, as JSON.parse gives them (the builders read them token by token).
-    let prompt_ids: number[] = [];
-    if (base) {
-      const bp = base.prompt_ids;
-      prompt_ids = d.p <= bp.length ? bp.slice(0, d.p) : bp.concat(base.output_ids.slice(0, d.p - bp.length));
+    const d = meta.d ?? { p: 0, m: 0, r: 0 };
+    if (d.p > 0 || d.m > 0 || d.r || d.e) {
+      if (!base) throw new Error("it has a delta but no base");
+      if (!base.ids) throw new Error("its base is of format 1");
+      if (d.p > base.ids.length || d.m > base.record.request.messages.length) throw new Error("its delta is longer than its base");
     }
-    for (let i = 0; i < suffix; i++) prompt_ids.push(storedIds[i]!);
-    const output_ids: number[] = [];
-    for (let i = suffix; i < suffix + out; i++) output_ids.push(storedIds[i]!);
-    const output_logprobs: number[] = [];
-    // `+ 0` turns -0 into 0, as format 1's JSON did.
-    for (let i = 0; i < out; i++) output_logprobs.push(lps[i]! + 0);
+    // prompt ++ output: the base's first `p` ids, then the stored ones (typed copies: a chain of
+    // bases costs a memcpy per base, not a loop).
+    const ids = new Int32Array(d.p + suffix + out);
+    if (base?.ids && d.p > 0) ids.set(base.ids.subarray(0, d.p));
+    fromLittleEndian(ids.subarray(d.p), raw.subarray(o, (o += 4 * (suffix + out))));
 
     const stored = meta.r.request as { messages: Record<string, unknown>[] } & Record<string, unknown>;
     const { messages: own, ...ownRest } = stored;
     for (const [i, f, src] of d.e ?? []) {
       if (!base || !own[i] || own[i][f] !== null) throw new Error("it echoes an answer it has no place for");
-      own[i][f] = base.message[src];
+      own[i][f] = base.record.message[src];
     }
     const request = {
-      messages: d.m > 0 ? [...base!.request.messages.slice(0, d.m), ...own] : own,
-      ...(d.r ? requestRest(base!.request) : ownRest),
+      messages: d.m > 0 ? [...base!.record.request.messages.slice(0, d.m), ...own] : own,
+      ...(d.r ? requestRest(base!.record.request) : ownRest),
     };
+    // A base that is not wanted itself is used as stored: what it gives a wanted record is checked there.
+    if (!validate) return { record: { ...meta.r, request } as unknown as CompletionRecord, checked: false, ids };
+
+    const lps = lpWidth === 4 ? new Float32Array(out) : new Float64Array(out);
+    fromLittleEndian(lps, raw.subarray(o));
+    // Plain packed arrays, as JSON.parse gives them (the builders read them token by token).
+    const promptLength = d.p + suffix;
+    const prompt_ids: number[] = [];
+    for (let i = 0; i < promptLength; i++) prompt_ids.push(ids[i]!);
+    const output_ids: number[] = [];
+    for (let i = promptLength; i < ids.length; i++) output_ids.push(ids[i]!);
+    const output_logprobs: number[] = [];
+    // `+ 0` turns -0 into 0, as format 1's JSON did.
+    for (let i = 0; i < out; i++) output_logprobs.push(lps[i]! + 0);
+
     const rest = RecordWithoutIds.safeParse({ ...meta.r, request });
     if (!rest.success) throw new Error(`it does not match its schema: ${rest.error.message}`);
     const full = { ...rest.data, prompt_ids, output_ids, output_logprobs } as Record<string, unknown>;
     // The keys in the schema's order, as a parse of the whole record gives them.
     const ordered: Record<string, unknown> = {};
     for (const k of FIELD_ORDER) if (full[k] !== undefined) ordered[k] = full[k];
-    return ordered as CompletionRecord;
+    return { record: ordered as CompletionRecord, checked: true, ids };
   } catch (err) {
     throw new Error(`stored ${what} is corrupt: ${(err as Error).message}`);
   }
