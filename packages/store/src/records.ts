@@ -10,7 +10,8 @@ import { parseStored } from "./json.js";
  * Format 2: binary, starting with the byte 0x02.
  *
  *   0x02, the base's seq in ASCII decimal (empty: no base), ";"
- *   u32le J, J bytes of JSON: { d?: {p, m, r}, r: the record without its id and logprob arrays }
+ *   u32le J, J bytes of JSON: { d?: Delta, r: the record without its three arrays, its request
+ *               holding only what the base lacks }
  *   u32le P, u32le O, u8 W (4 or 8)
  *   P × i32le   the prompt's ids after the prefix taken from the base
  *   O × i32le   output ids
@@ -19,8 +20,9 @@ import { parseStored } from "./json.js";
  *
  * A record extends a base: an earlier-written record of the same session. `d.p` ids of the base's
  * `prompt_ids ++ output_ids` start its prompt, `d.m` of the base's request messages start its
- * messages, and `d.r` says the request's other fields (sampling, tools, …) are the base's. Only
- * what is new is stored, so a conversation of n calls costs its tokens once, not n times.
+ * messages, `d.r` says the request's other fields (sampling, tools, …) are the base's, and `d.e`
+ * lists the echoed turns that are the base's answer. Only what is new is stored, so a
+ * conversation of n calls costs its tokens once, not n times.
  * The base's seq sits in ASCII at the front so a Lua script can follow the chain (RECORD_CHAIN_SCRIPT).
  */
 export const RECORD_FORMAT_2 = 0x02;
