@@ -10,8 +10,8 @@ import { parseStored } from "./json.js";
  * Format 2: binary, starting with the byte 0x02.
  *
  *   0x02, the base's seq in ASCII decimal (empty: no base), ";"
- *   u32le J, J bytes of JSON: { d?: Delta, r: the record without its three arrays, its request
- *               holding only what the base lacks }
+ *   u32le J, J bytes of JSON: { i: the record's id, d?: Delta, r: the rest of the record without
+ *               its three arrays, its request holding only what the base lacks }
  *   u32le P, u32le O, u8 W (4 or 8)
  *   P × i32le   the prompt's ids after the prefix taken from the base
  *   O × i32le   output ids
@@ -146,7 +146,9 @@ export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandi
     if (echoes.length) delta.e = echoes;
   }
   const request = { messages: kept, ...(delta?.r ? {} : requestRest) };
-  const meta = JSON.stringify(delta ? { d: delta, r: { ...rest, request } } : { r: { ...rest, request } });
+  // The record's id first (the append script checks a base by it), then the delta and the rest.
+  const { id, ...others } = rest;
+  const meta = `${idTag(id)}${delta ? `"d":${JSON.stringify(delta)},` : ""}"r":${JSON.stringify({ ...others, request })}}`;
 
   const suffix = prompt_ids.length - p;
   const out = output_ids.length;
@@ -176,8 +178,13 @@ export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandi
     value: buf,
     candidate: { seq: record.seq, id: record.id, ids, messages: messageHashes, rest: restHash, answer },
     supersedes,
-    base: base ? { seq: base.seq, holds: `"id":${JSON.stringify(base.id)}` } : null,
+    base: base ? { seq: base.seq, holds: idTag(base.id) } : null,
   };
+}
+
+/** How the JSON part of a record of format 2 starts: its id, which nothing else there can precede. */
+function idTag(id: string): string {
+  return `{"i":${JSON.stringify(id)},`;
 }
 
 /** The seq of the record a stored value extends, or null (format 1, or format 2 without a base). */
@@ -248,7 +255,8 @@ function decodeValue(raw: Buffer, decoded: ReadonlyMap<number, Decoded>, what: s
     let o = raw.indexOf(0x3b, 1) + 1;
     const metaLen = raw.readUInt32LE(o);
     o += 4;
-    const meta = JSON.parse(raw.toString("utf8", o, o + metaLen)) as { d?: Delta; r: Record<string, unknown> & { request: Record<string, unknown> } };
+    const meta = JSON.parse(raw.toString("utf8", o, o + metaLen)) as { i: string; d?: Delta; r: Record<string, unknown> & { request: Record<string, unknown> } };
+    meta.r.id = meta.i;
     o += metaLen;
     const suffix = raw.readUInt32LE(o);
     const out = raw.readUInt32LE(o + 4);

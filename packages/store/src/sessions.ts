@@ -38,14 +38,17 @@ return redis.call('HGET', KEYS[1], 'rank_member') or ''
 // step. A record stored as a delta of a base (records.ts) is written only if the base is still the
 // record it was encoded against (a session deleted and made again under its id has other records):
 // else nothing is written and 0 returned. KEYS: records, record heads, session. ARGV: seq, record,
-// head json, prompt, completion and cached tokens, base seq or "", text the base holds (its id).
+// head json, prompt, completion and cached tokens, base seq or "", how the base's JSON part starts
+// (its id; it follows the format byte, the base's own base seq, ";" and 4 bytes of length).
 const APPEND_RECORD_SCRIPT: LuaScript = {
   name: "rollgateSessionAppendRecord",
   numberOfKeys: 3,
   lua: `
 if ARGV[7] ~= '' then
   local base = redis.call('HGET', KEYS[1], ARGV[7])
-  if not base or not string.find(base, ARGV[8], 1, true) then return 0 end
+  if not base or string.byte(base, 1) ~= 2 then return 0 end
+  local semi = string.find(base, ';', 2, true)
+  if not semi or string.sub(base, semi + 5, semi + 4 + #ARGV[8]) ~= ARGV[8] then return 0 end
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
