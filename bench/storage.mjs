@@ -50,6 +50,7 @@ export async function run({ quick = false } = {}) {
     const sessions = await openSessions(gateway.ready, cfg.sessions);
     await Promise.all(sessions.map((s) => converse(s, cfg.turns)));
     let bytes = 0;
+    let headsBytes = 0;
     let promptTokens = 0;
     let outputTokens = 0;
     let uniqueTokens = 0;
@@ -59,6 +60,8 @@ export async function run({ quick = false } = {}) {
     for (const s of sessions) {
       const key = `${prefix}:{s:${s.id}}:records`;
       bytes += Number(await redis.call("MEMORY", "USAGE", key, "SAMPLES", "0"));
+      // The records' heads (what each call reads of the earlier ones): beside the goal's figure, not in it.
+      headsBytes += Number(await redis.call("MEMORY", "USAGE", `${prefix}:{s:${s.id}}:heads`, "SAMPLES", "0"));
       const { completions } = /** @type {{ completions: CompletionRecord[] }} */ (await api(gateway.ready, `/v1/sessions/${s.id}/completions`));
       for (const r of completions) {
         records++;
@@ -88,6 +91,8 @@ export async function run({ quick = false } = {}) {
       bytes_per_recorded_token: round(bytes / recorded, 2),
       bytes_per_output_token: round(bytes / outputTokens, 1),
       bytes_per_unique_session_token: round(bytes / uniqueTokens, 1),
+      heads_bytes: headsBytes,
+      heads_bytes_per_recorded_token: round(headsBytes / recorded, 2),
       json_share_pct: Object.fromEntries(Object.entries(json).filter(([k]) => k !== "total").map(([k, v]) => [k, round((100 * v) / json.total, 1)])),
       /** @type {Record<string, number>} */
       json_bytes_per_token: {
@@ -98,11 +103,11 @@ export async function run({ quick = false } = {}) {
     };
     printTable(
       `5a. Redis bytes per recorded token (${cfg.sessions} sessions × ${cfg.turns} calls, ${OUTPUT_TOKENS} output tokens each; MEMORY USAGE of the records hashes)`,
-      ["records", "Redis bytes", "recorded tokens (prompt+output)", "bytes/recorded token", "bytes/output token", "bytes/unique session token"],
-      [[records, bytes, recorded, perToken.bytes_per_recorded_token, perToken.bytes_per_output_token, perToken.bytes_per_unique_session_token]],
+      ["records", "Redis bytes", "recorded tokens (prompt+output)", "bytes/recorded token", "bytes/output token", "bytes/unique session token", "+ heads bytes/recorded token"],
+      [[records, bytes, recorded, perToken.bytes_per_recorded_token, perToken.bytes_per_output_token, perToken.bytes_per_unique_session_token, perToken.heads_bytes_per_recorded_token]],
     );
     printTable(
-      "5b. What a record holds (share of its JSON; JSON bytes per token)",
+      "5b. What a record holds as the API returns it (share of its JSON; JSON bytes per token; Redis holds it packed, docs/operations.md)",
       ["part", "% of record JSON", "JSON bytes/token"],
       Object.entries(perToken.json_share_pct).map(([k, v]) => [k, v, perToken.json_bytes_per_token[k] ?? null]),
     );

@@ -1,8 +1,9 @@
 import { createHash } from "node:crypto";
-import { secretsEqual, Session, CompletionRecord, LostCall, RecordHead, ReplayDiverged, type CreateSessionRequest } from "@rollgate/protocol";
+import { secretsEqual, Session, type CompletionRecord, LostCall, RecordHead, ReplayDiverged, type CreateSessionRequest } from "@rollgate/protocol";
 import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
+import { decodeRecords, encodeRecord, RecordBases, type Encoded } from "./records.js";
 import { scriptCommands, type LuaScript } from "./scripts.js";
 
 export type SessionAssignment = NonNullable<Session["assignment"]>;
@@ -34,12 +35,21 @@ return redis.call('HGET', KEYS[1], 'rank_member') or ''
 };
 
 // Stores a completion record and its head and adds its usage to the session's counters, in one
-// step. KEYS: records, record heads, session. ARGV: seq, record json, head json, prompt,
-// completion and cached tokens.
+// step. A record stored as a delta of a base (records.ts) is written only if the base is still the
+// record it was encoded against (a session deleted and made again under its id has other records):
+// else nothing is written and 0 returned. KEYS: records, record heads, session. ARGV: seq, record,
+// head json, prompt, completion and cached tokens, base seq or "", how the base's JSON part starts
+// (its id; it follows the format byte, the base's own base seq, ";" and 4 bytes of length).
 const APPEND_RECORD_SCRIPT: LuaScript = {
   name: "rollgateSessionAppendRecord",
   numberOfKeys: 3,
   lua: `
+if ARGV[7] ~= '' then
+  local base = redis.call('HGET', KEYS[1], ARGV[7])
+  if not base or string.byte(base, 1) ~= 2 then return 0 end
+  local semi = string.find(base, ';', 2, true)
+  if not semi or string.sub(base, semi + 5, semi + 4 + #ARGV[8]) ~= ARGV[8] then return 0 end
+end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 redis.call('HINCRBY', KEYS[3], 'llm_calls', 1)
@@ -47,6 +57,28 @@ redis.call('HINCRBY', KEYS[3], 'prompt_tokens', ARGV[4])
 redis.call('HINCRBY', KEYS[3], 'completion_tokens', ARGV[5])
 redis.call('HINCRBY', KEYS[3], 'cached_tokens', ARGV[6])
 return 1
+`,
+};
+
+// A record and every record it extends (records.ts, format 2), in one step: [seq, value, seq,
+// value, …] from the asked one down. The base's seq is the ASCII between the format byte and ";".
+// KEYS: records. ARGV: seq.
+const RECORD_CHAIN_SCRIPT: LuaScript = {
+  name: "rollgateSessionRecordChain",
+  numberOfKeys: 1,
+  lua: `
+local out = {}
+local seq = ARGV[1]
+local left = redis.call('HLEN', KEYS[1])
+while seq and left > 0 do
+  local v = redis.call('HGET', KEYS[1], seq)
+  if not v then break end
+  out[#out + 1] = seq
+  out[#out + 1] = v
+  left = left - 1
+  seq = string.match(v, '^\\2(%d+);')
+end
+return out
 `,
 };
 
@@ -79,21 +111,26 @@ return 1
 };
 
 const sessionScripts = (redis: RedisClient) =>
-  scriptCommands(redis, { close: CLOSE_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT });
+  scriptCommands(redis, { close: CLOSE_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT });
 
 /**
- * The session key family: `session` (a hash: static JSON, state, token hash, assignment, counters)
- * and `records` (a hash of seq → completion record JSON). Both share the session's hash tag.
+ * The session key family: `session` (a hash: static JSON, state, token hash, assignment, counters),
+ * `records` (a hash of seq → completion record, stored as records.ts says) and `heads` (seq →
+ * record head JSON). All share the session's hash tag.
  */
 export class SessionStore {
   private readonly k: Keys;
   private readonly scripts: ReturnType<typeof sessionScripts>;
+  /** Recently written records, to store the next ones as deltas of them (records.ts). */
+  private readonly bases: RecordBases;
   constructor(
     private readonly redis: RedisClient,
     prefix: string,
+    options: { baseCacheBytes?: number } = {},
   ) {
     this.k = keys(prefix);
     this.scripts = sessionScripts(redis);
+    this.bases = new RecordBases(16, options.baseCacheBytes);
   }
 
   /** Creates a session; false when the id is taken. */
@@ -175,6 +212,7 @@ export class SessionStore {
     // Two steps, because the session and the routing keys live in different cluster slots.
     const member = await this.scripts.close(this.k.session(id), now.toISOString());
     if (typeof member !== "string") return false;
+    this.bases.drop(id);
     if (member !== "") await this.scripts.release(this.k.rankLoad(), member);
     return true;
   }
@@ -196,25 +234,38 @@ export class SessionStore {
   async appendRecord(record: CompletionRecord, head: RecordHead): Promise<void> {
     const sid = record.session_id;
     const u = record.usage;
-    // One script instead of a six-command MULTI: the same atomic write, a fraction of the client work.
-    await this.scripts.appendRecord(
-      this.k.records(sid),
-      this.k.recordHeads(sid),
-      this.k.session(sid),
-      String(record.seq),
-      JSON.stringify(record),
-      JSON.stringify(head),
-      String(u.prompt_tokens),
-      String(u.completion_tokens),
-      String(u.cached_tokens),
-    );
+    const headJson = JSON.stringify(head);
+    const write = (encoded: Encoded) =>
+      // One script instead of a six-command MULTI: the same atomic write, a fraction of the client work.
+      this.scripts.appendRecord(
+        this.k.records(sid),
+        this.k.recordHeads(sid),
+        this.k.session(sid),
+        String(record.seq),
+        encoded.value,
+        headJson,
+        String(u.prompt_tokens),
+        String(u.completion_tokens),
+        String(u.cached_tokens),
+        encoded.base ? String(encoded.base.seq) : "",
+        encoded.base?.holds ?? "",
+      );
+    let encoded = encodeRecord(record, this.bases.of(sid));
+    if ((await write(encoded)) === 0) {
+      // What this process remembers of the session is not what Redis holds: forget it, store whole.
+      this.bases.drop(sid);
+      encoded = encodeRecord(record, []);
+      await write(encoded);
+    }
+    // Only once it is stored: a later record may then extend it.
+    if (encoded.candidate) this.bases.add(sid, encoded.candidate, encoded.supersedes);
   }
 
   async records(id: string): Promise<CompletionRecord[]> {
-    const all = await this.redis.hgetall(this.k.records(id));
-    return Object.entries(all)
-      .map(([seq, raw]) => parseStored(CompletionRecord, raw, `record ${seq} of session ${id}`))
-      .sort((a, b) => a.seq - b.seq);
+    const all = await this.redis.hgetallBuffer(this.k.records(id));
+    const raw = new Map(Object.entries(all).map(([seq, value]) => [Number(seq), value]));
+    const seqs = [...raw.keys()].sort((a, b) => a - b);
+    return [...decodeRecords(raw, seqs, `session ${id}`).values()];
   }
 
   /**
@@ -247,13 +298,17 @@ export class SessionStore {
 
   /** One record by its sequence number. */
   async record(id: string, seq: number): Promise<CompletionRecord | null> {
-    const raw = await this.redis.hget(this.k.records(id), String(seq));
-    return raw ? parseStored(CompletionRecord, raw, `record ${seq} of session ${id}`) : null;
+    const chain = (await this.scripts.recordChainBuffer(this.k.records(id), String(seq))) as Buffer[];
+    if (chain.length === 0) return null;
+    const raw = new Map<number, Buffer>();
+    for (let i = 0; i < chain.length; i += 2) raw.set(Number(chain[i]!.toString()), chain[i + 1]!);
+    return decodeRecords(raw, [seq], `session ${id}`).get(seq)!;
   }
 
   /** Drops everything the session holds (its rank slot is released first if still open). */
   async delete(id: string, now: Date): Promise<boolean> {
     await this.close(id, now);
+    this.bases.drop(id);
     const n = await this.redis.del(this.k.session(id), this.k.records(id), this.k.recordHeads(id), this.k.failures(id));
     return n > 0;
   }
