@@ -13,6 +13,8 @@ import { TRAINER_SECURITY, errorResponses, named } from "./schemas.js";
 
 /** How each per-engine pause plan drives the engine's own pause route. */
 const ENGINE_MODE: Record<AbortPauseMode, EnginePauseMode> = { keep: "freeze", in_place: "freeze", abort_continue: "abort", drain: "finish" };
+/** How long a freeze-in-place pause waits for tokens already generated to reach the gateway. */
+const FROZEN_SETTLE_MS = 250;
 const FROZEN = new Set<string>(["keep", "in_place"]);
 
 const PauseBody = named(
@@ -169,6 +171,11 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const pauseOne = (i: number) => pauseEngine(ctx.registry.dispatcher, ctx.registry.engines[i]!, ENGINE_MODE[plans[i]!.mode]);
       const results: Awaited<ReturnType<typeof pauseOne>>[] = [];
       for (const [k, r] of (await Promise.all(now.map(pauseOne))).entries()) results[now[k]!] = r;
+      // Tokens a frozen engine generated before it froze may still be on their way to the replicas
+      // stamping them: let them arrive before the caller can move the weight version, or the last
+      // ones would be stamped with the new version (a real engine streams its output after its
+      // pause route returns, too).
+      if (now.some((i) => FROZEN.has(plans[i]!.mode))) await new Promise((r) => setTimeout(r, FROZEN_SETTLE_MS));
       // Calls on frozen engines stay in flight until resume; only the others are waited for.
       const onDrained = (byRank: Record<string, number>) =>
         Object.entries(byRank).reduce((n, [member, count]) => (later.includes(parseRankMember(member).engine) || plans[parseRankMember(member).engine]?.mode === "abort_continue" ? n + count : n), 0);
