@@ -9,6 +9,8 @@ import { EngineError } from "../engines/errors.js";
 import { BODY_TOO_LARGE_MESSAGE, isBodyTooLarge, isStorageUnavailable } from "../errors.js";
 import { CallRejected } from "../llm/chat-call.js";
 import { lostCallOf, type AgentFailure } from "../llm/lost-calls.js";
+import { bindRequestScope } from "../observability/metrics.js";
+import { requestScopeOf } from "../observability/request-hooks.js";
 import { AGENT_SECURITY, SidParams } from "./schemas.js";
 
 /**
@@ -85,6 +87,9 @@ export function isAuthFailure(x: AuthorizedSession | AuthFailure): x is AuthFail
 /** Aborts when the client goes away before the response is complete (cancels the engine call). */
 export function clientAbortSignal(reply: FastifyReply): AbortSignal {
   const abort = new AbortController();
+  // The request's metrics scope goes with its signal, which every engine call of it carries.
+  const scope = requestScopeOf(reply.request);
+  if (scope) bindRequestScope(abort.signal, scope);
   reply.raw.on("close", () => {
     if (!reply.raw.writableFinished) abort.abort();
   });
