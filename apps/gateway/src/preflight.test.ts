@@ -63,7 +63,7 @@ describe("preflight per engine (GET /admin/engines)", () => {
     });
   });
 
-  it("SGLang: in-place pauses, so every call goes through /generate read by SGLang's own parse routes", async () => {
+  it("SGLang: in-place pauses, every call read from its chat stream (it carries the ids) by SGLang's own parsers", async () => {
     const e = await preflightOf("llama3.1", { kind: "sglang" });
     expect(e.preflight).toMatchObject({
       kind: "sglang",

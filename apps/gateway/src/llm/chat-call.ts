@@ -136,10 +136,13 @@ export class ChatCaller {
     const pauseMode = caps ? pausePlan(target.engine.kind, caps, target.profile).mode : null;
     const guided = request.tool_choice === "required" || typeof request.tool_choice === "object";
     // A freeze-in-place pause may fall inside any call: the answer is then read as it arrives and
-    // each token stamped with the weight version current when it came. On SGLang that takes
-    // /generate (capabilities.ts), which has no guided decoding: such calls stay on the chat route.
-    const viaGenerate = pauseMode === "in_place" && !guided;
-    if (pauseMode === "keep" || viaGenerate) engineCall.stamp = () => this.deps.pause.weights;
+    // each token stamped with the weight version current when it came. On SGLang that is its chat
+    // stream when it carries the ids (capabilities.ts `streamedIds`), else /generate, which has no
+    // guided decoding: such calls then stay on the chat route.
+    const chatStamps = pauseMode === "in_place" && caps?.streamedIds === true;
+    const viaGenerate = pauseMode === "in_place" && !guided && !chatStamps;
+    if (pauseMode === "keep" || viaGenerate || chatStamps) engineCall.stamp = () => this.deps.pause.weights;
+    if (caps?.streamedIds) engineCall.streamedIds = true;
     let tokenIn = history ? await this.restoreAndPlan(engineCall, history, session.id, seq, caps) : null;
     // A branch's replayed call, compared as the engine would have been asked (echoed turns restored and normalised).
     if (session.replay && seq < session.replay.calls) {
