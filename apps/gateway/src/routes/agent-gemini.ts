@@ -23,6 +23,7 @@ import {
   isAuthFailure,
   rejectInvalid,
   startSse,
+  corkedWriter,
   type AuthFailure,
   type AuthorizedSession,
 } from "./agent-common.js";
@@ -86,7 +87,7 @@ function splitModelAction(target: string): { model: string; action: string } | n
 function startJsonStream(reply: FastifyReply): (frame: string) => void {
   reply.hijack();
   reply.raw.writeHead(200, { "content-type": "application/json; charset=UTF-8", "cache-control": "no-cache" });
-  return (frame) => reply.raw.write(frame);
+  return corkedWriter(reply.raw);
 }
 
 export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
