@@ -1,6 +1,6 @@
 import type { FastifyPluginCallback, FastifyReply, FastifyRequest } from "fastify";
 import type { Logger } from "pino";
-import type { SessionTaskCache } from "./logging.js";
+import { boundToTask, type SessionTaskCache } from "./logging.js";
 import type { GatewayMetrics, RequestScope } from "./metrics.js";
 
 const kScope = Symbol("rollgate.requestScope");
@@ -16,7 +16,9 @@ function isAgentRoute(route: string | undefined): boolean {
   return route !== undefined && route.startsWith("/s/:sid/");
 }
 
+/** Whether the request's logger already carries a task id (no parse of its bindings on the hot path). */
 function hasTaskBinding(log: unknown): boolean {
+  if (boundToTask(log)) return true;
   const bindings = (log as Partial<Logger>).bindings?.();
   return Boolean(bindings && "task_id" in bindings);
 }
@@ -38,7 +40,8 @@ export function requestObservability(opts: { metrics: GatewayMetrics; sessionTas
       const scope: RequestScope = { engineMs: 0, protocol: null };
       (req as Scoped)[kScope] = scope;
       const sid = (req.params as { sid?: unknown }).sid;
-      if (typeof sid !== "string" || hasTaskBinding(req.log)) return done();
+      // Nothing to add: the logger has its task id, or the session is known to have none.
+      if (typeof sid !== "string" || hasTaskBinding(req.log) || opts.sessionTasks.peek(sid) === null) return done();
       opts.sessionTasks.taskOf(sid).then(
         (taskId) => {
           if (taskId) {
