@@ -91,7 +91,8 @@ export class ChatCaller {
   /** What this gateway learned of each engine's template re-rendering of echoed turns. */
   readonly normalizer = new HistoryNormalizer();
 
-  async prepare(given: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal): Promise<PreparedCall> {
+  /** `takenSeq`: the call's sequence number when the route took it already (with its session read). */
+  async prepare(given: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal, takenSeq?: Promise<number>): Promise<PreparedCall> {
     const { session, reroutedFrom } = await this.deps.rerouter.ensureHealthy(given);
     const { limits, counts, assignment } = session;
     if (!assignment) throw new CallRejected("session has no engine assignment", 500, "no_assignment");
@@ -101,7 +102,7 @@ export class ChatCaller {
     // Independent reads: sent together (one round trip's wait instead of three).
     const hasHistory = canonical.messages.some((m) => m.role === "assistant");
     const [seq, heads, model] = await Promise.all([
-      this.deps.sessions.nextSeq(session.id),
+      takenSeq ?? this.deps.sessions.nextSeq(session.id),
       hasHistory ? this.deps.sessions.recordHeads(session.id) : null,
       this.servedModel(assignment.engine),
     ]);
