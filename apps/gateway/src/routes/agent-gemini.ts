@@ -98,8 +98,8 @@ export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
       return sendGeminiError(reply, err);
     });
 
-    const authorize = (req: FastifyRequest<{ Params: { sid: string }; Querystring: Query }>) =>
-      authorizeSession(ctx, req, req.params.sid, typeof req.query.key === "string" ? req.query.key : undefined);
+    const authorize = (req: FastifyRequest<{ Params: { sid: string }; Querystring: Query }>, takeSeq = false) =>
+      authorizeSession(ctx, req, req.params.sid, typeof req.query.key === "string" ? req.query.key : undefined, { takeSeq });
 
     const modelInfo = (name: string) => ({
       name: `models/${name}`,
@@ -127,7 +127,9 @@ export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
     });
 
     const handler = async (req: FastifyRequest<{ Params: Params; Querystring: Query }>, reply: FastifyReply) => {
-      const auth = await authorize(req);
+      // A generation takes its sequence number with the session read (authorizeSession).
+      const action = splitModelAction(req.params["*"])?.action;
+      const auth = await authorize(req, action === "generateContent" || action === "streamGenerateContent");
       if (isAuthFailure(auth)) return sendAuthFailure(reply, auth);
       rejectInvalid(req);
       const target = splitModelAction(req.params["*"]);
@@ -145,7 +147,7 @@ export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
 
       const stream = target.action === "streamGenerateContent";
       const call = fromGemini(req.body, { key: auth.tokenHash, stream });
-      const prepared = await ctx.caller.prepare(auth.session, "gemini", call.canonical, signal);
+      const prepared = await ctx.caller.prepare(auth.session, "gemini", call.canonical, signal, auth.seq);
       const out = {
         model: target.model || prepared.engineCall.model,
         responseId: randomUUID().replaceAll("-", ""),
