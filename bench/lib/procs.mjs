@@ -84,8 +84,8 @@ export function startEngineSim(opts = {}) {
   return start("engine-sim", [app("engine-sim"), ...flags], { ready: /^engine-sim ready: (\S+)/ });
 }
 
-/** @param {{ prefix: string, engineUrl: string, dp?: number, env?: Record<string, string>, nodeArgs?: string[] }} options */
-export function startGateway({ prefix, engineUrl, dp = 1, env = {}, nodeArgs = [] }) {
+/** @param {{ prefix: string, engineUrl: string, kind?: "vllm" | "sglang", dp?: number, env?: Record<string, string>, nodeArgs?: string[] }} options */
+export function startGateway({ prefix, engineUrl, kind = "vllm", dp = 1, env = {}, nodeArgs = [] }) {
   return start("gateway", [app("gateway"), "--port", "0"], {
     nodeArgs,
     ready: /^gateway ready: (\S+)/,
@@ -93,7 +93,7 @@ export function startGateway({ prefix, engineUrl, dp = 1, env = {}, nodeArgs = [
       REDIS_URL,
       ROLLGATE_KEY_PREFIX: prefix,
       // engine-sim serves Qwen3: its profile, as in production.
-      ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: dp, profile: "qwen3" }]),
+      ROLLGATE_ENGINES: JSON.stringify([{ kind, url: engineUrl, dp_size: dp, profile: "qwen3" }]),
       ...env,
     },
   });

@@ -160,6 +160,21 @@ describe("SGLang OpenAI routes (v0.5.x serving_chat / serving_completions)", () 
     expect(chunks.every((c) => c.usage === null)).toBe(true);
   });
 
+  it("chat streaming with PR #34488's ids: every token's logprob comes with its step (a step whose text a parser swallowed has a chunk of its own), the ids once before [DONE]", async () => {
+    const msgs = [{ role: "user", content: '#sim: [{"think":"hmm","text":"ok"}]' }];
+    const res = await post(app, "/v1/chat/completions", { messages: msgs, stream: true, logprobs: true, return_input_ids: true, return_output_ids: true });
+    const chunks = res.body.split("\n\n").filter((s) => s && s !== "data: [DONE]").map((s) => JSON.parse(s.slice(6)));
+    const lps = chunks.flatMap((c) => c.choices[0]?.logprobs?.content ?? []);
+    const ext = chunks.at(-1).sglext;
+    expect(chunks.at(-1).choices).toEqual([]);
+    expect(ext.output_ids).toHaveLength(1);
+    expect(lps).toHaveLength(ext.output_ids[0].length);
+    expect(lps.map((l: { token: string }) => l.token).join("")).toBe(tok.decode(ext.output_ids[0], false));
+    expect(tok.decode(ext.input_ids)).toContain("#sim:");
+    const swallowed = chunks.filter((c) => c.choices[0]?.logprobs && !c.choices[0].delta.content && !c.choices[0].delta.reasoning_content);
+    expect(swallowed.length).toBeGreaterThan(0);
+  });
+
   it("completions: {index, text, logprobs, finish_reason, matched_stop}; X-Data-Parallel-Rank honoured, out of range → LB", async () => {
     const j = (await post(app, "/v1/completions", { prompt: HI }, { "x-data-parallel-rank": "1" }));
     expect(j.headers["x-sim-dp-rank"]).toBe("1");

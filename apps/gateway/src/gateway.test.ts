@@ -101,6 +101,21 @@ describe("sessions and the OpenAI chat route", () => {
     await app.close();
   });
 
+  it("numbers a session's calls without gaps when a later call takes its number with the session read; a wrong token or a malformed body takes none", async () => {
+    const app = await gateway([{ kind: "vllm", url: simUrl, dp_size: 2 }]);
+    const s = await openSession(app, { limits: { max_llm_calls: 3 } });
+    const msg = { messages: [{ role: "user", content: "hi" }] };
+    expect((await chat(app, s, msg)).statusCode).toBe(200);
+    expect((await chat(app, s, msg, "not-the-token")).statusCode).toBe(401);
+    expect((await chat(app, s, { ...msg, temperature: "warm" })).statusCode).toBe(400);
+    expect((await chat(app, s, msg)).statusCode).toBe(200);
+    expect((await chat(app, s, msg)).statusCode).toBe(200);
+    expect((await chat(app, s, msg)).json().error).toMatchObject({ code: "session_call_limit" });
+    const { completions } = (await app.inject({ url: `/v1/sessions/${s.id}/completions` })).json() as { completions: { seq: number }[] };
+    expect(completions.map((c) => c.seq)).toEqual([0, 1, 2]);
+    await app.close();
+  });
+
   it("answers malformed agent bodies with 400 naming the field, and records nothing", async () => {
     const app = await gateway([{ kind: "vllm", url: simUrl, dp_size: 2 }]);
     const s = await openSession(app);

@@ -1,7 +1,7 @@
 /**
  * An abort-mode pause in the middle of a tool call, for every model family engine-sim serves, on a
  * vLLM with `/pause?mode=keep` (engine-sim's default release) and on SGLang (`in_place`, every call
- * through /generate read by SGLang's own parse routes): the engine freezes the call, the weights
+ * read from its chat stream, which carries the ids): the engine freezes the call, the weights
  * change, and after resume the engine itself goes on and its own parsers read the whole answer,
  * whatever the family's format. The agent (the OpenAI SDK) gets one well-formed answer
  * with the tool call parsed, streamed or not; the gateway read the answer as it arrived and stamped

@@ -63,11 +63,11 @@ describe("preflight per engine (GET /admin/engines)", () => {
     });
   });
 
-  it("SGLang: in-place pauses, so every call goes through /generate read by SGLang's own parse routes", async () => {
+  it("SGLang: in-place pauses, every call read from its chat stream (it carries the ids) by SGLang's own parsers", async () => {
     const e = await preflightOf("llama3.1", { kind: "sglang" });
     expect(e.preflight).toMatchObject({
       kind: "sglang",
-      token_in: { available: true, route: "generate_engine_parsed", end_of_turn: "<|eot_id|>" },
+      token_in: { available: true, route: "chat_input_ids", end_of_turn: "<|eot_id|>" },
       pause: { abort_mode: "in_place", why: expect.stringMatching(/its own llama3 parser reads them/) },
     });
   });

@@ -54,6 +54,7 @@ export class StreamAccumulator {
         this.stopReason = event.stop_reason;
         this.finished = true;
         if (event.routed_experts) this.routedExperts = event.routed_experts;
+        if (event.prompt_ids) this.promptIds = event.prompt_ids;
         break;
       case "usage":
         this.usage = event.usage;

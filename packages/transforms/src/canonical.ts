@@ -49,5 +49,10 @@ export type EngineStreamEvent =
       stop_reason: string | number | null;
       /** Engines send routed experts once, with the finished answer (EngineResult.routed_experts). */
       routed_experts?: RoutedExperts;
+      /**
+       * The prompt's ids, from an engine that tells them only once the answer is done (SGLang's
+       * streamed chat: PR #34488's sglext chunk). Its stream's start then carried none.
+       */
+      prompt_ids?: number[];
     }
   | { type: "usage"; usage: Usage };

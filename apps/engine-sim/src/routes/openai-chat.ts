@@ -432,7 +432,14 @@ async function stream(sim: SimState, p: Prepared, reply: FastifyReply) {
       const logprobs = p.wantLogprobs ? { content: [chatLogprobEntry(sim.tok, t, p.asTokenIds, sg)] } : null;
       if (sg) {
         // SGLang sends a chunk only when a parser produced text; the finish chunk follows separately.
-        if (delta === null) continue;
+        // A step whose text a parser swallowed still sends its logprobs, on a chunk of their own,
+        // when a parser is active (serving_chat.py flushes them so none is dropped).
+        if (delta === null) {
+          if (logprobs && (sim.model.reasoningParser !== null || sim.model.toolParser !== null)) {
+            send({ ...base, choices: [{ index: 0, delta: sglangDelta({}), logprobs, finish_reason: null, matched_stop: null }], usage: continuous ? partialUsage(t.index + 1) : null });
+          }
+          continue;
+        }
         const tc = delta.tool_calls?.map((x) => (x.id ? { ...x, id: sglangToolId(x.id) } : x));
         const chunk = { ...base, choices: [{ index: 0, delta: sglangDelta({ ...delta, ...(tc ? { tool_calls: tc } : {}) }), logprobs, finish_reason: null, matched_stop: null }], usage: continuous ? partialUsage(t.index + 1) : null };
         send(chunk);

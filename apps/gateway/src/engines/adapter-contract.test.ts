@@ -92,6 +92,32 @@ for (const kind of ["vllm", "sglang"] as const) {
       expect(streamed.finish_reason).toBe(plain.finish_reason);
     });
 
+    if (kind === "sglang") {
+      it("streams from the engine when its chat stream ends with the ids (PR #34488), folding into the same result", async () => {
+        const events = [];
+        for await (const e of adapter.chatStream({ ...call(request(true)), streamedIds: true })) events.push(e);
+        const deltas = events.filter((e) => e.type === "delta");
+        // Text and logprobs as they are generated, the ids once at the end (not one replayed answer).
+        const firstText = deltas.findIndex((d) => d.reasoning || d.content || d.tool_calls);
+        const ids = deltas.findIndex((d) => d.token_ids.length > 0);
+        expect(firstText).toBeGreaterThanOrEqual(0);
+        expect(firstText).toBeLessThan(2);
+        expect(ids).toBe(deltas.length - 1);
+        expect(deltas.length).toBeGreaterThan(3);
+        const acc = new StreamAccumulator();
+        for (const e of events) acc.push(e);
+        const streamed = acc.result();
+        const plain = await adapter.chat(call(request(false)));
+        expect(streamed.prompt_ids).toEqual(plain.prompt_ids);
+        expect(streamed.output_ids).toEqual(plain.output_ids);
+        expect(streamed.output_logprobs).toEqual(plain.output_logprobs);
+        expect(streamed.message.reasoning?.trim()).toBe(plain.message.reasoning?.trim());
+        expect(streamed.message.tool_calls.map((t) => t.function)).toEqual(plain.message.tool_calls.map((t) => t.function));
+        expect(streamed.finish_reason).toBe(plain.finish_reason);
+        expect(streamed.usage).toEqual(plain.usage);
+      });
+    }
+
     it("counts prompt tokens with the engine's own template", async () => {
       const plain = await adapter.chat(call(request(false)));
       expect(await adapter.countTokens(call(request(false)))).toBe(plain.prompt_ids.length);

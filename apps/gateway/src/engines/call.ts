@@ -21,6 +21,11 @@ export interface EngineCall {
    * adapter reads the answer as it arrives and stamps each token with it (EngineResult.output_versions).
    */
   stamp?: () => string | null;
+  /**
+   * SGLang: its streamed chat tells the ids (capabilities.ts `streamedIds`), so a streamed call is
+   * streamed from the engine rather than answered whole and told as events.
+   */
+  streamedIds?: boolean;
 }
 
 /**

@@ -14,6 +14,8 @@ import type { EngineConfig } from "../env.js";
  *   the messages render and checks the prompt ids the engine answers with;
  * - (SGLang) whether its `/separate_reasoning` and `/parse_function_call` routes answer, so
  *   `/generate` output can be parsed by SGLang's own parsers;
+ * - (SGLang) whether its streamed chat tells the prompt's and the answer's ids (PR #34488's
+ *   response-level `sglext` chunk), so a streamed agent call is streamed from the engine;
  * - how an abort-mode pause is carried out on it (see `pausePlan`).
  */
 
@@ -26,15 +28,18 @@ export interface EngineCapabilities {
   chatPromptField: ChatPromptField | null;
   /** SGLang: its `/separate_reasoning` and `/parse_function_call` routes answer (its parsers on any text). */
   parseRoutes: boolean;
+  /** SGLang: its streamed chat ends with PR #34488's `sglext` ids (input_ids, output_ids). Absent for vLLM. */
+  streamedIds?: boolean;
 }
 
 /**
  * How the gateway carries out an abort-mode pause on one engine:
  * - `keep` (vLLM with `/pause?mode=keep`) / `in_place` (SGLang whose parse routes answer): the
  *   engine freezes in-flight requests and resumes them on the new weights; the gateway marks, from
- *   its own stream of each answer, which tokens came after the change. On SGLang this means every
- *   call goes through `/generate` (its chat stream drops the logprobs of tokens its tool parser
- *   swallows, so a whole answer cannot be read from it as it arrives) and the answer is parsed by
+ *   its own stream of each answer, which tokens came after the change. On SGLang whose chat stream
+ *   carries the ids (`streamedIds`) that stream is read (every token's logprob comes with its step,
+ *   the ids at the end); on an older one every call goes through `/generate` (its chat stream has
+ *   no ids, and drops the logprobs of tokens its tool parser swallows) and the answer is parsed by
  *   SGLang's own parsers through its parse routes.
  * - `abort_continue`: the engine cuts them; after resume the gateway continues each one token-in and
  *   parses the whole answer with the gateway parser the model profile declares.
@@ -53,7 +58,9 @@ export function pausePlan(kind: EngineConfig["kind"], caps: EngineCapabilities, 
     return { mode: "keep", why: `vLLM ${caps.version} has /pause?mode=keep` };
   }
   if (kind === "sglang" && sglangReadsGenerate(caps, profile)) {
-    return { mode: "in_place", why: `SGLang pauses in place; calls go through /generate and its own ${profile.engine_parsers.sglang.tool_call_parser} parser reads them` };
+    const parser = profile.engine_parsers.sglang.tool_call_parser;
+    if (caps.streamedIds) return { mode: "in_place", why: `SGLang pauses in place; calls are read from its chat stream, which carries the ids, and its own ${parser} parser reads them` };
+    return { mode: "in_place", why: `SGLang pauses in place; calls go through /generate and its own ${parser} parser reads them` };
   }
   if (profile.gateway_parser) {
     return { mode: "abort_continue", why: `no freeze-in-place pause the gateway can follow here; the ${profile.name} profile's ${profile.gateway_parser} parser parses continued answers` };
@@ -155,13 +162,45 @@ async function probeParseRoutes(call: TokenizeCall): Promise<boolean> {
   return reasoning.status === 200 && calls.status === 200;
 }
 
+/** SGLang: whether a streamed chat asked for PR #34488's ids ends with them (a one-token generation). */
+async function probeStreamedIds(call: TokenizeCall): Promise<boolean> {
+  const res = await postJson(
+    call,
+    "/v1/chat/completions",
+    {
+      model: call.model,
+      messages: [{ role: "user", content: "rollgate streamed ids probe" }],
+      max_tokens: 1,
+      stream: true,
+      logprobs: true,
+      return_input_ids: true,
+      return_output_ids: true,
+      routed_dp_rank: call.target.dpRank,
+    },
+    { "x-data-parallel-rank": String(call.target.dpRank) },
+  );
+  if (res.status !== 200) return false;
+  for (const line of res.text.split("\n")) {
+    if (!line.startsWith("data:") || !line.includes("sglext")) continue;
+    try {
+      const ext = (JSON.parse(line.slice(5)) as { sglext?: { input_ids?: unknown; output_ids?: unknown } }).sglext;
+      if (Array.isArray(ext?.input_ids) && Array.isArray(ext.output_ids) && Array.isArray(ext.output_ids[0])) return true;
+    } catch {
+      // not JSON: not the chunk looked for
+    }
+  }
+  return false;
+}
+
 /** Probes one engine (on the call's rank). Generations are one token long. */
 export async function probeCapabilities(call: TokenizeCall): Promise<EngineCapabilities> {
   const engine = call.target.engine;
-  const [version, chatPromptField, parseRoutes] = await Promise.all([
+  const sglang = engine.kind === "sglang";
+  const [version, chatPromptField, parseRoutes, streamedIds] = await Promise.all([
     engineVersion(call.dispatcher, engine),
     probeChatPromptField(call),
-    engine.kind === "sglang" ? probeParseRoutes(call).catch(() => false) : Promise.resolve(false),
+    sglang ? probeParseRoutes(call).catch(() => false) : Promise.resolve(false),
+    sglang ? probeStreamedIds(call).catch(() => false) : Promise.resolve(false),
   ]);
-  return { version, chatPromptField, parseRoutes };
+  return { version, chatPromptField, parseRoutes, ...(sglang ? { streamedIds } : {}) };
 }

@@ -204,12 +204,12 @@ describe("capability probes", () => {
     }
   });
 
-  it("SGLang takes input_ids on the chat route", async () => {
+  it("SGLang takes input_ids on the chat route, and its chat stream ends with PR #34488's ids", async () => {
     const sim = buildEngineSim({ kind: "sglang", dpSize: 2 });
     try {
       const engine: EngineConfig = { kind: "sglang", url: await listenLocal(sim), dp_size: 2 };
       const call: EngineCall = { target: { engineIndex: 0, engine, dpRank: 1, profile: PRESETS.qwen3! }, model: "Qwen/Qwen3-8B", request: request(false), requestId: "r", signal: new AbortController().signal, dispatcher };
-      expect(await probeCapabilities(call)).toMatchObject({ chatPromptField: "input_ids" });
+      expect(await probeCapabilities(call)).toMatchObject({ chatPromptField: "input_ids", streamedIds: true });
     } finally {
       await sim.close();
     }

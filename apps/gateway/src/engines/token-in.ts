@@ -70,7 +70,7 @@ function gatewayParsedRoute(kind: EngineConfig["kind"]): TokenInRoute {
   return { name: kind === "vllm" ? "completions" : "generate", parsedBy: "gateway", generate: e.generate, generateStream: e.generateStream };
 }
 
-/** SGLang's /generate read by its own parse routes: the route every call of an `in_place` SGLang takes. */
+/** SGLang's /generate read by its own parse routes: the route every call of an `in_place` SGLang takes when its chat stream has no ids. */
 export const SGLANG_GENERATE_ENGINE_PARSED: TokenInRoute = {
   name: "generate_engine_parsed",
   parsedBy: "engine",
@@ -81,8 +81,9 @@ export const SGLANG_GENERATE_ENGINE_PARSED: TokenInRoute = {
 /** The route for continuing a recorded call token-in (echoed history), or null with why not. */
 export function historyRoute(kind: EngineConfig["kind"], caps: EngineCapabilities, profile: ModelProfile): { route: TokenInRoute } | { route: null; why: string } {
   if (profile.token_in === "off") return { route: null, why: `the ${profile.name} profile turns token-in off` };
-  // An SGLang paused in place serves every call through /generate (capabilities.ts): history too.
-  if (kind === "sglang" && pausePlan(kind, caps, profile).mode === "in_place") return { route: SGLANG_GENERATE_ENGINE_PARSED };
+  // An SGLang paused in place serves every call through /generate (capabilities.ts): history too,
+  // unless its chat stream carries the ids and its chat route takes them: then that route, streamed.
+  if (kind === "sglang" && pausePlan(kind, caps, profile).mode === "in_place" && !(caps.streamedIds && caps.chatPromptField)) return { route: SGLANG_GENERATE_ENGINE_PARSED };
   if (caps.chatPromptField) return { route: chatRoute(kind, caps.chatPromptField) };
   if (profile.gateway_parser) return { route: gatewayParsedRoute(kind) };
   if (kind === "sglang" && sglangReadsGenerate(caps, profile)) return { route: SGLANG_GENERATE_ENGINE_PARSED };

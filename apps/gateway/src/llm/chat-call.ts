@@ -91,7 +91,8 @@ export class ChatCaller {
   /** What this gateway learned of each engine's template re-rendering of echoed turns. */
   readonly normalizer = new HistoryNormalizer();
 
-  async prepare(given: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal): Promise<PreparedCall> {
+  /** `takenSeq`: the call's sequence number when the route took it already (with its session read). */
+  async prepare(given: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal, takenSeq?: Promise<number>): Promise<PreparedCall> {
     const { session, reroutedFrom } = await this.deps.rerouter.ensureHealthy(given);
     const { limits, counts, assignment } = session;
     if (!assignment) throw new CallRejected("session has no engine assignment", 500, "no_assignment");
@@ -101,7 +102,7 @@ export class ChatCaller {
     // Independent reads: sent together (one round trip's wait instead of three).
     const hasHistory = canonical.messages.some((m) => m.role === "assistant");
     const [seq, heads, model] = await Promise.all([
-      this.deps.sessions.nextSeq(session.id),
+      takenSeq ?? this.deps.sessions.nextSeq(session.id),
       hasHistory ? this.deps.sessions.recordHeads(session.id) : null,
       this.servedModel(assignment.engine),
     ]);
@@ -136,10 +137,13 @@ export class ChatCaller {
     const pauseMode = caps ? pausePlan(target.engine.kind, caps, target.profile).mode : null;
     const guided = request.tool_choice === "required" || typeof request.tool_choice === "object";
     // A freeze-in-place pause may fall inside any call: the answer is then read as it arrives and
-    // each token stamped with the weight version current when it came. On SGLang that takes
-    // /generate (capabilities.ts), which has no guided decoding: such calls stay on the chat route.
-    const viaGenerate = pauseMode === "in_place" && !guided;
-    if (pauseMode === "keep" || viaGenerate) engineCall.stamp = () => this.deps.pause.weights;
+    // each token stamped with the weight version current when it came. On SGLang that is its chat
+    // stream when it carries the ids (capabilities.ts `streamedIds`), else /generate, which has no
+    // guided decoding: such calls then stay on the chat route.
+    const chatStamps = pauseMode === "in_place" && caps?.streamedIds === true;
+    const viaGenerate = pauseMode === "in_place" && !guided && !chatStamps;
+    if (pauseMode === "keep" || viaGenerate || chatStamps) engineCall.stamp = () => this.deps.pause.weights;
+    if (caps?.streamedIds) engineCall.streamedIds = true;
     let tokenIn = history ? await this.restoreAndPlan(engineCall, history, session.id, seq, caps) : null;
     // A branch's replayed call, compared as the engine would have been asked (echoed turns restored and normalised).
     if (session.replay && seq < session.replay.calls) {

@@ -167,6 +167,14 @@ export function requestChildLogger(sessionTasks: SessionTaskCache) {
       const taskId = sessionTasks.peek(ids.session_id);
       if (taskId) extra.task_id = taskId;
     }
-    return logger.child({ ...bindings, ...extra }, opts);
+    const child = logger.child({ ...bindings, ...extra }, opts);
+    if (extra.task_id) taskBound.add(child);
+    return child;
   };
+}
+
+/** Request loggers the factory gave a task id. */
+const taskBound = new WeakSet<object>();
+export function boundToTask(log: unknown): boolean {
+  return typeof log === "object" && log !== null && taskBound.has(log);
 }

@@ -1,4 +1,3 @@
-import { AsyncLocalStorage } from "node:async_hooks";
 import { TaskStatus, type CompletionRecord } from "@rollgate/protocol";
 import { parseRankMember, type RankRouter, type TaskStore } from "@rollgate/store";
 import type { Queue } from "bullmq";
@@ -25,7 +24,15 @@ export interface RequestScope {
   engineMs: number;
   protocol: string | null;
 }
-export const requestScope = new AsyncLocalStorage<RequestScope>();
+/**
+ * The scope of the agent request an engine call serves, found by the call's client signal (one
+ * signal per agent request: routes/agent-common.ts clientAbortSignal). Not an AsyncLocalStorage:
+ * that turns on promise hooks for every promise the process makes, a few % of its CPU under load.
+ */
+const scopes = new WeakMap<AbortSignal, RequestScope>();
+export function bindRequestScope(signal: AbortSignal, scope: RequestScope): void {
+  scopes.set(signal, scope);
+}
 
 export interface MetricSources {
   tasks: TaskStore;
@@ -188,7 +195,7 @@ export class GatewayMetrics {
     this.engineLatency.observe(labels, record.latency_ms / 1000);
     const rank = { engine: labels.engine, dp_rank: labels.dp_rank };
     if (record.continued_after_pause) this.pauseCuts.inc(rank, record.continued_after_pause);
-    const scope = requestScope.getStore();
+    const scope = scopes.get(call.engineCall.signal);
     if (scope) {
       scope.engineMs += record.latency_ms;
       scope.protocol = record.protocol;

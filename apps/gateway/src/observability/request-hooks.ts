@@ -1,17 +1,24 @@
 import type { FastifyPluginCallback, FastifyReply, FastifyRequest } from "fastify";
 import type { Logger } from "pino";
-import type { SessionTaskCache } from "./logging.js";
-import { requestScope, type GatewayMetrics, type RequestScope } from "./metrics.js";
+import { boundToTask, type SessionTaskCache } from "./logging.js";
+import type { GatewayMetrics, RequestScope } from "./metrics.js";
 
 const kScope = Symbol("rollgate.requestScope");
 type Scoped = FastifyRequest & { [kScope]?: RequestScope };
+
+/** The scope of an agent request (set before its handler runs), for its engine calls to add to. */
+export function requestScopeOf(req: FastifyRequest): RequestScope | undefined {
+  return (req as Scoped)[kScope];
+}
 
 /** Agent-facing routes: `/s/:sid/…` (every client protocol). */
 function isAgentRoute(route: string | undefined): boolean {
   return route !== undefined && route.startsWith("/s/:sid/");
 }
 
+/** Whether the request's logger already carries a task id (no parse of its bindings on the hot path). */
 function hasTaskBinding(log: unknown): boolean {
+  if (boundToTask(log)) return true;
   const bindings = (log as Partial<Logger>).bindings?.();
   return Boolean(bindings && "task_id" in bindings);
 }
@@ -21,7 +28,7 @@ function hasTaskBinding(log: unknown): boolean {
  *
  * - agent routes get the task id of their session on their logger (`task_id`, from
  *   `session.metadata.task_id`, one cached lookup per session; the session id is already bound
- *   by the request logger factory), and run inside a request scope the ChatCaller `observe` hook
+ *   by the request logger factory), and get a request scope the ChatCaller `observe` hook
  *   adds engine time to;
  * - every answered request counts in `rollgate_http_requests_total`; an agent request that
  *   recorded calls adds its gateway overhead (request time minus engine time).
@@ -32,19 +39,18 @@ export function requestObservability(opts: { metrics: GatewayMetrics; sessionTas
       if (!isAgentRoute(req.routeOptions.url)) return done();
       const scope: RequestScope = { engineMs: 0, protocol: null };
       (req as Scoped)[kScope] = scope;
-      // Run the rest of the lifecycle (the handler) inside the scope.
-      const run = () => requestScope.run(scope, () => done());
       const sid = (req.params as { sid?: unknown }).sid;
-      if (typeof sid !== "string" || hasTaskBinding(req.log)) return run();
+      // Nothing to add: the logger has its task id, or the session is known to have none.
+      if (typeof sid !== "string" || hasTaskBinding(req.log) || opts.sessionTasks.peek(sid) === null) return done();
       opts.sessionTasks.taskOf(sid).then(
         (taskId) => {
           if (taskId) {
             req.log = req.log.child({ task_id: taskId });
             reply.log = req.log;
           }
-          run();
+          done();
         },
-        () => run(),
+        () => done(),
       );
     });
 

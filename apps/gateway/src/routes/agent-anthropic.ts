@@ -61,8 +61,9 @@ async function authorizeAndParse(
   ctx: GatewayContext,
   req: SidRequest,
   reply: FastifyReply,
+  takeSeq = false,
 ): Promise<{ auth: AuthorizedSession; call: AnthropicCall } | null> {
-  const auth = await authorizeSession(ctx, req, req.params.sid);
+  const auth = await authorizeSession(ctx, req, req.params.sid, undefined, { takeSeq });
   if (isAuthFailure(auth)) {
     await reply.code(auth.status).send(anthropicError(anthropicErrorType(auth.status), auth.message));
     return null;
@@ -101,10 +102,10 @@ export function anthropicAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
 
     const messagesSchema = agentSchema("Anthropic Messages", "Anthropic Messages, streamed (Server-Sent Events) or not.", AnthropicRequest);
     app.post("/s/:sid/v1/messages", { bodyLimit: AGENT_BODY_LIMIT, attachValidation: true, schema: messagesSchema }, async (req, reply) => {
-      const ok = await authorizeAndParse(ctx, req, reply);
+      const ok = await authorizeAndParse(ctx, req, reply, true);
       if (!ok) return reply;
       const { auth, call } = ok;
-      const prepared = await ctx.caller.prepare(auth.session, "anthropic_messages", call.canonical, clientAbortSignal(reply));
+      const prepared = await ctx.caller.prepare(auth.session, "anthropic_messages", call.canonical, clientAbortSignal(reply), auth.seq);
       const out = {
         id: `msg_${randomUUID().replaceAll("-", "")}`,
         model: call.clientModel || prepared.engineCall.model,

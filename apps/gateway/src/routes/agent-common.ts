@@ -9,6 +9,8 @@ import { EngineError } from "../engines/errors.js";
 import { BODY_TOO_LARGE_MESSAGE, isBodyTooLarge, isStorageUnavailable } from "../errors.js";
 import { CallRejected } from "../llm/chat-call.js";
 import { lostCallOf, type AgentFailure } from "../llm/lost-calls.js";
+import { bindRequestScope } from "../observability/metrics.js";
+import { requestScopeOf } from "../observability/request-hooks.js";
 import { AGENT_SECURITY, SidParams } from "./schemas.js";
 
 /**
@@ -49,6 +51,8 @@ export interface AuthorizedSession {
   session: Session;
   /** The session's token hash: the key for signatures the gateway issues to this session. */
   tokenHash: string;
+  /** The call's sequence number, when it was taken in the same round trip as the session read (see authorizeSession). */
+  seq?: Promise<number>;
 }
 
 export type AuthFailure = { status: 401 | 403; kind: "invalid_token" | "session_closed"; message: string };
@@ -57,25 +61,59 @@ export type AuthFailure = { status: 401 | 403; kind: "invalid_token" | "session_
 const authorized = new WeakSet<FastifyRequest>();
 const presented = new WeakMap<FastifyRequest, string>();
 
-/** Checks the session token (Bearer, x-api-key, x-goog-api-key, or `extraToken` such as Gemini's ?key=). */
+/**
+ * What this process learned of a session when it checked a token for it: its token hash and
+ * whether it is a branch's, neither of which ever changes (bounded; the oldest go first).
+ */
+const known = new Map<string, { tokenHash: string; replay: boolean }>();
+const KNOWN_MAX = 100_000;
+function remember(sid: string, tokenHash: string, replay: boolean): void {
+  if (known.has(sid)) return;
+  if (known.size >= KNOWN_MAX) {
+    const oldest = known.keys().next().value;
+    if (oldest !== undefined) known.delete(oldest);
+  }
+  known.set(sid, { tokenHash, replay });
+}
+
+/**
+ * Checks the session token (Bearer, x-api-key, x-goog-api-key, or `extraToken` such as Gemini's ?key=).
+ *
+ * `takeSeq` (a call that goes to the engine if its session is open): when this process already
+ * checked this token for this session, the call's sequence number is taken in the same round trip
+ * as the session read, not one after, unless its body failed its schema, the session rate limit is
+ * on (a refused call must not use up a number) or the session is a branch's (its calls' numbers
+ * index the replayed rollout). A number taken by a call then refused (closed session, a limit) is
+ * a gap like an aborted call's, which the records and trajectories already allow.
+ */
 export async function authorizeSession(
   ctx: GatewayContext,
   req: FastifyRequest,
   sid: string,
   extraToken?: string,
+  { takeSeq = false }: { takeSeq?: boolean } = {},
 ): Promise<AuthorizedSession | AuthFailure> {
   const token = sessionToken(req) ?? extraToken;
   if (token) presented.set(req, token);
+  const k = token && takeSeq ? known.get(sid) : undefined;
+  const early = k !== undefined && !k.replay && !req.validationError && !ctx.rateLimit?.enabled && tokenMatches(token!, k.tokenHash);
+  const seq = early ? ctx.sessions.nextSeq(sid) : undefined;
+  // Awaited by the call when it goes on; a refused call leaves it (a failure there is not this call's).
+  seq?.catch(() => undefined);
   const found = token ? await ctx.sessions.getForCall(sid) : null;
-  if (!token || !found || !tokenMatches(token, found.tokenHash)) {
+  // (A token already checked against the known hash: that hash still being the session's suffices.)
+  if (!token || !found || !(early ? found.tokenHash === k.tokenHash : tokenMatches(token, found.tokenHash))) {
+    // Deleted since: the increment re-created the session's hash with only its counter; drop it.
+    if (seq && !found) void seq.then(() => ctx.sessions.delete(sid, new Date())).catch(() => undefined);
     // One answer for an unknown session and a wrong token: a sandbox learns nothing of others.
     return { status: 401, kind: "invalid_token", message: "invalid session token" };
   }
+  remember(sid, found.tokenHash, Boolean(found.session.replay));
   if (found.session.state !== "open") return { status: 403, kind: "session_closed", message: `session ${sid} is closed` };
   // Over ROLLGATE_SESSION_RATE: throws a 429 the route renders in its protocol (with retry-after).
   authorized.add(req);
   if (ctx.rateLimit?.enabled) await ctx.rateLimit.check(req, sid);
-  return found;
+  return seq ? { ...found, seq } : found;
 }
 
 export function isAuthFailure(x: AuthorizedSession | AuthFailure): x is AuthFailure {
@@ -85,6 +123,9 @@ export function isAuthFailure(x: AuthorizedSession | AuthFailure): x is AuthFail
 /** Aborts when the client goes away before the response is complete (cancels the engine call). */
 export function clientAbortSignal(reply: FastifyReply): AbortSignal {
   const abort = new AbortController();
+  // The request's metrics scope goes with its signal, which every engine call of it carries.
+  const scope = requestScopeOf(reply.request);
+  if (scope) bindRequestScope(abort.signal, scope);
   reply.raw.on("close", () => {
     if (!reply.raw.writableFinished) abort.abort();
   });
@@ -95,7 +136,28 @@ export function clientAbortSignal(reply: FastifyReply): AbortSignal {
 export function startSse(reply: FastifyReply): (frame: string) => void {
   reply.hijack();
   reply.raw.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive" });
-  return (frame) => reply.raw.write(frame);
+  return corkedWriter(reply.raw);
+}
+
+/**
+ * Writes to a streamed answer, corked per tick: the frames written in one tick (the headers and the
+ * first frame, the events of one engine read) leave in one write instead of a syscall each, and
+ * nothing waits longer than the current tick.
+ */
+export function corkedWriter(raw: FastifyReply["raw"]): (frame: string) => void {
+  let corked = false;
+  const uncork = () => {
+    corked = false;
+    raw.uncork();
+  };
+  return (frame) => {
+    if (!corked) {
+      corked = true;
+      raw.cork();
+      process.nextTick(uncork);
+    }
+    raw.write(frame);
+  };
 }
 
 /** A failure's HTTP status and a short machine kind, for any protocol's error shape. */

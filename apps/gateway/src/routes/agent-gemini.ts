@@ -23,6 +23,7 @@ import {
   isAuthFailure,
   rejectInvalid,
   startSse,
+  corkedWriter,
   type AuthFailure,
   type AuthorizedSession,
 } from "./agent-common.js";
@@ -86,7 +87,7 @@ function splitModelAction(target: string): { model: string; action: string } | n
 function startJsonStream(reply: FastifyReply): (frame: string) => void {
   reply.hijack();
   reply.raw.writeHead(200, { "content-type": "application/json; charset=UTF-8", "cache-control": "no-cache" });
-  return (frame) => reply.raw.write(frame);
+  return corkedWriter(reply.raw);
 }
 
 export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
@@ -97,8 +98,8 @@ export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
       return sendGeminiError(reply, err);
     });
 
-    const authorize = (req: FastifyRequest<{ Params: { sid: string }; Querystring: Query }>) =>
-      authorizeSession(ctx, req, req.params.sid, typeof req.query.key === "string" ? req.query.key : undefined);
+    const authorize = (req: FastifyRequest<{ Params: { sid: string }; Querystring: Query }>, takeSeq = false) =>
+      authorizeSession(ctx, req, req.params.sid, typeof req.query.key === "string" ? req.query.key : undefined, { takeSeq });
 
     const modelInfo = (name: string) => ({
       name: `models/${name}`,
@@ -126,7 +127,9 @@ export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
     });
 
     const handler = async (req: FastifyRequest<{ Params: Params; Querystring: Query }>, reply: FastifyReply) => {
-      const auth = await authorize(req);
+      // A generation takes its sequence number with the session read (authorizeSession).
+      const action = splitModelAction(req.params["*"])?.action;
+      const auth = await authorize(req, action === "generateContent" || action === "streamGenerateContent");
       if (isAuthFailure(auth)) return sendAuthFailure(reply, auth);
       rejectInvalid(req);
       const target = splitModelAction(req.params["*"]);
@@ -144,7 +147,7 @@ export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
 
       const stream = target.action === "streamGenerateContent";
       const call = fromGemini(req.body, { key: auth.tokenHash, stream });
-      const prepared = await ctx.caller.prepare(auth.session, "gemini", call.canonical, signal);
+      const prepared = await ctx.caller.prepare(auth.session, "gemini", call.canonical, signal, auth.seq);
       const out = {
         model: target.model || prepared.engineCall.model,
         responseId: randomUUID().replaceAll("-", ""),

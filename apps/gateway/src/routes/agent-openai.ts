@@ -35,11 +35,11 @@ export function openAIAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
 
     const chatSchema = agentSchema("OpenAI Chat Completions", "OpenAI Chat Completions, streamed (`stream: true`, Server-Sent Events) or not.", OpenAIChatRequest);
     app.post("/s/:sid/v1/chat/completions", { bodyLimit: AGENT_BODY_LIMIT, attachValidation: true, schema: chatSchema }, async (req, reply) => {
-      const auth = await authorizeSession(ctx, req, req.params.sid);
+      const auth = await authorizeSession(ctx, req, req.params.sid, undefined, { takeSeq: true });
       if (isAuthFailure(auth)) return sendOpenAIAuthFailure(reply, auth);
       rejectInvalid(req);
       const call = fromOpenAIChat(req.body);
-      const prepared = await ctx.caller.prepare(auth.session, "openai_chat", call.canonical, clientAbortSignal(reply));
+      const prepared = await ctx.caller.prepare(auth.session, "openai_chat", call.canonical, clientAbortSignal(reply), auth.seq);
       const out = {
         id: `chatcmpl-${randomUUID().replaceAll("-", "")}`,
         created: Math.floor(Date.now() / 1000),

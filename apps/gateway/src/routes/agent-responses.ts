@@ -34,12 +34,12 @@ export function responsesAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
 
     const schema = agentSchema("OpenAI Responses", "OpenAI Responses API, streamed (Server-Sent Events) or not; stateless (`store` is always false).", OpenAIResponsesRequest);
     app.post("/s/:sid/v1/responses", { bodyLimit: AGENT_BODY_LIMIT, attachValidation: true, schema }, async (req, reply) => {
-      const auth = await authorizeSession(ctx, req, req.params.sid);
+      const auth = await authorizeSession(ctx, req, req.params.sid, undefined, { takeSeq: true });
       if (isAuthFailure(auth)) return sendOpenAIAuthFailure(reply, auth);
       rejectInvalid(req);
       // Reasoning we hand out is sealed with the session's token hash; only this session can replay it.
       const call = fromResponses(req.body, { reasoningKey: auth.tokenHash });
-      const prepared = await ctx.caller.prepare(auth.session, "openai_responses", call.canonical, clientAbortSignal(reply));
+      const prepared = await ctx.caller.prepare(auth.session, "openai_responses", call.canonical, clientAbortSignal(reply), auth.seq);
       const out: ResponsesContext = {
         id: `resp_${randomUUID().replaceAll("-", "")}`,
         createdAt: Math.floor(Date.now() / 1000),

@@ -1,9 +1,10 @@
 import { templateFields, type ModelProfile } from "@rollgate/models";
 import { definedSampling, type CanonicalChatRequest, type ChatMessage, type TokenLogprob } from "@rollgate/protocol";
-import { resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
+import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "../errors.js";
+import { sseJson } from "../sse.js";
 import { promptIdsFields, type EngineCall } from "../call.js";
 import { fromSglang } from "./routed-experts.js";
 
@@ -14,9 +15,12 @@ import { fromSglang } from "./routed-experts.js";
  * whichever the server has), `logprobs` (token text only: values line up with the ids by
  * position), `separate_reasoning` (→ `reasoning_content`) and `routed_dp_rank` in the body.
  *
- * SGLang refuses PR #30917's ids on streamed chat, so a streaming agent call is answered from one
- * engine call replayed as events: the agent still gets a well-formed stream and the record is
- * identical to the non-streaming one, but time-to-first-token is the whole generation.
+ * SGLang refuses PR #30917's ids on streamed chat. A streamed agent call is streamed from the
+ * engine when its chat stream carries PR #34488's ids (probed: capabilities.ts `streamedIds`): the
+ * text and each token's logprob come as they are generated, the prompt's and the answer's ids
+ * once, in the response-level `sglext` chunk before `[DONE]`. On an SGLang without them, the call
+ * is answered from one non-streamed engine call replayed as events: the record is the same, but
+ * time-to-first-token is the whole generation.
  */
 
 function toSglangMessage(m: ChatMessage): Record<string, unknown> {
@@ -76,6 +80,30 @@ const SglExt = z
   .object({ input_ids: z.array(z.number().int()).nullish(), output_ids: z.array(z.array(z.number().int())).nullish() })
   .loose()
   .nullish();
+
+const SglangToolCallDelta = z.object({
+  id: z.string().nullish(),
+  index: z.number().int().nullish(),
+  function: z.object({ name: z.string().nullish(), arguments: z.string().nullish() }).nullish(),
+});
+
+/** One chunk of SGLang's streamed chat: the fields read. */
+const SglangStreamChunk = z.object({
+  choices: z
+    .array(
+      z.object({
+        delta: z
+          .object({ content: z.string().nullish(), reasoning_content: z.string().nullish(), tool_calls: z.array(SglangToolCallDelta).nullish() })
+          .nullish(),
+        logprobs: z.object({ content: z.array(SglangLogprob).nullable() }).nullish(),
+        finish_reason: z.string().nullish(),
+        matched_stop: z.union([z.string(), z.number()]).nullish(),
+      }),
+    )
+    .nullish(),
+  usage: SglangUsage.nullish(),
+  sglext: SglExt,
+});
 
 const SglangChatResponse = z.object({
   choices: z
@@ -155,6 +183,13 @@ const MISSING_IDS =
   "the engine returned no token ids: rollgate needs an SGLang with return_token_ids / return_prompt_token_ids (or return_input_ids / return_output_ids) on its chat route";
 
 export async function sglangChat(call: EngineCall): Promise<EngineResult> {
+  // Stamped (a freeze-in-place pause may fall inside it): read as a stream, so each token carries
+  // the weight version current when it came.
+  if (call.stamp && call.streamedIds && call.target.engine.routed_experts !== true) {
+    const acc = new StreamAccumulator();
+    for await (const event of sglangChatStream({ ...call, request: { ...call.request, stream: true } })) acc.push(event);
+    return acc.result();
+  }
   const res = await sglangPost(call, "/v1/chat/completions", buildSglangChatBody(call.model, call.request, call.target.dpRank, call.target.profile, call.promptIds, call.target.engine.routed_experts === true));
   const parsed = SglangChatResponse.safeParse(await res.body.json());
   if (!parsed.success) throw new EngineError(`engine response is not a chat completion: ${parsed.error.message}`, 502, "bad_response");
@@ -193,9 +228,88 @@ export async function sglangChat(call: EngineCall): Promise<EngineResult> {
   };
 }
 
-/** A streaming call answered from one non-streaming engine call (see the module comment). */
+/** The body of a streamed chat call: PR #34488's ids only (SGLang refuses PR #30917's on streams). */
+export function buildSglangChatStreamBody(model: string, req: CanonicalChatRequest, dpRank: number, profile: ModelProfile, promptIds?: EngineCall["promptIds"]): Record<string, unknown> {
+  const { return_token_ids: _ids, return_prompt_token_ids: _promptIds, ...body } = buildSglangChatBody(model, req, dpRank, profile, promptIds);
+  return { ...body, stream: true, stream_options: { include_usage: true } };
+}
+
+/**
+ * A streaming call: streamed from the engine when its stream carries the ids, else answered from
+ * one non-streaming engine call (see the module comment; also for routed experts, which come
+ * whole, and for a call whose tokens are stamped as they arrive, which goes through /generate).
+ *
+ * Text deltas carry their tokens' logprobs but no ids (SGLang sends those once, at the end): the
+ * ids follow as one token-only delta, and the prompt's ids ride on the finish.
+ */
 export async function* sglangChatStream(call: EngineCall): AsyncGenerator<EngineStreamEvent> {
-  yield* resultAsEvents(await sglangChat(call));
+  if (!call.streamedIds || call.target.engine.routed_experts === true) {
+    yield* resultAsEvents(await sglangChat(call));
+    return;
+  }
+  /** With stamps: each token's weight version, taken as its logprob arrives (one logprob per token). */
+  const versions: (string | null)[] = [];
+  const res = await sglangPost(call, "/v1/chat/completions", buildSglangChatStreamBody(call.model, call.request, call.target.dpRank, call.target.profile, call.promptIds));
+  let started = false;
+  let logprobCount = 0;
+  let finish: Extract<EngineStreamEvent, { type: "finish" }> | null = null;
+  let usage: z.infer<typeof SglangUsage> | null = null;
+  let inputIds: number[] | null = null;
+  let outputIds: number[] | null = null;
+  for await (const json of sseJson(res.body)) {
+    const parsed = SglangStreamChunk.safeParse(json);
+    if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
+    const c = parsed.data;
+    if (!started) {
+      started = true;
+      yield { type: "start", prompt_ids: [] };
+    }
+    const choice = c.choices?.[0];
+    if (choice) {
+      const d = choice.delta;
+      const lps = (choice.logprobs?.content ?? []).map(toTokenLogprob);
+      logprobCount += lps.length;
+      if (call.stamp && lps.length > 0) {
+        const version = call.stamp();
+        for (let i = 0; i < lps.length; i++) versions.push(version);
+      }
+      const toolCalls = (d?.tool_calls ?? []).map((t, i) => ({
+        index: t.index ?? i,
+        ...(t.id ? { id: t.id, type: "function" as const } : {}),
+        function: {
+          ...(t.function?.name ? { name: t.function.name } : {}),
+          ...(t.function?.arguments ? { arguments: t.function.arguments } : {}),
+        },
+      }));
+      if (d?.content || d?.reasoning_content || toolCalls.length > 0 || lps.length > 0) {
+        yield {
+          type: "delta",
+          ...(d?.content ? { content: d.content } : {}),
+          ...(d?.reasoning_content ? { reasoning: d.reasoning_content } : {}),
+          ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {}),
+          token_ids: [],
+          logprobs: lps,
+        };
+      }
+      if (choice.finish_reason) finish = { type: "finish", finish_reason: choice.finish_reason, stop_reason: choice.matched_stop ?? null };
+    }
+    if (c.usage) usage = c.usage;
+    if (c.sglext?.input_ids) inputIds = c.sglext.input_ids;
+    if (c.sglext?.output_ids?.[0]) outputIds = c.sglext.output_ids[0];
+  }
+  if (!inputIds || !outputIds) throw new EngineError(MISSING_IDS, 502, "bad_response");
+  if (logprobCount !== outputIds.length) throw new EngineError(`engine streamed ${outputIds.length} token ids but ${logprobCount} logprobs`, 502, "bad_response");
+  if (!finish) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
+  if (outputIds.length > 0) yield { type: "delta", token_ids: outputIds, logprobs: [], ...(call.stamp ? { versions } : {}) };
+  yield { ...finish, prompt_ids: inputIds };
+  yield {
+    type: "usage",
+    usage: {
+      prompt_tokens: usage?.prompt_tokens ?? inputIds.length,
+      completion_tokens: usage?.completion_tokens ?? outputIds.length,
+      cached_tokens: usage?.prompt_tokens_details?.cached_tokens ?? 0,
+    },
+  };
 }
 
 const SglangTokenizeResponse = z.object({ count: z.number().int() });

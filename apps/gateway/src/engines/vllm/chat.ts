@@ -109,6 +109,80 @@ const VllmChunk = z.object({
   usage: VllmUsage.nullable().optional(),
 });
 
+type VllmChunk = z.infer<typeof VllmChunk>;
+
+// The checks below accept exactly what VllmChunk accepts, field by field, without zod's per-chunk
+// cost (a streamed answer is one chunk per token: a full parse of each was a visible share of the
+// gateway's CPU). A chunk they refuse is parsed by the schema, whose error names the bad field.
+const isObj = (x: unknown): x is Record<string, unknown> => typeof x === "object" && x !== null && !Array.isArray(x);
+const nullishStr = (x: unknown) => x === undefined || x === null || typeof x === "string";
+const optStr = (x: unknown) => x === undefined || typeof x === "string";
+const optInt = (x: unknown) => x === undefined || Number.isInteger(x);
+const nullishInt = (x: unknown) => x === undefined || x === null || Number.isInteger(x);
+function isIntArray(x: unknown): boolean {
+  if (!Array.isArray(x)) return false;
+  for (const v of x) if (!Number.isInteger(v)) return false;
+  return true;
+}
+const nullishIntArray = (x: unknown) => x === undefined || x === null || isIntArray(x);
+const optNullishIntArray = nullishIntArray;
+function isTopLogprob(t: unknown): boolean {
+  return isObj(t) && typeof t.token === "string" && typeof t.logprob === "number" && optNullishIntArray(t.bytes);
+}
+function isLogprob(l: unknown): boolean {
+  if (!isObj(l) || typeof l.token !== "string" || typeof l.logprob !== "number" || !optNullishIntArray(l.bytes)) return false;
+  const top = l.top_logprobs;
+  if (top === undefined || top === null) return true;
+  if (!Array.isArray(top)) return false;
+  for (const t of top) if (!isTopLogprob(t)) return false;
+  return true;
+}
+function isToolCall(t: unknown): boolean {
+  if (!isObj(t) || !nullishStr(t.id) || !(t.type === undefined || t.type === null || t.type === "function") || !optInt(t.index)) return false;
+  const f = t.function;
+  return isObj(f) && nullishStr(f.name) && nullishStr(f.arguments);
+}
+function isChunkChoice(c: unknown): boolean {
+  if (!isObj(c)) return false;
+  const d = c.delta;
+  if (d !== undefined) {
+    if (!isObj(d) || !optStr(d.role) || !nullishStr(d.content) || !nullishStr(d.reasoning) || !nullishStr(d.reasoning_content)) return false;
+    if (d.tool_calls !== undefined && d.tool_calls !== null) {
+      if (!Array.isArray(d.tool_calls)) return false;
+      for (const t of d.tool_calls) if (!isToolCall(t)) return false;
+    }
+  }
+  const lp = c.logprobs;
+  if (lp !== undefined && lp !== null) {
+    if (!isObj(lp)) return false;
+    if (lp.content !== null) {
+      if (!Array.isArray(lp.content)) return false;
+      for (const l of lp.content) if (!isLogprob(l)) return false;
+    }
+  }
+  const sr = c.stop_reason;
+  return nullishStr(c.finish_reason) && (sr === undefined || sr === null || typeof sr === "string" || typeof sr === "number") && nullishIntArray(c.token_ids);
+}
+function isUsage(u: unknown): boolean {
+  if (u === undefined || u === null) return true;
+  if (!isObj(u) || !Number.isInteger(u.prompt_tokens) || !Number.isInteger(u.completion_tokens)) return false;
+  const d = u.prompt_tokens_details;
+  return d === undefined || d === null || (isObj(d) && nullishInt(d.cached_tokens));
+}
+function isVllmChunk(x: unknown): x is VllmChunk {
+  if (!isObj(x) || !nullishIntArray(x.prompt_token_ids) || !Array.isArray(x.choices) || !isUsage(x.usage)) return false;
+  for (const c of x.choices) if (!isChunkChoice(c)) return false;
+  return true;
+}
+
+/** One SSE chunk of vLLM's chat stream, checked (an EngineError names what is wrong with a bad one). */
+export function readVllmChunk(json: unknown): VllmChunk {
+  if (isVllmChunk(json)) return json;
+  const parsed = VllmChunk.safeParse(json);
+  if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
+  return parsed.data;
+}
+
 const VllmErrorBody = z.object({ error: z.object({ message: z.string() }).loose() }).loose();
 
 function toTokenLogprob(l: VllmLogprob): TokenLogprob {
@@ -229,9 +303,7 @@ export async function* vllmChatStream(call: EngineCall): AsyncGenerator<EngineSt
   let tokens = 0;
   let logprobCount = 0;
   for await (const json of sseJson(res.body)) {
-    const parsed = VllmChunk.safeParse(json);
-    if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
-    const c = parsed.data;
+    const c = readVllmChunk(json);
     if (c.prompt_token_ids && !started) {
       started = true;
       yield { type: "start", prompt_ids: c.prompt_token_ids };
