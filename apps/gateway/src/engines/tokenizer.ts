@@ -4,6 +4,7 @@ import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { detokenize } from "./detokenize.js";
 import { EngineError } from "./errors.js";
+import { engineErrorMessage } from "./openai-wire.js";
 import type { EngineCall } from "./call.js";
 import type { EngineConfig } from "../env.js";
 
@@ -31,17 +32,6 @@ const TokenizeResponse = z.object({
   max_model_len: z.number().int().nullable().optional(),
 });
 
-/** SGLang answers errors flat (`{object:"error", message}`), vLLM nested (`{error:{message}}`). */
-function errorMessage(text: string): string {
-  try {
-    const j = JSON.parse(text) as { message?: unknown; error?: { message?: unknown } };
-    if (typeof j.error?.message === "string") return j.error.message;
-    if (typeof j.message === "string") return j.message;
-  } catch {
-    // not JSON
-  }
-  return text.slice(0, 2_000);
-}
 
 async function tokenize(call: TokenizeCall, body: Record<string, unknown>): Promise<z.infer<typeof TokenizeResponse>> {
   const url = call.target.engine.url;
@@ -61,7 +51,7 @@ async function tokenize(call: TokenizeCall, body: Record<string, unknown>): Prom
   const text = await res.body.text();
   if (res.statusCode !== 200) {
     const status = res.statusCode >= 400 && res.statusCode < 500 ? res.statusCode : 502;
-    throw new EngineError(`engine ${url} /tokenize answered ${res.statusCode}: ${errorMessage(text)}`, status, "rejected");
+    throw new EngineError(`engine ${url} /tokenize answered ${res.statusCode}: ${engineErrorMessage(text)}`, status, "rejected");
   }
   const parsed = TokenizeResponse.safeParse(JSON.parse(text));
   if (!parsed.success) throw new EngineError("engine /tokenize answer has no tokens", 502, "bad_response");

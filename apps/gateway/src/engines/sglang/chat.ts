@@ -1,9 +1,10 @@
 import { templateFields, type ModelProfile } from "@rollgate/models";
-import { definedSampling, type CanonicalChatRequest, type ChatMessage, type TokenLogprob } from "@rollgate/protocol";
+import { definedSampling, type CanonicalChatRequest, type ChatMessage } from "@rollgate/protocol";
 import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "../errors.js";
+import { ChatLogprob, rejectUnlessOk, toTokenLogprob } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
 import { promptIdsFields, type EngineCall } from "../call.js";
 import { fromSglang } from "./routed-experts.js";
@@ -59,15 +60,6 @@ export function buildSglangChatBody(
   return body;
 }
 
-const SglangLogprob = z.object({
-  token: z.string(),
-  logprob: z.number(),
-  bytes: z.array(z.number().int()).nullable().optional(),
-  top_logprobs: z
-    .array(z.object({ token: z.string(), logprob: z.number(), bytes: z.array(z.number().int()).nullable().optional() }))
-    .nullable()
-    .optional(),
-});
 
 const SglangUsage = z.object({
   prompt_tokens: z.number().int(),
@@ -95,7 +87,7 @@ const SglangStreamChunk = z.object({
         delta: z
           .object({ content: z.string().nullish(), reasoning_content: z.string().nullish(), tool_calls: z.array(SglangToolCallDelta).nullish() })
           .nullish(),
-        logprobs: z.object({ content: z.array(SglangLogprob).nullable() }).nullish(),
+        logprobs: z.object({ content: z.array(ChatLogprob).nullable() }).nullish(),
         finish_reason: z.string().nullish(),
         matched_stop: z.union([z.string(), z.number()]).nullish(),
       }),
@@ -117,7 +109,7 @@ const SglangChatResponse = z.object({
             .nullable()
             .optional(),
         }),
-        logprobs: z.object({ content: z.array(SglangLogprob).nullable() }).nullable().optional(),
+        logprobs: z.object({ content: z.array(ChatLogprob).nullable() }).nullable().optional(),
         finish_reason: z.string().nullable(),
         matched_stop: z.union([z.string(), z.number()]).nullable().optional(),
         token_ids: z.array(z.number().int()).nullable().optional(),
@@ -130,17 +122,6 @@ const SglangChatResponse = z.object({
   sglext: SglExt,
 });
 
-/** SGLang answers errors flat (`{object:"error", message}`) or nested (`{error:{message}}`). */
-function errorMessage(text: string): string {
-  try {
-    const j = JSON.parse(text) as { message?: unknown; error?: { message?: unknown } };
-    if (typeof j.error?.message === "string") return j.error.message;
-    if (typeof j.message === "string") return j.message;
-  } catch {
-    // not JSON
-  }
-  return text.slice(0, 2_000);
-}
 
 /** POSTs JSON to an SGLang route on the call's rank; a non-200 answer is an EngineError with SGLang's message. */
 export async function sglangPost(call: Omit<EngineCall, "requestId"> & { requestId?: string }, path: string, body: unknown): Promise<Dispatcher.ResponseData> {
@@ -162,22 +143,10 @@ export async function sglangPost(call: Omit<EngineCall, "requestId"> & { request
     if (call.signal.aborted) throw err;
     throw new EngineError(`engine ${url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
   }
-  if (res.statusCode !== 200) {
-    const message = errorMessage(await res.body.text());
-    const status = res.statusCode >= 400 && res.statusCode < 500 ? res.statusCode : 502;
-    throw new EngineError(`engine ${url} answered ${res.statusCode}: ${message}`, status, "rejected");
-  }
+  await rejectUnlessOk(res, url);
   return res;
 }
 
-function toTokenLogprob(l: z.infer<typeof SglangLogprob>): TokenLogprob {
-  return {
-    token: l.token,
-    logprob: l.logprob,
-    bytes: l.bytes ?? null,
-    top_logprobs: (l.top_logprobs ?? []).map((t) => ({ token: t.token, logprob: t.logprob, bytes: t.bytes ?? null })),
-  };
-}
 
 const MISSING_IDS =
   "the engine returned no token ids: rollgate needs an SGLang with return_token_ids / return_prompt_token_ids (or return_input_ids / return_output_ids) on its chat route";

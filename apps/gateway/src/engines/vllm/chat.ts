@@ -1,9 +1,10 @@
 import { templateFields, type ModelProfile } from "@rollgate/models";
-import { definedSampling, type CanonicalChatRequest, type ChatMessage, type TokenLogprob } from "@rollgate/protocol";
+import { definedSampling, type CanonicalChatRequest, type ChatMessage } from "@rollgate/protocol";
 import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "../errors.js";
+import { ChatLogprob, rejectUnlessOk, toTokenLogprob } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
 import { promptIdsFields, type EngineCall } from "../call.js";
 import { wantsRoutedExperts, wholeAnswerStamp } from "../routed-experts.js";
@@ -40,16 +41,6 @@ export function buildVllmChatBody(model: string, req: CanonicalChatRequest, prof
   return body;
 }
 
-const VllmLogprob = z.object({
-  token: z.string(),
-  logprob: z.number(),
-  bytes: z.array(z.number().int()).nullable().optional(),
-  top_logprobs: z
-    .array(z.object({ token: z.string(), logprob: z.number(), bytes: z.array(z.number().int()).nullable().optional() }))
-    .nullable()
-    .optional(),
-});
-type VllmLogprob = z.infer<typeof VllmLogprob>;
 
 const VllmToolCall = z.object({
   id: z.string().nullable().optional(),
@@ -75,7 +66,7 @@ const VllmChatResponse = z.object({
           reasoning_content: z.string().nullable().optional(),
           tool_calls: z.array(VllmToolCall).nullable().optional(),
         }),
-        logprobs: z.object({ content: z.array(VllmLogprob).nullable() }).nullable().optional(),
+        logprobs: z.object({ content: z.array(ChatLogprob).nullable() }).nullable().optional(),
         finish_reason: z.string().nullable(),
         stop_reason: z.union([z.string(), z.number()]).nullable().optional(),
         token_ids: z.array(z.number().int()).nullable().optional(),
@@ -100,7 +91,7 @@ const VllmChunk = z.object({
           tool_calls: z.array(VllmToolCall).nullable().optional(),
         })
         .optional(),
-      logprobs: z.object({ content: z.array(VllmLogprob).nullable() }).nullable().optional(),
+      logprobs: z.object({ content: z.array(ChatLogprob).nullable() }).nullable().optional(),
       finish_reason: z.string().nullable().optional(),
       stop_reason: z.union([z.string(), z.number()]).nullable().optional(),
       token_ids: z.array(z.number().int()).nullable().optional(),
@@ -183,16 +174,7 @@ export function readVllmChunk(json: unknown): VllmChunk {
   return parsed.data;
 }
 
-const VllmErrorBody = z.object({ error: z.object({ message: z.string() }).loose() }).loose();
 
-function toTokenLogprob(l: VllmLogprob): TokenLogprob {
-  return {
-    token: l.token,
-    logprob: l.logprob,
-    bytes: l.bytes ?? null,
-    top_logprobs: (l.top_logprobs ?? []).map((t) => ({ token: t.token, logprob: t.logprob, bytes: t.bytes ?? null })),
-  };
-}
 
 export const MISSING_TOKENS =
   "the engine returned no token ids: rollgate needs vLLM ≥ 0.10.2 (return_token_ids) with logprobs enabled";
@@ -214,24 +196,6 @@ async function post(call: EngineCall): Promise<Dispatcher.ResponseData> {
   } catch (err) {
     if (call.signal.aborted) throw err;
     throw new EngineError(`engine ${target.engine.url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
-  }
-}
-
-export async function rejectUnlessOk(res: Dispatcher.ResponseData, url: string): Promise<void> {
-  if (res.statusCode === 200) return;
-  const text = await res.body.text();
-  let message = text.slice(0, 2_000);
-  const parsed = VllmErrorBody.safeParse(safeJson(text));
-  if (parsed.success) message = parsed.data.error.message;
-  const status = res.statusCode >= 400 && res.statusCode < 500 ? res.statusCode : 502;
-  throw new EngineError(`engine ${url} answered ${res.statusCode}: ${message}`, status, "rejected");
-}
-
-function safeJson(text: string): unknown {
-  try {
-    return JSON.parse(text);
-  } catch {
-    return undefined;
   }
 }
 

@@ -8,7 +8,8 @@ import { chatFinishReason, parsesTools, profileParser } from "../chat-route-rule
 import type { TokenInCall } from "../token-in.js";
 import type { TokenizeCall } from "../tokenizer.js";
 import { sseJson } from "../sse.js";
-import { MISSING_TOKENS, rejectUnlessOk } from "./chat.js";
+import { MISSING_TOKENS } from "./chat.js";
+import { rejectUnlessOk } from "../openai-wire.js";
 import { wantsRoutedExperts, wholeAnswerStamp } from "../routed-experts.js";
 import { fromVllm } from "./routed-experts.js";
 

@@ -1,0 +1,50 @@
+import type { TokenLogprob } from "@rollgate/protocol";
+import type { Dispatcher } from "undici";
+import { z } from "zod";
+import { EngineError } from "./errors.js";
+
+/**
+ * What vLLM's and SGLang's OpenAI-compatible routes send alike: the chat route's per-token
+ * logprobs and the error bodies (both servers' shapes).
+ */
+
+/** One generated token's logprob entry on the chat route (`choices[].logprobs.content[]`). */
+export const ChatLogprob = z.object({
+  token: z.string(),
+  logprob: z.number(),
+  bytes: z.array(z.number().int()).nullable().optional(),
+  top_logprobs: z
+    .array(z.object({ token: z.string(), logprob: z.number(), bytes: z.array(z.number().int()).nullable().optional() }))
+    .nullable()
+    .optional(),
+});
+export type ChatLogprob = z.infer<typeof ChatLogprob>;
+
+export function toTokenLogprob(l: ChatLogprob): TokenLogprob {
+  return {
+    token: l.token,
+    logprob: l.logprob,
+    bytes: l.bytes ?? null,
+    top_logprobs: (l.top_logprobs ?? []).map((t) => ({ token: t.token, logprob: t.logprob, bytes: t.bytes ?? null })),
+  };
+}
+
+/** The message of an error body: vLLM nests it (`{error:{message}}`), SGLang may not (`{object:"error", message}`); else the text itself. */
+export function engineErrorMessage(text: string): string {
+  try {
+    const j = JSON.parse(text) as { message?: unknown; error?: { message?: unknown } };
+    if (typeof j.error?.message === "string") return j.error.message;
+    if (typeof j.message === "string") return j.message;
+  } catch {
+    // not JSON
+  }
+  return text.slice(0, 2_000);
+}
+
+/** A non-200 answer as an EngineError with the engine's own message (4xx passed on, else 502). */
+export async function rejectUnlessOk(res: Dispatcher.ResponseData, url: string): Promise<void> {
+  if (res.statusCode === 200) return;
+  const message = engineErrorMessage(await res.body.text());
+  const status = res.statusCode >= 400 && res.statusCode < 500 ? res.statusCode : 502;
+  throw new EngineError(`engine ${url} answered ${res.statusCode}: ${message}`, status, "rejected");
+}
