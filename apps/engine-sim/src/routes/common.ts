@@ -1,5 +1,5 @@
 import type { FastifyReply, FastifyRequest } from "fastify";
-import type { z } from "zod";
+import { z } from "zod";
 import { sglangError, sglangOpenAIError, vllmError } from "../errors.js";
 import type { Generation } from "../engine.js";
 import type { SimKind, SimState } from "../state.js";
@@ -92,3 +92,28 @@ export function endedEarly(gens: readonly Generation[], reply: FastifyReply): Fa
   }
   return null;
 }
+
+/**
+ * The request fields vLLM's chat and completions routes both take (its ChatCompletionRequest and
+ * CompletionRequest repeat them), with SGLang's routing extras.
+ */
+export const OPENAI_REQUEST_FIELDS = {
+  model: z.string().nullish(),
+  stream: z.boolean().nullish(),
+  stream_options: z.object({ include_usage: z.boolean().nullish(), continuous_usage_stats: z.boolean().nullish() }).nullish(),
+  max_tokens: z.number().int().nullish(),
+  stop: z.union([z.string(), z.array(z.string())]).nullish(),
+  stop_token_ids: z.array(z.number().int()).nullish(),
+  include_stop_str_in_output: z.boolean().nullish(),
+  skip_special_tokens: z.boolean().nullish(),
+  prompt_logprobs: z.number().int().nullish(),
+  return_token_ids: z.boolean().nullish(),
+  return_tokens_as_token_ids: z.boolean().nullish(),
+  n: z.number().int().nullish(),
+  cache_salt: z.string().nullish(),
+  request_id: z.string().nullish(),
+  // SGLang extras.
+  rid: z.string().nullish(),
+  routed_dp_rank: z.number().int().nullish(),
+  data_parallel_rank: z.number().int().nullish(),
+};

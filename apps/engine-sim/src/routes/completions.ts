@@ -13,7 +13,7 @@ import { returnsRoutedExperts, sglangRoutedExperts, vllmRoutedExperts } from "./
 import type { SimState } from "../state.js";
 import { legacyLogprobs, promptTops, vllmPromptLogprobs } from "../wire-logprobs.js";
 import type { LegacyStep } from "../wire-logprobs.js";
-import { cutConnection, disconnectSignal, endedEarly, errorBody, formatZodError, runToEnd, sendEnvError } from "./common.js";
+import { OPENAI_REQUEST_FIELDS, cutConnection, disconnectSignal, endedEarly, errorBody, formatZodError, runToEnd, sendEnvError } from "./common.js";
 import type { Envelope } from "./common.js";
 import { emitted } from "./openai-chat.js";
 
@@ -35,30 +35,13 @@ import { emitted } from "./openai-chat.js";
 
 const TokenIds = z.array(z.number().int());
 const CompletionRequest = z.object({
-  model: z.string().nullish(),
+  ...OPENAI_REQUEST_FIELDS,
   prompt: z.union([z.string(), z.array(z.string()).min(1), TokenIds.min(1), z.array(TokenIds.min(1)).min(1)]),
-  stream: z.boolean().nullish(),
-  stream_options: z.object({ include_usage: z.boolean().nullish(), continuous_usage_stats: z.boolean().nullish() }).nullish(),
-  max_tokens: z.number().int().nullish(),
   echo: z.boolean().nullish(),
   logprobs: z.number().int().nullish(),
-  prompt_logprobs: z.number().int().nullish(),
-  stop: z.union([z.string(), z.array(z.string())]).nullish(),
-  stop_token_ids: z.array(z.number().int()).nullish(),
-  include_stop_str_in_output: z.boolean().nullish(),
-  skip_special_tokens: z.boolean().nullish(),
   ignore_eos: z.boolean().nullish(),
   add_special_tokens: z.boolean().nullish(),
-  return_token_ids: z.boolean().nullish(),
-  return_tokens_as_token_ids: z.boolean().nullish(),
   return_routed_experts: z.boolean().nullish(),
-  n: z.number().int().nullish(),
-  cache_salt: z.string().nullish(),
-  request_id: z.string().nullish(),
-  // SGLang extras.
-  rid: z.string().nullish(),
-  routed_dp_rank: z.number().int().nullish(),
-  data_parallel_rank: z.number().int().nullish(),
   no_stop_trim: z.boolean().nullish(),
 });
 type CompletionRequest = z.infer<typeof CompletionRequest>;

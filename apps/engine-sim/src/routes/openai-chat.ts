@@ -16,7 +16,7 @@ import { returnsRoutedExperts, sglangRoutedExperts, vllmRoutedExperts } from "./
 import type { SimState } from "../state.js";
 import { vllmHas } from "../versions.js";
 import { chatLogprobEntry, vllmPromptLogprobs } from "../wire-logprobs.js";
-import { cutConnection, disconnectSignal, endedEarly, errorBody, formatZodError, getRawBody, runToEnd, sendEnvError } from "./common.js";
+import { OPENAI_REQUEST_FIELDS, cutConnection, disconnectSignal, endedEarly, errorBody, formatZodError, getRawBody, runToEnd, sendEnvError } from "./common.js";
 import type { Envelope } from "./common.js";
 
 /**
@@ -37,34 +37,17 @@ import type { Envelope } from "./common.js";
  */
 
 const ChatRequest = z.object({
+  ...OPENAI_REQUEST_FIELDS,
   messages: z.array(z.record(z.string(), z.unknown())).min(1),
-  model: z.string().nullish(),
-  stream: z.boolean().nullish(),
-  stream_options: z.object({ include_usage: z.boolean().nullish(), continuous_usage_stats: z.boolean().nullish() }).nullish(),
-  max_tokens: z.number().int().nullish(),
   max_completion_tokens: z.number().int().nullish(),
-  stop: z.union([z.string(), z.array(z.string())]).nullish(),
-  stop_token_ids: z.array(z.number().int()).nullish(),
-  include_stop_str_in_output: z.boolean().nullish(),
-  skip_special_tokens: z.boolean().nullish(),
   logprobs: z.boolean().nullish(),
   top_logprobs: z.number().int().nullish(),
-  prompt_logprobs: z.number().int().nullish(),
-  return_token_ids: z.boolean().nullish(),
-  return_tokens_as_token_ids: z.boolean().nullish(),
   include_reasoning: z.boolean().nullish(),
   tools: z.array(z.record(z.string(), z.unknown())).nullish(),
   tool_choice: z.union([z.string(), z.record(z.string(), z.unknown())]).nullish(),
   chat_template_kwargs: z.record(z.string(), z.unknown()).nullish(),
   add_generation_prompt: z.boolean().nullish(),
   continue_final_message: z.boolean().nullish(),
-  n: z.number().int().nullish(),
-  cache_salt: z.string().nullish(),
-  request_id: z.string().nullish(),
-  // SGLang extras.
-  rid: z.string().nullish(),
-  routed_dp_rank: z.number().int().nullish(),
-  data_parallel_rank: z.number().int().nullish(),
   return_prompt_token_ids: z.boolean().nullish(),
   separate_reasoning: z.boolean().nullish(),
   // Token-in: vLLM's kv_transfer_params.prompt_token_ids (PR #48145) and prompt_token_ids (PR #55771);
