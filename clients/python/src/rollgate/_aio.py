@@ -13,7 +13,7 @@ import asyncio
 import ssl
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ._http import Call, Endpoint, RetryPolicy, T, headers_for, settle, split_status_line, transport_error
+from ._http import Call, T, TransportBase, headers_for, settle, split_status_line, transport_error
 from .errors import RollgateError
 
 HEADER_LIMIT = 1 << 20
@@ -67,13 +67,7 @@ class _Body:
             parts.append(data)
 
 
-class AsyncTransport:
-    def __init__(self, endpoint: Endpoint, api_key: Optional[str], timeout: float, retry: RetryPolicy, headers: Optional[Mapping[str, str]] = None) -> None:
-        self.endpoint = endpoint
-        self.api_key = api_key
-        self.timeout = timeout
-        self.retry = retry
-        self.headers = dict(headers or {})
+class AsyncTransport(TransportBase):
 
     async def _exchange(self, call: Call[Any], headers: Dict[str, str]) -> Tuple[asyncio.StreamWriter, int, Dict[str, str], _Body]:
         e = self.endpoint

@@ -142,6 +142,17 @@ class Failure:
     error: Optional[RollgateError] = None
 
 
+class TransportBase:
+    """What the sync and async transports hold: where the gateway is, the key, the timeout, the retry policy and extra headers."""
+
+    def __init__(self, endpoint: Endpoint, api_key: Optional[str], timeout: float, retry: "RetryPolicy", headers: Optional[Mapping[str, str]] = None) -> None:
+        self.endpoint = endpoint
+        self.api_key = api_key
+        self.timeout = timeout
+        self.retry = retry
+        self.headers = dict(headers or {})
+
+
 def settle(
     retry: "RetryPolicy",
     call: Call[T],

@@ -8,19 +8,13 @@ import ssl
 import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ._http import Call, Endpoint, RetryPolicy, T, headers_for, settle, transport_error
+from ._http import Call, T, TransportBase, headers_for, settle, transport_error
 from .errors import RollgateError
 
 TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
 
 
-class SyncTransport:
-    def __init__(self, endpoint: Endpoint, api_key: Optional[str], timeout: float, retry: RetryPolicy, headers: Optional[Mapping[str, str]] = None) -> None:
-        self.endpoint = endpoint
-        self.api_key = api_key
-        self.timeout = timeout
-        self.retry = retry
-        self.headers = dict(headers or {})
+class SyncTransport(TransportBase):
 
     def connection(self, timeout: Optional[float]) -> http.client.HTTPConnection:
         e = self.endpoint
