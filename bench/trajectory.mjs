@@ -2,26 +2,12 @@
 // 1M record tokens), its growth, and a naive all-pairs builder for comparison; prefix_tree (the same
 // conversations as one tree of shared prefixes) beside it.
 import { performance } from "node:perf_hooks";
+import { seededRandom } from "@rollgate/testkit";
 import { prefixMerging, prefixMergingTraces, prefixTree } from "@rollgate/trajectory";
 import { naivePrefixMerging } from "./lib/naive-trajectory.mjs";
 import { median, printTable, round } from "./lib/stats.mjs";
 
 /** @typedef {import("@rollgate/protocol").CompletionRecord} CompletionRecord */
-
-/**
- * A deterministic PRNG (mulberry32), so every run builds the same sessions.
- * @param {number} seed
- */
-function rng(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /**
  * A session of `calls` LLM calls with `totalTokens` record tokens (Σ prompt + output over records),
@@ -31,7 +17,7 @@ function rng(seed) {
  * @param {{ calls: number, totalTokens: number, contexts: number, seed?: number }} shape
  */
 export function syntheticSession({ calls, totalTokens, contexts, seed = 1 }) {
-  const rand = rng(seed);
+  const rand = seededRandom(seed); // the same sessions on every run
   const tok = () => Math.floor(rand() * 150_000);
   const toks = (/** @type {number} */ n) => Array.from({ length: n }, tok);
   const m = Math.ceil(calls / contexts);

@@ -21,7 +21,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { AGENT_CASES, caseProtocol, type AgentCase } from "../agents/cases.js";
 import { requireAgentClis, startAgentStack, type AgentStack } from "../agents/stack.js";
 import { apiClient } from "../support/http.js";
-import { poll } from "../support/poll.js";
+import { terminalTask } from "../support/poll.js";
 import { dropPrefix, uniquePrefix } from "../support/redis.js";
 import { startTrainer } from "../support/trainer.js";
 
@@ -59,11 +59,7 @@ afterAll(async () => {
   await dropPrefix(prefix);
 }, 60_000);
 
-async function terminal(id: string): Promise<TaskRecord> {
-  const r = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t?.result != null, 10 * 60_000, 500);
-  if (!r?.result) throw new Error(`task ${id} is still ${r?.status}`);
-  return r;
-}
+const terminal = (id: string) => terminalTask(api, id, 10 * 60_000, 500);
 
 async function records(sid: string): Promise<CompletionRecord[]> {
   return ((await api(`/v1/sessions/${sid}/completions`)).body as { completions: CompletionRecord[] }).completions;

@@ -14,7 +14,7 @@ import type { CompletionRecord, TaskRecord, Trajectory } from "@rollgate/protoco
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { requireAgentClis, startAgentStack, type AgentStack } from "../agents/stack.js";
 import { apiClient } from "../support/http.js";
-import { poll } from "../support/poll.js";
+import { terminalTask } from "../support/poll.js";
 import { dropPrefix, uniquePrefix } from "../support/redis.js";
 
 const prefix = uniquePrefix("agent-kinds");
@@ -31,11 +31,7 @@ afterAll(async () => {
   await dropPrefix(prefix);
 }, 60_000);
 
-async function terminal(id: string): Promise<TaskRecord> {
-  const r = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t?.result != null, 10 * 60_000, 500);
-  if (!r?.result) throw new Error(`task ${id} is still ${r?.status}`);
-  return r;
-}
+const terminal = (id: string) => terminalTask(api, id, 10 * 60_000, 500);
 
 const diag = (t: TaskRecord) => JSON.stringify({ status: t.result?.status, error: t.result?.error, agent: t.result?.agent }, null, 1);
 

@@ -12,12 +12,12 @@ import { createHmac } from "node:crypto";
 import path from "node:path";
 import type { StartedChild } from "@rollgate/testkit";
 import { RollgateClient } from "@rollgate/client";
-import type { CompletionRecord, GroupResult, TaskRecord, Trajectory } from "@rollgate/protocol";
+import type { CompletionRecord, GroupResult, Trajectory } from "@rollgate/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
 import { REPO_ROOT } from "../support/cluster.js";
 import { apiClient } from "../support/http.js";
-import { poll } from "../support/poll.js";
+import { terminalTask } from "../support/poll.js";
 import { dropPrefix, uniquePrefix } from "../support/redis.js";
 import { startTrainer } from "../support/trainer.js";
 
@@ -36,11 +36,7 @@ describe("branching a recorded rollout", () => {
   let worker: StartedChild;
   let prefix: string;
   let api: ReturnType<typeof apiClient>;
-  const terminal = async (id: string) => {
-    const r = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t?.result != null, 90_000, 150);
-    if (!r?.result) throw new Error(`task ${id} is still ${r?.status}`);
-    return r;
-  };
+  const terminal = (id: string) => terminalTask(api, id);
   const records = async (sid: string) => ((await api(`/v1/sessions/${sid}/completions`)).body as { completions: CompletionRecord[] }).completions;
 
   beforeAll(async () => {

@@ -8,7 +8,7 @@ import type { StartedChild } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, startFleet, stopChild } from "../support/apps.js";
 import { apiClient } from "../support/http.js";
-import { poll } from "../support/poll.js";
+import { poll, terminalTask } from "../support/poll.js";
 import { dropPrefix, uniquePrefix } from "../support/redis.js";
 import { startTrainer } from "../support/trainer.js";
 
@@ -48,11 +48,7 @@ const sleepyTask = (seconds: number, extra: Record<string, unknown> = {}) => ({
   ...extra,
 });
 
-async function terminal(api: ReturnType<typeof apiClient>, id: string, timeoutMs = 60_000): Promise<TaskRecord> {
-  const r = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.result !== null, timeoutMs, 150);
-  if (!r.result) throw new Error(`task ${id} is still ${r.status}`);
-  return r;
-}
+const terminal = (api: ReturnType<typeof apiClient>, id: string, timeoutMs = 60_000) => terminalTask(api, id, timeoutMs);
 
 async function running(api: ReturnType<typeof apiClient>, id: string): Promise<TaskRecord> {
   const r = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.status === "running", 20_000, 100);

@@ -12,7 +12,7 @@ import type { GroupResult, Readiness, TaskEvent, TaskRecord } from "@rollgate/pr
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
 import { apiClient } from "../support/http.js";
-import { poll } from "../support/poll.js";
+import { poll, terminalTask } from "../support/poll.js";
 import { dropPrefix, uniquePrefix } from "../support/redis.js";
 import { startTrainer } from "../support/trainer.js";
 
@@ -27,11 +27,7 @@ const helloTask = (extra: Record<string, unknown> = {}) => ({
 
 type Api = ReturnType<typeof apiClient> & { base: () => string };
 
-async function terminal(api: Api, id: string, timeoutMs = 90_000): Promise<TaskRecord> {
-  const r = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t?.result != null, timeoutMs, 150);
-  if (!r?.result) throw new Error(`task ${id} is still ${r?.status}`);
-  return r;
-}
+const terminal = (api: Api, id: string, timeoutMs = 90_000) => terminalTask(api, id, timeoutMs);
 
 /** The task's events so far: its event stream, read until it ends (the task ended) or goes quiet. */
 async function events(api: Api, id: string, quietMs = 600): Promise<TaskEvent[]> {

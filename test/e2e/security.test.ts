@@ -14,7 +14,7 @@ import type { TaskRecord } from "@rollgate/protocol";
 import type { StartedChild } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
-import { poll } from "../support/poll.js";
+import { poll, terminalTask } from "../support/poll.js";
 import { dropPrefix, uniquePrefix } from "../support/redis.js";
 import { startTrainer } from "../support/trainer.js";
 
@@ -84,11 +84,7 @@ async function submit(task: Record<string, unknown>): Promise<string> {
   return res.body.id as string;
 }
 
-async function terminal(id: string, timeoutMs = 60_000): Promise<TaskRecord> {
-  const r = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.result !== null, timeoutMs, 200);
-  if (!r.result) throw new Error(`task ${id} is still ${r.status}`);
-  return r;
-}
+const terminal = (id: string, timeoutMs = 60_000) => terminalTask(api, id, timeoutMs, 200);
 
 function survivors(marker: string): string[] {
   return spawnSync("pgrep", ["-f", marker]).stdout.toString().trim().split("\n").filter(Boolean);

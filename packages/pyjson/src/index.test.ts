@@ -5,20 +5,9 @@
  * this one codec; checking it against Python keeps it from agreeing with itself.
  */
 import { execFileSync } from "node:child_process";
+import { seededRandom } from "@rollgate/testkit";
 import { describe, expect, it } from "vitest";
 import { parsePyJson, pyDumps, pyDumpsCompact, pyDumpsIndent, pyStrValue } from "./index.js";
-
-/** A small deterministic PRNG (mulberry32), so a failure names a reproducible document. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const NUMBERS = ["0", "-0", "1", "-17", "123456789012345678901234567890", "1.0", "0.1", "-2.5", "1e-05", "1E5", "1.5e300", "1e16", "12345678901234567.0", "0.0001", "3.141592653589793", "-0.0", "2e-7", "1.7976931348623157e308"];
 const STRINGS = ["", "a", "héllo wörld", "tab\there", "quote \" and \\ back", "line\nbreak", "ctl \u0001\u001f", "emoji 😀", "日本語", "slash /", "it's", "</tool_call>", "\u2028sep"];
@@ -50,7 +39,7 @@ json.dump(out, sys.stdout)
 
 describe("pyjson against python3's json module", () => {
   it("prints 400 random documents exactly as json.dumps does (default, indent=2, compact separators)", () => {
-    const r = rng(20261126);
+    const r = seededRandom(20261126); // a failure names a reproducible document
     const docs = Array.from({ length: 400 }, () => gen(r, 0));
     const python = JSON.parse(execFileSync("python3", ["-c", PYTHON], { input: JSON.stringify(docs), encoding: "utf8" })) as [string, string, string, string | null][];
     docs.forEach((text, i) => {
