@@ -82,6 +82,25 @@ export class PauseGate {
     return (await this.admin.pauseState().catch(() => null)) !== null;
   }
 
+  private weightWaiters: { version: string; wake: () => void }[] = [];
+
+  /**
+   * Resolves once this replica has heard the weights message for `version` (or after `timeoutMs`):
+   * the admin route that moved the version answers only then, so a token that arrives after its
+   * answer is stamped with the new version, not the old one the message had not yet replaced.
+   */
+  heardWeights(version: string, timeoutMs = 2_000): Promise<void> {
+    if (this.weightVersion === version) return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => wake(), timeoutMs).unref();
+      const wake = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+      this.weightWaiters.push({ version, wake });
+    });
+  }
+
   /** The weight version to stamp on a call starting now (no Redis round trip on the hot path). */
   get weights(): string | null {
     return this.weightVersion;
@@ -120,6 +139,9 @@ export class PauseGate {
       for (const slot of this.inflight) slot.paused = true;
     } else if (msg.type === "weights") {
       this.weightVersion = msg.version;
+      const waiting = this.weightWaiters;
+      this.weightWaiters = waiting.filter((w) => w.version !== msg.version);
+      for (const w of waiting) if (w.version === msg.version) w.wake();
     } else if (msg.type === "resume") {
       if (this.state && this.state.id !== msg.id) return;
       this.state = null;

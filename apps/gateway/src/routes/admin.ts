@@ -214,7 +214,10 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
     /** The version stamped on every engine call from now on, on every replica. */
     const setVersion = async (version: string) => {
       await ctx.weights.set(version);
+      // This replica hears its own message before the answer goes out (see PauseGate.heardWeights).
+      const heard = ctx.pause.heardWeights(version);
       await ctx.admin.publish({ type: "weights", version });
+      await heard;
     };
 
     const setWeightsSchema = {
