@@ -1,4 +1,4 @@
-import type { TokenLogprob } from "@rollgate/protocol";
+import type { TokenLogprob, Usage } from "@rollgate/protocol";
 import type { Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
@@ -26,6 +26,23 @@ export function toTokenLogprob(l: ChatLogprob): TokenLogprob {
     logprob: l.logprob,
     bytes: l.bytes ?? null,
     top_logprobs: (l.top_logprobs ?? []).map((t) => ({ token: t.token, logprob: t.logprob, bytes: t.bytes ?? null })),
+  };
+}
+
+/** The `usage` object both servers send (`prompt_tokens_details.cached_tokens`: prefix-cache hits). */
+export const OpenAIUsage = z.object({
+  prompt_tokens: z.number().int(),
+  completion_tokens: z.number().int(),
+  prompt_tokens_details: z.object({ cached_tokens: z.number().int().nullable().optional() }).nullable().optional(),
+});
+export type OpenAIUsage = z.infer<typeof OpenAIUsage>;
+
+/** An answer's usage: the engine's counts when it sent them, else the lengths of the ids it returned. */
+export function usageOf(u: OpenAIUsage | null | undefined, promptTokens: number, completionTokens: number): Usage {
+  return {
+    prompt_tokens: u?.prompt_tokens ?? promptTokens,
+    completion_tokens: u?.completion_tokens ?? completionTokens,
+    cached_tokens: u?.prompt_tokens_details?.cached_tokens ?? 0,
   };
 }
 

@@ -4,7 +4,7 @@ import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStream
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "../errors.js";
-import { ChatLogprob, rejectUnlessOk, toTokenLogprob } from "../openai-wire.js";
+import { ChatLogprob, OpenAIUsage, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
 import { promptIdsFields, type EngineCall } from "../call.js";
 import { fromSglang } from "./routed-experts.js";
@@ -61,11 +61,6 @@ export function buildSglangChatBody(
 }
 
 
-const SglangUsage = z.object({
-  prompt_tokens: z.number().int(),
-  completion_tokens: z.number().int(),
-  prompt_tokens_details: z.object({ cached_tokens: z.number().int().nullable().optional() }).nullable().optional(),
-});
 
 /** PR #34488's response-level ids: the prompt, and one output list per choice. */
 const SglExt = z
@@ -93,7 +88,7 @@ const SglangStreamChunk = z.object({
       }),
     )
     .nullish(),
-  usage: SglangUsage.nullish(),
+  usage: OpenAIUsage.nullish(),
   sglext: SglExt,
 });
 
@@ -118,7 +113,7 @@ const SglangChatResponse = z.object({
       }),
     )
     .min(1),
-  usage: SglangUsage.nullable().optional(),
+  usage: OpenAIUsage.nullable().optional(),
   sglext: SglExt,
 });
 
@@ -188,11 +183,7 @@ export async function sglangChat(call: EngineCall): Promise<EngineResult> {
     },
     finish_reason: choice.finish_reason ?? "stop",
     stop_reason: choice.matched_stop ?? null,
-    usage: {
-      prompt_tokens: usage?.prompt_tokens ?? promptIds.length,
-      completion_tokens: usage?.completion_tokens ?? outputIds.length,
-      cached_tokens: usage?.prompt_tokens_details?.cached_tokens ?? 0,
-    },
+    usage: usageOf(usage, promptIds.length, outputIds.length),
     ...(routed ? { routed_experts: routed } : {}),
   };
 }
@@ -222,7 +213,7 @@ export async function* sglangChatStream(call: EngineCall): AsyncGenerator<Engine
   let started = false;
   let logprobCount = 0;
   let finish: Extract<EngineStreamEvent, { type: "finish" }> | null = null;
-  let usage: z.infer<typeof SglangUsage> | null = null;
+  let usage: z.infer<typeof OpenAIUsage> | null = null;
   let inputIds: number[] | null = null;
   let outputIds: number[] | null = null;
   for await (const json of sseJson(res.body)) {
@@ -271,14 +262,7 @@ export async function* sglangChatStream(call: EngineCall): AsyncGenerator<Engine
   if (!finish) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
   if (outputIds.length > 0) yield { type: "delta", token_ids: outputIds, logprobs: [], ...(call.stamp ? { versions } : {}) };
   yield { ...finish, prompt_ids: inputIds };
-  yield {
-    type: "usage",
-    usage: {
-      prompt_tokens: usage?.prompt_tokens ?? inputIds.length,
-      completion_tokens: usage?.completion_tokens ?? outputIds.length,
-      cached_tokens: usage?.prompt_tokens_details?.cached_tokens ?? 0,
-    },
-  };
+  yield { type: "usage", usage: usageOf(usage, inputIds.length, outputIds.length) };
 }
 
 const SglangTokenizeResponse = z.object({ count: z.number().int() });

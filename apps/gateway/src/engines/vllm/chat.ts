@@ -4,7 +4,7 @@ import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStream
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "../errors.js";
-import { ChatLogprob, rejectUnlessOk, toTokenLogprob } from "../openai-wire.js";
+import { ChatLogprob, OpenAIUsage, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
 import { promptIdsFields, type EngineCall } from "../call.js";
 import { wantsRoutedExperts, wholeAnswerStamp } from "../routed-experts.js";
@@ -49,11 +49,6 @@ const VllmToolCall = z.object({
   function: z.object({ name: z.string().nullable().optional(), arguments: z.string().nullable().optional() }),
 });
 
-const VllmUsage = z.object({
-  prompt_tokens: z.number().int(),
-  completion_tokens: z.number().int(),
-  prompt_tokens_details: z.object({ cached_tokens: z.number().int().nullable().optional() }).nullable().optional(),
-});
 
 const VllmChatResponse = z.object({
   prompt_token_ids: z.array(z.number().int()).nullable().optional(),
@@ -74,7 +69,7 @@ const VllmChatResponse = z.object({
       }),
     )
     .min(1),
-  usage: VllmUsage.nullable().optional(),
+  usage: OpenAIUsage.nullable().optional(),
   prompt_routed_experts: z.unknown().optional(),
 });
 
@@ -97,7 +92,7 @@ const VllmChunk = z.object({
       token_ids: z.array(z.number().int()).nullable().optional(),
     }),
   ),
-  usage: VllmUsage.nullable().optional(),
+  usage: OpenAIUsage.nullable().optional(),
 });
 
 type VllmChunk = z.infer<typeof VllmChunk>;
@@ -242,11 +237,7 @@ export async function vllmChat(call: EngineCall): Promise<EngineResult> {
     },
     finish_reason: choice.finish_reason ?? "stop",
     stop_reason: choice.stop_reason ?? null,
-    usage: {
-      prompt_tokens: body.usage?.prompt_tokens ?? body.prompt_token_ids.length,
-      completion_tokens: body.usage?.completion_tokens ?? choice.token_ids.length,
-      cached_tokens: body.usage?.prompt_tokens_details?.cached_tokens ?? 0,
-    },
+    usage: usageOf(body.usage, body.prompt_token_ids.length, choice.token_ids.length),
     ...(routed ? { routed_experts: routed } : {}),
     ...(stamp ? { output_versions: choice.token_ids.map(() => stamp()) } : {}),
   };
@@ -309,14 +300,7 @@ export async function* vllmChatStream(call: EngineCall): AsyncGenerator<EngineSt
       }
     }
     if (c.usage) {
-      yield {
-        type: "usage",
-        usage: {
-          prompt_tokens: c.usage.prompt_tokens,
-          completion_tokens: c.usage.completion_tokens,
-          cached_tokens: c.usage.prompt_tokens_details?.cached_tokens ?? 0,
-        },
-      };
+      yield { type: "usage", usage: usageOf(c.usage, 0, 0) };
     }
   }
   if (!started) throw new EngineError(MISSING_TOKENS, 502, "bad_response");

@@ -9,7 +9,7 @@ import type { TokenInCall } from "../token-in.js";
 import type { TokenizeCall } from "../tokenizer.js";
 import { sseJson } from "../sse.js";
 import { MISSING_TOKENS } from "./chat.js";
-import { rejectUnlessOk } from "../openai-wire.js";
+import { OpenAIUsage, rejectUnlessOk, usageOf } from "../openai-wire.js";
 import { wantsRoutedExperts, wholeAnswerStamp } from "../routed-experts.js";
 import { fromVllm } from "./routed-experts.js";
 
@@ -49,11 +49,6 @@ const LegacyLogprobs = z.object({
 });
 type LegacyLogprobs = z.infer<typeof LegacyLogprobs>;
 
-const Usage = z.object({
-  prompt_tokens: z.number().int(),
-  completion_tokens: z.number().int(),
-  prompt_tokens_details: z.object({ cached_tokens: z.number().int().nullable().optional() }).nullable().optional(),
-});
 
 const Choice = z.object({
   text: z.string(),
@@ -65,8 +60,8 @@ const Choice = z.object({
   routed_experts: z.unknown().optional(),
 });
 
-const CompletionResponse = z.object({ choices: z.array(Choice).min(1), usage: Usage.nullable().optional(), prompt_routed_experts: z.unknown().optional() });
-const CompletionChunk = z.object({ choices: z.array(Choice), usage: Usage.nullable().optional(), prompt_routed_experts: z.unknown().optional() });
+const CompletionResponse = z.object({ choices: z.array(Choice).min(1), usage: OpenAIUsage.nullable().optional(), prompt_routed_experts: z.unknown().optional() });
+const CompletionChunk = z.object({ choices: z.array(Choice), usage: OpenAIUsage.nullable().optional(), prompt_routed_experts: z.unknown().optional() });
 type CompletionChunk = z.infer<typeof CompletionChunk>;
 
 const utf8 = new TextEncoder();
@@ -132,11 +127,7 @@ async function generate(call: TokenInCall): Promise<EngineResult> {
     message,
     finish_reason: chatFinishReason(choice.finish_reason ?? "stop", message.tool_calls.length),
     stop_reason: choice.stop_reason ?? null,
-    usage: {
-      prompt_tokens: body.usage?.prompt_tokens ?? choice.prompt_token_ids.length,
-      completion_tokens: body.usage?.completion_tokens ?? choice.token_ids.length,
-      cached_tokens: body.usage?.prompt_tokens_details?.cached_tokens ?? 0,
-    },
+    usage: usageOf(body.usage, choice.prompt_token_ids.length, choice.token_ids.length),
     ...(routed ? { routed_experts: routed } : {}),
   };
 }
@@ -223,14 +214,7 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
       }
     }
     if (chunk.usage) {
-      yield {
-        type: "usage",
-        usage: {
-          prompt_tokens: chunk.usage.prompt_tokens,
-          completion_tokens: chunk.usage.completion_tokens,
-          cached_tokens: chunk.usage.prompt_tokens_details?.cached_tokens ?? 0,
-        },
-      };
+      yield { type: "usage", usage: usageOf(chunk.usage, 0, 0) };
     }
   }
   if (!started) throw new EngineError(MISSING_TOKENS, 502, "bad_response");
