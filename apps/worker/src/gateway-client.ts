@@ -1,4 +1,4 @@
-import { CreateSessionResponse, Readiness, Session, Trajectory, type CreateSessionRequest, type TrajectoryBuilderName } from "@rollgate/protocol";
+import { ClosedSession, CreateSessionResponse, Readiness, Session, Trajectory, type CreateSessionRequest, type TrajectoryBuilderName } from "@rollgate/protocol";
 import { request } from "undici";
 import { z } from "zod";
 
@@ -94,8 +94,9 @@ export class GatewayClient {
   openSession(req: Partial<CreateSessionRequest>) {
     return this.call("POST", "/v1/sessions", CreateSessionResponse, req);
   }
-  closeSession(id: string) {
-    return this.call("POST", `/v1/sessions/${encodeURIComponent(id)}/close`, Session);
+  /** Closes the session; with a builder, the answer also holds its trajectory (or why it has none). */
+  closeSession(id: string, trajectory?: TrajectoryBuilderName) {
+    return this.call("POST", `/v1/sessions/${encodeURIComponent(id)}/close${trajectory ? `?trajectory=${trajectory}` : ""}`, ClosedSession);
   }
   session(id: string) {
     return this.call("GET", `/v1/sessions/${encodeURIComponent(id)}`, Session);

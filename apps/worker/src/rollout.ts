@@ -54,6 +54,12 @@ interface Outcome {
   agent: TaskResult["agent"];
   runMs: number;
   evalMs: number;
+  /**
+   * A task without an evaluator has nothing to hold back before its session closes: its harness
+   * outcome is checked for lost calls and a diverged replay against the closed session instead of
+   * a read of its own (one request less); a completed one gets its `evaluating` event then.
+   */
+  checkAtClose?: true;
 }
 
 const NO_AGENT: TaskResult["agent"] = { exit_code: null, signal: null, log_tail: "" };
@@ -122,23 +128,27 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
   const runMs = Date.now() - started;
   const base = { agent: agentInfo(result), runMs, evalMs: 0, evaluation: null, reward: null };
   if (result.aborted) return { ...base, status: "cancelled", error: { kind: "cancelled", message: cancelReason(signal) } };
+  const evaluated = task.evaluator !== null && task.evaluator.kind !== "none";
+  const checked = stage === "harness" && !evaluated ? ({ checkAtClose: true } as const) : {};
   // After the harness, before anything is scored: an agent that lost a call to infrastructure did
   // not show what the policy does (a timeout it ran into while the engine was away included).
-  if (stage === "harness") {
+  if (stage === "harness" && evaluated) {
     const { lost, diverged } = await unscoredBeforeEvaluation(deps, r.sessionId, sandbox);
     if (lost) return { ...base, lost, status: "failed", error: { kind: "infrastructure", message: lostCallCause(lost) } };
     if (diverged) return { ...base, status: "failed", error: { kind: "replay_diverged", call: diverged.call, message: `call ${diverged.call}: ${diverged.message}` } };
   }
   if (result.timedOut) {
-    return { ...base, status: "timed_out", error: { kind: "timeout", message: `${stage} exceeded limits.timeout_s (${task.limits.timeout_s}s)` } };
+    return { ...base, ...checked, status: "timed_out", error: { kind: "timeout", message: `${stage} exceeded limits.timeout_s (${task.limits.timeout_s}s)` } };
   }
   if (result.spawnError) {
     const what = stage === "harness" ? r.argv[0] : "a prepare step";
-    return { ...base, status: "failed", error: { kind: `${stage}_missing`, message: `cannot start ${what}: ${result.spawnError}` } };
+    return { ...base, ...checked, status: "failed", error: { kind: `${stage}_missing`, message: `cannot start ${what}: ${result.spawnError}` } };
   }
   if (stage === "prepare") {
     return { ...base, status: "failed", error: { kind: "prepare_failed", message: `a prepare step exited with ${result.exitCode ?? result.signal}` } };
   }
+  // Nothing to score (evaluate() would answer a null reward): completed, checked once the session closed.
+  if (!evaluated) return { ...base, ...checked, status: "completed", error: null };
 
   // An agent that exits non-zero is still evaluated (docs/data-model.md#outcomes): its exit code is in agent.exit_code.
   await deps.tasks.appendEvent(task.id, "evaluating", { agent_exit_code: result.exitCode });
@@ -174,18 +184,18 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
 export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal?: AbortSignal): Promise<void> {
   // Every line about this rollout carries its task id (and the BullMQ job and attempt).
   deps = { ...deps, log: deps.log.child({ task_id: job.data.task_id, job_id: job.id, job_attempt: job.attemptsMade + 1 }) };
-  const record = await deps.tasks.get(job.data.task_id);
-  if (!record) {
+  const found = await deps.tasks.getForRun(job.data.task_id);
+  if (!found) {
     deps.log.warn("rollout job for an unknown task: dropped");
     return;
   }
+  const { record, cancelRequested: cancel } = found;
   // Ended already (a cancel before start, or a worker that died after storing the result): only
   // what follows the result may be missing.
   if (isTerminalStatus(record.status)) {
     await queueFollowUps(deps, record.task as AcceptedTask, record.callback);
     return;
   }
-  const cancel = await deps.tasks.cancelRequested(record.id);
   if (cancel) {
     await finishTask(deps, record, record.attempts, record.session_id, { ...failedOutcome("cancelled", cancel), status: "cancelled" }, null);
     return;
@@ -283,7 +293,15 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
   }
   let logs = "";
   let lastFlush = 0;
-  const flushLogs = () => deps.failures.run(deps.log, "storing the agent's output", () => deps.tasks.setLogs(task.id, logs));
+  // Only output not stored yet is written (an agent that printed nothing costs no write; the logs
+  // route answers "" either way).
+  let stored = "";
+  const flushLogs = async () => {
+    if (logs === stored) return;
+    const text = logs;
+    await deps.failures.run(deps.log, "storing the agent's output", () => deps.tasks.setLogs(task.id, text));
+    stored = text;
+  };
   const onOutput = (chunk: Buffer) => {
     logs = (logs + chunk.toString("utf8")).slice(-256 * 1024);
     if (Date.now() - lastFlush > LOG_FLUSH_MS) {
@@ -315,22 +333,25 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
     if (task.runtime.keep) deps.log.info({ sandbox: sandbox.describe() }, "runtime.keep: sandbox kept");
     await sandbox.destroy();
   }
-  const state = await deps.gateway.closeSession(session.id);
+  // The trajectory comes with the close (one request): unused when the attempt turns out lost.
+  const state = await deps.gateway.closeSession(session.id, task.trajectory.builder);
   // A call lost before or during evaluation: this attempt shows nothing about the policy.
   const lost = outcome.status === "cancelled" ? null : (outcome.lost ?? lostCallsOf(state.lost_calls, sandbox.lostCalls()));
   if (lost) {
     await endLostAttempt(deps, record, attempt, session.id, { ...outcome, lost }, state.counts);
     return;
   }
-  const trajectory = await deps.gateway.trajectory(session.id, task.trajectory.builder).catch((err: unknown) => {
-    // An invalid trajectory must not pass as a good one: the task fails and says why.
-    if (err instanceof GatewayRefused && err.code === "trajectory_invalid") return err;
-    throw err;
-  });
-  if (trajectory instanceof Error) {
-    outcome = { ...outcome, status: "failed", reward: null, error: { kind: "trajectory_invalid", message: trajectory.message } };
+  if (outcome.checkAtClose && outcome.status !== "cancelled") {
+    const diverged = state.replay_diverged;
+    if (diverged) outcome = { ...outcome, status: "failed", error: { kind: "replay_diverged", call: diverged.call, message: `call ${diverged.call}: ${diverged.message}` } };
+    else if (outcome.status === "completed") await deps.tasks.appendEvent(task.id, "evaluating", { agent_exit_code: outcome.agent.exit_code });
   }
-  await finishTask(deps, record, attempt.number, session.id, outcome, trajectory instanceof Error ? null : trajectory, state.counts);
+  const invalid = state.trajectory_error;
+  // An invalid trajectory must not pass as a good one: the task fails and says why.
+  if (invalid) outcome = { ...outcome, status: "failed", reward: null, error: { kind: "trajectory_invalid", message: `${invalid.type}: ${invalid.message}` } };
+  // A gateway that does not know `?trajectory=` answered the session alone: asked the old way.
+  const trajectory = invalid ? null : (state.trajectory ?? (await deps.gateway.trajectory(session.id, task.trajectory.builder)));
+  await finishTask(deps, record, attempt.number, session.id, outcome, trajectory, state.counts);
 }
 
 /**

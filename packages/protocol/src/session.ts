@@ -1,6 +1,8 @@
 import { z } from "zod";
 import { SamplingParams } from "./chat.js";
+import { ErrorBody } from "./errors.js";
 import { Id } from "./ids.js";
+import { Trajectory } from "./trace.js";
 
 export const SessionLimits = z
   .object({
@@ -93,3 +95,14 @@ export const Session = z.object({
   replay_diverged: ReplayDiverged.nullable().default(null),
 });
 export type Session = z.infer<typeof Session>;
+
+/**
+ * What `POST /v1/sessions/:id/close` answers: the closed session and, when `?trajectory=<builder>`
+ * was asked, its trajectory built in the same request (a worker's last two requests of a rollout
+ * in one), or `trajectory_error` saying why it could not be built (`trajectory_invalid`).
+ */
+export const ClosedSession = Session.extend({
+  trajectory: Trajectory.optional(),
+  trajectory_error: ErrorBody.shape.error.optional(),
+});
+export type ClosedSession = z.infer<typeof ClosedSession>;

@@ -34,6 +34,25 @@ return redis.call('HGET', KEYS[1], 'rank_member') or ''
 `,
 };
 
+// Closes the session if it is open and answers it as it now is, in one step: [1 when this call
+// closed it, the rank it held ('' if none), its fields as HGETALL lists them]; nil when there is
+// no such session. KEYS: session. ARGV: closed_at.
+const CLOSE_AND_GET_SCRIPT: LuaScript = {
+  name: "rollgateSessionCloseAndGet",
+  numberOfKeys: 1,
+  lua: `
+if not redis.call('HGET', KEYS[1], 'static') then return false end
+local closed = 0
+local member = ''
+if redis.call('HGET', KEYS[1], 'state') == 'open' then
+  redis.call('HSET', KEYS[1], 'state', 'closed', 'closed_at', ARGV[1])
+  closed = 1
+  member = redis.call('HGET', KEYS[1], 'rank_member') or ''
+end
+return {closed, member, redis.call('HGETALL', KEYS[1])}
+`,
+};
+
 // Stores a completion record and its head and adds its usage to the session's counters, in one
 // step. A record stored as a delta of a base (records.ts) is written only if the base is still the
 // record it was encoded against (a session deleted and made again under its id has other records):
@@ -111,7 +130,7 @@ return 1
 };
 
 const sessionScripts = (redis: RedisClient) =>
-  scriptCommands(redis, { close: CLOSE_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT });
+  scriptCommands(redis, { close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT });
 
 /**
  * The session key family: `session` (a hash: static JSON, state, token hash, assignment, counters),
@@ -170,7 +189,10 @@ export class SessionStore {
   }
 
   async getForCall(id: string): Promise<SessionForCall | null> {
-    const h = await this.redis.hgetall(this.k.session(id));
+    return this.fromHash(id, await this.redis.hgetall(this.k.session(id)));
+  }
+
+  private fromHash(id: string, h: Record<string, string>): SessionForCall | null {
     if (!h.static || !h.token_hash) return null;
     const stat = JSON.parse(h.static) as Record<string, unknown>;
     const session = parseStored(
@@ -215,6 +237,24 @@ export class SessionStore {
     this.bases.drop(id);
     if (member !== "") await this.scripts.release(this.k.rankLoad(), member);
     return true;
+  }
+
+  /**
+   * Closes the session (if still open) and answers it as it is now, closed: one round trip for
+   * what a close and a read took. Null when there is no such session.
+   */
+  async closeAndGet(id: string, now: Date): Promise<SessionForCall | null> {
+    const res = (await this.scripts.closeAndGet(this.k.session(id), now.toISOString())) as [number, string, string[]] | null;
+    if (!res) return null;
+    const [closedNow, member, flat] = res;
+    if (closedNow === 1) {
+      this.bases.drop(id);
+      // A second step: the routing keys live in another cluster slot.
+      if (member !== "") await this.scripts.release(this.k.rankLoad(), member);
+    }
+    const h: Record<string, string> = {};
+    for (let i = 0; i + 1 < flat.length; i += 2) h[flat[i]!] = flat[i + 1]!;
+    return this.fromHash(id, h);
   }
 
   /** Notes where a branch's agent left the replayed path (the first note stays). */

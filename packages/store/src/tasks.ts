@@ -44,6 +44,19 @@ return 1
 `,
 };
 
+// Creates the task unless one with its id exists: its fields and its `queued` event in one step.
+// KEYS: task, events. ARGV: task json, created_at, callback json, group id, event json, maxlen.
+const CREATE_SCRIPT: LuaScript = {
+  name: "rollgateTaskCreate",
+  numberOfKeys: 2,
+  lua: `
+if redis.call('HSETNX', KEYS[1], 'task', ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'queued', 'created_at', ARGV[2], 'attempts', '0', 'callback', ARGV[3], 'group_id', ARGV[4])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5])
+return 1
+`,
+};
+
 // KEYS: group hash, group's finished-task set. ARGV: task id, group id.
 const GROUP_FINISHED_SCRIPT: LuaScript = {
   name: "rollgateGroupTaskFinished",
@@ -62,15 +75,18 @@ return 0
 `,
 };
 
-// KEYS: task. ARGV: started_at, worker, attempt, session id. Never revives a task that ended.
+// Marks the task running and appends its `started` event in one step (one round trip instead of
+// two). Never revives a task that ended. KEYS: task, events. ARGV: started_at, worker, attempt,
+// session id, event json, maxlen.
 const MARK_RUNNING_SCRIPT: LuaScript = {
   name: "rollgateTaskMarkRunning",
-  numberOfKeys: 1,
+  numberOfKeys: 2,
   lua: `
 ${TERMINAL_LUA}
 local s = redis.call('HGET', KEYS[1], 'status')
 if not s or terminal[s] then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1], 'worker', ARGV[2], 'attempts', ARGV[3], 'session_id', ARGV[4])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5])
 return 1
 `,
 };
@@ -87,7 +103,12 @@ return 1
 };
 
 const taskScripts = (redis: RedisClient) =>
-  scriptCommands(redis, { finish: FINISH_SCRIPT, groupFinished: GROUP_FINISHED_SCRIPT, markRunning: MARK_RUNNING_SCRIPT, requeue: REQUEUE_SCRIPT });
+  scriptCommands(redis, { create: CREATE_SCRIPT, finish: FINISH_SCRIPT, groupFinished: GROUP_FINISHED_SCRIPT, markRunning: MARK_RUNNING_SCRIPT, requeue: REQUEUE_SCRIPT });
+
+/** A task event as its stream entry stores it. */
+function eventJson(type: TaskEventType, data: Record<string, unknown>, at: string): string {
+  return JSON.stringify({ type, at, data });
+}
 
 function readCallback(raw: string | null): CallbackState | null {
   if (!raw) return null;
@@ -133,25 +154,27 @@ export class TaskStore {
       last_error: null,
       delivered_at: null,
     };
-    const created = await this.redis.hsetnx(key, "task", JSON.stringify(task));
-    if (created === 0) return false;
+    const at = now.toISOString();
+    const created = await this.scripts.create(key, this.k.taskEvents(task.id), JSON.stringify(task), at, JSON.stringify(callback), task.group_id ?? "", eventJson("queued", {}, at), String(MAX_EVENTS));
+    if (created !== 1) return false;
     // Separate commands: the task, the index and the group live in different cluster slots.
-    await this.redis.hset(key, {
-      status: "queued",
-      created_at: now.toISOString(),
-      attempts: "0",
-      callback: JSON.stringify(callback),
-      group_id: task.group_id ?? "",
-    });
     await this.redis.zadd(this.k.taskIndex(), now.getTime(), task.id);
     if (task.group_id) await this.redis.zadd(this.k.groupTasks(task.group_id), now.getTime(), task.id);
-    await this.appendEvent(task.id, "queued", {}, now);
     return true;
   }
 
   async get(id: string): Promise<TaskRecord | null> {
     const h = await this.redis.hgetall(this.k.task(id));
     return h.task ? this.fromHash(id, h) : null;
+  }
+
+  /**
+   * The task and its cancel request (the reason, or null), in one read: what a worker needs to
+   * know before it starts a rollout.
+   */
+  async getForRun(id: string): Promise<{ record: TaskRecord; cancelRequested: string | null } | null> {
+    const h = await this.redis.hgetall(this.k.task(id));
+    return h.task ? { record: this.fromHash(id, h), cancelRequested: h.cancel_requested ?? null } : null;
   }
 
   private fromHash(id: string, h: Record<string, string>): TaskRecord {
@@ -184,16 +207,18 @@ export class TaskStore {
    * worker picking it up): then nothing changes and it returns false.
    */
   async markRunning(id: string, fields: { worker: string; attempt: number; sessionId: string; now: Date }): Promise<boolean> {
+    const at = fields.now.toISOString();
     const res = await this.scripts.markRunning(
       this.k.task(id),
-      fields.now.toISOString(),
+      this.k.taskEvents(id),
+      at,
       fields.worker,
       String(fields.attempt),
       fields.sessionId,
+      eventJson("started", { worker: fields.worker, attempt: fields.attempt, session_id: fields.sessionId }, at),
+      String(MAX_EVENTS),
     );
-    if (res !== 1) return false;
-    await this.appendEvent(id, "started", { worker: fields.worker, attempt: fields.attempt, session_id: fields.sessionId }, fields.now);
-    return true;
+    return res === 1;
   }
 
   /**
@@ -262,7 +287,7 @@ export class TaskStore {
   }
 
   async appendEvent(id: string, type: TaskEventType, data: Record<string, unknown>, now = new Date()): Promise<void> {
-    await this.redis.xadd(this.k.taskEvents(id), "MAXLEN", "~", MAX_EVENTS, "*", "e", JSON.stringify({ type, at: now.toISOString(), data }));
+    await this.redis.xadd(this.k.taskEvents(id), "MAXLEN", "~", MAX_EVENTS, "*", "e", eventJson(type, data, now.toISOString()));
   }
 
   /** Events after `afterId` (exclusive; all when null), oldest first. */

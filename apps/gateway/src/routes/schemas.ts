@@ -1,5 +1,6 @@
 import {
   BatchRequest,
+  ClosedSession,
   CompletionRecord,
   CreateSessionRequest,
   CreateSessionResponse,
@@ -46,6 +47,7 @@ for (const [id, schema] of Object.entries({
   TaskResult,
   TaskEvent,
   Session,
+  ClosedSession,
   CreateSessionRequest,
   CreateSessionResponse,
   CompletionRecord,

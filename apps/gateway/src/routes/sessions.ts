@@ -1,9 +1,11 @@
 import { randomBytes, randomUUID } from "node:crypto";
 import {
+  ClosedSession,
   CompletionRecord,
   CreateSessionRequest,
   CreateSessionResponse,
   DecodedTrajectory,
+  type ErrorBody,
   Session,
   Trajectory,
   TrajectoryBuilderName,
@@ -26,6 +28,9 @@ const TrajectoryQuery = z.object({
   format: z.enum(TRAINER_FORMATS).default("rollgate").describe("`rollgate`: the trajectory itself; a trainer's name: `{builder, format, samples}`, one sample per trace"),
 });
 const DecodedQuery = z.object({ builder: TrajectoryBuilderName.default("prefix_merging") });
+const CloseQuery = z.object({
+  trajectory: TrajectoryBuilderName.optional().describe("also answer the trajectory built by this builder (`trajectory`), or why it could not be built (`trajectory_error`)"),
+});
 const CompletionList = named("CompletionList", z.object({ session_id: z.string(), completions: z.array(CompletionRecord) }));
 const TrainerSamples = z.object({ builder: TrajectoryBuilderName, format: z.string(), samples: z.array(z.unknown()) }).describe("one sample per trace, in a trainer's format");
 const tags = ["sessions"];
@@ -59,7 +64,8 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
     app.post("/v1/sessions", { schema: openSchema }, async (req, reply) => {
       const body = req.body;
       const id = body.id ?? `s-${randomUUID()}`;
-      if (await ctx.sessions.get(id)) return reply.code(409).send(errorBody("conflict", `session ${id} exists`));
+      // An id this gateway made up is new (create's HSETNX still guards it): only a caller's own is looked up.
+      if (body.id && (await ctx.sessions.get(id))) return reply.code(409).send(errorBody("conflict", `session ${id} exists`));
       if (body.replay && !(await ctx.sessions.get(body.replay.session_id))) {
         return reply.code(404).send(errorBody("not_found", `no session ${body.replay.session_id} to replay`));
       }
@@ -79,6 +85,19 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const response: CreateSessionResponse = { id, token, ...sessionUrls(ctx.publicUrl(), id) };
       return reply.code(201).send(response);
     });
+
+    // The trajectory built now from the session's records, or the invariant it breaks.
+    const sessionTrajectory = async (id: string, session: Session, builder: TrajectoryBuilderName): Promise<{ trajectory: Trajectory } | { error: ErrorBody["error"] }> => {
+      const [records, failures] = await Promise.all([ctx.sessions.records(id), ctx.sessions.failures(id)]);
+      try {
+        const trajectory = buildTrajectory(records, builder, trajectoryOptions(ctx.registry, session, records));
+        trajectory.stats.failed_calls = failures;
+        return { trajectory };
+      } catch (err) {
+        if (err instanceof TrajectoryInvariantError) return errorBody("trajectory_invalid", err.message, { record_id: err.record_id });
+        throw err;
+      }
+    };
 
     // The session with the lost-call marks this replica still holds for it (Redis was away when
     // they were made), so a reader never sees a rollout as clean while a mark is on its way.
@@ -106,17 +125,24 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       tags,
       security,
       summary: "Close a session",
-      description: "No further LLM calls are accepted.",
+      description:
+        "No further LLM calls are accepted. With `?trajectory=<builder>` the answer also holds the session's trajectory (what `GET /v1/sessions/:id/trajectory?builder=` answers), or `trajectory_error` when an invariant breaks: a rollout's last two requests in one.",
       params: IdParams,
-      response: { 200: Session, ...errorResponses(400, 401, 404) },
+      querystring: CloseQuery,
+      response: { 200: ClosedSession, ...errorResponses(400, 401, 404) },
     };
     app.post("/v1/sessions/:id/close", { schema: closeSchema }, async (req, reply) => {
       const { id } = req.params;
-      if (!(await ctx.sessions.get(id))) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
       // Held lost-call marks are written before the session closes: a closed session's marks are final.
       await ctx.lostCalls.flush(id);
-      await ctx.sessions.close(id, new Date());
-      return (await current(id)) ?? reply.code(404).send(errorBody("not_found", `no session ${id}`));
+      // Closes it (if open) and reads it back in one step.
+      const closed = await ctx.sessions.closeAndGet(id, new Date());
+      if (!closed) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
+      const session = ctx.lostCalls.withHeld(closed.session, closed.tokenHash);
+      const builder = req.query.trajectory;
+      if (!builder) return session;
+      const built = await sessionTrajectory(id, closed.session, builder);
+      return "error" in built ? { ...session, trajectory_error: built.error } : { ...session, trajectory: built.trajectory };
     });
 
     const dropSchema = {
@@ -160,18 +186,10 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const { id } = req.params;
       const session = await ctx.sessions.get(id);
       if (!session) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
-      const [records, failures] = await Promise.all([ctx.sessions.records(id), ctx.sessions.failures(id)]);
-      try {
-        const trajectory = buildTrajectory(records, req.query.builder, trajectoryOptions(ctx.registry, session, records));
-        trajectory.stats.failed_calls = failures;
-        const { format, builder } = req.query;
-        return format === "rollgate" ? trajectory : { builder, format, samples: toTrainerFormat(trajectory, format) };
-      } catch (err) {
-        if (err instanceof TrajectoryInvariantError) {
-          return reply.code(422).send(errorBody("trajectory_invalid", err.message, { record_id: err.record_id }));
-        }
-        throw err;
-      }
+      const { format, builder } = req.query;
+      const built = await sessionTrajectory(id, session, builder);
+      if ("error" in built) return reply.code(422).send({ error: built.error });
+      return format === "rollgate" ? built.trajectory : { builder, format, samples: toTrainerFormat(built.trajectory, format) };
     });
 
     const decodedSchema = {
