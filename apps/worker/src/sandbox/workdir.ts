@@ -1,5 +1,5 @@
 import { constants } from "node:fs";
-import { lstat, mkdir, mkdtemp, open, readFile, realpath, rm } from "node:fs/promises";
+import { lstat, mkdir, mkdtemp, open, readFile, realpath, rm, rmdir } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 
@@ -37,6 +37,7 @@ async function lstatOrNull(p: string) {
  * parent's real path must be inside `dir`'s, and the file is opened with O_NOFOLLOW.
  */
 export async function writeFilesInside(dir: string, files: Record<string, string>): Promise<void> {
+  if (Object.keys(files).length === 0) return;
   const root = await realpath(dir);
   for (const [rel, content] of Object.entries(files)) {
     const parts = components(rel);
@@ -90,8 +91,13 @@ export async function makeSandboxDirs(
   onCleanupError: (path: string, err: unknown) => void,
 ): Promise<SandboxDirs> {
   const parent = root ?? os.tmpdir();
-  await mkdir(parent, { recursive: true });
-  const base = await mkdtemp(path.join(parent, `rollgate-${taskId.slice(0, 40)}-`));
+  const prefix = path.join(parent, `rollgate-${taskId.slice(0, 40)}-`);
+  // The parent is made only when it is missing (the first rollout, or a cleaner removed it).
+  const base = await mkdtemp(prefix).catch(async (err: unknown) => {
+    if ((err as NodeJS.ErrnoException).code !== "ENOENT") throw err;
+    await mkdir(parent, { recursive: true });
+    return mkdtemp(prefix);
+  });
   const dirs = { base, work: path.join(base, "work"), home: path.join(base, "home"), tmp: path.join(base, "tmp") };
   await Promise.all([mkdir(dirs.work), mkdir(dirs.home), mkdir(dirs.tmp)]);
   try {
@@ -104,5 +110,13 @@ export async function makeSandboxDirs(
 }
 
 export async function removeSandboxDirs(dirs: SandboxDirs): Promise<void> {
-  await rm(dirs.base, { recursive: true, force: true });
+  // Most agents leave their folders empty: four rmdir calls instead of a recursive removal's
+  // lstat, readdir and rmdir of each. Anything left inside (or a folder swapped for a link, which
+  // rmdir refuses) goes the recursive way, which never follows links.
+  try {
+    await Promise.all([rmdir(dirs.work), rmdir(dirs.home), rmdir(dirs.tmp)]);
+    await rmdir(dirs.base);
+  } catch {
+    await rm(dirs.base, { recursive: true, force: true });
+  }
 }
