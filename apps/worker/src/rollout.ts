@@ -341,18 +341,23 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
     await endLostAttempt(deps, record, attempt, session.id, { ...outcome, lost }, state.counts);
     return;
   }
+  /** A completed rollout without an evaluator: its `evaluating` event, written with its result. */
+  let evaluating: TaskEventBefore | null = null;
   if (outcome.checkAtClose && outcome.status !== "cancelled") {
     const diverged = state.replay_diverged;
     if (diverged) outcome = { ...outcome, status: "failed", error: { kind: "replay_diverged", call: diverged.call, message: `call ${diverged.call}: ${diverged.message}` } };
-    else if (outcome.status === "completed") await deps.tasks.appendEvent(task.id, "evaluating", { agent_exit_code: outcome.agent.exit_code });
+    else if (outcome.status === "completed") evaluating = { type: "evaluating", data: { agent_exit_code: outcome.agent.exit_code } };
   }
   const invalid = state.trajectory_error;
   // An invalid trajectory must not pass as a good one: the task fails and says why.
   if (invalid) outcome = { ...outcome, status: "failed", reward: null, error: { kind: "trajectory_invalid", message: `${invalid.type}: ${invalid.message}` } };
   // A gateway that does not know `?trajectory=` answered the session alone: asked the old way.
   const trajectory = invalid ? null : (state.trajectory ?? (await deps.gateway.trajectory(session.id, task.trajectory.builder)));
-  await finishTask(deps, record, attempt.number, session.id, outcome, trajectory, state.counts);
+  await finishTask(deps, record, attempt.number, session.id, outcome, trajectory, state.counts, evaluating);
 }
+
+/** An event stored in the same step as the task's result, just before its terminal event. */
+type TaskEventBefore = NonNullable<Parameters<TaskStore["finish"]>[5]>;
 
 /**
  * An attempt that lost an LLM call is never scored. Within the retry budget the task goes back to
@@ -381,6 +386,7 @@ async function finishTask(
   o: Outcome,
   trajectory: Trajectory | null,
   usage: TaskResult["usage"] = { llm_calls: 0, prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0 },
+  before: TaskEventBefore | null = null,
 ) {
   const task = record.task as AcceptedTask;
   const now = new Date();
@@ -405,7 +411,7 @@ async function finishTask(
   const callback: CallbackState | null = task.callback
     ? { state: "pending", delivery_id: randomUUID(), attempts: 0, last_error: null, delivered_at: null }
     : null;
-  const stored = await deps.tasks.finish(task.id, result, now, deps.resultTtlSeconds, callback);
+  const stored = await deps.tasks.finish(task.id, result, now, deps.resultTtlSeconds, callback, before);
   if (!stored) {
     // Someone else ended it first (a cancel of a queued task): one result only, but what follows
     // it may still be this worker's to queue (the canceller re-queued a job this one already held).

@@ -22,6 +22,18 @@ export function tokenMatches(token: string, storedHash: string): boolean {
   return secretsEqual(Buffer.from(hashToken(token), "hex"), Buffer.from(storedHash, "hex"));
 }
 
+// Creates a session unless its id is taken, in one step. KEYS: session. ARGV: token hash, then
+// the other fields as name, value pairs.
+const CREATE_SCRIPT: LuaScript = {
+  name: "rollgateSessionCreate",
+  numberOfKeys: 1,
+  lua: `
+if redis.call('HSETNX', KEYS[1], 'token_hash', ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+return 1
+`,
+};
+
 // Closes an open session in one step and returns the rank it held, so a double close never frees
 // the slot twice. KEYS: session. ARGV: closed_at.
 const CLOSE_SCRIPT: LuaScript = {
@@ -130,7 +142,7 @@ return 1
 };
 
 const sessionScripts = (redis: RedisClient) =>
-  scriptCommands(redis, { close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT });
+  scriptCommands(redis, { create: CREATE_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT });
 
 /**
  * The session key family: `session` (a hash: static JSON, state, token hash, assignment, counters),
@@ -161,10 +173,7 @@ export class SessionStore {
     rankMember: string,
     now: Date,
   ): Promise<boolean> {
-    const key = this.k.session(id);
-    const created = await this.redis.hsetnx(key, "token_hash", tokenHash);
-    if (created === 0) return false;
-    await this.redis.hset(key, {
+    const fields = {
       static: JSON.stringify({
         id,
         created_at: now.toISOString(),
@@ -184,8 +193,9 @@ export class SessionStore {
       completion_tokens: "0",
       cached_tokens: "0",
       next_seq: "0",
-    });
-    return true;
+    };
+    const created = await this.scripts.create(this.k.session(id), tokenHash, ...Object.entries(fields).flat());
+    return created === 1;
   }
 
   async getForCall(id: string): Promise<SessionForCall | null> {

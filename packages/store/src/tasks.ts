@@ -26,12 +26,16 @@ const TERMINAL_LUA = `local terminal = {${TerminalStatus.options.map((s) => `['$
 // one step: a cancel racing a finishing worker produces exactly one result. A pending callback
 // state is written in the same step, so a worker that dies right after cannot leave a result
 // whose callback nobody will send (the next run of the job queues it).
-// KEYS: task, events. ARGV: status, finished_at, result json, ttl, event json, maxlen, callback json or "".
+// An event that precedes the terminal one (or "") is appended first, whether or not the result is
+// stored, as a command of its own would have been.
+// KEYS: task, events. ARGV: status, finished_at, result json, ttl, event json, maxlen, callback json
+// or "", preceding event json or "".
 const FINISH_SCRIPT: LuaScript = {
   name: "rollgateTaskFinish",
   numberOfKeys: 2,
   lua: `
 ${TERMINAL_LUA}
+if ARGV[8] ~= '' then redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[8]) end
 local s = redis.call('HGET', KEYS[1], 'status')
 if terminal[s] then return 0 end
 if not redis.call('HGET', KEYS[1], 'task') then return -1 end
@@ -234,11 +238,17 @@ export class TaskStore {
   }
 
   /**
-   * Stores the terminal result unless the task already ended (returns false then). The raw JSON
-   * is kept so a callback signs exactly these bytes.
+   * Stores the one terminal result (false: the task already had one); `callback`: its delivery
+   * state, set in the same step; `before`: an event appended just before, in the same step.
    */
-  /** Stores the one terminal result (false: the task already had one); `callback`: its delivery state, set in the same step. */
-  async finish(id: string, result: TaskResult, now: Date, ttlSeconds: number, callback: CallbackState | null = null): Promise<boolean> {
+  async finish(
+    id: string,
+    result: TaskResult,
+    now: Date,
+    ttlSeconds: number,
+    callback: CallbackState | null = null,
+    before: { type: TaskEventType; data: Record<string, unknown> } | null = null,
+  ): Promise<boolean> {
     const event = JSON.stringify({ type: "terminal", at: now.toISOString(), data: { status: result.status, reward: result.reward, error: result.error } });
     const res = await this.scripts.finish(
       this.k.task(id),
@@ -250,6 +260,7 @@ export class TaskStore {
       event,
       String(MAX_EVENTS),
       callback ? JSON.stringify(callback) : "",
+      before ? eventJson(before.type, before.data, now.toISOString()) : "",
     );
     return res === 1;
   }
