@@ -39,6 +39,9 @@ function cancelledBeforeStart(task: AcceptedTask, createdAt: string, reason: str
   };
 }
 
+/** How many tasks of a batch are stored and queued together. */
+const SUBMIT_CHUNK = 100;
+
 /** The trainer-facing task API (docs/http-api.md#tasks). */
 export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
   /** Stores and enqueues one validated task; idempotent on its id. */
@@ -49,6 +52,22 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
     // and a crash between storing and enqueueing cannot strand a task.
     if (status === "queued") await ctx.rollouts.add("rollout", { task_id: task.id }, { jobId: task.id });
     return { id: task.id, status };
+  }
+
+  /**
+   * `submit` for many tasks, SUBMIT_CHUNK at a time: their stores run concurrently (the store's
+   * connection sends them in a few writes) and their jobs are queued in one bulk add, in order.
+   */
+  async function submitAll(tasks: AcceptedTask[]): Promise<{ id: string; status: TaskStatus | null }[]> {
+    const out: { id: string; status: TaskStatus | null }[] = [];
+    for (let i = 0; i < tasks.length; i += SUBMIT_CHUNK) {
+      const chunk = tasks.slice(i, i + SUBMIT_CHUNK);
+      const statuses = await Promise.all(chunk.map(async (task) => ((await ctx.tasks.create(task, new Date())) ? ("queued" as const) : ctx.tasks.status(task.id))));
+      const queued = chunk.filter((_, k) => statuses[k] === "queued");
+      if (queued.length > 0) await ctx.rollouts.addBulk(queued.map((task) => ({ name: "rollout", data: { task_id: task.id }, opts: { jobId: task.id } })));
+      chunk.forEach((task, k) => out.push({ id: task.id, status: statuses[k]! }));
+    }
+    return out;
   }
 
   return async (plain) => {
@@ -86,9 +105,7 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       }
       const ids = new Set(tasks.map((t) => t.id));
       if (ids.size !== tasks.length) return reply.code(400).send(errorBody("invalid_request", "task ids in a batch must be unique"));
-      const out = [];
-      for (const t of tasks) out.push(await submit(t));
-      return reply.code(202).send({ tasks: out });
+      return reply.code(202).send({ tasks: await submitAll(tasks) });
     });
 
     const branchSchema = {
