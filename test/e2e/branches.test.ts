@@ -122,6 +122,20 @@ describe("branching a recorded rollout", () => {
     expect(t.result!.error!.message).toMatch(/^call 1: message \d+ differs/);
   }, 120_000);
 
+  it("a diverged branch of a task without an evaluator ends replay_diverged too, with no evaluating event", async () => {
+    // Nothing to hold back before the session closes: the worker reads the divergence from the closed session.
+    const { id } = (await api("/v1/tasks", { body: { ...buildTask("date +%s%N; echo one > a.txt"), evaluator: null } })).body as { id: string };
+    expect((await terminal(id)).result).toMatchObject({ status: "completed", reward: null, error: null });
+    const { task_ids } = (await api(`/v1/tasks/${id}/branches`, { body: { at_call: 2, n: 1 } })).body as { task_ids: string[] };
+    const t = await terminal(task_ids[0]!);
+    expect(t.result).toMatchObject({ status: "failed", reward: null, error: { kind: "replay_diverged", call: 1 } });
+    // The event stream (SSE, ended by `terminal`) as its lifecycle's types.
+    const eventTypes = async (taskId: string) =>
+      [...((await api(`/v1/tasks/${taskId}/events`)).body as string).matchAll(/^event: (\S+)$/gm)].map((m) => m[1]).filter((t) => t !== "llm_call");
+    expect(await eventTypes(task_ids[0]!)).toEqual(["queued", "started", "terminal"]);
+    expect(await eventTypes(id)).toEqual(["queued", "started", "evaluating", "terminal"]);
+  }, 120_000);
+
   it("refuses a branch point the rollout never reached, and a task that has not ended", async () => {
     const { id } = (await api("/v1/tasks", { body: buildTask() })).body as { id: string };
     const early = await api(`/v1/tasks/${id}/branches`, { body: { at_call: 1, n: 2 } });

@@ -63,6 +63,26 @@ describe("sessions and the OpenAI chat route", () => {
     await app.close();
   });
 
+  it("closes a session and answers its trajectory in the same request when asked, as the trajectory route builds it", async () => {
+    const app = await gateway([{ kind: "vllm", url: simUrl, dp_size: 1 }]);
+    const s = await openSession(app);
+    expect((await chat(app, s, { messages: [{ role: "user", content: "hi" }] })).statusCode).toBe(200);
+    const closed = await app.inject({ method: "POST", url: `/v1/sessions/${s.id}/close?trajectory=per_request` });
+    expect(closed.statusCode).toBe(200);
+    const body = closed.json() as Session & { trajectory?: unknown; trajectory_error?: unknown };
+    expect(body).toMatchObject({ id: s.id, state: "closed", counts: { llm_calls: 1 } });
+    expect(body.trajectory_error).toBeUndefined();
+    const alone = (await app.inject({ url: `/v1/sessions/${s.id}/trajectory?builder=per_request` })).json() as unknown;
+    expect(body.trajectory).toEqual(alone);
+    // Closing again answers the closed session as it is; without the query, no trajectory.
+    const again = (await app.inject({ method: "POST", url: `/v1/sessions/${s.id}/close` })).json() as Session & { trajectory?: unknown };
+    expect(again).toMatchObject({ state: "closed", closed_at: body.closed_at });
+    expect(again).not.toHaveProperty("trajectory");
+    expect((await app.inject({ method: "POST", url: "/v1/sessions/s-none/close?trajectory=prefix_merging" })).statusCode).toBe(404);
+    expect((await app.inject({ method: "POST", url: `/v1/sessions/${s.id}/close?trajectory=nonsense` })).statusCode).toBe(400);
+    await app.close();
+  });
+
   it("shows logprobs to a client that asks, and pins the session's sampling", async () => {
     const app = await gateway([{ kind: "vllm", url: simUrl, dp_size: 2 }]);
     const s = await openSession(app, { sampling: { temperature: 1, max_tokens: 3 } });
