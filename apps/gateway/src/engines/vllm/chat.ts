@@ -4,7 +4,7 @@ import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStream
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "../errors.js";
-import { ChatLogprob, OpenAIUsage, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
+import { ChatLogprob, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
 import { promptIdsFields, type EngineCall } from "../call.js";
 import { wantsRoutedExperts, wholeAnswerStamp } from "../routed-experts.js";
@@ -100,29 +100,6 @@ type VllmChunk = z.infer<typeof VllmChunk>;
 // The checks below accept exactly what VllmChunk accepts, field by field, without zod's per-chunk
 // cost (a streamed answer is one chunk per token: a full parse of each was a visible share of the
 // gateway's CPU). A chunk they refuse is parsed by the schema, whose error names the bad field.
-const isObj = (x: unknown): x is Record<string, unknown> => typeof x === "object" && x !== null && !Array.isArray(x);
-const nullishStr = (x: unknown) => x === undefined || x === null || typeof x === "string";
-const optStr = (x: unknown) => x === undefined || typeof x === "string";
-const optInt = (x: unknown) => x === undefined || Number.isInteger(x);
-const nullishInt = (x: unknown) => x === undefined || x === null || Number.isInteger(x);
-function isIntArray(x: unknown): boolean {
-  if (!Array.isArray(x)) return false;
-  for (const v of x) if (!Number.isInteger(v)) return false;
-  return true;
-}
-const nullishIntArray = (x: unknown) => x === undefined || x === null || isIntArray(x);
-const optNullishIntArray = nullishIntArray;
-function isTopLogprob(t: unknown): boolean {
-  return isObj(t) && typeof t.token === "string" && typeof t.logprob === "number" && optNullishIntArray(t.bytes);
-}
-function isLogprob(l: unknown): boolean {
-  if (!isObj(l) || typeof l.token !== "string" || typeof l.logprob !== "number" || !optNullishIntArray(l.bytes)) return false;
-  const top = l.top_logprobs;
-  if (top === undefined || top === null) return true;
-  if (!Array.isArray(top)) return false;
-  for (const t of top) if (!isTopLogprob(t)) return false;
-  return true;
-}
 function isToolCall(t: unknown): boolean {
   if (!isObj(t) || !nullishStr(t.id) || !(t.type === undefined || t.type === null || t.type === "function") || !optInt(t.index)) return false;
   const f = t.function;
@@ -148,12 +125,6 @@ function isChunkChoice(c: unknown): boolean {
   }
   const sr = c.stop_reason;
   return nullishStr(c.finish_reason) && (sr === undefined || sr === null || typeof sr === "string" || typeof sr === "number") && nullishIntArray(c.token_ids);
-}
-function isUsage(u: unknown): boolean {
-  if (u === undefined || u === null) return true;
-  if (!isObj(u) || !Number.isInteger(u.prompt_tokens) || !Number.isInteger(u.completion_tokens)) return false;
-  const d = u.prompt_tokens_details;
-  return d === undefined || d === null || (isObj(d) && nullishInt(d.cached_tokens));
 }
 function isVllmChunk(x: unknown): x is VllmChunk {
   if (!isObj(x) || !nullishIntArray(x.prompt_token_ids) || !Array.isArray(x.choices) || !isUsage(x.usage)) return false;
