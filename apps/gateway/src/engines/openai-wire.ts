@@ -46,6 +46,40 @@ export function usageOf(u: OpenAIUsage | null | undefined, promptTokens: number,
   };
 }
 
+// Field-by-field checks of the chunks both servers stream: they accept exactly what the zod
+// schemas here accept, without zod's per-chunk cost (a streamed answer is one chunk per token).
+// A chunk they refuse is parsed by its schema, whose error names the bad field.
+export const isObj = (x: unknown): x is Record<string, unknown> => typeof x === "object" && x !== null && !Array.isArray(x);
+export const nullishStr = (x: unknown) => x === undefined || x === null || typeof x === "string";
+export const optStr = (x: unknown) => x === undefined || typeof x === "string";
+export const optInt = (x: unknown) => x === undefined || Number.isInteger(x);
+export const nullishInt = (x: unknown) => x === undefined || x === null || Number.isInteger(x);
+export function isIntArray(x: unknown): boolean {
+  if (!Array.isArray(x)) return false;
+  for (const v of x) if (!Number.isInteger(v)) return false;
+  return true;
+}
+export const nullishIntArray = (x: unknown) => x === undefined || x === null || isIntArray(x);
+const optNullishIntArray = nullishIntArray;
+function isTopLogprob(t: unknown): boolean {
+  return isObj(t) && typeof t.token === "string" && typeof t.logprob === "number" && optNullishIntArray(t.bytes);
+}
+export function isLogprob(l: unknown): boolean {
+  if (!isObj(l) || typeof l.token !== "string" || typeof l.logprob !== "number" || !optNullishIntArray(l.bytes)) return false;
+  const top = l.top_logprobs;
+  if (top === undefined || top === null) return true;
+  if (!Array.isArray(top)) return false;
+  for (const t of top) if (!isTopLogprob(t)) return false;
+  return true;
+}
+
+export function isUsage(u: unknown): boolean {
+  if (u === undefined || u === null) return true;
+  if (!isObj(u) || !Number.isInteger(u.prompt_tokens) || !Number.isInteger(u.completion_tokens)) return false;
+  const d = u.prompt_tokens_details;
+  return d === undefined || d === null || (isObj(d) && nullishInt(d.cached_tokens));
+}
+
 /** The message of an error body: vLLM nests it (`{error:{message}}`), SGLang may not (`{object:"error", message}`); else the text itself. */
 export function engineErrorMessage(text: string): string {
   try {

@@ -1,31 +1,111 @@
-import { createParser } from "eventsource-parser";
+import type { Readable } from "node:stream";
+import { createParser, type EventSourceParser } from "eventsource-parser";
 import { EngineError } from "./errors.js";
+
+/** Payloads parsed ahead of the reader before the engine's body is paused (a reader that stalls). */
+const HIGH_WATER = 256;
 
 /**
  * The JSON payloads of an engine's SSE stream (vLLM's OpenAI routes), in order. `[DONE]` ends
  * nothing by itself (the body does); an in-stream `{"error": {...}}` (how vLLM reports failures
- * after the headers went out) and a payload that is not JSON are EngineErrors.
+ * after the headers went out) and a payload that is not JSON are EngineErrors, after the payloads
+ * before them. The reader leaving early destroys the body (the engine's connection is closed).
+ *
+ * The body is read off its 'data' events, not with a for-await over the stream: every engine chunk
+ * is its own event-loop turn (a token each 20 ms or so), and the stream's async iterator plus a
+ * generator around it were several promises and microtasks per chunk; this is one.
  */
-export async function* sseJson(body: AsyncIterable<unknown>): AsyncGenerator<unknown> {
-  const pending: string[] = [];
-  const parser = createParser({ onEvent: (e) => pending.push(e.data) });
-  const decoder = new TextDecoder();
-  for await (const piece of body) {
-    parser.feed(decoder.decode(piece as Buffer, { stream: true }));
-    while (pending.length > 0) {
-      const data = pending.shift()!;
-      if (data === "[DONE]") continue;
-      let json: unknown;
-      try {
-        json = JSON.parse(data);
-      } catch {
-        throw new EngineError(`engine sent a chunk that is not JSON: ${data.slice(0, 200)}`, 502, "bad_response");
-      }
-      const err = (json as { error?: { message?: unknown } } | null)?.error;
-      if (err && typeof err === "object") {
-        throw new EngineError(`engine error mid-stream: ${typeof err.message === "string" ? err.message : JSON.stringify(err)}`, 502, "rejected");
-      }
-      yield json;
+export function sseJson(body: Readable): AsyncIterableIterator<unknown> {
+  return new SseJsonReader(body);
+}
+
+class SseJsonReader implements AsyncIterableIterator<unknown> {
+  private readonly ready: unknown[] = [];
+  private head = 0;
+  /** Set when the stream can give nothing after the ready payloads: its end, or why it failed. */
+  private closed: { error: unknown } | null = null;
+  private waiting: { resolve: (r: IteratorResult<unknown>) => void; reject: (err: unknown) => void } | null = null;
+  private readonly parser: EventSourceParser;
+  private readonly decoder = new TextDecoder();
+
+  constructor(private readonly body: Readable) {
+    this.parser = createParser({ onEvent: (e) => this.onData(e.data) });
+    // The error listener stays for the body's life: an error after the reader left is not thrown.
+    body.on("error", (err) => this.close(err));
+    body.on("end", () => this.close(null));
+    body.on("data", (piece: Buffer) => {
+      if (this.closed) return;
+      this.parser.feed(this.decoder.decode(piece, { stream: true }));
+      if (this.ready.length - this.head >= HIGH_WATER) body.pause();
+    });
+  }
+
+  private onData(data: string): void {
+    if (this.closed || data === "[DONE]") return;
+    let json: unknown;
+    try {
+      json = JSON.parse(data);
+    } catch {
+      this.fail(new EngineError(`engine sent a chunk that is not JSON: ${data.slice(0, 200)}`, 502, "bad_response"));
+      return;
     }
+    const err = (json as { error?: { message?: unknown } } | null)?.error;
+    if (err && typeof err === "object") {
+      this.fail(new EngineError(`engine error mid-stream: ${typeof err.message === "string" ? err.message : JSON.stringify(err)}`, 502, "rejected"));
+      return;
+    }
+    const w = this.waiting;
+    if (w) {
+      this.waiting = null;
+      w.resolve({ value: json, done: false });
+    } else this.ready.push(json);
+  }
+
+  /** A bad payload ends the stream: the reader gets the payloads before it, then the error. */
+  private fail(err: EngineError): void {
+    this.close(err);
+    this.body.destroy();
+  }
+
+  private close(error: unknown): void {
+    if (this.closed) return;
+    this.closed = { error };
+    const w = this.waiting;
+    if (!w) return;
+    this.waiting = null;
+    if (error) w.reject(error);
+    else w.resolve({ value: undefined, done: true });
+  }
+
+  next(): Promise<IteratorResult<unknown>> {
+    if (this.head < this.ready.length) {
+      const value = this.ready[this.head];
+      this.ready[this.head++] = undefined;
+      if (this.head === this.ready.length) {
+        this.ready.length = 0;
+        this.head = 0;
+        if (this.body.isPaused() && !this.closed) this.body.resume();
+      }
+      return Promise.resolve({ value, done: false });
+    }
+    if (this.closed) {
+      const { error } = this.closed;
+      // Told once: a later next() is the end.
+      this.closed = { error: null };
+      return error ? Promise.reject(error) : Promise.resolve({ value: undefined, done: true });
+    }
+    return new Promise((resolve, reject) => (this.waiting = { resolve, reject }));
+  }
+
+  return(): Promise<IteratorResult<unknown>> {
+    this.close(null);
+    this.ready.length = 0;
+    this.head = 0;
+    if (!this.body.destroyed) this.body.destroy();
+    return Promise.resolve({ value: undefined, done: true });
+  }
+
+  [Symbol.asyncIterator](): AsyncIterableIterator<unknown> {
+    return this;
   }
 }

@@ -4,7 +4,7 @@ import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStream
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "../errors.js";
-import { ChatLogprob, OpenAIUsage, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
+import { ChatLogprob, OpenAIUsage, isIntArray, isLogprob, isObj, isUsage, nullishInt, nullishIntArray, nullishStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
 import { promptIdsFields, type EngineCall } from "../call.js";
 import { fromSglang } from "./routed-experts.js";
@@ -91,6 +91,62 @@ const SglangStreamChunk = z.object({
   usage: OpenAIUsage.nullish(),
   sglext: SglExt,
 });
+
+type SglangStreamChunk = z.infer<typeof SglangStreamChunk>;
+
+// The checks below accept exactly what SglangStreamChunk accepts, field by field, without zod's
+// per-chunk cost (one chunk per token); a chunk they refuse is parsed by the schema for its error.
+const nullish = (x: unknown) => x === undefined || x === null;
+function isToolCallDelta(t: unknown): boolean {
+  if (!isObj(t) || !nullishStr(t.id) || !nullishInt(t.index)) return false;
+  const f = t.function;
+  return nullish(f) || (isObj(f) && nullishStr(f.name) && nullishStr(f.arguments));
+}
+function isStreamChoice(c: unknown): boolean {
+  if (!isObj(c)) return false;
+  const d = c.delta;
+  if (!nullish(d)) {
+    if (!isObj(d) || !nullishStr(d.content) || !nullishStr(d.reasoning_content)) return false;
+    if (!nullish(d.tool_calls)) {
+      if (!Array.isArray(d.tool_calls)) return false;
+      for (const t of d.tool_calls) if (!isToolCallDelta(t)) return false;
+    }
+  }
+  const lp = c.logprobs;
+  if (!nullish(lp)) {
+    if (!isObj(lp)) return false;
+    if (lp.content !== null) {
+      if (!Array.isArray(lp.content)) return false;
+      for (const l of lp.content) if (!isLogprob(l)) return false;
+    }
+  }
+  const ms = c.matched_stop;
+  return nullishStr(c.finish_reason) && (nullish(ms) || typeof ms === "string" || typeof ms === "number");
+}
+function isSglExt(x: unknown): boolean {
+  if (nullish(x)) return true;
+  if (!isObj(x) || !nullishIntArray(x.input_ids)) return false;
+  const out = x.output_ids;
+  if (nullish(out)) return true;
+  if (!Array.isArray(out)) return false;
+  for (const ids of out) if (!isIntArray(ids)) return false;
+  return true;
+}
+function isSglangStreamChunk(x: unknown): x is SglangStreamChunk {
+  if (!isObj(x) || !isUsage(x.usage) || !isSglExt(x.sglext)) return false;
+  if (nullish(x.choices)) return true;
+  if (!Array.isArray(x.choices)) return false;
+  for (const c of x.choices) if (!isStreamChoice(c)) return false;
+  return true;
+}
+
+/** One SSE chunk of SGLang's chat stream, checked (an EngineError names what is wrong with a bad one). */
+export function readSglangChunk(json: unknown): SglangStreamChunk {
+  if (isSglangStreamChunk(json)) return json;
+  const parsed = SglangStreamChunk.safeParse(json);
+  if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
+  return parsed.data;
+}
 
 const SglangChatResponse = z.object({
   choices: z
@@ -217,9 +273,7 @@ export async function* sglangChatStream(call: EngineCall): AsyncGenerator<Engine
   let inputIds: number[] | null = null;
   let outputIds: number[] | null = null;
   for await (const json of sseJson(res.body)) {
-    const parsed = SglangStreamChunk.safeParse(json);
-    if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
-    const c = parsed.data;
+    const c = readSglangChunk(json);
     if (!started) {
       started = true;
       yield { type: "start", prompt_ids: [] };

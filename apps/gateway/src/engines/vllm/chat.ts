@@ -4,7 +4,7 @@ import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStream
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "../errors.js";
-import { ChatLogprob, OpenAIUsage, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
+import { ChatLogprob, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
 import { promptIdsFields, type EngineCall } from "../call.js";
 import { wantsRoutedExperts, wholeAnswerStamp } from "../routed-experts.js";
@@ -100,29 +100,6 @@ type VllmChunk = z.infer<typeof VllmChunk>;
 // The checks below accept exactly what VllmChunk accepts, field by field, without zod's per-chunk
 // cost (a streamed answer is one chunk per token: a full parse of each was a visible share of the
 // gateway's CPU). A chunk they refuse is parsed by the schema, whose error names the bad field.
-const isObj = (x: unknown): x is Record<string, unknown> => typeof x === "object" && x !== null && !Array.isArray(x);
-const nullishStr = (x: unknown) => x === undefined || x === null || typeof x === "string";
-const optStr = (x: unknown) => x === undefined || typeof x === "string";
-const optInt = (x: unknown) => x === undefined || Number.isInteger(x);
-const nullishInt = (x: unknown) => x === undefined || x === null || Number.isInteger(x);
-function isIntArray(x: unknown): boolean {
-  if (!Array.isArray(x)) return false;
-  for (const v of x) if (!Number.isInteger(v)) return false;
-  return true;
-}
-const nullishIntArray = (x: unknown) => x === undefined || x === null || isIntArray(x);
-const optNullishIntArray = nullishIntArray;
-function isTopLogprob(t: unknown): boolean {
-  return isObj(t) && typeof t.token === "string" && typeof t.logprob === "number" && optNullishIntArray(t.bytes);
-}
-function isLogprob(l: unknown): boolean {
-  if (!isObj(l) || typeof l.token !== "string" || typeof l.logprob !== "number" || !optNullishIntArray(l.bytes)) return false;
-  const top = l.top_logprobs;
-  if (top === undefined || top === null) return true;
-  if (!Array.isArray(top)) return false;
-  for (const t of top) if (!isTopLogprob(t)) return false;
-  return true;
-}
 function isToolCall(t: unknown): boolean {
   if (!isObj(t) || !nullishStr(t.id) || !(t.type === undefined || t.type === null || t.type === "function") || !optInt(t.index)) return false;
   const f = t.function;
@@ -148,12 +125,6 @@ function isChunkChoice(c: unknown): boolean {
   }
   const sr = c.stop_reason;
   return nullishStr(c.finish_reason) && (sr === undefined || sr === null || typeof sr === "string" || typeof sr === "number") && nullishIntArray(c.token_ids);
-}
-function isUsage(u: unknown): boolean {
-  if (u === undefined || u === null) return true;
-  if (!isObj(u) || !Number.isInteger(u.prompt_tokens) || !Number.isInteger(u.completion_tokens)) return false;
-  const d = u.prompt_tokens_details;
-  return d === undefined || d === null || (isObj(d) && nullishInt(d.cached_tokens));
 }
 function isVllmChunk(x: unknown): x is VllmChunk {
   if (!isObj(x) || !nullishIntArray(x.prompt_token_ids) || !Array.isArray(x.choices) || !isUsage(x.usage)) return false;
@@ -200,8 +171,13 @@ async function post(call: EngineCall): Promise<Dispatcher.ResponseData> {
  */
 export async function vllmChat(call: EngineCall): Promise<EngineResult> {
   if (call.stamp && !wantsRoutedExperts(call.target)) {
+    // The stream read straight into the answer (no generator per chunk between them).
+    const res = await post({ ...call, request: { ...call.request, stream: true } });
+    await rejectUnlessOk(res, call.target.engine.url);
+    const reader = new VllmStreamReader(call.stamp);
     const acc = new StreamAccumulator();
-    for await (const event of vllmChatStream({ ...call, request: { ...call.request, stream: true } })) acc.push(event);
+    for await (const json of sseJson(res.body)) reader.read(json, acc);
+    reader.end();
     if (!acc.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
     return acc.result();
   }
@@ -244,39 +220,36 @@ export async function vllmChat(call: EngineCall): Promise<EngineResult> {
 }
 
 /**
- * A streaming call: yields canonical events as vLLM's SSE chunks arrive. With routed experts on,
- * the answer is asked for whole (vLLM sends them on non-streamed answers only) and told as events.
+ * vLLM's chat stream read chunk by chunk into canonical events (one reader per answer): the
+ * streamed agent's events and the drained call's accumulator take them alike.
  */
-export async function* vllmChatStream(call: EngineCall): AsyncGenerator<EngineStreamEvent> {
-  if (wantsRoutedExperts(call.target)) {
-    yield* resultAsEvents(await vllmChat({ ...call, request: { ...call.request, stream: false } }));
-    return;
-  }
-  const res = await post(call);
-  await rejectUnlessOk(res, call.target.engine.url);
-  let started = false;
-  let tokens = 0;
-  let logprobCount = 0;
-  for await (const json of sseJson(res.body)) {
+class VllmStreamReader {
+  private started = false;
+  private tokens = 0;
+  private logprobCount = 0;
+
+  constructor(private readonly stamp: EngineCall["stamp"]) {}
+
+  read(json: unknown, out: { push(event: EngineStreamEvent): unknown }): void {
     const c = readVllmChunk(json);
-    if (c.prompt_token_ids && !started) {
-      started = true;
-      yield { type: "start", prompt_ids: c.prompt_token_ids };
+    if (c.prompt_token_ids && !this.started) {
+      this.started = true;
+      out.push({ type: "start", prompt_ids: c.prompt_token_ids });
     }
     const choice = c.choices[0];
     if (choice) {
       const ids = choice.token_ids ?? [];
       const lps = (choice.logprobs?.content ?? []).map(toTokenLogprob);
-      tokens += ids.length;
-      logprobCount += lps.length;
+      this.tokens += ids.length;
+      this.logprobCount += lps.length;
       const d = choice.delta;
       const reasoning = d?.reasoning ?? d?.reasoning_content ?? undefined;
       const hasText = (d?.content ?? "") !== "" || (reasoning ?? "") !== "" || (d?.tool_calls?.length ?? 0) > 0;
       if (ids.length > 0 || hasText) {
-        const version = call.stamp?.();
-        yield {
+        const version = this.stamp?.();
+        out.push({
           type: "delta",
-          ...(call.stamp ? { versions: ids.map(() => version ?? null) } : {}),
+          ...(this.stamp ? { versions: ids.map(() => version ?? null) } : {}),
           ...(d?.content ? { content: d.content } : {}),
           ...(reasoning ? { reasoning } : {}),
           ...(d?.tool_calls && d.tool_calls.length > 0
@@ -293,18 +266,43 @@ export async function* vllmChatStream(call: EngineCall): AsyncGenerator<EngineSt
             : {}),
           token_ids: ids,
           logprobs: lps,
-        };
+        });
       }
       if (choice.finish_reason) {
-        yield { type: "finish", finish_reason: choice.finish_reason, stop_reason: choice.stop_reason ?? null };
+        out.push({ type: "finish", finish_reason: choice.finish_reason, stop_reason: choice.stop_reason ?? null });
       }
     }
     if (c.usage) {
-      yield { type: "usage", usage: usageOf(c.usage, 0, 0) };
+      out.push({ type: "usage", usage: usageOf(c.usage, 0, 0) });
     }
   }
-  if (!started) throw new EngineError(MISSING_TOKENS, 502, "bad_response");
-  if (tokens !== logprobCount) throw new EngineError(`engine streamed ${tokens} token ids but ${logprobCount} logprobs`, 502, "bad_response");
+
+  /** The stream has ended: it must have told the ids, one logprob each. */
+  end(): void {
+    if (!this.started) throw new EngineError(MISSING_TOKENS, 502, "bad_response");
+    if (this.tokens !== this.logprobCount) throw new EngineError(`engine streamed ${this.tokens} token ids but ${this.logprobCount} logprobs`, 502, "bad_response");
+  }
+}
+
+/**
+ * A streaming call: yields canonical events as vLLM's SSE chunks arrive. With routed experts on,
+ * the answer is asked for whole (vLLM sends them on non-streamed answers only) and told as events.
+ */
+export async function* vllmChatStream(call: EngineCall): AsyncGenerator<EngineStreamEvent> {
+  if (wantsRoutedExperts(call.target)) {
+    yield* resultAsEvents(await vllmChat({ ...call, request: { ...call.request, stream: false } }));
+    return;
+  }
+  const res = await post(call);
+  await rejectUnlessOk(res, call.target.engine.url);
+  const reader = new VllmStreamReader(call.stamp);
+  const events: EngineStreamEvent[] = [];
+  for await (const json of sseJson(res.body)) {
+    reader.read(json, events);
+    for (const event of events) yield event;
+    events.length = 0;
+  }
+  reader.end();
 }
 
 const VllmTokenizeResponse = z.object({ count: z.number().int() });

@@ -1,0 +1,86 @@
+/**
+ * An engine's SSE stream read as JSON payloads, over a real HTTP connection: payloads in order
+ * across split reads, an engine error or a non-JSON payload after the payloads before it, and a
+ * reader that leaves early closing the engine's connection.
+ */
+import { once } from "node:events";
+import { createServer, type Server, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import { request } from "undici";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { EngineError } from "./errors.js";
+import { sseJson } from "./sse.js";
+
+let server: Server;
+let base = "";
+let closedEarly: Promise<void> = Promise.resolve();
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+async function send(res: ServerResponse, frames: string[]): Promise<void> {
+  res.writeHead(200, { "content-type": "text/event-stream" });
+  for (const f of frames) {
+    res.write(f);
+    await sleep(5);
+  }
+  res.end();
+}
+
+beforeAll(async () => {
+  server = createServer((req, res) => {
+    if (req.url === "/split") void send(res, ['data: {"n":', '1}\n\ndata: {"n":2}\n', "\ndata: [DONE]\n\n"]);
+    if (req.url === "/error") void send(res, ['data: {"n":1}\n\ndata: {"error":{"message":"out of memory"}}\n\n', 'data: {"n":2}\n\n']);
+    if (req.url === "/garbage") void send(res, ['data: {"n":1}\n\ndata: {oops\n\n']);
+    if (req.url === "/endless") {
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      const timer = setInterval(() => res.write('data: {"n":1}\n\n'), 5);
+      closedEarly = once(res, "close").then(() => clearInterval(timer));
+    }
+  });
+  server.listen(0, "127.0.0.1");
+  await once(server, "listening");
+  base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+});
+
+afterAll(async () => {
+  server.closeAllConnections();
+  await new Promise((r) => server.close(r));
+});
+
+async function read(path: string): Promise<{ payloads: unknown[]; error: unknown }> {
+  const res = await request(`${base}${path}`);
+  const payloads: unknown[] = [];
+  try {
+    for await (const p of sseJson(res.body)) payloads.push(p);
+    return { payloads, error: null };
+  } catch (error) {
+    return { payloads, error };
+  }
+}
+
+describe("sseJson", () => {
+  it("gives the payloads in order, whatever the reads split them into", async () => {
+    expect(await read("/split")).toEqual({ payloads: [{ n: 1 }, { n: 2 }], error: null });
+  });
+
+  it("fails on an engine error after the payloads before it", async () => {
+    const { payloads, error } = await read("/error");
+    expect(payloads).toEqual([{ n: 1 }]);
+    expect(error).toBeInstanceOf(EngineError);
+    expect(error).toMatchObject({ status: 502, kind: "rejected", message: expect.stringContaining("out of memory") });
+  });
+
+  it("fails on a payload that is not JSON", async () => {
+    const { payloads, error } = await read("/garbage");
+    expect(payloads).toEqual([{ n: 1 }]);
+    expect(error).toMatchObject({ status: 502, kind: "bad_response", message: expect.stringContaining("not JSON") });
+  });
+
+  it("closes the engine's connection when the reader leaves early", async () => {
+    const res = await request(`${base}/endless`);
+    let n = 0;
+    for await (const _ of sseJson(res.body)) if (++n === 3) break;
+    await closedEarly;
+    expect(n).toBe(3);
+  });
+});
