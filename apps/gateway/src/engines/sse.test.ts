@@ -6,6 +6,7 @@
 import { once } from "node:events";
 import { createServer, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
+import { Readable } from "node:stream";
 import { request } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { EngineError } from "./errors.js";
@@ -74,6 +75,19 @@ describe("sseJson", () => {
     const { payloads, error } = await read("/garbage");
     expect(payloads).toEqual([{ n: 1 }]);
     expect(error).toMatchObject({ status: 502, kind: "bad_response", message: expect.stringContaining("not JSON") });
+  });
+
+  it("fails when the body is destroyed before its end, without an error of its own", async () => {
+    const body = new Readable({ read() {} });
+    body.push('data: {"n":1}\n\n');
+    const payloads: unknown[] = [];
+    const reading = (async () => {
+      for await (const p of sseJson(body)) payloads.push(p);
+    })();
+    await sleep(5);
+    body.destroy();
+    await expect(reading).rejects.toMatchObject({ code: "ERR_STREAM_PREMATURE_CLOSE" });
+    expect(payloads).toEqual([{ n: 1 }]);
   });
 
   it("closes the engine's connection when the reader leaves early", async () => {

@@ -33,6 +33,8 @@ class SseJsonReader implements AsyncIterableIterator<unknown> {
     // The error listener stays for the body's life: an error after the reader left is not thrown.
     body.on("error", (err) => this.close(err));
     body.on("end", () => this.close(null));
+    // Destroyed without an error and before its end (what a for-await over the body would throw).
+    body.on("close", () => this.close(Object.assign(new Error("Premature close"), { code: "ERR_STREAM_PREMATURE_CLOSE" })));
     body.on("data", (piece: Buffer) => {
       if (this.closed) return;
       this.parser.feed(this.decoder.decode(piece, { stream: true }));
