@@ -302,7 +302,7 @@ describe("TaskStore", () => {
   });
 });
 
-describe("Lua scripts (ioredis defineCommand)", () => {
+describe("Lua scripts (EVALSHA, EVAL when the server lacks one)", () => {
   it("work on a fresh connection, again after SCRIPT FLUSH, and once defined per connection", async () => {
     // A connection no script was ever defined or run on.
     const fresh = new Redis(url);
@@ -312,7 +312,7 @@ describe("Lua scripts (ioredis defineCommand)", () => {
       expect(await store.markRunning("t-s1", { worker: "w", attempt: 1, sessionId: "s-1", now: new Date() })).toBe(true);
       expect(await store.requeue("t-s1", {})).toBe(true);
       // The server forgets every script (as a restarted or another cluster node would): the same
-      // scripts, which this connection has run, still work (ioredis resends the body on NOSCRIPT).
+      // scripts, which this connection has run, still work (the body is sent again on NOSCRIPT).
       await fresh.script("FLUSH");
       expect(await store.markRunning("t-s1", { worker: "w", attempt: 2, sessionId: "s-2", now: new Date() })).toBe(true);
       expect(await store.requeue("t-s1", {})).toBe(true);
