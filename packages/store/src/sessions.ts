@@ -1,4 +1,4 @@
-import { createHash } from "node:crypto";
+import { hash } from "node:crypto";
 import { secretsEqual, Session, type CompletionRecord, LostCall, RecordHead, ReplayDiverged, type CreateSessionRequest } from "@rollgate/protocol";
 import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
@@ -17,7 +17,7 @@ export interface SessionForCall {
 }
 
 export function hashToken(token: string): string {
-  return createHash("sha256").update(token).digest("hex");
+  return hash("sha256", token, "hex");
 }
 
 export function tokenMatches(token: string, storedHash: string): boolean {
