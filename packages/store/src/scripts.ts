@@ -26,6 +26,9 @@ function isNoScript(err: unknown): boolean {
  */
 export function scriptCommands<N extends string>(redis: RedisClient, scripts: Record<N, LuaScript>): Record<N | `${N}Buffer`, ScriptCommand> {
   const out = {} as Record<N | `${N}Buffer`, ScriptCommand>;
+  // ioredis has these (every command has a Buffer form) but does not declare them; not `callBuffer`,
+  // which loses its command name on an auto-pipelined connection.
+  const binary = redis as unknown as Record<"evalshaBuffer" | "evalBuffer", (script: string, numberOfKeys: number, ...keysThenArgs: (string | Buffer)[]) => Promise<unknown>>;
   for (const key of Object.keys(scripts) as N[]) {
     const { numberOfKeys, lua } = scripts[key];
     const sha = createHash("sha1").update(lua).digest("hex");
@@ -35,9 +38,9 @@ export function scriptCommands<N extends string>(redis: RedisClient, scripts: Re
         return redis.eval(lua, numberOfKeys, ...keysThenArgs);
       });
     out[`${key}Buffer`] = (...keysThenArgs) =>
-      redis.callBuffer("evalsha", sha, numberOfKeys, ...keysThenArgs).catch((err: unknown) => {
+      binary.evalshaBuffer(sha, numberOfKeys, ...keysThenArgs).catch((err: unknown) => {
         if (!isNoScript(err)) throw err;
-        return redis.callBuffer("eval", lua, numberOfKeys, ...keysThenArgs);
+        return binary.evalBuffer(lua, numberOfKeys, ...keysThenArgs);
       });
   }
   return out;

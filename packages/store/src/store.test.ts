@@ -326,4 +326,23 @@ describe("Lua scripts (EVALSHA, EVAL when the server lacks one)", () => {
       fresh.disconnect();
     }
   });
+
+  it("answer binary values on an auto-pipelined connection (the gateway's), before and after SCRIPT FLUSH", async () => {
+    const piped = new Redis(url, { enableAutoPipelining: true });
+    try {
+      const store = new SessionStore(piped, `${prefix}-piped`);
+      await store.create("s-p", session("s-p"), hashToken("t"), assignment, "0:0", new Date());
+      const record: CompletionRecord = {
+        id: "c0", session_id: "s-p", seq: 0, created_at: new Date().toISOString(), protocol: "openai_chat", engine: "http://e", dp_rank: 0, weight_version: null,
+        request: { messages: [{ role: "user", content: "x" }], sampling: {} }, prompt_ids: [1, 2], output_ids: [3], output_logprobs: [-0.5], finish_reason: "stop",
+        message: { content: "y", reasoning: null, tool_calls: [] }, usage: { prompt_tokens: 2, completion_tokens: 1, cached_tokens: 0 }, latency_ms: 1,
+      };
+      await store.appendRecord(record, { id: "c0", seq: 0, message: record.message, finish_reason: "stop", message_count: 1, conversation_key: "k" });
+      expect((await store.record("s-p", 0))?.output_ids).toEqual([3]);
+      await piped.script("FLUSH");
+      expect((await store.record("s-p", 0))?.prompt_ids).toEqual([1, 2]);
+    } finally {
+      piped.disconnect();
+    }
+  });
 });
