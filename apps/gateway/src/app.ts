@@ -130,6 +130,7 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
   const ctx: GatewayContext = {
     env,
     redis,
+    queueRedis,
     log,
     tasks,
     sessions,

@@ -1,4 +1,4 @@
-import { createHash } from "node:crypto";
+import { hash as digest } from "node:crypto";
 import { CompletionRecord } from "@rollgate/protocol";
 import { parseStored } from "./json.js";
 
@@ -61,7 +61,8 @@ export interface BaseCandidate {
   answer: { content: string | null; reasoning: string | null; tool_calls: string | null };
 }
 
-const hash = (s: string) => createHash("sha1").update(s).digest("base64");
+// One-shot digests: about half the CPU of createHash().update().digest() on short strings.
+const hash = (s: string) => digest("sha1", s, "base64");
 const INT32_MIN = -(2 ** 31);
 const INT32_MAX = 2 ** 31 - 1;
 

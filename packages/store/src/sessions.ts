@@ -1,4 +1,4 @@
-import { createHash } from "node:crypto";
+import { hash } from "node:crypto";
 import { secretsEqual, Session, type CompletionRecord, LostCall, RecordHead, ReplayDiverged, type CreateSessionRequest } from "@rollgate/protocol";
 import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
@@ -12,10 +12,12 @@ export type SessionAssignment = NonNullable<Session["assignment"]>;
 export interface SessionForCall {
   session: Session;
   tokenHash: string;
+  /** The call's sequence number, when it was asked for (`takeSeq`) and taken in the same step. */
+  seq?: number;
 }
 
 export function hashToken(token: string): string {
-  return createHash("sha256").update(token).digest("hex");
+  return hash("sha256", token, "hex");
 }
 
 export function tokenMatches(token: string, storedHash: string): boolean {
@@ -62,6 +64,22 @@ if redis.call('HGET', KEYS[1], 'state') == 'open' then
   member = redis.call('HGET', KEYS[1], 'rank_member') or ''
 end
 return {closed, member, redis.call('HGETALL', KEYS[1])}
+`,
+};
+
+// A session's hash and, when ARGV[1] is "1" and the session is open, the next sequence number
+// taken in the same step (as a last pair, "#seq" and the number). No number is taken for a session
+// that does not exist (the increment would make its hash again) or is closed. KEYS: session.
+const FOR_CALL_SCRIPT: LuaScript = {
+  name: "rollgateSessionForCall",
+  numberOfKeys: 1,
+  lua: `
+local h = redis.call('HGETALL', KEYS[1])
+if ARGV[1] == '1' and redis.call('HGET', KEYS[1], 'state') == 'open' then
+  h[#h + 1] = '#seq'
+  h[#h + 1] = tostring(redis.call('HINCRBY', KEYS[1], 'next_seq', 1) - 1)
+end
+return h
 `,
 };
 
@@ -141,8 +159,16 @@ return 1
 `,
 };
 
+/** Sessions whose parse is kept (sessionOf); the oldest go first. */
+const PARSED_SESSIONS_MAX = 100_000;
+
+function deepFreeze(o: object): void {
+  Object.freeze(o);
+  for (const v of Object.values(o)) if (v && typeof v === "object" && !Object.isFrozen(v)) deepFreeze(v);
+}
+
 const sessionScripts = (redis: RedisClient) =>
-  scriptCommands(redis, { create: CREATE_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT });
+  scriptCommands(redis, { create: CREATE_SCRIPT, forCall: FOR_CALL_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT });
 
 /**
  * The session key family: `session` (a hash: static JSON, state, token hash, assignment, counters),
@@ -154,6 +180,11 @@ export class SessionStore {
   private readonly scripts: ReturnType<typeof sessionScripts>;
   /** Recently written records, to store the next ones as deltas of them (records.ts). */
   private readonly bases: RecordBases;
+  /**
+   * The session last parsed for each recent id, with the stored text it was parsed from (its
+   * static JSON and assignment): a session is read on every call, and that part rarely changes.
+   */
+  private readonly parsed = new Map<string, { raw: string; session: Session }>();
   constructor(
     private readonly redis: RedisClient,
     prefix: string,
@@ -198,13 +229,51 @@ export class SessionStore {
     return created === 1;
   }
 
-  async getForCall(id: string): Promise<SessionForCall | null> {
-    return this.fromHash(id, await this.redis.hgetall(this.k.session(id)));
+  /**
+   * The session of an agent call. `takeSeq`: the call's sequence number is taken in the same step
+   * (one command instead of two; none is taken when the session is missing or closed).
+   */
+  async getForCall(id: string, { takeSeq = false }: { takeSeq?: boolean } = {}): Promise<SessionForCall | null> {
+    let h: Record<string, string>;
+    let seq: number | undefined;
+    if (takeSeq) {
+      const flat = (await this.scripts.forCall(this.k.session(id), "1")) as string[];
+      h = {};
+      for (let i = 0; i + 1 < flat.length; i += 2) h[flat[i]!] = flat[i + 1]!;
+      if (h["#seq"] !== undefined) seq = Number(h["#seq"]);
+    } else {
+      h = await this.redis.hgetall(this.k.session(id));
+    }
+    return this.fromHash(id, h, seq);
   }
 
-  private fromHash(id: string, h: Record<string, string>): SessionForCall | null {
+  private fromHash(id: string, h: Record<string, string>, seq?: number): SessionForCall | null {
     if (!h.static || !h.token_hash) return null;
-    const stat = JSON.parse(h.static) as Record<string, unknown>;
+    const session = this.sessionOf(id, h);
+    return seq === undefined ? { session, tokenHash: h.token_hash } : { session, tokenHash: h.token_hash, seq };
+  }
+
+  /**
+   * A session from its stored hash. When its static JSON and assignment are the text last parsed
+   * for this id, only the fields that change call by call are read (and checked) again; anything
+   * unusual (lost calls, a diverged branch, a value that is not a count) takes the full parse.
+   */
+  private sessionOf(id: string, h: Record<string, string>): Session {
+    const raw = `${h.static}\u0000${h.assignment ?? ""}`;
+    const hit = this.parsed.get(id);
+    if (hit && hit.raw === raw && !h.lost_first && !h.replay_diverged && (h.state === "open" || h.state === "closed")) {
+      const counts = {
+        llm_calls: Number(h.llm_calls ?? 0),
+        prompt_tokens: Number(h.prompt_tokens ?? 0),
+        completion_tokens: Number(h.completion_tokens ?? 0),
+        cached_tokens: Number(h.cached_tokens ?? 0),
+      };
+      const lost = Number(h.lost_calls ?? 0);
+      if (Number.isInteger(lost) && Number.isInteger(counts.llm_calls) && Number.isInteger(counts.prompt_tokens) && Number.isInteger(counts.completion_tokens) && Number.isInteger(counts.cached_tokens)) {
+        return { ...hit.session, state: h.state, closed_at: h.closed_at || null, counts, lost_calls: { count: lost, first: null }, replay_diverged: null };
+      }
+    }
+    const stat = JSON.parse(h.static!) as Record<string, unknown>;
     const session = parseStored(
       Session,
       JSON.stringify({
@@ -223,7 +292,14 @@ export class SessionStore {
       }),
       `session ${id}`,
     );
-    return { session, tokenHash: h.token_hash };
+    // Shared by every later read of the session: frozen, so no caller can change another's copy.
+    for (const v of Object.values(session)) if (v && typeof v === "object") deepFreeze(v);
+    if (!this.parsed.has(id) && this.parsed.size >= PARSED_SESSIONS_MAX) {
+      const oldest = this.parsed.keys().next().value;
+      if (oldest !== undefined) this.parsed.delete(oldest);
+    }
+    this.parsed.set(id, { raw, session });
+    return session;
   }
 
   async get(id: string): Promise<Session | null> {
@@ -245,6 +321,7 @@ export class SessionStore {
     const member = await this.scripts.close(this.k.session(id), now.toISOString());
     if (typeof member !== "string") return false;
     this.bases.drop(id);
+    this.parsed.delete(id);
     if (member !== "") await this.scripts.release(this.k.rankLoad(), member);
     return true;
   }
@@ -264,7 +341,10 @@ export class SessionStore {
     }
     const h: Record<string, string> = {};
     for (let i = 0; i + 1 < flat.length; i += 2) h[flat[i]!] = flat[i + 1]!;
-    return this.fromHash(id, h);
+    const closed = this.fromHash(id, h);
+    // A closed session takes no more calls: its parse is not kept.
+    this.parsed.delete(id);
+    return closed;
   }
 
   /** Notes where a branch's agent left the replayed path (the first note stays). */
@@ -359,6 +439,7 @@ export class SessionStore {
   async delete(id: string, now: Date): Promise<boolean> {
     await this.close(id, now);
     this.bases.drop(id);
+    this.parsed.delete(id);
     const n = await this.redis.del(this.k.session(id), this.k.records(id), this.k.recordHeads(id), this.k.failures(id));
     return n > 0;
   }

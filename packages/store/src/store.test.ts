@@ -131,6 +131,38 @@ describe("SessionStore", () => {
     expect(await store.records("s-2")).toEqual([]);
   });
 
+  it("takes a call's number with its session read, none for a missing or closed session; every read sees the session as it is now", async () => {
+    const store = new SessionStore(redis, `${prefix}-s4`);
+    expect(await store.getForCall("s-4", { takeSeq: true })).toBeNull();
+    // No number was taken for the missing session: no hash was made for it.
+    expect(await redis.exists(`${prefix}-s4:{s:s-4}:session`)).toBe(0);
+    await store.create("s-4", session("s-4"), hashToken("t"), assignment, "0:0", new Date());
+    const first = (await store.getForCall("s-4", { takeSeq: true }))!;
+    const second = (await store.getForCall("s-4", { takeSeq: true }))!;
+    expect([first.seq, second.seq, await store.nextSeq("s-4")]).toEqual([0, 1, 2]);
+    expect((await store.getForCall("s-4"))!.seq).toBeUndefined();
+    // What changes between calls is read again each time (the static part is parsed once).
+    await store.appendRecord(
+      {
+        id: "c0", session_id: "s-4", seq: 0, created_at: new Date().toISOString(), protocol: "openai_chat", engine: "http://e", dp_rank: 0, weight_version: null,
+        request: { messages: [{ role: "user", content: "x" }], sampling: {} }, prompt_ids: [1], output_ids: [2], output_logprobs: [-1], finish_reason: "stop",
+        message: { content: "y", reasoning: null, tool_calls: [] }, usage: { prompt_tokens: 5, completion_tokens: 3, cached_tokens: 0 }, latency_ms: 1,
+      },
+      { id: "c0", seq: 0, message: { content: "y", reasoning: null, tool_calls: [] }, finish_reason: "stop", message_count: 1, conversation_key: "k" },
+    );
+    await store.noteLostCalls("s-4", { count: 1, first: { at: new Date().toISOString(), kind: "engine_unreachable", status: 502, message: "down" } });
+    const after = (await store.getForCall("s-4"))!.session;
+    expect(after.counts).toEqual({ llm_calls: 1, prompt_tokens: 5, completion_tokens: 3, cached_tokens: 0 });
+    expect(after.lost_calls.count).toBe(1);
+    await store.reassign("s-4", { ...assignment, dp_rank: 1 }, "0:1");
+    expect((await store.getForCall("s-4"))!.session.assignment?.dp_rank).toBe(1);
+    await store.close("s-4", new Date());
+    const closed = (await store.getForCall("s-4", { takeSeq: true }))!;
+    expect(closed.session.state).toBe("closed");
+    expect(closed.seq).toBeUndefined();
+    expect(await store.nextSeq("s-4")).toBe(3);
+  });
+
   it("counts lost calls and keeps the first cause; an unverified note counts only with the session's own token", async () => {
     const store = new SessionStore(redis, `${prefix}-s3`);
     await store.create("s-3", session("s-3"), hashToken("good"), assignment, "0:0", new Date());
@@ -270,7 +302,7 @@ describe("TaskStore", () => {
   });
 });
 
-describe("Lua scripts (ioredis defineCommand)", () => {
+describe("Lua scripts (EVALSHA, EVAL when the server lacks one)", () => {
   it("work on a fresh connection, again after SCRIPT FLUSH, and once defined per connection", async () => {
     // A connection no script was ever defined or run on.
     const fresh = new Redis(url);
@@ -280,7 +312,7 @@ describe("Lua scripts (ioredis defineCommand)", () => {
       expect(await store.markRunning("t-s1", { worker: "w", attempt: 1, sessionId: "s-1", now: new Date() })).toBe(true);
       expect(await store.requeue("t-s1", {})).toBe(true);
       // The server forgets every script (as a restarted or another cluster node would): the same
-      // scripts, which this connection has run, still work (ioredis resends the body on NOSCRIPT).
+      // scripts, which this connection has run, still work (the body is sent again on NOSCRIPT).
       await fresh.script("FLUSH");
       expect(await store.markRunning("t-s1", { worker: "w", attempt: 2, sessionId: "s-2", now: new Date() })).toBe(true);
       expect(await store.requeue("t-s1", {})).toBe(true);
@@ -292,6 +324,25 @@ describe("Lua scripts (ioredis defineCommand)", () => {
       expect(await store.finish("t-s1", resultOf("t-s1", "failed"), new Date(), 60)).toBe(false);
     } finally {
       fresh.disconnect();
+    }
+  });
+
+  it("answer binary values on an auto-pipelined connection (the gateway's), before and after SCRIPT FLUSH", async () => {
+    const piped = new Redis(url, { enableAutoPipelining: true });
+    try {
+      const store = new SessionStore(piped, `${prefix}-piped`);
+      await store.create("s-p", session("s-p"), hashToken("t"), assignment, "0:0", new Date());
+      const record: CompletionRecord = {
+        id: "c0", session_id: "s-p", seq: 0, created_at: new Date().toISOString(), protocol: "openai_chat", engine: "http://e", dp_rank: 0, weight_version: null,
+        request: { messages: [{ role: "user", content: "x" }], sampling: {} }, prompt_ids: [1, 2], output_ids: [3], output_logprobs: [-0.5], finish_reason: "stop",
+        message: { content: "y", reasoning: null, tool_calls: [] }, usage: { prompt_tokens: 2, completion_tokens: 1, cached_tokens: 0 }, latency_ms: 1,
+      };
+      await store.appendRecord(record, { id: "c0", seq: 0, message: record.message, finish_reason: "stop", message_count: 1, conversation_key: "k" });
+      expect((await store.record("s-p", 0))?.output_ids).toEqual([3]);
+      await piped.script("FLUSH");
+      expect((await store.record("s-p", 0))?.prompt_ids).toEqual([1, 2]);
+    } finally {
+      piped.disconnect();
     }
   });
 });

@@ -1,4 +1,4 @@
-import { createHash } from "node:crypto";
+import { hash } from "node:crypto";
 import type { AssistantOutput, CanonicalChatRequest, ChatMessage, CompletionRecord, ContentPart, RecordHead, ToolCall } from "@rollgate/protocol";
 
 /**
@@ -179,10 +179,10 @@ function messageKey(m: ChatMessage): string {
  * which are rendered into the prompt's head). Equal keys: the engine renders the same prompt.
  */
 export function conversationKey(messages: readonly ChatMessage[], tools: CanonicalChatRequest["tools"]): string {
-  const h = createHash("sha256");
-  h.update(stable(tools ?? []));
-  for (const m of messages) h.update("\u0000").update(messageKey(m));
-  return h.digest("base64url");
+  // One string, one digest (the same as feeding the parts in turn, at less CPU per call).
+  let text = stable(tools ?? []);
+  for (const m of messages) text += `\u0000${messageKey(m)}`;
+  return hash("sha256", text, "base64url");
 }
 
 /** The head of a record: what later calls read to restore history and find what they continue. */

@@ -92,7 +92,7 @@ export class ChatCaller {
   readonly normalizer = new HistoryNormalizer();
 
   /** `takenSeq`: the call's sequence number when the route took it already (with its session read). */
-  async prepare(given: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal, takenSeq?: Promise<number>): Promise<PreparedCall> {
+  async prepare(given: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal, takenSeq?: number): Promise<PreparedCall> {
     const { session, reroutedFrom } = await this.deps.rerouter.ensureHealthy(given);
     const { limits, counts, assignment } = session;
     if (!assignment) throw new CallRejected("session has no engine assignment", 500, "no_assignment");

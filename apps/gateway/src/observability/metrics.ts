@@ -62,6 +62,13 @@ export class GatewayMetrics {
   private readonly llmTokens: Counter<"protocol" | "engine" | "dp_rank" | "kind">;
   private readonly engineLatency: Histogram<"protocol" | "engine" | "dp_rank">;
   private readonly overhead: Histogram<"protocol">;
+  /**
+   * The per-call series of each (protocol, engine, rank), looked up once: prom-client validates
+   * and hashes a label set on every inc/observe given labels, five times per recorded call.
+   */
+  private readonly requestSeries = new Map<string, Counter.Internal>();
+  private readonly overheadSeries = new Map<string, Histogram.Internal<"protocol">>();
+  private readonly callSeries = new Map<string, { calls: Counter.Internal; prompt: Counter.Internal; completion: Counter.Internal; cached: Counter.Internal; latency: Histogram.Internal<"protocol" | "engine" | "dp_rank"> }>();
   private readonly pauseCuts: Counter<"engine" | "dp_rank">;
   private readonly httpRequests: Counter<"method" | "route" | "status_code">;
   private readonly refreshErrors: Counter<"source">;
@@ -187,14 +194,27 @@ export class GatewayMetrics {
 
   /** ChatCaller's `observe` hook: one recorded completion. */
   readonly observeCall = (record: CompletionRecord, call: PreparedCall): void => {
-    const labels = { protocol: record.protocol, engine: String(call.target.engineIndex), dp_rank: String(record.dp_rank) };
-    this.llmCalls.inc(labels);
-    this.llmTokens.inc({ ...labels, kind: "prompt" }, record.usage.prompt_tokens);
-    this.llmTokens.inc({ ...labels, kind: "completion" }, record.usage.completion_tokens);
-    this.llmTokens.inc({ ...labels, kind: "cached" }, record.usage.cached_tokens);
-    this.engineLatency.observe(labels, record.latency_ms / 1000);
-    const rank = { engine: labels.engine, dp_rank: labels.dp_rank };
-    if (record.continued_after_pause) this.pauseCuts.inc(rank, record.continued_after_pause);
+    const engine = String(call.target.engineIndex);
+    const dpRank = String(record.dp_rank);
+    const key = `${record.protocol}\u0000${engine}\u0000${dpRank}`;
+    let series = this.callSeries.get(key);
+    if (!series) {
+      const labels = { protocol: record.protocol, engine, dp_rank: dpRank };
+      series = {
+        calls: this.llmCalls.labels(labels),
+        prompt: this.llmTokens.labels({ ...labels, kind: "prompt" }),
+        completion: this.llmTokens.labels({ ...labels, kind: "completion" }),
+        cached: this.llmTokens.labels({ ...labels, kind: "cached" }),
+        latency: this.engineLatency.labels(labels),
+      };
+      this.callSeries.set(key, series);
+    }
+    series.calls.inc();
+    series.prompt.inc(record.usage.prompt_tokens);
+    series.completion.inc(record.usage.completion_tokens);
+    series.cached.inc(record.usage.cached_tokens);
+    series.latency.observe(record.latency_ms / 1000);
+    if (record.continued_after_pause) this.pauseCuts.inc({ engine, dp_rank: dpRank }, record.continued_after_pause);
     const scope = scopes.get(call.engineCall.signal);
     if (scope) {
       scope.engineMs += record.latency_ms;
@@ -219,8 +239,16 @@ export class GatewayMetrics {
 
   /** One answered HTTP request; for an agent request that recorded calls, its gateway overhead too. */
   observeRequest(method: string, route: string, statusCode: number, totalMs: number, scope: RequestScope | undefined): void {
-    this.httpRequests.inc({ method, route, status_code: String(statusCode) });
-    if (scope?.protocol) this.overhead.observe({ protocol: scope.protocol }, Math.max(0, totalMs - scope.engineMs) / 1000);
+    // Looked up once per series, as callSeries (routes are templates: the series are few).
+    const key = `${method}\u0000${route}\u0000${statusCode}`;
+    let requests = this.requestSeries.get(key);
+    if (!requests) this.requestSeries.set(key, (requests = this.httpRequests.labels({ method, route, status_code: String(statusCode) })));
+    requests.inc();
+    if (scope?.protocol) {
+      let overhead = this.overheadSeries.get(scope.protocol);
+      if (!overhead) this.overheadSeries.set(scope.protocol, (overhead = this.overhead.labels({ protocol: scope.protocol })));
+      overhead.observe(Math.max(0, totalMs - scope.engineMs) / 1000);
+    }
   }
 
   /** Reads every state metric (one scrape). A source that fails keeps its last values and counts an error. */

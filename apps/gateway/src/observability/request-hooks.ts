@@ -40,8 +40,9 @@ export function requestObservability(opts: { metrics: GatewayMetrics; sessionTas
       const scope: RequestScope = { engineMs: 0, protocol: null };
       (req as Scoped)[kScope] = scope;
       const sid = (req.params as { sid?: unknown }).sid;
-      // Nothing to add: the logger has its task id, or the session is known to have none.
-      if (typeof sid !== "string" || hasTaskBinding(req.log) || opts.sessionTasks.peek(sid) === null) return done();
+      // Nothing to add: the session is known to have no task, or the logger has its task id (the
+      // cheap test first: reading a logger's bindings parses them).
+      if (typeof sid !== "string" || opts.sessionTasks.peek(sid) === null || hasTaskBinding(req.log)) return done();
       opts.sessionTasks.taskOf(sid).then(
         (taskId) => {
           if (taskId) {

@@ -51,8 +51,8 @@ export interface AuthorizedSession {
   session: Session;
   /** The session's token hash: the key for signatures the gateway issues to this session. */
   tokenHash: string;
-  /** The call's sequence number, when it was taken in the same round trip as the session read (see authorizeSession). */
-  seq?: Promise<number>;
+  /** The call's sequence number, when it was taken in the same step as the session read (see authorizeSession). */
+  seq?: number;
 }
 
 export type AuthFailure = { status: 401 | 403; kind: "invalid_token" | "session_closed"; message: string };
@@ -80,11 +80,11 @@ function remember(sid: string, tokenHash: string, replay: boolean): void {
  * Checks the session token (Bearer, x-api-key, x-goog-api-key, or `extraToken` such as Gemini's ?key=).
  *
  * `takeSeq` (a call that goes to the engine if its session is open): when this process already
- * checked this token for this session, the call's sequence number is taken in the same round trip
- * as the session read, not one after, unless its body failed its schema, the session rate limit is
- * on (a refused call must not use up a number) or the session is a branch's (its calls' numbers
- * index the replayed rollout). A number taken by a call then refused (closed session, a limit) is
- * a gap like an aborted call's, which the records and trajectories already allow.
+ * checked this token for this session, the call's sequence number is taken by the command that
+ * reads the session (if it is open), not by one after, unless its body failed its schema, the
+ * session rate limit is on (a refused call must not use up a number) or the session is a branch's
+ * (its calls' numbers index the replayed rollout). A number taken by a call then refused (a limit)
+ * is a gap like an aborted call's, which the records and trajectories already allow.
  */
 export async function authorizeSession(
   ctx: GatewayContext,
@@ -97,14 +97,10 @@ export async function authorizeSession(
   if (token) presented.set(req, token);
   const k = token && takeSeq ? known.get(sid) : undefined;
   const early = k !== undefined && !k.replay && !req.validationError && !ctx.rateLimit?.enabled && tokenMatches(token!, k.tokenHash);
-  const seq = early ? ctx.sessions.nextSeq(sid) : undefined;
-  // Awaited by the call when it goes on; a refused call leaves it (a failure there is not this call's).
-  seq?.catch(() => undefined);
-  const found = token ? await ctx.sessions.getForCall(sid) : null;
+  // The session and (early) the call's number in one step: one Redis command per call, not two.
+  const found = token ? await ctx.sessions.getForCall(sid, { takeSeq: early }) : null;
   // (A token already checked against the known hash: that hash still being the session's suffices.)
   if (!token || !found || !(early ? found.tokenHash === k.tokenHash : tokenMatches(token, found.tokenHash))) {
-    // Deleted since: the increment re-created the session's hash with only its counter; drop it.
-    if (seq && !found) void seq.then(() => ctx.sessions.delete(sid, new Date())).catch(() => undefined);
     // One answer for an unknown session and a wrong token: a sandbox learns nothing of others.
     return { status: 401, kind: "invalid_token", message: "invalid session token" };
   }
@@ -113,7 +109,7 @@ export async function authorizeSession(
   // Over ROLLGATE_SESSION_RATE: throws a 429 the route renders in its protocol (with retry-after).
   authorized.add(req);
   if (ctx.rateLimit?.enabled) await ctx.rateLimit.check(req, sid);
-  return seq ? { ...found, seq } : found;
+  return found;
 }
 
 export function isAuthFailure(x: AuthorizedSession | AuthFailure): x is AuthFailure {

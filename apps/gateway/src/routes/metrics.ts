@@ -21,7 +21,7 @@ const schema = {
 export function metricsRoutes(ctx: GatewayContext, metrics: GatewayMetrics): FastifyPluginAsync {
   return async (app) => {
     // Read-only handle on the callbacks queue (the worker owns its jobs): counts and ages only.
-    const callbacks = callbackQueue({ connection: ctx.redis, keyPrefix: ctx.env.ROLLGATE_KEY_PREFIX, attempts: 1, backoffMs: 1000 });
+    const callbacks = callbackQueue({ connection: ctx.queueRedis, keyPrefix: ctx.env.ROLLGATE_KEY_PREFIX, attempts: 1, backoffMs: 1000 });
     callbacks.on("error", (err) => ctx.log.warn({ err: err.message }, "callbacks queue error (metrics)"));
     app.addHook("onClose", async () => {
       await callbacks.close().catch(() => undefined);

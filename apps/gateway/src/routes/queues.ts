@@ -60,7 +60,7 @@ function requireAdminKey(apiKey: string | undefined) {
  */
 export function queueBoardRoutes(ctx: GatewayContext): FastifyPluginAsync {
   return async (app) => {
-    const callbacks = callbackQueue({ connection: ctx.redis, keyPrefix: ctx.env.ROLLGATE_KEY_PREFIX, attempts: 1, backoffMs: 1000 });
+    const callbacks = callbackQueue({ connection: ctx.queueRedis, keyPrefix: ctx.env.ROLLGATE_KEY_PREFIX, attempts: 1, backoffMs: 1000 });
     callbacks.on("error", (err) => ctx.log.warn({ err: err.message }, "callbacks queue error (bull-board)"));
     app.addHook("onClose", async () => {
       await callbacks.close().catch(() => undefined);
