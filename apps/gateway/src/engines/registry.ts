@@ -1,3 +1,4 @@
+import { setMaxListeners } from "node:events";
 import { profileOf, type ModelProfile } from "@rollgate/models";
 import { rankMember } from "@rollgate/store";
 import { Agent, request } from "undici";
@@ -77,11 +78,15 @@ export class EngineRegistry {
 
   /** A call for the gateway's own requests to an engine's first rank (probes, preflight). */
   probeCall(engineIndex: number, model: string): TokenizeCall {
+    // Preflight sends its probes at once on this one signal (a listener each while in flight):
+    // more than Node's default of 10 is expected, not a leak.
+    const signal = AbortSignal.timeout(60_000);
+    setMaxListeners(0, signal);
     return {
       target: this.target(engineIndex, 0),
       model,
       request: { messages: [{ role: "user", content: "rollgate probe" }], sampling: {}, stream: false, client_logprobs: null },
-      signal: AbortSignal.timeout(60_000),
+      signal,
       dispatcher: this.dispatcher,
     };
   }
