@@ -99,3 +99,15 @@ export async function rejectUnlessOk(res: Dispatcher.ResponseData, url: string):
   const status = res.statusCode >= 400 && res.statusCode < 500 ? res.statusCode : 502;
   throw new EngineError(`engine ${url} answered ${res.statusCode}: ${message}`, status, "rejected");
 }
+
+/**
+ * One SSE chunk of an engine's chat stream, checked: `accepts` (field by field, one chunk per
+ * token) lets through what `schema` accepts; a chunk it refuses is parsed by the schema, so the
+ * EngineError names what is wrong with it.
+ */
+export function checkedChunk<T>(json: unknown, accepts: (x: unknown) => x is T, schema: z.ZodType<T>): T {
+  if (accepts(json)) return json;
+  const parsed = schema.safeParse(json);
+  if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
+  return parsed.data;
+}

@@ -4,7 +4,7 @@ import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStream
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "../errors.js";
-import { ChatLogprob, OpenAIUsage, isIntArray, isLogprob, isObj, isUsage, nullishInt, nullishIntArray, nullishStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
+import { ChatLogprob, checkedChunk, OpenAIUsage, isIntArray, isLogprob, isObj, isUsage, nullishInt, nullishIntArray, nullishStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
 import { promptIdsFields, type EngineCall } from "../call.js";
 import { fromSglang } from "./routed-experts.js";
@@ -142,10 +142,7 @@ function isSglangStreamChunk(x: unknown): x is SglangStreamChunk {
 
 /** One SSE chunk of SGLang's chat stream, checked (an EngineError names what is wrong with a bad one). */
 export function readSglangChunk(json: unknown): SglangStreamChunk {
-  if (isSglangStreamChunk(json)) return json;
-  const parsed = SglangStreamChunk.safeParse(json);
-  if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
-  return parsed.data;
+  return checkedChunk(json, isSglangStreamChunk, SglangStreamChunk);
 }
 
 const SglangChatResponse = z.object({

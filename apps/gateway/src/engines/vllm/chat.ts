@@ -4,7 +4,7 @@ import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStream
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "../errors.js";
-import { ChatLogprob, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
+import { ChatLogprob, checkedChunk, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
 import { promptIdsFields, type EngineCall } from "../call.js";
 import { wantsRoutedExperts, wholeAnswerStamp } from "../routed-experts.js";
@@ -134,10 +134,7 @@ function isVllmChunk(x: unknown): x is VllmChunk {
 
 /** One SSE chunk of vLLM's chat stream, checked (an EngineError names what is wrong with a bad one). */
 export function readVllmChunk(json: unknown): VllmChunk {
-  if (isVllmChunk(json)) return json;
-  const parsed = VllmChunk.safeParse(json);
-  if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
-  return parsed.data;
+  return checkedChunk(json, isVllmChunk, VllmChunk);
 }
 
 
