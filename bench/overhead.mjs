@@ -1,6 +1,6 @@
 // 1. Per-call overhead: the same chat calls straight to engine-sim, through a bare
 // @fastify/http-proxy, through the Portkey gateway, and through rollgate (recording on).
-import { mkdtempSync, rmSync } from "node:fs";
+import { copyFileSync, mkdtempSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { newestProfile, printProfile, summarizeProfile } from "./lib/cpuprofile.mjs";
@@ -57,6 +57,18 @@ export async function run({ quick = false, profile = !quick } = {}) {
   const cfg = quick
     ? { conc: [1, 16, 64], rounds: 3, durationS: 1, warmupS: 1 }
     : { conc: [1, 16, 64, 256], rounds: 3, durationS: 3, warmupS: 2 };
+  // For quicker side-by-side runs (defaults unchanged): BENCH_CONC=16,64, BENCH_ROUNDS=6,
+  // BENCH_DURATION_S=3, BENCH_TARGETS=fastify_proxy,rollgate (the names below), and BENCH_AB_ROOT=<another
+  // checkout, built>, whose gateway is measured too as rollgate_ab and rollgate_anthropic_ab.
+  const env = process.env;
+  if (env.BENCH_CONC) cfg.conc = env.BENCH_CONC.split(",").map(Number);
+  if (env.BENCH_ROUNDS) cfg.rounds = Number(env.BENCH_ROUNDS);
+  if (env.BENCH_DURATION_S) cfg.durationS = Number(env.BENCH_DURATION_S);
+  const only = env.BENCH_TARGETS ? new Set(env.BENCH_TARGETS.split(",")) : null;
+  const abRoot = env.BENCH_AB_ROOT;
+  // BENCH_RATE=<req/s>: every target gets the same total request rate instead of as many as it
+  // answers (an A/B at equal load: CPU per call falls as load rises, each wake-up serving more calls).
+  const rate = env.BENCH_RATE ? Number(env.BENCH_RATE) : 0;
   const maxConc = Math.max(...cfg.conc);
   const prefix = uniquePrefix("overhead");
   /** @type {import("./lib/procs.mjs").Child[]} */
@@ -66,14 +78,18 @@ export async function run({ quick = false, profile = !quick } = {}) {
   try {
     const engine = await startEngineSim({ "ttft-ms": TTFT_MS, "tpot-ms": 0, "random-tokens": 16 });
     procs.push(engine);
-    const [proxy, portkey, gateway] = await Promise.all([
+    const [proxy, portkey, gateway, gatewayAb] = await Promise.all([
       startFastifyProxy(engine.ready),
       startPortkey(),
       startGateway({ prefix, engineUrl: engine.ready }),
+      abRoot ? startGateway({ prefix: `${prefix}-ab`, engineUrl: engine.ready, root: abRoot }) : null,
     ]);
     procs.push(proxy, portkey, gateway);
+    if (gatewayAb) procs.push(gatewayAb);
     const oa = await openSessions(gateway.ready, maxConc);
     const an = await openSessions(gateway.ready, maxConc);
+    const oaAb = gatewayAb ? await openSessions(gatewayAb.ready, maxConc) : [];
+    const anAb = gatewayAb ? await openSessions(gatewayAb.ready, maxConc) : [];
     const portkeyHeaders = { "x-portkey-provider": "openai", "x-portkey-custom-host": `${engine.ready}/v1`, authorization: "Bearer sk-bench" };
 
     // Each target: a function of the connection index → {url, headers, body}.
@@ -91,6 +107,15 @@ export async function run({ quick = false, profile = !quick } = {}) {
         body: anthropicBody,
       }),
     };
+    if (gatewayAb) {
+      targets.rollgate_ab = (i) => ({ url: `${oaAb[i].urls.openai}/chat/completions`, headers: { authorization: `Bearer ${oaAb[i].token}` }, body: openaiBody });
+      targets.rollgate_anthropic_ab = (i) => ({
+        url: `${anAb[i].urls.anthropic}/v1/messages`,
+        headers: { "x-api-key": anAb[i].token, "anthropic-version": "2023-06-01" },
+        body: anthropicBody,
+      });
+    }
+    if (only) for (const name of Object.keys(targets)) if (!only.has(name) && !name.endsWith("_ab")) delete targets[name];
     // One call each before any load: every target must answer 200, or the run says why.
     const probes = await Promise.all([
       ...Object.entries(targets).map(([name, t]) => {
@@ -109,7 +134,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
 
     // CPU per call of the process in the middle (proxy, Portkey, gateway) and of the engine.
     /** @type {Record<string, import("./lib/procs.mjs").Child | null>} */
-    const middle = { direct: null, direct_tokens: null, fastify_proxy: proxy, portkey, rollgate: gateway, rollgate_anthropic: gateway };
+    const middle = { direct: null, direct_tokens: null, fastify_proxy: proxy, portkey, rollgate: gateway, rollgate_anthropic: gateway, rollgate_ab: gatewayAb, rollgate_anthropic_ab: gatewayAb };
     const cpu = (/** @type {string} */ name) => ({ middle: middle[name] ? procCpu(middle[name].proc.pid).self : 0, engine: procCpu(engine.proc.pid).self });
     /** @type {Record<number, Record<string, Round[]>>} */
     const raw = {}; // raw[c][target] = [{rps, p50, p99, ok, non2xx, errors, cpu}]
@@ -122,7 +147,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
       }
       for (let r = 0; r < cfg.rounds; r++) {
         for (const [name, t] of Object.entries(targets)) {
-          const conns = Array.from({ length: c }, (_, i) => t(i));
+          const conns = Array.from({ length: c }, (_, i) => (rate ? { ...t(i), rate: rate / c } : t(i)));
           const cpu0 = cpu(name);
           const res = await load(conns, cfg.durationS);
           const cpu1 = cpu(name);
@@ -162,17 +187,19 @@ export async function run({ quick = false, profile = !quick } = {}) {
         });
       }
       const s = summary[c];
-      const d = s.direct;
+      // A target left out by BENCH_TARGETS gives NaN ratios.
+      const none = { p50_ms: NaN, rps: NaN, middle_cpu_ms_per_call: NaN };
+      const d = s.direct ?? none;
       for (const name of Object.keys(targets)) {
         const x = s[name];
         x.added_p50_ms = round(x.p50_ms - d.p50_ms, 3);
-        x.added_p99_ms = round(x.p99_ms - d.p99_ms, 3);
+        x.added_p99_ms = round(x.p99_ms - (s.direct?.p99_ms ?? NaN), 3);
         // Versus the engine doing the same work rollgate asks of it (ids + logprobs).
-        x.added_p50_vs_tokens_ms = round(x.p50_ms - s.direct_tokens.p50_ms, 3);
-        x.rps_vs_fastify_proxy = round(x.rps / s.fastify_proxy.rps, 3);
-        x.rps_vs_portkey = round(x.rps / s.portkey.rps, 3);
+        x.added_p50_vs_tokens_ms = round(x.p50_ms - (s.direct_tokens ?? none).p50_ms, 3);
+        x.rps_vs_fastify_proxy = round(x.rps / (s.fastify_proxy ?? none).rps, 3);
+        x.rps_vs_portkey = round(x.rps / (s.portkey ?? none).rps, 3);
         const base = name === "direct" || name === "direct_tokens";
-        const cpuVsProxy = base ? null : round(x.middle_cpu_ms_per_call / s.fastify_proxy.middle_cpu_ms_per_call, 2);
+        const cpuVsProxy = base ? null : round(x.middle_cpu_ms_per_call / (s.fastify_proxy ?? none).middle_cpu_ms_per_call, 2);
         rows.push([c, name, x.rps, x.p50_ms, x.p99_ms, name === "direct" ? null : x.added_p50_ms, name === "direct" ? null : x.added_p99_ms, base ? null : x.added_p50_vs_tokens_ms, x.rps_vs_fastify_proxy, x.rps_vs_portkey, base ? null : x.middle_cpu_ms_per_call, cpuVsProxy, x.engine_cpu_ms_per_call, x.non2xx + x.errors]);
       }
     }
@@ -222,8 +249,9 @@ export function goals(summary) {
   const paths = /** @type {const} */ ([["openai", "rollgate"], ["anthropic", "rollgate_anthropic"]]);
   for (const c of [16, 64]) {
     const s = summary[c];
-    if (!s) continue;
+    if (!s?.fastify_proxy) continue;
     for (const [path, name] of paths) {
+      if (!s[name]) continue;
       const ratio = round(s[name].middle_cpu_ms_per_call / s.fastify_proxy.middle_cpu_ms_per_call, 3);
       out[`cpu_per_call_vs_proxy_${path}_at_${c}`] = { target: "≤ 1.5×", value: ratio, met: ratio <= 1.5 };
     }
@@ -231,14 +259,16 @@ export function goals(summary) {
   const s64 = summary[64];
   if (s64) {
     for (const [path, name] of paths) {
+      if (!s64[name]) continue;
       out[`rps_vs_proxy_${path}_at_64`] = { target: "≥ 0.9×", value: s64[name].rps_vs_fastify_proxy, met: s64[name].rps_vs_fastify_proxy >= 0.9 };
       out[`rps_vs_portkey_${path}_at_64`] = { target: "≥ 2×", value: s64[name].rps_vs_portkey, met: s64[name].rps_vs_portkey >= 2 };
     }
   }
   for (const c of [1, 16]) {
     const s = summary[c];
-    if (!s) continue;
+    if (!s?.fastify_proxy) continue;
     for (const [path, name] of paths) {
+      if (!s[name]) continue;
       const over = round(s[name].added_p50_ms - s.fastify_proxy.added_p50_ms, 3);
       out[`added_p50_over_proxy_ms_${path}_at_${c}`] = { target: "≤ 1 ms", value: over, met: over <= 1 };
     }
@@ -269,6 +299,8 @@ async function profileGateway(engineUrl, cfg) {
     await stop(gateway);
     gateway = null;
     const file = newestProfile(dir);
+    // BENCH_PROFILE_OUT=<file>: keep the raw .cpuprofile (for a closer look in DevTools).
+    if (file && process.env.BENCH_PROFILE_OUT) copyFileSync(file, process.env.BENCH_PROFILE_OUT);
     const summary = file ? summarizeProfile(file, { skipMs }) : null;
     const cpuPerCall = round(cpuMs / Math.max(1, res.ok), 3);
     if (summary) {

@@ -5,7 +5,7 @@
 import { performance } from "node:perf_hooks";
 import autocannon from "autocannon";
 
-/** @typedef {{ url: string, headers?: Record<string, string>, body?: string, maxRequests?: number }} Target one connection's requests */
+/** @typedef {{ url: string, headers?: Record<string, string>, body?: string, maxRequests?: number, rate?: number }} Target one connection's requests (`rate`: at most this many per second) */
 /** @typedef {{ ok: number, non2xx: number, errors: number, firstBadStatus: number | null }} Counts */
 
 /**
@@ -28,6 +28,7 @@ function runOne(opts, latencies, counts) {
         timeout: 30,
         // A run is bounded in count as well as in time.
         maxConnectionRequests: opts.maxRequests ?? 100_000,
+        ...(opts.rate ? { connectionRate: opts.rate } : {}),
       },
       (err, res) => (err ? reject(err) : resolve(res)),
     );

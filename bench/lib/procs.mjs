@@ -73,7 +73,7 @@ for (const sig of ["SIGINT", "SIGTERM"]) {
   });
 }
 
-const app = (/** @type {string} */ name) => path.join(REPO_ROOT, "apps", name, "dist", "main.js");
+const app = (/** @type {string} */ name, root = REPO_ROOT) => path.join(root, "apps", name, "dist", "main.js");
 
 /**
  * engine-sim: `opts` are its CLI flags, e.g. {dp: 4, "ttft-ms": 20}.
@@ -84,9 +84,12 @@ export function startEngineSim(opts = {}) {
   return start("engine-sim", [app("engine-sim"), ...flags], { ready: /^engine-sim ready: (\S+)/ });
 }
 
-/** @param {{ prefix: string, engineUrl: string, kind?: "vllm" | "sglang", dp?: number, env?: Record<string, string>, nodeArgs?: string[] }} options */
-export function startGateway({ prefix, engineUrl, kind = "vllm", dp = 1, env = {}, nodeArgs = [] }) {
-  return start("gateway", [app("gateway"), "--port", "0"], {
+/**
+ * `root`: the checkout whose built gateway runs (another worktree, for side-by-side A/B runs).
+ * @param {{ prefix: string, engineUrl: string, kind?: "vllm" | "sglang", dp?: number, env?: Record<string, string>, nodeArgs?: string[], root?: string }} options
+ */
+export function startGateway({ prefix, engineUrl, kind = "vllm", dp = 1, env = {}, nodeArgs = [], root = REPO_ROOT }) {
+  return start("gateway", [app("gateway", root), "--port", "0"], {
     nodeArgs,
     ready: /^gateway ready: (\S+)/,
     env: {
