@@ -4,10 +4,12 @@ import { ZodError } from "zod";
 import { agentRequests } from "./__fixtures__/agent-requests.js";
 import { StreamAccumulator } from "./accumulate.js";
 import {
+  AnthropicRequest,
   AnthropicStreamEncoder,
   anthropicError,
   anthropicErrorType,
   fromAnthropic,
+  fromValidAnthropic,
   toAnthropicResponse,
 } from "./anthropic.js";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
@@ -486,6 +488,11 @@ describe("recorded agent requests", () => {
     expect(recorded.map((r) => `${r.cli}.${r.kind}`)).toEqual(
       expect.arrayContaining(["claude-code", "opencode", "pi"].flatMap((cli) => [`${cli}.main`, `${cli}.tool-result`])),
     );
+  });
+
+  // The gateway's route parses the body once (its schema) and converts that: the same call.
+  it.each(recorded.map((r) => [r.file, r] as const))("%s: the body the route validated converts to the same call", (_file, { body, reasoning_key }) => {
+    expect(fromValidAnthropic(AnthropicRequest.parse(body), { reasoningKey: reasoning_key })).toEqual(fromAnthropic(body, { reasoningKey: reasoning_key }));
   });
 
   it.each(recorded.map((r) => [r.file, r] as const))("accepts %s and keeps every message, call, result and tool", (_file, { url, body: raw, reasoning_key }) => {

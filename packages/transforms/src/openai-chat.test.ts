@@ -4,7 +4,7 @@ import { ZodError } from "zod";
 import { agentRequests } from "./__fixtures__/agent-requests.js";
 import type { EngineResult } from "./canonical.js";
 import { StreamAccumulator } from "./accumulate.js";
-import { fromOpenAIChat, toOpenAIChatChunk, toOpenAIChatResponse } from "./openai-chat.js";
+import { OpenAIChatRequest, fromOpenAIChat, fromValidOpenAIChat, toOpenAIChatChunk, toOpenAIChatResponse } from "./openai-chat.js";
 import { applySessionSampling } from "./sampling.js";
 
 // What the OpenAI SDK sends for an agent's second turn: the assistant message echoed back as it
@@ -285,6 +285,17 @@ describe("recorded agent requests (OpenAI chat)", () => {
     expect(recorded.map((r) => `${r.cli}.${r.kind}`)).toEqual(
       expect.arrayContaining(["qwen-code", "opencode", "pi"].flatMap((cli) => [`${cli}.main`, `${cli}.tool-result`])),
     );
+  });
+
+  // The gateway's route parses the body once (its schema) and converts that: the same call as
+  // parsing here, so a body's meaning does not depend on which entry point read it.
+  it.each(recorded.map((r) => [r.file, r] as const))("%s: the body the route validated converts to the same call", (_file, { body }) => {
+    expect(fromValidOpenAIChat(OpenAIChatRequest.parse(body))).toEqual(fromOpenAIChat(body));
+  });
+
+  it("refuses top_logprobs without logprobs from a validated body too", () => {
+    const body = OpenAIChatRequest.parse({ messages: [{ role: "user", content: "hi" }], top_logprobs: 2 });
+    expect(() => fromValidOpenAIChat(body)).toThrow(/top_logprobs requires logprobs: true/);
   });
 
   it.each(recorded.map((r) => [r.file, r] as const))("accepts %s and keeps every message and tool", (_file, { body: raw }) => {

@@ -4,7 +4,7 @@ import {
   AnthropicStreamEncoder,
   anthropicError,
   anthropicErrorType,
-  fromAnthropic,
+  fromValidAnthropic,
   toAnthropicResponse,
   type AnthropicCall,
 } from "@rollgate/transforms";
@@ -69,7 +69,9 @@ async function authorizeAndParse(
     return null;
   }
   rejectInvalid(req);
-  const call = fromAnthropic(req.body, { reasoningKey: auth.tokenHash });
+  // Both routes here declare AnthropicRequest as their body: it passed that schema on the way in
+  // (rejectInvalid), so it is not parsed a second time.
+  const call = fromValidAnthropic(req.body as AnthropicRequest, { reasoningKey: auth.tokenHash });
   if (call.droppedThinking > 0) {
     req.log.debug({ sid: req.params.sid, dropped: call.droppedThinking }, "dropped thinking blocks this session did not issue");
   }

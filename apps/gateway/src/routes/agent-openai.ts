@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { OpenAIChatRequest, fromOpenAIChat, openAIError, toOpenAIChatChunk, toOpenAIChatResponse } from "@rollgate/transforms";
+import { OpenAIChatRequest, fromValidOpenAIChat, openAIError, toOpenAIChatChunk, toOpenAIChatResponse } from "@rollgate/transforms";
 import type { FastifyPluginAsync } from "fastify";
 import type { ZodTypeProvider } from "fastify-type-provider-zod";
 import type { GatewayContext } from "../context.js";
@@ -38,7 +38,8 @@ export function openAIAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const auth = await authorizeSession(ctx, req, req.params.sid, undefined, { takeSeq: true });
       if (isAuthFailure(auth)) return sendOpenAIAuthFailure(reply, auth);
       rejectInvalid(req);
-      const call = fromOpenAIChat(req.body);
+      // The body passed its schema on the way in (rejectInvalid): not parsed a second time.
+      const call = fromValidOpenAIChat(req.body);
       const prepared = await ctx.caller.prepare(auth.session, "openai_chat", call.canonical, clientAbortSignal(reply), auth.seq);
       const out = {
         id: `chatcmpl-${randomUUID().replaceAll("-", "")}`,
