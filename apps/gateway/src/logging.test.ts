@@ -8,7 +8,7 @@ import { Writable } from "node:stream";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startSimFleet, type SimFleet } from "./__fixtures__/harness.js";
-import { maskUrl, redactingLogger } from "./observability/logging.js";
+import { SessionTaskCache, maskUrl, redactingLogger, requestChildLogger } from "./observability/logging.js";
 
 let fleet: SimFleet;
 
@@ -146,6 +146,36 @@ describe("gateway logs", () => {
     expect(agentRequests).toBe(calls.length + 2);
     // Trainer routes name their session too.
     expect(requestLines.some((l) => l.session_id === s.id && (l.req as { url?: string } | undefined)?.url === `/v1/sessions/${s.id}`)).toBe(true);
+  });
+
+  it("a request's logger writes the lines its pino child would, made only when it first logs", async () => {
+    const out = capture();
+    const parent = out.logger.child({});
+    parent.level = "info";
+    const tasks = new SessionTaskCache(async () => ({ metadata: { task_id: "t-lazy" } }) as never);
+    await tasks.taskOf("s-lazy");
+    let made = 0;
+    const counting = Object.assign(Object.create(parent) as pino.Logger, {
+      child: (...args: Parameters<pino.Logger["child"]>) => {
+        made++;
+        return parent.child(...args);
+      },
+    });
+    const factory = requestChildLogger(tasks);
+    const rawReq = { url: "/s/s-lazy/v1/chat/completions" } as never;
+    const quiet = factory(counting, { reqId: "req-1" }, {}, rawReq);
+    quiet.debug("below the level");
+    expect(made).toBe(0);
+    expect(out.text()).toBe("");
+    const log = factory(counting, { reqId: "req-2" }, {}, rawReq);
+    log.warn({ detail: 1 }, "a warning");
+    log.info("and more");
+    expect(made).toBe(1);
+    expect(out.lines().map(({ reqId, session_id, task_id, detail, msg }) => ({ reqId, session_id, task_id, detail, msg }))).toEqual([
+      { reqId: "req-2", session_id: "s-lazy", task_id: "t-lazy", detail: 1, msg: "a warning" },
+      { reqId: "req-2", session_id: "s-lazy", task_id: "t-lazy", detail: undefined, msg: "and more" },
+    ]);
+    expect((log.child({ extra: true }) as pino.Logger).bindings()).toMatchObject({ reqId: "req-2", session_id: "s-lazy", task_id: "t-lazy", extra: true });
   });
 
   it("redacts secrets in objects logged through the gateway logger, and masks credential query parameters", () => {

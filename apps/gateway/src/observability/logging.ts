@@ -153,6 +153,10 @@ export class SessionTaskCache {
  * Fastify's `childLoggerFactory`: the request logger gets the session id (and the task id when
  * the cache knows it) from the URL, so even the "incoming request" line carries them. The
  * requestObservability plugin adds the task id after its lookup for a session seen first.
+ *
+ * The logger is made when the request first logs at an enabled level (or asks for a child or its
+ * bindings): most agent requests log nothing, and a pino child per request (its bindings
+ * serialised up front) was a visible share of the gateway's CPU per call.
  */
 export function requestChildLogger(sessionTasks: SessionTaskCache) {
   return function childLoggerFactory(
@@ -161,20 +165,84 @@ export function requestChildLogger(sessionTasks: SessionTaskCache) {
     opts: ChildLoggerOptions,
     rawReq: IncomingMessage,
   ): FastifyBaseLogger {
-    const ids = idsFromUrl(rawReq.url);
-    const extra: Bindings = { ...ids };
-    if (ids.session_id && !ids.task_id) {
-      const taskId = sessionTasks.peek(ids.session_id);
-      if (taskId) extra.task_id = taskId;
-    }
-    const child = logger.child({ ...bindings, ...extra }, opts);
-    if (extra.task_id) taskBound.add(child);
-    return child;
+    return new RequestLogger(logger, bindings, opts, rawReq.url, sessionTasks);
   };
 }
 
-/** Request loggers the factory gave a task id. */
-const taskBound = new WeakSet<object>();
+type LevelMethod = "fatal" | "error" | "warn" | "info" | "debug" | "trace";
+
+/** A request's logger, made on first use (see requestChildLogger); lines are those of the logger it stands for. */
+class RequestLogger implements FastifyBaseLogger {
+  private made: FastifyBaseLogger | null = null;
+  private ids: Bindings | null = null;
+
+  constructor(
+    private readonly parent: FastifyBaseLogger,
+    private readonly base: Bindings,
+    private readonly opts: ChildLoggerOptions,
+    private readonly url: string | undefined,
+    private readonly sessionTasks: SessionTaskCache,
+  ) {}
+
+  /** The ids the URL names, and the session's task id when the cache knows it. */
+  extra(): Bindings {
+    if (this.ids) return this.ids;
+    const ids = idsFromUrl(this.url);
+    const extra: Bindings = { ...ids };
+    if (ids.session_id && !ids.task_id) {
+      const taskId = this.sessionTasks.peek(ids.session_id);
+      if (taskId) extra.task_id = taskId;
+    }
+    return (this.ids = extra);
+  }
+
+  private logger(): FastifyBaseLogger {
+    return (this.made ??= this.parent.child({ ...this.base, ...this.extra() }, this.opts));
+  }
+
+  private write(level: LevelMethod, args: unknown[]): void {
+    // A level the parent has off stays off in its child (nobody sets a request logger's level).
+    if (!this.made && !(this.parent as Partial<Logger>).isLevelEnabled?.(level)) return;
+    (this.logger()[level] as (...a: unknown[]) => void)(...args);
+  }
+
+  get level(): string {
+    return this.made ? this.made.level : this.parent.level;
+  }
+  set level(level: string) {
+    this.logger().level = level;
+  }
+  fatal(...args: unknown[]): void {
+    this.write("fatal", args);
+  }
+  error(...args: unknown[]): void {
+    this.write("error", args);
+  }
+  warn(...args: unknown[]): void {
+    this.write("warn", args);
+  }
+  info(...args: unknown[]): void {
+    this.write("info", args);
+  }
+  debug(...args: unknown[]): void {
+    this.write("debug", args);
+  }
+  trace(...args: unknown[]): void {
+    this.write("trace", args);
+  }
+  silent(): void {}
+  child(bindings: Bindings, options?: ChildLoggerOptions): FastifyBaseLogger {
+    return this.logger().child(bindings, options);
+  }
+  bindings(): Bindings {
+    return (this.logger() as unknown as Logger).bindings();
+  }
+  isLevelEnabled(level: string): boolean {
+    return ((this.made ?? this.parent) as unknown as Logger).isLevelEnabled(level);
+  }
+}
+
+/** Whether a request logger carries a task id from the start (no parse of a logger's bindings). */
 export function boundToTask(log: unknown): boolean {
-  return typeof log === "object" && log !== null && taskBound.has(log);
+  return log instanceof RequestLogger && log.extra().task_id !== undefined;
 }
