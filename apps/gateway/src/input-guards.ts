@@ -14,22 +14,38 @@ import { errorBody } from "./errors.js";
 /** JSON nested deeper than this is refused (JSON.stringify overflows the stack near 5,000 levels; no SDK nests past ~50). */
 export const MAX_JSON_DEPTH = 512;
 
-/** Whether JSON text nests (arrays and objects) deeper than `max`; linear, strings skipped. */
+/**
+ * Whether JSON text nests (arrays and objects) deeper than `max`; linear, strings skipped. A string
+ * is jumped over with indexOf (its closing quote: the next one after an even run of backslashes)
+ * rather than read char by char: an agent's body is mostly string (the history), and this runs on
+ * every call before JSON.parse.
+ */
 export function jsonDepthExceeds(text: string, max = MAX_JSON_DEPTH): boolean {
   if (text.length <= max) return false;
   let depth = 0;
-  let inString = false;
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i);
-    if (inString) {
-      if (c === 0x5c) i++; // backslash: skip the escaped char
-      else if (c === 0x22) inString = false;
-    } else if (c === 0x22) inString = true;
-    else if (c === 0x5b || c === 0x7b) {
+    if (c === 0x22) {
+      const close = closingQuote(text, i);
+      if (close < 0) return false; // unterminated: JSON.parse refuses it
+      i = close;
+    } else if (c === 0x5b || c === 0x7b) {
       if (++depth > max) return true;
     } else if (c === 0x5d || c === 0x7d) depth--;
   }
   return false;
+}
+
+/** The index of the quote that closes the string opened at `open`, or -1. */
+function closingQuote(text: string, open: number): number {
+  for (let from = open + 1; ; ) {
+    const q = text.indexOf('"', from);
+    if (q < 0) return -1;
+    let backslashes = 0;
+    for (let b = q - 1; b > open && text.charCodeAt(b) === 0x5c; b--) backslashes++;
+    if (backslashes % 2 === 0) return q;
+    from = q + 1;
+  }
 }
 
 /** A JSON body the gateway refuses: a 400 every route renders in its protocol's error shape. */
