@@ -1,6 +1,8 @@
 import type { AssistantOutput, ChatMessage, RecordHead, ToolDefinition } from "@rollgate/protocol";
+import { hash } from "node:crypto";
+import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { findExtendedRecord, matchEchoedHistory, recordHead, restoreEchoedHistory } from "./echoed-history.js";
+import { conversationKey, findExtendedRecord, matchEchoedHistory, recordHead, restoreEchoedHistory } from "./echoed-history.js";
 
 /** A record as the gateway stores it, read back as its head (what the functions see). */
 function record(seq: number, messages: ChatMessage[], message: Partial<AssistantOutput>, tools?: ToolDefinition[]): RecordHead {
@@ -126,5 +128,74 @@ describe("findExtendedRecord", () => {
     expect(findExtendedRecord({ messages: h2.messages, tools: TOOLS }, h2)).toEqual({ record: r0, index: 2 });
     const ending = matchEchoedHistory(agentEcho.slice(0, 3), [r0]);
     expect(findExtendedRecord({ messages: ending.messages, tools: TOOLS }, ending)).toBeNull();
+  });
+});
+
+// conversation_key is stored with every record: the key of a conversation must stay the string it
+// was first written as (sorted-key JSON of one array per message), whatever builds it.
+describe("conversationKey", () => {
+  const stable = (v: unknown): string => {
+    if (v === undefined) return "null";
+    if (v === null || typeof v !== "object") return JSON.stringify(v);
+    if (Array.isArray(v)) return `[${v.map(stable).join(",")}]`;
+    const o = v as Record<string, unknown>;
+    return `{${Object.keys(o)
+      .filter((k) => o[k] !== undefined)
+      .sort()
+      .map((k) => `${JSON.stringify(k)}:${stable(o[k])}`)
+      .join(",")}}`;
+  };
+  const argsKey = (args: string) => {
+    try {
+      return stable(JSON.parse(args));
+    } catch {
+      return `raw:${args}`;
+    }
+  };
+  const text = (c: unknown): string =>
+    c == null ? "" : typeof c === "string" ? c : (c as { type: string; text?: string; image_url?: { url: string } }[]).map((p) => (p.type === "text" ? p.text : `[image:${p.image_url!.url}]`)).join("\n");
+  const referenceKey = (m: ChatMessage): string => {
+    switch (m.role) {
+      case "system":
+        return stable(["system", text(m.content)]);
+      case "user":
+        return stable(["user", text(m.content), m.name ?? null]);
+      case "tool":
+        return stable(["tool", text(m.content)]);
+      case "assistant":
+        return stable(["assistant", text(m.content).trim(), m.reasoning ?? "", (m.tool_calls ?? []).map((c) => [c.function.name, argsKey(c.function.arguments)])]);
+    }
+  };
+  const reference = (messages: ChatMessage[], tools: ToolDefinition[] | undefined) =>
+    hash("sha256", [stable(tools ?? []), ...messages.map(referenceKey)].join("\u0000"), "base64url");
+
+  const str = fc.string({ unit: "binary", maxLength: 40 });
+  const content = fc.oneof(
+    str,
+    fc.array(fc.oneof(str.map((t) => ({ type: "text" as const, text: t })), str.map((url) => ({ type: "image_url" as const, image_url: { url } }))), { maxLength: 3 }),
+  );
+  const args = fc.oneof(str, fc.json(), fc.constant(""));
+  const message: fc.Arbitrary<ChatMessage> = fc.oneof(
+    str.map((c) => ({ role: "system" as const, content: c })),
+    fc.record({ role: fc.constant("user" as const), content, name: fc.option(str, { nil: undefined }) }),
+    fc.record({ role: fc.constant("tool" as const), content: str, tool_call_id: str }),
+    fc.record({
+      role: fc.constant("assistant" as const),
+      content: fc.option(str, { nil: null }),
+      reasoning: fc.option(str, { nil: undefined }),
+      tool_calls: fc.option(fc.array(fc.record({ id: str, type: fc.constant("function" as const), function: fc.record({ name: str, arguments: args }) }), { maxLength: 3 }), { nil: undefined }),
+    }),
+  ) as fc.Arbitrary<ChatMessage>;
+
+  it("is the hash of the sorted-key JSON of each message, as first written", () => {
+    fc.assert(
+      fc.property(fc.array(message, { maxLength: 8 }), (messages) => {
+        expect(conversationKey(messages, undefined)).toBe(reference(messages, undefined));
+      }),
+      { numRuns: 3000 },
+    );
+    const tools: ToolDefinition[] = [{ type: "function", function: { name: "shell", parameters: { type: "object", properties: { b: {}, a: {} } } } }];
+    const messages: ChatMessage[] = [{ role: "user", content: "hi" }];
+    expect(conversationKey(messages, tools)).toBe(reference(messages, tools));
   });
 });

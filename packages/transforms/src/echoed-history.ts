@@ -157,20 +157,21 @@ export function restoreEchoedHistory(messages: readonly ChatMessage[], records: 
  * same whichever normalised form it was sent in.
  */
 function messageKey(m: ChatMessage): string {
+  // Spelled out, the string stable() makes of the same arrays (keys are stored with records, so
+  // they must not change): this runs over every message of every recorded call, and building the
+  // arrays to walk them again was most of its cost on long conversations.
   switch (m.role) {
     case "system":
-      return stable(["system", contentText(m.content)]);
+      return `["system",${JSON.stringify(contentText(m.content))}]`;
     case "user":
-      return stable(["user", contentText(m.content), m.name ?? null]);
+      return `["user",${JSON.stringify(contentText(m.content))},${stable(m.name ?? null)}]`;
     case "tool":
-      return stable(["tool", contentText(m.content)]);
-    case "assistant":
-      return stable([
-        "assistant",
-        contentText(m.content).trim(),
-        m.reasoning ?? "",
-        (m.tool_calls ?? []).map((c) => [c.function.name, argsKey(c.function.arguments)]),
-      ]);
+      return `["tool",${JSON.stringify(contentText(m.content))}]`;
+    case "assistant": {
+      let calls = "";
+      for (const c of m.tool_calls ?? []) calls += `${calls ? "," : ""}[${stable(c.function.name)},${JSON.stringify(argsKey(c.function.arguments))}]`;
+      return `["assistant",${JSON.stringify(contentText(m.content).trim())},${stable(m.reasoning ?? "")},[${calls}]]`;
+    }
   }
 }
 
