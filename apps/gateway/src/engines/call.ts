@@ -40,3 +40,15 @@ export function promptIdsFields(p: EngineCall["promptIds"]): Record<string, unkn
   if (p.field === "kv_transfer_params") return { kv_transfer_params: { prompt_token_ids: p.ids } };
   return { [p.field]: p.ids };
 }
+
+const routeUrls = new Map<string, URL>();
+/**
+ * An engine route's URL, parsed once: undici parses a string URL on every request (a WHATWG URL
+ * parse per engine call), and a URL it is given is used as is. Engines and routes are few.
+ */
+export function engineUrl(base: string, path: string): URL {
+  const key = base + path;
+  let url = routeUrls.get(key);
+  if (!url) routeUrls.set(key, (url = new URL(key)));
+  return url;
+}

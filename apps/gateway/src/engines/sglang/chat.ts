@@ -6,7 +6,7 @@ import { z } from "zod";
 import { EngineError } from "../errors.js";
 import { ChatLogprob, checkedChunk, OpenAIUsage, isIntArray, isLogprob, isObj, isUsage, nullishInt, nullishIntArray, nullishStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
-import { promptIdsFields, type EngineCall } from "../call.js";
+import { engineUrl, promptIdsFields, type EngineCall } from "../call.js";
 import { fromSglang } from "./routed-experts.js";
 
 /**
@@ -176,7 +176,7 @@ export async function sglangPost(call: Omit<EngineCall, "requestId"> & { request
   const url = call.target.engine.url;
   let res: Dispatcher.ResponseData;
   try {
-    res = await request(`${url}${path}`, {
+    res = await request(engineUrl(url, path), {
       method: "POST",
       dispatcher: call.dispatcher,
       signal: call.signal,

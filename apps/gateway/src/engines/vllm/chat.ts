@@ -6,7 +6,7 @@ import { z } from "zod";
 import { EngineError } from "../errors.js";
 import { ChatLogprob, checkedChunk, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
-import { promptIdsFields, type EngineCall } from "../call.js";
+import { engineUrl, promptIdsFields, type EngineCall } from "../call.js";
 import { wantsRoutedExperts, wholeAnswerStamp } from "../routed-experts.js";
 import { fromVllm } from "./routed-experts.js";
 
@@ -145,7 +145,7 @@ export const MISSING_TOKENS =
 async function post(call: EngineCall): Promise<Dispatcher.ResponseData> {
   const { target } = call;
   try {
-    return await request(`${target.engine.url}/v1/chat/completions`, {
+    return await request(engineUrl(target.engine.url, "/v1/chat/completions"), {
       method: "POST",
       dispatcher: call.dispatcher,
       signal: call.signal,

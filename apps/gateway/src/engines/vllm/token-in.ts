@@ -7,6 +7,7 @@ import { EngineError } from "../errors.js";
 import { chatFinishReason, parsesTools, profileParser } from "../chat-route-rules.js";
 import type { TokenInCall } from "../token-in.js";
 import type { TokenizeCall } from "../tokenizer.js";
+import { engineUrl } from "../call.js";
 import { sseJson } from "../sse.js";
 import { MISSING_TOKENS } from "./chat.js";
 import { OpenAIUsage, rejectUnlessOk, usageOf } from "../openai-wire.js";
@@ -83,7 +84,7 @@ function toTokenLogprobs(l: LegacyLogprobs | null | undefined, topK: number): To
 
 async function post(url: string, path: string, body: unknown, call: TokenizeCall, headers: Record<string, string> = {}): Promise<Dispatcher.ResponseData> {
   try {
-    return await request(`${url}${path}`, {
+    return await request(engineUrl(url, path), {
       method: "POST",
       dispatcher: call.dispatcher,
       signal: call.signal,
