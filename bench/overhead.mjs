@@ -66,6 +66,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
   if (env.BENCH_DURATION_S) cfg.durationS = Number(env.BENCH_DURATION_S);
   const only = env.BENCH_TARGETS ? new Set(env.BENCH_TARGETS.split(",")) : null;
   const abRoot = env.BENCH_AB_ROOT;
+  const together = Boolean(abRoot) && env.BENCH_AB_TOGETHER === "1";
   // BENCH_RATE=<req/s>: every target gets the same total request rate instead of as many as it
   // answers (an A/B at equal load: CPU per call falls as load rises, each wake-up serving more calls).
   const rate = env.BENCH_RATE ? Number(env.BENCH_RATE) : 0;
@@ -146,23 +147,32 @@ export async function run({ quick = false, profile = !quick } = {}) {
         await load(conns, cfg.warmupS);
       }
       for (let r = 0; r < cfg.rounds; r++) {
-        for (const [name, t] of Object.entries(targets)) {
-          const conns = Array.from({ length: c }, (_, i) => (rate ? { ...t(i), rate: rate / c } : t(i)));
-          const cpu0 = cpu(name);
-          const res = await load(conns, cfg.durationS);
-          const cpu1 = cpu(name);
-          raw[c][name].push({
-            middle_cpu_ms_per_call: (cpu1.middle - cpu0.middle) / Math.max(1, res.ok),
-            engine_cpu_ms_per_call: (cpu1.engine - cpu0.engine) / Math.max(1, res.ok),
-            rps: res.rps,
-            p50: percentile(res.latencies, 50),
-            p99: percentile(res.latencies, 99),
-            ok: res.ok,
-            non2xx: res.non2xx,
-            errors: res.errors,
-            first_bad_status: res.firstBadStatus,
+        for (const name of Object.keys(targets)) {
+          // BENCH_AB_TOGETHER=1: a gateway and its _ab twin are loaded at the same time (c connections
+          // each), so whatever else runs on the machine weighs on both alike; the engine's CPU per
+          // call is then that of both together.
+          if (together && name.endsWith("_ab")) continue;
+          const names = together && targets[`${name}_ab`] ? [name, `${name}_ab`] : [name];
+          const conns = names.map((n) => Array.from({ length: c }, (_, i) => (rate ? { ...targets[n](i), rate: rate / c } : targets[n](i))));
+          const cpu0 = names.map(cpu);
+          const results = await Promise.all(conns.map((cs) => load(cs, cfg.durationS)));
+          const cpu1 = names.map(cpu);
+          const okAll = results.reduce((a, x) => a + x.ok, 0);
+          names.forEach((n, k) => {
+            const res = results[k];
+            raw[c][n].push({
+              middle_cpu_ms_per_call: (cpu1[k].middle - cpu0[k].middle) / Math.max(1, res.ok),
+              engine_cpu_ms_per_call: (cpu1[k].engine - cpu0[k].engine) / Math.max(1, okAll),
+              rps: res.rps,
+              p50: percentile(res.latencies, 50),
+              p99: percentile(res.latencies, 99),
+              ok: res.ok,
+              non2xx: res.non2xx,
+              errors: res.errors,
+              first_bad_status: res.firstBadStatus,
+            });
+            process.stderr.write(`overhead c=${c} ${n} round ${r + 1}: ${round(res.rps, 0)} req/s p50 ${round(percentile(res.latencies, 50))} ms\n`);
           });
-          process.stderr.write(`overhead c=${c} ${name} round ${r + 1}: ${round(res.rps, 0)} req/s p50 ${round(percentile(res.latencies, 50))} ms\n`);
         }
       }
     }
