@@ -31,7 +31,7 @@ export class PauseGate {
   /** The policy weight version, kept current by the admin channel (read once at start). */
   private weightVersion: string | null = null;
   private waiters: (() => void)[] = [];
-  private readonly inflight = new Set<{ controller: AbortController; paused: boolean; rank: string }>();
+  private readonly inflight = new Set<{ paused: boolean; rank: string }>();
   private timer: NodeJS.Timeout | null = null;
 
   constructor(
@@ -170,17 +170,16 @@ export class PauseGate {
         clientSignal.addEventListener("abort", () => resolve(), { once: true });
       });
     }
-    const controller = new AbortController();
-    const onClient = () => controller.abort(clientSignal.reason);
-    clientSignal.addEventListener("abort", onClient, { once: true });
-    const slot = { controller, paused: false, rank };
+    // The slot's signal is the client's own: nothing here aborts a call (the engines cut calls in
+    // an abort-mode pause), so a controller of its own that only followed the client's was a
+    // second AbortSignal and listener per call.
+    const slot = { paused: false, rank };
     this.inflight.add(slot);
     this.scheduleReport();
     return {
-      signal: controller.signal,
+      signal: clientSignal,
       pausedDuring: () => slot.paused,
       release: () => {
-        clientSignal.removeEventListener("abort", onClient);
         if (this.inflight.delete(slot)) this.scheduleReport();
       },
     };
