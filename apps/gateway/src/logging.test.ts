@@ -176,6 +176,11 @@ describe("gateway logs", () => {
       { reqId: "req-2", session_id: "s-lazy", task_id: "t-lazy", detail: undefined, msg: "and more" },
     ]);
     expect((log.child({ extra: true }) as pino.Logger).bindings()).toMatchObject({ reqId: "req-2", session_id: "s-lazy", task_id: "t-lazy", extra: true });
+    // A route's own level (Fastify's logLevel route option) holds over the parent's.
+    const verbose = factory(counting, { reqId: "req-3" }, { level: "debug" }, rawReq);
+    expect(verbose.level).toBe("debug");
+    verbose.debug("route at debug");
+    expect(out.lines().at(-1)).toMatchObject({ reqId: "req-3", msg: "route at debug", task_id: "t-lazy" });
   });
 
   it("redacts secrets in objects logged through the gateway logger, and masks credential query parameters", () => {

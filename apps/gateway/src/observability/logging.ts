@@ -201,13 +201,14 @@ class RequestLogger implements FastifyBaseLogger {
   }
 
   private write(level: LevelMethod, args: unknown[]): void {
-    // A level the parent has off stays off in its child (nobody sets a request logger's level).
-    if (!this.made && !(this.parent as Partial<Logger>).isLevelEnabled?.(level)) return;
+    // Nothing is made for a line below the level: the parent's, unless the route set its own
+    // (Fastify passes the route's logLevel, by default the parent's, as the child's level).
+    if (!this.made && (this.opts.level === undefined || this.opts.level === this.parent.level) && !(this.parent as unknown as Logger).isLevelEnabled(level)) return;
     (this.logger()[level] as (...a: unknown[]) => void)(...args);
   }
 
   get level(): string {
-    return this.made ? this.made.level : this.parent.level;
+    return this.made?.level ?? this.opts.level ?? this.parent.level;
   }
   set level(level: string) {
     this.logger().level = level;
