@@ -57,6 +57,11 @@ export async function run({ quick = false, profile = !quick } = {}) {
   const cfg = quick
     ? { conc: [1, 16, 64], rounds: 3, durationS: 1, warmupS: 1 }
     : { conc: [1, 16, 64, 256], rounds: 3, durationS: 3, warmupS: 2 };
+  // For a quicker A/B: BENCH_OVERHEAD_CONC=1,16 and BENCH_OVERHEAD_TARGETS=direct,fastify_proxy,rollgate
+  // measure only those (the engine straight and the bare proxy are always kept: the ratios need them).
+  if (process.env.BENCH_OVERHEAD_CONC) cfg.conc = process.env.BENCH_OVERHEAD_CONC.split(",").map(Number);
+  if (process.env.BENCH_OVERHEAD_ROUNDS) cfg.rounds = Number(process.env.BENCH_OVERHEAD_ROUNDS);
+  const only = process.env.BENCH_OVERHEAD_TARGETS ? new Set(["direct", "direct_tokens", "fastify_proxy", "portkey", ...process.env.BENCH_OVERHEAD_TARGETS.split(",")]) : null;
   const maxConc = Math.max(...cfg.conc);
   const prefix = uniquePrefix("overhead");
   /** @type {import("./lib/procs.mjs").Child[]} */
@@ -91,6 +96,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
         body: anthropicBody,
       }),
     };
+    if (only) for (const name of Object.keys(targets)) if (!only.has(name)) delete targets[/** @type {keyof typeof targets} */ (name)];
     // One call each before any load: every target must answer 200, or the run says why.
     const probes = await Promise.all([
       ...Object.entries(targets).map(([name, t]) => {
@@ -224,6 +230,7 @@ export function goals(summary) {
     const s = summary[c];
     if (!s) continue;
     for (const [path, name] of paths) {
+      if (!s[name]) continue;
       const ratio = round(s[name].middle_cpu_ms_per_call / s.fastify_proxy.middle_cpu_ms_per_call, 3);
       out[`cpu_per_call_vs_proxy_${path}_at_${c}`] = { target: "≤ 1.5×", value: ratio, met: ratio <= 1.5 };
     }
@@ -231,6 +238,7 @@ export function goals(summary) {
   const s64 = summary[64];
   if (s64) {
     for (const [path, name] of paths) {
+      if (!s64[name]) continue;
       out[`rps_vs_proxy_${path}_at_64`] = { target: "≥ 0.9×", value: s64[name].rps_vs_fastify_proxy, met: s64[name].rps_vs_fastify_proxy >= 0.9 };
       out[`rps_vs_portkey_${path}_at_64`] = { target: "≥ 2×", value: s64[name].rps_vs_portkey, met: s64[name].rps_vs_portkey >= 2 };
     }
@@ -239,6 +247,7 @@ export function goals(summary) {
     const s = summary[c];
     if (!s) continue;
     for (const [path, name] of paths) {
+      if (!s[name]) continue;
       const over = round(s[name].added_p50_ms - s.fastify_proxy.added_p50_ms, 3);
       out[`added_p50_over_proxy_ms_${path}_at_${c}`] = { target: "≤ 1 ms", value: over, met: over <= 1 };
     }
