@@ -100,18 +100,27 @@ export class ChatCaller {
 
   /** `takenSeq`: the call's sequence number when the route took it already (with its session read). */
   async prepare(given: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal, takenSeq?: number): Promise<PreparedCall> {
-    const taken = { seq: takenSeq };
+    const taken: { seq: Promise<number> | null } = { seq: takenSeq === undefined ? null : Promise.resolve(takenSeq) };
     try {
-      return await this.prepareTaken(given, protocol, canonical, signal, taken);
+      return await this.prepareTaken(given, protocol, canonical, signal, takenSeq, taken);
     } catch (err) {
-      // Refused or failed before the engine: the call will have no record.
-      if (taken.seq !== undefined) this.deps.pending.settle(given.id, taken.seq);
+      // Refused or failed before the engine: the call will have no record (its number may still be on its way).
+      taken.seq?.then(
+        (seq) => this.deps.pending.settle(given.id, seq),
+        () => undefined,
+      );
       throw err;
     }
   }
 
-  private async prepareTaken(given: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal, taken: { seq?: number | undefined }): Promise<PreparedCall> {
-    const takenSeq = taken.seq;
+  private async prepareTaken(
+    given: Session,
+    protocol: ClientProtocol,
+    canonical: CanonicalChatRequest,
+    signal: AbortSignal,
+    takenSeq: number | undefined,
+    taken: { seq: Promise<number> | null },
+  ): Promise<PreparedCall> {
     const { session, reroutedFrom } = await this.deps.rerouter.ensureHealthy(given);
     const { limits, counts, assignment } = session;
     if (!assignment) throw new CallRejected("session has no engine assignment", 500, "no_assignment");
@@ -124,7 +133,7 @@ export class ChatCaller {
     // own writes for the session are awaited before its records are read.
     const written = hasHistory ? this.deps.pending.local(session.id) : null;
     const [seq, readHeads, model] = await Promise.all([
-      takenSeq ?? this.deps.sessions.nextSeq(session.id).then((n) => (taken.seq = n)),
+      takenSeq ?? (taken.seq = this.deps.sessions.nextSeq(session.id)),
       hasHistory ? (written ? written.then(() => this.deps.sessions.recordHeads(session.id)) : this.deps.sessions.recordHeads(session.id)) : null,
       this.servedModel(assignment.engine),
     ]);
