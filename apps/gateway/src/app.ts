@@ -8,6 +8,7 @@ import { EngineRegistry } from "./engines/registry.js";
 import { frameworkErrors, lingerAfter413, notFoundHandler, parseJsonBody, queryGuard } from "./input-guards.js";
 import { ChatCaller } from "./llm/chat-call.js";
 import { LostCallLedger } from "./llm/lost-calls.js";
+import { PendingCalls } from "./llm/pending-calls.js";
 import { RedactingLogController, SessionTaskCache, redactingLogger, requestChildLogger, rootLoggerOptions } from "./observability/logging.js";
 import { GatewayMetrics } from "./observability/metrics.js";
 import { requestObservability } from "./observability/request-hooks.js";
@@ -138,6 +139,7 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
     weights,
     registry,
     caller: new ChatCaller({
+      pending: new PendingCalls({ sessions, log, lostCalls, countError: (what) => metrics.storeError(what), waitMs: env.ROLLGATE_APPEND_WAIT_MS }),
       registry,
       sessions,
       tasks,
@@ -179,6 +181,8 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
 
   app.addHook("onClose", async () => {
     health.stop();
+    // Answered calls whose records are still being written: stored (or marked lost) before Redis goes.
+    await ctx.caller.pending.drain();
     await lostCalls.close();
     await pause.stop();
     channel.close();

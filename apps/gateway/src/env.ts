@@ -69,6 +69,11 @@ export const GatewayEnv = z.object({
    */
   ROLLGATE_CONTINUATION: z.enum(["auto", "render", "token_in"]).default("auto"),
   /**
+   * How long a session's close waits for the records of its calls still being written (an agent is
+   * answered before its call's record is stored); a call with no record by then is marked lost.
+   */
+  ROLLGATE_APPEND_WAIT_MS: z.coerce.number().int().nonnegative().default(5_000),
+  /**
    * Agent calls one session may make per second, across every replica (a token bucket in Redis);
    * over it, the call is answered 429 in the agent's protocol with `retry-after`. 0 (default): off.
    */

@@ -14,6 +14,7 @@ export function keys(prefix: string) {
     records: (id: string) => `${prefix}:{s:${id}}:records`,
     recordHeads: (id: string) => `${prefix}:{s:${id}}:heads`,
     failures: (id: string) => `${prefix}:{s:${id}}:failures`,
+    pendingCalls: (id: string) => `${prefix}:{s:${id}}:pending`,
     sessionRate: (id: string) => `${prefix}:{s:${id}}:rate`,
     rankLoad: () => `${prefix}:{routing}:load`,
     affinity: (key: string) => `${prefix}:{routing}:affinity:${key}`,

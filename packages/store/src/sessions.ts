@@ -50,10 +50,11 @@ return redis.call('HGET', KEYS[1], 'rank_member') or ''
 
 // Closes the session if it is open and answers it as it now is, in one step: [1 when this call
 // closed it, the rank it held ('' if none), its fields as HGETALL lists them]; nil when there is
-// no such session. KEYS: session. ARGV: closed_at.
+// no such session. A fourth element: how many of its calls are pending (PENDING) as it closes.
+// KEYS: session, pending calls. ARGV: closed_at.
 const CLOSE_AND_GET_SCRIPT: LuaScript = {
   name: "rollgateSessionCloseAndGet",
-  numberOfKeys: 1,
+  numberOfKeys: 2,
   lua: `
 if not redis.call('HGET', KEYS[1], 'static') then return false end
 local closed = 0
@@ -63,35 +64,55 @@ if redis.call('HGET', KEYS[1], 'state') == 'open' then
   closed = 1
   member = redis.call('HGET', KEYS[1], 'rank_member') or ''
 end
-return {closed, member, redis.call('HGETALL', KEYS[1])}
+return {closed, member, redis.call('HGETALL', KEYS[1]), redis.call('ZCARD', KEYS[2])}
 `,
 };
 
 // A session's hash and, when ARGV[1] is "1" and the session is open, the next sequence number
-// taken in the same step (as a last pair, "#seq" and the number). No number is taken for a session
-// that does not exist (the increment would make its hash again) or is closed. KEYS: session.
+// taken in the same step (as a last pair, "#seq" and the number) and marked pending until its
+// record is appended or the call ends without one (see PENDING below). No number is taken for a
+// session that does not exist (the increment would make its hash again) or is closed.
+// KEYS: session, pending calls.
 const FOR_CALL_SCRIPT: LuaScript = {
   name: "rollgateSessionForCall",
-  numberOfKeys: 1,
+  numberOfKeys: 2,
   lua: `
 local h = redis.call('HGETALL', KEYS[1])
 if ARGV[1] == '1' and redis.call('HGET', KEYS[1], 'state') == 'open' then
+  local seq = redis.call('HINCRBY', KEYS[1], 'next_seq', 1) - 1
+  redis.call('ZADD', KEYS[2], seq, seq)
   h[#h + 1] = '#seq'
-  h[#h + 1] = tostring(redis.call('HINCRBY', KEYS[1], 'next_seq', 1) - 1)
+  h[#h + 1] = tostring(seq)
 end
 return h
+`,
+};
+
+// PENDING: every call's sequence number is in the session's pending set from when it is taken
+// until its record is stored (APPEND_RECORD_SCRIPT) or the call ends without one (settleCall). The
+// agent is answered before its record is stored; whoever must see every record (close, trajectory)
+// waits until the set is empty, on any replica. Takes the next number and marks it pending.
+// KEYS: session, pending calls.
+const NEXT_SEQ_SCRIPT: LuaScript = {
+  name: "rollgateSessionNextSeq",
+  numberOfKeys: 2,
+  lua: `
+local seq = redis.call('HINCRBY', KEYS[1], 'next_seq', 1) - 1
+redis.call('ZADD', KEYS[2], seq, seq)
+return seq
 `,
 };
 
 // Stores a completion record and its head and adds its usage to the session's counters, in one
 // step. A record stored as a delta of a base (records.ts) is written only if the base is still the
 // record it was encoded against (a session deleted and made again under its id has other records):
-// else nothing is written and 0 returned. KEYS: records, record heads, session. ARGV: seq, record,
+// else nothing is written and 0 returned. The call stops being pending (PENDING) once its record
+// is stored. KEYS: records, record heads, session, pending calls. ARGV: seq, record,
 // head json, prompt, completion and cached tokens, base seq or "", how the base's JSON part starts
 // (its id; it follows the format byte, the base's own base seq, ";" and 4 bytes of length).
 const APPEND_RECORD_SCRIPT: LuaScript = {
   name: "rollgateSessionAppendRecord",
-  numberOfKeys: 3,
+  numberOfKeys: 4,
   lua: `
 if ARGV[7] ~= '' then
   local base = redis.call('HGET', KEYS[1], ARGV[7])
@@ -105,6 +126,7 @@ redis.call('HINCRBY', KEYS[3], 'llm_calls', 1)
 redis.call('HINCRBY', KEYS[3], 'prompt_tokens', ARGV[4])
 redis.call('HINCRBY', KEYS[3], 'completion_tokens', ARGV[5])
 redis.call('HINCRBY', KEYS[3], 'cached_tokens', ARGV[6])
+redis.call('ZREM', KEYS[4], ARGV[1])
 return 1
 `,
 };
@@ -168,7 +190,7 @@ function deepFreeze(o: object): void {
 }
 
 const sessionScripts = (redis: RedisClient) =>
-  scriptCommands(redis, { create: CREATE_SCRIPT, forCall: FOR_CALL_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT });
+  scriptCommands(redis, { create: CREATE_SCRIPT, forCall: FOR_CALL_SCRIPT, nextSeq: NEXT_SEQ_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT });
 
 /**
  * The session key family: `session` (a hash: static JSON, state, token hash, assignment, counters),
@@ -237,7 +259,7 @@ export class SessionStore {
     let h: Record<string, string>;
     let seq: number | undefined;
     if (takeSeq) {
-      const flat = (await this.scripts.forCall(this.k.session(id), "1")) as string[];
+      const flat = (await this.scripts.forCall(this.k.session(id), this.k.pendingCalls(id), "1")) as string[];
       h = {};
       for (let i = 0; i + 1 < flat.length; i += 2) h[flat[i]!] = flat[i + 1]!;
       if (h["#seq"] !== undefined) seq = Number(h["#seq"]);
@@ -330,10 +352,10 @@ export class SessionStore {
    * Closes the session (if still open) and answers it as it is now, closed: one round trip for
    * what a close and a read took. Null when there is no such session.
    */
-  async closeAndGet(id: string, now: Date): Promise<SessionForCall | null> {
-    const res = (await this.scripts.closeAndGet(this.k.session(id), now.toISOString())) as [number, string, string[]] | null;
+  async closeAndGet(id: string, now: Date): Promise<(SessionForCall & { pendingCalls: number }) | null> {
+    const res = (await this.scripts.closeAndGet(this.k.session(id), this.k.pendingCalls(id), now.toISOString())) as [number, string, string[], number] | null;
     if (!res) return null;
-    const [closedNow, member, flat] = res;
+    const [closedNow, member, flat, pendingCalls] = res;
     if (closedNow === 1) {
       this.bases.drop(id);
       // A second step: the routing keys live in another cluster slot.
@@ -344,7 +366,7 @@ export class SessionStore {
     const closed = this.fromHash(id, h);
     // A closed session takes no more calls: its parse is not kept.
     this.parsed.delete(id);
-    return closed;
+    return closed && { ...closed, pendingCalls };
   }
 
   /** Notes where a branch's agent left the replayed path (the first note stays). */
@@ -352,9 +374,22 @@ export class SessionStore {
     await this.redis.hsetnx(this.k.session(id), "replay_diverged", JSON.stringify(ReplayDiverged.parse(diverged)));
   }
 
-  /** Reserves the next sequence number: records are ordered by when their call started. */
+  /**
+   * Reserves the next sequence number (records are ordered by when their call started) and marks
+   * the call pending until its record is stored or settleCall says it has none.
+   */
   async nextSeq(id: string): Promise<number> {
-    return (await this.redis.hincrby(this.k.session(id), "next_seq", 1)) - 1;
+    return Number(await this.scripts.nextSeq(this.k.session(id), this.k.pendingCalls(id)));
+  }
+
+  /** A call that ends without a record (refused, failed, the agent left) is no longer pending. */
+  async settleCall(id: string, ...seqs: number[]): Promise<void> {
+    if (seqs.length > 0) await this.redis.zrem(this.k.pendingCalls(id), ...seqs.map(String));
+  }
+
+  /** The session's calls whose record is not stored yet and that have not ended without one, in order. */
+  async pendingCalls(id: string): Promise<number[]> {
+    return (await this.redis.zrange(this.k.pendingCalls(id), "0", "-1")).map(Number);
   }
 
   /**
@@ -371,6 +406,7 @@ export class SessionStore {
         this.k.records(sid),
         this.k.recordHeads(sid),
         this.k.session(sid),
+        this.k.pendingCalls(sid),
         String(record.seq),
         encoded.value,
         headJson,
@@ -440,7 +476,7 @@ export class SessionStore {
     await this.close(id, now);
     this.bases.drop(id);
     this.parsed.delete(id);
-    const n = await this.redis.del(this.k.session(id), this.k.records(id), this.k.recordHeads(id), this.k.failures(id));
+    const n = await this.redis.del(this.k.session(id), this.k.records(id), this.k.recordHeads(id), this.k.failures(id), this.k.pendingCalls(id));
     return n > 0;
   }
 }

@@ -25,6 +25,7 @@ import { engineTokenizer } from "../engines/tokenizer.js";
 import type { EngineCall } from "../engines/call.js";
 import { planContinuation, type ContinuationMode } from "./continuation.js";
 import { HistoryNormalizer } from "./history-normalizer.js";
+import type { PendingCalls } from "./pending-calls.js";
 import { addCut, continuationPrompt, continuationRequest, joinContinuation, type CutGeneration } from "./pause-continuation.js";
 import { recordedResult, replayDifference } from "./replay.js";
 
@@ -85,14 +86,41 @@ export class ChatCaller {
       continuation?: ContinuationMode;
       /** Told of a Redis write that failed and was given up (metrics). */
       countError?: (what: string) => void;
+      /** Records being written after their call was answered, and calls that ended without one. */
+      pending: PendingCalls;
     },
   ) {}
+
+  get pending(): PendingCalls {
+    return this.deps.pending;
+  }
 
   /** What this gateway learned of each engine's template re-rendering of echoed turns. */
   readonly normalizer = new HistoryNormalizer();
 
   /** `takenSeq`: the call's sequence number when the route took it already (with its session read). */
   async prepare(given: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal, takenSeq?: number): Promise<PreparedCall> {
+    const taken: { seq: Promise<number> | null } = { seq: takenSeq === undefined ? null : Promise.resolve(takenSeq) };
+    try {
+      return await this.prepareTaken(given, protocol, canonical, signal, takenSeq, taken);
+    } catch (err) {
+      // Refused or failed before the engine: the call will have no record (its number may still be on its way).
+      taken.seq?.then(
+        (seq) => this.deps.pending.settle(given.id, seq),
+        () => undefined,
+      );
+      throw err;
+    }
+  }
+
+  private async prepareTaken(
+    given: Session,
+    protocol: ClientProtocol,
+    canonical: CanonicalChatRequest,
+    signal: AbortSignal,
+    takenSeq: number | undefined,
+    taken: { seq: Promise<number> | null },
+  ): Promise<PreparedCall> {
     const { session, reroutedFrom } = await this.deps.rerouter.ensureHealthy(given);
     const { limits, counts, assignment } = session;
     if (!assignment) throw new CallRejected("session has no engine assignment", 500, "no_assignment");
@@ -101,11 +129,15 @@ export class ChatCaller {
     }
     // Independent reads: sent together (one round trip's wait instead of three).
     const hasHistory = canonical.messages.some((m) => m.role === "assistant");
-    const [seq, heads, model] = await Promise.all([
-      takenSeq ?? this.deps.sessions.nextSeq(session.id),
-      hasHistory ? this.deps.sessions.recordHeads(session.id) : null,
+    // The previous call's record may still be on its way (it was answered first): this process's
+    // own writes for the session are awaited before its records are read.
+    const written = hasHistory ? this.deps.pending.local(session.id) : null;
+    const [seq, readHeads, model] = await Promise.all([
+      takenSeq ?? (taken.seq = this.deps.sessions.nextSeq(session.id)),
+      hasHistory ? (written ? written.then(() => this.deps.sessions.recordHeads(session.id)) : this.deps.sessions.recordHeads(session.id)) : null,
       this.servedModel(assignment.engine),
     ]);
+    let heads = readHeads;
     if (limits.max_llm_calls !== undefined && seq >= limits.max_llm_calls) {
       throw new CallRejected(`session used its max_llm_calls (${limits.max_llm_calls})`, 400, "session_call_limit");
     }
@@ -118,7 +150,17 @@ export class ChatCaller {
     // engine generated). Only the records' small heads are read, once per call and only when
     // there are such turns; the one full record a token-in continuation needs is read after.
     let history: EchoedHistory | null = null;
-    if (heads && canonical.messages.some((m) => m.role === "assistant")) history = matchEchoedHistory(canonical.messages, heads);
+    if (heads && canonical.messages.some((m) => m.role === "assistant")) {
+      history = matchEchoedHistory(canonical.messages, heads);
+      // An echoed turn no record answers may be the answer of an earlier call another replica
+      // served and is still storing: once the session's earlier calls are stored, it is matched again.
+      if (history.producers.some((p, i) => !p && canonical.messages[i]!.role === "assistant")) {
+        if (await this.deps.pending.earlierStored(session.id, seq)) {
+          heads = await this.deps.sessions.recordHeads(session.id);
+          history = matchEchoedHistory(canonical.messages, heads);
+        }
+      }
+    }
     const request: CanonicalChatRequest = {
       ...canonical,
       messages: history?.messages ?? canonical.messages,
@@ -281,14 +323,26 @@ export class ChatCaller {
    * engine answers finish_reason "abort" with the tokens so far), that finish is held back, the
    * call waits for resume and is continued token-in from those tokens on the same rank (or, if
    * the rank was drained or fails the continuation, on another), so the agent receives one answer.
-   * Returns the whole answer, once recorded.
+   * Returns the whole answer at once: its record is written after (PendingCalls), so the agent
+   * does not wait for Redis.
    */
   private async *run(call: PreparedCall, streamed: boolean): AsyncGenerator<EngineStreamEvent, EngineResult> {
+    const answer = { recorded: false };
+    try {
+      return yield* this.answer(call, streamed, answer);
+    } finally {
+      // Failed, refused or left by the agent: no record will come.
+      if (!answer.recorded) this.deps.pending.settle(call.session.id, call.seq);
+    }
+  }
+
+  private async *answer(call: PreparedCall, streamed: boolean, answer: { recorded: boolean }): AsyncGenerator<EngineStreamEvent, EngineResult> {
     // A branch's replayed call: the source's answer, no engine.
     if (call.replay) {
       const result = recordedResult(call.replay);
       if (streamed) yield* resultAsEvents(result);
-      await this.record(call, result);
+      this.record(call, result);
+      answer.recorded = true;
       return result;
     }
     /** What a streamed agent has been given so far, over every attempt (a cut answer's message). */
@@ -345,7 +399,8 @@ export class ChatCaller {
       // streamed agent is told its usage once, for the whole of it.
       const result = cut ? await this.joinCut(call, cut, piece, version, shown?.result() ?? null) : piece!;
       if (cut) yield { type: "usage", usage: result.usage };
-      await this.record(call, result);
+      this.record(call, result);
+      answer.recorded = true;
       return result;
     }
   }
@@ -468,7 +523,23 @@ export class ChatCaller {
     return stamps.every((v) => v === last) ? { weight_version: last } : { weight_version: last, output_weight_versions: stamps };
   }
 
-  private async record(call: PreparedCall, result: EngineResult): Promise<void> {
+  /**
+   * Writes the call's record and task event once the agent's answer has gone out (the next turn
+   * of the event loop); the session's readers and its next call wait for it (PendingCalls).
+   */
+  private record(call: PreparedCall, result: EngineResult): void {
+    const record = this.recordOf(call, result);
+    // Told now: the request's metrics (its engine time) are read when its answer ends.
+    this.deps.observe?.(record, call);
+    const written = new Promise<void>((resolve, reject) => {
+      setImmediate(() => {
+        this.write(call, record).then(resolve, reject);
+      });
+    });
+    this.deps.pending.track(call.session.id, call.seq, written);
+  }
+
+  private recordOf(call: PreparedCall, result: EngineResult): CompletionRecord {
     const { request } = call.engineCall;
     const source = call.replay;
     // A replayed answer was sampled where and under the weights its source was.
@@ -506,6 +577,10 @@ export class ChatCaller {
       ...(result.routed_experts ? { routed_experts: result.routed_experts } : {}),
       ...(source ? { replayed_from: source.id } : {}),
     };
+    return record;
+  }
+
+  private async write(call: PreparedCall, record: CompletionRecord): Promise<void> {
     const taskId = call.session.metadata.task_id;
     // The record and the task's progress event are written together (one round trip's wait).
     await Promise.all([
@@ -521,6 +596,5 @@ export class ChatCaller {
           })
         : null,
     ]);
-    this.deps.observe?.(record, call);
   }
 }

@@ -86,9 +86,20 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       return reply.code(201).send(response);
     });
 
+    /**
+     * A session's records, once the ones still being written are stored: this replica's always; a
+     * closed session's on any replica too (its close waited for them already, so this is one look).
+     * An open session's calls may still be running: what it answers is the records so far.
+     */
+    const recordsOf = async (id: string, session: Session): Promise<CompletionRecord[]> => {
+      if (session.state === "closed") await ctx.caller.pending.settled(id);
+      else await ctx.caller.pending.local(id);
+      return ctx.sessions.records(id);
+    };
+
     // The trajectory built now from the session's records, or the invariant it breaks.
     const sessionTrajectory = async (id: string, session: Session, builder: TrajectoryBuilderName): Promise<{ trajectory: Trajectory } | { error: ErrorBody["error"] }> => {
-      const [records, failures] = await Promise.all([ctx.sessions.records(id), ctx.sessions.failures(id)]);
+      const [records, failures] = await Promise.all([recordsOf(id, session), ctx.sessions.failures(id)]);
       try {
         const trajectory = buildTrajectory(records, builder, trajectoryOptions(ctx.registry, session, records));
         trajectory.stats.failed_calls = failures;
@@ -102,6 +113,8 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
     // The session with the lost-call marks this replica still holds for it (Redis was away when
     // they were made), so a reader never sees a rollout as clean while a mark is on its way.
     const current = async (id: string) => {
+      // Its counts once this replica's records still being written are stored.
+      await ctx.caller.pending.local(id);
       const found = await ctx.sessions.getForCall(id);
       return found ? ctx.lostCalls.withHeld(found.session, found.tokenHash) : null;
     };
@@ -136,8 +149,11 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       // Held lost-call marks are written before the session closes: a closed session's marks are final.
       await ctx.lostCalls.flush(id);
       // Closes it (if open) and reads it back in one step.
-      const closed = await ctx.sessions.closeAndGet(id, new Date());
+      let closed = await ctx.sessions.closeAndGet(id, new Date());
       if (!closed) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
+      // Agents are answered before their calls' records are stored: those still on their way (on
+      // any replica) are waited for, and any that never come are lost calls; then it is read again.
+      if (await ctx.caller.pending.atClose(id, closed.pendingCalls)) closed = { ...((await ctx.sessions.getForCall(id)) ?? closed), pendingCalls: 0 };
       const session = ctx.lostCalls.withHeld(closed.session, closed.tokenHash);
       const builder = req.query.trajectory;
       if (!builder) return session;
@@ -168,8 +184,9 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
     };
     app.get("/v1/sessions/:id/completions", { schema: completionsSchema }, async (req, reply) => {
       const { id } = req.params;
-      if (!(await ctx.sessions.get(id))) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
-      return { session_id: id, completions: await ctx.sessions.records(id) };
+      const session = await ctx.sessions.get(id);
+      if (!session) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
+      return { session_id: id, completions: await recordsOf(id, session) };
     });
 
     const trajectorySchema = {
@@ -206,7 +223,7 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const { id } = req.params;
       const session = await ctx.sessions.get(id);
       if (!session) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
-      const records = await ctx.sessions.records(id);
+      const records = await recordsOf(id, session);
       let trajectory;
       try {
         trajectory = buildTrajectory(records, req.query.builder, trajectoryOptions(ctx.registry, session, records));
