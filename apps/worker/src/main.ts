@@ -40,7 +40,8 @@ Environment:
   ROLLGATE_SANDBOX_BINDS       more host paths bwrap sandboxes see read-only (comma list; they always see
                                the system folders, node, the folders on the sandbox PATH)
   ROLLGATE_SANDBOX_SPAWNER     on: local sandboxes' programs are started by a helper process, off the worker's
-                               event loop (default); off: the worker forks them itself
+                               event loop (default; python3 when on the PATH, else node); off: the worker
+                               forks them itself
   ROLLGATE_SANDBOX_EGRESS_DENY destinations no sealed sandbox reaches whatever runtime.egress says (CIDRs,
                                IPs, hosts, *.domain; loopback, metadata, Redis and the gateway always)
   ROLLGATE_RESULT_TTL_S        how long results are kept (default 7 days)
