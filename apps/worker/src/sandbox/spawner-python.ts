@@ -45,8 +45,11 @@ def spawn_one(file, argv, env, actions):
         return os.posix_spawn(file, argv, env, file_actions=actions, setsid=True, setsigdef=SIGDEF, setsigmask=[])
     err = None
     for d in env.get("PATH", "/usr/bin:/bin").split(":"):
+        path = os.path.join(d or ".", file)
         try:
-            return os.posix_spawn(os.path.join(d or ".", file), argv, env, file_actions=actions, setsid=True, setsigdef=SIGDEF, setsigmask=[])
+            # A stat is a few microseconds, a failed posix_spawn a clone and an execve.
+            os.stat(path)
+            return os.posix_spawn(path, argv, env, file_actions=actions, setsid=True, setsigdef=SIGDEF, setsigmask=[])
         except OSError as e:
             if e.errno == errno.EACCES:
                 err = e
