@@ -210,6 +210,15 @@ describe("the spawner", () => {
     expect(new Spawner().kind).toBe("python");
   });
 
+  it("is the node one where there is no python3, and runs steps the same", async () => {
+    const own = new Spawner({ path: "/nonexistent-folder" });
+    expect(own.kind).toBe("node");
+    const r = await runProcess({ ...base, spawner: own, argv: ["bash", "-c", "echo $(tr '\\0' ' ' < /proc/$PPID/cmdline); exit 5"], timeoutMs: 10_000 });
+    expect(r).toMatchObject({ exitCode: 5, spawnError: null });
+    expect(r.stdoutTail).toMatch(/node .*rollgate-sandbox-spawner/);
+    own.close();
+  });
+
   it.each(["node", "python"] as const)("(%s) is the parent of the programs it starts, not the worker", async (kind) => {
     const via = kind === "node" ? spawner : pySpawner;
     const r = await runProcess({ ...base, spawner: via, argv: ["bash", "-c", "echo $PPID; echo $(tr '\\0' ' ' < /proc/$PPID/cmdline)"], timeoutMs: 10_000 });

@@ -99,11 +99,15 @@ type Msg =
 export type SpawnerKind = "auto" | "node" | "python";
 
 const PYTHON_CHECK = "import os, sys; assert sys.version_info >= (3, 9); os.close(os.pidfd_open(os.getpid())); os.posix_spawn";
-let pythonUsable: boolean | undefined;
-/** Whether python3 can run the Python spawner here (asked once per process, before the first step). */
-export function pythonSpawnerUsable(): boolean {
-  pythonUsable ??= spawnSync("python3", ["-I", "-S", "-c", PYTHON_CHECK], { stdio: "ignore", env: { PATH: process.env.PATH ?? "" }, timeout: 10_000 }).status === 0;
-  return pythonUsable;
+const pythonUsable = new Map<string, boolean>();
+/** Whether the python3 on `PATH` can run the Python spawner (asked once per PATH, before the first step). */
+export function pythonSpawnerUsable(PATH = process.env.PATH ?? ""): boolean {
+  let usable = pythonUsable.get(PATH);
+  if (usable === undefined) {
+    usable = spawnSync("python3", ["-I", "-S", "-c", PYTHON_CHECK], { stdio: "ignore", env: { PATH }, timeout: 10_000 }).status === 0;
+    pythonUsable.set(PATH, usable);
+  }
+  return usable;
 }
 
 /** The worker's side of the spawner: one per worker process, started on first use. */
@@ -113,19 +117,22 @@ export class Spawner {
   private readonly running = new Map<number, { handlers: SpawnHandlers; pid: number | undefined }>();
   private readonly wanted: SpawnerKind;
   private resolved: "node" | "python" | undefined;
+  private readonly path: string;
 
-  constructor(o: { kind?: SpawnerKind } = {}) {
+  /** `path`: where python3 is looked for (the spawner's own PATH; default the worker's). */
+  constructor(o: { kind?: SpawnerKind; path?: string } = {}) {
     this.wanted = o.kind ?? "auto";
+    this.path = o.path ?? process.env.PATH ?? "";
   }
 
   /** The spawner this one runs (decided on first use). */
   get kind(): "node" | "python" {
-    this.resolved ??= this.wanted === "auto" ? (pythonSpawnerUsable() ? "python" : "node") : this.wanted;
+    this.resolved ??= this.wanted === "auto" ? (pythonSpawnerUsable(this.path) ? "python" : "node") : this.wanted;
     return this.resolved;
   }
 
   private start(): ChildProcess {
-    const env = { PATH: process.env.PATH ?? "" };
+    const env = { PATH: this.path };
     const proc =
       this.kind === "python"
         ? spawn("python3", ["-I", "-S", "-c", SPAWNER_PYTHON_SOURCE, "rollgate-sandbox-spawner"], { stdio: ["ignore", "inherit", "inherit", "ipc"], serialization: "json", env })
