@@ -19,6 +19,7 @@ import { DockerRuntime, dockerFromHost } from "./sandbox/docker-runtime.js";
 import { KubernetesRuntime } from "./sandbox/kubernetes-runtime.js";
 import { describeBwrap, probeBwrap } from "./sandbox/isolation.js";
 import { LocalRuntime } from "./sandbox/local-runtime.js";
+import { sharedSpawner } from "./sandbox/spawner.js";
 import { WorkerSet } from "./workers.js";
 
 const HELP = `rollgate-worker: runs rollouts (BullMQ "rollouts" queue) and delivers callbacks
@@ -122,6 +123,8 @@ if (env.ROLLGATE_RUNTIMES.includes("local")) {
     ...(env.ROLLGATE_SANDBOX_SPAWNER === "off" ? { spawner: null } : {}),
     log,
   });
+  // Which spawner runs is decided now (a python3 probe), not on the event loop of the first step.
+  if (env.ROLLGATE_SANDBOX_SPAWNER === "on") console.log(`sandbox spawner: ${sharedSpawner().kind}`);
 }
 if (env.ROLLGATE_RUNTIMES.includes("docker")) {
   runtimes.docker = new DockerRuntime({
