@@ -55,7 +55,8 @@ export const WorkerEnv = z.object({
   ROLLGATE_SANDBOX_EGRESS_DENY: EgressList.default(""),
   /**
    * Local sandboxes: "on" starts the steps' programs from a small helper process (the spawner), so
-   * forking them costs the worker's event loop nothing; "off" forks them from the worker itself.
+   * forking them costs the worker's event loop nothing (a Python one when python3 ≥ 3.9 is on the
+   * PATH, its starts cheapest; else a node one); "off" forks them from the worker itself.
    */
   ROLLGATE_SANDBOX_SPAWNER: z.enum(["on", "off"]).default("on"),
   /** How long task records and results are kept in Redis. */

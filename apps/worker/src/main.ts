@@ -19,6 +19,7 @@ import { DockerRuntime, dockerFromHost } from "./sandbox/docker-runtime.js";
 import { KubernetesRuntime } from "./sandbox/kubernetes-runtime.js";
 import { describeBwrap, probeBwrap } from "./sandbox/isolation.js";
 import { LocalRuntime } from "./sandbox/local-runtime.js";
+import { sharedSpawner } from "./sandbox/spawner.js";
 import { WorkerSet } from "./workers.js";
 
 const HELP = `rollgate-worker: runs rollouts (BullMQ "rollouts" queue) and delivers callbacks
@@ -40,7 +41,8 @@ Environment:
   ROLLGATE_SANDBOX_BINDS       more host paths bwrap sandboxes see read-only (comma list; they always see
                                the system folders, node, the folders on the sandbox PATH)
   ROLLGATE_SANDBOX_SPAWNER     on: local sandboxes' programs are started by a helper process, off the worker's
-                               event loop (default); off: the worker forks them itself
+                               event loop (default; python3 when on the PATH, else node); off: the worker
+                               forks them itself
   ROLLGATE_SANDBOX_EGRESS_DENY destinations no sealed sandbox reaches whatever runtime.egress says (CIDRs,
                                IPs, hosts, *.domain; loopback, metadata, Redis and the gateway always)
   ROLLGATE_RESULT_TTL_S        how long results are kept (default 7 days)
@@ -121,6 +123,8 @@ if (env.ROLLGATE_RUNTIMES.includes("local")) {
     ...(env.ROLLGATE_SANDBOX_SPAWNER === "off" ? { spawner: null } : {}),
     log,
   });
+  // Which spawner runs is decided now (a python3 probe), not on the event loop of the first step.
+  if (env.ROLLGATE_SANDBOX_SPAWNER === "on") console.log(`sandbox spawner: ${sharedSpawner().kind}`);
 }
 if (env.ROLLGATE_RUNTIMES.includes("docker")) {
   runtimes.docker = new DockerRuntime({

@@ -1,17 +1,32 @@
 import { spawnSync } from "node:child_process";
 import { randomUUID } from "node:crypto";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, readFileSync, readdirSync } from "node:fs";
 import path from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { defaultSandboxPath, sandboxEnv } from "./environment.js";
 import { runProcess } from "./process.js";
-import { Spawner } from "./spawner.js";
+import { Spawner, pythonSpawnerUsable } from "./spawner.js";
 import { makeSandboxDirs, removeSandboxDirs } from "./workdir.js";
 
 const pathEnv = defaultSandboxPath(process.cwd());
 const noCleanupError = (p: string, err: unknown) => {
   throw new Error(`cleanup of ${p} failed: ${String(err)}`);
 };
+
+/** This process's descriptors above 2 without close-on-exec (every program it forks inherits them). */
+function inheritedFds(): string[] {
+  return readdirSync("/proc/self/fd")
+    .filter((fd) => Number(fd) > 2)
+    .filter((fd) => {
+      try {
+        const flags = /^flags:\s+(\d+)$/m.exec(readFileSync(`/proc/self/fdinfo/${fd}`, "utf8"))?.[1];
+        return flags !== undefined && (parseInt(flags, 8) & 0o2000000) === 0;
+      } catch {
+        return false; // closed meanwhile (the one readdir used)
+      }
+    })
+    .sort((a, b) => Number(a) - Number(b));
+}
 
 /** Processes whose command line holds the marker (pgrep itself excluded; a shell around it would match). */
 function survivors(marker: string): string {
@@ -68,13 +83,19 @@ describe("makeSandboxDirs", () => {
   });
 });
 
-const spawner = new Spawner();
-afterAll(() => spawner.close());
+const spawner = new Spawner({ kind: "node" });
+const pySpawner = new Spawner({ kind: "python" });
+afterAll(() => {
+  spawner.close();
+  pySpawner.close();
+});
 
-// Every behaviour of a step, whether the worker forks it itself or its spawner does (the default).
+// Every behaviour of a step, whether the worker forks it itself or a spawner does (the default:
+// the Python one where python3 can run it, else the node one).
 describe.each([
   ["forked by this process", null],
-  ["started by the spawner", spawner],
+  ["started by the node spawner", spawner],
+  ["started by the Python spawner", pySpawner],
 ])("runProcess, %s", (_how, via) => {
   const base = { cwd: process.cwd(), env: { PATH: pathEnv }, spawner: via };
 
@@ -136,19 +157,80 @@ describe.each([
     expect(r.stdoutTail).toBe("/ this nohome\n");
     expect(r.logTail).toContain("oops");
   });
+
+  it("starts the program as node's spawn does: its own session, stdin /dev/null, output on sockets, no signal ignored or blocked, no other descriptor", async () => {
+    const script = [
+      'echo "sid=$(ps -o sid= -p $$ | tr -d " ") pid=$$"',
+      // the shell's own descriptors ($$), as the starter left them
+      "readlink /proc/$$/fd/0",
+      "readlink /proc/$$/fd/1 | cut -d: -f1",
+      "readlink /proc/$$/fd/2 | cut -d: -f1",
+      "grep -E '^Sig(Ign|Blk):' /proc/self/status",
+    ].join("; ");
+    const r = await runProcess({ ...base, argv: ["bash", "-c", script], timeoutMs: 10_000 });
+    const [ids, stdin, stdout, stderr, blk, ign] = r.stdoutTail.trim().split("\n");
+    const m = /^sid=(\d+) pid=(\d+)$/.exec(ids!);
+    expect(m?.[1]).toBe(m?.[2]);
+    expect([stdin, stdout, stderr]).toEqual(["/dev/null", "socket", "socket"]);
+    // bash ignores nothing itself; what is ignored or blocked here came from the starter. glibc's
+    // posix_spawn (the Python spawner's) leaves its own two internal signals, 32 and 33, ignored
+    // (bits 31 and 32 of the mask); a libc arms them itself when it uses them, nothing else does.
+    expect(blk).toMatch(/^SigBlk:\s+0+$/);
+    expect(BigInt(`0x${ign!.split(/\s+/)[1]}`) & ~0x180000000n).toBe(0n);
+    // Besides 0-2, only what this process itself lets every child inherit (the test runner leaves
+    // one of its own open) and the folder ls reads: nothing of the spawner's (its channel, other
+    // steps' sockets). ls is started directly: a shell would hold pipes of its own meanwhile.
+    const ls = await runProcess({ ...base, argv: ["ls", "-1", "/proc/self/fd"], timeoutMs: 10_000 });
+    const inherited = new Set(["0", "1", "2", ...inheritedFds()]);
+    expect(ls.stdoutTail.trim().split("\n").filter((fd) => !inherited.has(fd))).toHaveLength(1);
+  });
+
+  it("looks the program up on the PATH of the environment it is given, and says when it may not run it", async () => {
+    const onOwn = await runProcess({ ...base, env: { PATH: `/nonexistent:${pathEnv}` }, argv: ["true"], timeoutMs: 10_000 });
+    expect(onOwn).toMatchObject({ exitCode: 0, spawnError: null });
+    const notOnIt = await runProcess({ ...base, env: { PATH: "/nonexistent" }, argv: ["true"], timeoutMs: 10_000 });
+    expect(notOnIt.spawnError).toBe("spawn true ENOENT");
+    const notExecutable = await runProcess({ ...base, argv: ["/etc/passwd"], timeoutMs: 10_000 });
+    expect(notExecutable.spawnError).toBe("spawn /etc/passwd EACCES");
+    const noFolder = await runProcess({ ...base, cwd: "/nonexistent-folder", argv: ["true"], timeoutMs: 10_000 });
+    expect(noFolder.spawnError).toBe("spawn true ENOENT");
+  });
+
+  it("reports a program killed by a signal as its signal", async () => {
+    const r = await runProcess({ ...base, argv: ["bash", "-c", "kill -USR1 $$"], timeoutMs: 10_000 });
+    expect(r).toMatchObject({ exitCode: null, signal: "SIGUSR1", spawnError: null });
+  });
 });
 
 describe("the spawner", () => {
   const base = { cwd: process.cwd(), env: { PATH: pathEnv } };
 
-  it("is the parent of the programs it starts, not the worker", async () => {
-    const r = await runProcess({ ...base, spawner, argv: ["bash", "-c", "echo $PPID"], timeoutMs: 10_000 });
-    expect(r.exitCode).toBe(0);
-    expect(Number(r.stdoutTail.trim())).not.toBe(process.pid);
+  it("is the Python one by default where python3 can run it", () => {
+    expect(pythonSpawnerUsable()).toBe(true); // this test machine has one
+    expect(new Spawner().kind).toBe("python");
   });
 
-  it("when it dies, the steps it was running end as not started and their processes are killed; the next step gets a new one", async () => {
-    const own = new Spawner();
+  it("is the node one where there is no python3, and runs steps the same", async () => {
+    const own = new Spawner({ path: "/nonexistent-folder" });
+    expect(own.kind).toBe("node");
+    const r = await runProcess({ ...base, spawner: own, argv: ["bash", "-c", "echo $(tr '\\0' ' ' < /proc/$PPID/cmdline); exit 5"], timeoutMs: 10_000 });
+    expect(r).toMatchObject({ exitCode: 5, spawnError: null });
+    expect(r.stdoutTail).toMatch(/node .*rollgate-sandbox-spawner/);
+    own.close();
+  });
+
+  it.each(["node", "python"] as const)("(%s) is the parent of the programs it starts, not the worker", async (kind) => {
+    const via = kind === "node" ? spawner : pySpawner;
+    const r = await runProcess({ ...base, spawner: via, argv: ["bash", "-c", "echo $PPID; echo $(tr '\\0' ' ' < /proc/$PPID/cmdline)"], timeoutMs: 10_000 });
+    expect(r.exitCode).toBe(0);
+    const [ppid, cmdline] = r.stdoutTail.trim().split("\n");
+    expect(Number(ppid)).not.toBe(process.pid);
+    expect(cmdline).toMatch(kind === "node" ? /node/ : /python3?/);
+    expect(cmdline).toContain("rollgate-sandbox-spawner");
+  });
+
+  it.each(["node", "python"] as const)("(%s) when it dies, the steps it was running end as not started and their processes are killed; the next step gets a new one", async (kind) => {
+    const own = new Spawner({ kind });
     const marker = `rg-orphan-${randomUUID()}`;
     const step = runProcess({ ...base, spawner: own, argv: ["bash", "-c", `(exec -a ${marker} sleep 300) & echo up; wait`], timeoutMs: 20_000, onOutput: () => own.close() });
     const r = await step;
