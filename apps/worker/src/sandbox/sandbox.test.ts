@@ -112,6 +112,17 @@ describe.each([
     expect(r.logTail.trim().endsWith("100000")).toBe(true);
   });
 
+  it("keeps the order the program wrote its two streams in: a line printed after a flood on stderr ends the tail", async () => {
+    // stderr's backlog (what the socket still holds when the flood's last write returns) comes
+    // before the stdout line printed after it, however busy the machine.
+    const flood = "head -c 4000000 /dev/zero | tr '\\0' e >&2; echo END";
+    for (let i = 0; i < 3; i++) {
+      const r = await runProcess({ ...base, argv: ["bash", "-c", flood], timeoutMs: 20_000, maxLogBytes: 1024 });
+      expect(r.exitCode).toBe(0);
+      expect(r.logTail.trimEnd().endsWith("END")).toBe(true);
+    }
+  });
+
   it("says when the program does not exist", async () => {
     const r = await runProcess({ ...base, argv: ["no-such-program-here"], timeoutMs: 10_000 });
     expect(r.spawnError).toMatch(/ENOENT/);

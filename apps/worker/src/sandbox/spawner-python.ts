@@ -96,14 +96,25 @@ class Step:
         steps[self.id] = self
 
     def on_output(self, fd, s):
-        try:
-            b = s.recv(65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            b = b""
-        if b:
-            send({"op": "out", "id": self.id, "fd": fd, "b64": base64.b64encode(b).decode("ascii")})
+        # Read what the socket holds (up to 32 reads, as libuv does) before looking at the other
+        # stream: the output keeps the order the program wrote it in (stderr's backlog, then the
+        # stdout line printed after it), which one read per wake-up would interleave.
+        got = []
+        ended = False
+        for _ in range(32):
+            try:
+                b = s.recv(65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                b = b""
+            if not b:
+                ended = True
+                break
+            got.append(b)
+        if got:
+            send({"op": "out", "id": self.id, "fd": fd, "b64": base64.b64encode(b"".join(got)).decode("ascii")})
+        if not ended:
             return
         sel.unregister(s)
         s.close()
