@@ -48,6 +48,9 @@ describe.skipIf(!hasRedisServer)("a call lost while Redis is away (needs redis-s
   it("is answered 503, held by the gateway, and written on the session once Redis is back; a stranger's call is not", async () => {
     const s = (await api("/v1/sessions", { body: {} })).body as { id: string; token: string };
     expect((await call(s.id, s.token)).status).toBe(200);
+    // The agent is answered before its record is stored: the session read waits for this
+    // gateway's writes, so Redis goes away only once the first call is recorded.
+    expect(((await api(`/v1/sessions/${s.id}`)).body as Session).counts.llm_calls).toBe(1);
 
     await redis.kill();
     const lost = await call(s.id, s.token);
