@@ -138,7 +138,11 @@ describe("load", () => {
     const slack = Math.max(96 * 1024, 0.6 * baseline);
     await new Promise((r) => setTimeout(r, 3_000));
     const end = await collect();
-    const after = await poll(() => rssKiB(pid), (r) => r <= baseline + slack, 20_000, 1_000);
+    // RSS is back when it is under the bound and, if the peak went past the slack, has given back a
+    // quarter of the excess. glibc and V8 hand pages back over seconds, not at once: each poll first
+    // runs a full GC in the gateway, and a leak still fails it (live data keeps the pages resident).
+    const settled = (r: number) => r <= baseline + slack && (peak - baseline <= slack || r < peak - (peak - baseline) / 4);
+    const after = await poll(async () => (await collect(), await rssKiB(pid)), settled, 30_000, 1_000);
     const mib = (k: number) => `${(k / 1024).toFixed(0)} MiB`;
     console.log(
       `load: ${SESSIONS} sessions, ${total} streamed calls in ${elapsed.toFixed(1)} s (${(total / elapsed).toFixed(0)}/s), 0 errors; ` +
