@@ -9,8 +9,8 @@
  * must be back within 32 MiB of its warmed-up baseline (a leak of a few KiB per call, over ~7,000
  * calls, breaks it), and RSS (/proc/<pid>/status VmRSS) within max(96 MiB, 60% of baseline) of
  * its baseline: V8 keeps grown heap pages and glibc malloc keeps freed arenas for a while, so RSS
- * "near baseline" is a bound on allocator slack, not equality. Typical on 2 cores: heap 33 → 36
- * MiB, RSS 139 → 278 (peak) → 217 MiB.
+ * "near baseline" is a bound on allocator slack, not equality. Typical on 2 cores: heap 36 → 42
+ * MiB, RSS 136 → 314 (peak) → 183 MiB.
  */
 import path from "node:path";
 import { fileURLToPath } from "node:url";
