@@ -110,6 +110,24 @@ describe("prefix_merging: siblings and branching", () => {
     ]);
   });
 
+  it("a break long after an earlier one is measured against the chains as they are now", () => {
+    // a (chain 0) and an unrelated b (chain 1: the first break); then a grows over two calls;
+    // e shares a's grown sequence up to its last output and then differs from it.
+    const a = makeRecord({ id: "a", seq: 0, prompt_ids: p1, output_ids: [300, IM_END] });
+    const b = makeRecord({ id: "b", seq: 1, prompt_ids: [9, 9, 9], output_ids: [1] });
+    const p2 = [...p1, 300, IM_END, NL, ...user(7), ...GEN];
+    const c = makeRecord({ id: "c", seq: 2, prompt_ids: p2, output_ids: [301, IM_END] });
+    const p3 = [...p2, 301, IM_END, NL, ...user(8), ...GEN];
+    const d = makeRecord({ id: "d", seq: 3, prompt_ids: p3, output_ids: [302, 303, IM_END] });
+    const e = makeRecord({ id: "e", seq: 4, prompt_ids: [...p3, 302, 999], output_ids: [5] });
+    const t = prefixMerging([a, b, c, d, e]);
+    expect(t.traces.map((x) => x.completion_ids)).toEqual([["a", "c", "d"], ["b"], ["e"]]);
+    expect(t.stats.breaks.map((x) => [x.record_id, x.closest_trace, x.position])).toEqual([
+      ["b", null, null],
+      ["e", 0, p3.length + 1],
+    ]);
+  });
+
   it("extends the longest qualifying chain", () => {
     // chain 0 = short prompt; chain 1 = a longer conversation that starts with chain 0's prompt prefix
     const short = makeRecord({ id: "s", seq: 0, prompt_ids: [...SYS], output_ids: [5] });

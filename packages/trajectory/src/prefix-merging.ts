@@ -4,11 +4,12 @@ import { classifyBreak, type BreakEvidence, type ChainView } from "./breaks.js";
 import { outputColumns, versionRuns } from "./records.js";
 import {
   commonPrefix,
+  EMPTY_HASH,
   extendHash,
   HashIndex,
   prefixHashes,
   samePrefix,
-  stateAt,
+  statesAt,
   type HashState,
   type PrefixHashes,
 } from "./token-hash.js";
@@ -26,15 +27,18 @@ import type { BuiltTraceBreak, BuiltTraces, RecordSpan, TemplateFacts } from "./
  * neither duplicated nor masked out; an output cut on `length` has no end token, so the next
  * prompt's end-of-turn token is interstitial glue.
  *
- * Linear in the session's tokens: each prompt is hashed once, every prefix length is looked up in
- * an index of chain tips keyed by (length, hash), and only the longest hit is verified token by token.
- * The all-prefixes index used to diagnose breaks is built only when the first break happens.
+ * Linear in the session's tokens: each prompt is hashed once, in one pass that keeps the hash only
+ * at the lengths of current chain tips, which are looked up in an index keyed by (length, hash);
+ * only the longest hit is verified token by token. The all-prefixes index used to diagnose breaks
+ * is brought up to date only when a break needs it, so each chain token enters it at most once.
  */
 
 interface Chain extends ChainView {
   /** prompt + response: what the next prompt must start with. */
   seq: number[];
   state: HashState;
+  /** How much of seq the diagnosis index holds (it catches up only when a break needs it). */
+  indexed: HashState;
   prompt_ids: number[];
   response_ids: number[];
   response_logprobs: number[];
@@ -65,38 +69,39 @@ class Merger {
   private readonly formerTips = new HashIndex<StateRef>();
   /** Every record's full prompt: an identical prompt is a sibling. */
   private readonly prompts = new HashIndex<StateRef>();
-  /** Every prefix of every chain sequence (first chain that had it); built lazily for diagnosis. */
-  private prefixes: HashIndex<number> | null = null;
+  /** Prefixes of chain sequences (the first chain indexed with it), for diagnosis; caught up lazily. */
+  private readonly prefixes = new HashIndex<number>();
 
   add(record: CompletionRecord): void {
     const p = record.prompt_ids;
-    const H = prefixHashes(p);
-    const target = this.findTip(p, H);
+    const { at, whole } = statesAt(p, this.tips.lengthsUpTo(p.length));
+    const target = this.findTip(p, at);
     const ref: StateRef = { chain: -1, record_id: record.id };
     if (target) {
       ref.chain = target.index;
-      this.extend(target, record, H);
+      this.extend(target, record, whole);
     } else {
-      if (this.chains.length > 0) this.breaks.push(classifyBreak(this.diagnose(record, H), this.template));
-      ref.chain = this.open(record, H).index;
+      if (this.chains.length > 0) this.breaks.push(classifyBreak(this.diagnose(record, prefixHashes(p)), this.template));
+      ref.chain = this.open(record, whole).index;
     }
-    this.prompts.add(stateAt(H, p.length), ref);
+    this.prompts.add(whole, ref);
   }
 
   /** The longest unextended chain tip that the prompt starts with (verified exactly). */
-  private findTip(p: readonly number[], H: PrefixHashes): Chain | undefined {
-    for (let len = p.length; len >= 1; len--) {
-      if (!this.tips.hasLength(len)) continue;
-      const candidates = this.tips.get(len, H.h1[len] as number, H.h2[len] as number).sort((a, b) => a - b);
+  private findTip(p: readonly number[], tipStates: readonly HashState[]): Chain | undefined {
+    for (let k = tipStates.length - 1; k >= 0; k--) {
+      const s = tipStates[k] as HashState;
+      const candidates = this.tips.get(s.len, s.h1, s.h2).sort((a, b) => a - b);
       for (const c of candidates) {
         const chain = this.chains[c] as Chain;
-        if (chain.seq.length === len && samePrefix(p, chain.seq, len)) return chain;
+        if (chain.seq.length === s.len && samePrefix(p, chain.seq, s.len)) return chain;
       }
     }
     return undefined;
   }
 
-  private open(record: CompletionRecord, H: PrefixHashes): Chain {
+  /** `promptState`: the hash of the record's whole prompt. */
+  private open(record: CompletionRecord, promptState: HashState): Chain {
     const p = record.prompt_ids;
     const out = record.output_ids;
     const cols = outputColumns(record, this.trainReplayed);
@@ -104,7 +109,8 @@ class Merger {
       index: this.chains.length,
       prompt_length: p.length,
       seq: p.concat(out),
-      state: extendHash(stateAt(H, p.length), out),
+      state: extendHash(promptState, out),
+      indexed: EMPTY_HASH,
       prompt_ids: p.slice(),
       response_ids: out.slice(),
       response_logprobs: cols.logprobs,
@@ -119,11 +125,10 @@ class Merger {
     chain.routing.add(record, 0);
     this.chains.push(chain);
     this.tips.add(chain.state, chain.index);
-    if (this.prefixes) this.indexPrefixes(chain, { len: 0, h1: 0, h2: 0 });
     return chain;
   }
 
-  private extend(chain: Chain, record: CompletionRecord, H: PrefixHashes): void {
+  private extend(chain: Chain, record: CompletionRecord, promptState: HashState): void {
     const p = record.prompt_ids;
     const out = record.output_ids;
     const old = chain.state;
@@ -152,15 +157,18 @@ class Merger {
     chain.finish_reason = record.finish_reason;
     chain.routing.add(record, old.len - 1);
     chain.seq = p.concat(out);
-    chain.state = extendHash(stateAt(H, p.length), out);
+    chain.state = extendHash(promptState, out);
     this.tips.add(chain.state, chain.index);
-    if (this.prefixes) this.indexPrefixes(chain, old);
   }
 
-  /** Index chain.seq's prefixes longer than `from` (whose hash state is given). */
-  private indexPrefixes(chain: Chain, from: HashState): void {
-    const index = this.prefixes as HashIndex<number>;
-    extendHash(from, chain.seq, from.len, chain.seq.length, (s) => index.addFirst(s, chain.index));
+  /** Bring the diagnosis index up to every chain's current sequence (a chain only ever grows). */
+  private catchUpPrefixes(): void {
+    for (const chain of this.chains) {
+      if (chain.indexed.len === chain.seq.length) continue;
+      chain.indexed = extendHash(chain.indexed, chain.seq, chain.indexed.len, chain.seq.length, (s) =>
+        this.prefixes.addFirst(s, chain.index),
+      );
+    }
   }
 
   private diagnose(record: CompletionRecord, H: PrefixHashes): BreakEvidence {
@@ -170,10 +178,7 @@ class Merger {
       const chain = this.chains[sibling.chain] as Chain;
       return { record, closest: chain, position: commonPrefix(p, chain.seq), sibling: sibling.sibling };
     }
-    if (!this.prefixes) {
-      this.prefixes = new HashIndex<number>();
-      for (const c of this.chains) this.indexPrefixes(c, { len: 0, h1: 0, h2: 0 });
-    }
+    this.catchUpPrefixes();
     // Longest common prefix with any chain: prefix membership is monotone, so walk until the first miss.
     let lcp = 0;
     let closest = -1;

@@ -2,13 +2,14 @@
  * Rolling hashes of token sequences and a (length, hash) index over them: how prefix merging
  * finds the chain a prompt extends without comparing it with every chain (linear time).
  *
- * Two polynomial hashes: h1 modulo 2^32 (Math.imul) and h2 modulo a 26-bit prime (exact in
- * doubles). A hit is always verified token by token, so a collision costs time, never correctness.
+ * Two 32-bit hashes in integer arithmetic only: h1 polynomial (h·B1 + t), h2 FNV-1a style
+ * ((h ^ t)·M2, whose high bits mix well: the index keys on them). A hit is always verified token
+ * by token, so a collision costs time, never correctness. (A second hash modulo a prime cost a
+ * floating-point remainder per token: most of a large trajectory's build time.)
  */
 
 const B1 = 0x01000193; // FNV prime, odd
-const B2 = 40_503;
-const P2 = 67_108_859; // largest prime below 2^26
+const M2 = 0x5bd1e995; // MurmurHash2's multiplier, odd
 const LEN_SPACE = 2 ** 27; // prefix lengths up to 134M tokens
 
 export interface HashState {
@@ -34,11 +35,36 @@ export function prefixHashes(ids: readonly number[]): PrefixHashes {
   for (let i = 0; i < n; i++) {
     const t = (ids[i] as number) + 1;
     a = (Math.imul(a, B1) + t) >>> 0;
-    b = (b * B2 + t) % P2;
+    b = Math.imul(b ^ t, M2) >>> 0;
     h1[i + 1] = a;
     h2[i + 1] = b;
   }
   return { h1, h2 };
+}
+
+/**
+ * The hash states of ids[0..L) for each L of `lengths` (ascending, each ≤ ids.length) and of the
+ * whole of ids, in one pass and without an array per token: what finding a chain tip needs.
+ */
+export function statesAt(ids: readonly number[], lengths: readonly number[]): { at: HashState[]; whole: HashState } {
+  const at: HashState[] = [];
+  let a = 0;
+  let b = 0;
+  let i = 0;
+  for (const len of lengths) {
+    for (; i < len; i++) {
+      const t = (ids[i] as number) + 1;
+      a = (Math.imul(a, B1) + t) >>> 0;
+      b = Math.imul(b ^ t, M2) >>> 0;
+    }
+    at.push({ len, h1: a, h2: b });
+  }
+  for (const n = ids.length; i < n; i++) {
+    const t = (ids[i] as number) + 1;
+    a = (Math.imul(a, B1) + t) >>> 0;
+    b = Math.imul(b ^ t, M2) >>> 0;
+  }
+  return { at, whole: { len: ids.length, h1: a, h2: b } };
 }
 
 export function stateAt(hashes: PrefixHashes, len: number): HashState {
@@ -59,15 +85,16 @@ export function extendHash(
   for (let i = from; i < to; i++) {
     const t = (ids[i] as number) + 1;
     a = (Math.imul(a, B1) + t) >>> 0;
-    b = (b * B2 + t) % P2;
+    b = Math.imul(b ^ t, M2) >>> 0;
     len++;
     if (visit) visit({ len, h1: a, h2: b });
   }
   return { len, h1: a, h2: b };
 }
 
+/** (length, the high 26 bits of h2) as one exact double: a Map key without a string. */
 function key(len: number, h2: number): number {
-  return h2 * LEN_SPACE + len;
+  return (h2 >>> 6) * LEN_SPACE + len;
 }
 
 /** Values indexed by the (length, hash) of a token sequence. Lookups return candidates, unverified. */
@@ -93,6 +120,13 @@ export class HashIndex<V> {
   /** Whether any sequence of this length is indexed (a cheap filter before hashing lookups). */
   hasLength(len: number): boolean {
     return this.lengths.has(len);
+  }
+
+  /** The lengths of the indexed sequences up to `max`, ascending. */
+  lengthsUpTo(max: number): number[] {
+    const out: number[] = [];
+    for (const len of this.lengths.keys()) if (len <= max) out.push(len);
+    return out.sort((x, y) => x - y);
   }
 
   get(len: number, h1: number, h2: number): V[] {
