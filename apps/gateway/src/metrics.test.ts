@@ -188,6 +188,35 @@ describe("GET /metrics", () => {
     await app.close();
   });
 
+  it("counts each call once however the scrapes fall between calls", async () => {
+    const app = await gateway();
+    const s = await openSession(app);
+    const call = async () => {
+      const res = await app.inject({
+        method: "POST",
+        url: `/s/${s.id}/v1/chat/completions`,
+        headers: { authorization: `Bearer ${s.token}` },
+        payload: { messages: [{ role: "user", content: "hi" }], max_tokens: 4 },
+      });
+      expect(res.statusCode).toBe(200);
+    };
+    const calls = (x: Sample[]) => x.filter((m) => m.name === "rollgate_llm_calls_total").reduce((n, m) => n + m.value, 0);
+    const completions = (x: Sample[]) => value(x, "rollgate_http_requests_total", { method: "POST", route: "/s/:sid/v1/chat/completions", status_code: "200" });
+    const completionTokens = (x: Sample[]) => x.filter((m) => m.name === "rollgate_llm_tokens_total" && m.labels.kind === "completion").reduce((n, m) => n + m.value, 0);
+    await call();
+    const first = await scrape(app);
+    expect([calls(first), completions(first)]).toEqual([1, 1]);
+    // A second scrape with no call between: the same counts, not counted again.
+    expect(calls(await scrape(app))).toBe(1);
+    await call();
+    await call();
+    const third = await scrape(app);
+    expect([calls(third), completions(third)]).toEqual([3, 3]);
+    const recs = await records(app, s.id);
+    expect(completionTokens(third)).toBe(recs.reduce((n, r) => n + r.usage.completion_tokens, 0));
+    await app.close();
+  });
+
   it("keeps one registry per gateway: two gateways in one process count separately", async () => {
     const a = await gateway();
     const b = await gateway();

@@ -18,7 +18,7 @@ let closedEarly: Promise<void> = Promise.resolve();
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-async function send(res: ServerResponse, frames: string[]): Promise<void> {
+async function send(res: ServerResponse, frames: (string | Buffer)[]): Promise<void> {
   res.writeHead(200, { "content-type": "text/event-stream" });
   for (const f of frames) {
     res.write(f);
@@ -31,6 +31,12 @@ beforeAll(async () => {
   server = createServer((req, res) => {
     if (req.url === "/split") void send(res, ['data: {"n":', '1}\n\ndata: {"n":2}\n', "\ndata: [DONE]\n\n"]);
     if (req.url === "/error") void send(res, ['data: {"n":1}\n\ndata: {"error":{"message":"out of memory"}}\n\n', 'data: {"n":2}\n\n']);
+    if (req.url === "/utf8") {
+      // A leading byte-order mark, and characters of two and four bytes split across reads.
+      const bytes = Buffer.from('\uFEFFdata: {"t":"h\u00e9llo \u{1F642}"}\n\n');
+      const emoji = bytes.indexOf(Buffer.from("\u{1F642}"));
+      void send(res, [bytes.subarray(0, 2), bytes.subarray(2, emoji + 2), bytes.subarray(emoji + 2)]);
+    }
     if (req.url === "/garbage") void send(res, ['data: {"n":1}\n\ndata: {oops\n\n']);
     if (req.url === "/endless") {
       res.writeHead(200, { "content-type": "text/event-stream" });
@@ -62,6 +68,10 @@ async function read(path: string): Promise<{ payloads: unknown[]; error: unknown
 describe("sseJson", () => {
   it("gives the payloads in order, whatever the reads split them into", async () => {
     expect(await read("/split")).toEqual({ payloads: [{ n: 1 }, { n: 2 }], error: null });
+  });
+
+  it("decodes UTF-8 split anywhere across reads and skips a leading byte-order mark", async () => {
+    expect(await read("/utf8")).toEqual({ payloads: [{ t: "h\u00e9llo \u{1F642}" }], error: null });
   });
 
   it("fails on an engine error after the payloads before it", async () => {

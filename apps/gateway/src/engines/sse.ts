@@ -1,4 +1,5 @@
 import type { Readable } from "node:stream";
+import { StringDecoder } from "node:string_decoder";
 import { createParser, type EventSourceParser } from "eventsource-parser";
 import { EngineError } from "./errors.js";
 
@@ -26,7 +27,11 @@ class SseJsonReader implements AsyncIterableIterator<unknown> {
   private closed: { error: unknown } | null = null;
   private waiting: { resolve: (r: IteratorResult<unknown>) => void; reject: (err: unknown) => void } | null = null;
   private readonly parser: EventSourceParser;
-  private readonly decoder = new TextDecoder();
+  // A StringDecoder, not a TextDecoder: the same UTF-8 decoding (a character split across pieces
+  // is held back, bad bytes become U+FFFD) at a fraction of the cost per piece (TextDecoder's
+  // streaming decode was several µs per engine read). The BOM TextDecoder dropped is dropped below.
+  private readonly decoder = new StringDecoder("utf8");
+  private first = true;
 
   constructor(private readonly body: Readable) {
     this.parser = createParser({ onEvent: (e) => this.onData(e.data) });
@@ -37,7 +42,12 @@ class SseJsonReader implements AsyncIterableIterator<unknown> {
     body.on("close", () => this.close(Object.assign(new Error("Premature close"), { code: "ERR_STREAM_PREMATURE_CLOSE" })));
     body.on("data", (piece: Buffer) => {
       if (this.closed) return;
-      this.parser.feed(this.decoder.decode(piece, { stream: true }));
+      let text = this.decoder.write(piece);
+      if (this.first && text !== "") {
+        this.first = false;
+        if (text.charCodeAt(0) === 0xfeff) text = text.slice(1);
+      }
+      this.parser.feed(text);
       if (this.ready.length - this.head >= HIGH_WATER) body.pause();
     });
   }

@@ -63,12 +63,16 @@ export class GatewayMetrics {
   private readonly engineLatency: Histogram<"protocol" | "engine" | "dp_rank">;
   private readonly overhead: Histogram<"protocol">;
   /**
-   * The per-call series of each (protocol, engine, rank), looked up once: prom-client validates
-   * and hashes a label set on every inc/observe given labels, five times per recorded call.
+   * The per-call counters are summed here, per series, and handed to prom-client when it is read
+   * (a scrape: the counters' `collect`). A prom-client child (`labels()`) is only its labels bound:
+   * each inc validated and hashed the label set again, five times per recorded call.
    */
-  private readonly requestSeries = new Map<string, Counter.Internal>();
+  private readonly requestSeries = new Map<string, { labels: { method: string; route: string; status_code: string }; n: number }>();
   private readonly overheadSeries = new Map<string, Histogram.Internal<"protocol">>();
-  private readonly callSeries = new Map<string, { calls: Counter.Internal; prompt: Counter.Internal; completion: Counter.Internal; cached: Counter.Internal; latency: Histogram.Internal<"protocol" | "engine" | "dp_rank"> }>();
+  private readonly callSeries = new Map<
+    string,
+    { labels: { protocol: string; engine: string; dp_rank: string }; calls: number; prompt: number; completion: number; cached: number; latency: Histogram.Internal<"protocol" | "engine" | "dp_rank"> }
+  >();
   private readonly pauseCuts: Counter<"engine" | "dp_rank">;
   private readonly httpRequests: Counter<"method" | "route" | "status_code">;
   private readonly refreshErrors: Counter<"source">;
@@ -94,11 +98,14 @@ export class GatewayMetrics {
     const registers = [this.registry];
     if (opts.processMetrics) collectDefaultMetrics({ register: this.registry, prefix: "rollgate_gateway_" });
 
+    // Either counter read first hands over the sums of both (they are read together on a scrape).
+    const flushCalls = () => this.flushCallSums();
     this.llmCalls = new Counter({
       name: "rollgate_llm_calls_total",
       help: "Recorded LLM calls (one per completion record), by client protocol and engine rank.",
       labelNames: ["protocol", "engine", "dp_rank"],
       registers,
+      collect: flushCalls,
     });
     this.pauseCuts = new Counter({
       name: "rollgate_pause_cuts_total",
@@ -111,6 +118,7 @@ export class GatewayMetrics {
       help: "Tokens of recorded LLM calls by kind (prompt, completion, cached = prompt tokens served from the prefix cache).",
       labelNames: ["protocol", "engine", "dp_rank", "kind"],
       registers,
+      collect: flushCalls,
     });
     this.engineLatency = new Histogram({
       name: "rollgate_engine_latency_seconds",
@@ -131,6 +139,13 @@ export class GatewayMetrics {
       help: "HTTP requests answered, by method, route pattern and status code.",
       labelNames: ["method", "route", "status_code"],
       registers,
+      collect: () => {
+        for (const series of this.requestSeries.values()) {
+          if (series.n === 0) continue;
+          this.httpRequests.inc(series.labels, series.n);
+          series.n = 0;
+        }
+      },
     });
     this.refreshErrors = new Counter({
       name: "rollgate_metrics_refresh_errors_total",
@@ -200,19 +215,13 @@ export class GatewayMetrics {
     let series = this.callSeries.get(key);
     if (!series) {
       const labels = { protocol: record.protocol, engine, dp_rank: dpRank };
-      series = {
-        calls: this.llmCalls.labels(labels),
-        prompt: this.llmTokens.labels({ ...labels, kind: "prompt" }),
-        completion: this.llmTokens.labels({ ...labels, kind: "completion" }),
-        cached: this.llmTokens.labels({ ...labels, kind: "cached" }),
-        latency: this.engineLatency.labels(labels),
-      };
+      series = { labels, calls: 0, prompt: 0, completion: 0, cached: 0, latency: this.engineLatency.labels(labels) };
       this.callSeries.set(key, series);
     }
-    series.calls.inc();
-    series.prompt.inc(record.usage.prompt_tokens);
-    series.completion.inc(record.usage.completion_tokens);
-    series.cached.inc(record.usage.cached_tokens);
+    series.calls += 1;
+    series.prompt += record.usage.prompt_tokens;
+    series.completion += record.usage.completion_tokens;
+    series.cached += record.usage.cached_tokens;
     series.latency.observe(record.latency_ms / 1000);
     if (record.continued_after_pause) this.pauseCuts.inc({ engine, dp_rank: dpRank }, record.continued_after_pause);
     const scope = scopes.get(call.engineCall.signal);
@@ -221,6 +230,18 @@ export class GatewayMetrics {
       scope.protocol = record.protocol;
     }
   };
+
+  /** Hands the recorded calls' summed counts to prom-client (on a scrape). */
+  private flushCallSums(): void {
+    for (const s of this.callSeries.values()) {
+      if (s.calls === 0) continue;
+      this.llmCalls.inc(s.labels, s.calls);
+      this.llmTokens.inc({ ...s.labels, kind: "prompt" }, s.prompt);
+      this.llmTokens.inc({ ...s.labels, kind: "completion" }, s.completion);
+      this.llmTokens.inc({ ...s.labels, kind: "cached" }, s.cached);
+      s.calls = s.prompt = s.completion = s.cached = 0;
+    }
+  }
 
   /** An agent call lost to infrastructure (its session is marked). */
   lostCall(kind: string): void {
@@ -242,8 +263,8 @@ export class GatewayMetrics {
     // Looked up once per series, as callSeries (routes are templates: the series are few).
     const key = `${method}\u0000${route}\u0000${statusCode}`;
     let requests = this.requestSeries.get(key);
-    if (!requests) this.requestSeries.set(key, (requests = this.httpRequests.labels({ method, route, status_code: String(statusCode) })));
-    requests.inc();
+    if (!requests) this.requestSeries.set(key, (requests = { labels: { method, route, status_code: String(statusCode) }, n: 0 }));
+    requests.n += 1;
     if (scope?.protocol) {
       let overhead = this.overheadSeries.get(scope.protocol);
       if (!overhead) this.overheadSeries.set(scope.protocol, (overhead = this.overhead.labels({ protocol: scope.protocol })));
