@@ -70,6 +70,9 @@ export async function run({ quick = false, profile = !quick } = {}) {
   // BENCH_RATE=<req/s>: every target gets the same total request rate instead of as many as it
   // answers (an A/B at equal load: CPU per call falls as load rises, each wake-up serving more calls).
   const rate = env.BENCH_RATE ? Number(env.BENCH_RATE) : 0;
+  // BENCH_TPOT_MS=<ms>: the engine streams its tokens this far apart (default 0: all at once), so
+  // each token reaches the gateway as its own chunk, as from a real engine.
+  const tpotMs = env.BENCH_TPOT_MS ? Number(env.BENCH_TPOT_MS) : 0;
   const maxConc = Math.max(...cfg.conc);
   const prefix = uniquePrefix("overhead");
   /** @type {import("./lib/procs.mjs").Child[]} */
@@ -77,7 +80,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
   /** @type {string[]} */
   const notes = [];
   try {
-    const engine = await startEngineSim({ "ttft-ms": TTFT_MS, "tpot-ms": 0, "random-tokens": 16 });
+    const engine = await startEngineSim({ "ttft-ms": TTFT_MS, "tpot-ms": tpotMs, "random-tokens": 16 });
     procs.push(engine);
     const [proxy, portkey, gateway, gatewayAb] = await Promise.all([
       startFastifyProxy(engine.ready),
@@ -214,7 +217,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
       }
     }
     printTable(
-      `1. Per-call overhead (engine-sim TTFT ${TTFT_MS} ms, 16 tokens; medians of ${cfg.rounds} runs × ${cfg.durationS} s)`,
+      `1. Per-call overhead (engine-sim TTFT ${TTFT_MS} ms, ${tpotMs ? `${tpotMs} ms per token, ` : ""}16 tokens; medians of ${cfg.rounds} runs × ${cfg.durationS} s)`,
       ["conc", "target", "req/s", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms", "+p50 vs tok", "×fastify", "×portkey", "proxy CPU ms/call", "CPU ×fastify", "engine CPU ms/call", "errors"],
       rows,
     );
@@ -231,7 +234,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
     let prof = null;
     if (profile) prof = await profileGateway(engine.ready, cfg);
     return {
-      config: { engine: { ttft_ms: TTFT_MS, tpot_ms: 0, output_tokens: 16, dp: 1 }, ...cfg },
+      config: { engine: { ttft_ms: TTFT_MS, tpot_ms: tpotMs, output_tokens: 16, dp: 1 }, ...cfg },
       summary,
       targets: targetsCheck,
       notes,
