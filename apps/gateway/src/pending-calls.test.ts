@@ -153,6 +153,35 @@ describe("records written after the answer", () => {
     expect(await replica.pendingCalls(s.id)).toEqual([]);
   });
 
+  it("the next call echoes this gateway's answer, right after it or once stored (its record heads then read with the session): each turn is restored as generated", async () => {
+    const s = await open();
+    const generated = "\n\nthe answer  ";
+    const first = await chat(s, [{ role: "user", content: sim(generated) }]);
+    expect(first.statusCode).toBe(200);
+    const user = { role: "user", content: sim(generated) };
+    // Sent at once: the first record may still be on its way (the call waits for it).
+    const second = await chat(s, [user, { role: "assistant", content: "the answer" }, { role: "user", content: sim(generated) }]);
+    expect(second.statusCode).toBe(200);
+    await new Promise((r) => setTimeout(r, 100));
+    // Sent once both are stored: the heads come with the session read, in the OpenAI and the Anthropic shape.
+    const history = [user, { role: "assistant", content: "the answer" }, { role: "user", content: sim(generated) }, { role: "assistant", content: "the answer" }];
+    expect((await chat(s, [...history, { role: "user", content: sim("next") }])).statusCode).toBe(200);
+    const anthropic = await app.inject({
+      method: "POST",
+      url: `/s/${s.id}/v1/messages`,
+      headers: { "x-api-key": s.token, "content-type": "application/json", "anthropic-version": "2023-06-01" },
+      payload: JSON.stringify({ max_tokens: 32, messages: [...history, { role: "user", content: sim("more") }] }),
+    });
+    expect(anthropic.statusCode).toBe(200);
+    const { completions } = (await app.inject({ url: `/v1/sessions/${s.id}/completions` })).json() as { completions: CompletionRecord[] };
+    expect(completions.map((r) => r.seq)).toEqual([0, 1, 2, 3]);
+    expect(completions[1]!.request.messages[1]).toMatchObject({ role: "assistant", content: generated });
+    for (const r of completions.slice(2)) {
+      expect(r.request.messages[1]).toMatchObject({ role: "assistant", content: generated });
+      expect(r.request.messages[3]).toMatchObject({ role: "assistant", content: generated });
+    }
+  });
+
   it("the next call echoes an answer whose record another replica is still storing: it waits and restores it", async () => {
     const s = await open();
     // The engine's answer has whitespace around it; the agent echoes it trimmed. A matched turn is

@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import type { CanonicalChatRequest, ClientProtocol, CompletionRecord, Session, WeightVersion } from "@rollgate/protocol";
+import type { CanonicalChatRequest, ClientProtocol, CompletionRecord, RecordHead, Session, WeightVersion } from "@rollgate/protocol";
 import { rankMember, type SessionStore, type TaskStore } from "@rollgate/store";
 import {
   StreamAccumulator,
@@ -98,11 +98,14 @@ export class ChatCaller {
   /** What this gateway learned of each engine's template re-rendering of echoed turns. */
   readonly normalizer = new HistoryNormalizer();
 
-  /** `takenSeq`: the call's sequence number when the route took it already (with its session read). */
-  async prepare(given: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal, takenSeq?: number): Promise<PreparedCall> {
+  /**
+   * `takenSeq`: the call's sequence number when the route took it already (with its session read);
+   * `heads`: the session's record heads when the route read them with the session.
+   */
+  async prepare(given: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal, takenSeq?: number, heads?: Promise<RecordHead[]>): Promise<PreparedCall> {
     const taken: { seq: Promise<number> | null } = { seq: takenSeq === undefined ? null : Promise.resolve(takenSeq) };
     try {
-      return await this.prepareTaken(given, protocol, canonical, signal, takenSeq, taken);
+      return await this.prepareTaken(given, protocol, canonical, signal, takenSeq, taken, heads);
     } catch (err) {
       // Refused or failed before the engine: the call will have no record (its number may still be on its way).
       taken.seq?.then(
@@ -120,6 +123,7 @@ export class ChatCaller {
     signal: AbortSignal,
     takenSeq: number | undefined,
     taken: { seq: Promise<number> | null },
+    readWithSession: Promise<RecordHead[]> | undefined,
   ): Promise<PreparedCall> {
     const { session, reroutedFrom } = await this.deps.rerouter.ensureHealthy(given);
     const { limits, counts, assignment } = session;
@@ -134,7 +138,7 @@ export class ChatCaller {
     const written = hasHistory ? this.deps.pending.local(session.id) : null;
     const [seq, readHeads, model] = await Promise.all([
       takenSeq ?? (taken.seq = this.deps.sessions.nextSeq(session.id)),
-      hasHistory ? (written ? written.then(() => this.deps.sessions.recordHeads(session.id)) : this.deps.sessions.recordHeads(session.id)) : null,
+      hasHistory ? (written ? written.then(() => this.deps.sessions.recordHeads(session.id)) : (readWithSession ?? this.deps.sessions.recordHeads(session.id))) : null,
       this.servedModel(assignment.engine),
     ]);
     let heads = readHeads;

@@ -17,6 +17,7 @@ import {
   AGENT_BODY_LIMIT,
   authorizeSession,
   clientAbortSignal,
+  echoesAssistantTurn,
   agentFailure,
   agentSchema,
   failureOf,
@@ -63,7 +64,7 @@ async function authorizeAndParse(
   reply: FastifyReply,
   takeSeq = false,
 ): Promise<{ auth: AuthorizedSession; call: AnthropicCall } | null> {
-  const auth = await authorizeSession(ctx, req, req.params.sid, undefined, { takeSeq });
+  const auth = await authorizeSession(ctx, req, req.params.sid, undefined, { takeSeq, history: takeSeq && echoesAssistantTurn(req.body) });
   if (isAuthFailure(auth)) {
     await reply.code(auth.status).send(anthropicError(anthropicErrorType(auth.status), auth.message));
     return null;
@@ -107,7 +108,7 @@ export function anthropicAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const ok = await authorizeAndParse(ctx, req, reply, true);
       if (!ok) return reply;
       const { auth, call } = ok;
-      const prepared = await ctx.caller.prepare(auth.session, "anthropic_messages", call.canonical, clientAbortSignal(reply), auth.seq);
+      const prepared = await ctx.caller.prepare(auth.session, "anthropic_messages", call.canonical, clientAbortSignal(reply), auth.seq, auth.heads);
       const out = {
         id: `msg_${randomUUID().replaceAll("-", "")}`,
         model: call.clientModel || prepared.engineCall.model,

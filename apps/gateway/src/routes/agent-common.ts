@@ -1,4 +1,4 @@
-import type { Session } from "@rollgate/protocol";
+import type { RecordHead, Session } from "@rollgate/protocol";
 import { hashToken, tokenMatches } from "@rollgate/store";
 import { issuesMessage } from "@rollgate/protocol";
 import type { FastifyReply, FastifyRequest } from "fastify";
@@ -53,6 +53,8 @@ export interface AuthorizedSession {
   tokenHash: string;
   /** The call's sequence number, when it was taken in the same step as the session read (see authorizeSession). */
   seq?: number;
+  /** The session's record heads, read in the same round trip as the session (see authorizeSession `history`). */
+  heads?: Promise<RecordHead[]>;
 }
 
 export type AuthFailure = { status: 401 | 403; kind: "invalid_token" | "session_closed"; message: string };
@@ -87,20 +89,29 @@ function remember(sid: string, tokenHash: string, replay: boolean): void {
  * session rate limit is on (a refused call must not use up a number) or the session is a branch's
  * (its calls' numbers index the replayed rollout). A number taken by a call then refused (a limit)
  * is a gap like an aborted call's, which the records and trajectories already allow.
+ *
+ * `history` (the body echoes assistant turns): the session's record heads are read together with
+ * the session (one round trip before the engine instead of two), unless a record of this session is
+ * still being written by this process (the call then reads them once it is stored, as before).
  */
 export async function authorizeSession(
   ctx: GatewayContext,
   req: FastifyRequest,
   sid: string,
   extraToken?: string,
-  { takeSeq = false }: { takeSeq?: boolean } = {},
+  { takeSeq = false, history = false }: { takeSeq?: boolean; history?: boolean } = {},
 ): Promise<AuthorizedSession | AuthFailure> {
   const token = sessionToken(req) ?? extraToken;
   if (token) presented.set(req, token);
   const k = token && takeSeq ? known.get(sid) : undefined;
   const early = k !== undefined && !k.replay && !req.validationError && !ctx.rateLimit?.enabled && tokenMatches(token!, k.tokenHash);
   // The session and (early) the call's number in one step: one Redis command per call, not two.
-  const found = token ? await ctx.sessions.getForCall(sid, { takeSeq: early }) : null;
+  const reading = token ? ctx.sessions.getForCall(sid, { takeSeq: early }) : null;
+  // Sent in the same tick as the session read: both leave in one write (auto-pipelined).
+  const heads = reading && history && !req.validationError && ctx.caller.pending.local(sid) === null ? ctx.sessions.recordHeads(sid) : undefined;
+  // Not wanted when the call is refused; a failed read is the call's failure only if it is used.
+  heads?.catch(() => undefined);
+  const found = await reading;
   // (A token already checked against the known hash: that hash still being the session's suffices.)
   if (!token || !found || !(early ? found.tokenHash === k.tokenHash : tokenMatches(token, found.tokenHash))) {
     // One answer for an unknown session and a wrong token: a sandbox learns nothing of others.
@@ -112,7 +123,13 @@ export async function authorizeSession(
   // Over ROLLGATE_SESSION_RATE: throws a 429 the route renders in its protocol (with retry-after).
   authorized.add(req);
   if (ctx.rateLimit?.enabled) await ctx.rateLimit.check(req, sid);
-  return found;
+  return heads ? { ...found, heads } : found;
+}
+
+/** Whether an agent body's messages hold an assistant turn (OpenAI Chat and Anthropic Messages spell it alike). */
+export function echoesAssistantTurn(body: unknown): boolean {
+  const messages = (body as { messages?: unknown } | null)?.messages;
+  return Array.isArray(messages) && messages.some((m) => (m as { role?: unknown } | null)?.role === "assistant");
 }
 
 export function isAuthFailure(x: AuthorizedSession | AuthFailure): x is AuthFailure {

@@ -8,6 +8,7 @@ import {
   AGENT_BODY_LIMIT,
   authorizeSession,
   clientAbortSignal,
+  echoesAssistantTurn,
   agentFailure,
   agentSchema,
   isAuthFailure,
@@ -35,12 +36,12 @@ export function openAIAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
 
     const chatSchema = agentSchema("OpenAI Chat Completions", "OpenAI Chat Completions, streamed (`stream: true`, Server-Sent Events) or not.", OpenAIChatRequest);
     app.post("/s/:sid/v1/chat/completions", { bodyLimit: AGENT_BODY_LIMIT, attachValidation: true, schema: chatSchema }, async (req, reply) => {
-      const auth = await authorizeSession(ctx, req, req.params.sid, undefined, { takeSeq: true });
+      const auth = await authorizeSession(ctx, req, req.params.sid, undefined, { takeSeq: true, history: echoesAssistantTurn(req.body) });
       if (isAuthFailure(auth)) return sendOpenAIAuthFailure(reply, auth);
       rejectInvalid(req);
       // The body passed its schema on the way in (rejectInvalid): not parsed a second time.
       const call = fromValidOpenAIChat(req.body);
-      const prepared = await ctx.caller.prepare(auth.session, "openai_chat", call.canonical, clientAbortSignal(reply), auth.seq);
+      const prepared = await ctx.caller.prepare(auth.session, "openai_chat", call.canonical, clientAbortSignal(reply), auth.seq, auth.heads);
       const out = {
         id: `chatcmpl-${randomUUID().replaceAll("-", "")}`,
         created: Math.floor(Date.now() / 1000),
