@@ -15,13 +15,16 @@ const MODEL = "Qwen/Qwen3-8B";
 const SYSTEM = "You are a careful software engineering agent. Work step by step, run the tests, and keep answers short.";
 const USER = "The test suite in repo/ fails on test_parse_dates with a timezone error. Find the cause and describe the fix in two sentences.";
 
+/** Tokens generated per call: 16, or BENCH_TOKENS (with BENCH_TPOT_MS, what a longer streamed answer costs). */
+export const OUTPUT_TOKENS = Number(process.env.BENCH_TOKENS ?? 16);
+
 export const openaiBody = JSON.stringify({
   model: MODEL,
   messages: [
     { role: "system", content: SYSTEM },
     { role: "user", content: USER },
   ],
-  max_tokens: 16,
+  max_tokens: OUTPUT_TOKENS,
   temperature: 1,
 });
 /** What rollgate asks the engine for the same call: token ids and logprobs (vLLM extensions). */
@@ -30,7 +33,7 @@ export const anthropicBody = JSON.stringify({
   model: MODEL,
   system: SYSTEM,
   messages: [{ role: "user", content: USER }],
-  max_tokens: 16,
+  max_tokens: OUTPUT_TOKENS,
   temperature: 1,
 });
 
@@ -80,7 +83,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
   /** @type {string[]} */
   const notes = [];
   try {
-    const engine = await startEngineSim({ "ttft-ms": TTFT_MS, "tpot-ms": tpotMs, "random-tokens": 16 });
+    const engine = await startEngineSim({ "ttft-ms": TTFT_MS, "tpot-ms": tpotMs, "random-tokens": OUTPUT_TOKENS });
     procs.push(engine);
     const [proxy, portkey, gateway, gatewayAb] = await Promise.all([
       startFastifyProxy(engine.ready),
@@ -217,7 +220,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
       }
     }
     printTable(
-      `1. Per-call overhead (engine-sim TTFT ${TTFT_MS} ms, ${tpotMs ? `${tpotMs} ms per token, ` : ""}16 tokens; medians of ${cfg.rounds} runs × ${cfg.durationS} s)`,
+      `1. Per-call overhead (engine-sim TTFT ${TTFT_MS} ms, ${tpotMs ? `${tpotMs} ms per token, ` : ""}${OUTPUT_TOKENS} tokens; medians of ${cfg.rounds} runs × ${cfg.durationS} s)`,
       ["conc", "target", "req/s", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms", "+p50 vs tok", "×fastify", "×portkey", "proxy CPU ms/call", "CPU ×fastify", "engine CPU ms/call", "errors"],
       rows,
     );
@@ -234,7 +237,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
     let prof = null;
     if (profile) prof = await profileGateway(engine.ready, cfg);
     return {
-      config: { engine: { ttft_ms: TTFT_MS, tpot_ms: tpotMs, output_tokens: 16, dp: 1 }, ...cfg },
+      config: { engine: { ttft_ms: TTFT_MS, tpot_ms: tpotMs, output_tokens: OUTPUT_TOKENS, dp: 1 }, ...cfg },
       summary,
       targets: targetsCheck,
       notes,
