@@ -5,7 +5,7 @@
 // that forks the sandboxes' processes off the worker's event loop), per rollout; the sandboxes'
 // own CPU (reaped children) is shown beside it, not counted. Also the worker's event-loop delay
 // while rollouts start (what a synchronous spawn on the event loop costs the other rollouts).
-import { mkdtempSync, readFileSync, readdirSync, rmSync } from "node:fs";
+import { copyFileSync, mkdtempSync, readFileSync, readdirSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { BENCH_DIR, procCpu, startEngineSim, startGateway, startWorker, stop } from "./lib/procs.mjs";
@@ -104,8 +104,8 @@ async function batch(gatewayUrl, prefix, n, command) {
 /**
  * One round of one worker configuration: a fresh worker, a warm-up batch, then `tasks` rollouts;
  * CPU per rollout of each process. With `profile`, the worker runs with --cpu-prof and its top
- * functions are printed (profiled rounds are not counted).
- * @param {{ gatewayUrl: string, gatewayPid: number, prefix: string, label: string, env: Record<string, string>, tasks: number, concurrency: number, command: string[], profile?: boolean }} o
+ * functions are printed (profiled rounds are not counted). `root`: the checkout whose worker runs.
+ * @param {{ gatewayUrl: string, gatewayPid: number, prefix: string, label: string, env: Record<string, string>, tasks: number, concurrency: number, command: string[], profile?: boolean, root?: string }} o
  */
 async function oneRound(o) {
   const profDir = o.profile ? mkdtempSync(path.join(os.tmpdir(), "rollgate-prof-orch-")) : null;
@@ -117,6 +117,7 @@ async function oneRound(o) {
     name: o.label.replace(/\W+/g, "-"),
     env: { ROLLGATE_WORKER_CONCURRENCY: String(o.concurrency), ...o.env },
     nodeArgs: profDir ? ["--cpu-prof", `--cpu-prof-dir=${profDir}`] : [],
+    ...(o.root ? { root: o.root } : {}),
   });
   try {
     const pids = { gateway: o.gatewayPid, worker: /** @type {number} */ (worker.proc.pid) };
@@ -133,11 +134,22 @@ async function oneRound(o) {
     worker = null;
     const file = profDir ? newestProfile(profDir) : null;
     if (file) printProfile(`7b. worker --cpu-prof, ${o.label}`, summarizeProfile(file, { skipMs }), printTable);
+    keepProfile(file, "worker");
     return per;
   } finally {
     await stop(worker);
     if (profDir) rmSync(profDir, { recursive: true, force: true });
   }
+}
+
+/**
+ * BENCH_PROFILE_DIR=<folder>: the profiles are copied there too (for a closer look than the tables).
+ * @param {string | null} file
+ * @param {string} what
+ */
+function keepProfile(file, what) {
+  const dir = process.env.BENCH_PROFILE_DIR;
+  if (file && dir) copyFileSync(file, path.join(dir, `${what}-${Date.now()}.cpuprofile`));
 }
 
 /**
@@ -191,26 +203,43 @@ async function stepCost(steps) {
 /** @param {{ quick?: boolean, profile?: boolean }} [options] */
 export async function run({ quick = false, profile = !quick } = {}) {
   const cfg = quick ? { rounds: 2, tasks: 40, concurrency: 4 } : { rounds: 5, tasks: 200, concurrency: 4 };
+  // For quicker side-by-side runs (defaults unchanged): BENCH_ROUNDS=3, BENCH_TASKS=200,
+  // BENCH_PROFILE=0|1, BENCH_STEPS=0 (skips 7c), and BENCH_AB_ROOT=<another checkout, built>: then
+  // its gateway and worker (spawner helper) are measured against this checkout's, each with a
+  // gateway of its own, round by round.
+  const env = process.env;
+  if (env.BENCH_ROUNDS) cfg.rounds = Number(env.BENCH_ROUNDS);
+  if (env.BENCH_TASKS) cfg.tasks = Number(env.BENCH_TASKS);
+  if (env.BENCH_PROFILE) profile = env.BENCH_PROFILE === "1";
+  const abRoot = env.BENCH_AB_ROOT;
   const prefix = uniquePrefix("orch");
   const engine = await startEngineSim({ "random-tokens": 8 });
-  const gateway = await startGateway({ prefix, engineUrl: engine.ready });
+  const [gateway, gatewayAb] = await Promise.all([
+    startGateway({ prefix, engineUrl: engine.ready }),
+    abRoot ? startGateway({ prefix: `${prefix}-ab`, engineUrl: engine.ready, root: abRoot }) : null,
+  ]);
   try {
-    const gatewayPid = /** @type {number} */ (gateway.proc.pid);
     const command = ["true"];
-    /** @type {[string, Record<string, string>][]} */
-    const variants = [
-      ["spawn on the event loop", { ROLLGATE_SANDBOX_SPAWNER: "off" }],
-      ["spawner helper", { ROLLGATE_SANDBOX_SPAWNER: "on" }],
-    ];
-    const common = { gatewayUrl: gateway.ready, gatewayPid, prefix, command, tasks: cfg.tasks, concurrency: cfg.concurrency };
-    // The gateway warms up first (JIT), then the configurations alternate round by round, so
+    const here = { gatewayUrl: gateway.ready, gatewayPid: /** @type {number} */ (gateway.proc.pid), prefix };
+    /** @type {[string, Record<string, string>, typeof here & { root?: string }][]} */
+    const variants = gatewayAb && abRoot
+      ? [
+          ["A/B root (spawner helper)", { ROLLGATE_SANDBOX_SPAWNER: "on" }, { gatewayUrl: gatewayAb.ready, gatewayPid: /** @type {number} */ (gatewayAb.proc.pid), prefix: `${prefix}-ab`, root: abRoot }],
+          ["this checkout (spawner helper)", { ROLLGATE_SANDBOX_SPAWNER: "on" }, here],
+        ]
+      : [
+          ["spawn on the event loop", { ROLLGATE_SANDBOX_SPAWNER: "off" }, here],
+          ["spawner helper", { ROLLGATE_SANDBOX_SPAWNER: "on" }, here],
+        ];
+    const common = { command, tasks: cfg.tasks, concurrency: cfg.concurrency };
+    // The gateways warm up first (JIT), then the configurations alternate round by round, so
     // neither gets a colder gateway or a quieter minute of the shared machine.
-    await oneRound({ ...common, label: "gateway warm-up", env: {} });
+    for (const [, , gw] of variants.slice(gatewayAb ? 0 : 1)) await oneRound({ ...common, ...gw, label: "gateway warm-up", env: {} });
     /** @type {Record<string, Record<string, number>[]>} */
     const rounds = Object.fromEntries(variants.map(([label]) => [label, []]));
     for (let r = 0; r < cfg.rounds; r++) {
-      for (const [label, env] of variants) {
-        const per = await oneRound({ ...common, label, env });
+      for (const [label, env, gw] of variants) {
+        const per = await oneRound({ ...common, ...gw, label, env });
         rounds[label].push(per);
         process.stderr.write(`orchestration: ${label} round ${r + 1}: ${round(per.orchestration, 2)} ms/rollout (gateway ${round(per.gateway, 2)}, worker ${round(per.worker, 2)}, spawner ${round(per.spawner, 2)})\n`);
       }
@@ -219,21 +248,54 @@ export async function run({ quick = false, profile = !quick } = {}) {
     const summary = Object.fromEntries(
       Object.entries(rounds).map(([label, rs]) => [label, Object.fromEntries(Object.keys(rs[0]).map((k) => [k, round(median(rs.map((x) => x[k])), 2)]))]),
     );
-    if (profile) for (const [label, env] of variants) await oneRound({ ...common, label, env, profile: true });
+    if (profile) {
+      for (const [label, env, gw] of variants) await oneRound({ ...common, ...gw, label, env, profile: true });
+      await profileGateway({ ...common, engineUrl: engine.ready, prefix: `${prefix}-prof`, env: variants[1][1] });
+    }
     const base = summary[variants[0][0]];
     printTable(
       `7. Orchestration CPU per rollout (agent \`true\`, no evaluator, local runtime, 1 worker × ${cfg.concurrency} slots; ${cfg.tasks} rollouts/round, medians of ${cfg.rounds}; ms)`,
-      ["worker", "orchestration", "gateway", "worker", "spawner", "(sandboxes)", "rollouts/s", "÷ event-loop spawn"],
+      ["worker", "orchestration", "gateway", "worker", "spawner", "(sandboxes)", "rollouts/s", `÷ ${variants[0][0]}`],
       Object.entries(summary).map(([k, s]) => [k, s.orchestration, s.gateway, s.worker, s.spawner, s.sandboxes, round(s.rollouts_per_s, 1), round(s.orchestration / base.orchestration, 2)]),
     );
-    const steps = await stepCost(quick ? 100 : 400);
+    const stepCount = env.BENCH_STEPS ? Number(env.BENCH_STEPS) : quick ? 100 : 400;
+    const steps = stepCount > 0 ? await stepCost(stepCount) : null;
     const best = summary[variants[1][0]].orchestration;
     const targets = { orchestration_cpu_le_5_ms: { value: best, met: best <= GOAL_MS } };
     console.log(`targets: ${JSON.stringify(targets)}`);
-    return { config: { ...cfg, agent: command }, summary, step_start: steps, targets };
+    return { config: { ...cfg, agent: command, ...(abRoot ? { ab: true } : {}) }, summary, rounds, step_start: steps, targets };
   } finally {
     await stop(gateway);
+    await stop(gatewayAb);
     await stop(engine);
     await dropPrefix(prefix);
+    if (abRoot) await dropPrefix(`${prefix}-ab`);
+  }
+}
+
+/**
+ * The gateway's profile during one round: a gateway of its own with --cpu-prof (stopped to write
+ * it), the warm-up round left out.
+ * @param {{ engineUrl: string, prefix: string, env: Record<string, string>, tasks: number, concurrency: number, command: string[] }} o
+ */
+async function profileGateway(o) {
+  const profDir = mkdtempSync(path.join(os.tmpdir(), "rollgate-prof-orch-gw-"));
+  const t0 = Date.now();
+  /** @type {import("./lib/procs.mjs").Child | null} */
+  let gw = await startGateway({ prefix: o.prefix, engineUrl: o.engineUrl, nodeArgs: ["--cpu-prof", `--cpu-prof-dir=${profDir}`] });
+  try {
+    const common = { ...o, gatewayUrl: gw.ready, gatewayPid: /** @type {number} */ (gw.proc.pid) };
+    await oneRound({ ...common, label: "gateway warm-up (profiled)" });
+    const skipMs = Date.now() - t0;
+    await oneRound({ ...common, label: "gateway profiled" });
+    await stop(gw);
+    gw = null;
+    const file = newestProfile(profDir);
+    if (file) printProfile("7b. gateway --cpu-prof", summarizeProfile(file, { skipMs }), printTable);
+    keepProfile(file, "gateway");
+  } finally {
+    await stop(gw);
+    rmSync(profDir, { recursive: true, force: true });
+    await dropPrefix(o.prefix);
   }
 }

@@ -102,9 +102,12 @@ export function startGateway({ prefix, engineUrl, kind = "vllm", dp = 1, env = {
   });
 }
 
-/** @param {{ prefix: string, gatewayUrl: string, name: string, env?: Record<string, string>, nodeArgs?: string[] }} options */
-export function startWorker({ prefix, gatewayUrl, name, env = {}, nodeArgs = [] }) {
-  return start(`worker-${name}`, [app("worker")], {
+/**
+ * `root`: the checkout whose built worker runs (another worktree, for side-by-side A/B runs).
+ * @param {{ prefix: string, gatewayUrl: string, name: string, env?: Record<string, string>, nodeArgs?: string[], root?: string }} options
+ */
+export function startWorker({ prefix, gatewayUrl, name, env = {}, nodeArgs = [], root = REPO_ROOT }) {
+  return start(`worker-${name}`, [app("worker", root)], {
     nodeArgs,
     ready: /^worker ready: (\S+)/,
     env: { REDIS_URL, ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_GATEWAY_URL: gatewayUrl, ROLLGATE_WORKER_NAME: name, ...env },

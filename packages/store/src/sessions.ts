@@ -350,23 +350,31 @@ export class SessionStore {
 
   /**
    * Closes the session (if still open) and answers it as it is now, closed: one round trip for
-   * what a close and a read took. Null when there is no such session.
+   * what a close and a read took. Null when there is no such session. `released`: the second
+   * step, the rank's slot given back (the routing keys live in another cluster slot), already
+   * sent; the caller awaits it, so what it reads next shares that step's round trip.
    */
-  async closeAndGet(id: string, now: Date): Promise<(SessionForCall & { pendingCalls: number }) | null> {
+  async closeAndGet(id: string, now: Date): Promise<(SessionForCall & { pendingCalls: number; released: Promise<void> }) | null> {
     const res = (await this.scripts.closeAndGet(this.k.session(id), this.k.pendingCalls(id), now.toISOString())) as [number, string, string[], number] | null;
     if (!res) return null;
     const [closedNow, member, flat, pendingCalls] = res;
+    let released: Promise<void> = Promise.resolve();
     if (closedNow === 1) {
       this.bases.drop(id);
-      // A second step: the routing keys live in another cluster slot.
-      if (member !== "") await this.scripts.release(this.k.rankLoad(), member);
+      if (member !== "") released = this.scripts.release(this.k.rankLoad(), member).then(() => undefined);
     }
     const h: Record<string, string> = {};
     for (let i = 0; i + 1 < flat.length; i += 2) h[flat[i]!] = flat[i + 1]!;
-    const closed = this.fromHash(id, h);
+    let closed: SessionForCall | null;
+    try {
+      closed = this.fromHash(id, h);
+    } catch (err) {
+      released.catch(() => {}); // the parse error is the one reported
+      throw err;
+    }
     // A closed session takes no more calls: its parse is not kept.
     this.parsed.delete(id);
-    return closed && { ...closed, pendingCalls };
+    return closed && { ...closed, pendingCalls, released };
   }
 
   /** Notes where a branch's agent left the replayed path (the first note stays). */

@@ -94,6 +94,25 @@ describe("SessionStore", () => {
     expect((await store.get("s-1"))!.state).toBe("closed");
   });
 
+  it("closeAndGet answers the closed session and gives its rank slot back once, in `released`, sent before it answers", async () => {
+    const p = `${prefix}-s1b`;
+    const store = new SessionStore(redis, p);
+    const router = new RankRouter(redis, p);
+    const member = (await router.assign(["0:0"], undefined))!;
+    expect(await store.create("s-2", session("s-2"), hashToken("t"), assignment, member, new Date())).toBe(true);
+    const first = (await store.closeAndGet("s-2", new Date()))!;
+    expect(first.session.state).toBe("closed");
+    expect(first.pendingCalls).toBe(0);
+    // Sent already: a read issued after the close sees the slot given back.
+    expect(await router.loads()).toEqual({ "0:0": 0 });
+    await first.released;
+    const again = (await store.closeAndGet("s-2", new Date()))!;
+    await again.released;
+    expect(again.session.state).toBe("closed");
+    expect(await router.loads()).toEqual({ "0:0": 0 });
+    expect(await store.closeAndGet("s-missing", new Date())).toBeNull();
+  });
+
   it("orders records by the sequence reserved when their call started and counts usage", async () => {
     const store = new SessionStore(redis, `${prefix}-s2`);
     await store.create("s-2", session("s-2"), hashToken("t"), assignment, "0:0", new Date());

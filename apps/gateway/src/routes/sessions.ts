@@ -97,9 +97,15 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       return ctx.sessions.records(id);
     };
 
-    // The trajectory built now from the session's records, or the invariant it breaks.
-    const sessionTrajectory = async (id: string, session: Session, builder: TrajectoryBuilderName): Promise<{ trajectory: Trajectory } | { error: ErrorBody["error"] }> => {
-      const [records, failures] = await Promise.all([recordsOf(id, session), ctx.sessions.failures(id)]);
+    // The trajectory built now from the session's records, or the invariant it breaks. `settled`:
+    // the caller already waited for the session's pending calls (its close did).
+    const sessionTrajectory = async (
+      id: string,
+      session: Session,
+      builder: TrajectoryBuilderName,
+      { settled = false }: { settled?: boolean } = {},
+    ): Promise<{ trajectory: Trajectory } | { error: ErrorBody["error"] }> => {
+      const [records, failures] = await Promise.all([settled ? ctx.sessions.records(id) : recordsOf(id, session), ctx.sessions.failures(id)]);
       try {
         const trajectory = buildTrajectory(records, builder, trajectoryOptions(ctx.registry, session, records));
         trajectory.stats.failed_calls = failures;
@@ -149,16 +155,25 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       // Held lost-call marks are written before the session closes: a closed session's marks are final.
       await ctx.lostCalls.flush(id);
       // Closes it (if open) and reads it back in one step.
-      let closed = await ctx.sessions.closeAndGet(id, new Date());
-      if (!closed) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
-      // Agents are answered before their calls' records are stored: those still on their way (on
-      // any replica) are waited for, and any that never come are lost calls; then it is read again.
-      if (await ctx.caller.pending.atClose(id, closed.pendingCalls)) closed = { ...((await ctx.sessions.getForCall(id)) ?? closed), pendingCalls: 0 };
-      const session = ctx.lostCalls.withHeld(closed.session, closed.tokenHash);
-      const builder = req.query.trajectory;
-      if (!builder) return session;
-      const built = await sessionTrajectory(id, closed.session, builder);
-      return "error" in built ? { ...session, trajectory_error: built.error } : { ...session, trajectory: built.trajectory };
+      const found = await ctx.sessions.closeAndGet(id, new Date());
+      if (!found) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
+      // The rank's slot is given back while the rest is read (their commands share a round trip);
+      // the answer waits for it, and its failure is the close's.
+      const { released } = found;
+      let closed = found;
+      try {
+        // Agents are answered before their calls' records are stored: those still on their way (on
+        // any replica) are waited for, and any that never come are lost calls; then it is read again.
+        if (await ctx.caller.pending.atClose(id, closed.pendingCalls)) closed = { ...((await ctx.sessions.getForCall(id)) ?? closed), pendingCalls: 0, released };
+        const session = ctx.lostCalls.withHeld(closed.session, closed.tokenHash);
+        const builder = req.query.trajectory;
+        if (!builder) return session;
+        // No call is pending any more: the close took none after it, and atClose waited for those before it.
+        const built = await sessionTrajectory(id, closed.session, builder, { settled: true });
+        return "error" in built ? { ...session, trajectory_error: built.error } : { ...session, trajectory: built.trajectory };
+      } finally {
+        await released;
+      }
     });
 
     const dropSchema = {

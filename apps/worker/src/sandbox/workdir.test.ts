@@ -89,6 +89,21 @@ describe("LocalRuntime", () => {
     expect(readdir(root)).toEqual([]);
   });
 
+  it("makes its folders under a root that does not exist yet, and removes them whole, whether the agent left them empty or not", async () => {
+    const root = path.join(base, "not-yet", "root");
+    const rt = new LocalRuntime({ root });
+    const spec: RuntimeSpec = { kind: "local", files: {}, prepare: [], image: null, keep: false, isolation: "none", egress: [] };
+    const empty = await rt.create("t-empty", spec);
+    expect(readdir(empty.describe()).sort()).toEqual(["home", "tmp", "work"]);
+    const filled = await rt.create("t-filled", spec);
+    const r = await filled.exec(["sh", "-c", "mkdir -p deep/er && echo x > deep/er/f && echo y > \"$HOME/.rc\" && ln -s / link"], { env: { PATH: "/usr/bin:/bin", HOME: filled.home }, timeoutMs: 10_000 });
+    expect(r.exitCode).toBe(0);
+    await empty.destroy();
+    await filled.destroy();
+    expect(readdir(root)).toEqual([]);
+    expect(rt.cleanupFailures).toBe(0);
+  });
+
   it("an agent's symlink to a host file reads as absent to evaluators", async () => {
     const rt = new LocalRuntime({ root: path.join(base, "root2") });
     const sb = await rt.create("t-link", { kind: "local", files: {}, prepare: [], image: null, keep: false, isolation: "none", egress: [] });
