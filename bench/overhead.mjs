@@ -29,6 +29,7 @@ export const openaiBody = JSON.stringify({
 });
 /** What rollgate asks the engine for the same call: token ids and logprobs (vLLM extensions). */
 export const openaiTokensBody = JSON.stringify({ ...JSON.parse(openaiBody), logprobs: true, top_logprobs: 0, return_token_ids: true });
+const streamedTokensBody = JSON.stringify({ ...JSON.parse(openaiTokensBody), stream: true, stream_options: { include_usage: true } });
 export const anthropicBody = JSON.stringify({
   model: MODEL,
   system: SYSTEM,
@@ -105,6 +106,9 @@ export async function run({ quick = false, profile = !quick } = {}) {
       direct: () => ({ url: `${engine.ready}/v1/chat/completions`, headers: {}, body: openaiBody }),
       // The engine request rollgate makes for the same call (token ids + logprobs): engine-side cost.
       direct_tokens: () => ({ url: `${engine.ready}/v1/chat/completions`, headers: {}, body: openaiTokensBody }),
+      // The same, streamed: what rollgate asks an engine whose pause mode stamps each token with its
+      // weight version (engine-sim's does). Measured when the tokens come apart (BENCH_TPOT_MS).
+      ...(tpotMs > 0 ? { direct_streamed_tokens: () => ({ url: `${engine.ready}/v1/chat/completions`, headers: {}, body: streamedTokensBody }) } : {}),
       fastify_proxy: () => ({ url: `${proxy.ready}/v1/chat/completions`, headers: {}, body: openaiBody }),
       portkey: () => ({ url: `${portkey.ready}/v1/chat/completions`, headers: portkeyHeaders, body: openaiBody }),
       rollgate: (i) => ({ url: `${oa[i].urls.openai}/chat/completions`, headers: { authorization: `Bearer ${oa[i].token}` }, body: openaiBody }),
@@ -141,7 +145,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
 
     // CPU per call of the process in the middle (proxy, Portkey, gateway) and of the engine.
     /** @type {Record<string, import("./lib/procs.mjs").Child | null>} */
-    const middle = { direct: null, direct_tokens: null, fastify_proxy: proxy, portkey, rollgate: gateway, rollgate_anthropic: gateway, rollgate_ab: gatewayAb, rollgate_anthropic_ab: gatewayAb };
+    const middle = { direct: null, direct_tokens: null, direct_streamed_tokens: null, fastify_proxy: proxy, portkey, rollgate: gateway, rollgate_anthropic: gateway, rollgate_ab: gatewayAb, rollgate_anthropic_ab: gatewayAb };
     const cpu = (/** @type {string} */ name) => ({ middle: middle[name] ? procCpu(middle[name].proc.pid).self : 0, engine: procCpu(engine.proc.pid).self });
     /** @type {Record<number, Record<string, Round[]>>} */
     const raw = {}; // raw[c][target] = [{rps, p50, p99, ok, non2xx, errors, cpu}]
@@ -214,7 +218,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
         x.added_p50_vs_tokens_ms = round(x.p50_ms - (s.direct_tokens ?? none).p50_ms, 3);
         x.rps_vs_fastify_proxy = round(x.rps / (s.fastify_proxy ?? none).rps, 3);
         x.rps_vs_portkey = round(x.rps / (s.portkey ?? none).rps, 3);
-        const base = name === "direct" || name === "direct_tokens";
+        const base = name.startsWith("direct");
         const cpuVsProxy = base ? null : round(x.middle_cpu_ms_per_call / (s.fastify_proxy ?? none).middle_cpu_ms_per_call, 2);
         rows.push([c, name, x.rps, x.p50_ms, x.p99_ms, name === "direct" ? null : x.added_p50_ms, name === "direct" ? null : x.added_p99_ms, base ? null : x.added_p50_vs_tokens_ms, x.rps_vs_fastify_proxy, x.rps_vs_portkey, base ? null : x.middle_cpu_ms_per_call, cpuVsProxy, x.engine_cpu_ms_per_call, x.non2xx + x.errors]);
       }
