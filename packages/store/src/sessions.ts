@@ -374,7 +374,12 @@ export class SessionStore {
     }
     // A closed session takes no more calls: its parse is not kept.
     this.parsed.delete(id);
-    return closed && { ...closed, pendingCalls, released };
+    if (!closed) {
+      // Nothing to answer with: the slot's release is still waited for (its failure is the caller's), never left unobserved.
+      await released;
+      return null;
+    }
+    return { ...closed, pendingCalls, released };
   }
 
   /** Notes where a branch's agent left the replayed path (the first note stays). */
