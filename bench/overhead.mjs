@@ -251,6 +251,8 @@ export async function run({ quick = false, profile = !quick } = {}) {
   } finally {
     for (const p of procs.reverse()) await stop(p);
     await dropPrefix(prefix);
+    // The side-by-side gateway's keys live under a prefix of their own.
+    if (abRoot) await dropPrefix(`${prefix}-ab`);
   }
 }
 
