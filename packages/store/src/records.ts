@@ -72,6 +72,12 @@ function allInt32(ids: readonly number[]): boolean {
   return true;
 }
 
+/** Whether every value is exactly a float32 (format 2 then stores the logprobs in 4 bytes each). */
+function allFloat32(xs: readonly number[]): boolean {
+  for (let i = 0; i < xs.length; i++) if (Math.fround(xs[i]!) !== xs[i]) return false;
+  return true;
+}
+
 function commonPrefix(a: Int32Array, b: readonly number[]): number {
   const n = Math.min(a.length, b.length);
   let i = 0;
@@ -109,10 +115,14 @@ export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandi
   const messageHashes = messages.map((m) => hash(JSON.stringify(m)));
   const restHash = hash(JSON.stringify(requestRest));
 
+  // The first candidate (in the list's order) with the longest common prefix. A candidate with no
+  // more ids than the best prefix so far cannot beat it, and once the whole prompt is matched none
+  // can: neither is compared (a session holds up to 16 candidates, often sharing the whole prompt).
   let base: BaseCandidate | null = null;
   let p = 0;
   for (const c of bases) {
-    if (c.seq === record.seq) continue;
+    if (p === prompt_ids.length) break;
+    if (c.seq === record.seq || c.ids.length <= p) continue;
     const n = commonPrefix(c.ids, prompt_ids);
     if (n > p) {
       p = n;
@@ -157,17 +167,21 @@ export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandi
   const ids = new Int32Array(prompt_ids.length + out);
   ids.set(prompt_ids);
   ids.set(output_ids, prompt_ids.length);
-  const lps = output_logprobs.every((x) => Math.fround(x) === x) ? new Float32Array(output_logprobs) : new Float64Array(output_logprobs);
+  const lps = allFloat32(output_logprobs) ? new Float32Array(output_logprobs) : new Float64Array(output_logprobs);
   const headText = `\x02${base ? base.seq : ""};`;
   const metaLen = Buffer.byteLength(meta);
-  const head = Buffer.allocUnsafe(headText.length + 4 + metaLen + 9);
-  let o = head.write(headText, 0, "latin1");
-  o = head.writeUInt32LE(metaLen, o);
-  o += head.write(meta, o, "utf8");
-  o = head.writeUInt32LE(suffix, o);
-  o = head.writeUInt32LE(out, o);
-  head.writeUInt8(lps.BYTES_PER_ELEMENT, o);
-  const buf = Buffer.concat([head, littleEndian(ids.subarray(p)), littleEndian(lps)]);
+  const stored = littleEndian(ids.subarray(p));
+  const lpBytes = littleEndian(lps);
+  // One buffer, written in place (not a head concatenated with the arrays: one copy less).
+  const buf = Buffer.allocUnsafe(headText.length + 4 + metaLen + 9 + stored.length + lpBytes.length);
+  let o = buf.write(headText, 0, "latin1");
+  o = buf.writeUInt32LE(metaLen, o);
+  o += buf.write(meta, o, "utf8");
+  o = buf.writeUInt32LE(suffix, o);
+  o = buf.writeUInt32LE(out, o);
+  o = buf.writeUInt8(lps.BYTES_PER_ELEMENT, o);
+  o += stored.copy(buf, o);
+  lpBytes.copy(buf, o);
 
   const supersedes = base && p === base.ids.length ? base.seq : null;
   const answer = {
