@@ -93,8 +93,15 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
   });
   // A query string that is not valid percent-encoding: 400 naming the parameter, on every route.
   app.addHook("onRequest", queryGuard);
-  // A 413 keeps reading the rest of the body, so the client reads the answer instead of a reset.
-  app.addHook("onSend", lingerAfter413);
+  // One onSend hook for every answer, callback-style (an async hook is a promise and a microtask
+  // turn per request): a 413 keeps reading the rest of the body, so the client reads the answer
+  // instead of a reset; a call refused by the session rate limit answers `retry-after` (whatever
+  // its protocol).
+  app.addHook("onSend", (req, reply, payload, done) => {
+    if (reply.statusCode === 413) lingerAfter413(req, reply);
+    else if (reply.statusCode === 429) retryAfterHeader(req, reply);
+    done(null, payload);
+  });
   let publicUrl = env.ROLLGATE_PUBLIC_URL?.replace(/\/+$/, "");
   app.addHook("onListen", async () => {
     if (publicUrl) return;
@@ -163,8 +170,6 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
     publicUrl: () => publicUrl ?? `http://127.0.0.1:${env.PORT}`,
   };
 
-  // A call refused by the session rate limit answers `retry-after` (whatever its protocol).
-  app.addHook("onSend", retryAfterHeader);
   await app.register(requestObservability({ metrics, sessionTasks }));
   await app.register(healthRoutes(ctx));
   await app.register(trainerRoutes(ctx));

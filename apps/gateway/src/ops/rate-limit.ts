@@ -51,9 +51,8 @@ export class SessionRateLimiter {
   }
 }
 
-/** onSend hook: a rate-limited answer (in whatever protocol's error shape) carries `retry-after`. */
-export async function retryAfterHeader(req: FastifyRequest, reply: FastifyReply, payload: unknown): Promise<unknown> {
+/** For the onSend hook (app.ts): a rate-limited answer (in whatever protocol's error shape) carries `retry-after`. */
+export function retryAfterHeader(req: FastifyRequest, reply: FastifyReply): void {
   const s = (req as MarkedRequest)[kRetryAfter];
   if (s !== undefined && reply.statusCode === 429) void reply.header("retry-after", String(s));
-  return payload;
 }
