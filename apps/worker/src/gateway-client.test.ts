@@ -5,6 +5,8 @@
  * type the gateway sends, never by message text.
  */
 import { spawn, type ChildProcess } from "node:child_process";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { randomUUID } from "node:crypto";
 import path from "node:path";
 import readline from "node:readline";
@@ -110,6 +112,59 @@ describe("GatewayClient", () => {
     const r = await new GatewayClient(url, undefined).readiness();
     expect(r.status).toBe("unavailable");
     expect(r.engines[0]).toMatchObject({ ready: false, url: "http://127.0.0.1:9" });
+  });
+});
+
+describe("GatewayClient with an answer it cannot use", () => {
+  // A server that answers 200/201 with whatever body the test sets: what a broken or foreign
+  // gateway could send. The worker never crashes on it: each is a GatewayRefused (bad_response)
+  // naming what is wrong, which fails the task with the reason instead of losing the rollout.
+  let body = "";
+  const server = createServer((req, res) => {
+    req.resume();
+    req.on("end", () => {
+      res.writeHead(req.method === "POST" && req.url === "/v1/sessions" ? 201 : 200, { "content-type": "application/json" });
+      res.end(body);
+    });
+  });
+  let base = "";
+  beforeAll(async () => {
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  });
+  afterAll(() => new Promise<void>((resolve) => server.close(() => resolve())));
+
+  const session = { id: "s-1", state: "closed", counts: { llm_calls: 1, prompt_tokens: 2, completion_tokens: 3, cached_tokens: 0 }, lost_calls: { count: 0, first: null }, replay_diverged: null };
+
+  it("a body that is not JSON, or lacks or mistypes a field the worker reads, is refused as bad_response, naming the field", async () => {
+    const client = new GatewayClient(base, undefined);
+    const cases: [string, () => Promise<unknown>, RegExp][] = [
+      ["<html>oops</html>", () => client.openSession({}), /^POST \/v1\/sessions answered 201 with a body that is not JSON: <html>oops/],
+      [JSON.stringify({ id: 5, token: "t", base_url: "u" }), () => client.openSession({}), /cannot read: id: expected a string$/],
+      [JSON.stringify([]), () => client.session("s-1"), /cannot read: body: expected an object$/],
+      [JSON.stringify({ ...session, lost_calls: { count: "1", first: null } }), () => client.session("s-1"), /lost_calls\.count: expected a non-negative integer$/],
+      [JSON.stringify({ ...session, counts: { ...session.counts, llm_calls: null } }), () => client.closeSession("s-1"), /counts\.llm_calls: expected an integer$/],
+      [JSON.stringify({ ...session, trajectory: { builder: "per_request", traces: {}, stats: {} } }), () => client.closeSession("s-1", "per_request"), /trajectory\.traces: expected an array$/],
+      [JSON.stringify({ ...session, trajectory_error: "broken" }), () => client.closeSession("s-1", "per_request"), /trajectory_error: expected \{type, message\}$/],
+      [JSON.stringify({ builder: "per_request", traces: [] }), () => client.trajectory("s-1", "per_request"), /body\.stats: expected an object$/],
+    ];
+    for (const [answer, call, message] of cases) {
+      body = answer;
+      const err = await failure(call());
+      expect(err).toBeInstanceOf(GatewayRefused);
+      expect(err).toMatchObject({ code: "bad_response" });
+      expect(err.message).toMatch(message);
+    }
+  });
+
+  it("a usable answer is passed on as the gateway sent it; what an older gateway leaves out gets the protocol's default", async () => {
+    const client = new GatewayClient(base, undefined);
+    const trajectory = { builder: "per_request", traces: [{ kind: "main", tokens: [1, 2, 3] }], stats: { traces: 1 } };
+    body = JSON.stringify({ ...session, trajectory });
+    expect(await client.closeSession("s-1", "per_request")).toEqual({ ...session, trajectory });
+    const { lost_calls: _l, replay_diverged: _r, ...old } = session;
+    body = JSON.stringify(old);
+    expect(await client.session("s-1")).toMatchObject({ lost_calls: { count: 0, first: null }, replay_diverged: null });
   });
 });
 
