@@ -176,6 +176,11 @@ describe("sessions and the OpenAI chat route", () => {
     const traj = (await app.inject({ url: `/v1/sessions/${s.id}/trajectory` })).json();
     expect(traj.stats.records).toBe(1);
     expect(traj.stats.failed_calls).toEqual([{ seq: 1, at: expect.any(String), kind: "rejected", message: expect.stringMatching(/engine/), dp_rank: rank }]);
+    // A call after the failure, then the close answers the same trajectory (records and notes read in the close's own step).
+    expect((await chat(app, s, { messages: [{ role: "user", content: "again" }] })).statusCode).toBe(200);
+    const closed = (await app.inject({ method: "POST", url: `/v1/sessions/${s.id}/close?trajectory=per_request` })).json() as { trajectory: { stats: { records: number } } };
+    expect(closed.trajectory.stats.records).toBe(2);
+    expect(closed.trajectory).toEqual((await app.inject({ url: `/v1/sessions/${s.id}/trajectory?builder=per_request` })).json());
     await app.close();
   });
 

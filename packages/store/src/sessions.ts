@@ -52,10 +52,13 @@ return redis.call('HGET', KEYS[1], 'rank_member') or ''
 // Closes the session if it is open and answers it as it now is, in one step: [1 when this call
 // closed it, the rank it held ('' if none), its fields as HGETALL lists them]; nil when there is
 // no such session. A fourth element: how many of its calls are pending (PENDING) as it closes.
-// KEYS: session, pending calls. ARGV: closed_at.
+// With ARGV[2] "1" and none pending (its records and failed-call notes are final then), also its
+// records (HGETALL) and its failed-call notes (LRANGE) as a fifth and sixth: a trajectory asked
+// for with the close needs no read of its own.
+// KEYS: session, pending calls, records, failures. ARGV: closed_at, "1" for the records or "".
 const CLOSE_AND_GET_SCRIPT: LuaScript = {
   name: "rollgateSessionCloseAndGet",
-  numberOfKeys: 2,
+  numberOfKeys: 4,
   lua: `
 if not redis.call('HGET', KEYS[1], 'static') then return false end
 local closed = 0
@@ -65,9 +68,22 @@ if redis.call('HGET', KEYS[1], 'state') == 'open' then
   closed = 1
   member = redis.call('HGET', KEYS[1], 'rank_member') or ''
 end
-return {closed, member, redis.call('HGETALL', KEYS[1]), redis.call('ZCARD', KEYS[2])}
+local pending = redis.call('ZCARD', KEYS[2])
+if ARGV[2] == '1' and pending == 0 then
+  return {closed, member, redis.call('HGETALL', KEYS[1]), pending, redis.call('HGETALL', KEYS[3]), redis.call('LRANGE', KEYS[4], 0, -1)}
+end
+return {closed, member, redis.call('HGETALL', KEYS[1]), pending}
 `,
 };
+
+/** A failed LLM call's note on its session (the trajectory's stats list them). */
+export interface FailedCallNote {
+  seq: number;
+  at: string;
+  kind: string;
+  message: string;
+  dp_rank: number;
+}
 
 // A session's hash and, when ARGV[1] is "1" and the session is open, the next sequence number
 // taken in the same step (as a last pair, "#seq" and the number) and marked pending until its
@@ -355,10 +371,22 @@ export class SessionStore {
    * step, the rank's slot given back (the routing keys live in another cluster slot), already
    * sent; the caller awaits it, so what it reads next shares that step's round trip.
    */
-  async closeAndGet(id: string, now: Date): Promise<(SessionForCall & { pendingCalls: number; released: Promise<void> }) | null> {
-    const res = (await this.scripts.closeAndGet(this.k.session(id), this.k.pendingCalls(id), now.toISOString())) as [number, string, string[], number] | null;
+  async closeAndGet(
+    id: string,
+    now: Date,
+    { records = false }: { records?: boolean } = {},
+  ): Promise<(SessionForCall & { pendingCalls: number; released: Promise<void>; final?: { records: CompletionRecord[]; failures: FailedCallNote[] } }) | null> {
+    const keys = [this.k.session(id), this.k.pendingCalls(id), this.k.records(id), this.k.failures(id)];
+    let res: [number, string, string[], number, Buffer[]?, string[]?] | null;
+    if (records) {
+      // Binary: the records are stored as bytes (records.ts); the rest is read as the text it is.
+      const b = (await this.scripts.closeAndGetBuffer(...keys, now.toISOString(), "1")) as [number, Buffer, Buffer[], number, Buffer[]?, Buffer[]?] | null;
+      res = b && [b[0], b[1].toString(), b[2].map(String), b[3], b[4], b[5]?.map(String)];
+    } else {
+      res = (await this.scripts.closeAndGet(...keys, now.toISOString(), "")) as typeof res;
+    }
     if (!res) return null;
-    const [closedNow, member, flat, pendingCalls] = res;
+    const [closedNow, member, flat, pendingCalls, recordsFlat, failuresRaw] = res;
     let released: Promise<void> = Promise.resolve();
     if (closedNow === 1) {
       this.bases.drop(id);
@@ -367,8 +395,15 @@ export class SessionStore {
     const h: Record<string, string> = {};
     for (let i = 0; i + 1 < flat.length; i += 2) h[flat[i]!] = flat[i + 1]!;
     let closed: SessionForCall | null;
+    let final: { records: CompletionRecord[]; failures: FailedCallNote[] } | undefined;
     try {
       closed = this.fromHash(id, h);
+      if (closed && recordsFlat && failuresRaw) {
+        const raw = new Map<number, Buffer>();
+        for (let i = 0; i + 1 < recordsFlat.length; i += 2) raw.set(Number(recordsFlat[i]!.toString()), recordsFlat[i + 1]!);
+        const seqs = [...raw.keys()].sort((a, b) => a - b);
+        final = { records: [...decodeRecords(raw, seqs, `session ${id}`).values()], failures: failuresRaw.map((r) => JSON.parse(r) as FailedCallNote) };
+      }
     } catch (err) {
       released.catch(() => {}); // the parse error is the one reported
       throw err;
@@ -380,7 +415,7 @@ export class SessionStore {
       await released;
       return null;
     }
-    return { ...closed, pendingCalls, released };
+    return { ...closed, pendingCalls, released, ...(final ? { final } : {}) };
   }
 
   /** Notes where a branch's agent left the replayed path (the first note stays). */
@@ -463,9 +498,9 @@ export class SessionStore {
     await this.redis.rpush(this.k.failures(id), JSON.stringify(failure));
   }
 
-  async failures(id: string): Promise<{ seq: number; at: string; kind: string; message: string; dp_rank: number }[]> {
+  async failures(id: string): Promise<FailedCallNote[]> {
     const raw = await this.redis.lrange(this.k.failures(id), 0, -1);
-    return raw.map((r) => JSON.parse(r) as { seq: number; at: string; kind: string; message: string; dp_rank: number });
+    return raw.map((r) => JSON.parse(r) as FailedCallNote);
   }
 
   /** Every record's head, in call order. */

@@ -10,7 +10,7 @@ import {
   Trajectory,
   TrajectoryBuilderName,
 } from "@rollgate/protocol";
-import { hashToken, parseRankMember } from "@rollgate/store";
+import { hashToken, parseRankMember, type FailedCallNote } from "@rollgate/store";
 import { TRAINER_FORMATS, TrajectoryInvariantError, buildTrajectory, toTrainerFormat } from "@rollgate/trajectory";
 import type { FastifyPluginAsync } from "fastify";
 import type { ZodTypeProvider } from "fastify-type-provider-zod";
@@ -103,9 +103,12 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       id: string,
       session: Session,
       builder: TrajectoryBuilderName,
-      { settled = false }: { settled?: boolean } = {},
+      { settled = false, final }: { settled?: boolean; final?: { records: CompletionRecord[]; failures: FailedCallNote[] } | undefined } = {},
     ): Promise<{ trajectory: Trajectory } | { error: ErrorBody["error"] }> => {
-      const [records, failures] = await Promise.all([settled ? ctx.sessions.records(id) : recordsOf(id, session), ctx.sessions.failures(id)]);
+      // `final`: the records and failed-call notes read in the close's own step (none was pending).
+      const [records, failures] = final
+        ? [final.records, final.failures]
+        : await Promise.all([settled ? ctx.sessions.records(id) : recordsOf(id, session), ctx.sessions.failures(id)]);
       try {
         const trajectory = buildTrajectory(records, builder, trajectoryOptions(ctx.registry, session, records));
         trajectory.stats.failed_calls = failures;
@@ -154,8 +157,9 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const { id } = req.params;
       // Held lost-call marks are written before the session closes: a closed session's marks are final.
       await ctx.lostCalls.flush(id);
-      // Closes it (if open) and reads it back in one step.
-      const found = await ctx.sessions.closeAndGet(id, new Date());
+      // Closes it (if open) and reads it back in one step; with a trajectory asked for, its records
+      // too when none of its calls is pending.
+      const found = await ctx.sessions.closeAndGet(id, new Date(), { records: req.query.trajectory !== undefined });
       if (!found) return reply.code(404).send(errorBody("not_found", `no session ${id}`));
       // The rank's slot is given back while the rest is read (their commands share a round trip);
       // the answer waits for it, and its failure is the close's.
@@ -164,12 +168,16 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       try {
         // Agents are answered before their calls' records are stored: those still on their way (on
         // any replica) are waited for, and any that never come are lost calls; then it is read again.
-        if (await ctx.caller.pending.atClose(id, closed.pendingCalls)) closed = { ...((await ctx.sessions.getForCall(id)) ?? closed), pendingCalls: 0, released };
+        let final = found.final;
+        if (await ctx.caller.pending.atClose(id, closed.pendingCalls)) {
+          closed = { ...((await ctx.sessions.getForCall(id)) ?? closed), pendingCalls: 0, released };
+          final = undefined;
+        }
         const session = ctx.lostCalls.withHeld(closed.session, closed.tokenHash);
         const builder = req.query.trajectory;
         if (!builder) return session;
         // No call is pending any more: the close took none after it, and atClose waited for those before it.
-        const built = await sessionTrajectory(id, closed.session, builder, { settled: true });
+        const built = await sessionTrajectory(id, closed.session, builder, { settled: true, final });
         return "error" in built ? { ...session, trajectory_error: built.error } : { ...session, trajectory: built.trajectory };
       } finally {
         await released;
