@@ -134,19 +134,20 @@ describe("GatewayClient with an answer it cannot use", () => {
   });
   afterAll(() => new Promise<void>((resolve) => server.close(() => resolve())));
 
+  const stats = { records: 1, traces: 1, response_tokens: 3, trainable_tokens: 3, breaks: [], weight_versions: [], merged_records: 0, weight_changes: 0, traces_with_weight_change: 0, per_trace: [], failed_calls: [] };
   const session = { id: "s-1", state: "closed", counts: { llm_calls: 1, prompt_tokens: 2, completion_tokens: 3, cached_tokens: 0 }, lost_calls: { count: 0, first: null }, replay_diverged: null };
 
   it("a body that is not JSON, or lacks or mistypes a field the worker reads, is refused as bad_response, naming the field", async () => {
     const client = new GatewayClient(base, undefined);
     const cases: [string, () => Promise<unknown>, RegExp][] = [
       ["<html>oops</html>", () => client.openSession({}), /^POST \/v1\/sessions answered 201 with a body that is not JSON: <html>oops/],
-      [JSON.stringify({ id: 5, token: "t", base_url: "u" }), () => client.openSession({}), /cannot read: id: expected a string$/],
-      [JSON.stringify([]), () => client.session("s-1"), /cannot read: body: expected an object$/],
-      [JSON.stringify({ ...session, lost_calls: { count: "1", first: null } }), () => client.session("s-1"), /lost_calls\.count: expected a non-negative integer$/],
-      [JSON.stringify({ ...session, counts: { ...session.counts, llm_calls: null } }), () => client.closeSession("s-1"), /counts\.llm_calls: expected an integer$/],
-      [JSON.stringify({ ...session, trajectory: { builder: "per_request", traces: {}, stats: {} } }), () => client.closeSession("s-1", "per_request"), /trajectory\.traces: expected an array$/],
-      [JSON.stringify({ ...session, trajectory_error: "broken" }), () => client.closeSession("s-1", "per_request"), /trajectory_error: expected \{type, message\}$/],
-      [JSON.stringify({ builder: "per_request", traces: [] }), () => client.trajectory("s-1", "per_request"), /body\.stats: expected an object$/],
+      [JSON.stringify({ id: 5, token: "t", base_url: "u" }), () => client.openSession({}), /cannot read: id: Invalid input: expected string, received number$/],
+      [JSON.stringify([]), () => client.session("s-1"), /cannot read: body: Invalid input: expected object, received array$/],
+      [JSON.stringify({ ...session, lost_calls: { count: "1", first: null } }), () => client.session("s-1"), /cannot read: lost_calls\.count: Invalid input: expected number, received string$/],
+      [JSON.stringify({ ...session, counts: { ...session.counts, llm_calls: null } }), () => client.closeSession("s-1"), /cannot read: counts\.llm_calls: Invalid input: expected number, received null$/],
+      [JSON.stringify({ ...session, trajectory: { builder: "per_request", traces: {}, stats } }), () => client.closeSession("s-1", "per_request"), /cannot read: trajectory\.traces: Invalid input: expected array, received object$/],
+      [JSON.stringify({ ...session, trajectory_error: "broken" }), () => client.closeSession("s-1", "per_request"), /cannot read: trajectory_error: Invalid input: expected object, received string$/],
+      [JSON.stringify({ builder: "per_request", traces: [] }), () => client.trajectory("s-1", "per_request"), /cannot read: stats: Invalid input: expected object, received undefined$/],
     ];
     for (const [answer, call, message] of cases) {
       body = answer;
@@ -159,7 +160,8 @@ describe("GatewayClient with an answer it cannot use", () => {
 
   it("a usable answer is passed on as the gateway sent it; what an older gateway leaves out gets the protocol's default", async () => {
     const client = new GatewayClient(base, undefined);
-    const trajectory = { builder: "per_request", traces: [{ kind: "main", tokens: [1, 2, 3] }], stats: { traces: 1 } };
+    // The traces are passed on as the gateway built them (not walked again), the fields read are checked.
+    const trajectory = { builder: "per_request", traces: [{ kind: "main", tokens: [1, 2, 3] }], stats };
     body = JSON.stringify({ ...session, trajectory });
     expect(await client.closeSession("s-1", "per_request")).toEqual({ ...session, trajectory });
     const { lost_calls: _l, replay_diverged: _r, ...old } = session;

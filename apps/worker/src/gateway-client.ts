@@ -1,4 +1,4 @@
-import { Readiness, type ClosedSession, type CreateSessionRequest, type CreateSessionResponse, type LostCalls, type Session, type Trajectory, type TrajectoryBuilderName } from "@rollgate/protocol";
+import { ClosedSession, CreateSessionResponse, Readiness, Session, Trajectory, type CreateSessionRequest, type TrajectoryBuilderName } from "@rollgate/protocol";
 import { request } from "undici";
 import { z } from "zod";
 
@@ -84,9 +84,12 @@ export class GatewayClient {
     } catch {
       throw new GatewayRefused(`${what} answered ${res.statusCode} with a body that is not JSON: ${text.slice(0, 200)}`, res.statusCode, "bad_response");
     }
-    const problem = read(json);
-    if (problem !== null) throw new GatewayRefused(`${what} answered ${res.statusCode} with a body this worker cannot read: ${problem.slice(0, 500)}`, res.statusCode, "bad_response");
-    return json as T;
+    const parsed = read.schema.safeParse(json);
+    if (!parsed.success) {
+      const problem = parsed.error.issues.map((i) => `${i.path.length ? i.path.join(".") : "body"}: ${i.message}`).join("; ");
+      throw new GatewayRefused(`${what} answered ${res.statusCode} with a body this worker cannot read: ${problem.slice(0, 500)}`, res.statusCode, "bad_response");
+    }
+    return parsed.data as T;
   }
 
   openSession(req: Partial<CreateSessionRequest>) {
@@ -104,82 +107,36 @@ export class GatewayClient {
   }
   /** `GET /readyz`: the body whether it is 200 (ready) or 503 (not ready, and why). Not per rollout: checked in full. */
   readiness() {
-    return this.call<Readiness>("GET", "/readyz", (j) => {
-      const parsed = Readiness.safeParse(j);
-      return parsed.success ? null : parsed.error.message;
-    }, undefined, [503]);
+    return this.call("GET", "/readyz", reader<Readiness>(Readiness), undefined, [503]);
   }
 }
 
-// The gateway's answers are checked structurally, only in the fields this worker reads, not by
-// re-running the protocol's zod schemas: the gateway built each answer with those schemas (its
-// replies are serialized through them), and a full check of a trajectory's token arrays cost the
-// worker more than anything else it does with the answer. A body that is not what the worker
-// needs is still a clear GatewayRefused ("bad_response") naming the field, never a crash.
+// The gateway's answers are checked with zod in the fields this worker reads; the rest is kept as
+// sent (loose objects), and a trajectory's traces are not walked: the gateway built them through
+// the protocol's schemas, and checking every token id and logprob again cost the worker more than
+// anything else it does with the answer. A body without what the worker needs is still a clear
+// GatewayRefused ("bad_response") naming the field, never a crash.
 
-/** Checks a parsed JSON answer (filling in what an older gateway leaves out); null when it is usable, else what is wrong. */
-type Reader<T> = ((json: unknown) => string | null) & { __answer?: T };
+const OpenedView = z.looseObject(CreateSessionResponse.pick({ id: true, token: true, base_url: true }).shape);
+const SessionView = z.looseObject(Session.pick({ id: true, lost_calls: true, replay_diverged: true }).shape);
+const TrajectoryView = z.looseObject({ ...Trajectory.pick({ builder: true, stats: true }).shape, traces: z.array(z.unknown()) });
+const ClosedView = SessionView.extend({
+  counts: Session.shape.counts,
+  trajectory: TrajectoryView.optional(),
+  trajectory_error: ClosedSession.shape.trajectory_error,
+});
 
 /** What openSession's caller reads of the answer. */
 export type OpenedSession = Pick<CreateSessionResponse, "id" | "token" | "base_url">;
 /** What the worker reads of a session: its lost calls and whether its replay diverged. */
-export type SessionView = Pick<Session, "id" | "lost_calls" | "replay_diverged">;
+export type SessionState = Pick<Session, "id" | "lost_calls" | "replay_diverged">;
 /** What the worker reads of a closed session: as a session, plus its counts and its trajectory (or why it has none). */
-export type ClosedView = SessionView & Pick<ClosedSession, "counts" | "trajectory" | "trajectory_error">;
+export type ClosedState = SessionState & Pick<ClosedSession, "counts" | "trajectory" | "trajectory_error">;
 
-type Obj = Record<string, unknown>;
-const isObj = (v: unknown): v is Obj => typeof v === "object" && v !== null && !Array.isArray(v);
-const isInt = (v: unknown): v is number => typeof v === "number" && Number.isInteger(v);
-
-function lostCallsProblem(v: unknown, at: string): string | null {
-  if (!isObj(v)) return `${at}: expected an object`;
-  if (!isInt(v.count) || v.count < 0) return `${at}.count: expected a non-negative integer`;
-  const first = v.first;
-  if (first === null) return null;
-  if (!isObj(first)) return `${at}.first: expected an object or null`;
-  for (const k of ["at", "kind", "message"] as const) if (typeof first[k] !== "string") return `${at}.first.${k}: expected a string`;
-  if (!isInt(first.status)) return `${at}.first.status: expected an integer`;
-  return null;
-}
-
-function sessionProblem(j: unknown): string | null {
-  if (!isObj(j)) return "body: expected an object";
-  if (typeof j.id !== "string") return "id: expected a string";
-  // Defaults as the protocol has them (a gateway from before these fields).
-  if (j.lost_calls === undefined) j.lost_calls = { count: 0, first: null } satisfies LostCalls;
-  if (j.replay_diverged === undefined) j.replay_diverged = null;
-  const lost = lostCallsProblem(j.lost_calls, "lost_calls");
-  if (lost) return lost;
-  const d = j.replay_diverged;
-  if (d !== null && !(isObj(d) && isInt(d.call) && typeof d.message === "string")) return "replay_diverged: expected {call, message} or null";
-  return null;
-}
-
-function trajectoryProblem(t: unknown, at: string): string | null {
-  if (!isObj(t)) return `${at}: expected an object`;
-  if (typeof t.builder !== "string") return `${at}.builder: expected a string`;
-  if (!Array.isArray(t.traces)) return `${at}.traces: expected an array`;
-  if (!isObj(t.stats)) return `${at}.stats: expected an object`;
-  return null;
-}
-
-const readOpened: Reader<OpenedSession> = (j) => {
-  if (!isObj(j)) return "body: expected an object";
-  for (const k of ["id", "token", "base_url"] as const) if (typeof j[k] !== "string") return `${k}: expected a string`;
-  return null;
-};
-
-const readSession: Reader<SessionView> = sessionProblem;
-
-const readTrajectory: Reader<Trajectory> = (j) => trajectoryProblem(j, "body");
-
-const readClosed: Reader<ClosedView> = (j) => {
-  const p = sessionProblem(j);
-  if (p) return p;
-  const c = (j as Obj).counts;
-  if (!isObj(c)) return "counts: expected an object";
-  for (const k of ["llm_calls", "prompt_tokens", "completion_tokens", "cached_tokens"] as const) if (!isInt(c[k])) return `counts.${k}: expected an integer`;
-  const { trajectory, trajectory_error: te } = j as Obj;
-  if (te !== undefined && !(isObj(te) && typeof te.type === "string" && typeof te.message === "string")) return "trajectory_error: expected {type, message}";
-  return trajectory === undefined ? null : trajectoryProblem(trajectory, "trajectory");
-};
+/** A schema of the fields read, and the type the caller gets (the traces as the gateway built them). */
+type Reader<T> = { schema: z.ZodType; _answer?: T };
+const reader = <T>(schema: z.ZodType): Reader<T> => ({ schema });
+const readOpened = reader<OpenedSession>(OpenedView);
+const readSession = reader<SessionState>(SessionView);
+const readClosed = reader<ClosedState>(ClosedView);
+const readTrajectory = reader<Trajectory>(TrajectoryView);
