@@ -244,7 +244,9 @@ export class ChatCaller {
     try {
       const found = findExtendedRecord(call.request, history);
       const needFull = found && (mode !== "render" || profile.history_normalization === "empirical");
-      const full = needFull ? await this.deps.sessions.record(sid, found.record.seq) : null;
+      // Read while the engine renders (awaited only where its ids are needed); never left unobserved.
+      const full = needFull ? this.deps.sessions.record(sid, found.record.seq) : null;
+      full?.catch(() => undefined);
       if (profile.history_normalization === "empirical") {
         let messages = applyNormalizations(history.messages, restored, this.normalizer.learned(call));
         if (found && full) {
@@ -255,7 +257,7 @@ export class ChatCaller {
       }
       if (mode === "render") return null;
       const chosen = caps ? historyRoute(call.target.engine.kind, caps, profile) : { route: null, why: "the engine's capabilities are not known yet" };
-      const extended = found && full ? { record: full, index: found.index } : null;
+      const extended = found && full ? { record: found.record, index: found.index, full } : null;
       const outcome = await planContinuation({
         mode,
         route: chosen.route,
