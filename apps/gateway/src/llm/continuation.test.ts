@@ -169,6 +169,18 @@ describe("planContinuation", () => {
     expect(await plan("auto", on, query, {}, { engineUrl })).toEqual(alone);
     expect(await plan("auto", on, query, {}, { engineUrl })).toEqual(alone);
     expect(await plan("auto", on, next, {}, { engineUrl })).toEqual({ plan: null, why: "the engine's rendering reproduces the recorded tokens" });
+    expect(await plan("auto", on, next, {}, { engineUrl })).toEqual({ plan: null, why: "the engine's rendering reproduces the recorded tokens" });
+    // A plain answer then a new query reproduces; the same engine's next call, whose reasoning the
+    // template drops, does not, and is continued token-in as on an engine that saw nothing before.
+    const plain = firstCall(START, true, "All done.<|im_end|>", { content: "All done.", reasoning: null, tool_calls: [] });
+    const asked: ChatMessage[] = [...START, { role: "assistant", content: "All done." }, { role: "user", content: "more" }];
+    const askedAlone = await plan("auto", plain, asked);
+    expect(askedAlone).toEqual({ plan: null, why: "the engine's rendering reproduces the recorded tokens" });
+    for (let i = 0; i < 2; i++) {
+      expect(await plan("auto", plain, asked, {}, { engineUrl })).toEqual(askedAlone);
+      expect(await plan("auto", plain, asked, {}, { engineUrl })).toEqual(askedAlone);
+      expect(await plan("auto", on, query, {}, { engineUrl })).toEqual(alone);
+    }
     // A record that cannot be read (gone): nothing to continue.
     const call = callFor({ messages: query, tools: TOOLS, sampling: {}, stream: false, client_logprobs: null, enable_thinking: true }, engineUrl);
     const history = matchEchoedHistory(query, [recordHead(on)]);

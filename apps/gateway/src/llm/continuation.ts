@@ -33,6 +33,13 @@ import type { GatewayEnv } from "../env.js";
  * A[e+1..] is the engine's own rendering of everything after r's turn, token for token. Any failed
  * check falls back to rendering (the trajectory then shows an explained break, never a wrong token).
  *
+ * Renders saved in `auto` mode (same plans): A is asked for only when B says the history does not
+ * reproduce the recorded tokens (or along with B, when the engine's last plan needed it); and where
+ * the engine's last plan found the history reproduced, B1 alone is asked for first: when it is the
+ * recorded tokens followed by exactly what a checked B1/B2 pair had after the history's end of turn
+ * (the sentinel's turn and the generation prompt), the pair would find that same place, and the
+ * call goes to the chat route without B2.
+ *
  * When is token-in used (ROLLGATE_CONTINUATION): `render` never; `token_in` whenever a base record
  * is found and the checks pass; `auto` (default) only when the engine's rendering of the history
  * (H) differs from the recorded tokens, i.e. when rendering would break the trajectory — otherwise
@@ -90,6 +97,12 @@ function markerKey(call: TokenizeCall): string {
  */
 const lastNeededA = new Map<string, boolean>();
 
+/**
+ * Per engine key and sentinel role: what followed the history's end of turn in the last checked
+ * pair of sentinel renders (B1's tokens after `e`: the sentinel's turn, the generation prompt).
+ */
+const sentinelTails = new Map<string, number[]>();
+
 function markersFor(tokenizer: EngineTokenizer, call: TokenizeCall): Promise<TurnMarkers | { why: string }> {
   const key = markerKey(call);
   let p = markerCache.get(key);
@@ -141,25 +154,36 @@ export async function planContinuation(args: {
   // render differs from the recorded tokens, which B alone tells: A is rendered with B when this
   // engine's last plan needed it, else only once B says it is needed (the same renders either way).
   const key = markerKey(call);
+  const renderOf = (text: string) => tokenizer.renderChat(call, [...history, sentinel(role, text)]);
   let fullRender: Promise<{ ids: number[]; maxModelLen: number | null }> | null = null;
   const renderA = () => (fullRender ??= tokenizer.renderChat(call, request.messages));
-  if (mode !== "auto" || lastNeededA.get(key) !== false) renderA().catch(() => undefined);
-  const [b1, b2, stored] = await Promise.all([
-    tokenizer.renderChat(call, [...history, sentinel(role, SENTINELS[0])]),
-    tokenizer.renderChat(call, [...history, sentinel(role, SENTINELS[1])]),
-    "full" in extended ? extended.full : extended.record,
-  ]);
+  // B2 only locates where the sentinel's turn starts. Where this engine's last plan found the
+  // history reproduced and B1 ends in the very tokens a checked pair of renders had after the
+  // history's end of turn (the sentinel's turn and the generation prompt), with the recorded
+  // tokens before them, the pair would find the same place: the call is left to the chat route.
+  const tailKey = `${key}\u0000${role}`;
+  const tail = mode === "auto" && lastNeededA.get(key) === false ? sentinelTails.get(tailKey) : undefined;
+  let secondRender = tail ? null : renderOf(SENTINELS[1]);
+  if (!tail && (mode !== "auto" || lastNeededA.get(key) !== false)) renderA().catch(() => undefined);
+  secondRender?.catch(() => undefined);
+  const [b1, stored] = await Promise.all([renderOf(SENTINELS[0]), "full" in extended ? extended.full : extended.record]);
   if (!stored) return { plan: null, why: "the call extends no recorded call" };
   const base: CompletionRecord = stored;
   const B = b1.ids;
+  const out = base.output_ids;
+  const view = [...base.prompt_ids, ...out, ...(out.at(-1) === eot ? [] : [eot])];
+  if (tail && B.length === view.length + tail.length && B[view.length - 1] === eot && firstDifference(B, [...view, ...tail]) === null) {
+    return { plan: null, why: "the engine's rendering reproduces the recorded tokens" };
+  }
+  if (tail) renderA().catch(() => undefined);
+  const b2 = await (secondRender ??= renderOf(SENTINELS[1]));
   const d = firstDifference(B, b2.ids);
   if (d === null || d === 0) return { plan: null, why: "the sentinel's turn was not found in the render" };
   const e = B.lastIndexOf(eot, d - 1);
   if (e < 0) return { plan: null, why: "the history's last turn has no end token" };
   if (d - e - 1 > MAX_HEADER_TOKENS) return { plan: null, why: "the end of the history's last turn is not next to the new turn" };
+  sentinelTails.set(tailKey, B.slice(e + 1));
 
-  const out = base.output_ids;
-  const view = [...base.prompt_ids, ...out, ...(out.at(-1) === eot ? [] : [eot])];
   const divergesAt = firstDifference(B.slice(0, e + 1), view);
   if (mode === "auto") lastNeededA.set(key, divergesAt !== null);
   if (mode === "auto" && divergesAt === null) return { plan: null, why: "the engine's rendering reproduces the recorded tokens" };
