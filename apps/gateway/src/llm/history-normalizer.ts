@@ -42,8 +42,8 @@ export class HistoryNormalizer {
     call: TokenizeCall,
     messages: readonly ChatMessage[],
     index: number,
-    /** The record (or its read, awaited only when there is something to learn; null: not found). */
-    recorded: Pick<CompletionRecord, "prompt_ids" | "output_ids"> | PromiseLike<Pick<CompletionRecord, "prompt_ids" | "output_ids"> | null>,
+    /** The record, or how to read it (only when there is something to learn; null: not found). */
+    recorded: Pick<CompletionRecord, "prompt_ids" | "output_ids"> | (() => PromiseLike<Pick<CompletionRecord, "prompt_ids" | "output_ids"> | null>),
   ): Promise<Normalization | null> {
     const turn = messages[index];
     const next = messages[index + 1];
@@ -54,7 +54,7 @@ export class HistoryNormalizer {
     if (known) return known;
     const triesKey = `${key}\u0000${shape}`;
     if ((this.tries.get(triesKey) ?? 0) >= MAX_TRIES) return null;
-    const record = await recorded;
+    const record = typeof recorded === "function" ? await recorded() : recorded;
     if (!record) return null;
     const before = messages.slice(0, index);
     const candidates = candidateForms(turn);
