@@ -3,7 +3,7 @@ import { secretsEqual, Session, type CompletionRecord, LostCall, RecordHead, Rep
 import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
-import { decodeRecords, encodeRecord, RecordBases, type Encoded } from "./records.js";
+import { decodeRecordIds, decodeRecords, encodeRecord, RecordBases, type Encoded } from "./records.js";
 import { scriptCommands, type LuaScript } from "./scripts.js";
 
 export type SessionAssignment = NonNullable<Session["assignment"]>;
@@ -625,6 +625,15 @@ export class SessionStore {
     const raw = new Map<number, Buffer>();
     for (let i = 0; i < chain.length; i += 2) raw.set(Number(chain[i]!.toString()), chain[i + 1]!);
     return decodeRecords(raw, [seq], `session ${id}`).get(seq)!;
+  }
+
+  /** The prompt and output ids of one record (decoded as records.ts `decodeRecordIds` says), or null when there is none. */
+  async recordIds(id: string, seq: number): Promise<{ seq: number; prompt_ids: number[]; output_ids: number[] } | null> {
+    const chain = (await this.scripts.recordChainBuffer(this.k.records(id), String(seq))) as Buffer[];
+    if (chain.length === 0) return null;
+    const raw = new Map<number, Buffer>();
+    for (let i = 0; i < chain.length; i += 2) raw.set(Number(chain[i]!.toString()), chain[i + 1]!);
+    return { seq, ...decodeRecordIds(raw, seq, `session ${id}`) };
   }
 
   /** Drops everything the session holds (its rank slot is released first if still open). */

@@ -243,11 +243,11 @@ export class ChatCaller {
     const mode = this.deps.continuation ?? "auto";
     try {
       const found = findExtendedRecord(call.request, history);
-      // The extended record in full: read while the engine renders (awaited only where its ids are
+      // The extended record's ids: read while the engine renders (awaited only where its ids are
       // needed; in render mode only when a form is to be learned), never left unobserved.
-      let reading: Promise<CompletionRecord | null> | null = null;
+      let reading: ReturnType<SessionStore["recordIds"]> | null = null;
       const readFull = (seq: number) => {
-        if (!reading) (reading = this.deps.sessions.record(sid, seq)).catch(() => undefined);
+        if (!reading) (reading = this.deps.sessions.recordIds(sid, seq)).catch(() => undefined);
         return reading;
       };
       if (found && mode !== "render") void readFull(found.record.seq);

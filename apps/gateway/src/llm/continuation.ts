@@ -52,8 +52,11 @@ import type { GatewayEnv } from "../env.js";
 
 export type ContinuationMode = GatewayEnv["ROLLGATE_CONTINUATION"];
 
+/** What a plan reads of the record it continues: its seq and its token ids. */
+export type BaseIds = Pick<CompletionRecord, "seq" | "prompt_ids" | "output_ids">;
+
 export interface TokenInPlan {
-  base: CompletionRecord;
+  base: BaseIds;
   promptIds: number[];
   maxModelLen: number | null;
   /** The engine's rendering of the history differed from the recorded tokens at this position (null: identical). */
@@ -129,9 +132,9 @@ export async function planContinuation(args: {
   request: CanonicalChatRequest;
   /**
    * The recorded call the request continues: the full record (its token ids are the prefix), or
-   * its head with the full record still being read (`full`: read while the engine renders).
+   * its head with its ids still being read (`full`: read while the engine renders).
    */
-  extended: ExtendedRecord<CompletionRecord> | (ExtendedRecord<Pick<CompletionRecord, "seq" | "finish_reason">> & { full: PromiseLike<CompletionRecord | null> }) | null;
+  extended: ExtendedRecord<CompletionRecord> | (ExtendedRecord<Pick<CompletionRecord, "seq" | "finish_reason">> & { full: PromiseLike<BaseIds | null> }) | null;
 }): Promise<PlanOutcome> {
   const { mode, route, tokenizer, call, request, extended } = args;
   if (mode === "render") return { plan: null, why: "ROLLGATE_CONTINUATION=render" };
@@ -168,7 +171,7 @@ export async function planContinuation(args: {
   secondRender?.catch(() => undefined);
   const [b1, stored] = await Promise.all([renderOf(SENTINELS[0]), "full" in extended ? extended.full : extended.record]);
   if (!stored) return { plan: null, why: "the call extends no recorded call" };
-  const base: CompletionRecord = stored;
+  const base: BaseIds = stored;
   const B = b1.ids;
   const out = base.output_ids;
   const view = [...base.prompt_ids, ...out, ...(out.at(-1) === eot ? [] : [eot])];
