@@ -243,7 +243,7 @@ type HeadEntry = { seq: number; head: RecordHead; raw?: string; bytes?: number }
 /** At most this many holes are asked about again; past that the whole hash is read. */
 const MAX_HOLES = 256;
 /** At most this many seqs past the last known head are looked up one by one in Redis. */
-const MAX_SCAN = 4096;
+const MAX_SCAN = 256;
 
 /**
  * Record heads already read and parsed, per session, so a call reads and parses only the heads

@@ -202,6 +202,12 @@ describe("SessionStore", () => {
     for (let i = 0; i < 5; i++) await append(b, rec(i, "d"));
     expect(await ids(a)).toEqual(["d0", "d1", "d2", "d3", "d4"]);
     expect(await a.recordHeads("s-h")).toEqual(await fresh());
+    // Far behind (hundreds of calls since, most without a record): still every head.
+    await Promise.all(Array.from({ length: 300 }, () => b.nextSeq("s-h")));
+    await append(b, rec(303, "d"));
+    expect(await ids(a)).toEqual(["d0", "d1", "d2", "d3", "d4", "d303"]);
+    await append(b, rec(304, "d"));
+    expect(await ids(a)).toEqual(["d0", "d1", "d2", "d3", "d4", "d303", "d304"]);
   });
 
   it("takes a call's number with its session read, none for a missing or closed session; every read sees the session as it is now", async () => {
