@@ -96,6 +96,9 @@ describe("completion records in Redis", () => {
     const other = new SessionStore(redis, `${prefix}-a`);
     for (const r of records) expect(await other.record("s-a", r.seq)).toEqual(r);
     expect(await other.record("s-a", 99)).toBeNull();
+    // Only the ids (what a token-in continuation reads): the record's own, through its chain.
+    for (const r of records) expect(await other.recordIds("s-a", r.seq)).toEqual({ seq: r.seq, prompt_ids: r.prompt_ids, output_ids: r.output_ids });
+    expect(await other.recordIds("s-a", 99)).toBeNull();
     // The records as the API sends them are the JSON the previous format gave, key order included.
     const asBefore = records.map((r) => CompletionRecord.parse(JSON.parse(JSON.stringify(r))));
     expect(JSON.stringify(await other.records("s-a")) === JSON.stringify(asBefore)).toBe(true);
@@ -146,6 +149,7 @@ describe("completion records in Redis", () => {
     expect(await store.records("s-c")).toEqual([old0, old1, new2, new3]);
     expect(await store.record("s-c", 1)).toEqual(old1);
     expect(await store.record("s-c", 3)).toEqual(new3);
+    for (const r of [old1!, new3!]) expect(await store.recordIds("s-c", r.seq)).toEqual({ seq: r.seq, prompt_ids: r.prompt_ids, output_ids: r.output_ids });
     expect((await redis.hgetBuffer(k, "3"))![0]).toBe(2);
   });
 
@@ -242,9 +246,11 @@ describe("completion records in Redis", () => {
     const k = keys(`${prefix}-g`).records("s-g");
     await redis.hdel(k, "0");
     await expect(store.records("s-g")).rejects.toThrow(/record 1 of session s-g extends record 0, which is missing/);
+    await expect(store.recordIds("s-g", 1)).rejects.toThrow(/record 1 of session s-g extends record 0, which is missing/);
     const raw = (await redis.hgetBuffer(k, "1"))!;
     await redis.hset(k, "1", raw.subarray(0, raw.length - 3));
     await redis.hset(k, "0", JSON.stringify(r0));
     await expect(store.records("s-g")).rejects.toThrow(/stored record 1 of session s-g is corrupt/);
+    await expect(store.recordIds("s-g", 1)).rejects.toThrow(/stored record 1 of session s-g is corrupt/);
   });
 });

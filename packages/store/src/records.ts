@@ -260,6 +260,43 @@ interface Decoded {
   checked: boolean;
   /** prompt ++ output, when it is of format 2 (records of format 1 are never bases). */
   ids: Int32Array | null;
+  /** How many of `ids` are the prompt's (format 2). */
+  promptLength?: number;
+}
+
+/**
+ * Only the prompt and output ids of the record `seq` (what a token-in continuation of it needs):
+ * its chain is decoded as bases are, without the schema pass over its request or its logprobs.
+ * A record of format 1 is decoded whole. `raw` as for decodeRecords.
+ */
+export function decodeRecordIds(raw: ReadonlyMap<number, Buffer>, seq: number, what: string): { prompt_ids: number[]; output_ids: number[] } {
+  const own = raw.get(seq);
+  if (!own) throw new Error(`stored record ${seq} of ${what} is missing`);
+  if (own[0] !== RECORD_FORMAT_2) {
+    const { prompt_ids, output_ids } = decodeRecords(raw, [seq], what).get(seq)!;
+    return { prompt_ids, output_ids };
+  }
+  const done = new Map<number, Decoded>();
+  const chain: number[] = [];
+  const seen = new Set<number>();
+  for (let at: number | null = seq; at !== null; ) {
+    if (seen.has(at)) throw new Error(`stored record ${seq} of ${what}: its bases form a cycle`);
+    const value = raw.get(at);
+    if (!value) throw new Error(`stored record ${chain.at(-1) ?? seq} of ${what} extends record ${at}, which is missing`);
+    chain.push(at);
+    seen.add(at);
+    at = baseOf(value);
+  }
+  for (let i = chain.length - 1; i >= 0; i--) {
+    const s = chain[i]!;
+    done.set(s, decodeValue(raw.get(s)!, done, `record ${s} of ${what}`, false));
+  }
+  const { ids, promptLength } = done.get(seq)!;
+  const prompt_ids: number[] = [];
+  const output_ids: number[] = [];
+  for (let i = 0; i < promptLength!; i++) prompt_ids.push(ids![i]!);
+  for (let i = promptLength!; i < ids!.length; i++) output_ids.push(ids![i]!);
+  return { prompt_ids, output_ids };
 }
 
 function decodeValue(raw: Buffer, decoded: ReadonlyMap<number, Decoded>, what: string, validate: boolean): Decoded {
@@ -302,7 +339,7 @@ function decodeValue(raw: Buffer, decoded: ReadonlyMap<number, Decoded>, what: s
       ...(d.r ? requestRest(base!.record.request) : ownRest),
     };
     // A base that is not wanted itself is used as stored: what it gives a wanted record is checked there.
-    if (!validate) return { record: { ...meta.r, request } as unknown as CompletionRecord, checked: false, ids };
+    if (!validate) return { record: { ...meta.r, request } as unknown as CompletionRecord, checked: false, ids, promptLength: d.p + suffix };
 
     const lps = lpWidth === 4 ? new Float32Array(out) : new Float64Array(out);
     fromLittleEndian(lps, raw.subarray(o));

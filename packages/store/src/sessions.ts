@@ -3,7 +3,7 @@ import { secretsEqual, Session, type CompletionRecord, LostCall, RecordHead, Rep
 import type { RedisClient } from "./client.js";
 import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
-import { decodeRecords, encodeRecord, RecordBases, type Encoded } from "./records.js";
+import { decodeRecordIds, decodeRecords, encodeRecord, RecordBases, type Encoded } from "./records.js";
 import { scriptCommands, type LuaScript } from "./scripts.js";
 
 export type SessionAssignment = NonNullable<Session["assignment"]>;
@@ -198,6 +198,39 @@ return 1
 `,
 };
 
+// The record heads a reader lacks, in one step (RecordHeadCache): how many heads the session has,
+// then [seq, head, …] for each asked-for hole and for every seq from `from` up to the session's
+// next_seq. -1 when the head the reader checks is not the one stored (the session was deleted and
+// made again under its id), -2 when more than `limit` seqs would have to be looked at (the reader
+// reads the whole hash instead). KEYS: record heads, session. ARGV: seq to check or "", its head
+// as read, from, limit, hole seqs…
+const RECORD_HEADS_SINCE_SCRIPT: LuaScript = {
+  name: "rollgateSessionRecordHeadsSince",
+  numberOfKeys: 2,
+  lua: `
+if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return {-1} end
+local upto = tonumber(redis.call('HGET', KEYS[2], 'next_seq') or '0') or 0
+local from = tonumber(ARGV[3])
+if upto - from > tonumber(ARGV[4]) then return {-2} end
+local out = {redis.call('HLEN', KEYS[1])}
+for i = 5, #ARGV do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  if v then
+    out[#out + 1] = ARGV[i]
+    out[#out + 1] = v
+  end
+end
+for s = from, upto - 1 do
+  local v = redis.call('HGET', KEYS[1], tostring(s))
+  if v then
+    out[#out + 1] = tostring(s)
+    out[#out + 1] = v
+  end
+end
+return out
+`,
+};
+
 /** Sessions whose parse is kept (sessionOf); the oldest go first. */
 const PARSED_SESSIONS_MAX = 100_000;
 
@@ -207,7 +240,87 @@ function deepFreeze(o: object): void {
 }
 
 const sessionScripts = (redis: RedisClient) =>
-  scriptCommands(redis, { create: CREATE_SCRIPT, forCall: FOR_CALL_SCRIPT, nextSeq: NEXT_SEQ_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT });
+  scriptCommands(redis, { create: CREATE_SCRIPT, forCall: FOR_CALL_SCRIPT, nextSeq: NEXT_SEQ_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT, headsSince: RECORD_HEADS_SINCE_SCRIPT });
+
+/** One session's record heads as last read, in call order, and where each is stored. */
+interface KnownHeads {
+  heads: readonly RecordHead[];
+  /** Each head with its hash field's seq. */
+  entries: readonly { seq: number; head: RecordHead; bytes?: number }[];
+  /** The highest seq that has a head, and its head's stored text (checked on the next read). */
+  last: { seq: number; raw: string } | null;
+  /** Seqs below `last` that had no head when read (calls pending, failed or refused). */
+  holes: readonly number[];
+  bytes: number;
+}
+
+/** A head as read: its hash field's seq, and its stored text when just read. */
+type HeadEntry = { seq: number; head: RecordHead; raw?: string; bytes?: number };
+
+/** At most this many holes are asked about again; past that the whole hash is read. */
+const MAX_HOLES = 256;
+/** At most this many seqs past the last known head are looked up one by one in Redis. */
+const MAX_SCAN = 256;
+
+/**
+ * Record heads already read and parsed, per session, so a call reads and parses only the heads
+ * written since the last one (a session's calls read them all on every call, and their number
+ * grows with the session). Heads are append-only: a seq's head is written once, with its record,
+ * and only deleted with the whole session. So what was read stays true unless the session was
+ * deleted and made again under its id: each read checks the last known head is still the one
+ * stored, and that the known and the new ones are all the hash holds (else it reads it whole).
+ * Bounded in bytes over all sessions; the least recently read go first.
+ */
+class RecordHeadCache {
+  private readonly sessions = new Map<string, KnownHeads>();
+  private bytes = 0;
+  constructor(private readonly budgetBytes: number) {}
+
+  get(sid: string): KnownHeads | undefined {
+    return this.sessions.get(sid);
+  }
+
+  set(sid: string, known: KnownHeads): void {
+    this.drop(sid);
+    if (known.bytes > this.budgetBytes / 4 || known.holes.length > MAX_HOLES) return;
+    this.sessions.set(sid, known);
+    this.bytes += known.bytes;
+    for (const [other, k] of this.sessions) {
+      if (this.bytes <= this.budgetBytes) break;
+      this.sessions.delete(other);
+      this.bytes -= k.bytes;
+    }
+  }
+
+  drop(sid: string): void {
+    const k = this.sessions.get(sid);
+    if (!k) return;
+    this.sessions.delete(sid);
+    this.bytes -= k.bytes;
+  }
+}
+
+/** Deep-frozen head: shared by every later read of its session. */
+function frozenHead(raw: string, seq: string, sid: string): RecordHead {
+  const head = parseStored(RecordHead, raw, `record head ${seq} of session ${sid}`);
+  deepFreeze(head);
+  return head;
+}
+
+/** What is known of a session's heads from its stored ones (seq: the hash field), in call order as the heads say. */
+function knownHeads(entries: HeadEntry[], last: KnownHeads["last"] = null): KnownHeads {
+  let bytes = 0;
+  for (const e of entries) {
+    if (e.raw !== undefined && (!last || e.seq > last.seq)) last = { seq: e.seq, raw: e.raw };
+    e.bytes ??= 2 * (e.raw?.length ?? 0) + 64;
+    bytes += e.bytes;
+  }
+  const have = new Set(entries.map((e) => e.seq));
+  const holes: number[] = [];
+  for (let s = 0; last && s < last.seq && holes.length <= MAX_HOLES; s++) if (!have.has(s)) holes.push(s);
+  entries.sort((a, b) => a.head.seq - b.head.seq);
+  return { heads: entries.map((e) => e.head), entries: entries.map(({ seq, head, bytes }) => ({ seq, head, bytes })), last, holes, bytes };
+}
 
 /**
  * The session key family: `session` (a hash: static JSON, state, token hash, assignment, counters),
@@ -224,14 +337,17 @@ export class SessionStore {
    * static JSON and assignment): a session is read on every call, and that part rarely changes.
    */
   private readonly parsed = new Map<string, { raw: string; session: Session }>();
+  /** Record heads read and parsed before (recordHeads). */
+  private readonly heads: RecordHeadCache;
   constructor(
     private readonly redis: RedisClient,
     prefix: string,
-    options: { baseCacheBytes?: number } = {},
+    options: { baseCacheBytes?: number; headCacheBytes?: number } = {},
   ) {
     this.k = keys(prefix);
     this.scripts = sessionScripts(redis);
     this.bases = new RecordBases(16, options.baseCacheBytes);
+    this.heads = new RecordHeadCache(options.headCacheBytes ?? 64 * 2 ** 20);
   }
 
   /** Creates a session; false when the id is taken. */
@@ -360,6 +476,7 @@ export class SessionStore {
     const member = await this.scripts.close(this.k.session(id), now.toISOString());
     if (typeof member !== "string") return false;
     this.bases.drop(id);
+    this.heads.drop(id);
     this.parsed.delete(id);
     if (member !== "") await this.scripts.release(this.k.rankLoad(), member);
     return true;
@@ -390,6 +507,7 @@ export class SessionStore {
     let released: Promise<void> = Promise.resolve();
     if (closedNow === 1) {
       this.bases.drop(id);
+      this.heads.drop(id);
       if (member !== "") released = this.scripts.release(this.k.rankLoad(), member).then(() => undefined);
     }
     const h: Record<string, string> = {};
@@ -503,12 +621,37 @@ export class SessionStore {
     return raw.map((r) => JSON.parse(r) as FailedCallNote);
   }
 
-  /** Every record's head, in call order. */
+  /**
+   * Every record's head, in call order. Heads read before are not read or parsed again: only the
+   * ones written since (RecordHeadCache), so a call's cost does not grow with its session.
+   */
   async recordHeads(id: string): Promise<RecordHead[]> {
+    const known = this.heads.get(id);
+    if (known?.last) {
+      const { seq: lastSeq, raw: lastRaw } = known.last;
+      const res = (await this.scripts.headsSince(this.k.recordHeads(id), this.k.session(id), String(lastSeq), lastRaw, String(lastSeq + 1), String(MAX_SCAN), ...known.holes.map(String))) as (number | string)[];
+      const n = Number(res[0]);
+      if (n >= 0 && n === known.heads.length + (res.length - 1) / 2) {
+        if (res.length === 1) return [...known.heads];
+        const entries: HeadEntry[] = known.entries.slice();
+        for (let i = 1; i + 1 < res.length; i += 2) {
+          const seq = String(res[i]);
+          const raw = String(res[i + 1]);
+          entries.push({ seq: Number(seq), raw, head: frozenHead(raw, seq, id) });
+        }
+        const merged = knownHeads(entries, known.last);
+        // Concurrent reads of one session: the one that saw more heads is kept.
+        const now = this.heads.get(id);
+        if (!now || now.heads.length <= merged.heads.length) this.heads.set(id, merged);
+        return [...merged.heads];
+      }
+      // Not what was known (made again under its id) or too far behind: read whole.
+    }
     const all = await this.redis.hgetall(this.k.recordHeads(id));
-    return Object.entries(all)
-      .map(([seq, raw]) => parseStored(RecordHead, raw, `record head ${seq} of session ${id}`))
-      .sort((a, b) => a.seq - b.seq);
+    const entries = Object.entries(all).map(([seq, raw]) => ({ seq: Number(seq), raw, head: frozenHead(raw, seq, id) }));
+    const read = knownHeads(entries);
+    this.heads.set(id, read);
+    return [...read.heads];
   }
 
   /** One record by its sequence number. */
@@ -520,10 +663,20 @@ export class SessionStore {
     return decodeRecords(raw, [seq], `session ${id}`).get(seq)!;
   }
 
+  /** The prompt and output ids of one record (decoded as records.ts `decodeRecordIds` says), or null when there is none. */
+  async recordIds(id: string, seq: number): Promise<{ seq: number; prompt_ids: number[]; output_ids: number[] } | null> {
+    const chain = (await this.scripts.recordChainBuffer(this.k.records(id), String(seq))) as Buffer[];
+    if (chain.length === 0) return null;
+    const raw = new Map<number, Buffer>();
+    for (let i = 0; i < chain.length; i += 2) raw.set(Number(chain[i]!.toString()), chain[i + 1]!);
+    return { seq, ...decodeRecordIds(raw, seq, `session ${id}`) };
+  }
+
   /** Drops everything the session holds (its rank slot is released first if still open). */
   async delete(id: string, now: Date): Promise<boolean> {
     await this.close(id, now);
     this.bases.drop(id);
+    this.heads.drop(id);
     this.parsed.delete(id);
     const n = await this.redis.del(this.k.session(id), this.k.records(id), this.k.recordHeads(id), this.k.failures(id), this.k.pendingCalls(id));
     return n > 0;

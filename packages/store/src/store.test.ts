@@ -150,6 +150,66 @@ describe("SessionStore", () => {
     expect(await store.records("s-2")).toEqual([]);
   });
 
+  it("a session's record heads read again after other replicas wrote, left holes or remade the session are the stored ones", async () => {
+    const p = `${prefix}-s-heads`;
+    // Two replicas' stores of one Redis: `a` reads heads as the calls it serves do, `b` writes too.
+    const a = new SessionStore(redis, p);
+    const b = new SessionStore(redis, p);
+    const fresh = () => new SessionStore(redis, p).recordHeads("s-h");
+    const rec = (seq: number, tag: string): CompletionRecord => ({
+      id: `${tag}${seq}`,
+      session_id: "s-h",
+      seq,
+      created_at: new Date().toISOString(),
+      protocol: "openai_chat",
+      engine: "http://e",
+      dp_rank: 0,
+      weight_version: null,
+      request: { messages: [{ role: "user", content: "x" }], sampling: {} },
+      prompt_ids: [1],
+      output_ids: [2],
+      output_logprobs: [-1],
+      finish_reason: "stop",
+      message: { content: `answer ${tag}${seq}`, reasoning: null, tool_calls: [] },
+      usage: { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0 },
+      latency_ms: 1,
+    });
+    const append = (store: SessionStore, r: CompletionRecord) =>
+      store.appendRecord(r, { id: r.id, seq: r.seq, message: r.message, finish_reason: r.finish_reason, message_count: 1, conversation_key: `k${r.seq}` });
+    const ids = async (store: SessionStore) => (await store.recordHeads("s-h")).map((h) => h.id);
+
+    await a.create("s-h", session("s-h"), hashToken("t"), assignment, "0:0", new Date());
+    for (let i = 0; i < 5; i++) await a.nextSeq("s-h");
+    expect(await ids(a)).toEqual([]);
+    await append(a, rec(1, "c"));
+    expect(await ids(a)).toEqual(["c1"]);
+    // Seq 0 is still being written elsewhere; 2 and 4 come from the other replica.
+    await append(b, rec(2, "c"));
+    await append(b, rec(4, "c"));
+    expect(await ids(a)).toEqual(["c1", "c2", "c4"]);
+    await append(b, rec(0, "c"));
+    await append(a, rec(3, "c"));
+    expect(await ids(a)).toEqual(["c0", "c1", "c2", "c3", "c4"]);
+    expect(await a.recordHeads("s-h")).toEqual(await fresh());
+    // Asked again with nothing new: the same heads.
+    expect(await a.recordHeads("s-h")).toEqual(await fresh());
+
+    // Deleted by the other replica and made again under its id, with as many calls: its own heads.
+    expect(await b.delete("s-h", new Date())).toBe(true);
+    await b.create("s-h", session("s-h"), hashToken("t2"), assignment, "0:0", new Date());
+    expect(await ids(a)).toEqual([]);
+    for (let i = 0; i < 5; i++) await b.nextSeq("s-h");
+    for (let i = 0; i < 5; i++) await append(b, rec(i, "d"));
+    expect(await ids(a)).toEqual(["d0", "d1", "d2", "d3", "d4"]);
+    expect(await a.recordHeads("s-h")).toEqual(await fresh());
+    // Far behind (hundreds of calls since, most without a record): still every head.
+    await Promise.all(Array.from({ length: 300 }, () => b.nextSeq("s-h")));
+    await append(b, rec(303, "d"));
+    expect(await ids(a)).toEqual(["d0", "d1", "d2", "d3", "d4", "d303"]);
+    await append(b, rec(304, "d"));
+    expect(await ids(a)).toEqual(["d0", "d1", "d2", "d3", "d4", "d303", "d304"]);
+  });
+
   it("takes a call's number with its session read, none for a missing or closed session; every read sees the session as it is now", async () => {
     const store = new SessionStore(redis, `${prefix}-s4`);
     expect(await store.getForCall("s-4", { takeSeq: true })).toBeNull();

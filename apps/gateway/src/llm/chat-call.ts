@@ -243,19 +243,25 @@ export class ChatCaller {
     const mode = this.deps.continuation ?? "auto";
     try {
       const found = findExtendedRecord(call.request, history);
-      const needFull = found && (mode !== "render" || profile.history_normalization === "empirical");
-      const full = needFull ? await this.deps.sessions.record(sid, found.record.seq) : null;
+      // The extended record's ids: read while the engine renders (awaited only where its ids are
+      // needed; in render mode only when a form is to be learned), never left unobserved.
+      let reading: ReturnType<SessionStore["recordIds"]> | null = null;
+      const readFull = (seq: number) => {
+        if (!reading) (reading = this.deps.sessions.recordIds(sid, seq)).catch(() => undefined);
+        return reading;
+      };
+      if (found && mode !== "render") void readFull(found.record.seq);
       if (profile.history_normalization === "empirical") {
         let messages = applyNormalizations(history.messages, restored, this.normalizer.learned(call));
-        if (found && full) {
-          const learned = await this.normalizer.learn(engineTokenizer, { ...call, request: { ...call.request, messages } }, messages, found.index, full);
+        if (found) {
+          const learned = await this.normalizer.learn(engineTokenizer, { ...call, request: { ...call.request, messages } }, messages, found.index, () => readFull(found.record.seq));
           if (learned) messages = applyNormalizations(history.messages, restored, this.normalizer.learned(call));
         }
         call.request = { ...call.request, messages };
       }
       if (mode === "render") return null;
       const chosen = caps ? historyRoute(call.target.engine.kind, caps, profile) : { route: null, why: "the engine's capabilities are not known yet" };
-      const extended = found && full ? { record: full, index: found.index } : null;
+      const extended = found ? { record: found.record, index: found.index, full: readFull(found.record.seq) } : null;
       const outcome = await planContinuation({
         mode,
         route: chosen.route,

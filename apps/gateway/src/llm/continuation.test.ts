@@ -58,8 +58,8 @@ const route = (parsedBy: "engine" | "gateway" = "engine"): TokenInRoute => ({
 });
 
 let engineNo = 0;
-const callFor = (request: CanonicalChatRequest): TokenizeCall =>
-  ({ target: { engine: { kind: "vllm", url: `http://fake-${engineNo++}`, dp_size: 1 }, dpRank: 0, profile: PRESETS.qwen3 }, model: "m", request, signal: new AbortController().signal, dispatcher: undefined }) as never;
+const callFor = (request: CanonicalChatRequest, url = `http://fake-${engineNo++}`): TokenizeCall =>
+  ({ target: { engine: { kind: "vllm", url, dp_size: 1 }, dpRank: 0, profile: PRESETS.qwen3 }, model: "m", request, signal: new AbortController().signal, dispatcher: undefined }) as never;
 
 const render = (messages: ChatMessage[], thinking: boolean, agp: boolean) => renderIds(messages, thinking, agp);
 
@@ -93,17 +93,25 @@ const START: ChatMessage[] = [
 const CALL = { id: "chatcmpl-tool-1", type: "function" as const, function: { name: "shell", arguments: '{"command": "ls"}' } };
 
 /** Restores, normalises (learning the forms as the gateway does) and plans, like ChatCaller.prepare. */
-async function plan(mode: ContinuationMode, record: CompletionRecord, next: ChatMessage[], extra: Partial<CanonicalChatRequest> = {}, opts: { tokenizer?: EngineTokenizer; route?: TokenInRoute | null } = {}) {
+async function plan(
+  mode: ContinuationMode,
+  record: CompletionRecord,
+  next: ChatMessage[],
+  extra: Partial<CanonicalChatRequest> = {},
+  opts: { tokenizer?: EngineTokenizer; route?: TokenInRoute | null; engineUrl?: string } = {},
+) {
   const tokenizer = opts.tokenizer ?? fakeTokenizer();
   const history = matchEchoedHistory(next, [recordHead(record)]);
   let request: CanonicalChatRequest = { messages: history.messages, tools: TOOLS, sampling: {}, stream: false, client_logprobs: null, enable_thinking: record.request.enable_thinking!, ...extra };
   const found = findExtendedRecord(request, history);
-  const call = callFor(request);
+  const call = callFor(request, opts.engineUrl);
   const restored = history.producers.flatMap((p, i) => (p ? [i] : []));
   const normalizer = new HistoryNormalizer();
   if (found) await normalizer.learn(tokenizer, call, request.messages, found.index, record);
   request = { ...request, messages: applyNormalizations(request.messages, restored, normalizer.learned(call)) };
-  return planContinuation({ mode, route: opts.route === undefined ? route() : opts.route, noRoute: "no route here", tokenizer, call: { ...call, request }, request, extended: found && { record, index: found.index } });
+  // As ChatCaller gives it: the record's head, the full record still being read.
+  const extended = found && { record: found.record, index: found.index, full: Promise.resolve(record) };
+  return planContinuation({ mode, route: opts.route === undefined ? route() : opts.route, noRoute: "no route here", tokenizer, call: { ...call, request }, request, extended });
 }
 
 describe("planContinuation", () => {
@@ -144,6 +152,41 @@ describe("planContinuation", () => {
     expect(q.plan).not.toBeNull();
     expect(tok.decode(q.plan!.promptIds)).toContain("<think>\nhm\n</think>\n\n<tool_call>");
     expect(tok.decode(q.plan!.promptIds).endsWith("<tool_response>\nx\n</tool_response><|im_end|>\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n")).toBe(true);
+  });
+
+  it("one engine's plans are the same whichever of its calls came before (a reproduced history, then one that is not)", async () => {
+    const on = firstCall(START, true, '<think>\nhm\n</think>\n\n<tool_call>\n{"name": "shell", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>', {
+      content: "\n\n",
+      reasoning: "\nhm\n",
+      tool_calls: [CALL],
+    });
+    const next: ChatMessage[] = [...START, { role: "assistant", content: "\n\n", tool_calls: [CALL] }, { role: "tool", content: "x", tool_call_id: CALL.id }];
+    const query: ChatMessage[] = [...next, { role: "user", content: "more" }];
+    const engineUrl = `http://fake-shared-${engineNo++}`;
+    const alone = await plan("auto", on, query);
+    expect(alone.plan).not.toBeNull();
+    expect(await plan("auto", on, next, {}, { engineUrl })).toEqual({ plan: null, why: "the engine's rendering reproduces the recorded tokens" });
+    expect(await plan("auto", on, query, {}, { engineUrl })).toEqual(alone);
+    expect(await plan("auto", on, query, {}, { engineUrl })).toEqual(alone);
+    expect(await plan("auto", on, next, {}, { engineUrl })).toEqual({ plan: null, why: "the engine's rendering reproduces the recorded tokens" });
+    expect(await plan("auto", on, next, {}, { engineUrl })).toEqual({ plan: null, why: "the engine's rendering reproduces the recorded tokens" });
+    // A plain answer then a new query reproduces; the same engine's next call, whose reasoning the
+    // template drops, does not, and is continued token-in as on an engine that saw nothing before.
+    const plain = firstCall(START, true, "All done.<|im_end|>", { content: "All done.", reasoning: null, tool_calls: [] });
+    const asked: ChatMessage[] = [...START, { role: "assistant", content: "All done." }, { role: "user", content: "more" }];
+    const askedAlone = await plan("auto", plain, asked);
+    expect(askedAlone).toEqual({ plan: null, why: "the engine's rendering reproduces the recorded tokens" });
+    for (let i = 0; i < 2; i++) {
+      expect(await plan("auto", plain, asked, {}, { engineUrl })).toEqual(askedAlone);
+      expect(await plan("auto", plain, asked, {}, { engineUrl })).toEqual(askedAlone);
+      expect(await plan("auto", on, query, {}, { engineUrl })).toEqual(alone);
+    }
+    // A record that cannot be read (gone): nothing to continue.
+    const call = callFor({ messages: query, tools: TOOLS, sampling: {}, stream: false, client_logprobs: null, enable_thinking: true }, engineUrl);
+    const history = matchEchoedHistory(query, [recordHead(on)]);
+    const found = findExtendedRecord({ ...call.request, messages: history.messages }, history)!;
+    const missing = await planContinuation({ mode: "auto", route: route(), tokenizer: fakeTokenizer(), call, request: { ...call.request, messages: history.messages }, extended: { record: found.record, index: found.index, full: Promise.resolve(null) } });
+    expect(missing).toEqual({ plan: null, why: "the call extends no recorded call" });
   });
 
   it("renders when it cannot or need not continue", async () => {

@@ -33,6 +33,13 @@ import type { GatewayEnv } from "../env.js";
  * A[e+1..] is the engine's own rendering of everything after r's turn, token for token. Any failed
  * check falls back to rendering (the trajectory then shows an explained break, never a wrong token).
  *
+ * Renders saved in `auto` mode (same plans): A is asked for only when B says the history does not
+ * reproduce the recorded tokens (or along with B, when the engine's last plan needed it); and where
+ * the engine's last plan found the history reproduced, B1 alone is asked for first: when it is the
+ * recorded tokens followed by exactly what a checked B1/B2 pair had after the history's end of turn
+ * (the sentinel's turn and the generation prompt), the pair would find that same place, and the
+ * call goes to the chat route without B2.
+ *
  * When is token-in used (ROLLGATE_CONTINUATION): `render` never; `token_in` whenever a base record
  * is found and the checks pass; `auto` (default) only when the engine's rendering of the history
  * (H) differs from the recorded tokens, i.e. when rendering would break the trajectory — otherwise
@@ -45,8 +52,11 @@ import type { GatewayEnv } from "../env.js";
 
 export type ContinuationMode = GatewayEnv["ROLLGATE_CONTINUATION"];
 
+/** What a plan reads of the record it continues: its seq and its token ids. */
+export type BaseIds = Pick<CompletionRecord, "seq" | "prompt_ids" | "output_ids">;
+
 export interface TokenInPlan {
-  base: CompletionRecord;
+  base: BaseIds;
   promptIds: number[];
   maxModelLen: number | null;
   /** The engine's rendering of the history differed from the recorded tokens at this position (null: identical). */
@@ -79,8 +89,25 @@ function sentinel(role: "user" | "tool", text: string): ChatMessage {
 /** Per engine URL, model and template kwargs: the derived turn markers (or why there are none). */
 const markerCache = new Map<string, Promise<TurnMarkers | { why: string }>>();
 
+function markerKey(call: TokenizeCall): string {
+  return `${call.target.engine.url}\u0000${call.model}\u0000${JSON.stringify(call.request.chat_template_kwargs ?? {})}\u0000${String(call.request.enable_thinking)}`;
+}
+
+/**
+ * Per engine key (as markerCache): whether its last auto-mode plan needed the full render A (the
+ * history's render differed from the recorded tokens). Only decides whether A is asked for along
+ * with B or after it; never what the plan is.
+ */
+const lastNeededA = new Map<string, boolean>();
+
+/**
+ * Per engine key and sentinel role: what followed the history's end of turn in the last checked
+ * pair of sentinel renders (B1's tokens after `e`: the sentinel's turn, the generation prompt).
+ */
+const sentinelTails = new Map<string, number[]>();
+
 function markersFor(tokenizer: EngineTokenizer, call: TokenizeCall): Promise<TurnMarkers | { why: string }> {
-  const key = `${call.target.engine.url}\u0000${call.model}\u0000${JSON.stringify(call.request.chat_template_kwargs ?? {})}\u0000${String(call.request.enable_thinking)}`;
+  const key = markerKey(call);
   let p = markerCache.get(key);
   if (!p) {
     p = deriveTurnMarkers(tokenizer, call);
@@ -103,15 +130,18 @@ export async function planContinuation(args: {
   tokenizer: EngineTokenizer;
   call: TokenizeCall;
   request: CanonicalChatRequest;
-  /** The full record (its token ids are the prefix), not just its head. */
-  extended: ExtendedRecord<CompletionRecord> | null;
+  /**
+   * The recorded call the request continues: the full record (its token ids are the prefix), or
+   * its head with its ids still being read (`full`: read while the engine renders).
+   */
+  extended: ExtendedRecord<CompletionRecord> | (ExtendedRecord<Pick<CompletionRecord, "seq" | "finish_reason">> & { full: PromiseLike<BaseIds | null> }) | null;
 }): Promise<PlanOutcome> {
   const { mode, route, tokenizer, call, request, extended } = args;
   if (mode === "render") return { plan: null, why: "ROLLGATE_CONTINUATION=render" };
   if (!route) return { plan: null, why: args.noRoute ?? "the engine has no token-in route" };
   if (!extended) return { plan: null, why: "the call extends no recorded call" };
-  const base = extended.record;
-  if (base.finish_reason === "abort" || base.finish_reason === "error") return { plan: null, why: `the base call ended with ${base.finish_reason}` };
+  const head = extended.record;
+  if (head.finish_reason === "abort" || head.finish_reason === "error") return { plan: null, why: `the base call ended with ${head.finish_reason}` };
   const tc = request.tool_choice;
   const guided = tc === "required" || (tc !== undefined && typeof tc === "object");
   if (guided && route.parsedBy === "gateway") return { plan: null, why: "tool_choice needs the chat route's guided decoding" };
@@ -123,26 +153,48 @@ export async function planContinuation(args: {
   const history = request.messages.slice(0, extended.index + 1);
   const newTurns = request.messages.slice(extended.index + 1);
   const role = newTurns.some((m) => isQuery(m, call.target.profile)) ? "user" : "tool";
-  const [full, b1, b2] = await Promise.all([
-    tokenizer.renderChat(call, request.messages),
-    tokenizer.renderChat(call, [...history, sentinel(role, SENTINELS[0])]),
-    tokenizer.renderChat(call, [...history, sentinel(role, SENTINELS[1])]),
-  ]);
-  const A = full.ids;
+  // A is only needed when the plan continues token-in. In auto mode that is when the history's
+  // render differs from the recorded tokens, which B alone tells: A is rendered with B when this
+  // engine's last plan needed it, else only once B says it is needed (the same renders either way).
+  const key = markerKey(call);
+  const renderOf = (text: string) => tokenizer.renderChat(call, [...history, sentinel(role, text)]);
+  let fullRender: Promise<{ ids: number[]; maxModelLen: number | null }> | null = null;
+  const renderA = () => (fullRender ??= tokenizer.renderChat(call, request.messages));
+  // B2 only locates where the sentinel's turn starts. Where this engine's last plan found the
+  // history reproduced and B1 ends in the very tokens a checked pair of renders had after the
+  // history's end of turn (the sentinel's turn and the generation prompt), with the recorded
+  // tokens before them, the pair would find the same place: the call is left to the chat route.
+  const tailKey = `${key}\u0000${role}`;
+  const tail = mode === "auto" && lastNeededA.get(key) === false ? sentinelTails.get(tailKey) : undefined;
+  let secondRender = tail ? null : renderOf(SENTINELS[1]);
+  if (!tail && (mode !== "auto" || lastNeededA.get(key) !== false)) renderA().catch(() => undefined);
+  secondRender?.catch(() => undefined);
+  const [b1, stored] = await Promise.all([renderOf(SENTINELS[0]), "full" in extended ? extended.full : extended.record]);
+  if (!stored) return { plan: null, why: "the call extends no recorded call" };
+  const base: BaseIds = stored;
   const B = b1.ids;
+  const out = base.output_ids;
+  const view = [...base.prompt_ids, ...out, ...(out.at(-1) === eot ? [] : [eot])];
+  if (tail && B.length === view.length + tail.length && B[view.length - 1] === eot && firstDifference(B, [...view, ...tail]) === null) {
+    return { plan: null, why: "the engine's rendering reproduces the recorded tokens" };
+  }
+  if (tail) renderA().catch(() => undefined);
+  const b2 = await (secondRender ??= renderOf(SENTINELS[1]));
   const d = firstDifference(B, b2.ids);
   if (d === null || d === 0) return { plan: null, why: "the sentinel's turn was not found in the render" };
   const e = B.lastIndexOf(eot, d - 1);
   if (e < 0) return { plan: null, why: "the history's last turn has no end token" };
   if (d - e - 1 > MAX_HEADER_TOKENS) return { plan: null, why: "the end of the history's last turn is not next to the new turn" };
+  sentinelTails.set(tailKey, B.slice(e + 1));
+
+  const divergesAt = firstDifference(B.slice(0, e + 1), view);
+  if (mode === "auto") lastNeededA.set(key, divergesAt !== null);
+  if (mode === "auto" && divergesAt === null) return { plan: null, why: "the engine's rendering reproduces the recorded tokens" };
+  const full = await renderA();
+  const A = full.ids;
   for (let i = 0; i <= e; i++) {
     if (A[i] !== B[i]) return { plan: null, why: `the history renders differently before the new turns (token ${i})` };
   }
   if (A.length <= e + 1) return { plan: null, why: "the render has nothing after the history" };
-
-  const out = base.output_ids;
-  const view = [...base.prompt_ids, ...out, ...(out.at(-1) === eot ? [] : [eot])];
-  const divergesAt = firstDifference(B.slice(0, e + 1), view);
-  if (mode === "auto" && divergesAt === null) return { plan: null, why: "the engine's rendering reproduces the recorded tokens" };
   return { plan: { base, promptIds: [...view, ...A.slice(e + 1)], maxModelLen: full.maxModelLen, divergesAt } };
 }

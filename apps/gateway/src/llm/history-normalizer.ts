@@ -37,7 +37,14 @@ export class HistoryNormalizer {
    * plus the message after it, and keeps the form whose render starts with the record's prompt
    * and output ids. Returns the form now known for that shape (null: none yet).
    */
-  async learn(tokenizer: EngineTokenizer, call: TokenizeCall, messages: readonly ChatMessage[], index: number, record: Pick<CompletionRecord, "prompt_ids" | "output_ids">): Promise<Normalization | null> {
+  async learn(
+    tokenizer: EngineTokenizer,
+    call: TokenizeCall,
+    messages: readonly ChatMessage[],
+    index: number,
+    /** The record, or how to read it (only when there is something to learn; null: not found). */
+    recorded: Pick<CompletionRecord, "prompt_ids" | "output_ids"> | (() => PromiseLike<Pick<CompletionRecord, "prompt_ids" | "output_ids"> | null>),
+  ): Promise<Normalization | null> {
     const turn = messages[index];
     const next = messages[index + 1];
     if (turn?.role !== "assistant" || !next) return null;
@@ -47,6 +54,8 @@ export class HistoryNormalizer {
     if (known) return known;
     const triesKey = `${key}\u0000${shape}`;
     if ((this.tries.get(triesKey) ?? 0) >= MAX_TRIES) return null;
+    const record = typeof recorded === "function" ? await recorded() : recorded;
+    if (!record) return null;
     const before = messages.slice(0, index);
     const candidates = candidateForms(turn);
     const renders = await Promise.all(
