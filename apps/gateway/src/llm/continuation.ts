@@ -89,6 +89,16 @@ function sentinel(role: "user" | "tool", text: string): ChatMessage {
 /** Per engine URL, model and template kwargs: the derived turn markers (or why there are none). */
 const markerCache = new Map<string, Promise<TurnMarkers | { why: string }>>();
 
+/**
+ * The keys of these tables come from requests (an agent's template kwargs), so each is bounded:
+ * past this many entries it starts over (each entry is re-derived on its next use).
+ */
+const MAX_ENGINE_KEYS = 4096;
+function remember<V>(table: Map<string, V>, key: string, value: V): void {
+  if (table.size >= MAX_ENGINE_KEYS && !table.has(key)) table.clear();
+  table.set(key, value);
+}
+
 function markerKey(call: TokenizeCall): string {
   return `${call.target.engine.url}\u0000${call.model}\u0000${JSON.stringify(call.request.chat_template_kwargs ?? {})}\u0000${String(call.request.enable_thinking)}`;
 }
@@ -113,7 +123,7 @@ function markersFor(tokenizer: EngineTokenizer, call: TokenizeCall): Promise<Tur
     p = deriveTurnMarkers(tokenizer, call);
     // A failed probe (engine down) is retried on the next call, not cached.
     p.catch(() => markerCache.delete(key));
-    markerCache.set(key, p);
+    remember(markerCache, key, p);
   }
   return p;
 }
@@ -185,10 +195,10 @@ export async function planContinuation(args: {
   const e = B.lastIndexOf(eot, d - 1);
   if (e < 0) return { plan: null, why: "the history's last turn has no end token" };
   if (d - e - 1 > MAX_HEADER_TOKENS) return { plan: null, why: "the end of the history's last turn is not next to the new turn" };
-  sentinelTails.set(tailKey, B.slice(e + 1));
+  remember(sentinelTails, tailKey, B.slice(e + 1));
 
   const divergesAt = firstDifference(B.slice(0, e + 1), view);
-  if (mode === "auto") lastNeededA.set(key, divergesAt !== null);
+  if (mode === "auto") remember(lastNeededA, key, divergesAt !== null);
   if (mode === "auto" && divergesAt === null) return { plan: null, why: "the engine's rendering reproduces the recorded tokens" };
   const full = await renderA();
   const A = full.ids;
