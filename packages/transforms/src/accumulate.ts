@@ -28,11 +28,15 @@ export class StreamAccumulator {
       case "start":
         this.promptIds = event.prompt_ids;
         break;
-      case "delta":
-        this.outputIds.push(...event.token_ids);
-        this.logprobs.push(...event.logprobs);
-        if (event.versions) this.sawVersions = true;
-        for (let i = 0; i < event.token_ids.length; i++) this.versions.push(event.versions?.[i] ?? null);
+      case "delta": {
+        // Loops, not push(...spread): no arguments list per delta, and no limit on a delta's length.
+        const ids = event.token_ids;
+        const lps = event.logprobs;
+        const versions = event.versions;
+        for (let i = 0; i < ids.length; i++) this.outputIds.push(ids[i]!);
+        for (let i = 0; i < lps.length; i++) this.logprobs.push(lps[i]!);
+        if (versions) this.sawVersions = true;
+        for (let i = 0; i < ids.length; i++) this.versions.push(versions?.[i] ?? null);
         if (event.content !== undefined) {
           this.content += event.content;
           this.sawContent = true;
@@ -49,6 +53,7 @@ export class StreamAccumulator {
           this.calls.set(d.index, call);
         }
         break;
+      }
       case "finish":
         this.finishReason = event.finish_reason;
         this.stopReason = event.stop_reason;

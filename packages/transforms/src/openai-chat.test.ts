@@ -221,6 +221,16 @@ describe("streaming", () => {
     expect(acc.result().message.tool_calls).toEqual([{ id: "t1", type: "function", function: { name: "shell", arguments: '{"command": "ls"}' } }]);
     expect(acc.result().message.content).toBeNull();
   });
+
+  it("takes a delta of any length (a whole long answer arriving as one delta, as a replayed call's does)", () => {
+    const n = 300_000; // past what a spread argument list can carry
+    const acc = new StreamAccumulator();
+    acc.push({ type: "start", prompt_ids: [1] });
+    acc.push({ type: "delta", content: "x", token_ids: Array.from({ length: n }, (_, i) => i % 1000), logprobs: Array.from({ length: n }, () => ({ token: "x", logprob: -0.5, bytes: null, top_logprobs: [] })) });
+    acc.push({ type: "finish", finish_reason: "length", stop_reason: null });
+    expect(acc.result().output_ids).toHaveLength(n);
+    expect(acc.result().logprobs).toHaveLength(n);
+  });
 });
 
 describe("applySessionSampling", () => {
