@@ -373,6 +373,13 @@ describe("GeminiStreamEncoder", () => {
     expect(encode(toolEvents, "sse")).toBe(expected.map((c) => `data: ${JSON.stringify(c)}\r\n\r\n`).join(""));
   });
 
+  it("takes a delta of any length (a whole long answer as one delta)", () => {
+    const n = 300_000; // past what a spread argument list can carry
+    const ids = Array.from({ length: n }, (_, i) => i % 1000);
+    const events: EngineStreamEvent[] = [{ type: "start", prompt_ids: [1] }, { type: "delta", content: "long", token_ids: ids, logprobs: ids.map(() => lp("x")) }, { type: "finish", finish_reason: "length", stop_reason: null }];
+    expect(encode(events, "sse")).toContain('"text":"long"');
+  });
+
   it("writes the exact JSON array form", () => {
     const text = encode(toolEvents, "array");
     expect(text).toBe(`[${expected.map((c) => JSON.stringify(c)).join(",\r\n")}]`);

@@ -606,9 +606,13 @@ export class GeminiStreamEncoder {
         return [];
       case "delta": {
         this.outputTokens += event.token_ids.length;
-        this.allLogprobs.push(...event.logprobs);
-        this.pendingLogprobs.push(...event.logprobs);
-        this.pendingIds.push(...event.logprobs.map((_, i) => event.token_ids[i]));
+        // Loops, not push(...spread): a delta may be a whole long answer (no argument-list limit).
+        for (let i = 0; i < event.logprobs.length; i++) {
+          const lp = event.logprobs[i]!;
+          this.allLogprobs.push(lp);
+          this.pendingLogprobs.push(lp);
+          this.pendingIds.push(event.token_ids[i]);
+        }
         const parts: GeminiPart[] = [];
         if (event.reasoning) {
           this.reasoning += event.reasoning;

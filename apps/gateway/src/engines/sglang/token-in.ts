@@ -215,7 +215,7 @@ async function* generateStream(call: TokenInCall, parsing: Parsing): AsyncGenera
     const logprobs = toTokenLogprobs(ev.meta_info, cumulative ? ids.length : 0, fresh.length);
     const text = cumulative ? ev.text.slice(textSoFar) : ev.text;
     textSoFar += text.length;
-    ids.push(...fresh);
+    for (const id of fresh) ids.push(id); // not push(...fresh): one event may hold a whole long answer
     const delta = deltaEvent(text ? parser.push(text) : null, fresh, logprobs, call.stamp);
     if (delta) yield delta;
     const finish = finishOf(ev.meta_info);
