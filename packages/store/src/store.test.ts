@@ -205,6 +205,48 @@ describe("SessionStore", () => {
     expect(await ids()).toEqual(["b0", "b1", "b3"]);
   });
 
+  it("record heads read through a small head cache (sessions evicted, some too big to keep) are the stored ones", async () => {
+    const p = `${prefix}-s-heads3`;
+    const store = new SessionStore(redis, p, { headCacheBytes: 8_000 });
+    const fresh = (sid: string) => new SessionStore(redis, p).recordHeads(sid);
+    const rec = (sid: string, seq: number, text: string): CompletionRecord => ({
+      id: `${sid}-${seq}`,
+      session_id: sid,
+      seq,
+      created_at: new Date(0).toISOString(),
+      protocol: "openai_chat",
+      engine: "http://e",
+      dp_rank: 0,
+      weight_version: null,
+      request: { messages: [{ role: "user", content: "x" }], sampling: {} },
+      prompt_ids: [1],
+      output_ids: [2],
+      output_logprobs: [-1],
+      finish_reason: "stop",
+      message: { content: text, reasoning: null, tool_calls: [] },
+      usage: { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0 },
+      latency_ms: 1,
+    });
+    const sids = ["h-a", "h-b", "h-c", "h-big"];
+    for (const sid of sids) await store.create(sid, session(sid), hashToken("t"), assignment, "0:0", new Date());
+    for (let round = 0; round < 6; round++) {
+      for (const sid of sids) {
+        const seq = await store.nextSeq(sid);
+        // Every other round leaves a hole (a call still pending) filled a round later.
+        if (round % 2 === 0 || sid === "h-b") {
+          const r = rec(sid, seq, sid === "h-big" ? "y".repeat(600) : `answer ${seq}`);
+          await store.appendRecord(r, { id: r.id, seq, message: r.message, finish_reason: "stop", message_count: 1, conversation_key: `k${seq}` });
+        }
+        if (round % 2 === 0 && round > 0 && sid !== "h-b") {
+          const r = rec(sid, seq - 1, `late ${seq - 1}`);
+          await store.appendRecord(r, { id: r.id, seq: seq - 1, message: r.message, finish_reason: "stop", message_count: 1, conversation_key: `k${seq - 1}` });
+        }
+        expect(await store.recordHeads(sid)).toEqual(await fresh(sid));
+      }
+    }
+    for (const sid of sids) expect((await store.recordHeads(sid)).map((h) => h.seq)).toEqual([0, 1, 2, 3, 4, 5].filter((s) => sid === "h-b" || s < 5));
+  });
+
   it("orders records by the sequence reserved when their call started and counts usage", async () => {
     const store = new SessionStore(redis, `${prefix}-s2`);
     await store.create("s-2", session("s-2"), hashToken("t"), assignment, "0:0", new Date());
