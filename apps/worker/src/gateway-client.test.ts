@@ -164,6 +164,14 @@ describe("GatewayClient with an answer it cannot use", () => {
     const trajectory = { builder: "per_request", traces: [{ kind: "main", tokens: [1, 2, 3] }], stats };
     body = JSON.stringify({ ...session, trajectory });
     expect(await client.closeSession("s-1", "per_request")).toEqual({ ...session, trajectory });
+    // Byte for byte (the stored result, and so the signed callback body, is its JSON): the keys in
+    // the order the gateway sent them, which is the protocol's (builder, traces, stats, tree).
+    const tree = { root: 0 };
+    const withTree = { ...trajectory, tree };
+    body = JSON.stringify({ ...session, trajectory: withTree });
+    expect(JSON.stringify((await client.closeSession("s-1", "per_request")).trajectory)).toBe(JSON.stringify(withTree));
+    body = JSON.stringify(withTree);
+    expect(JSON.stringify(await client.trajectory("s-1", "per_request"))).toBe(JSON.stringify(withTree));
     const { lost_calls: _l, replay_diverged: _r, ...old } = session;
     body = JSON.stringify(old);
     expect(await client.session("s-1")).toMatchObject({ lost_calls: { count: 0, first: null }, replay_diverged: null });

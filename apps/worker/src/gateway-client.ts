@@ -119,7 +119,9 @@ export class GatewayClient {
 
 const OpenedView = z.looseObject(CreateSessionResponse.pick({ id: true, token: true, base_url: true }).shape);
 const SessionView = z.looseObject(Session.pick({ id: true, lost_calls: true, replay_diverged: true }).shape);
-const TrajectoryView = z.looseObject({ ...Trajectory.pick({ builder: true, stats: true }).shape, traces: z.array(z.unknown()) });
+// In the protocol's key order (builder, traces, stats; then `tree` as sent): the object is stored
+// in the task's result as is, and its JSON is the bytes of the signed callback body.
+const TrajectoryView = z.looseObject({ builder: Trajectory.shape.builder, traces: z.array(z.unknown()), stats: Trajectory.shape.stats });
 const ClosedView = SessionView.extend({
   counts: Session.shape.counts,
   trajectory: TrajectoryView.optional(),

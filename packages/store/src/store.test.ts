@@ -113,6 +113,140 @@ describe("SessionStore", () => {
     expect(await store.closeAndGet("s-missing", new Date())).toBeNull();
   });
 
+  it("closeAndGet with the records asked for answers them and the failed-call notes as a later read does, only when no call is pending", async () => {
+    const p = `${prefix}-s1c`;
+    const store = new SessionStore(redis, p);
+    const other = new SessionStore(redis, p);
+    await store.create("s-c", { ...session("s-c"), metadata: { note: "é ✓ 字" } }, hashToken("t"), assignment, "0:0", new Date());
+    const rec = (seq: number, prompt: number[]): CompletionRecord => ({
+      id: `cmpl-${seq}`,
+      session_id: "s-c",
+      seq,
+      created_at: new Date(0).toISOString(),
+      protocol: "openai_chat",
+      engine: "http://e",
+      dp_rank: 0,
+      weight_version: null,
+      request: { messages: [{ role: "user", content: `ünïcode ${seq} ✓` }], sampling: {} },
+      prompt_ids: prompt,
+      output_ids: [seq + 100, seq + 101],
+      // Not float32: stored 8 bytes wide.
+      output_logprobs: [-0.1, -1 / 3],
+      finish_reason: "stop",
+      message: { content: `answer ${seq} 字`, reasoning: null, tool_calls: [] },
+      usage: { prompt_tokens: prompt.length, completion_tokens: 2, cached_tokens: 0 },
+      latency_ms: 1,
+    });
+    const head = (r: CompletionRecord) => ({ id: r.id, seq: r.seq, message: r.message, finish_reason: r.finish_reason, message_count: 1, conversation_key: `k${r.seq}` });
+    for (let i = 0; i < 3; i++) await store.nextSeq("s-c");
+    const r0 = rec(0, [1, 2, 3]);
+    const r1 = rec(1, [1, 2, 3, 100, 101, 7]); // a delta of record 0
+    await store.appendRecord(r0, head(r0));
+    await store.appendRecord(r1, head(r1));
+    await store.appendFailure("s-c", { seq: 2, at: new Date(0).toISOString(), kind: "engine_error", message: "boom ✗", dp_rank: 0 });
+    // Call 2 is still pending: nothing final comes with the close.
+    const pending = (await store.closeAndGet("s-c", new Date(), { records: true }))!;
+    await pending.released;
+    expect(pending.pendingCalls).toBe(1);
+    expect(pending.final).toBeUndefined();
+    await store.settleCall("s-c", 2);
+    const closed = (await other.closeAndGet("s-c", new Date(), { records: true }))!;
+    await closed.released;
+    expect(closed.pendingCalls).toBe(0);
+    expect(closed.session.metadata).toEqual({ note: "é ✓ 字" });
+    expect(JSON.stringify(closed.final)).toBe(JSON.stringify({ records: await other.records("s-c"), failures: await other.failures("s-c") }));
+    expect(closed.final!.records).toEqual([r0, r1]);
+    // Without the records asked for: as before.
+    const plain = (await other.closeAndGet("s-c", new Date()))!;
+    expect(plain.final).toBeUndefined();
+    expect(plain.session).toEqual(closed.session);
+  });
+
+  it("a session's record heads read while this process deletes and makes it again are not kept for the new one", async () => {
+    const p = `${prefix}-s-heads2`;
+    const store = new SessionStore(redis, p);
+    const rec = (seq: number, tag: string): CompletionRecord => ({
+      id: `${tag}${seq}`,
+      session_id: "s-r",
+      seq,
+      created_at: new Date(0).toISOString(),
+      protocol: "openai_chat",
+      engine: "http://e",
+      dp_rank: 0,
+      weight_version: null,
+      request: { messages: [{ role: "user", content: "x" }], sampling: {} },
+      prompt_ids: [1],
+      output_ids: [2],
+      output_logprobs: [-1],
+      finish_reason: "stop",
+      message: { content: `answer ${tag}${seq}`, reasoning: null, tool_calls: [] },
+      usage: { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0 },
+      latency_ms: 1,
+    });
+    const append = (r: CompletionRecord) => store.appendRecord(r, { id: r.id, seq: r.seq, message: r.message, finish_reason: r.finish_reason, message_count: 1, conversation_key: `k${r.seq}` });
+    const ids = async () => (await store.recordHeads("s-r")).map((h) => h.id);
+    await store.create("s-r", session("s-r"), hashToken("t"), assignment, "0:0", new Date());
+    for (let i = 0; i < 3; i++) await store.nextSeq("s-r");
+    for (let i = 0; i < 2; i++) await append(rec(i, "a"));
+    expect(await ids()).toEqual(["a0", "a1"]);
+    await append(rec(2, "a"));
+    // A read in flight (sent before the delete) ends after the session was made again.
+    const inFlight = store.recordHeads("s-r");
+    const deleted = store.delete("s-r", new Date());
+    await inFlight;
+    await deleted;
+    await store.create("s-r", session("s-r"), hashToken("t"), assignment, "0:0", new Date());
+    expect(await ids()).toEqual([]);
+    for (let i = 0; i < 4; i++) await store.nextSeq("s-r");
+    await append(rec(1, "b"));
+    expect(await ids()).toEqual(["b1"]);
+    await append(rec(3, "b"));
+    await append(rec(0, "b"));
+    expect(await ids()).toEqual(["b0", "b1", "b3"]);
+  });
+
+  it("record heads read through a small head cache (sessions evicted, some too big to keep) are the stored ones", async () => {
+    const p = `${prefix}-s-heads3`;
+    const store = new SessionStore(redis, p, { headCacheBytes: 8_000 });
+    const fresh = (sid: string) => new SessionStore(redis, p).recordHeads(sid);
+    const rec = (sid: string, seq: number, text: string): CompletionRecord => ({
+      id: `${sid}-${seq}`,
+      session_id: sid,
+      seq,
+      created_at: new Date(0).toISOString(),
+      protocol: "openai_chat",
+      engine: "http://e",
+      dp_rank: 0,
+      weight_version: null,
+      request: { messages: [{ role: "user", content: "x" }], sampling: {} },
+      prompt_ids: [1],
+      output_ids: [2],
+      output_logprobs: [-1],
+      finish_reason: "stop",
+      message: { content: text, reasoning: null, tool_calls: [] },
+      usage: { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0 },
+      latency_ms: 1,
+    });
+    const sids = ["h-a", "h-b", "h-c", "h-big"];
+    for (const sid of sids) await store.create(sid, session(sid), hashToken("t"), assignment, "0:0", new Date());
+    for (let round = 0; round < 6; round++) {
+      for (const sid of sids) {
+        const seq = await store.nextSeq(sid);
+        // Every other round leaves a hole (a call still pending) filled a round later.
+        if (round % 2 === 0 || sid === "h-b") {
+          const r = rec(sid, seq, sid === "h-big" ? "y".repeat(600) : `answer ${seq}`);
+          await store.appendRecord(r, { id: r.id, seq, message: r.message, finish_reason: "stop", message_count: 1, conversation_key: `k${seq}` });
+        }
+        if (round % 2 === 0 && round > 0 && sid !== "h-b") {
+          const r = rec(sid, seq - 1, `late ${seq - 1}`);
+          await store.appendRecord(r, { id: r.id, seq: seq - 1, message: r.message, finish_reason: "stop", message_count: 1, conversation_key: `k${seq - 1}` });
+        }
+        expect(await store.recordHeads(sid)).toEqual(await fresh(sid));
+      }
+    }
+    for (const sid of sids) expect((await store.recordHeads(sid)).map((h) => h.seq)).toEqual([0, 1, 2, 3, 4, 5].filter((s) => sid === "h-b" || s < 5));
+  });
+
   it("orders records by the sequence reserved when their call started and counts usage", async () => {
     const store = new SessionStore(redis, `${prefix}-s2`);
     await store.create("s-2", session("s-2"), hashToken("t"), assignment, "0:0", new Date());

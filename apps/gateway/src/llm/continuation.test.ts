@@ -189,6 +189,43 @@ describe("planContinuation", () => {
     expect(missing).toEqual({ plan: null, why: "the call extends no recorded call" });
   });
 
+  it("one engine's plans, over a mix of its calls (thinking on and off, tool results and queries, records that reproduce and that do not, each twice), are those of an engine that saw none before", async () => {
+    const toolOut = '<tool_call>\n{"name": "shell", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>';
+    const records = {
+      onTool: firstCall(START, true, `<think>\nhm\n</think>\n\n${toolOut}`, { content: "\n\n", reasoning: "\nhm\n", tool_calls: [CALL] }),
+      offTool: firstCall(START, false, toolOut, { content: null, reasoning: null, tool_calls: [CALL] }),
+      onPlain: firstCall(START, true, "<think>\nok\n</think>\n\nAll done.<|im_end|>", { content: "All done.", reasoning: "\nok\n", tool_calls: [] }),
+      onBare: firstCall(START, true, "All done.<|im_end|>", { content: "All done.", reasoning: null, tool_calls: [] }),
+      offPlain: firstCall(START, false, "All done.<|im_end|>", { content: "All done.", reasoning: null, tool_calls: [] }),
+      cut: { ...firstCall(START, false, "All do", { content: "All do", reasoning: null, tool_calls: [] }), finish_reason: "length" },
+    };
+    const answerOf = (r: CompletionRecord): ChatMessage =>
+      r.message.tool_calls.length ? { role: "assistant", content: r.message.content, tool_calls: [CALL] } : { role: "assistant", content: r.message.content };
+    const nexts = (r: CompletionRecord): ChatMessage[][] => {
+      const base = [...START, answerOf(r)];
+      return r.message.tool_calls.length
+        ? [
+            [...base, { role: "tool", content: "x", tool_call_id: CALL.id }],
+            [...base, { role: "tool", content: "x", tool_call_id: CALL.id }, { role: "user", content: "more" }],
+          ]
+        : [[...base, { role: "user", content: "more" }], [...base, { role: "user", content: "<tool_response>\nx\n</tool_response>" }]];
+    };
+    const cases = Object.values(records).flatMap((r) => nexts(r).map((next) => ({ r, next })));
+    for (const mode of ["auto", "token_in"] as const) {
+      const alone = [];
+      for (const { r, next } of cases) alone.push(await plan(mode, r, next));
+      expect(alone.some((o) => o.plan)).toBe(true);
+      expect(alone.some((o) => !o.plan)).toBe(mode === "auto");
+      const engineUrl = `http://fake-mixed-${engineNo++}`;
+      // A fixed shuffle, each call twice in a row, then the whole list again backwards.
+      let x = 11;
+      const order = cases.map((_, i) => i).sort(() => ((x = (x * 48271) % 2147483647) % 3) - 1);
+      for (const i of [...order, ...order.slice().reverse()]) {
+        for (let k = 0; k < 2; k++) expect(await plan(mode, cases[i]!.r, cases[i]!.next, {}, { engineUrl })).toEqual(alone[i]);
+      }
+    }
+  });
+
   it("renders when it cannot or need not continue", async () => {
     expect((await plan("render", off, afterTool)).plan).toBeNull();
     expect(await plan("auto", off, START)).toMatchObject({ plan: null, why: "the call extends no recorded call" });
