@@ -225,18 +225,7 @@ export function decodeRecords(raw: ReadonlyMap<number, Buffer>, wanted: readonly
   const done = new Map<number, Decoded>();
   const check = new Set(wanted);
   const decodeOne = (seq: number): CompletionRecord => {
-    // Walk down to the first record whose base is decoded (or that has none), then back up.
-    const chain: number[] = [];
-    const seen = new Set<number>();
-    let at: number | null = seq;
-    while (at !== null && !done.has(at)) {
-      if (seen.has(at)) throw new Error(`stored record ${seq} of ${what}: its bases form a cycle`);
-      const value = raw.get(at);
-      if (!value) throw new Error(`stored record ${chain.at(-1) ?? seq} of ${what} extends record ${at}, which is missing`);
-      chain.push(at);
-      seen.add(at);
-      at = baseOf(value);
-    }
+    const chain = baseChain(raw, seq, done, what);
     for (let i = chain.length - 1; i >= 0; i--) {
       const s = chain[i]!;
       done.set(s, decodeValue(raw.get(s)!, done, `record ${s} of ${what}`, check.has(s)));
@@ -249,6 +238,25 @@ export function decodeRecords(raw: ReadonlyMap<number, Buffer>, wanted: readonly
   const out = new Map<number, CompletionRecord>();
   for (const seq of wanted) out.set(seq, decodeOne(seq));
   return out;
+}
+
+/**
+ * `seq` and the records it is a delta of, down to the first one already decoded (in `done`) or
+ * with no base: decoded from the end back. A missing base or a cycle is an error naming the record.
+ */
+function baseChain(raw: ReadonlyMap<number, Buffer>, seq: number, done: ReadonlyMap<number, Decoded>, what: string): number[] {
+  const chain: number[] = [];
+  const seen = new Set<number>();
+  let at: number | null = seq;
+  while (at !== null && !done.has(at)) {
+    if (seen.has(at)) throw new Error(`stored record ${seq} of ${what}: its bases form a cycle`);
+    const value = raw.get(at);
+    if (!value) throw new Error(`stored record ${chain.at(-1) ?? seq} of ${what} extends record ${at}, which is missing`);
+    chain.push(at);
+    seen.add(at);
+    at = baseOf(value);
+  }
+  return chain;
 }
 
 /**
@@ -277,16 +285,7 @@ export function decodeRecordIds(raw: ReadonlyMap<number, Buffer>, seq: number, w
     return { prompt_ids, output_ids };
   }
   const done = new Map<number, Decoded>();
-  const chain: number[] = [];
-  const seen = new Set<number>();
-  for (let at: number | null = seq; at !== null; ) {
-    if (seen.has(at)) throw new Error(`stored record ${seq} of ${what}: its bases form a cycle`);
-    const value = raw.get(at);
-    if (!value) throw new Error(`stored record ${chain.at(-1) ?? seq} of ${what} extends record ${at}, which is missing`);
-    chain.push(at);
-    seen.add(at);
-    at = baseOf(value);
-  }
+  const chain = baseChain(raw, seq, done, what);
   for (let i = chain.length - 1; i >= 0; i--) {
     const s = chain[i]!;
     done.set(s, decodeValue(raw.get(s)!, done, `record ${s} of ${what}`, false));

@@ -25,6 +25,28 @@ const members = ["0:0", "0:1", "1:0"];
 const session = (id: string) => ({ sampling: {}, limits: {}, metadata: {}, id });
 const assignment = { engine: 0, engine_url: "http://e", dp_rank: 0, served_model: "m" };
 
+/** A one-token record of session `sid` (what the record-heads tests append), and its append with its head. */
+const smallRecord = (sid: string, seq: number, id: string, content: string): CompletionRecord => ({
+  id,
+  session_id: sid,
+  seq,
+  created_at: new Date(0).toISOString(),
+  protocol: "openai_chat",
+  engine: "http://e",
+  dp_rank: 0,
+  weight_version: null,
+  request: { messages: [{ role: "user", content: "x" }], sampling: {} },
+  prompt_ids: [1],
+  output_ids: [2],
+  output_logprobs: [-1],
+  finish_reason: "stop",
+  message: { content, reasoning: null, tool_calls: [] },
+  usage: { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0 },
+  latency_ms: 1,
+});
+const appendWithHead = (store: SessionStore, r: CompletionRecord) =>
+  store.appendRecord(r, { id: r.id, seq: r.seq, message: r.message, finish_reason: r.finish_reason, message_count: 1, conversation_key: `k${r.seq}` });
+
 describe("RankRouter", () => {
   it("spreads sessions over the least-loaded ranks and keeps an affinity key on one rank", async () => {
     const router = new RankRouter(redis, `${prefix}-r1`);
@@ -165,25 +187,8 @@ describe("SessionStore", () => {
   it("a session's record heads read while this process deletes and makes it again are not kept for the new one", async () => {
     const p = `${prefix}-s-heads2`;
     const store = new SessionStore(redis, p);
-    const rec = (seq: number, tag: string): CompletionRecord => ({
-      id: `${tag}${seq}`,
-      session_id: "s-r",
-      seq,
-      created_at: new Date(0).toISOString(),
-      protocol: "openai_chat",
-      engine: "http://e",
-      dp_rank: 0,
-      weight_version: null,
-      request: { messages: [{ role: "user", content: "x" }], sampling: {} },
-      prompt_ids: [1],
-      output_ids: [2],
-      output_logprobs: [-1],
-      finish_reason: "stop",
-      message: { content: `answer ${tag}${seq}`, reasoning: null, tool_calls: [] },
-      usage: { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0 },
-      latency_ms: 1,
-    });
-    const append = (r: CompletionRecord) => store.appendRecord(r, { id: r.id, seq: r.seq, message: r.message, finish_reason: r.finish_reason, message_count: 1, conversation_key: `k${r.seq}` });
+    const rec = (seq: number, tag: string) => smallRecord("s-r", seq, `${tag}${seq}`, `answer ${tag}${seq}`);
+    const append = (r: CompletionRecord) => appendWithHead(store, r);
     const ids = async () => (await store.recordHeads("s-r")).map((h) => h.id);
     await store.create("s-r", session("s-r"), hashToken("t"), assignment, "0:0", new Date());
     for (let i = 0; i < 3; i++) await store.nextSeq("s-r");
@@ -209,24 +214,7 @@ describe("SessionStore", () => {
     const p = `${prefix}-s-heads3`;
     const store = new SessionStore(redis, p, { headCacheBytes: 8_000 });
     const fresh = (sid: string) => new SessionStore(redis, p).recordHeads(sid);
-    const rec = (sid: string, seq: number, text: string): CompletionRecord => ({
-      id: `${sid}-${seq}`,
-      session_id: sid,
-      seq,
-      created_at: new Date(0).toISOString(),
-      protocol: "openai_chat",
-      engine: "http://e",
-      dp_rank: 0,
-      weight_version: null,
-      request: { messages: [{ role: "user", content: "x" }], sampling: {} },
-      prompt_ids: [1],
-      output_ids: [2],
-      output_logprobs: [-1],
-      finish_reason: "stop",
-      message: { content: text, reasoning: null, tool_calls: [] },
-      usage: { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0 },
-      latency_ms: 1,
-    });
+    const rec = (sid: string, seq: number, text: string) => smallRecord(sid, seq, `${sid}-${seq}`, text);
     const sids = ["h-a", "h-b", "h-c", "h-big"];
     for (const sid of sids) await store.create(sid, session(sid), hashToken("t"), assignment, "0:0", new Date());
     for (let round = 0; round < 6; round++) {
@@ -235,11 +223,11 @@ describe("SessionStore", () => {
         // Every other round leaves a hole (a call still pending) filled a round later.
         if (round % 2 === 0 || sid === "h-b") {
           const r = rec(sid, seq, sid === "h-big" ? "y".repeat(600) : `answer ${seq}`);
-          await store.appendRecord(r, { id: r.id, seq, message: r.message, finish_reason: "stop", message_count: 1, conversation_key: `k${seq}` });
+          await appendWithHead(store, r);
         }
         if (round % 2 === 0 && round > 0 && sid !== "h-b") {
           const r = rec(sid, seq - 1, `late ${seq - 1}`);
-          await store.appendRecord(r, { id: r.id, seq: seq - 1, message: r.message, finish_reason: "stop", message_count: 1, conversation_key: `k${seq - 1}` });
+          await appendWithHead(store, r);
         }
         expect(await store.recordHeads(sid)).toEqual(await fresh(sid));
       }
@@ -290,26 +278,8 @@ describe("SessionStore", () => {
     const a = new SessionStore(redis, p);
     const b = new SessionStore(redis, p);
     const fresh = () => new SessionStore(redis, p).recordHeads("s-h");
-    const rec = (seq: number, tag: string): CompletionRecord => ({
-      id: `${tag}${seq}`,
-      session_id: "s-h",
-      seq,
-      created_at: new Date().toISOString(),
-      protocol: "openai_chat",
-      engine: "http://e",
-      dp_rank: 0,
-      weight_version: null,
-      request: { messages: [{ role: "user", content: "x" }], sampling: {} },
-      prompt_ids: [1],
-      output_ids: [2],
-      output_logprobs: [-1],
-      finish_reason: "stop",
-      message: { content: `answer ${tag}${seq}`, reasoning: null, tool_calls: [] },
-      usage: { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0 },
-      latency_ms: 1,
-    });
-    const append = (store: SessionStore, r: CompletionRecord) =>
-      store.appendRecord(r, { id: r.id, seq: r.seq, message: r.message, finish_reason: r.finish_reason, message_count: 1, conversation_key: `k${r.seq}` });
+    const rec = (seq: number, tag: string) => smallRecord("s-h", seq, `${tag}${seq}`, `answer ${tag}${seq}`);
+    const append = appendWithHead;
     const ids = async (store: SessionStore) => (await store.recordHeads("s-h")).map((h) => h.id);
 
     await a.create("s-h", session("s-h"), hashToken("t"), assignment, "0:0", new Date());
