@@ -156,7 +156,9 @@ describe("pause, resume and weight versions", () => {
     expect(st.finishes).toEqual(["stop"]);
     expect(st.usage?.completion_tokens).toBe(60);
 
-    const recs = (await a(`/v1/sessions/${s.id}/completions`)).body.completions as CompletionRecord[];
+    // An open session's readers wait only for their own replica's record writes (docs/architecture.md):
+    // the stream's record is written by B just after its last event, so A may read before it lands.
+    const recs = await poll(async () => (await a(`/v1/sessions/${s.id}/completions`)).body.completions as CompletionRecord[], (r) => r.length >= 2, 2_000, 20);
     expect(recs).toHaveLength(2);
     const tok = getTokenizer();
     for (const r of recs) {
