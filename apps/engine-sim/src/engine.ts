@@ -188,6 +188,7 @@ export class Engine {
   private finish(g: Generation, wasRunning: boolean): void {
     if (!this.active.delete(g)) return;
     const rank = g.rank;
+    if (g.outcome === "client") rank.clientClosed++;
     if (wasRunning) {
       rank.running--;
       rank.served++;

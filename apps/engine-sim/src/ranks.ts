@@ -60,6 +60,8 @@ export class PrefixCache {
 
 export class Rank {
   served = 0;
+  /** Admitted generations that ended because their client went away (closed its stream or request). */
+  clientClosed = 0;
   running = 0;
   /** Requests admitted to the rank but waiting for a batch slot (or retracted by a pause). */
   waiting = 0;
