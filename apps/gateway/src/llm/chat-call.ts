@@ -23,7 +23,7 @@ import { adapterFor, type EngineAdapter } from "../engines/adapter.js";
 import { SGLANG_GENERATE_ENGINE_PARSED, cutContinuationRoute, historyRoute, parseAnswer, type TokenInCall, type TokenInRoute } from "../engines/token-in.js";
 import { engineTokenizer } from "../engines/tokenizer.js";
 import type { EngineCall } from "../engines/call.js";
-import { planContinuation, type ContinuationMode } from "./continuation.js";
+import { expectsChatRoute, planContinuation, type ContinuationMode } from "./continuation.js";
 import { HistoryNormalizer } from "./history-normalizer.js";
 import type { PendingCalls } from "./pending-calls.js";
 import { addCut, continuationPrompt, continuationRequest, joinContinuation, type CutGeneration } from "./pause-continuation.js";
@@ -65,7 +65,15 @@ export interface PreparedCall {
   tokenIn: { route: TokenInRoute; promptIds: number[]; maxModelLen: number | null; base: number | null } | null;
   /** A branch's replayed call: the source session's record that answers it (no engine call). */
   replay?: CompletionRecord;
+  /**
+   * Set while the call's continuation plan is still being made and the call goes to the chat
+   * route meanwhile (its engine's last plan kept the chat route): the engine's answer is held until
+   * the plan is known; a token-in plan aborts that engine call and the call goes token-in instead.
+   */
+  planning?: Promise<PreparedCall["tokenIn"]>;
 }
+
+type TokenIn = PreparedCall["tokenIn"];
 
 /**
  * One agent LLM call, whatever the client protocol: apply the session's limits and sampling,
@@ -190,9 +198,14 @@ export class ChatCaller {
     const viaGenerate = pauseMode === "in_place" && !guided && !chatStamps;
     if (pauseMode === "keep" || viaGenerate || chatStamps) engineCall.stamp = () => this.deps.pause.weights;
     if (caps?.streamedIds) engineCall.streamedIds = true;
-    let tokenIn = history ? await this.restoreAndPlan(engineCall, history, session.id, seq, caps) : null;
+    const replayed = !!session.replay && seq < session.replay.calls;
+    const planned = history ? await this.restoreAndPlan(engineCall, history, session.id, seq, caps, !replayed && !viaGenerate) : null;
+    if (planned && "planning" in planned) {
+      return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), engineCall, tokenIn: null, planning: planned.planning };
+    }
+    let tokenIn = planned;
     // A branch's replayed call, compared as the engine would have been asked (echoed turns restored and normalised).
-    if (session.replay && seq < session.replay.calls) {
+    if (replayed) {
       const replay = await this.replaySource(session, seq, engineCall.request);
       return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), engineCall, tokenIn: null, replay };
     }
@@ -230,6 +243,9 @@ export class ChatCaller {
    * re-renders faithfully (learned empirically where the profile asks for it), then the call is
    * planned: continued token-in from a recorded call's own ids, or left to the engine to render.
    * Planning never fails a call: anything that goes wrong falls back to rendering.
+   *
+   * `overlap`: the call may go to the chat route before its plan is made. It does (`planning` is
+   * returned) when the plan has renders to wait for and this engine's last plan kept the chat route.
    */
   private async restoreAndPlan(
     call: EngineCall,
@@ -237,7 +253,8 @@ export class ChatCaller {
     sid: string,
     seq: number,
     caps: Awaited<ReturnType<EngineRegistry["capabilities"]>> | null,
-  ): Promise<PreparedCall["tokenIn"]> {
+    overlap: boolean,
+  ): Promise<TokenIn | { planning: Promise<TokenIn> }> {
     const profile = call.target.profile;
     const restored = history.producers.flatMap((p, i) => (p ? [i] : []));
     const mode = this.deps.continuation ?? "auto";
@@ -262,7 +279,7 @@ export class ChatCaller {
       if (mode === "render") return null;
       const chosen = caps ? historyRoute(call.target.engine.kind, caps, profile) : { route: null, why: "the engine's capabilities are not known yet" };
       const extended = found ? { record: found.record, index: found.index, full: readFull(found.record.seq) } : null;
-      const outcome = await planContinuation({
+      const planning = planContinuation({
         mode,
         route: chosen.route,
         ...(chosen.route ? {} : { noRoute: chosen.why }),
@@ -270,18 +287,32 @@ export class ChatCaller {
         call,
         request: call.request,
         extended,
-      });
-      if (!outcome.plan || !chosen.route) {
-        this.deps.log.debug({ session: sid, seq, why: outcome.plan ? "no route" : outcome.why }, "call rendered by the engine");
-        return null;
+      }).then(
+        (outcome): TokenIn => {
+          if (!outcome.plan || !chosen.route) {
+            this.deps.log.debug({ session: sid, seq, why: outcome.plan ? "no route" : outcome.why }, "call rendered by the engine");
+            return null;
+          }
+          this.deps.log.debug({ session: sid, seq, base: outcome.plan.base.seq, diverges_at: outcome.plan.divergesAt, route: chosen.route.name }, "call continues token-in");
+          return { route: chosen.route, promptIds: outcome.plan.promptIds, maxModelLen: outcome.plan.maxModelLen, base: outcome.plan.base.seq };
+        },
+        (err: unknown) => this.planFailed(call, sid, seq, err),
+      );
+      if (overlap && mode === "auto" && chosen.route && extended && expectsChatRoute(call)) {
+        // Awaited where the engine's answer is held (answer()); a call that ends before never reads it.
+        planning.catch(() => undefined);
+        return { planning };
       }
-      this.deps.log.debug({ session: sid, seq, base: outcome.plan.base.seq, diverges_at: outcome.plan.divergesAt, route: chosen.route.name }, "call continues token-in");
-      return { route: chosen.route, promptIds: outcome.plan.promptIds, maxModelLen: outcome.plan.maxModelLen, base: outcome.plan.base.seq };
+      return await planning;
     } catch (err) {
-      if (call.signal.aborted) throw err;
-      this.deps.log.warn({ session: sid, seq, err: (err as Error).message }, "token-in planning failed; the engine renders this call");
-      return null;
+      return this.planFailed(call, sid, seq, err);
     }
+  }
+
+  private planFailed(call: EngineCall, sid: string, seq: number, err: unknown): null {
+    if (call.signal.aborted) throw err;
+    this.deps.log.warn({ session: sid, seq, err: (err as Error).message }, "token-in planning failed; the engine renders this call");
+    return null;
   }
 
   /** The engine call of a prepared call: token-in when planned, else the adapter's chat route. */
@@ -367,9 +398,28 @@ export class ChatCaller {
       let yielded = false;
       let heldFinish = false;
       let piece: EngineResult | null = null;
-      const events = this.attempt(call, cut, slot.signal, streamed);
+      // A call whose plan is still being made goes to the chat route now, on a signal of its own.
+      const planning = call.planning;
+      call.planning = undefined;
+      const speculative = planning ? new AbortController() : null;
+      const events = this.attempt(call, cut, speculative ? AbortSignal.any([slot.signal, speculative.signal]) : slot.signal, streamed);
       try {
-        for (let next = await events.next(); ; next = await events.next()) {
+        const first = events.next();
+        if (planning) {
+          // Its first event (or whole answer) waits for the plan; a token-in plan drops it all:
+          // the engine call is aborted, nothing of it is shown or recorded, and the call is sent
+          // token-in (under another request id: the engine may not have let go of this one yet).
+          first.catch(() => undefined);
+          const tokenIn = await planning;
+          if (tokenIn) {
+            speculative!.abort();
+            await first.catch(() => undefined);
+            call.tokenIn = tokenIn;
+            call.engineCall = { ...call.engineCall, requestId: `${call.engineCall.requestId}-ti` };
+            continue;
+          }
+        }
+        for (let next = await first; ; next = await events.next()) {
           if (next.done) {
             piece = next.value;
             break;

@@ -111,6 +111,16 @@ function markerKey(call: TokenizeCall): string {
 const lastNeededA = new Map<string, boolean>();
 
 /**
+ * Whether this engine key's last auto-mode plan found the history reproduced (the call went to the
+ * chat route): a call of this key is then sent to the chat route while its plan is still being
+ * made (chat-call.ts). Unknown keys and keys whose last plan continued token-in are not, so a
+ * template that never reproduces (Qwen3 with thinking off) does not pay an aborted engine call.
+ */
+export function expectsChatRoute(call: TokenizeCall): boolean {
+  return lastNeededA.get(markerKey(call)) === false;
+}
+
+/**
  * Per engine key and sentinel role: what followed the history's end of turn in the last checked
  * pair of sentinel renders (B1's tokens after `e`: the sentinel's turn, the generation prompt).
  */

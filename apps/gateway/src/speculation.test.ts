@@ -1,0 +1,192 @@
+/**
+ * A multi-turn call is sent to the engine's chat route while its continuation plan is still being
+ * made, when its engine's last plan kept the chat route (chat-call.ts `planning`). The gateway runs
+ * in-process (Fastify inject) against an engine-sim on a real port (real Qwen3 tokenizer and
+ * template, scripted by `#sim:`, a 150 ms first token so an engine call is still running when its
+ * plan is known) on the real Redis. The sim's /sim/stats counts requests whose client went away.
+ */
+import { randomUUID } from "node:crypto";
+import type { CompletionRecord, Trajectory } from "@rollgate/protocol";
+import { buildEngineSim, getTokenizer } from "@rollgate/engine-sim";
+import type { FastifyInstance } from "fastify";
+import { Redis } from "ioredis";
+import { pino } from "pino";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { buildGateway } from "./app.js";
+import { GatewayEnv } from "./env.js";
+
+const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
+const prefixes: string[] = [];
+const apps: FastifyInstance[] = [];
+let sim: FastifyInstance;
+let simUrl: string;
+
+async function gateway(mode: "auto" | "render" | "token_in"): Promise<FastifyInstance> {
+  const prefix = `test-spec-${randomUUID().slice(0, 8)}`;
+  prefixes.push(prefix);
+  const env = GatewayEnv.parse({
+    REDIS_URL,
+    ROLLGATE_KEY_PREFIX: prefix,
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: simUrl, dp_size: 1, profile: "qwen3" }]),
+    ROLLGATE_HEALTH_INTERVAL_S: "0",
+    ROLLGATE_CONTINUATION: mode,
+  });
+  const app = await buildGateway({ env, logger: pino({ level: "silent" }) });
+  apps.push(app);
+  return app;
+}
+
+beforeAll(async () => {
+  sim = buildEngineSim({ dpSize: 1, model: "Qwen/Qwen3-8B", ttftMs: 150 });
+  await sim.listen({ port: 0, host: "127.0.0.1" });
+  const addr = sim.server.address();
+  simUrl = `http://127.0.0.1:${typeof addr === "object" && addr ? addr.port : 0}`;
+});
+
+afterAll(async () => {
+  for (const app of apps) await app.close();
+  await sim.close();
+  const redis = new Redis(REDIS_URL);
+  for (const p of prefixes) {
+    const found = [...(await redis.keys(`${p}:*`)), ...(await redis.keys(`{${p}:*`))];
+    if (found.length) await redis.del(...found);
+  }
+  redis.disconnect();
+});
+
+/** Requests the sim admitted whose client went away (the gateways' own probes of the engine are never closed early). */
+async function simClosed(): Promise<number> {
+  const stats = (await (await fetch(`${simUrl}/sim/stats`)).json()) as { ranks: { client_closed: number }[] };
+  return stats.ranks[0]!.client_closed;
+}
+
+const TOOLS = [{ type: "function", function: { name: "shell", description: "Run a shell command", parameters: { type: "object", properties: { command: { type: "string" } } } } }];
+
+interface Step {
+  think: string;
+  text?: string;
+  tool_calls?: { name: string; arguments: Record<string, unknown> }[];
+}
+
+interface Answer {
+  content: string | null;
+  reasoning: string | null;
+  tool_calls: { id: string; function: { name: string; arguments: string } }[];
+}
+
+/** An OpenAI chat SSE answer read back into one message. */
+function fromSse(payload: string): Answer {
+  let content = "";
+  let reasoning = "";
+  const calls: Answer["tool_calls"] = [];
+  for (const line of payload.split("\n")) {
+    if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
+    const d = (JSON.parse(line.slice(6)) as { choices: { delta: Record<string, unknown> }[] }).choices[0]?.delta as
+      | { content?: string | null; reasoning?: string | null; tool_calls?: { index: number; id?: string; function?: { name?: string; arguments?: string } }[] }
+      | undefined;
+    if (!d) continue;
+    content += d.content ?? "";
+    reasoning += d.reasoning ?? "";
+    for (const t of d.tool_calls ?? []) {
+      const c = (calls[t.index] ??= { id: "", function: { name: "", arguments: "" } });
+      c.id += t.id ?? "";
+      c.function.name += t.function?.name ?? "";
+      c.function.arguments += t.function?.arguments ?? "";
+    }
+  }
+  return { content: content || null, reasoning: reasoning || null, tool_calls: calls };
+}
+
+/**
+ * A thinking-on agent that echoes its reasoning back: one script per user query. Returns how many
+ * engine requests were closed early during each call, with the session's answers, records and trajectory.
+ */
+async function runAgent(app: FastifyInstance, scripts: Step[][], stream: boolean) {
+  const s = (await app.inject({ method: "POST", url: "/v1/sessions", payload: {} })).json() as { id: string; token: string };
+  const messages: Record<string, unknown>[] = [{ role: "system", content: "You are a careful agent." }];
+  const answers: Answer[] = [];
+  const closedPerCall: number[] = [];
+  for (let turn = 0; turn < scripts.length; turn++) {
+    messages.push({ role: "user", content: `Task part ${turn + 1}.\n#sim: ${JSON.stringify(scripts[turn])}` });
+    for (;;) {
+      const before = await simClosed();
+      const res = await app.inject({
+        method: "POST",
+        url: `/s/${s.id}/v1/chat/completions`,
+        headers: { authorization: `Bearer ${s.token}` },
+        payload: { model: "agent", messages, tools: TOOLS, stream, chat_template_kwargs: { enable_thinking: true } },
+      });
+      expect(res.statusCode, res.body).toBe(200);
+      closedPerCall.push((await simClosed()) - before);
+      const answer = stream ? fromSse(res.body) : (res.json().choices[0].message as Answer);
+      answers.push({ content: answer.content ?? null, reasoning: answer.reasoning ?? null, tool_calls: answer.tool_calls ?? [] });
+      messages.push({
+        role: "assistant",
+        content: answer.content ?? null,
+        reasoning: answer.reasoning,
+        ...(answer.tool_calls?.length ? { tool_calls: answer.tool_calls.map((t) => ({ id: t.id, type: "function", function: t.function })) } : {}),
+      });
+      if (!answer.tool_calls?.length) break;
+      for (const t of answer.tool_calls) messages.push({ role: "tool", tool_call_id: t.id, content: `result of ${t.function.arguments}` });
+    }
+  }
+  const records = ((await app.inject({ url: `/v1/sessions/${s.id}/completions` })).json() as { completions: CompletionRecord[] }).completions;
+  const trajectory = (await app.inject({ url: `/v1/sessions/${s.id}/trajectory` })).json() as Trajectory;
+  return { answers, records, trajectory, closedPerCall };
+}
+
+/** What a record says of the call, without its ids, timings and the engine's prefix-cache hits (the sim's cache is shared by every run). */
+const strip = (r: CompletionRecord) => ({
+  seq: r.seq,
+  prompt_ids: r.prompt_ids,
+  output_ids: r.output_ids,
+  output_logprobs: r.output_logprobs,
+  finish_reason: r.finish_reason,
+  usage: { prompt_tokens: r.usage.prompt_tokens, completion_tokens: r.usage.completion_tokens },
+  message: { ...r.message, tool_calls: r.message.tool_calls.map((t) => t.function) },
+  request: r.request.messages.map((m) => (m.role === "assistant" ? { ...m, tool_calls: m.tool_calls?.map((t) => t.function) } : m.role === "tool" ? m.content : m)),
+});
+const shown = (a: Answer) => ({ content: a.content, reasoning: a.reasoning, tool_calls: a.tool_calls.map((t) => t.function) });
+
+const tool = (think: string): Step => ({ think, tool_calls: [{ name: "shell", arguments: { command: "ls" } }] });
+/** One user query: the echoed history reproduces (Qwen3 keeps the reasoning of the current query's turns). */
+const oneQuery: Step[][] = [[tool("Look first."), { think: "Enough.", text: "There is one file." }]];
+/** Three user queries: from the second on, Qwen3 drops earlier reasoning, and the call continues token-in. */
+const threeQueries: Step[][] = [[tool("Look first."), { think: "Enough.", text: "There is one file." }], [{ think: "More.", text: "Here is more." }], [{ think: "Last.", text: "Done." }]];
+
+describe("a multi-turn call sent to the chat route while its plan is made", () => {
+  it("answers and records as without the overlap; a token-in plan aborts the engine call and records the token-in call; the next call of a token-in engine key is not sent early", async () => {
+    const auto = await gateway("auto");
+    // The engine key's first plan is not overlapped; it finds the history reproduced.
+    const learn = await runAgent(auto, oneQuery, false);
+    expect(learn.closedPerCall).toEqual([0, 0]);
+    // Now the chat route is taken early, and kept: the same answers and records as a gateway that
+    // always lets the engine render, and no engine call closed early.
+    const render = await gateway("render");
+    for (const stream of [false, true]) {
+      const [overlapped, rendered] = [await runAgent(auto, oneQuery, stream), await runAgent(render, oneQuery, stream)];
+      expect(overlapped.closedPerCall).toEqual([0, 0]);
+      expect(overlapped.answers.map(shown)).toEqual(rendered.answers.map(shown));
+      expect(overlapped.records.map(strip)).toEqual(rendered.records.map(strip));
+      expect(overlapped.trajectory.traces).toHaveLength(1);
+    }
+
+    // Three user queries: the call after the second query is sent early (the last plan kept the
+    // chat route), its plan continues token-in: the early engine call is closed, and the token-in
+    // call is the one answered and recorded. The call after the third is not sent early (the last
+    // plan was token-in). Records as a gateway that continues every call token-in (never early).
+    const tokenIn = await gateway("token_in");
+    for (const stream of [false, true]) {
+      const early = await runAgent(auto, threeQueries, stream);
+      const plain = await runAgent(tokenIn, threeQueries, stream);
+      expect(early.closedPerCall).toEqual([0, 0, 1, 0]);
+      expect(plain.closedPerCall).toEqual([0, 0, 0, 0]);
+      expect(early.answers.map(shown)).toEqual(plain.answers.map(shown));
+      expect(early.records.map(strip)).toEqual(plain.records.map(strip));
+      expect(early.trajectory.traces).toHaveLength(1);
+      expect(early.trajectory.stats.failed_calls ?? []).toEqual([]);
+      // The recorded call is the token-in one: its prompt keeps the reasoning the model saw.
+      expect(getTokenizer().decode(early.records[2]!.prompt_ids)).toContain("<think>\nEnough.\n</think>\n\nThere is one file.<|im_end|>\n<|im_start|>user\nTask part 2.");
+    }
+  });
+});
