@@ -38,7 +38,8 @@ import type { GatewayEnv } from "../env.js";
  * the engine's last plan found the history reproduced, B1 alone is asked for first: when it is the
  * recorded tokens followed by exactly what a checked B1/B2 pair had after the history's end of turn
  * (the sentinel's turn and the generation prompt), the pair would find that same place, and the
- * call goes to the chat route without B2.
+ * call goes to the chat route without B2. Where the engine key's last plan kept the chat route,
+ * the call is sent there while the plan is made (chat-call.ts `planning`; `expectsChatRoute`).
  *
  * When is token-in used (ROLLGATE_CONTINUATION): `render` never; `token_in` whenever a base record
  * is found and the checks pass; `auto` (default) only when the engine's rendering of the history
