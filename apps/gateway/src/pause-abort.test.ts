@@ -145,6 +145,40 @@ describe("abort-mode pause on vLLM: calls continue token-in", () => {
     expect(rec!.output_ids).toEqual(reference.record.output_ids.slice(0, 30));
     expect(rec!.continued_after_pause).toBe(1);
   });
+
+  it("a multi-turn call sent to the chat route while its continuation plan is made: cut and continued like any call", async () => {
+    const second = { think: "one file there", text: "There is one file.", tokens: 50 };
+    const opening: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: `list it\n#sim: ${JSON.stringify([{ think: step.think, tool_calls: step.tool_calls }, second])}` }];
+    /** The session's second call (its history reproduces: it goes to the chat route), cut by a pause when `cut`. */
+    const secondCall = async (cut: boolean) => {
+      await admin(h, "/admin/weights", { version: "w1" });
+      const s = await h.openSession();
+      const first = await sdk(h, s).chat.completions.create({ model: "m", messages: opening, tools: TOOLS });
+      const m = first.choices[0]!.message;
+      const history: OpenAI.ChatCompletionMessageParam[] = [
+        ...opening,
+        { role: "assistant", content: m.content, tool_calls: m.tool_calls },
+        { role: "tool", tool_call_id: m.tool_calls![0]!.id, content: "a.txt" },
+      ];
+      const call = sdk(h, s).chat.completions.create({ model: "m", messages: history, tools: TOOLS });
+      if (cut) await pauseMidCall(h, "w2");
+      const res = await call;
+      return { message: res.choices[0]!.message as OpenAI.ChatCompletionMessage & { reasoning?: string }, records: await h.records(s.id) };
+    };
+    // The first session teaches the gateway that this engine's histories reproduce; the second and
+    // third sessions' second calls go to the engine before their plans are made.
+    await secondCall(false);
+    const uncut = await secondCall(false);
+    const got = await secondCall(true);
+    expect(got.message.content).toContain("There is one file.");
+    expect({ content: got.message.content, reasoning: got.message.reasoning }).toEqual({ content: uncut.message.content, reasoning: uncut.message.reasoning });
+    expect(got.records).toHaveLength(2);
+    const [rec, ref] = [got.records[1]!, uncut.records[1]!];
+    expect(rec).toMatchObject({ continued_after_pause: 1, weight_version: "w2", finish_reason: "stop" });
+    expect(rec.prompt_ids).toEqual(ref.prompt_ids);
+    expect(rec.output_ids).toEqual(ref.output_ids);
+    expect(new Set(rec.output_weight_versions)).toEqual(new Set(["w1", "w2"]));
+  });
 });
 
 describe("abort-mode pause when the call's rank goes down during the pause", () => {
