@@ -66,11 +66,12 @@ export interface PreparedCall {
   /** A branch's replayed call: the source session's record that answers it (no engine call). */
   replay?: CompletionRecord;
   /**
-   * Set while the call's continuation plan is still being made and the call goes to the chat
-   * route meanwhile (its engine's last plan kept the chat route): the engine's answer is held until
-   * the plan is known; a token-in plan aborts that engine call and the call goes token-in instead.
+   * Set when the call goes to the chat route before its continuation plan is made (its engine's
+   * last plan kept the chat route): starts the plan, once the engine call is sent. The engine's
+   * answer is held until the plan is known; a token-in plan aborts that engine call and the call
+   * goes token-in instead.
    */
-  planning?: Promise<PreparedCall["tokenIn"]>;
+  planning?: () => Promise<PreparedCall["tokenIn"]>;
 }
 
 type TokenIn = PreparedCall["tokenIn"];
@@ -254,7 +255,7 @@ export class ChatCaller {
     seq: number,
     caps: Awaited<ReturnType<EngineRegistry["capabilities"]>> | null,
     overlap: boolean,
-  ): Promise<TokenIn | { planning: Promise<TokenIn> }> {
+  ): Promise<TokenIn | { planning: () => Promise<TokenIn> }> {
     const profile = call.target.profile;
     const restored = history.producers.flatMap((p, i) => (p ? [i] : []));
     const mode = this.deps.continuation ?? "auto";
@@ -279,31 +280,30 @@ export class ChatCaller {
       if (mode === "render") return null;
       const chosen = caps ? historyRoute(call.target.engine.kind, caps, profile) : { route: null, why: "the engine's capabilities are not known yet" };
       const extended = found ? { record: found.record, index: found.index, full: readFull(found.record.seq) } : null;
-      const planning = planContinuation({
-        mode,
-        route: chosen.route,
-        ...(chosen.route ? {} : { noRoute: chosen.why }),
-        tokenizer: engineTokenizer,
-        call,
-        request: call.request,
-        extended,
-      }).then(
-        (outcome): TokenIn => {
-          if (!outcome.plan || !chosen.route) {
-            this.deps.log.debug({ session: sid, seq, why: outcome.plan ? "no route" : outcome.why }, "call rendered by the engine");
-            return null;
-          }
-          this.deps.log.debug({ session: sid, seq, base: outcome.plan.base.seq, diverges_at: outcome.plan.divergesAt, route: chosen.route.name }, "call continues token-in");
-          return { route: chosen.route, promptIds: outcome.plan.promptIds, maxModelLen: outcome.plan.maxModelLen, base: outcome.plan.base.seq };
-        },
-        (err: unknown) => this.planFailed(call, sid, seq, err),
-      );
-      if (overlap && mode === "auto" && chosen.route && extended && expectsChatRoute(call)) {
-        // Awaited where the engine's answer is held (answer()); a call that ends before never reads it.
-        planning.catch(() => undefined);
-        return { planning };
-      }
-      return await planning;
+      const plan = () =>
+        planContinuation({
+          mode,
+          route: chosen.route,
+          ...(chosen.route ? {} : { noRoute: chosen.why }),
+          tokenizer: engineTokenizer,
+          call,
+          request: call.request,
+          extended,
+        }).then(
+          (outcome): TokenIn => {
+            if (!outcome.plan || !chosen.route) {
+              this.deps.log.debug({ session: sid, seq, why: outcome.plan ? "no route" : outcome.why }, "call rendered by the engine");
+              return null;
+            }
+            this.deps.log.debug({ session: sid, seq, base: outcome.plan.base.seq, diverges_at: outcome.plan.divergesAt, route: chosen.route.name }, "call continues token-in");
+            return { route: chosen.route, promptIds: outcome.plan.promptIds, maxModelLen: outcome.plan.maxModelLen, base: outcome.plan.base.seq };
+          },
+          (err: unknown) => this.planFailed(call, sid, seq, err),
+        );
+      // Made after the engine call is sent (answer()): the engine takes the call first, and its
+      // prefill runs while the plan's render is made.
+      if (overlap && mode === "auto" && chosen.route && extended && expectsChatRoute(call)) return { planning: plan };
+      return await plan();
     } catch (err) {
       return this.planFailed(call, sid, seq, err);
     }
@@ -410,7 +410,7 @@ export class ChatCaller {
           // the engine call is aborted, nothing of it is shown or recorded, and the call is sent
           // token-in (under another request id: the engine may not have let go of this one yet).
           first.catch(() => undefined);
-          const tokenIn = await planning;
+          const tokenIn = await planning();
           if (tokenIn) {
             speculative!.abort();
             await first.catch(() => undefined);
