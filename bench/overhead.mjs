@@ -77,6 +77,9 @@ export async function run({ quick = false, profile = !quick } = {}) {
   // BENCH_TPOT_MS=<ms>: the engine streams its tokens this far apart (default 0: all at once), so
   // each token reaches the gateway as its own chunk, as from a real engine.
   const tpotMs = env.BENCH_TPOT_MS ? Number(env.BENCH_TPOT_MS) : 0;
+  // BENCH_NODE_ARGS="<flags>": node flags for this checkout's gateway only, not the _ab one (a V8
+  // flag measured side by side: BENCH_AB_ROOT=<this checkout> runs the same build without it).
+  const nodeArgs = env.BENCH_NODE_ARGS ? env.BENCH_NODE_ARGS.split(/\s+/).filter(Boolean) : [];
   const maxConc = Math.max(...cfg.conc);
   const prefix = uniquePrefix("overhead");
   /** @type {import("./lib/procs.mjs").Child[]} */
@@ -89,7 +92,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
     const [proxy, portkey, gateway, gatewayAb] = await Promise.all([
       startFastifyProxy(engine.ready),
       startPortkey(),
-      startGateway({ prefix, engineUrl: engine.ready }),
+      startGateway({ prefix, engineUrl: engine.ready, nodeArgs }),
       abRoot ? startGateway({ prefix: `${prefix}-ab`, engineUrl: engine.ready, root: abRoot }) : null,
     ]);
     procs.push(proxy, portkey, gateway);
