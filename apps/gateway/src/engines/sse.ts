@@ -39,7 +39,11 @@ class SseJsonReader implements AsyncIterableIterator<unknown> {
     body.on("error", (err) => this.close(err));
     body.on("end", () => this.close(null));
     // Destroyed without an error and before its end (what a for-await over the body would throw).
-    body.on("close", () => this.close(Object.assign(new Error("Premature close"), { code: "ERR_STREAM_PREMATURE_CLOSE" })));
+    // The error is made only then: every body closes after its end too, and an Error's stack
+    // capture on each engine call was 1.6% of the gateway's CPU samples.
+    body.on("close", () => {
+      if (!this.closed) this.close(Object.assign(new Error("Premature close"), { code: "ERR_STREAM_PREMATURE_CLOSE" }));
+    });
     body.on("data", (piece: Buffer) => {
       if (this.closed) return;
       let text = this.decoder.write(piece);
