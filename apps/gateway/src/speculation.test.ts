@@ -190,3 +190,58 @@ describe("a multi-turn call sent to the chat route while its plan is made", () =
     }
   });
 });
+
+/** An agent run one call at a time (`step`), so two sessions' calls can be interleaved on one gateway. */
+function stepper(app: FastifyInstance, scripts: Step[][]) {
+  let s: { id: string; token: string } | null = null;
+  const messages: Record<string, unknown>[] = [{ role: "system", content: "You are a careful agent." }];
+  let turn = 0;
+  let asked = false;
+  const closedPerCall: number[] = [];
+  return {
+    closedPerCall,
+    /** One call; false once the last query is answered. */
+    async step(): Promise<boolean> {
+      s ??= (await app.inject({ method: "POST", url: "/v1/sessions", payload: {} })).json() as { id: string; token: string };
+      if (!asked) {
+        messages.push({ role: "user", content: `Task part ${turn + 1}.\n#sim: ${JSON.stringify(scripts[turn])}` });
+        asked = true;
+      }
+      const before = await simClosed();
+      const res = await app.inject({
+        method: "POST",
+        url: `/s/${s.id}/v1/chat/completions`,
+        headers: { authorization: `Bearer ${s.token}` },
+        payload: { model: "agent", messages, tools: TOOLS, chat_template_kwargs: { enable_thinking: true } },
+      });
+      expect(res.statusCode, res.body).toBe(200);
+      closedPerCall.push((await simClosed()) - before);
+      const answer = res.json().choices[0].message as Answer;
+      messages.push({ role: "assistant", content: answer.content ?? null, reasoning: answer.reasoning, ...(answer.tool_calls?.length ? { tool_calls: answer.tool_calls.map((t) => ({ id: t.id, type: "function", function: t.function })) } : {}) });
+      if (answer.tool_calls?.length) {
+        for (const t of answer.tool_calls) messages.push({ role: "tool", tool_call_id: t.id, content: `result of ${t.function.arguments}` });
+        return true;
+      }
+      asked = false;
+      return ++turn < scripts.length;
+    },
+  };
+}
+
+describe("two sessions of one engine key, their calls interleaved", () => {
+  it("a session whose last plan continued token-in is not sent to the chat route early, whatever another session's last plan was", async () => {
+    const auto = await gateway("auto");
+    // A: three user queries (token-in from the second on); B: one query, every history reproduces.
+    const a = stepper(auto, threeQueries);
+    const b = stepper(auto, [[tool("One."), tool("Two."), tool("Three."), { think: "Done.", text: "All read." }]]);
+    let more = true;
+    while (more) {
+      more = await a.step();
+      if (more) await b.step();
+    }
+    // A's call after the second query is sent early (its own last plan kept the chat route) and
+    // aborted; its call after the third is not sent early, though B's plan just before kept the chat route.
+    expect(a.closedPerCall).toEqual([0, 0, 1, 0]);
+    expect(b.closedPerCall.every((n) => n === 0)).toBe(true);
+  });
+});

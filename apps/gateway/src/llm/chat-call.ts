@@ -108,6 +108,14 @@ export class ChatCaller {
   readonly normalizer = new HistoryNormalizer();
 
   /**
+   * Per session: whether its last planned call kept the chat route. It decides whether the next
+   * call goes there before its plan is made: a session's histories keep reproducing, or keep
+   * diverging, while the engine key's last plan (`expectsChatRoute`, the fallback) flips with
+   * whichever of its concurrent sessions planned last. Bounded: past the cap it starts over.
+   */
+  private readonly keptChat = new Map<string, boolean>();
+
+  /**
    * `takenSeq`: the call's sequence number when the route took it already (with its session read);
    * `heads`: the session's record heads when the route read them with the session.
    */
@@ -300,10 +308,17 @@ export class ChatCaller {
           },
           (err: unknown) => this.planFailed(call, sid, seq, err),
         );
+      const planAndNote = () =>
+        plan().then((tokenIn) => {
+          if (this.keptChat.size >= 4096 && !this.keptChat.has(sid)) this.keptChat.clear();
+          this.keptChat.set(sid, tokenIn === null);
+          return tokenIn;
+        });
       // Made after the engine call is sent (answer()): the engine takes the call first, and its
       // prefill runs while the plan's render is made.
-      if (overlap && mode === "auto" && chosen.route && extended && expectsChatRoute(call)) return { planning: plan };
-      return await plan();
+      if (!chosen.route || !extended) return await plan();
+      if (overlap && mode === "auto" && (this.keptChat.get(sid) ?? expectsChatRoute(call))) return { planning: planAndNote };
+      return await planAndNote();
     } catch (err) {
       return this.planFailed(call, sid, seq, err);
     }
