@@ -230,6 +230,8 @@ describe("abort-mode pause while a call sent early to the chat route waits for i
     expect(uncut.closedEarly).toBe(1);
     // Paused as soon as the call holds its slot: its plan (two 300 ms renders) is not known yet.
     const got = await session(async () => {
+      // (The in-flight count Redis holds is reported within 20 ms: the previous call's is gone by then.)
+      await new Promise((r) => setTimeout(r, 60));
       while (((await (await fetch(`${h.url}/admin/inference`)).json()) as { inflight: number }).inflight < 1) await new Promise((r) => setTimeout(r, 5));
       return pauseMidCall(h, "w2", 0);
     }, stream);
