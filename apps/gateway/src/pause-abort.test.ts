@@ -181,11 +181,15 @@ describe("abort-mode pause on vLLM: calls continue token-in", () => {
   });
 });
 
-describe("abort-mode pause while a call sent early to the chat route waits for its plan, which turns token-in", () => {
+// Cut (a vLLM without `/pause?mode=keep`) or frozen in place (one with it, engine-sim's default release).
+describe.each([
+  ["cut", NO_KEEP],
+  ["frozen", undefined],
+])("abort-mode pause (the early call %s) while a call sent early to the chat route waits for its plan, which turns token-in", (_how, vllmVersion) => {
   let h: Harness;
   // A slow /tokenize (300 ms a render): the pause lands while the plan is still being made.
   beforeAll(async () => {
-    h = await startHarness("pause-abort-plan", { tpotMs: 20, vllmVersion: NO_KEEP, tokenizeMs: 300 });
+    h = await startHarness("pause-abort-plan", { tpotMs: 20, tokenizeMs: 300, ...(vllmVersion ? { vllmVersion } : {}) });
   });
   afterAll(async () => h?.close());
 
@@ -224,7 +228,7 @@ describe("abort-mode pause while a call sent early to the chat route waits for i
     return { third, side, closedEarly, records, failed: stats.stats.failed_calls ?? [] };
   }
 
-  it.each([false, true])("streamed %s: the cut early call is dropped; after resume the token-in call answers, on the new weights, recorded once", async (stream) => {
+  it.each([false, true])("streamed %s: the early call is dropped; after resume the token-in call answers, on the new weights, recorded once", async (stream) => {
     const uncut = await session(async () => null, stream);
     // Uncut, the early engine call is closed by the gateway once its plan turns token-in.
     expect(uncut.closedEarly).toBe(1);
