@@ -66,8 +66,8 @@ export interface PreparedCall {
   /** A branch's replayed call: the source session's record that answers it (no engine call). */
   replay?: CompletionRecord;
   /**
-   * Set when the call goes to the chat route before its continuation plan is made (its engine's
-   * last plan kept the chat route): starts the plan, once the engine call is sent. The engine's
+   * Set when the call goes to the chat route before its continuation plan is made (its session's
+   * last plan, or for its first its engine key's, kept the chat route): starts the plan, once the engine call is sent. The engine's
    * answer is held until the plan is known; a token-in plan aborts that engine call and the call
    * goes token-in instead.
    */
@@ -254,7 +254,8 @@ export class ChatCaller {
    * Planning never fails a call: anything that goes wrong falls back to rendering.
    *
    * `overlap`: the call may go to the chat route before its plan is made. It does (`planning` is
-   * returned) when the plan has renders to wait for and this engine's last plan kept the chat route.
+   * returned) when the plan has renders to wait for and the session's last plan (for its first, the
+   * engine key's) kept the chat route.
    */
   private async restoreAndPlan(
     call: EngineCall,
