@@ -41,6 +41,8 @@ export interface EngineSimOptions {
   ttftMs?: number;
   /** Delay between generated tokens, ms. Default 0. */
   tpotMs?: number;
+  /** Delay before a `/tokenize` answer, ms (a loaded API server). Default 0. */
+  tokenizeMs?: number;
   /** `max_model_len`. Default: the family's (Qwen3: 40960). */
   maxModelLen?: number;
   /** Name of the reasoning field in messages and deltas (vLLM renamed it in v0.11/PR #27752). Default "reasoning". */
@@ -80,6 +82,7 @@ export function resolveOptions(o: EngineSimOptions): ResolvedOptions {
     randomTokens: o.randomTokens ?? 24,
     ttftMs: o.ttftMs ?? 0,
     tpotMs: o.tpotMs ?? 0,
+    tokenizeMs: o.tokenizeMs ?? 0,
     maxModelLen: o.maxModelLen ?? family.defaultMaxModelLen,
     reasoningField: o.reasoningField ?? "reasoning",
     returnTokensAsTokenIds: o.returnTokensAsTokenIds ?? false,

@@ -181,6 +181,80 @@ describe("abort-mode pause on vLLM: calls continue token-in", () => {
   });
 });
 
+// Cut (a vLLM without `/pause?mode=keep`) or frozen in place (one with it, engine-sim's default release).
+describe.each([
+  ["cut", NO_KEEP],
+  ["frozen", undefined],
+])("abort-mode pause (the early call %s) while a call sent early to the chat route waits for its plan, which turns token-in", (_how, vllmVersion) => {
+  let h: Harness;
+  // A slow /tokenize (300 ms a render): the pause lands while the plan is still being made.
+  beforeAll(async () => {
+    h = await startHarness("pause-abort-plan", { tpotMs: 20, tokenizeMs: 300, ...(vllmVersion ? { vllmVersion } : {}) });
+  });
+  afterAll(async () => h?.close());
+
+  const first = { think: "look around first", tool_calls: [{ name: "ls", arguments: { path: "." } }] };
+  const scripts = [[first, { think: "one file there", text: "There is one file." }], [{ think: "say more", text: "Here is more about it.", tokens: 40 }]];
+  type Message = OpenAI.ChatCompletionMessage & { reasoning?: string | null };
+  /**
+   * A thinking-on session over two user queries; its third call (after the second query: Qwen3
+   * drops the first query's reasoning, so the plan turns token-in) is sent while `during` runs.
+   */
+  async function session(during: () => Promise<unknown>, stream: boolean) {
+    await admin(h, "/admin/weights", { version: "w1" });
+    const s = await h.openSession();
+    const extra = { chat_template_kwargs: { enable_thinking: true } } as Record<string, unknown>;
+    const messages: OpenAI.ChatCompletionMessageParam[] = [];
+    const ask = async () => {
+      if (!stream) return (await sdk(h, s).chat.completions.create({ model: "m", messages, tools: TOOLS, ...extra })).choices[0]!.message as Message;
+      let reasoning = "";
+      const st = sdk(h, s).chat.completions.stream({ model: "m", messages, tools: TOOLS, ...extra });
+      st.on("chunk", (c) => (reasoning += (c.choices[0]?.delta as { reasoning?: string } | undefined)?.reasoning ?? ""));
+      return { ...(await st.finalChatCompletion()).choices[0]!.message, reasoning } as Message;
+    };
+    const echo = (m: Message) => messages.push({ role: "assistant", content: m.content, reasoning: m.reasoning, ...(m.tool_calls?.length ? { tool_calls: m.tool_calls } : {}) } as OpenAI.ChatCompletionAssistantMessageParam);
+    messages.push({ role: "user", content: `list it\n#sim: ${JSON.stringify(scripts[0])}` });
+    const m1 = await ask();
+    echo(m1);
+    messages.push({ role: "tool", tool_call_id: m1.tool_calls![0]!.id, content: "a.txt" });
+    echo(await ask());
+    messages.push({ role: "user", content: `and then?\n#sim: ${JSON.stringify(scripts[1])}` });
+    const closed = async () => ((await h.sim.inject({ url: "/sim/stats" })).json() as { ranks: { client_closed: number }[] }).ranks[0]!.client_closed;
+    const before = await closed();
+    const [third, side] = await Promise.all([ask(), during()]);
+    const closedEarly = (await closed()) - before;
+    const records = await h.records(s.id);
+    const stats = (await (await fetch(`${h.url}/v1/sessions/${s.id}/trajectory`)).json()) as { stats: { failed_calls?: unknown[] } };
+    return { third, side, closedEarly, records, failed: stats.stats.failed_calls ?? [] };
+  }
+
+  it.each([false, true])("streamed %s: the early call is dropped; after resume the token-in call answers, on the new weights, recorded once", async (stream) => {
+    const uncut = await session(async () => null, stream);
+    // Uncut, the early engine call is closed by the gateway once its plan turns token-in.
+    expect(uncut.closedEarly).toBe(1);
+    // Paused as soon as the call holds its slot: its plan (two 300 ms renders) is not known yet.
+    const got = await session(async () => {
+      // (The in-flight count Redis holds is reported within 20 ms: the previous call's is gone by then.)
+      await new Promise((r) => setTimeout(r, 60));
+      while (((await (await fetch(`${h.url}/admin/inference`)).json()) as { inflight: number }).inflight < 1) await new Promise((r) => setTimeout(r, 5));
+      return pauseMidCall(h, "w2", 0);
+    }, stream);
+    expect(got.side).toMatchObject({ mode: "abort", inflight_at_pause: 1, drained: true });
+    expect({ content: got.third.content, reasoning: got.third.reasoning }).toEqual({ content: uncut.third.content, reasoning: uncut.third.reasoning });
+    expect(got.third.content).toContain("Here is more about it.");
+    expect(got.records).toHaveLength(3);
+    const [rec, ref] = [got.records[2]!, uncut.records[2]!];
+    // The token-in call's prompt keeps the first query's reasoning the model saw.
+    expect(tok.decode(rec.prompt_ids)).toContain("look around first");
+    expect(rec.prompt_ids).toEqual(ref.prompt_ids);
+    expect(rec.output_ids).toEqual(ref.output_ids);
+    expect(rec).toMatchObject({ weight_version: "w2", finish_reason: "stop" });
+    expect(rec.continued_after_pause).toBeUndefined();
+    expect(rec.output_weight_versions).toBeUndefined();
+    expect(got.failed).toEqual([]);
+  });
+});
+
 describe("abort-mode pause when the call's rank goes down during the pause", () => {
   let h: Harness;
   beforeAll(async () => {

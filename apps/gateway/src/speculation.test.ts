@@ -14,6 +14,7 @@ import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildGateway } from "./app.js";
 import { GatewayEnv } from "./env.js";
+import { startHarness } from "./__fixtures__/harness.js";
 
 const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
 const prefixes: string[] = [];
@@ -187,6 +188,110 @@ describe("a multi-turn call sent to the chat route while its plan is made", () =
       expect(early.trajectory.stats.failed_calls ?? []).toEqual([]);
       // The recorded call is the token-in one: its prompt keeps the reasoning the model saw.
       expect(getTokenizer().decode(early.records[2]!.prompt_ids)).toContain("<think>\nEnough.\n</think>\n\nThere is one file.<|im_end|>\n<|im_start|>user\nTask part 2.");
+    }
+  });
+});
+
+/** An agent run one call at a time (`step`), so two sessions' calls can be interleaved on one gateway. */
+function stepper(app: FastifyInstance, scripts: Step[][]) {
+  let s: { id: string; token: string } | null = null;
+  const messages: Record<string, unknown>[] = [{ role: "system", content: "You are a careful agent." }];
+  let turn = 0;
+  let asked = false;
+  const closedPerCall: number[] = [];
+  return {
+    closedPerCall,
+    /** One call; false once the last query is answered. */
+    async step(): Promise<boolean> {
+      s ??= (await app.inject({ method: "POST", url: "/v1/sessions", payload: {} })).json() as { id: string; token: string };
+      if (!asked) {
+        messages.push({ role: "user", content: `Task part ${turn + 1}.\n#sim: ${JSON.stringify(scripts[turn])}` });
+        asked = true;
+      }
+      const before = await simClosed();
+      const res = await app.inject({
+        method: "POST",
+        url: `/s/${s.id}/v1/chat/completions`,
+        headers: { authorization: `Bearer ${s.token}` },
+        payload: { model: "agent", messages, tools: TOOLS, chat_template_kwargs: { enable_thinking: true } },
+      });
+      expect(res.statusCode, res.body).toBe(200);
+      closedPerCall.push((await simClosed()) - before);
+      const answer = res.json().choices[0].message as Answer;
+      messages.push({ role: "assistant", content: answer.content ?? null, reasoning: answer.reasoning, ...(answer.tool_calls?.length ? { tool_calls: answer.tool_calls.map((t) => ({ id: t.id, type: "function", function: t.function })) } : {}) });
+      if (answer.tool_calls?.length) {
+        for (const t of answer.tool_calls) messages.push({ role: "tool", tool_call_id: t.id, content: `result of ${t.function.arguments}` });
+        return true;
+      }
+      asked = false;
+      return ++turn < scripts.length;
+    },
+  };
+}
+
+describe("two sessions of one engine key, their calls interleaved", () => {
+  it("a session whose last plan continued token-in is not sent to the chat route early, whatever another session's last plan was", async () => {
+    const auto = await gateway("auto");
+    // A: three user queries (token-in from the second on); B: one query, every history reproduces.
+    const a = stepper(auto, threeQueries);
+    const b = stepper(auto, [[tool("One."), tool("Two."), tool("Three."), { think: "Done.", text: "All read." }]]);
+    let more = true;
+    while (more) {
+      more = await a.step();
+      if (more) await b.step();
+    }
+    // A's call after the second query is sent early (its own last plan kept the chat route) and
+    // aborted; its call after the third is not sent early, though B's plan just before kept the chat route.
+    expect(a.closedPerCall).toEqual([0, 0, 1, 0]);
+    expect(b.closedPerCall.every((n) => n === 0)).toBe(true);
+  });
+});
+
+describe("an agent that leaves while its call's plan is being made", () => {
+  it("the early engine call is closed, nothing is recorded or noted for it, and the session's next call goes on", async () => {
+    // A slow /tokenize (300 ms a render): the agent leaves while the plan is still pending.
+    const h = await startHarness("spec-leave", { tpotMs: 20, tokenizeMs: 300 });
+    try {
+      const s = await h.openSession();
+      const closed = async () => ((await h.sim.inject({ url: "/sim/stats" })).json() as { ranks: { client_closed: number }[] }).ranks[0]!.client_closed;
+      const post = (messages: Record<string, unknown>[], signal?: AbortSignal) =>
+        fetch(`${h.url}/s/${s.id}/v1/chat/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json", authorization: `Bearer ${s.token}` },
+          body: JSON.stringify({ model: "m", messages, tools: TOOLS, chat_template_kwargs: { enable_thinking: true } }),
+          ...(signal ? { signal } : {}),
+        });
+      const script = [tool("Look first."), tool("Again."), { think: "Enough.", text: "There is one file.", tokens: 40 }];
+      const messages: Record<string, unknown>[] = [{ role: "user", content: `Task.\n#sim: ${JSON.stringify(script)}` }];
+      const echo = async (res: Response) => {
+        expect(res.status).toBe(200);
+        const m = ((await res.json()) as { choices: { message: Answer }[] }).choices[0]!.message;
+        messages.push({ role: "assistant", content: m.content, reasoning: m.reasoning, tool_calls: m.tool_calls });
+        messages.push({ role: "tool", tool_call_id: m.tool_calls[0]!.id, content: "a.txt" });
+      };
+      await echo(await post(messages));
+      // The second call's plan keeps the chat route: the session's third call is sent early.
+      await echo(await post(messages));
+      const before = await closed();
+      const leave = new AbortController();
+      const left = post(messages, leave.signal).catch((err: Error) => err);
+      // Left once the call holds its slot (its engine call sent): its plan (300 ms renders) is not known yet.
+      await new Promise((r) => setTimeout(r, 60));
+      while (((await (await fetch(`${h.url}/admin/inference`)).json()) as { inflight: number }).inflight < 1) await new Promise((r) => setTimeout(r, 5));
+      await new Promise((r) => setTimeout(r, 30));
+      leave.abort();
+      expect(await left).toBeInstanceOf(Error);
+      // The agent asks again: answered, not held behind the call it left.
+      const again = await post(messages, AbortSignal.timeout(10_000));
+      expect(again.status).toBe(200);
+      expect(((await again.json()) as { choices: { message: Answer }[] }).choices[0]!.message.content).toContain("There is one file.");
+      expect((await closed()) - before).toBeGreaterThanOrEqual(1);
+      const records = await h.records(s.id);
+      expect(records.map((r) => r.seq)).toEqual([0, 1, 3]);
+      const trajectory = (await (await fetch(`${h.url}/v1/sessions/${s.id}/trajectory`)).json()) as Trajectory;
+      expect(trajectory.stats.failed_calls ?? []).toEqual([]);
+    } finally {
+      await h.close();
     }
   });
 });

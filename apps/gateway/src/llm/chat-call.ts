@@ -66,8 +66,8 @@ export interface PreparedCall {
   /** A branch's replayed call: the source session's record that answers it (no engine call). */
   replay?: CompletionRecord;
   /**
-   * Set when the call goes to the chat route before its continuation plan is made (its engine's
-   * last plan kept the chat route): starts the plan, once the engine call is sent. The engine's
+   * Set when the call goes to the chat route before its continuation plan is made (its session's
+   * last plan, or for its first its engine key's, kept the chat route): starts the plan, once the engine call is sent. The engine's
    * answer is held until the plan is known; a token-in plan aborts that engine call and the call
    * goes token-in instead.
    */
@@ -106,6 +106,14 @@ export class ChatCaller {
 
   /** What this gateway learned of each engine's template re-rendering of echoed turns. */
   readonly normalizer = new HistoryNormalizer();
+
+  /**
+   * Per session: whether its last planned call kept the chat route. It decides whether the next
+   * call goes there before its plan is made: a session's histories keep reproducing, or keep
+   * diverging, while the engine key's last plan (`expectsChatRoute`, the fallback) flips with
+   * whichever of its concurrent sessions planned last. Bounded: past the cap it starts over.
+   */
+  private readonly keptChat = new Map<string, boolean>();
 
   /**
    * `takenSeq`: the call's sequence number when the route took it already (with its session read);
@@ -246,7 +254,8 @@ export class ChatCaller {
    * Planning never fails a call: anything that goes wrong falls back to rendering.
    *
    * `overlap`: the call may go to the chat route before its plan is made. It does (`planning` is
-   * returned) when the plan has renders to wait for and this engine's last plan kept the chat route.
+   * returned) when the plan has renders to wait for and the session's last plan (for its first, the
+   * engine key's) kept the chat route.
    */
   private async restoreAndPlan(
     call: EngineCall,
@@ -300,10 +309,17 @@ export class ChatCaller {
           },
           (err: unknown) => this.planFailed(call, sid, seq, err),
         );
+      const planAndNote = () =>
+        plan().then((tokenIn) => {
+          if (this.keptChat.size >= 4096 && !this.keptChat.has(sid)) this.keptChat.clear();
+          this.keptChat.set(sid, tokenIn === null);
+          return tokenIn;
+        });
       // Made after the engine call is sent (answer()): the engine takes the call first, and its
       // prefill runs while the plan's render is made.
-      if (overlap && mode === "auto" && chosen.route && extended && expectsChatRoute(call)) return { planning: plan };
-      return await plan();
+      if (!chosen.route || !extended) return await plan();
+      if (overlap && mode === "auto" && (this.keptChat.get(sid) ?? expectsChatRoute(call))) return { planning: planAndNote };
+      return await planAndNote();
     } catch (err) {
       return this.planFailed(call, sid, seq, err);
     }

@@ -38,8 +38,9 @@ import type { GatewayEnv } from "../env.js";
  * the engine's last plan found the history reproduced, B1 alone is asked for first: when it is the
  * recorded tokens followed by exactly what a checked B1/B2 pair had after the history's end of turn
  * (the sentinel's turn and the generation prompt), the pair would find that same place, and the
- * call goes to the chat route without B2. Where the engine key's last plan kept the chat route,
- * the call is sent there while the plan is made (chat-call.ts `planning`; `expectsChatRoute`).
+ * call goes to the chat route without B2. Where the session's last plan (for its first, the
+ * engine key's) kept the chat route, the call is sent there while the plan is made (chat-call.ts
+ * `planning`; `expectsChatRoute`).
  *
  * When is token-in used (ROLLGATE_CONTINUATION): `render` never; `token_in` whenever a base record
  * is found and the checks pass; `auto` (default) only when the engine's rendering of the history
@@ -113,8 +114,8 @@ const lastNeededA = new Map<string, boolean>();
 
 /**
  * Whether this engine key's last auto-mode plan found the history reproduced (the call went to the
- * chat route): a call of this key is then sent to the chat route while its plan is still being
- * made (chat-call.ts). Unknown keys and keys whose last plan continued token-in are not, so a
+ * chat route): a session's first planned call of this key is then sent to the chat route while its
+ * plan is still being made (chat-call.ts; later calls follow the session's own last plan). Unknown keys and keys whose last plan continued token-in are not, so a
  * template that never reproduces (Qwen3 with thinking off) does not pay an aborted engine call.
  */
 export function expectsChatRoute(call: TokenizeCall): boolean {
