@@ -9,14 +9,13 @@ import { randomUUID } from "node:crypto";
 import type { CompletionRecord, Trajectory } from "@rollgate/protocol";
 import { buildEngineSim, getTokenizer } from "@rollgate/engine-sim";
 import type { FastifyInstance } from "fastify";
-import { Redis } from "ioredis";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { dropPrefixes, listenLocal, TEST_REDIS_URL } from "./__fixtures__/harness.js";
 import { buildGateway } from "./app.js";
 import { GatewayEnv } from "./env.js";
 import { startHarness } from "./__fixtures__/harness.js";
 
-const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
 const prefixes: string[] = [];
 const apps: FastifyInstance[] = [];
 let sim: FastifyInstance;
@@ -26,7 +25,7 @@ async function gateway(mode: "auto" | "render" | "token_in"): Promise<FastifyIns
   const prefix = `test-spec-${randomUUID().slice(0, 8)}`;
   prefixes.push(prefix);
   const env = GatewayEnv.parse({
-    REDIS_URL,
+    REDIS_URL: TEST_REDIS_URL,
     ROLLGATE_KEY_PREFIX: prefix,
     ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: simUrl, dp_size: 1, profile: "qwen3" }]),
     ROLLGATE_HEALTH_INTERVAL_S: "0",
@@ -39,20 +38,13 @@ async function gateway(mode: "auto" | "render" | "token_in"): Promise<FastifyIns
 
 beforeAll(async () => {
   sim = buildEngineSim({ dpSize: 1, model: "Qwen/Qwen3-8B", ttftMs: 150 });
-  await sim.listen({ port: 0, host: "127.0.0.1" });
-  const addr = sim.server.address();
-  simUrl = `http://127.0.0.1:${typeof addr === "object" && addr ? addr.port : 0}`;
+  simUrl = await listenLocal(sim);
 });
 
 afterAll(async () => {
   for (const app of apps) await app.close();
   await sim.close();
-  const redis = new Redis(REDIS_URL);
-  for (const p of prefixes) {
-    const found = [...(await redis.keys(`${p}:*`)), ...(await redis.keys(`{${p}:*`))];
-    if (found.length) await redis.del(...found);
-  }
-  redis.disconnect();
+  await dropPrefixes(prefixes);
 });
 
 /** Requests the sim admitted whose client went away (the gateways' own probes of the engine are never closed early). */
