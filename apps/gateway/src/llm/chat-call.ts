@@ -67,9 +67,9 @@ export interface PreparedCall {
   replay?: CompletionRecord;
   /**
    * Set when the call goes to the chat route before its continuation plan is made (its session's
-   * last plan, or for its first its engine key's, kept the chat route): starts the plan, once the engine call is sent. The engine's
-   * answer is held until the plan is known; a token-in plan aborts that engine call and the call
-   * goes token-in instead.
+   * last plan, or for its first its engine key's, kept the chat route): starts the plan, once the
+   * engine call is sent. The engine's answer is held until the plan is known; a token-in plan
+   * aborts that engine call and the call goes token-in instead.
    */
   planning?: () => Promise<PreparedCall["tokenIn"]>;
 }

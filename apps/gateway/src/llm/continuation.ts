@@ -115,8 +115,9 @@ const lastNeededA = new Map<string, boolean>();
 /**
  * Whether this engine key's last auto-mode plan found the history reproduced (the call went to the
  * chat route): a session's first planned call of this key is then sent to the chat route while its
- * plan is still being made (chat-call.ts; later calls follow the session's own last plan). Unknown keys and keys whose last plan continued token-in are not, so a
- * template that never reproduces (Qwen3 with thinking off) does not pay an aborted engine call.
+ * plan is still being made (chat-call.ts; later calls follow the session's own last plan).
+ * Unknown keys and keys whose last plan continued token-in are not, so a template that never
+ * reproduces (Qwen3 with thinking off) does not pay an aborted engine call.
  */
 export function expectsChatRoute(call: TokenizeCall): boolean {
   return lastNeededA.get(markerKey(call)) === false;
