@@ -14,6 +14,7 @@ import { Redis } from "ioredis";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildGateway } from "./app.js";
+import { fromSse, type AssistantAnswer } from "./__fixtures__/openai-sse.js";
 import { GatewayEnv, loadGatewayEnv } from "./env.js";
 
 const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
@@ -86,36 +87,6 @@ interface AgentOptions {
   stream: boolean;
 }
 
-interface AssistantAnswer {
-  content: string | null;
-  reasoning: string | null;
-  tool_calls: { id: string; function: { name: string; arguments: string } }[];
-}
-
-/** Reads an OpenAI chat SSE answer back into one message. */
-function fromSse(payload: string): AssistantAnswer {
-  let content = "";
-  let reasoning: string | null = null;
-  const calls: AssistantAnswer["tool_calls"] = [];
-  for (const line of payload.split("\n")) {
-    if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
-    const chunk = JSON.parse(line.slice(6)) as { error?: unknown; choices: { delta: Record<string, unknown> }[] };
-    if (chunk.error) throw new Error(`stream error: ${JSON.stringify(chunk.error)}`);
-    const d = chunk.choices[0]?.delta as
-      | { content?: string | null; reasoning?: string | null; tool_calls?: { index: number; id?: string; function?: { name?: string; arguments?: string } }[] }
-      | undefined;
-    if (!d) continue;
-    if (d.content) content += d.content;
-    if (d.reasoning) reasoning = (reasoning ?? "") + d.reasoning;
-    for (const t of d.tool_calls ?? []) {
-      const c = (calls[t.index] ??= { id: "", function: { name: "", arguments: "" } });
-      if (t.id) c.id = t.id;
-      if (t.function?.name) c.function.name += t.function.name;
-      if (t.function?.arguments) c.function.arguments += t.function.arguments;
-    }
-  }
-  return { content: content === "" ? null : content, reasoning, tool_calls: calls };
-}
 
 /**
  * A minimal OpenAI-chat agent: calls the model, runs every tool call (the result names the call),

@@ -13,6 +13,7 @@ import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { dropPrefixes, listenLocal, TEST_REDIS_URL } from "./__fixtures__/harness.js";
 import { buildGateway } from "./app.js";
+import { fromSse, type AssistantAnswer } from "./__fixtures__/openai-sse.js";
 import { GatewayEnv } from "./env.js";
 import { startHarness } from "./__fixtures__/harness.js";
 
@@ -61,35 +62,6 @@ interface Step {
   tool_calls?: { name: string; arguments: Record<string, unknown> }[];
 }
 
-interface Answer {
-  content: string | null;
-  reasoning: string | null;
-  tool_calls: { id: string; function: { name: string; arguments: string } }[];
-}
-
-/** An OpenAI chat SSE answer read back into one message. */
-function fromSse(payload: string): Answer {
-  let content = "";
-  let reasoning = "";
-  const calls: Answer["tool_calls"] = [];
-  for (const line of payload.split("\n")) {
-    if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
-    const d = (JSON.parse(line.slice(6)) as { choices: { delta: Record<string, unknown> }[] }).choices[0]?.delta as
-      | { content?: string | null; reasoning?: string | null; tool_calls?: { index: number; id?: string; function?: { name?: string; arguments?: string } }[] }
-      | undefined;
-    if (!d) continue;
-    content += d.content ?? "";
-    reasoning += d.reasoning ?? "";
-    for (const t of d.tool_calls ?? []) {
-      const c = (calls[t.index] ??= { id: "", function: { name: "", arguments: "" } });
-      c.id += t.id ?? "";
-      c.function.name += t.function?.name ?? "";
-      c.function.arguments += t.function?.arguments ?? "";
-    }
-  }
-  return { content: content || null, reasoning: reasoning || null, tool_calls: calls };
-}
-
 /**
  * A thinking-on agent that echoes its reasoning back: one script per user query. Returns how many
  * engine requests were closed early during each call, with the session's answers, records and trajectory.
@@ -97,7 +69,7 @@ function fromSse(payload: string): Answer {
 async function runAgent(app: FastifyInstance, scripts: Step[][], stream: boolean) {
   const s = (await app.inject({ method: "POST", url: "/v1/sessions", payload: {} })).json() as { id: string; token: string };
   const messages: Record<string, unknown>[] = [{ role: "system", content: "You are a careful agent." }];
-  const answers: Answer[] = [];
+  const answers: AssistantAnswer[] = [];
   const closedPerCall: number[] = [];
   for (let turn = 0; turn < scripts.length; turn++) {
     messages.push({ role: "user", content: `Task part ${turn + 1}.\n#sim: ${JSON.stringify(scripts[turn])}` });
@@ -111,7 +83,7 @@ async function runAgent(app: FastifyInstance, scripts: Step[][], stream: boolean
       });
       expect(res.statusCode, res.body).toBe(200);
       closedPerCall.push((await simClosed()) - before);
-      const answer = stream ? fromSse(res.body) : (res.json().choices[0].message as Answer);
+      const answer = stream ? fromSse(res.body) : (res.json().choices[0].message as AssistantAnswer);
       answers.push({ content: answer.content ?? null, reasoning: answer.reasoning ?? null, tool_calls: answer.tool_calls ?? [] });
       messages.push({
         role: "assistant",
@@ -139,7 +111,7 @@ const strip = (r: CompletionRecord) => ({
   message: { ...r.message, tool_calls: r.message.tool_calls.map((t) => t.function) },
   request: r.request.messages.map((m) => (m.role === "assistant" ? { ...m, tool_calls: m.tool_calls?.map((t) => t.function) } : m.role === "tool" ? m.content : m)),
 });
-const shown = (a: Answer) => ({ content: a.content, reasoning: a.reasoning, tool_calls: a.tool_calls.map((t) => t.function) });
+const shown = (a: AssistantAnswer) => ({ content: a.content, reasoning: a.reasoning, tool_calls: a.tool_calls.map((t) => t.function) });
 
 const tool = (think: string): Step => ({ think, tool_calls: [{ name: "shell", arguments: { command: "ls" } }] });
 /** One user query: the echoed history reproduces (Qwen3 keeps the reasoning of the current query's turns). */
@@ -209,7 +181,7 @@ function stepper(app: FastifyInstance, scripts: Step[][]) {
       });
       expect(res.statusCode, res.body).toBe(200);
       closedPerCall.push((await simClosed()) - before);
-      const answer = res.json().choices[0].message as Answer;
+      const answer = res.json().choices[0].message as AssistantAnswer;
       messages.push({ role: "assistant", content: answer.content ?? null, reasoning: answer.reasoning, ...(answer.tool_calls?.length ? { tool_calls: answer.tool_calls.map((t) => ({ id: t.id, type: "function", function: t.function })) } : {}) });
       if (answer.tool_calls?.length) {
         for (const t of answer.tool_calls) messages.push({ role: "tool", tool_call_id: t.id, content: `result of ${t.function.arguments}` });
@@ -257,7 +229,7 @@ describe("an agent that leaves while its call's plan is being made", () => {
       const messages: Record<string, unknown>[] = [{ role: "user", content: `Task.\n#sim: ${JSON.stringify(script)}` }];
       const echo = async (res: Response) => {
         expect(res.status).toBe(200);
-        const m = ((await res.json()) as { choices: { message: Answer }[] }).choices[0]!.message;
+        const m = ((await res.json()) as { choices: { message: AssistantAnswer }[] }).choices[0]!.message;
         messages.push({ role: "assistant", content: m.content, reasoning: m.reasoning, tool_calls: m.tool_calls });
         messages.push({ role: "tool", tool_call_id: m.tool_calls[0]!.id, content: "a.txt" });
       };
@@ -276,7 +248,7 @@ describe("an agent that leaves while its call's plan is being made", () => {
       // The agent asks again: answered, not held behind the call it left.
       const again = await post(messages, AbortSignal.timeout(10_000));
       expect(again.status).toBe(200);
-      expect(((await again.json()) as { choices: { message: Answer }[] }).choices[0]!.message.content).toContain("There is one file.");
+      expect(((await again.json()) as { choices: { message: AssistantAnswer }[] }).choices[0]!.message.content).toContain("There is one file.");
       expect((await closed()) - before).toBeGreaterThanOrEqual(1);
       const records = await h.records(s.id);
       expect(records.map((r) => r.seq)).toEqual([0, 1, 3]);

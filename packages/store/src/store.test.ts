@@ -241,22 +241,8 @@ describe("SessionStore", () => {
     const seqs = await Promise.all([store.nextSeq("s-2"), store.nextSeq("s-2")]);
     expect(seqs.sort()).toEqual([0, 1]);
     const rec = (seq: number): CompletionRecord => ({
-      id: `c${seq}`,
-      session_id: "s-2",
-      seq,
-      created_at: new Date().toISOString(),
-      protocol: "openai_chat",
-      engine: "http://e",
-      dp_rank: 0,
-      weight_version: null,
-      request: { messages: [{ role: "user", content: "x" }], sampling: {} },
-      prompt_ids: [1],
-      output_ids: [2],
-      output_logprobs: [-1],
-      finish_reason: "stop",
-      message: { content: "y", reasoning: null, tool_calls: [] },
+      ...smallRecord("s-2", seq, `c${seq}`, "y"),
       usage: { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 1 },
-      latency_ms: 1,
     });
     // The later call finishes first: order still follows seq.
     const head = (r: CompletionRecord) => ({ id: r.id, seq: r.seq, message: r.message, finish_reason: r.finish_reason, message_count: 1, conversation_key: `k${r.seq}` });
