@@ -3,7 +3,7 @@ import { CompletionRecord, type RecordHead } from "@rollgate/protocol";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { keys } from "./keys.js";
-import { RecordBases } from "./records.js";
+import { encodeRecord, RecordBases } from "./records.js";
 import { hashToken, SessionStore } from "./sessions.js";
 
 // Real Redis, a prefix of our own, removed afterwards.
@@ -252,5 +252,62 @@ describe("completion records in Redis", () => {
     await redis.hset(k, "0", JSON.stringify(r0));
     await expect(store.records("s-g")).rejects.toThrow(/stored record 1 of session s-g is corrupt/);
     await expect(store.recordIds("s-g", 1)).rejects.toThrow(/stored record 1 of session s-g is corrupt/);
+  });
+});
+
+describe("format 2's bytes", () => {
+  // Stored records are read by every later version: the encoding may get cheaper, never different.
+  const first: CompletionRecord = {
+    id: "c0",
+    session_id: "s",
+    seq: 0,
+    created_at: "2023-11-14T22:13:20.000Z",
+    protocol: "openai_chat",
+    engine: "http://e",
+    dp_rank: 0,
+    weight_version: "v1",
+    request: { messages: [{ role: "system", content: "You are an agent." }, { role: "user", content: "list the files, then say which is largest" }], sampling: { max_tokens: 16 } },
+    prompt_ids: [1, 2, 3, 70000],
+    output_ids: [5, -6],
+    output_logprobs: [-0.5, -0],
+    finish_reason: "stop",
+    message: { content: "the largest file is notes.txt", reasoning: null, tool_calls: [] },
+    usage: { prompt_tokens: 4, completion_tokens: 2, cached_tokens: 0 },
+    latency_ms: 12,
+  };
+  const le = (width: number, write: (b: Buffer, x: number, at: number) => unknown) => (...xs: number[]) => {
+    const b = Buffer.alloc(width * xs.length);
+    xs.forEach((x, i) => write(b, x, width * i));
+    return b;
+  };
+  const u32 = le(4, (b, x, at) => b.writeUInt32LE(x, at));
+  const i32 = le(4, (b, x, at) => b.writeInt32LE(x, at));
+  const f32 = le(4, (b, x, at) => b.writeFloatLE(x, at));
+  const f64 = le(8, (b, x, at) => b.writeDoubleLE(x, at));
+  const stored = (headText: string, meta: string, tail: Buffer[]) => Buffer.concat([Buffer.from(headText, "latin1"), u32(Buffer.byteLength(meta)), Buffer.from(meta), ...tail]);
+  const { id: _i, prompt_ids: _p, output_ids: _o, output_logprobs: _l, ...rest } = first;
+
+  it("a whole record: its JSON part, then its ids and float32 logprobs (-0 kept), little-endian", () => {
+    const meta = `{"i":"c0","r":${JSON.stringify(rest)}}`;
+    const tail = [u32(4, 2), Buffer.from([4]), i32(1, 2, 3, 70000, 5, -6), f32(-0.5, -0)];
+    expect(encodeRecord(first, []).value).toEqual(stored("\x02;", meta, tail));
+  });
+
+  it("a delta of it: the ids and messages it adds, its echo of the base's answer, float64 logprobs, keys in the record's order", () => {
+    const base = encodeRecord(first, []).candidate!;
+    const next: CompletionRecord = {
+      ...first,
+      id: "c1",
+      seq: 1,
+      request: { ...first.request, messages: [...first.request.messages, { role: "assistant", content: "the largest file is notes.txt" }, { role: "user", content: "thanks" }] },
+      prompt_ids: [1, 2, 3, 70000, 5, -6, 9],
+      output_ids: [10],
+      output_logprobs: [-0.1],
+      rerouted_from: { engine: 0, dp_rank: 1 },
+    };
+    const request = { messages: [{ role: "assistant", content: null }, { role: "user", content: "thanks" }] };
+    const meta = `{"i":"c1","d":{"p":6,"m":2,"r":1,"e":[[0,"content","content"]]},"r":${JSON.stringify({ ...rest, seq: 1, request, rerouted_from: { engine: 0, dp_rank: 1 } })}}`;
+    const tail = [u32(1, 1), Buffer.from([8]), i32(9, 10), f64(-0.1)];
+    expect(encodeRecord(next, [base]).value).toEqual(stored("\x020;", meta, tail));
   });
 });
