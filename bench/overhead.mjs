@@ -17,6 +17,8 @@ const USER = "The test suite in repo/ fails on test_parse_dates with a timezone 
 
 /** Tokens generated per call: 16, or BENCH_TOKENS (with BENCH_TPOT_MS, what a longer streamed answer costs). */
 export const OUTPUT_TOKENS = Number(process.env.BENCH_TOKENS ?? 16);
+/** BENCH_STREAM=1: every target is asked for a streamed answer (what agent CLIs ask), not a whole one. */
+const STREAM = process.env.BENCH_STREAM === "1";
 
 export const openaiBody = JSON.stringify({
   model: MODEL,
@@ -26,6 +28,7 @@ export const openaiBody = JSON.stringify({
   ],
   max_tokens: OUTPUT_TOKENS,
   temperature: 1,
+  ...(STREAM ? { stream: true } : {}),
 });
 /** What rollgate asks the engine for the same call: token ids and logprobs (vLLM extensions). */
 export const openaiTokensBody = JSON.stringify({ ...JSON.parse(openaiBody), logprobs: true, top_logprobs: 0, return_token_ids: true });
@@ -36,6 +39,7 @@ export const anthropicBody = JSON.stringify({
   messages: [{ role: "user", content: USER }],
   max_tokens: OUTPUT_TOKENS,
   temperature: 1,
+  ...(STREAM ? { stream: true } : {}),
 });
 
 /**
@@ -227,7 +231,7 @@ export async function run({ quick = false, profile = !quick } = {}) {
       }
     }
     printTable(
-      `1. Per-call overhead (engine-sim TTFT ${TTFT_MS} ms, ${tpotMs ? `${tpotMs} ms per token, ` : ""}${OUTPUT_TOKENS} tokens; medians of ${cfg.rounds} runs × ${cfg.durationS} s)`,
+      `1. Per-call overhead (engine-sim TTFT ${TTFT_MS} ms, ${tpotMs ? `${tpotMs} ms per token, ` : ""}${OUTPUT_TOKENS} tokens${STREAM ? ", streamed answers" : ""}; medians of ${cfg.rounds} runs × ${cfg.durationS} s)`,
       ["conc", "target", "req/s", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms", "+p50 vs tok", "×fastify", "×portkey", "proxy CPU ms/call", "CPU ×fastify", "engine CPU ms/call", "errors"],
       rows,
     );
