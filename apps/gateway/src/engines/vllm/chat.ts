@@ -5,7 +5,7 @@ import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "../errors.js";
 import { ChatLogprob, checkedChunk, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
-import { sseJson } from "../sse.js";
+import { sseEach, sseJson } from "../sse.js";
 import { engineUrl, promptIdsFields, type EngineCall } from "../call.js";
 import { wantsRoutedExperts, wholeAnswerStamp } from "../routed-experts.js";
 import { fromVllm } from "./routed-experts.js";
@@ -168,12 +168,13 @@ async function post(call: EngineCall): Promise<Dispatcher.ResponseData> {
  */
 export async function vllmChat(call: EngineCall): Promise<EngineResult> {
   if (call.stamp && !wantsRoutedExperts(call.target)) {
-    // The stream read straight into the answer (no generator per chunk between them).
+    // The stream read straight into the answer, each chunk in the engine read that brought it (no
+    // generator, promise or microtask per chunk between them).
     const res = await post({ ...call, request: { ...call.request, stream: true } });
     await rejectUnlessOk(res, call.target.engine.url);
     const reader = new VllmStreamReader(call.stamp);
     const acc = new StreamAccumulator();
-    for await (const json of sseJson(res.body)) reader.read(json, acc);
+    await sseEach(res.body, (json) => reader.read(json, acc));
     reader.end();
     if (!acc.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
     return acc.result();
