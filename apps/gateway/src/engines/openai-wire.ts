@@ -21,12 +21,11 @@ export const ChatLogprob = z.object({
 export type ChatLogprob = z.infer<typeof ChatLogprob>;
 
 export function toTokenLogprob(l: ChatLogprob): TokenLogprob {
-  return {
-    token: l.token,
-    logprob: l.logprob,
-    bytes: l.bytes ?? null,
-    top_logprobs: (l.top_logprobs ?? []).map((t) => ({ token: t.token, logprob: t.logprob, bytes: t.bytes ?? null })),
-  };
+  // A loop, not `(top ?? []).map(...)`: one array per token, not two and a closure call per entry.
+  const top = l.top_logprobs;
+  const tops: TokenLogprob["top_logprobs"] = [];
+  if (top) for (let i = 0; i < top.length; i++) tops.push({ token: top[i]!.token, logprob: top[i]!.logprob, bytes: top[i]!.bytes ?? null });
+  return { token: l.token, logprob: l.logprob, bytes: l.bytes ?? null, top_logprobs: tops };
 }
 
 /** The `usage` object both servers send (`prompt_tokens_details.cached_tokens`: prefix-cache hits). */

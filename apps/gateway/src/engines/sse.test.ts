@@ -1,7 +1,7 @@
 /**
  * An engine's SSE stream read as JSON payloads, over a real HTTP connection: payloads in order
  * across split reads, an engine error or a non-JSON payload after the payloads before it, and a
- * reader that leaves early closing the engine's connection.
+ * reader that leaves early closing the engine's connection; the same for the callback reader.
  */
 import { once } from "node:events";
 import { createServer, type Server, type ServerResponse } from "node:http";
@@ -10,7 +10,7 @@ import { Readable } from "node:stream";
 import { request } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { EngineError } from "./errors.js";
-import { sseJson } from "./sse.js";
+import { sseEach, sseJson } from "./sse.js";
 
 let server: Server;
 let base = "";
@@ -106,5 +106,56 @@ describe("sseJson", () => {
     for await (const _ of sseJson(res.body)) if (++n === 3) break;
     await closedEarly;
     expect(n).toBe(3);
+  });
+});
+
+async function each(path: string, onJson?: (json: unknown, n: number) => void): Promise<{ payloads: unknown[]; error: unknown }> {
+  const res = await request(`${base}${path}`);
+  const payloads: unknown[] = [];
+  try {
+    await sseEach(res.body, (json) => {
+      payloads.push(json);
+      onJson?.(json, payloads.length);
+    });
+    return { payloads, error: null };
+  } catch (error) {
+    return { payloads, error };
+  }
+}
+
+describe("sseEach", () => {
+  it("gives the payloads in order, whatever the reads split them into, and a byte-order mark and split UTF-8 alike", async () => {
+    expect(await each("/split")).toEqual({ payloads: [{ n: 1 }, { n: 2 }], error: null });
+    expect(await each("/utf8")).toEqual({ payloads: [{ t: "h\u00e9llo \u{1F642}" }], error: null });
+  });
+
+  it("fails on an engine error or a payload that is not JSON, after the payloads before it", async () => {
+    const engineError = await each("/error");
+    expect(engineError.payloads).toEqual([{ n: 1 }]);
+    expect(engineError.error).toMatchObject({ status: 502, kind: "rejected", message: expect.stringContaining("out of memory") });
+    const garbage = await each("/garbage");
+    expect(garbage.payloads).toEqual([{ n: 1 }]);
+    expect(garbage.error).toMatchObject({ status: 502, kind: "bad_response", message: expect.stringContaining("not JSON") });
+  });
+
+  it("fails when the body is destroyed before its end, without an error of its own", async () => {
+    const body = new Readable({ read() {} });
+    body.push('data: {"n":1}\n\n');
+    const payloads: unknown[] = [];
+    const reading = sseEach(body, (json) => payloads.push(json));
+    await sleep(5);
+    body.destroy();
+    await expect(reading).rejects.toMatchObject({ code: "ERR_STREAM_PREMATURE_CLOSE" });
+    expect(payloads).toEqual([{ n: 1 }]);
+  });
+
+  it("fails with what the callback threw, takes nothing after it, and closes the engine's connection", async () => {
+    const thrown = new EngineError("bad chunk", 502, "bad_response");
+    const { payloads, error } = await each("/endless", (_, n) => {
+      if (n === 3) throw thrown;
+    });
+    await closedEarly;
+    expect(error).toBe(thrown);
+    expect(payloads).toHaveLength(3);
   });
 });

@@ -20,12 +20,22 @@ export function sseJson(body: Readable): AsyncIterableIterator<unknown> {
   return new SseJsonReader(body);
 }
 
-class SseJsonReader implements AsyncIterableIterator<unknown> {
-  private readonly ready: unknown[] = [];
-  private head = 0;
-  /** Set when the stream can give nothing after the ready payloads: its end, or why it failed. */
-  private closed: { error: unknown } | null = null;
-  private waiting: { resolve: (r: IteratorResult<unknown>) => void; reject: (err: unknown) => void } | null = null;
+/**
+ * The same payloads handed to `onJson` as each is parsed, in the engine read that brought it: for a
+ * reader that folds them synchronously (no promise and microtask per payload). Resolves at the
+ * body's end; rejects on the first error (the stream's or an EngineError as above, or what `onJson`
+ * threw), after the payloads before it, and the body is destroyed.
+ */
+export function sseEach(body: Readable, onJson: (json: unknown) => void): Promise<void> {
+  return new Promise((resolve, reject) => {
+    new SsePayloads(body, onJson, (error) => (error ? reject(error) : resolve()));
+  });
+}
+
+/** The body's SSE payloads, parsed as they arrive, told to `deliver`; `close` is told once. */
+class SsePayloads {
+  /** Set when the stream can give nothing more: its end, or why it failed. */
+  closed = false;
   private readonly parser: EventSourceParser;
   // A StringDecoder, not a TextDecoder: the same UTF-8 decoding (a character split across pieces
   // is held back, bad bytes become U+FFFD) at a fraction of the cost per piece (TextDecoder's
@@ -33,7 +43,11 @@ class SseJsonReader implements AsyncIterableIterator<unknown> {
   private readonly decoder = new StringDecoder("utf8");
   private first = true;
 
-  constructor(private readonly body: Readable) {
+  constructor(
+    readonly body: Readable,
+    private readonly deliver: (json: unknown) => void,
+    private readonly onClose: (error: unknown) => void,
+  ) {
     this.parser = createParser({ onEvent: (e) => this.onData(e.data) });
     // The error listener stays for the body's life: an error after the reader left is not thrown.
     body.on("error", (err) => this.close(err));
@@ -52,7 +66,6 @@ class SseJsonReader implements AsyncIterableIterator<unknown> {
         if (text.charCodeAt(0) === 0xfeff) text = text.slice(1);
       }
       this.parser.feed(text);
-      if (this.ready.length - this.head >= HIGH_WATER) body.pause();
     });
   }
 
@@ -70,17 +83,51 @@ class SseJsonReader implements AsyncIterableIterator<unknown> {
       this.fail(new EngineError(`engine error mid-stream: ${typeof err.message === "string" ? err.message : JSON.stringify(err)}`, 502, "rejected"));
       return;
     }
+    try {
+      this.deliver(json);
+    } catch (error) {
+      this.fail(error);
+    }
+  }
+
+  /** A bad payload ends the stream: the reader has had the payloads before it, then the error. */
+  fail(err: unknown): void {
+    this.close(err);
+    this.body.destroy();
+  }
+
+  close(error: unknown): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.onClose(error);
+  }
+}
+
+class SseJsonReader implements AsyncIterableIterator<unknown> {
+  private readonly ready: unknown[] = [];
+  private head = 0;
+  /** Set when the stream can give nothing after the ready payloads: its end, or why it failed. */
+  private closed: { error: unknown } | null = null;
+  private waiting: { resolve: (r: IteratorResult<unknown>) => void; reject: (err: unknown) => void } | null = null;
+  private readonly payloads: SsePayloads;
+
+  constructor(private readonly body: Readable) {
+    this.payloads = new SsePayloads(
+      body,
+      (json) => this.onJson(json),
+      (error) => this.close(error),
+    );
+  }
+
+  private onJson(json: unknown): void {
     const w = this.waiting;
     if (w) {
       this.waiting = null;
       w.resolve({ value: json, done: false });
-    } else this.ready.push(json);
-  }
-
-  /** A bad payload ends the stream: the reader gets the payloads before it, then the error. */
-  private fail(err: EngineError): void {
-    this.close(err);
-    this.body.destroy();
+      return;
+    }
+    this.ready.push(json);
+    if (this.ready.length - this.head >= HIGH_WATER) this.body.pause();
   }
 
   private close(error: unknown): void {
@@ -114,7 +161,7 @@ class SseJsonReader implements AsyncIterableIterator<unknown> {
   }
 
   return(): Promise<IteratorResult<unknown>> {
-    this.close(null);
+    this.payloads.close(null);
     this.ready.length = 0;
     this.head = 0;
     if (!this.body.destroyed) this.body.destroy();

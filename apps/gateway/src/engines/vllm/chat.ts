@@ -1,11 +1,11 @@
 import { templateFields, type ModelProfile } from "@rollgate/models";
-import { definedSampling, type CanonicalChatRequest, type ChatMessage } from "@rollgate/protocol";
+import { definedSampling, type CanonicalChatRequest, type ChatMessage, type TokenLogprob } from "@rollgate/protocol";
 import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "../errors.js";
 import { ChatLogprob, checkedChunk, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
-import { sseJson } from "../sse.js";
+import { sseEach, sseJson } from "../sse.js";
 import { engineUrl, promptIdsFields, type EngineCall } from "../call.js";
 import { wantsRoutedExperts, wholeAnswerStamp } from "../routed-experts.js";
 import { fromVllm } from "./routed-experts.js";
@@ -96,6 +96,7 @@ const VllmChunk = z.object({
 });
 
 type VllmChunk = z.infer<typeof VllmChunk>;
+type DeltaEvent = Extract<EngineStreamEvent, { type: "delta" }>;
 
 // The checks below accept exactly what VllmChunk accepts, field by field, without zod's per-chunk
 // cost (a streamed answer is one chunk per token: a full parse of each was a visible share of the
@@ -168,12 +169,13 @@ async function post(call: EngineCall): Promise<Dispatcher.ResponseData> {
  */
 export async function vllmChat(call: EngineCall): Promise<EngineResult> {
   if (call.stamp && !wantsRoutedExperts(call.target)) {
-    // The stream read straight into the answer (no generator per chunk between them).
+    // The stream read straight into the answer, each chunk in the engine read that brought it (no
+    // generator, promise or microtask per chunk between them).
     const res = await post({ ...call, request: { ...call.request, stream: true } });
     await rejectUnlessOk(res, call.target.engine.url);
     const reader = new VllmStreamReader(call.stamp);
     const acc = new StreamAccumulator();
-    for await (const json of sseJson(res.body)) reader.read(json, acc);
+    await sseEach(res.body, (json) => reader.read(json, acc));
     reader.end();
     if (!acc.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
     return acc.result();
@@ -236,34 +238,39 @@ class VllmStreamReader {
     const choice = c.choices[0];
     if (choice) {
       const ids = choice.token_ids ?? [];
-      const lps = (choice.logprobs?.content ?? []).map(toTokenLogprob);
+      const content = choice.logprobs?.content;
+      const lps: TokenLogprob[] = [];
+      if (content) for (let i = 0; i < content.length; i++) lps.push(toTokenLogprob(content[i]!));
       this.tokens += ids.length;
       this.logprobCount += lps.length;
       const d = choice.delta;
       const reasoning = d?.reasoning ?? d?.reasoning_content ?? undefined;
       const hasText = (d?.content ?? "") !== "" || (reasoning ?? "") !== "" || (d?.tool_calls?.length ?? 0) > 0;
       if (ids.length > 0 || hasText) {
-        const version = this.stamp?.();
-        out.push({
-          type: "delta",
-          ...(this.stamp ? { versions: ids.map(() => version ?? null) } : {}),
-          ...(d?.content ? { content: d.content } : {}),
-          ...(reasoning ? { reasoning } : {}),
-          ...(d?.tool_calls && d.tool_calls.length > 0
-            ? {
-                tool_calls: d.tool_calls.map((t, i) => ({
-                  index: t.index ?? i,
-                  ...(t.id ? { id: t.id, type: "function" as const } : {}),
-                  function: {
-                    ...(t.function.name ? { name: t.function.name } : {}),
-                    ...(t.function.arguments ? { arguments: t.function.arguments } : {}),
-                  },
-                })),
-              }
-            : {}),
-          token_ids: ids,
-          logprobs: lps,
-        });
+        // Built field by field, in the order the event always had, rather than from spreads of
+        // `cond ? {...} : {}` (an object made and copied per field per token).
+        const event: DeltaEvent = { type: "delta" } as DeltaEvent;
+        if (this.stamp) {
+          const version = this.stamp() ?? null;
+          const versions: (string | null)[] = [];
+          for (let i = 0; i < ids.length; i++) versions.push(version);
+          event.versions = versions;
+        }
+        if (d?.content) event.content = d.content;
+        if (reasoning) event.reasoning = reasoning;
+        if (d?.tool_calls && d.tool_calls.length > 0) {
+          event.tool_calls = d.tool_calls.map((t, i) => ({
+            index: t.index ?? i,
+            ...(t.id ? { id: t.id, type: "function" as const } : {}),
+            function: {
+              ...(t.function.name ? { name: t.function.name } : {}),
+              ...(t.function.arguments ? { arguments: t.function.arguments } : {}),
+            },
+          }));
+        }
+        event.token_ids = ids;
+        event.logprobs = lps;
+        out.push(event);
       }
       if (choice.finish_reason) {
         out.push({ type: "finish", finish_reason: choice.finish_reason, stop_reason: choice.stop_reason ?? null });
