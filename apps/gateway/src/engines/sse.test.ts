@@ -54,16 +54,22 @@ afterAll(async () => {
   await new Promise((r) => server.close(r));
 });
 
-async function read(path: string): Promise<{ payloads: unknown[]; error: unknown }> {
+/** What a reader of `path`'s body was given, and the error it ended with (null at a clean end). */
+async function collect(path: string, readAll: (body: Readable, take: (json: unknown) => number) => Promise<void>): Promise<{ payloads: unknown[]; error: unknown }> {
   const res = await request(`${base}${path}`);
   const payloads: unknown[] = [];
   try {
-    for await (const p of sseJson(res.body)) payloads.push(p);
+    await readAll(res.body, (json) => payloads.push(json));
     return { payloads, error: null };
   } catch (error) {
     return { payloads, error };
   }
 }
+
+const read = (path: string) =>
+  collect(path, async (body, take) => {
+    for await (const p of sseJson(body)) take(p);
+  });
 
 describe("sseJson", () => {
   it("gives the payloads in order, whatever the reads split them into", async () => {
@@ -109,19 +115,14 @@ describe("sseJson", () => {
   });
 });
 
-async function each(path: string, onJson?: (json: unknown, n: number) => void): Promise<{ payloads: unknown[]; error: unknown }> {
-  const res = await request(`${base}${path}`);
-  const payloads: unknown[] = [];
-  try {
-    await sseEach(res.body, (json) => {
-      payloads.push(json);
-      onJson?.(json, payloads.length);
-    });
-    return { payloads, error: null };
-  } catch (error) {
-    return { payloads, error };
-  }
-}
+/** `onJson` sees each payload after it is taken, with how many were taken so far. */
+const each = (path: string, onJson?: (json: unknown, n: number) => void) =>
+  collect(path, (body, take) =>
+    sseEach(body, (json) => {
+      const n = take(json);
+      onJson?.(json, n);
+    }),
+  );
 
 describe("sseEach", () => {
   it("gives the payloads in order, whatever the reads split them into, and a byte-order mark and split UTF-8 alike", async () => {
