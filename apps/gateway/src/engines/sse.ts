@@ -35,7 +35,7 @@ export function sseEach(body: Readable, onJson: (json: unknown) => void): Promis
 /** The body's SSE payloads, parsed as they arrive, told to `deliver`; `close` is told once. */
 class SsePayloads {
   /** Set when the stream can give nothing more: its end, or why it failed. */
-  closed = false;
+  private closed = false;
   private readonly parser: EventSourceParser;
   // A StringDecoder, not a TextDecoder: the same UTF-8 decoding (a character split across pieces
   // is held back, bad bytes become U+FFFD) at a fraction of the cost per piece (TextDecoder's
@@ -44,7 +44,7 @@ class SsePayloads {
   private first = true;
 
   constructor(
-    readonly body: Readable,
+    private readonly body: Readable,
     private readonly deliver: (json: unknown) => void,
     private readonly onClose: (error: unknown) => void,
   ) {
@@ -91,7 +91,7 @@ class SsePayloads {
   }
 
   /** A bad payload ends the stream: the reader has had the payloads before it, then the error. */
-  fail(err: unknown): void {
+  private fail(err: unknown): void {
     this.close(err);
     this.body.destroy();
   }
