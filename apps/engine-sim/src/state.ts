@@ -106,6 +106,8 @@ export class SimState {
   weightVersion: string;
   readonly startedAt = Math.floor(Date.now() / 1000);
   readonly engine: Engine;
+  /** `/tokenize` requests answered or refused (a client's renders, next to its engine calls). */
+  tokenizeRequests = 0;
 
   constructor(options: EngineSimOptions) {
     this.opts = resolveOptions(options);

@@ -70,6 +70,7 @@ export function registerMiscRoutes(app: FastifyInstance, sim: SimState): void {
   app.get("/version", async () => ({ version: o.vllmVersion }));
 
   app.post("/tokenize", async (req, reply) => {
+    sim.tokenizeRequests++;
     if (o.tokenizeMs > 0) await new Promise((r) => setTimeout(r, o.tokenizeMs));
     try {
       const body = req.body as Record<string, unknown> | null;

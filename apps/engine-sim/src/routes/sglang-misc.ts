@@ -97,6 +97,7 @@ export function registerSglangMiscRoutes(app: FastifyInstance, sim: SimState): v
   });
 
   app.post("/tokenize", async (req, reply) => {
+    sim.tokenizeRequests++;
     const body = req.body as Record<string, unknown> | null;
     if (body && typeof body === "object" && "messages" in body) {
       const chat = TokenizeChat.safeParse(body);

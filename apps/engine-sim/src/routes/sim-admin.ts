@@ -8,7 +8,7 @@ import { formatZodError } from "./common.js";
  * Sim-only admin routes (both kinds; never on a real server):
  *   GET  /sim/stats   the served family, parsers, vocab_size and simulated vLLM version; per-rank counters
  *                     (served, client_closed: admitted requests whose client went away, running, waiting,
- *                     cached blocks, fault), pause state, weight version
+ *                     cached blocks, fault), pause state, weight version, `tokenize_requests` (/tokenize calls)
  *   GET  /sim/faults  {"faults": [{rank, mode, error_rate, delay_ms, after_tokens}, …]}
  *   POST /sim/faults  {rank?, mode, error_rate?, delay_ms?, after_tokens?} (no rank: every rank) → the new list
  *   POST /sim/weights {version?} → {"weight_version"}: sets (or, without a version, bumps) the weight version
@@ -31,6 +31,7 @@ export function registerSimAdminRoutes(app: FastifyInstance, sim: SimState): voi
     weight_version: sim.weightVersion,
     paused: sim.engine.pauseMode,
     max_running: sim.opts.maxRunning,
+    tokenize_requests: sim.tokenizeRequests,
     ranks: sim.ranks.ranks.map((r) => ({ rank: r.index, served: r.served, client_closed: r.clientClosed, running: r.running, waiting: r.waiting, cached_blocks: r.cache.size, fault: r.fault.mode })),
   }));
 
