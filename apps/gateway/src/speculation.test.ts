@@ -1,6 +1,8 @@
 /**
- * A multi-turn call is sent to the engine's chat route while its continuation plan is still being
- * made, when its engine's last plan kept the chat route (chat-call.ts `planning`). The gateway runs
+ * A multi-turn call is sent to the engine's chat route before its continuation plan is made, when
+ * its session's (for its first, its engine's) last plan kept the chat route (chat-call.ts
+ * `planning`): the engine's prompt, from its first chunk, decides it when it continues the
+ * record; otherwise the plan's renders are made while the engine works. The gateway runs
  * in-process (Fastify inject) against an engine-sim on a real port (real Qwen3 tokenizer and
  * template, scripted by `#sim:`, a 150 ms first token so an engine call is still running when its
  * plan is known) on the real Redis. The sim's /sim/stats counts requests whose client went away.
@@ -48,10 +50,14 @@ afterAll(async () => {
   await dropPrefixes(prefixes);
 });
 
+async function simStats(): Promise<{ closed: number; tokenized: number }> {
+  const stats = (await (await fetch(`${simUrl}/sim/stats`)).json()) as { tokenize_requests: number; ranks: { client_closed: number }[] };
+  return { closed: stats.ranks[0]!.client_closed, tokenized: stats.tokenize_requests };
+}
+
 /** Requests the sim admitted whose client went away (the gateways' own probes of the engine are never closed early). */
 async function simClosed(): Promise<number> {
-  const stats = (await (await fetch(`${simUrl}/sim/stats`)).json()) as { ranks: { client_closed: number }[] };
-  return stats.ranks[0]!.client_closed;
+  return (await simStats()).closed;
 }
 
 const TOOLS = [{ type: "function", function: { name: "shell", description: "Run a shell command", parameters: { type: "object", properties: { command: { type: "string" } } } } }];
@@ -64,17 +70,19 @@ interface Step {
 
 /**
  * A thinking-on agent that echoes its reasoning back: one script per user query. Returns how many
- * engine requests were closed early during each call, with the session's answers, records and trajectory.
+ * engine requests were closed early during each call and how many renders (`/tokenize`) each call
+ * asked of the engine, with the session's answers, records and trajectory.
  */
 async function runAgent(app: FastifyInstance, scripts: Step[][], stream: boolean) {
   const s = (await app.inject({ method: "POST", url: "/v1/sessions", payload: {} })).json() as { id: string; token: string };
   const messages: Record<string, unknown>[] = [{ role: "system", content: "You are a careful agent." }];
   const answers: AssistantAnswer[] = [];
   const closedPerCall: number[] = [];
+  const rendersPerCall: number[] = [];
   for (let turn = 0; turn < scripts.length; turn++) {
     messages.push({ role: "user", content: `Task part ${turn + 1}.\n#sim: ${JSON.stringify(scripts[turn])}` });
     for (;;) {
-      const before = await simClosed();
+      const before = await simStats();
       const res = await app.inject({
         method: "POST",
         url: `/s/${s.id}/v1/chat/completions`,
@@ -82,7 +90,9 @@ async function runAgent(app: FastifyInstance, scripts: Step[][], stream: boolean
         payload: { model: "agent", messages, tools: TOOLS, stream, chat_template_kwargs: { enable_thinking: true } },
       });
       expect(res.statusCode, res.body).toBe(200);
-      closedPerCall.push((await simClosed()) - before);
+      const after = await simStats();
+      closedPerCall.push(after.closed - before.closed);
+      rendersPerCall.push(after.tokenized - before.tokenized);
       const answer = stream ? fromSse(res.body) : (res.json().choices[0].message as AssistantAnswer);
       answers.push({ content: answer.content ?? null, reasoning: answer.reasoning ?? null, tool_calls: answer.tool_calls ?? [] });
       messages.push({
@@ -97,7 +107,7 @@ async function runAgent(app: FastifyInstance, scripts: Step[][], stream: boolean
   }
   const records = ((await app.inject({ url: `/v1/sessions/${s.id}/completions` })).json() as { completions: CompletionRecord[] }).completions;
   const trajectory = (await app.inject({ url: `/v1/sessions/${s.id}/trajectory` })).json() as Trajectory;
-  return { answers, records, trajectory, closedPerCall };
+  return { answers, records, trajectory, closedPerCall, rendersPerCall };
 }
 
 /** What a record says of the call, without its ids, timings and the engine's prefix-cache hits (the sim's cache is shared by every run). */
@@ -125,12 +135,18 @@ describe("a multi-turn call sent to the chat route while its plan is made", () =
     // The engine key's first plan is not overlapped; it finds the history reproduced.
     const learn = await runAgent(auto, oneQuery, false);
     expect(learn.closedPerCall).toEqual([0, 0]);
+    expect(learn.rendersPerCall[1]).toBeGreaterThan(0);
+    // The history normaliser learns, once per shape of echoed turn, how the template re-renders it
+    // (renders of its own): the turn restored in its learned form is a shape of its own, learned here.
+    await runAgent(auto, oneQuery, false);
     // Now the chat route is taken early, and kept: the same answers and records as a gateway that
-    // always lets the engine render, and no engine call closed early.
+    // always lets the engine render, and no engine call closed early. The engine's own prompt, from
+    // its answer's first chunk, continues the recorded tokens: no render is asked of it.
     const render = await gateway("render");
     for (const stream of [false, true]) {
       const [overlapped, rendered] = [await runAgent(auto, oneQuery, stream), await runAgent(render, oneQuery, stream)];
       expect(overlapped.closedPerCall).toEqual([0, 0]);
+      expect(overlapped.rendersPerCall).toEqual([0, 0]);
       expect(overlapped.answers.map(shown)).toEqual(rendered.answers.map(shown));
       expect(overlapped.records.map(strip)).toEqual(rendered.records.map(strip));
       expect(overlapped.trajectory.traces).toHaveLength(1);
@@ -146,6 +162,8 @@ describe("a multi-turn call sent to the chat route while its plan is made", () =
       const plain = await runAgent(tokenIn, threeQueries, stream);
       expect(early.closedPerCall).toEqual([0, 0, 1, 0]);
       expect(plain.closedPerCall).toEqual([0, 0, 0, 0]);
+      // The early call's prompt drops the reasoning the record holds: its plan was made (renders).
+      expect(early.rendersPerCall[2]).toBeGreaterThan(0);
       expect(early.answers.map(shown)).toEqual(plain.answers.map(shown));
       expect(early.records.map(strip)).toEqual(plain.records.map(strip));
       expect(early.trajectory.traces).toHaveLength(1);
@@ -217,7 +235,8 @@ describe("an agent that leaves while its call's plan is being made", () => {
     const h = await startHarness("spec-leave", { tpotMs: 20, tokenizeMs: 300 });
     try {
       const s = await h.openSession();
-      const closed = async () => ((await h.sim.inject({ url: "/sim/stats" })).json() as { ranks: { client_closed: number }[] }).ranks[0]!.client_closed;
+      const stats = async () => (await h.sim.inject({ url: "/sim/stats" })).json() as { tokenize_requests: number; ranks: { client_closed: number }[] };
+      const closed = async () => (await stats()).ranks[0]!.client_closed;
       const post = (messages: Record<string, unknown>[], signal?: AbortSignal) =>
         fetch(`${h.url}/s/${s.id}/v1/chat/completions`, {
           method: "POST",
@@ -234,9 +253,13 @@ describe("an agent that leaves while its call's plan is being made", () => {
         messages.push({ role: "tool", tool_call_id: m.tool_calls[0]!.id, content: "a.txt" });
       };
       await echo(await post(messages));
-      // The second call's plan keeps the chat route: the session's third call is sent early.
+      // The second call's plan keeps the chat route: the session's third call is sent early. It
+      // asks a new query, so the template drops the reasoning the record holds: the engine's prompt
+      // does not continue the record, and the plan's renders (300 ms each) are made.
       await echo(await post(messages));
+      messages.push({ role: "user", content: "Go on." });
       const before = await closed();
+      const rendersBefore = (await stats()).tokenize_requests;
       const leave = new AbortController();
       const left = post(messages, leave.signal).catch((err: Error) => err);
       // Left once the call holds its slot (its engine call sent): its plan (300 ms renders) is not known yet.
@@ -245,6 +268,8 @@ describe("an agent that leaves while its call's plan is being made", () => {
       await new Promise((r) => setTimeout(r, 30));
       leave.abort();
       expect(await left).toBeInstanceOf(Error);
+      // It left while the plan's renders were being made.
+      expect((await stats()).tokenize_requests).toBeGreaterThan(rendersBefore);
       // The agent asks again: answered, not held behind the call it left.
       const again = await post(messages, AbortSignal.timeout(10_000));
       expect(again.status).toBe(200);

@@ -1,6 +1,6 @@
 import type { EngineResult, EngineStreamEvent } from "@rollgate/transforms";
 import { sglangChat, sglangChatStream, sglangCountTokens } from "./sglang/chat.js";
-import { vllmChat, vllmChatStream, vllmCountTokens } from "./vllm/chat.js";
+import { vllmChat, vllmChatStream, vllmCountTokens, vllmTellsPromptFirst } from "./vllm/chat.js";
 import { type EngineCall } from "./call.js";
 import type { EngineConfig } from "../env.js";
 
@@ -12,11 +12,14 @@ export interface EngineAdapter {
   chat(call: EngineCall): Promise<EngineResult>;
   chatStream(call: EngineCall): AsyncGenerator<EngineStreamEvent>;
   countTokens(call: Omit<EngineCall, "requestId">): Promise<number>;
+  /** Whether this call (streamed to the agent or not) tells `onPromptIds` from the engine's first chunk, before the answer is complete. */
+  tellsPromptFirst(call: EngineCall, streamed: boolean): boolean;
 }
 
-const vllm: EngineAdapter = { chat: vllmChat, chatStream: vllmChatStream, countTokens: vllmCountTokens };
+const vllm: EngineAdapter = { chat: vllmChat, chatStream: vllmChatStream, countTokens: vllmCountTokens, tellsPromptFirst: vllmTellsPromptFirst };
 
-const sglang: EngineAdapter = { chat: sglangChat, chatStream: sglangChatStream, countTokens: sglangCountTokens };
+// SGLang's stream sends the prompt's ids once, at its end; a whole answer brings them with the rest.
+const sglang: EngineAdapter = { chat: sglangChat, chatStream: sglangChatStream, countTokens: sglangCountTokens, tellsPromptFirst: () => false };
 
 const adapters: Record<EngineConfig["kind"], EngineAdapter> = { vllm, sglang };
 

@@ -26,6 +26,12 @@ export interface EngineCall {
    * streamed from the engine rather than answered whole and told as events.
    */
   streamedIds?: boolean;
+  /**
+   * Told the engine's prompt ids (its own render of the request) as soon as they arrive, before the
+   * answer is complete, by adapters that read them from the first chunk of the engine's stream
+   * (EngineAdapter.tellsPromptFirst).
+   */
+  onPromptIds?: (ids: number[]) => void;
 }
 
 /**

@@ -23,11 +23,19 @@ import { adapterFor, type EngineAdapter } from "../engines/adapter.js";
 import { SGLANG_GENERATE_ENGINE_PARSED, cutContinuationRoute, historyRoute, parseAnswer, type TokenInCall, type TokenInRoute } from "../engines/token-in.js";
 import { engineTokenizer } from "../engines/tokenizer.js";
 import type { EngineCall } from "../engines/call.js";
-import { expectsChatRoute, planContinuation, type ContinuationMode } from "./continuation.js";
+import { expectsChatRoute, planContinuation, promptContinues, type BaseIds, type ContinuationMode } from "./continuation.js";
 import { HistoryNormalizer } from "./history-normalizer.js";
 import type { PendingCalls } from "./pending-calls.js";
 import { addCut, continuationPrompt, continuationRequest, joinContinuation, type CutGeneration } from "./pause-continuation.js";
 import { recordedResult, replayDifference } from "./replay.js";
+
+/** A promise of the engine's prompt ids and the callback an adapter tells them with. */
+function promptIdsTold(): { ids: Promise<number[]>; tell: (ids: number[]) => void } {
+  let tell: (ids: number[]) => void = () => undefined;
+  const ids = new Promise<number[]>((resolve) => (tell = resolve));
+  return { ids, tell };
+}
+const noIds = (): null => null;
 
 /** The engine could not serve the call (unreachable, or a 5xx): worth another rank, unlike a refusal. */
 function rankFailed(err: unknown): boolean {
@@ -67,11 +75,13 @@ export interface PreparedCall {
   replay?: CompletionRecord;
   /**
    * Set when the call goes to the chat route before its continuation plan is made (its session's
-   * last plan, or for its first its engine key's, kept the chat route): starts the plan, once the
-   * engine call is sent. The engine's answer is held until the plan is known; a token-in plan
-   * aborts that engine call and the call goes token-in instead.
+   * last plan, or for its first its engine key's, kept the chat route): called once the engine call
+   * is sent, with the engine's prompt ids as its first chunk tells them (null where the adapter
+   * cannot tell them before the answer is complete). A prompt that continues the recorded call
+   * needs no plan; otherwise the plan is made. The engine's answer is held until then; a token-in
+   * plan aborts that engine call and the call goes token-in instead.
    */
-  planning?: () => Promise<PreparedCall["tokenIn"]>;
+  planning?: (enginePrompt: Promise<number[] | null> | null) => Promise<PreparedCall["tokenIn"]>;
 }
 
 type TokenIn = PreparedCall["tokenIn"];
@@ -264,7 +274,7 @@ export class ChatCaller {
     seq: number,
     caps: Awaited<ReturnType<EngineRegistry["capabilities"]>> | null,
     overlap: boolean,
-  ): Promise<TokenIn | { planning: () => Promise<TokenIn> }> {
+  ): Promise<TokenIn | { planning: NonNullable<PreparedCall["planning"]> }> {
     const profile = call.target.profile;
     const restored = history.producers.flatMap((p, i) => (p ? [i] : []));
     const mode = this.deps.continuation ?? "auto";
@@ -311,17 +321,45 @@ export class ChatCaller {
         );
       const planAndNote = () =>
         plan().then((tokenIn) => {
-          if (this.keptChat.size >= 4096 && !this.keptChat.has(sid)) this.keptChat.clear();
-          this.keptChat.set(sid, tokenIn === null);
+          this.noteKeptChat(sid, tokenIn === null);
           return tokenIn;
         });
-      // Made after the engine call is sent (answer()): the engine takes the call first, and its
-      // prefill runs while the plan's render is made.
       if (!chosen.route || !extended) return await plan();
-      if (overlap && mode === "auto" && (this.keptChat.get(sid) ?? expectsChatRoute(call))) return { planning: planAndNote };
+      if (overlap && mode === "auto" && (this.keptChat.get(sid) ?? expectsChatRoute(call))) {
+        // Called after the engine call is sent (answer()): the engine takes the call first. When
+        // its first chunk brings its prompt and that continues the recorded call, the chat route
+        // was right and no render is asked of the engine; otherwise the plan's renders are made.
+        const { full } = extended;
+        return {
+          planning: async (enginePrompt) => {
+            if (enginePrompt && (await this.continuesRecorded(call, enginePrompt, full))) {
+              this.deps.log.debug({ session: sid, seq }, "call rendered by the engine: its prompt continues the recorded tokens");
+              this.noteKeptChat(sid, true);
+              return null;
+            }
+            return planAndNote();
+          },
+        };
+      }
       return await planAndNote();
     } catch (err) {
       return this.planFailed(call, sid, seq, err);
+    }
+  }
+
+  /** The session's last plan kept the chat route, or not (bounded: past the cap it starts over). */
+  private noteKeptChat(sid: string, kept: boolean): void {
+    if (this.keptChat.size >= 4096 && !this.keptChat.has(sid)) this.keptChat.clear();
+    this.keptChat.set(sid, kept);
+  }
+
+  /** Whether the engine's prompt (null: not told) continues the recorded call's ids; a failed read is a no (the plan decides). */
+  private async continuesRecorded(call: EngineCall, enginePrompt: Promise<number[] | null>, full: PromiseLike<BaseIds | null>): Promise<boolean> {
+    try {
+      const [ids, base] = await Promise.all([enginePrompt, full]);
+      return ids !== null && base !== null && (await promptContinues(engineTokenizer, call, base, ids));
+    } catch {
+      return false;
     }
   }
 
@@ -332,10 +370,11 @@ export class ChatCaller {
   }
 
   /** The engine call of a prepared call: token-in when planned, else the adapter's chat route. */
-  private send(call: PreparedCall, signal: AbortSignal, stream: false): Promise<EngineResult>;
-  private send(call: PreparedCall, signal: AbortSignal, stream: true): AsyncGenerator<EngineStreamEvent>;
-  private send(call: PreparedCall, signal: AbortSignal, stream: boolean): Promise<EngineResult> | AsyncGenerator<EngineStreamEvent> {
-    const engineCall = { ...call.engineCall, signal, request: { ...call.engineCall.request, stream } };
+  private send(call: PreparedCall, signal: AbortSignal, stream: false, onPromptIds?: EngineCall["onPromptIds"]): Promise<EngineResult>;
+  private send(call: PreparedCall, signal: AbortSignal, stream: true, onPromptIds?: EngineCall["onPromptIds"]): AsyncGenerator<EngineStreamEvent>;
+  private send(call: PreparedCall, signal: AbortSignal, stream: boolean, onPromptIds?: EngineCall["onPromptIds"]): Promise<EngineResult> | AsyncGenerator<EngineStreamEvent> {
+    const engineCall: EngineCall = { ...call.engineCall, signal, request: { ...call.engineCall.request, stream } };
+    if (onPromptIds) engineCall.onPromptIds = onPromptIds;
     if (call.tokenIn) {
       const tokenInCall: TokenInCall = { ...engineCall, tokenIds: call.tokenIn.promptIds, maxModelLen: call.tokenIn.maxModelLen };
       return stream ? call.tokenIn.route.generateStream(tokenInCall) : call.tokenIn.route.generate(tokenInCall);
@@ -418,7 +457,9 @@ export class ChatCaller {
       const planning = call.planning;
       call.planning = undefined;
       const speculative = planning ? new AbortController() : null;
-      const events = this.attempt(call, cut, speculative ? AbortSignal.any([slot.signal, speculative.signal]) : slot.signal, streamed);
+      // The engine's prompt ids, where its first chunk tells them (before the answer is complete).
+      const told = planning && call.adapter.tellsPromptFirst(call.engineCall, streamed) ? promptIdsTold() : null;
+      const events = this.attempt(call, cut, speculative ? AbortSignal.any([slot.signal, speculative.signal]) : slot.signal, streamed, told?.tell);
       try {
         const first = events.next();
         if (planning) {
@@ -426,7 +467,8 @@ export class ChatCaller {
           // the engine call is aborted, nothing of it is shown or recorded, and the call is sent
           // token-in (under another request id: the engine may not have let go of this one yet).
           first.catch(() => undefined);
-          const tokenIn = await planning();
+          // The ids come before the first event, if at all: a call that ends or fails first told none.
+          const tokenIn = await planning(told && Promise.race([told.ids, first.then(noIds, noIds)]));
           if (tokenIn) {
             speculative!.abort();
             await first.catch(() => undefined);
@@ -486,7 +528,13 @@ export class ChatCaller {
    * call whose max_tokens was already spent, which ends on "length"). Streamed, the events come as
    * the engine sends them; else the engine's one answer is told as events once it has arrived.
    */
-  private async *attempt(call: PreparedCall, cut: CutGeneration | null, signal: AbortSignal, streamed: boolean): AsyncGenerator<EngineStreamEvent, EngineResult | null> {
+  private async *attempt(
+    call: PreparedCall,
+    cut: CutGeneration | null,
+    signal: AbortSignal,
+    streamed: boolean,
+    onPromptIds?: EngineCall["onPromptIds"],
+  ): AsyncGenerator<EngineStreamEvent, EngineResult | null> {
     const next = cut ? await this.continuationCall(call, cut, signal, streamed) : null;
     if (cut) {
       this.deps.log.info({ session: call.session.id, seq: call.seq, tokens_so_far: cut.outputIds.length }, streamed ? "continuing a stream cut by a pause" : "continuing a call cut by a pause");
@@ -496,13 +544,13 @@ export class ChatCaller {
       }
     }
     if (!streamed) {
-      const result = next ? await next.route.generate(next.call) : await this.send(call, signal, false);
+      const result = next ? await next.route.generate(next.call) : await this.send(call, signal, false, onPromptIds);
       yield* resultAsEvents(result);
       return result;
     }
     const piece = new StreamAccumulator();
     // A continuation's parser is primed with the text the agent already has.
-    const events = next && cut ? next.route.generateStream({ ...next.call, primeText: await engineTokenizer.detokenize(next.call, cut.outputIds) }) : this.send(call, signal, true);
+    const events = next && cut ? next.route.generateStream({ ...next.call, primeText: await engineTokenizer.detokenize(next.call, cut.outputIds) }) : this.send(call, signal, true, onPromptIds);
     for await (const event of events) {
       piece.push(event);
       yield event;

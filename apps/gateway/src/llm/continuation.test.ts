@@ -11,7 +11,7 @@ import { applyNormalizations, findExtendedRecord, matchEchoedHistory, recordHead
 import { describe, expect, it } from "vitest";
 import type { TokenInRoute } from "../engines/token-in.js";
 import type { EngineTokenizer, TokenizeCall } from "../engines/tokenizer.js";
-import { planContinuation, type ContinuationMode } from "./continuation.js";
+import { continuesRecord, planContinuation, type ContinuationMode } from "./continuation.js";
 import { HistoryNormalizer } from "./history-normalizer.js";
 import { tokenAfterDifference } from "./turn-markers.js";
 
@@ -240,6 +240,31 @@ describe("planContinuation", () => {
     // The agent changed the recorded answer: not a continuation of it.
     const edited: ChatMessage[] = [...START, { role: "assistant", content: "something else", tool_calls: [CALL] }, afterTool[3]!];
     expect(await plan("token_in", off, edited)).toMatchObject({ plan: null, why: "the call extends no recorded call" });
+  });
+});
+
+describe("continuesRecord: the engine's own chat-route prompt, checked against the record it extends", () => {
+  const on = firstCall(START, true, '<think>\nhm\n</think>\n\n<tool_call>\n{"name": "shell", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>', {
+    content: "\n\n",
+    reasoning: "\nhm\n",
+    tool_calls: [CALL],
+  });
+  // The history as the gateway sends it: the turn restored with its reasoning, in the form that re-renders its ids.
+  const history: ChatMessage[] = [...START, { role: "assistant", content: "", reasoning: "\nhm\n", tool_calls: [CALL] }, { role: "tool", content: "x", tool_call_id: CALL.id }];
+
+  it("continues when the prompt is the record's ids, then more; not when the template dropped its reasoning or nothing follows", () => {
+    expect(continuesRecord(render(history, true, true), on, IM_END)).toBe(true);
+    // A new user query: Qwen3 drops the reasoning of the turns before it, so the prompt leaves the record.
+    expect(continuesRecord(render([...history, { role: "user", content: "more" }], true, true), on, IM_END)).toBe(false);
+    expect(continuesRecord([...on.prompt_ids, ...on.output_ids], on, IM_END)).toBe(false);
+  });
+
+  it("a record cut before its end of turn (max_tokens) is continued by a prompt that closes the turn with that token, and by no other", () => {
+    const cut = { ...on, output_ids: on.output_ids.slice(0, -1) };
+    const after = tok.encode("\n<|im_start|>user\n");
+    expect(continuesRecord([...cut.prompt_ids, ...cut.output_ids, IM_END, ...after], cut, IM_END)).toBe(true);
+    expect(continuesRecord([...cut.prompt_ids, ...cut.output_ids, ENDOFTEXT, ...after], cut, IM_END)).toBe(false);
+    expect(continuesRecord([...cut.prompt_ids, ...cut.output_ids, ...after], cut, IM_END)).toBe(false);
   });
 });
 

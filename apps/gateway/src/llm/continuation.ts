@@ -39,8 +39,9 @@ import type { GatewayEnv } from "../env.js";
  * recorded tokens followed by exactly what a checked B1/B2 pair had after the history's end of turn
  * (the sentinel's turn and the generation prompt), the pair would find that same place, and the
  * call goes to the chat route without B2. Where the session's last plan (for its first, the
- * engine key's) kept the chat route, the call is sent there while the plan is made (chat-call.ts
- * `planning`; `expectsChatRoute`).
+ * engine key's) kept the chat route, the call is sent there before its plan is made (chat-call.ts
+ * `planning`; `expectsChatRoute`); when the engine's first chunk tells its prompt and that
+ * continues the record (`promptContinues`), no render is made at all.
  *
  * When is token-in used (ROLLGATE_CONTINUATION): `render` never; `token_in` whenever a base record
  * is found and the checks pass; `auto` (default) only when the engine's rendering of the history
@@ -139,6 +140,31 @@ function markersFor(tokenizer: EngineTokenizer, call: TokenizeCall): Promise<Tur
     remember(markerCache, key, p);
   }
   return p;
+}
+
+/**
+ * Whether a prompt continues the recorded call `base`: it starts with base's prompt and output ids,
+ * then the end of turn `eot` (unless the output ended on it), and goes on.
+ */
+export function continuesRecord(promptIds: readonly number[], base: BaseIds, eot: number): boolean {
+  const { prompt_ids: prompt, output_ids: out } = base;
+  const withEot = out.at(-1) !== eot;
+  const n = prompt.length + out.length + (withEot ? 1 : 0);
+  if (promptIds.length <= n) return false;
+  for (let i = 0; i < prompt.length; i++) if (promptIds[i] !== prompt[i]) return false;
+  for (let i = 0; i < out.length; i++) if (promptIds[prompt.length + i] !== out[i]) return false;
+  return !withEot || promptIds[n - 1] === eot;
+}
+
+/**
+ * Whether the engine's own prompt for a call sent to its chat route (`promptIds`, its render of the
+ * whole conversation, as its answer's first chunk tells it) continues the recorded call `base`.
+ * The call's trajectory then continues that record token for token, which is what an auto-mode
+ * plan keeps the chat route for: no render is needed to know it.
+ */
+export async function promptContinues(tokenizer: EngineTokenizer, call: TokenizeCall, base: BaseIds, promptIds: readonly number[]): Promise<boolean> {
+  const markers = await markersFor(tokenizer, call);
+  return !("why" in markers) && continuesRecord(promptIds, base, markers.eot);
 }
 
 /**

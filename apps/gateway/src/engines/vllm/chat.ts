@@ -164,6 +164,14 @@ async function post(call: EngineCall): Promise<Dispatcher.ResponseData> {
 }
 
 /**
+ * Whether a call's prompt ids come with the engine's first chunk: when it is read as a stream (a
+ * streamed agent, or a stamped call), except where routed experts make it one whole answer.
+ */
+export function vllmTellsPromptFirst(call: EngineCall, streamed: boolean): boolean {
+  return !wantsRoutedExperts(call.target) && (streamed || call.stamp !== undefined);
+}
+
+/**
  * One non-streaming call. When the caller stamps weight versions, the call is read as a stream
  * instead (the same record), so each token carries the version current when it arrived.
  */
@@ -173,7 +181,7 @@ export async function vllmChat(call: EngineCall): Promise<EngineResult> {
     // generator, promise or microtask per chunk between them).
     const res = await post({ ...call, request: { ...call.request, stream: true } });
     await rejectUnlessOk(res, call.target.engine.url);
-    const reader = new VllmStreamReader(call.stamp);
+    const reader = new VllmStreamReader(call.stamp, call.onPromptIds);
     const acc = new StreamAccumulator();
     await sseEach(res.body, (json) => reader.read(json, acc));
     reader.end();
@@ -227,12 +235,16 @@ class VllmStreamReader {
   private tokens = 0;
   private logprobCount = 0;
 
-  constructor(private readonly stamp: EngineCall["stamp"]) {}
+  constructor(
+    private readonly stamp: EngineCall["stamp"],
+    private readonly onPromptIds: EngineCall["onPromptIds"],
+  ) {}
 
   read(json: unknown, out: { push(event: EngineStreamEvent): unknown }): void {
     const c = readVllmChunk(json);
     if (c.prompt_token_ids && !this.started) {
       this.started = true;
+      this.onPromptIds?.(c.prompt_token_ids);
       out.push({ type: "start", prompt_ids: c.prompt_token_ids });
     }
     const choice = c.choices[0];
@@ -299,7 +311,7 @@ export async function* vllmChatStream(call: EngineCall): AsyncGenerator<EngineSt
   }
   const res = await post(call);
   await rejectUnlessOk(res, call.target.engine.url);
-  const reader = new VllmStreamReader(call.stamp);
+  const reader = new VllmStreamReader(call.stamp, call.onPromptIds);
   const events: EngineStreamEvent[] = [];
   for await (const json of sseJson(res.body)) {
     reader.read(json, events);
