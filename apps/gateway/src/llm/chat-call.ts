@@ -174,12 +174,13 @@ export class ChatCaller {
     if (heads && canonical.messages.some((m) => m.role === "assistant")) {
       history = matchEchoedHistory(canonical.messages, heads);
       // An echoed turn no record answers may be the answer of an earlier call another replica
-      // served and is still storing: once the session's earlier calls are stored, it is matched again.
-      if (history.producers.some((p, i) => !p && canonical.messages[i]!.role === "assistant")) {
-        if (await this.deps.pending.earlierStored(session.id, seq)) {
-          heads = await this.deps.sessions.recordHeads(session.id);
-          history = matchEchoedHistory(canonical.messages, heads);
-        }
+      // served: still being stored, or stored just after these heads were read (with the session,
+      // or before this call's number was taken). When an earlier call has no head in what was read,
+      // the session's earlier calls are waited for and the heads read again (only the new ones).
+      if (history.producers.some((p, i) => !p && canonical.messages[i]!.role === "assistant") && heads.filter((h) => h.seq < seq).length < seq) {
+        await this.deps.pending.earlierSettled(session.id, seq);
+        heads = await this.deps.sessions.recordHeads(session.id);
+        history = matchEchoedHistory(canonical.messages, heads);
       }
     }
     const request: CanonicalChatRequest = {
