@@ -8,11 +8,12 @@
  * tokenizer and template); a replica "restarted" is a third gateway with fresh caches.
  */
 import { randomUUID } from "node:crypto";
+import Anthropic from "@anthropic-ai/sdk";
 import type { ClosedSession, CompletionRecord, Session, Trajectory } from "@rollgate/protocol";
 import type { FastifyInstance } from "fastify";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { adminReplica } from "./__fixtures__/admin-replica.js";
-import { dropPrefixes, startSimFleet, type SimFleet } from "./__fixtures__/harness.js";
+import { dropPrefixes, listenLocal, startSimFleet, type SimFleet } from "./__fixtures__/harness.js";
 import { RankHealthBus } from "./ops/rank-health.js";
 
 const prefix = `test-xreplica-${randomUUID().slice(0, 8)}`;
@@ -153,6 +154,51 @@ describe("one session's calls alternating between two replicas (ROLLGATE_CONTINU
       expect(traceOf(closed.trajectory!)).toEqual(traceOf(await trajectory(A, alone.id, "per_request")));
     }, 30_000);
   }
+});
+
+/**
+ * An Anthropic-SDK agent, streamed, thinking on: each call to `urls[call index % urls.length]`; it
+ * echoes each answer's content blocks as given (thinking blocks with the signature the replica that
+ * answered gave them).
+ */
+async function runAnthropicAgent(urls: string[], s: Opened) {
+  const script = [
+    { think: "List first.", text: "Listing.", tool_calls: [call("bash", { command: "ls" })] },
+    { think: "Read both.", tool_calls: [call("bash", { command: "cat a.txt" }), call("bash", { command: "cat b.txt" })] },
+    { think: "Count.", tool_calls: [call("bash", { command: "wc -l a.txt" })] },
+    { think: "And the other.", text: "One more.", tool_calls: [call("bash", { command: "wc -l b.txt" })] },
+    { think: "Enough.", text: "All read." },
+  ];
+  const tools: Anthropic.Tool[] = [{ name: "bash", description: "Run a command", input_schema: { type: "object", properties: { command: { type: "string" } } } }];
+  const messages: Anthropic.MessageParam[] = [{ role: "user", content: `Read the files.\n#sim: ${JSON.stringify(script)}` }];
+  for (let i = 0; i < script.length; i++) {
+    const client = new Anthropic({ apiKey: s.token, baseURL: `${urls[i % urls.length]}/s/${s.id}`, maxRetries: 0 });
+    const m = await client.messages.stream({ model: "m", max_tokens: 256, tools, thinking: { type: "enabled", budget_tokens: 128 }, messages }).finalMessage();
+    messages.push({ role: "assistant", content: m.content });
+    const uses = m.content.filter((b): b is Anthropic.ToolUseBlock => b.type === "tool_use");
+    if (uses.length === 0) break;
+    messages.push({ role: "user", content: uses.map((u) => ({ type: "tool_result" as const, tool_use_id: u.id, content: `ran ${JSON.stringify(u.input)}` })) });
+  }
+  return messages;
+}
+
+describe("an Anthropic agent streaming, its calls alternating between replicas", () => {
+  // Each replica serves every other call: its heads read before (cached) lack the other's records.
+  it("thinking blocks signed by one replica are taken back by the other; records and trajectory equal one replica's", async () => {
+    const a = await listenLocal(A);
+    const b = await listenLocal(B);
+    const alone = await open(A);
+    const want = await runAnthropicAgent([a], alone);
+    const split = await open(B);
+    expect(await runAnthropicAgent([b, a], split)).toHaveLength(want.length);
+    const expected = await records(A, alone.id);
+    expect(expected).toHaveLength(5);
+    expect(expected[1]!.request.messages[1]).toMatchObject({ role: "assistant", reasoning: expect.stringContaining("List first.") });
+    expect(tokensOf(await records(B, split.id))).toEqual(tokensOf(expected));
+    const trace = traceOf(await trajectory(A, alone.id));
+    expect(trace.traces).toHaveLength(1);
+    expect(traceOf(await trajectory(B, split.id))).toEqual(trace);
+  });
 });
 
 const sim = (text: string) => `go\n#sim: ${JSON.stringify([{ text }])}`;
