@@ -223,18 +223,24 @@ describe("a session changed through the other replica", () => {
   it("moved to another rank through B while A has its assignment cached: A's next call goes to the new rank", async () => {
     const bus = await adminReplica(prefix);
     const health = new RankHealthBus(bus.admin, bus.channel);
+    const heard: string[] = [];
+    health.onChange((member, down) => heard.push(`${member} ${down ? "down" : "up"}`));
     await health.start();
+    // Told to every replica at once (one publish): once this listener heard it, so did the gateways' (a margin for their event loop).
+    const announce = async (member: string, down: boolean) => {
+      await health.announce(member, down);
+      await expect.poll(() => heard.at(-1)).toBe(`${member} ${down ? "down" : "up"}`);
+      await new Promise((r) => setTimeout(r, 30));
+    };
     try {
       const s = await open(A);
       const first = (await session(A, s.id)).assignment!;
       const from = `0:${first.dp_rank}`;
       expect((await chat(A, s, { messages: [{ role: "user", content: sim("one") }] })).statusCode).toBe(200);
       // Its rank goes down: B's call moves it (both replicas hear it), then the rank comes back.
-      await health.announce(from, true);
-      await new Promise((r) => setTimeout(r, 100));
+      await announce(from, true);
       expect((await chat(B, s, { messages: [{ role: "user", content: sim("two") }] })).statusCode).toBe(200);
-      await health.announce(from, false);
-      await new Promise((r) => setTimeout(r, 100));
+      await announce(from, false);
       const moved = (await session(B, s.id)).assignment!;
       expect(moved.dp_rank).not.toBe(first.dp_rank);
       // A last read the session on its old rank, which is up again: the call must still go where the session is.
