@@ -86,12 +86,19 @@ function scripts(thinking: boolean) {
  * `via(call index)`, echoing its history its own way (reasoning dropped when `dropReasoning`,
  * as OpenAI-SDK agents do); tool results name the call.
  */
-async function runAgent(via: (i: number) => FastifyInstance, s: Opened, thinking: boolean, dropReasoning: boolean) {
-  const messages: Record<string, unknown>[] = [{ role: "system", content: "You are a careful agent." }];
+async function runAgent(
+  via: (i: number) => FastifyInstance,
+  s: Opened,
+  thinking: boolean,
+  dropReasoning: boolean,
+  { system = "You are a careful agent.", turn: before }: { system?: string; turn?: (i: number) => Promise<void> } = {},
+) {
+  const messages: Record<string, unknown>[] = [{ role: "system", content: system }];
   let i = 0;
   for (const [turn, script] of scripts(thinking).entries()) {
     messages.push({ role: "user", content: `Task part ${turn + 1}.\n#sim: ${JSON.stringify(script)}` });
     for (let step = 0; step < script.length; step++) {
+      await before?.(i);
       const res = await chat(via(i++), s, { model: "agent", messages, tools: TOOLS, chat_template_kwargs: { enable_thinking: thinking } });
       expect(res.statusCode, res.body).toBe(200);
       const answer = res.json().choices[0].message as { content: string | null; reasoning?: string | null; tool_calls?: { id: string; function: { name: string; arguments: string } }[] };
@@ -181,6 +188,57 @@ async function runAnthropicAgent(urls: string[], s: Opened) {
   }
   return messages;
 }
+
+describe("an agent and its sub-agent in one session, on both replicas", () => {
+  const MAIN = "You are the main agent.";
+  const SUB = "You are a sub-agent.";
+  /** Per conversation (by its system prompt): its records' tokens, in call order. */
+  const byConversation = (rs: CompletionRecord[]) => [MAIN, SUB].map((sys) => tokensOf(rs.filter((r) => r.request.messages[0]!.content === sys)).map(({ seq: _seq, ...t }) => t));
+  const traces = (t: Trajectory) => traceOf(t).traces.sort((x, y) => (JSON.stringify(x.prompt_ids) < JSON.stringify(y.prompt_ids) ? -1 : 1));
+
+  /** Both conversations one after the other through A: what each must give however they are served. */
+  async function alone() {
+    const s = await open(A);
+    await runAgent(() => A, s, false, false, { system: MAIN });
+    await runAgent(() => A, s, false, false, { system: SUB });
+    const t = await trajectory(A, s.id);
+    expect(t.traces).toHaveLength(2);
+    return { records: byConversation(await records(A, s.id)), traces: traces(t) };
+  }
+
+  // Both scripts answer the same words at the same place (a text turn without tool calls): the
+  // turn the agent echoes must be restored from its own conversation's record, not the other's.
+  it("in lock step (each call after the other conversation's), calls alternating replicas: each conversation equals itself alone", async () => {
+    const want = await alone();
+    const s = await open(B);
+    // Conversation k's call i is sent once the lock step reaches 2i + k; each answer advances it.
+    let at = 0;
+    const waiters: (() => void)[] = [];
+    const advance = () => {
+      at++;
+      for (const w of waiters.splice(0)) w();
+    };
+    const run = (k: number, system: string) =>
+      runAgent((i) => ((i + k) % 2 === 0 ? A : B), s, false, false, {
+        system,
+        turn: async (i) => {
+          if (i > 0) advance();
+          while (at !== 2 * i + k) await new Promise<void>((r) => waiters.push(r));
+        },
+      }).then(advance);
+    await Promise.all([run(0, MAIN), run(1, SUB)]);
+    expect(byConversation(await records(A, s.id))).toEqual(want.records);
+    expect(traces(await trajectory(B, s.id))).toEqual(want.traces);
+  });
+
+  it("concurrently, calls alternating replicas: each conversation equals itself alone", async () => {
+    const want = await alone();
+    const s = await open(B);
+    await Promise.all([runAgent((i) => (i % 2 === 0 ? A : B), s, false, false, { system: MAIN }), runAgent((i) => (i % 2 === 0 ? B : A), s, false, false, { system: SUB })]);
+    expect(byConversation(await records(A, s.id))).toEqual(want.records);
+    expect(traces(await trajectory(B, s.id))).toEqual(want.traces);
+  });
+});
 
 describe("an Anthropic agent streaming, its calls alternating between replicas", () => {
   // Each replica serves every other call: its heads read before (cached) lack the other's records.
