@@ -5,7 +5,9 @@
  * moved to another rank, deleted and opened again under its id) must be served as Redis holds it:
  * a cache that answers from what it remembers gives the trainer a fake trajectory. The replicas are
  * two gateways (Fastify inject) under one key prefix, on one engine-sim of two ranks (real Qwen3
- * tokenizer and template); a replica "restarted" is a third gateway with fresh caches.
+ * tokenizer and template); a replica "restarted" is a third gateway with fresh caches. (In one
+ * process the gateways share the module-level tables: agent-common.ts `known`, the continuation
+ * planner's; the store's caches, `keptChat` and the pending writes are each replica's own.)
  */
 import { randomUUID } from "node:crypto";
 import Anthropic from "@anthropic-ai/sdk";
