@@ -88,14 +88,16 @@ export interface FailedCallNote {
 // A session's hash and, when ARGV[1] is "1" and the session is open, the next sequence number
 // taken in the same step (as a last pair, "#seq" and the number) and marked pending until its
 // record is appended or the call ends without one (see PENDING below). No number is taken for a
-// session that does not exist (the increment would make its hash again) or is closed.
-// KEYS: session, pending calls.
+// session that does not exist (the increment would make its hash again) or is closed, nor when
+// ARGV[2] is a token hash that is not the session's (a session deleted and made again under its
+// id since the caller checked the token: that call is refused, and must not use up a number).
+// KEYS: session, pending calls. ARGV: "1" to take a number, the token hash checked or "".
 const FOR_CALL_SCRIPT: LuaScript = {
   name: "rollgateSessionForCall",
   numberOfKeys: 2,
   lua: `
 local h = redis.call('HGETALL', KEYS[1])
-if ARGV[1] == '1' and redis.call('HGET', KEYS[1], 'state') == 'open' then
+if ARGV[1] == '1' and redis.call('HGET', KEYS[1], 'state') == 'open' and (ARGV[2] == '' or redis.call('HGET', KEYS[1], 'token_hash') == ARGV[2]) then
   local seq = redis.call('HINCRBY', KEYS[1], 'next_seq', 1) - 1
   redis.call('ZADD', KEYS[2], seq, seq)
   h[#h + 1] = '#seq'
@@ -386,13 +388,14 @@ export class SessionStore {
 
   /**
    * The session of an agent call. `takeSeq`: the call's sequence number is taken in the same step
-   * (one command instead of two; none is taken when the session is missing or closed).
+   * (one command instead of two; none is taken when the session is missing or closed, nor when
+   * `tokenHash` is given and is not the session's: the caller checked its token against that one).
    */
-  async getForCall(id: string, { takeSeq = false }: { takeSeq?: boolean } = {}): Promise<SessionForCall | null> {
+  async getForCall(id: string, { takeSeq = false, tokenHash = "" }: { takeSeq?: boolean; tokenHash?: string } = {}): Promise<SessionForCall | null> {
     let h: Record<string, string>;
     let seq: number | undefined;
     if (takeSeq) {
-      const flat = (await this.scripts.forCall(this.k.session(id), this.k.pendingCalls(id), "1")) as string[];
+      const flat = (await this.scripts.forCall(this.k.session(id), this.k.pendingCalls(id), "1", tokenHash)) as string[];
       h = {};
       for (let i = 0; i + 1 < flat.length; i += 2) h[flat[i]!] = flat[i + 1]!;
       if (h["#seq"] !== undefined) seq = Number(h["#seq"]);

@@ -1,4 +1,4 @@
-import { hash } from "node:crypto";
+import { createHash, hash } from "node:crypto";
 import type { AssistantOutput, CanonicalChatRequest, ChatMessage, CompletionRecord, ContentPart, RecordHead, ToolCall } from "@rollgate/protocol";
 
 /**
@@ -111,9 +111,16 @@ export interface EchoedHistory<R extends HeadLike = RecordHead> {
  * Matches each assistant turn of `messages` to the session record that produced it and restores
  * it. A turn is looked up by its tool-call ids first (the engine issued them and agents keep them),
  * then by content; among several candidates the latest record that answered a conversation of
- * exactly this turn's position wins, else the latest. Linear in the records plus the messages.
+ * exactly this turn's position wins, else the latest. When several records answered the same
+ * words at that position (an agent and its sub-agent, in one session) and `tools` (the request's)
+ * is given, the one whose conversation is this one (its head's `conversation_key`) wins first.
+ * Linear in the records plus the messages (a prefix is hashed only for such a tie).
  */
-export function matchEchoedHistory<R extends HeadLike>(messages: readonly ChatMessage[], records: readonly R[]): EchoedHistory<R> {
+export function matchEchoedHistory<R extends HeadLike>(
+  messages: readonly ChatMessage[],
+  records: readonly R[],
+  conversation?: { tools: CanonicalChatRequest["tools"] },
+): EchoedHistory<R> {
   const byCallId = new Map<string, R>();
   const byText = new Map<string, R[]>();
   for (const r of records) {
@@ -124,10 +131,12 @@ export function matchEchoedHistory<R extends HeadLike>(messages: readonly ChatMe
     else byText.set(key, [r]);
   }
   const producers: (R | null)[] = [];
-  const out = messages.map((m, i): ChatMessage => {
+  const out: ChatMessage[] = [];
+  for (const [i, m] of messages.entries()) {
     if (m.role !== "assistant") {
       producers.push(null);
-      return m;
+      out.push(m);
+      continue;
     }
     let found: R | undefined;
     const ids = (m.tool_calls ?? []).map((c) => c.id);
@@ -136,11 +145,17 @@ export function matchEchoedHistory<R extends HeadLike>(messages: readonly ChatMe
     if (!found) {
       const candidates = (byText.get(contentText(m.content).trim()) ?? []).filter((r) => echoesRecord(m, r));
       // A retry answers the same position again; the agent kept the latest answer.
-      found = [...candidates].reverse().find((r) => r.message_count === i) ?? candidates.at(-1);
+      const here = candidates.filter((r) => r.message_count === i);
+      // The same words at the same position in another conversation of the session are not this turn.
+      if (here.length > 1 && conversation) {
+        const key = conversationKey(out, conversation.tools);
+        found = here.findLast((r) => (r as Partial<RecordHead>).conversation_key === key);
+      }
+      found ??= here.at(-1) ?? candidates.at(-1);
     }
     producers.push(found ?? null);
-    return found ? restore(m, found) : m;
-  });
+    out.push(found ? restore(m, found) : m);
+  }
   return { messages: out, producers };
 }
 
@@ -184,6 +199,17 @@ export function conversationKey(messages: readonly ChatMessage[], tools: Canonic
   let text = stable(tools ?? []);
   for (const m of messages) text += `\u0000${messageKey(m)}`;
   return hash("sha256", text, "base64url");
+}
+
+/**
+ * `conversationKey` of every prefix of `messages` (entry i: of messages[0..i), for i up to
+ * messages.length), in one pass: feeding the parts in turn gives the same digest as one string.
+ */
+export function prefixConversationKeys(messages: readonly ChatMessage[], tools: CanonicalChatRequest["tools"]): string[] {
+  const h = createHash("sha256").update(stable(tools ?? []));
+  const keys = [h.copy().digest("base64url")];
+  for (const m of messages) keys.push(h.update(`\u0000${messageKey(m)}`).copy().digest("base64url"));
+  return keys;
 }
 
 /** The head of a record: what later calls read to restore history and find what they continue. */

@@ -7,6 +7,7 @@ import {
   applySessionSampling,
   findExtendedRecord,
   matchEchoedHistory,
+  prefixConversationKeys,
   recordHead,
   resultAsEvents,
   type EchoedHistory,
@@ -40,6 +41,24 @@ const noIds = (): null => null;
 /** The engine could not serve the call (unreachable, or a 5xx): worth another rank, unlike a refusal. */
 function rankFailed(err: unknown): boolean {
   return err instanceof EngineError && (err.kind === "unreachable" || (err.kind === "rejected" && err.status === 502));
+}
+
+/**
+ * Whether an echoed assistant turn of `agent`'s request is not surely matched to its producer:
+ * none was found, or one was found by its text while the turn's tool calls carry an id that record
+ * did not issue, or that record answered another conversation (`history`: the turns as restored).
+ */
+function unsurelyMatched(agent: CanonicalChatRequest, history: EchoedHistory): boolean {
+  let keys: string[] | undefined;
+  return history.producers.some((producer, i) => {
+    const m = agent.messages[i]!;
+    if (m.role !== "assistant") return false;
+    if (!producer) return true;
+    const id = m.tool_calls?.[0]?.id;
+    if (id) return !producer.message.tool_calls.some((c) => c.id === id);
+    keys ??= prefixConversationKeys(history.messages, agent.tools);
+    return producer.conversation_key !== keys[i];
+  });
 }
 
 /** A call refused before it reached an engine (session limits); `status` and `code` go to the agent. */
@@ -182,14 +201,17 @@ export class ChatCaller {
     // there are such turns; the one full record a token-in continuation needs is read after.
     let history: EchoedHistory | null = null;
     if (heads && canonical.messages.some((m) => m.role === "assistant")) {
-      history = matchEchoedHistory(canonical.messages, heads);
+      history = matchEchoedHistory(canonical.messages, heads, { tools: canonical.tools });
       // An echoed turn no record answers may be the answer of an earlier call another replica
-      // served and is still storing: once the session's earlier calls are stored, it is matched again.
-      if (history.producers.some((p, i) => !p && canonical.messages[i]!.role === "assistant")) {
-        if (await this.deps.pending.earlierStored(session.id, seq)) {
-          heads = await this.deps.sessions.recordHeads(session.id);
-          history = matchEchoedHistory(canonical.messages, heads);
-        }
+      // served: still being stored, or stored just after these heads were read (with the session,
+      // or before this call's number was taken). So may a turn matched only by its text to a record
+      // that is not its own (the same answer given in another conversation of the session, a
+      // sub-agent's). When an earlier call has no head in what was read and a turn is not surely
+      // matched, the session's earlier calls are waited for and the heads read again (only the new ones).
+      if (heads.filter((h) => h.seq < seq).length < seq && unsurelyMatched(canonical, history)) {
+        await this.deps.pending.earlierSettled(session.id, seq);
+        heads = await this.deps.sessions.recordHeads(session.id);
+        history = matchEchoedHistory(canonical.messages, heads, { tools: canonical.tools });
       }
     }
     const request: CanonicalChatRequest = {

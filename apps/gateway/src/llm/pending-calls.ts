@@ -102,13 +102,12 @@ export class PendingCalls {
   }
 
   /**
-   * Whether calls of the session numbered below `seq` were pending on another replica and are all
-   * stored now (waited for at most ECHO_WAIT_MS): the session's records are then worth reading again.
+   * Waits until no call of the session numbered below `seq` is pending on any replica, at most
+   * ECHO_WAIT_MS (an earlier call still running must not hold this one up long): its record, if it
+   * has one, is then stored.
    */
-  async earlierStored(sid: string, seq: number): Promise<boolean> {
-    const earlier = (await this.deps.sessions.pendingCalls(sid)).filter((s) => s < seq);
-    if (earlier.length === 0) return false;
-    return (await this.settled(sid, { below: seq, timeoutMs: Math.min(this.deps.waitMs, ECHO_WAIT_MS) })).length === 0;
+  async earlierSettled(sid: string, seq: number): Promise<void> {
+    await this.settled(sid, { below: seq, timeoutMs: Math.min(this.deps.waitMs, ECHO_WAIT_MS) });
   }
 
   /**

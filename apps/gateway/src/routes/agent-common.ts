@@ -67,13 +67,18 @@ const presented = new WeakMap<FastifyRequest, string>();
 
 /**
  * What this process learned of a session when it checked a token for it: its token hash and
- * whether it is a branch's, neither of which ever changes (bounded; the oldest go first).
+ * whether it is a branch's, neither of which changes while the session exists (bounded; the oldest
+ * go first). A session deleted and made again under its id has another token: what was learned of
+ * the old one is replaced once a token of the new one is checked, and until then the old hash only
+ * ever fails to take a number (getForCall `tokenHash`).
  */
 const known = new Map<string, { tokenHash: string; replay: boolean }>();
 const KNOWN_MAX = 100_000;
 function remember(sid: string, tokenHash: string, replay: boolean): void {
-  if (known.has(sid)) return;
-  if (known.size >= KNOWN_MAX) {
+  const had = known.get(sid);
+  if (had?.tokenHash === tokenHash) return;
+  if (had) known.delete(sid);
+  else if (known.size >= KNOWN_MAX) {
     const oldest = known.keys().next().value;
     if (oldest !== undefined) known.delete(oldest);
   }
@@ -106,7 +111,8 @@ export async function authorizeSession(
   const k = token && takeSeq ? known.get(sid) : undefined;
   const early = k !== undefined && !k.replay && !req.validationError && !ctx.rateLimit?.enabled && tokenMatches(token!, k.tokenHash);
   // The session and (early) the call's number in one step: one Redis command per call, not two.
-  const reading = token ? ctx.sessions.getForCall(sid, { takeSeq: early }) : null;
+  // Taken only if that hash is still the session's: an old token of a session made again under its id takes nothing.
+  const reading = token ? ctx.sessions.getForCall(sid, early ? { takeSeq: true, tokenHash: k.tokenHash } : {}) : null;
   // Sent in the same tick as the session read: both leave in one write (auto-pipelined).
   const heads = reading && history && !req.validationError && ctx.caller.pending.local(sid) === null ? ctx.sessions.recordHeads(sid) : undefined;
   // Not wanted when the call is refused; a failed read is the call's failure only if it is used.
