@@ -23,7 +23,10 @@ const ROUNDS = Number(env.ROUNDS ?? 3);
 const MODEL = "Qwen/Qwen3-8B";
 const WORDS = "the of and to in is that for it as was with be by on not this are or from at which but have an they you were there been one all we their has would when if so no will more out up into do said what about its than them can only other new some could time these two may first then any like now over such even most made after also did many before must through back years where much your way well down should because each just those people".split(" ");
 
-/** The same long text for every run (a linear congruential generator over common words). */
+/**
+ * The same long text for every run (a linear congruential generator over common words).
+ * @param {number} words
+ */
 function text(words) {
   let seed = 7;
   const out = [];
@@ -43,9 +46,14 @@ const proxy = await startFastifyProxy(engine.ready);
 const dispatcher = new Agent({ connections: CONC * 2, keepAliveTimeout: 30_000, headersTimeout: 120_000, bodyTimeout: 120_000 });
 
 /** @typedef {{ role: string, content: string }} Message */
-/** @typedef {{ name: string, proc: { proc: { pid: number } }, url: (k: number) => string, headers: (k: number) => Record<string, string>, convs: Message[][] }} Target */
+/** @typedef {{ name: string, proc: import("./lib/procs.mjs").Child, url: (k: number) => string, headers: (k: number) => Record<string, string>, convs: Message[][] }} Target */
 
-/** One call; the answer's text and its prompt tokens. */
+/**
+ * One call; the answer's text and its prompt tokens.
+ * @param {string} url
+ * @param {Record<string, string>} headers
+ * @param {Message[]} messages
+ */
 async function call(url, headers, messages) {
   const res = await request(url, { method: "POST", dispatcher, headers: { "content-type": "application/json", ...headers }, body: JSON.stringify({ model: MODEL, messages, max_tokens: 16 }) });
   const body = await res.body.text();
@@ -56,6 +64,7 @@ async function call(url, headers, messages) {
 
 /** CALLS turns of each of the target's conversations, CONC at once; CPU of the middle and the engine per call. */
 async function turns(/** @type {Target} */ t) {
+  /** @type {number[]} */
   const prompt = [];
   const mid0 = procCpu(t.proc.proc.pid).self;
   const eng0 = procCpu(engine.proc.pid).self;
@@ -87,11 +96,15 @@ try {
     /** @type {Record<string, Awaited<ReturnType<typeof turns>>[]>} */
     const got = Object.fromEntries(targets.map((t) => [t.name, []]));
     for (let r = 0; r <= ROUNDS; r++) {
+      /** @type {string[]} */
+      const line = [];
       for (const t of targets) {
         const m = await turns(t);
-        if (r > 0) got[t.name].push(m); // round 0 warms up
+        if (r === 0) continue; // round 0 warms up
+        got[t.name]?.push(m);
+        line.push(`${t.name} ${round(m.middle, 3)} ms/call`);
       }
-      if (r > 0) console.log(`long-context ${words} words round ${r}: ${targets.map((t) => `${t.name} ${round(got[t.name].at(-1).middle, 3)} ms/call`).join(", ")}`);
+      if (r > 0) console.log(`long-context ${words} words round ${r}: ${line.join(", ")}`);
     }
     const proxyCpu = median(got.fastify_proxy.map((m) => m.middle));
     for (const t of targets) {
