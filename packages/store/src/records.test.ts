@@ -177,7 +177,7 @@ describe("completion records in Redis", () => {
 
   it("remember recent records within a byte budget, least recently written sessions dropped first", () => {
     const bases = new RecordBases(8, 3000);
-    const cand = (seq: number, n: number) => ({ seq, id: `c${seq}`, ids: new Int32Array(n), messages: [], rest: "", answer: { content: null, reasoning: null, tool_calls: null } });
+    const cand = (seq: number, n: number) => ({ seq, id: `c${seq}`, ids: new Int32Array(n), promptLength: n, messages: [], rest: "", answer: { content: null, reasoning: null, tool_calls: null } });
     bases.add("a", cand(0, 200));
     bases.add("b", cand(0, 200));
     bases.add("a", cand(1, 300), 0); // a's call 1 holds all of call 0: it replaces it
@@ -236,6 +236,54 @@ describe("completion records in Redis", () => {
     await a.appendRecord(next, head(next));
     expect(await a.records("s-h")).toEqual([other0, next]);
     expect(await b.record("s-h", 1)).toEqual(next);
+  });
+
+  it("answer a record's ids from what this process wrote only for that very record: evicted, another replica's or another life of the session read from Redis", async () => {
+    const ownIds = (r: CompletionRecord) => ({ seq: r.seq, prompt_ids: r.prompt_ids, output_ids: r.output_ids });
+    const a = await open("i", "s-i");
+    const records = conversation("s-i", [0, 1, 2]);
+    for (const r of records) await a.appendRecord(r, head(r));
+    const k = keys(`${prefix}-i`).records("s-i");
+    const stored = await redis.hgetallBuffer(k);
+    // The last record is remembered (it is the base of the next call): answered without Redis.
+    await redis.del(k);
+    expect(await a.recordIds("s-i", 2, "c2")).toEqual(ownIds(records[2]!));
+    // Not remembered (superseded by the record extending it) or not asked by id: read from Redis, which has none now.
+    expect(await a.recordIds("s-i", 1, "c1")).toBeNull();
+    expect(await a.recordIds("s-i", 2)).toBeNull();
+    // Another record at that seq (the session deleted and made again under its id): not the remembered one.
+    expect(await a.recordIds("s-i", 2, "c2-second-life")).toBeNull();
+    for (const [seq, v] of Object.entries(stored)) await redis.hset(k, seq, v);
+    const b = new SessionStore(redis, `${prefix}-i`);
+    await b.delete("s-i", new Date());
+    await b.create("s-i", { sampling: {}, limits: {}, metadata: {} }, hashToken("t2"), assignment, "0:0", new Date());
+    const [, , again] = conversation("s-i", [0, 1, 2]);
+    const second = { ...again!, id: "c2-second-life" };
+    await b.appendRecord(second, head(second));
+    expect(await a.recordIds("s-i", 2, "c2-second-life")).toEqual(ownIds(second));
+    // Another replica's record: read from Redis by `a`, from memory by `b`.
+    const [, , , next] = conversation("s-i", [0, 1, 2, 3]);
+    await b.appendRecord(next!, head(next!));
+    expect(await a.recordIds("s-i", 3, "c3")).toEqual(ownIds(next!));
+    expect(await b.recordIds("s-i", 3, "c3")).toEqual(ownIds(next!));
+    // A session this process deleted is forgotten.
+    await b.delete("s-i", new Date());
+    expect(await b.recordIds("s-i", 3, "c3")).toBeNull();
+  });
+
+  it("a record whose memory the byte budget dropped is read from Redis, exactly", async () => {
+    const store = new SessionStore(redis, `${prefix}-j`, { baseCacheBytes: 4096 });
+    for (const sid of ["s-j1", "s-j2"]) await store.create(sid, { sampling: {}, limits: {}, metadata: {} }, hashToken("t"), assignment, "0:0", new Date());
+    const one = conversation("s-j1", [0, 1], { system: ids(600) });
+    const two = conversation("s-j2", [0, 1], { system: ids(600) });
+    for (const r of [...one, ...two]) await store.appendRecord(r, head(r));
+    // s-j1's records no longer fit beside s-j2's: its last one is read through its chain.
+    const k = keys(`${prefix}-j`).records("s-j1");
+    expect((await redis.hgetBuffer(k, "1"))!.toString("latin1", 0, 3)).toBe("\x020;");
+    expect(await store.recordIds("s-j1", 1, "c1")).toEqual({ seq: 1, prompt_ids: one[1]!.prompt_ids, output_ids: one[1]!.output_ids });
+    await redis.del(k);
+    expect(await store.recordIds("s-j1", 1, "c1")).toBeNull();
+    expect(await store.recordIds("s-j2", 1, "c1")).toEqual({ seq: 1, prompt_ids: two[1]!.prompt_ids, output_ids: two[1]!.output_ids });
   });
 
   it("a corrupt stored record is an error naming it, not a guess", async () => {

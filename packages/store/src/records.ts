@@ -53,6 +53,8 @@ export interface BaseCandidate {
   id: string;
   /** prompt_ids ++ output_ids */
   ids: Int32Array;
+  /** How many of `ids` are the prompt's. */
+  promptLength: number;
   /** A hash of each request message's JSON. */
   messages: string[];
   /** A hash of the request's other fields' JSON. */
@@ -191,7 +193,7 @@ export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandi
   };
   return {
     value: buf,
-    candidate: { seq: record.seq, id: record.id, ids, messages: messageHashes, rest: restHash, answer },
+    candidate: { seq: record.seq, id: record.id, ids, promptLength: prompt_ids.length, messages: messageHashes, rest: restHash, answer },
     supersedes,
     base: base ? { seq: base.seq, holds: idTag(base.id) } : null,
   };
@@ -404,6 +406,22 @@ export class RecordBases {
 
   of(sid: string): readonly BaseCandidate[] {
     return this.sessions.get(sid) ?? [];
+  }
+
+  /**
+   * The record `seq` of the session, when this process wrote it and still remembers it, and it is
+   * the record `id` (record ids are unique: a session deleted and made again under its id, by
+   * this process or another, has records of other ids). What it holds is what was stored: a
+   * record is written once, under a seq no other call takes.
+   */
+  find(sid: string, seq: number, id: string): BaseCandidate | null {
+    const list = this.sessions.get(sid);
+    if (!list) return null;
+    for (let i = list.length - 1; i >= 0; i--) {
+      const c = list[i]!;
+      if (c.seq === seq) return c.id === id ? c : null;
+    }
+    return null;
   }
 
   add(sid: string, c: BaseCandidate, supersedes: number | null = null): void {

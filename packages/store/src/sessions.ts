@@ -663,8 +663,22 @@ export class SessionStore {
     return decodeRecords(raw, [seq], `session ${id}`).get(seq)!;
   }
 
-  /** The prompt and output ids of one record (decoded as records.ts `decodeRecordIds` says), or null when there is none. */
-  async recordIds(id: string, seq: number): Promise<{ seq: number; prompt_ids: number[]; output_ids: number[] } | null> {
+  /**
+   * The prompt and output ids of one record (decoded as records.ts `decodeRecordIds` says), or null
+   * when there is none. `recordId`: the record's id as its head gives it; when this process wrote
+   * that very record and still remembers it as a base (RecordBases), its ids are answered from
+   * there, without reading and decoding its chain of bases from Redis.
+   */
+  async recordIds(id: string, seq: number, recordId?: string): Promise<{ seq: number; prompt_ids: number[]; output_ids: number[] } | null> {
+    const known = recordId === undefined ? null : this.bases.find(id, seq, recordId);
+    if (known) {
+      const { ids, promptLength } = known;
+      const prompt_ids: number[] = [];
+      const output_ids: number[] = [];
+      for (let i = 0; i < promptLength; i++) prompt_ids.push(ids[i]!);
+      for (let i = promptLength; i < ids.length; i++) output_ids.push(ids[i]!);
+      return { seq, prompt_ids, output_ids };
+    }
     const chain = (await this.scripts.recordChainBuffer(this.k.records(id), String(seq))) as Buffer[];
     if (chain.length === 0) return null;
     const raw = new Map<number, Buffer>();
