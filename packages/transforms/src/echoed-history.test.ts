@@ -198,4 +198,43 @@ describe("conversationKey", () => {
     const messages: ChatMessage[] = [{ role: "user", content: "hi" }];
     expect(conversationKey(messages, tools)).toBe(reference(messages, tools));
   });
+
+  // A call keys its messages twice (looking for the record it continues, then for its own record's
+  // head): the second time must see any change made to a message in between.
+  it("follows a message changed in place after it was keyed", () => {
+    fc.assert(
+      fc.property(fc.array(message, { minLength: 1, maxLength: 6 }), fc.nat(), message, (messages, at, other) => {
+        expect(conversationKey(messages, undefined)).toBe(reference(messages, undefined));
+        const m = messages[at % messages.length] as unknown as Record<string, unknown>;
+        for (const k of Object.keys(m)) delete m[k];
+        Object.assign(m, structuredClone(other));
+        expect(conversationKey(messages, undefined)).toBe(reference(messages, undefined));
+      }),
+      { numRuns: 2000 },
+    );
+    const call = { id: "c1", type: "function" as const, function: { name: "shell", arguments: '{"cmd":"ls"}' } };
+    const turn: ChatMessage = { role: "assistant", content: "listing", reasoning: "look first", tool_calls: [call] };
+    const user: ChatMessage = { role: "user", content: "go", name: "ann" };
+    const messages = [user, turn];
+    const edits: (() => void)[] = [
+      () => (user.content = "go on"),
+      () => (user.name = "bob"),
+      () => ((user as { content: unknown }).content = [{ type: "text", text: "go on, please" }]),
+      () => (turn.reasoning = "look twice"),
+      () => (turn.content = "listing all"),
+      () => (call.function.arguments = '{"cmd": "ls -la"}'),
+      () => (call.function.name = "bash"),
+      () => turn.tool_calls!.push({ ...call, function: { ...call.function } }),
+      () => delete turn.tool_calls,
+      () => ((turn as { role: string }).role = "system"),
+    ];
+    for (const edit of edits) {
+      const before = conversationKey(messages, undefined);
+      expect(before).toBe(reference(messages, undefined));
+      edit();
+      const after = conversationKey(messages, undefined);
+      expect(after).toBe(reference(messages, undefined));
+      expect(after).not.toBe(before);
+    }
+  });
 });

@@ -157,6 +157,15 @@ export function restoreEchoedHistory(messages: readonly ChatMessage[], records: 
  * same whichever normalised form it was sent in.
  */
 function messageKey(m: ChatMessage): string {
+  const memo = keyMemo.get(m);
+  if (memo && memoHolds(memo, m)) return memo.key;
+  const key = computeMessageKey(m);
+  const seen = memoOf(m, key);
+  if (seen) keyMemo.set(m, seen);
+  return key;
+}
+
+function computeMessageKey(m: ChatMessage): string {
   // Spelled out, the string stable() makes of the same arrays (keys are stored with records, so
   // they must not change): this runs over every message of every recorded call, and building the
   // arrays to walk them again was most of its cost on long conversations.
@@ -176,14 +185,68 @@ function messageKey(m: ChatMessage): string {
 }
 
 /**
+ * A message's key as computed, with every value it was computed from (each a string, null or
+ * undefined). A call keys its messages when it looks for the record it continues and again when
+ * its own record's head is written; the second time is a lookup, checked value by value (a
+ * string compares by reference first), so a message changed in between is keyed again.
+ */
+interface KeyMemo {
+  key: string;
+  role: string;
+  content: string | null | undefined;
+  /** `name` of a user message, `reasoning` of an assistant one. */
+  extra: string | null | undefined;
+  /** An assistant message's tool calls: name, arguments, name, arguments, … */
+  calls: (string | undefined)[] | null;
+}
+const keyMemo = new WeakMap<ChatMessage, KeyMemo>();
+
+const plain = (v: unknown): v is string | null | undefined => v == null || typeof v === "string";
+
+/** What `computeMessageKey` read of `m`, when all of it is plain values (else it is not memoised). */
+function memoOf(m: ChatMessage, key: string): KeyMemo | null {
+  if (!plain(m.content)) return null;
+  const extra = m.role === "user" ? m.name : m.role === "assistant" ? m.reasoning : undefined;
+  if (!plain(extra)) return null;
+  let calls: (string | undefined)[] | null = null;
+  if (m.role === "assistant" && m.tool_calls) {
+    calls = [];
+    for (const c of m.tool_calls) {
+      const { name, arguments: args } = c.function;
+      if (typeof name !== "string" || typeof args !== "string") return null;
+      calls.push(name, args);
+    }
+  }
+  return { key, role: m.role, content: m.content, extra, calls };
+}
+
+function memoHolds(memo: KeyMemo, m: ChatMessage): boolean {
+  if (memo.role !== m.role || memo.content !== m.content) return false;
+  if (memo.extra !== (m.role === "user" ? m.name : m.role === "assistant" ? m.reasoning : undefined)) return false;
+  const calls = m.role === "assistant" ? m.tool_calls : undefined;
+  if (!calls || !memo.calls) return !calls && !memo.calls;
+  if (memo.calls.length !== 2 * calls.length) return false;
+  for (let i = 0; i < calls.length; i++) {
+    const f = calls[i]!.function;
+    if (memo.calls[2 * i] !== f.name || memo.calls[2 * i + 1] !== f.arguments) return false;
+  }
+  return true;
+}
+
+/** The conversation key of the first `count` messages, from their keys. */
+function keyOfKeys(keys: readonly string[], count: number, tools: CanonicalChatRequest["tools"]): string {
+  // One string, one digest (the same as feeding the parts in turn, at less CPU per call).
+  let text = stable(tools ?? []);
+  for (let i = 0; i < count; i++) text += `\u0000${keys[i]!}`;
+  return hash("sha256", text, "base64url");
+}
+
+/**
  * A hash of a conversation as the chat template sees it (messages by `messageKey`, and the tools,
  * which are rendered into the prompt's head). Equal keys: the engine renders the same prompt.
  */
 export function conversationKey(messages: readonly ChatMessage[], tools: CanonicalChatRequest["tools"]): string {
-  // One string, one digest (the same as feeding the parts in turn, at less CPU per call).
-  let text = stable(tools ?? []);
-  for (const m of messages) text += `\u0000${messageKey(m)}`;
-  return hash("sha256", text, "base64url");
+  return keyOfKeys(messages.map(messageKey), messages.length, tools);
 }
 
 /** The head of a record: what later calls read to restore history and find what they continue. */
@@ -221,7 +284,7 @@ export function findExtendedRecord<R extends HeadLike & Pick<RecordHead, "conver
     if (!r || r.message_count !== i) continue;
     keys ??= messages.map(messageKey);
     if (messageKey(recordedAssistantMessage(r)) !== keys[i]) continue;
-    if (conversationKey(messages.slice(0, i), request.tools) === r.conversation_key) return { record: r, index: i };
+    if (keyOfKeys(keys, i, request.tools) === r.conversation_key) return { record: r, index: i };
   }
   return null;
 }
