@@ -79,6 +79,9 @@ function conversation(sid: string, seqs: number[], opts: { system?: number[]; lo
   return out;
 }
 
+/** What recordIds answers for a record: its seq and its ids, as typed arrays. */
+const idsOf = (r: CompletionRecord) => ({ seq: r.seq, prompt_ids: Int32Array.from(r.prompt_ids), output_ids: Int32Array.from(r.output_ids) });
+
 const storedBytes = async (key: string) => {
   const fields = await redis.hkeys(key);
   let n = 0;
@@ -97,7 +100,7 @@ describe("completion records in Redis", () => {
     for (const r of records) expect(await other.record("s-a", r.seq)).toEqual(r);
     expect(await other.record("s-a", 99)).toBeNull();
     // Only the ids (what a token-in continuation reads): the record's own, through its chain.
-    for (const r of records) expect(await other.recordIds("s-a", r.seq)).toEqual({ seq: r.seq, prompt_ids: r.prompt_ids, output_ids: r.output_ids });
+    for (const r of records) expect(await other.recordIds("s-a", r.seq)).toEqual(idsOf(r));
     expect(await other.recordIds("s-a", 99)).toBeNull();
     // The records as the API sends them are the JSON the previous format gave, key order included.
     const asBefore = records.map((r) => CompletionRecord.parse(JSON.parse(JSON.stringify(r))));
@@ -149,7 +152,7 @@ describe("completion records in Redis", () => {
     expect(await store.records("s-c")).toEqual([old0, old1, new2, new3]);
     expect(await store.record("s-c", 1)).toEqual(old1);
     expect(await store.record("s-c", 3)).toEqual(new3);
-    for (const r of [old1!, new3!]) expect(await store.recordIds("s-c", r.seq)).toEqual({ seq: r.seq, prompt_ids: r.prompt_ids, output_ids: r.output_ids });
+    for (const r of [old1!, new3!]) expect(await store.recordIds("s-c", r.seq)).toEqual(idsOf(r));
     expect((await redis.hgetBuffer(k, "3"))![0]).toBe(2);
   });
 
@@ -239,7 +242,6 @@ describe("completion records in Redis", () => {
   });
 
   it("answer a record's ids from what this process wrote only for that very record: evicted, another replica's or another life of the session read from Redis", async () => {
-    const ownIds = (r: CompletionRecord) => ({ seq: r.seq, prompt_ids: r.prompt_ids, output_ids: r.output_ids });
     const a = await open("i", "s-i");
     const records = conversation("s-i", [0, 1, 2]);
     for (const r of records) await a.appendRecord(r, head(r));
@@ -247,7 +249,12 @@ describe("completion records in Redis", () => {
     const stored = await redis.hgetallBuffer(k);
     // The last record is remembered (it is the base of the next call): answered without Redis.
     await redis.del(k);
-    expect(await a.recordIds("s-i", 2, "c2")).toEqual(ownIds(records[2]!));
+    const got = (await a.recordIds("s-i", 2, "c2"))!;
+    expect(got).toEqual(idsOf(records[2]!));
+    // The caller's own copy: changing it changes nothing remembered.
+    got.prompt_ids[0] = -1;
+    got.output_ids[0] = -1;
+    expect(await a.recordIds("s-i", 2, "c2")).toEqual(idsOf(records[2]!));
     // Not remembered (superseded by the record extending it) or not asked by id: read from Redis, which has none now.
     expect(await a.recordIds("s-i", 1, "c1")).toBeNull();
     expect(await a.recordIds("s-i", 2)).toBeNull();
@@ -260,12 +267,12 @@ describe("completion records in Redis", () => {
     const [, , again] = conversation("s-i", [0, 1, 2]);
     const second = { ...again!, id: "c2-second-life" };
     await b.appendRecord(second, head(second));
-    expect(await a.recordIds("s-i", 2, "c2-second-life")).toEqual(ownIds(second));
+    expect(await a.recordIds("s-i", 2, "c2-second-life")).toEqual(idsOf(second));
     // Another replica's record: read from Redis by `a`, from memory by `b`.
     const [, , , next] = conversation("s-i", [0, 1, 2, 3]);
     await b.appendRecord(next!, head(next!));
-    expect(await a.recordIds("s-i", 3, "c3")).toEqual(ownIds(next!));
-    expect(await b.recordIds("s-i", 3, "c3")).toEqual(ownIds(next!));
+    expect(await a.recordIds("s-i", 3, "c3")).toEqual(idsOf(next!));
+    expect(await b.recordIds("s-i", 3, "c3")).toEqual(idsOf(next!));
     // A session this process deleted is forgotten.
     await b.delete("s-i", new Date());
     expect(await b.recordIds("s-i", 3, "c3")).toBeNull();
@@ -280,10 +287,10 @@ describe("completion records in Redis", () => {
     // s-j1's records no longer fit beside s-j2's: its last one is read through its chain.
     const k = keys(`${prefix}-j`).records("s-j1");
     expect((await redis.hgetBuffer(k, "1"))!.toString("latin1", 0, 3)).toBe("\x020;");
-    expect(await store.recordIds("s-j1", 1, "c1")).toEqual({ seq: 1, prompt_ids: one[1]!.prompt_ids, output_ids: one[1]!.output_ids });
+    expect(await store.recordIds("s-j1", 1, "c1")).toEqual(idsOf(one[1]!));
     await redis.del(k);
     expect(await store.recordIds("s-j1", 1, "c1")).toBeNull();
-    expect(await store.recordIds("s-j2", 1, "c1")).toEqual({ seq: 1, prompt_ids: two[1]!.prompt_ids, output_ids: two[1]!.output_ids });
+    expect(await store.recordIds("s-j2", 1, "c1")).toEqual(idsOf(two[1]!));
   });
 
   it("a corrupt stored record is an error naming it, not a guess", async () => {

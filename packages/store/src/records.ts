@@ -275,16 +275,17 @@ interface Decoded {
 }
 
 /**
- * Only the prompt and output ids of the record `seq` (what a token-in continuation of it needs):
- * its chain is decoded as bases are, without the schema pass over its request or its logprobs.
- * A record of format 1 is decoded whole. `raw` as for decodeRecords.
+ * Only the prompt and output ids of the record `seq` (what a token-in continuation needs), as
+ * typed arrays of their own: its chain is decoded as bases are, without the schema pass over its
+ * request or its logprobs, nor a JS array built of ids that are only compared. A record of format
+ * 1 is decoded whole. `raw` as for decodeRecords.
  */
-export function decodeRecordIds(raw: ReadonlyMap<number, Buffer>, seq: number, what: string): { prompt_ids: number[]; output_ids: number[] } {
+export function decodeRecordIds(raw: ReadonlyMap<number, Buffer>, seq: number, what: string): { prompt_ids: Int32Array; output_ids: Int32Array } {
   const own = raw.get(seq);
   if (!own) throw new Error(`stored record ${seq} of ${what} is missing`);
   if (own[0] !== RECORD_FORMAT_2) {
     const { prompt_ids, output_ids } = decodeRecords(raw, [seq], what).get(seq)!;
-    return { prompt_ids, output_ids };
+    return { prompt_ids: Int32Array.from(prompt_ids), output_ids: Int32Array.from(output_ids) };
   }
   const done = new Map<number, Decoded>();
   const chain = baseChain(raw, seq, done, what);
@@ -293,11 +294,7 @@ export function decodeRecordIds(raw: ReadonlyMap<number, Buffer>, seq: number, w
     done.set(s, decodeValue(raw.get(s)!, done, `record ${s} of ${what}`, false));
   }
   const { ids, promptLength } = done.get(seq)!;
-  const prompt_ids: number[] = [];
-  const output_ids: number[] = [];
-  for (let i = 0; i < promptLength!; i++) prompt_ids.push(ids![i]!);
-  for (let i = promptLength!; i < ids!.length; i++) output_ids.push(ids![i]!);
-  return { prompt_ids, output_ids };
+  return { prompt_ids: ids!.slice(0, promptLength), output_ids: ids!.slice(promptLength) };
 }
 
 function decodeValue(raw: Buffer, decoded: ReadonlyMap<number, Decoded>, what: string, validate: boolean): Decoded {
