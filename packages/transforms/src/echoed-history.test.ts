@@ -199,6 +199,41 @@ describe("conversationKey", () => {
     expect(conversationKey(messages, tools)).toBe(reference(messages, tools));
   });
 
+  // A call's own record's head continues the digest findExtendedRecord made of the conversation it
+  // continues: the key must be the whole conversation's, whatever changed in between.
+  it("of a call's own record, after findExtendedRecord hashed its prefix, is the whole conversation's", () => {
+    const fresh = () => {
+      const history = matchEchoedHistory(structuredClone(agentEcho), [r0, r1, r2]);
+      expect(findExtendedRecord({ messages: history.messages, tools: TOOLS }, history)).toEqual({ record: r2, index: 6 });
+      return history.messages;
+    };
+    let messages = fresh();
+    expect(conversationKey(messages, TOOLS)).toBe(reference(messages, TOOLS));
+    expect(conversationKey(messages, TOOLS)).toBe(reference(messages, TOOLS));
+    expect(conversationKey(messages, [])).toBe(reference(messages, []));
+    expect(conversationKey(messages.slice(0, 5), TOOLS)).toBe(reference(messages.slice(0, 5), TOOLS));
+    messages = fresh();
+    (messages[3] as { content: string }).content = "b.txt";
+    expect(conversationKey(messages, TOOLS)).toBe(reference(messages, TOOLS));
+    messages = fresh();
+    messages.push({ role: "user", content: "and more" });
+    expect(conversationKey(messages, TOOLS)).toBe(reference(messages, TOOLS));
+    messages = fresh();
+    messages.splice(1, 1);
+    expect(conversationKey(messages, TOOLS)).toBe(reference(messages, TOOLS));
+    messages = fresh();
+    messages.length = 3;
+    expect(conversationKey(messages, TOOLS)).toBe(reference(messages, TOOLS));
+    // The record's own array, the same objects but a turn normalised (as applyNormalizations gives it).
+    messages = fresh();
+    const normalised = [...messages];
+    expect(conversationKey(normalised, TOOLS)).toBe(reference(normalised, TOOLS));
+    normalised[4] = { ...normalised[4]!, content: "Reading." } as ChatMessage;
+    expect(conversationKey(normalised, TOOLS)).toBe(reference(normalised, TOOLS));
+    normalised[2] = { ...normalised[2]!, reasoning: "" } as ChatMessage;
+    expect(conversationKey(normalised, TOOLS)).toBe(reference(normalised, TOOLS));
+  });
+
   // A call keys its messages twice (looking for the record it continues, then for its own record's
   // head): the second time must see any change made to a message in between.
   it("follows a message changed in place after it was keyed", () => {

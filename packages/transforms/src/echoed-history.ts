@@ -1,4 +1,4 @@
-import { hash } from "node:crypto";
+import { createHash, hash, type Hash } from "node:crypto";
 import type { AssistantOutput, CanonicalChatRequest, ChatMessage, CompletionRecord, ContentPart, RecordHead, ToolCall } from "@rollgate/protocol";
 
 /**
@@ -242,11 +242,38 @@ function keyOfKeys(keys: readonly string[], count: number, tools: CanonicalChatR
 }
 
 /**
+ * The digest `findExtendedRecord` made of a conversation's first `count` messages, by the first
+ * message's object (the call's own record holds the same objects, in an array of its own when some
+ * turns were normalised): that record's head's key then hashes only what follows, when the keys
+ * of its first `count` messages are still those. Each part fed in turn gives the digest of their concatenation: parts
+ * are "\u0000", the tools' JSON and keys, which start and end in ASCII, so no surrogate pair spans two.
+ */
+interface PrefixDigest {
+  tools: string;
+  keys: readonly string[];
+  count: number;
+  state: Hash;
+}
+const prefixDigests = new WeakMap<ChatMessage, PrefixDigest>();
+
+/**
  * A hash of a conversation as the chat template sees it (messages by `messageKey`, and the tools,
  * which are rendered into the prompt's head). Equal keys: the engine renders the same prompt.
  */
 export function conversationKey(messages: readonly ChatMessage[], tools: CanonicalChatRequest["tools"]): string {
-  return keyOfKeys(messages.map(messageKey), messages.length, tools);
+  const keys = messages.map(messageKey);
+  const prefix = messages[0] && prefixDigests.get(messages[0]);
+  // Only when the prefix it hashed is still what these messages key to (compared key by key).
+  if (prefix && prefix.count <= keys.length && prefix.tools === stable(tools ?? [])) {
+    let same = true;
+    for (let i = 0; i < prefix.count && same; i++) same = prefix.keys[i] === keys[i];
+    if (same) {
+      const h = prefix.state.copy();
+      for (let i = prefix.count; i < keys.length; i++) h.update("\u0000").update(keys[i]!);
+      return h.digest("base64url");
+    }
+  }
+  return keyOfKeys(keys, keys.length, tools);
 }
 
 /** The head of a record: what later calls read to restore history and find what they continue. */
@@ -284,7 +311,13 @@ export function findExtendedRecord<R extends HeadLike & Pick<RecordHead, "conver
     if (!r || r.message_count !== i) continue;
     keys ??= messages.map(messageKey);
     if (messageKey(recordedAssistantMessage(r)) !== keys[i]) continue;
-    if (keyOfKeys(keys, i, request.tools) === r.conversation_key) return { record: r, index: i };
+    const tools = stable(request.tools ?? []);
+    const state = createHash("sha256").update(tools);
+    for (let j = 0; j < i; j++) state.update("\u0000").update(keys[j]!);
+    if (state.copy().digest("base64url") === r.conversation_key) {
+      prefixDigests.set(messages[0]!, { tools, keys, count: i, state });
+      return { record: r, index: i };
+    }
   }
   return null;
 }
