@@ -3,7 +3,7 @@ import { CompletionRecord, type RecordHead } from "@rollgate/protocol";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { keys } from "./keys.js";
-import { encodeRecord, RecordBases } from "./records.js";
+import { encodeRecord, messageHash, RecordBases } from "./records.js";
 import { hashToken, SessionStore } from "./sessions.js";
 
 // Real Redis, a prefix of our own, removed afterwards.
@@ -307,6 +307,71 @@ describe("completion records in Redis", () => {
     await redis.hset(k, "0", JSON.stringify(r0));
     await expect(store.records("s-g")).rejects.toThrow(/stored record 1 of session s-g is corrupt/);
     await expect(store.recordIds("s-g", 1)).rejects.toThrow(/stored record 1 of session s-g is corrupt/);
+  });
+});
+
+describe("messageHash", () => {
+  // A delta takes the base's messages while their hashes agree: equal hashes must mean equal JSON.
+  const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
+  const texts = ["", "ls -la", "a\"b\\c\n\t\u0001", "\u00e9t\u00e9 \u4e2d\u6587", "\ud83d\ude00 ok", "\ud800", "\udc00", "\ud801", "\ud800\udc00", "s3:abc", "}{[]", "k1:a"];
+  const leaf = (): unknown => pick<() => unknown>([() => pick(texts), () => pick(texts) + pick(texts), () => pick([0, -0, 1, 1.5, -2e-300, NaN, Infinity]), () => pick([true, false, null]), () => undefined])();
+  const value = (depth: number): unknown => {
+    if (depth <= 0 || rand() < 0.35) return leaf();
+    if (rand() < 0.4) return Array.from({ length: Math.floor(rand() * 4) }, () => value(depth - 1));
+    const o: Record<string, unknown> = {};
+    for (let i = Math.floor(rand() * 4); i > 0; i--) o[pick(["role", "content", "name", "tool_calls", "\ud800", "k1:a", "s3"])] = value(depth - 1);
+    return o;
+  };
+  /** The same value, or one changed a little: a leaf swapped, a key order, a key added or dropped. */
+  const variant = (v: unknown): unknown => {
+    if (rand() < 0.3) return rand() < 0.5 ? leaf() : structuredClone(v);
+    if (Array.isArray(v)) return rand() < 0.2 ? [...v, leaf()] : v.map((x) => (rand() < 0.5 ? variant(x) : x));
+    if (v && typeof v === "object") {
+      const entries = Object.entries(v).map(([k, x]) => [k, rand() < 0.5 ? variant(x) : x] as const);
+      if (rand() < 0.2) entries.reverse();
+      if (rand() < 0.2) entries.pop();
+      return Object.fromEntries(entries);
+    }
+    return rand() < 0.5 ? v : leaf();
+  };
+
+  it("is equal for two messages exactly when their JSON is", () => {
+    let equal = 0;
+    for (let i = 0; i < 20_000; i++) {
+      const a = value(4);
+      if (a === undefined || typeof a !== "object" || a === null) continue;
+      const b = variant(a);
+      if (b === undefined) continue;
+      const same = JSON.stringify(a) === JSON.stringify(b);
+      if (same) equal++;
+      expect(messageHash(a) === messageHash(b), `${JSON.stringify(a)} vs ${JSON.stringify(b)}`).toBe(same);
+    }
+    // Both outcomes were tried, many times.
+    expect(equal).toBeGreaterThan(2000);
+    // Strings that only differ in a lone surrogate (the same UTF-8), and values JSON writes alike.
+    expect(messageHash({ content: "\ud800" })).not.toBe(messageHash({ content: "\ud801" }));
+    expect(messageHash({ content: "\ud800" })).not.toBe(messageHash({ content: "\ufffd" }));
+    expect(messageHash({ ["\ud800"]: 1 })).not.toBe(messageHash({ ["\udc00"]: 1 }));
+    expect(messageHash({ a: [undefined, NaN], b: undefined, c: -0 })).toBe(messageHash({ a: [null, null], c: 0 }));
+    expect(messageHash({ at: new Date(0) })).toBe(messageHash({ at: new Date(0) }));
+    expect(messageHash({ at: new Date(0) })).not.toBe(messageHash({ at: new Date(1) }));
+  });
+
+  it("keeps apart, in a delta, messages whose text differs only in a lone surrogate", async () => {
+    const store = await open("k", "s-k");
+    const [r0, r1] = conversation("s-k", [0, 1]);
+    const lone = (r: CompletionRecord, c: string): CompletionRecord => ({ ...r, request: { ...r.request, messages: [{ role: "user", content: c }, ...r.request.messages.slice(1)] } });
+    const a = lone(r0!, "see \ud800 here");
+    const b = lone(r1!, "see \udbff here");
+    await store.appendRecord(a, head(a));
+    await store.appendRecord(b, head(b));
+    const [x, y] = await new SessionStore(redis, `${prefix}-k`).records("s-k");
+    expect(JSON.stringify(x!.request.messages[0])).toBe(JSON.stringify(a.request.messages[0]));
+    expect(JSON.stringify(y!.request.messages[0])).toBe(JSON.stringify(b.request.messages[0]));
+    // Record 1 is still a delta of record 0 (its ids), only without its first message.
+    const raw = (await redis.hgetBuffer(keys(`${prefix}-k`).records("s-k"), "1"))!.toString("latin1");
+    expect(raw.startsWith("\x020;")).toBe(true);
+    expect(raw).toContain('"m":0');
   });
 });
 

@@ -55,7 +55,7 @@ export interface BaseCandidate {
   ids: Int32Array;
   /** How many of `ids` are the prompt's. */
   promptLength: number;
-  /** A hash of each request message's JSON. */
+  /** A hash of each request message's JSON (`messageHash`). */
   messages: string[];
   /** A hash of the request's other fields' JSON. */
   rest: string;
@@ -65,6 +65,52 @@ export interface BaseCandidate {
 
 // One-shot digests: about half the CPU of createHash().update().digest() on short strings.
 const hash = (s: string) => digest("sha1", s, "base64");
+
+/**
+ * A hash of a request message, equal for two messages exactly when their JSON is (what a delta's
+ * `m` counts, so it must not say equal where the JSON differs). Remembered in memory only, never
+ * stored. Hashed from `fingerprint`, not from the JSON: the JSON of a long message costs a scan
+ * for characters to escape and a copy, more than hashing the text itself.
+ */
+export function messageHash(m: unknown): string {
+  return hash(fingerprint(m));
+}
+
+// Whether a string has no lone surrogate, its UTF-8 then being its own (String.prototype.isWellFormed,
+// Node 20; free for one-byte strings; not in the ES2023 lib's types).
+const wellFormed = (s: string) => (s as unknown as { isWellFormed(): boolean }).isWellFormed();
+
+/**
+ * A string that determines `v`'s JSON and is determined by it, as JSON.stringify sees values:
+ * strings length-prefixed (text without surrogate halves as is, else its JSON, so the digest's
+ * UTF-8 never merges two strings), numbers, booleans and null as their JSON, arrays counted, object
+ * keys in their order and without the ones JSON leaves out. Anything else (a toJSON, a class) is
+ * its own JSON, length-prefixed. JSON.stringify's errors (a BigInt) are thrown as they were.
+ */
+function fingerprint(v: unknown): string {
+  if (typeof v === "string") return wellFormed(v) ? `s${v.length}:${v}` : `j${JSON.stringify(v)}`;
+  if (v === null || typeof v !== "object") return `p${JSON.stringify(v) ?? "null"};`;
+  const proto = Object.getPrototypeOf(v) as unknown;
+  if (typeof (v as { toJSON?: unknown }).toJSON === "function" || !(Array.isArray(v) ? proto === Array.prototype : proto === Object.prototype || proto === null)) {
+    const json = JSON.stringify(v);
+    return `o${json.length}:${json}`;
+  }
+  if (Array.isArray(v)) {
+    let out = `[${v.length}`;
+    // A hole, undefined, a function or a symbol: "pnull;", as JSON writes null.
+    for (let i = 0; i < v.length; i++) out += fingerprint(v[i]);
+    return `${out}]`;
+  }
+  let out = "{";
+  const o = v as Record<string, unknown>;
+  for (const k of Object.keys(o)) {
+    const x = o[k];
+    if (x === undefined || typeof x === "function" || typeof x === "symbol") continue;
+    out += `${wellFormed(k) ? `k${k.length}:${k}` : `K${JSON.stringify(k)}`}${fingerprint(x)}`;
+  }
+  return `${out}}`;
+}
+
 const INT32_MIN = -(2 ** 31);
 const INT32_MAX = 2 ** 31 - 1;
 
@@ -114,7 +160,7 @@ export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandi
     return { value: JSON.stringify(record), candidate: null, supersedes: null, base: null };
   }
   const { messages, ...requestRest } = rest.request;
-  const messageHashes = messages.map((m) => hash(JSON.stringify(m)));
+  const messageHashes = messages.map(messageHash);
   const restHash = hash(JSON.stringify(requestRest));
 
   // The first candidate (in the list's order) with the longest common prefix. A candidate with no
