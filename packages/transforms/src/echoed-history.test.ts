@@ -2,7 +2,7 @@ import type { AssistantOutput, ChatMessage, RecordHead, ToolDefinition } from "@
 import { hash } from "node:crypto";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { conversationKey, findExtendedRecord, matchEchoedHistory, recordHead, restoreEchoedHistory } from "./echoed-history.js";
+import { conversationKey, findExtendedRecord, matchEchoedHistory, recordedAssistantMessage, recordHead, restoreEchoedHistory } from "./echoed-history.js";
 
 /** A record as the gateway stores it, read back as its head (what the functions see). */
 function record(seq: number, messages: ChatMessage[], message: Partial<AssistantOutput>, tools?: ToolDefinition[]): RecordHead {
@@ -232,6 +232,47 @@ describe("conversationKey", () => {
     expect(conversationKey(normalised, TOOLS)).toBe(reference(normalised, TOOLS));
     normalised[2] = { ...normalised[2]!, reasoning: "" } as ChatMessage;
     expect(conversationKey(normalised, TOOLS)).toBe(reference(normalised, TOOLS));
+  });
+
+  // The records' heads were keyed by this process (record() above): a later call of their
+  // conversation is matched from what was kept of them, and must find what a process that never
+  // saw them finds, whatever changed in the conversation since.
+  it("finds the record a call extends as a process that never keyed it would, whatever changed", () => {
+    const expected = (messages: ChatMessage[], producers: (RecordHead | null)[], tools: ToolDefinition[]) => {
+      for (let i = messages.length - 2; i >= 1; i--) {
+        const r = producers[i];
+        if (!r || r.message_count !== i || referenceKey(recordedAssistantMessage(r)) !== referenceKey(messages[i]!)) continue;
+        if (reference(messages.slice(0, i), tools) === r.conversation_key) return { record: r, index: i };
+      }
+      return null;
+    };
+    const edits: ((m: Record<string, unknown>) => void)[] = [
+      () => {},
+      (m) => (m.content = `${String(m.content ?? "")}!`),
+      (m) => (m.content = ` ${String(m.content ?? "")} `),
+      (m) => (m.content = [{ type: "text", text: String(m.content ?? "") }]),
+      (m) => (m.reasoning = "other"),
+      (m) => (m.name = "ann"),
+      (m) => (m.role = m.role === "tool" ? "user" : "tool"),
+      (m) => (m.tool_calls = [call("x", "shell", '{"command":"ls","n":1}')]),
+      (m) => delete m.tool_calls,
+    ];
+    let found = 0;
+    for (const tools of [TOOLS, []]) {
+      for (let at = 0; at < agentEcho.length; at++) {
+        for (const edit of edits) {
+          const messages = structuredClone(agentEcho);
+          edit(messages[at] as unknown as Record<string, unknown>);
+          const history = matchEchoedHistory(messages, [r0, r1, r2]);
+          const got = findExtendedRecord({ messages: history.messages, tools }, history);
+          expect(got).toEqual(expected(history.messages, history.producers, tools));
+          if (got) found++;
+          // And the call's own record's head: the whole conversation's key.
+          expect(conversationKey(history.messages, tools)).toBe(reference(history.messages, tools));
+        }
+      }
+    }
+    expect(found).toBeGreaterThan(20);
   });
 
   // A call keys its messages twice (looking for the record it continues, then for its own record's

@@ -1,4 +1,4 @@
-import { createHash, hash, type Hash } from "node:crypto";
+import { createHash, type Hash } from "node:crypto";
 import type { AssistantOutput, CanonicalChatRequest, ChatMessage, CompletionRecord, ContentPart, RecordHead, ToolCall } from "@rollgate/protocol";
 
 /**
@@ -233,14 +233,6 @@ function memoHolds(memo: KeyMemo, m: ChatMessage): boolean {
   return true;
 }
 
-/** The conversation key of the first `count` messages, from their keys. */
-function keyOfKeys(keys: readonly string[], count: number, tools: CanonicalChatRequest["tools"]): string {
-  // One string, one digest (the same as feeding the parts in turn, at less CPU per call).
-  let text = stable(tools ?? []);
-  for (let i = 0; i < count; i++) text += `\u0000${keys[i]!}`;
-  return hash("sha256", text, "base64url");
-}
-
 /**
  * The digest `findExtendedRecord` made of a conversation's first `count` messages, by the first
  * message's object (the call's own record holds the same objects, in an array of its own when some
@@ -256,35 +248,99 @@ interface PrefixDigest {
 }
 const prefixDigests = new WeakMap<ChatMessage, PrefixDigest>();
 
+/** A conversation's keys and its digest's state before its end (the tools, then each key). */
+interface ConversationDigest {
+  tools: string;
+  keys: readonly string[];
+  state: Hash;
+}
+
+function conversationDigest(messages: readonly ChatMessage[], tools: CanonicalChatRequest["tools"]): ConversationDigest {
+  const keys = messages.map(messageKey);
+  const toolsText = stable(tools ?? []);
+  const prefix = messages[0] && prefixDigests.get(messages[0]);
+  let state: Hash | null = null;
+  let from = 0;
+  // Only when the prefix it hashed is still what these messages key to (compared key by key).
+  if (prefix && prefix.count <= keys.length && prefix.tools === toolsText) {
+    let same = true;
+    for (let i = 0; i < prefix.count && same; i++) same = prefix.keys[i] === keys[i];
+    if (same) {
+      state = prefix.state.copy();
+      from = prefix.count;
+    }
+  }
+  state ??= createHash("sha256").update(toolsText);
+  for (let i = from; i < keys.length; i++) state.update("\u0000").update(keys[i]!);
+  return { tools: toolsText, keys, state };
+}
+
 /**
  * A hash of a conversation as the chat template sees it (messages by `messageKey`, and the tools,
  * which are rendered into the prompt's head). Equal keys: the engine renders the same prompt.
  */
 export function conversationKey(messages: readonly ChatMessage[], tools: CanonicalChatRequest["tools"]): string {
-  const keys = messages.map(messageKey);
-  const prefix = messages[0] && prefixDigests.get(messages[0]);
-  // Only when the prefix it hashed is still what these messages key to (compared key by key).
-  if (prefix && prefix.count <= keys.length && prefix.tools === stable(tools ?? [])) {
-    let same = true;
-    for (let i = 0; i < prefix.count && same; i++) same = prefix.keys[i] === keys[i];
-    if (same) {
-      const h = prefix.state.copy();
-      for (let i = prefix.count; i < keys.length; i++) h.update("\u0000").update(keys[i]!);
-      return h.digest("base64url");
-    }
+  return conversationDigest(messages, tools).state.digest("base64url");
+}
+
+/**
+ * Conversations this process keyed for a record's head, by their key: what each message's key was
+ * computed from (KeyMemo) and the digest's state before its end. The next call of the conversation
+ * extends that record; where its first messages still hold those very values (compared value by
+ * value: a string by reference, else character by character), their keys and digest are known
+ * without a JSON of each message or a hash over the whole conversation. Bounded in bytes (the
+ * texts held, counted at 2 bytes a character); the least recently used go first.
+ */
+interface KnownConversation {
+  tools: string;
+  memos: readonly KeyMemo[];
+  state: Hash;
+  bytes: number;
+}
+const knownConversations = new Map<string, KnownConversation>();
+let knownBytes = 0;
+const KNOWN_BUDGET_BYTES = 32 * 2 ** 20;
+
+function rememberConversation(key: string, messages: readonly ChatMessage[], digest: ConversationDigest): void {
+  const memos: KeyMemo[] = [];
+  let bytes = 256 + 2 * digest.tools.length;
+  for (const m of messages) {
+    const memo = keyMemo.get(m);
+    if (!memo || !memoHolds(memo, m)) return;
+    memos.push(memo);
+    bytes += 64 + 2 * (memo.key.length + (memo.content?.length ?? 0) + (memo.extra?.length ?? 0));
+    for (const c of memo.calls ?? []) bytes += 2 * (c?.length ?? 0);
   }
-  return keyOfKeys(keys, keys.length, tools);
+  if (bytes > KNOWN_BUDGET_BYTES / 4) return;
+  forgetConversation(key);
+  knownConversations.set(key, { tools: digest.tools, memos, state: digest.state.copy(), bytes });
+  knownBytes += bytes;
+  for (const [k] of knownConversations) {
+    if (knownBytes <= KNOWN_BUDGET_BYTES) break;
+    forgetConversation(k);
+  }
+}
+
+function forgetConversation(key: string): void {
+  const known = knownConversations.get(key);
+  if (!known) return;
+  knownConversations.delete(key);
+  knownBytes -= known.bytes;
 }
 
 /** The head of a record: what later calls read to restore history and find what they continue. */
 export function recordHead(record: CompletionRecord): RecordHead {
+  const { messages, tools } = record.request;
+  const digest = conversationDigest(messages, tools);
+  const key = digest.state.copy().digest("base64url");
+  rememberConversation(key, messages, digest);
   return {
     id: record.id,
     seq: record.seq,
     message: record.message,
     finish_reason: record.finish_reason,
-    message_count: record.request.messages.length,
-    conversation_key: conversationKey(record.request.messages, record.request.tools),
+    message_count: messages.length,
+    conversation_key: key,
   };
 }
 
@@ -309,6 +365,16 @@ export function findExtendedRecord<R extends HeadLike & Pick<RecordHead, "conver
   for (let i = messages.length - 2; i >= 1; i--) {
     const r = history.producers[i];
     if (!r || r.message_count !== i) continue;
+    const known = knownConversations.get(r.conversation_key);
+    if (known && known.memos.length === i && known.tools === stable(request.tools ?? []) && known.memos.every((memo, j) => memoHolds(memo, messages[j]!))) {
+      // The record's conversation, message for message: its key is r's without hashing it again.
+      if (messageKey(recordedAssistantMessage(r)) !== messageKey(messages[i]!)) continue;
+      knownConversations.delete(r.conversation_key);
+      knownConversations.set(r.conversation_key, known);
+      for (let j = 0; j < i; j++) keyMemo.set(messages[j]!, known.memos[j]!);
+      prefixDigests.set(messages[0]!, { tools: known.tools, keys: known.memos.map((memo) => memo.key), count: i, state: known.state });
+      return { record: r, index: i };
+    }
     keys ??= messages.map(messageKey);
     if (messageKey(recordedAssistantMessage(r)) !== keys[i]) continue;
     const tools = stable(request.tools ?? []);
