@@ -257,22 +257,33 @@ describe("conversationKey", () => {
       (m) => (m.tool_calls = [call("x", "shell", '{"command":"ls","n":1}')]),
       (m) => delete m.tool_calls,
     ];
+    // Long enough to be kept (short conversations are hashed again, at less cost than keeping them).
+    const long: ChatMessage = { role: "system", content: `sys ${"the engine renders this again ".repeat(800)}` };
+    const longer = (messages: ChatMessage[]) => messages.map((m) => (m === SYS ? long : m));
+    const heads = [
+      record(0, [long, USER], r0.message, TOOLS),
+      record(1, longer(afterR0), r1.message, TOOLS),
+      record(2, longer(afterR1), r2.message, TOOLS),
+    ];
+    // ...and records of the very messages a restored echo gives (the usual case: nothing normalised).
+    const restored = matchEchoedHistory(longer(agentEcho), heads).messages;
+    const exact = [0, 1, 2].map((seq) => record(seq, structuredClone(restored.slice(0, 2 * seq + 2)), [r0, r1, r2][seq]!.message, TOOLS));
     let found = 0;
-    for (const tools of [TOOLS, []]) {
+    for (const [set, tools] of [[heads, TOOLS], [heads, []], [exact, TOOLS], [exact, []]] as const) {
       for (let at = 0; at < agentEcho.length; at++) {
         for (const edit of edits) {
-          const messages = structuredClone(agentEcho);
+          const messages = structuredClone(longer(agentEcho));
           edit(messages[at] as unknown as Record<string, unknown>);
-          const history = matchEchoedHistory(messages, [r0, r1, r2]);
-          const got = findExtendedRecord({ messages: history.messages, tools }, history);
-          expect(got).toEqual(expected(history.messages, history.producers, tools));
+          const history = matchEchoedHistory(messages, set);
+          const got = findExtendedRecord({ messages: history.messages, tools: [...tools] }, history);
+          expect(got).toEqual(expected(history.messages, history.producers, [...tools]));
           if (got) found++;
           // And the call's own record's head: the whole conversation's key.
-          expect(conversationKey(history.messages, tools)).toBe(reference(history.messages, tools));
+          expect(conversationKey(history.messages, [...tools])).toBe(reference(history.messages, [...tools]));
         }
       }
     }
-    expect(found).toBeGreaterThan(20);
+    expect(found).toBeGreaterThan(40);
   });
 
   // A call keys its messages twice (looking for the record it continues, then for its own record's

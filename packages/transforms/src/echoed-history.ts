@@ -1,4 +1,4 @@
-import { createHash, type Hash } from "node:crypto";
+import { createHash, hash, type Hash } from "node:crypto";
 import type { AssistantOutput, CanonicalChatRequest, ChatMessage, CompletionRecord, ContentPart, RecordHead, ToolCall } from "@rollgate/protocol";
 
 /**
@@ -328,12 +328,26 @@ function forgetConversation(key: string): void {
   knownBytes -= known.bytes;
 }
 
+/** Below this many characters of keys a conversation is hashed in one go and not kept: keeping it saves little. */
+const KEEP_FROM_CHARS = 16 * 1024;
+
 /** The head of a record: what later calls read to restore history and find what they continue. */
 export function recordHead(record: CompletionRecord): RecordHead {
   const { messages, tools } = record.request;
-  const digest = conversationDigest(messages, tools);
-  const key = digest.state.copy().digest("base64url");
-  rememberConversation(key, messages, digest);
+  let key: string;
+  const keys = messages.map(messageKey);
+  let chars = 0;
+  for (const k of keys) chars += k.length;
+  if (chars < KEEP_FROM_CHARS) {
+    // One string, one digest: the same as feeding the parts in turn, at less CPU on short ones.
+    let text = stable(tools ?? []);
+    for (const k of keys) text += `\u0000${k}`;
+    key = hash("sha256", text, "base64url");
+  } else {
+    const digest = conversationDigest(messages, tools);
+    key = digest.state.copy().digest("base64url");
+    rememberConversation(key, messages, digest);
+  }
   return {
     id: record.id,
     seq: record.seq,
