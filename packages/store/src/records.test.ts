@@ -3,7 +3,7 @@ import { CompletionRecord, type RecordHead } from "@rollgate/protocol";
 import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { keys } from "./keys.js";
-import { encodeRecord, RecordBases } from "./records.js";
+import { encodeRecord, messageHash, RecordBases } from "./records.js";
 import { hashToken, SessionStore } from "./sessions.js";
 
 // Real Redis, a prefix of our own, removed afterwards.
@@ -79,6 +79,9 @@ function conversation(sid: string, seqs: number[], opts: { system?: number[]; lo
   return out;
 }
 
+/** What recordIds answers for a record: its seq and its ids, as typed arrays. */
+const idsOf = (r: CompletionRecord) => ({ seq: r.seq, prompt_ids: Int32Array.from(r.prompt_ids), output_ids: Int32Array.from(r.output_ids) });
+
 const storedBytes = async (key: string) => {
   const fields = await redis.hkeys(key);
   let n = 0;
@@ -97,7 +100,7 @@ describe("completion records in Redis", () => {
     for (const r of records) expect(await other.record("s-a", r.seq)).toEqual(r);
     expect(await other.record("s-a", 99)).toBeNull();
     // Only the ids (what a token-in continuation reads): the record's own, through its chain.
-    for (const r of records) expect(await other.recordIds("s-a", r.seq)).toEqual({ seq: r.seq, prompt_ids: r.prompt_ids, output_ids: r.output_ids });
+    for (const r of records) expect(await other.recordIds("s-a", r.seq)).toEqual(idsOf(r));
     expect(await other.recordIds("s-a", 99)).toBeNull();
     // The records as the API sends them are the JSON the previous format gave, key order included.
     const asBefore = records.map((r) => CompletionRecord.parse(JSON.parse(JSON.stringify(r))));
@@ -149,7 +152,7 @@ describe("completion records in Redis", () => {
     expect(await store.records("s-c")).toEqual([old0, old1, new2, new3]);
     expect(await store.record("s-c", 1)).toEqual(old1);
     expect(await store.record("s-c", 3)).toEqual(new3);
-    for (const r of [old1!, new3!]) expect(await store.recordIds("s-c", r.seq)).toEqual({ seq: r.seq, prompt_ids: r.prompt_ids, output_ids: r.output_ids });
+    for (const r of [old1!, new3!]) expect(await store.recordIds("s-c", r.seq)).toEqual(idsOf(r));
     expect((await redis.hgetBuffer(k, "3"))![0]).toBe(2);
   });
 
@@ -177,7 +180,7 @@ describe("completion records in Redis", () => {
 
   it("remember recent records within a byte budget, least recently written sessions dropped first", () => {
     const bases = new RecordBases(8, 3000);
-    const cand = (seq: number, n: number) => ({ seq, id: `c${seq}`, ids: new Int32Array(n), messages: [], rest: "", answer: { content: null, reasoning: null, tool_calls: null } });
+    const cand = (seq: number, n: number) => ({ seq, id: `c${seq}`, ids: new Int32Array(n), promptLength: n, messages: [], rest: "", answer: { content: null, reasoning: null, tool_calls: null } });
     bases.add("a", cand(0, 200));
     bases.add("b", cand(0, 200));
     bases.add("a", cand(1, 300), 0); // a's call 1 holds all of call 0: it replaces it
@@ -238,6 +241,58 @@ describe("completion records in Redis", () => {
     expect(await b.record("s-h", 1)).toEqual(next);
   });
 
+  it("answer a record's ids from what this process wrote only for that very record: evicted, another replica's or another life of the session read from Redis", async () => {
+    const a = await open("i", "s-i");
+    const records = conversation("s-i", [0, 1, 2]);
+    for (const r of records) await a.appendRecord(r, head(r));
+    const k = keys(`${prefix}-i`).records("s-i");
+    const stored = await redis.hgetallBuffer(k);
+    // The last record is remembered (it is the base of the next call): answered without Redis.
+    await redis.del(k);
+    const got = (await a.recordIds("s-i", 2, "c2"))!;
+    expect(got).toEqual(idsOf(records[2]!));
+    // The caller's own copy: changing it changes nothing remembered.
+    got.prompt_ids[0] = -1;
+    got.output_ids[0] = -1;
+    expect(await a.recordIds("s-i", 2, "c2")).toEqual(idsOf(records[2]!));
+    // Not remembered (superseded by the record extending it) or not asked by id: read from Redis, which has none now.
+    expect(await a.recordIds("s-i", 1, "c1")).toBeNull();
+    expect(await a.recordIds("s-i", 2)).toBeNull();
+    // Another record at that seq (the session deleted and made again under its id): not the remembered one.
+    expect(await a.recordIds("s-i", 2, "c2-second-life")).toBeNull();
+    for (const [seq, v] of Object.entries(stored)) await redis.hset(k, seq, v);
+    const b = new SessionStore(redis, `${prefix}-i`);
+    await b.delete("s-i", new Date());
+    await b.create("s-i", { sampling: {}, limits: {}, metadata: {} }, hashToken("t2"), assignment, "0:0", new Date());
+    const [, , again] = conversation("s-i", [0, 1, 2]);
+    const second = { ...again!, id: "c2-second-life" };
+    await b.appendRecord(second, head(second));
+    expect(await a.recordIds("s-i", 2, "c2-second-life")).toEqual(idsOf(second));
+    // Another replica's record: read from Redis by `a`, from memory by `b`.
+    const [, , , next] = conversation("s-i", [0, 1, 2, 3]);
+    await b.appendRecord(next!, head(next!));
+    expect(await a.recordIds("s-i", 3, "c3")).toEqual(idsOf(next!));
+    expect(await b.recordIds("s-i", 3, "c3")).toEqual(idsOf(next!));
+    // A session this process deleted is forgotten.
+    await b.delete("s-i", new Date());
+    expect(await b.recordIds("s-i", 3, "c3")).toBeNull();
+  });
+
+  it("a record whose memory the byte budget dropped is read from Redis, exactly", async () => {
+    const store = new SessionStore(redis, `${prefix}-j`, { baseCacheBytes: 4096 });
+    for (const sid of ["s-j1", "s-j2"]) await store.create(sid, { sampling: {}, limits: {}, metadata: {} }, hashToken("t"), assignment, "0:0", new Date());
+    const one = conversation("s-j1", [0, 1], { system: ids(600) });
+    const two = conversation("s-j2", [0, 1], { system: ids(600) });
+    for (const r of [...one, ...two]) await store.appendRecord(r, head(r));
+    // s-j1's records no longer fit beside s-j2's: its last one is read through its chain.
+    const k = keys(`${prefix}-j`).records("s-j1");
+    expect((await redis.hgetBuffer(k, "1"))!.toString("latin1", 0, 3)).toBe("\x020;");
+    expect(await store.recordIds("s-j1", 1, "c1")).toEqual(idsOf(one[1]!));
+    await redis.del(k);
+    expect(await store.recordIds("s-j1", 1, "c1")).toBeNull();
+    expect(await store.recordIds("s-j2", 1, "c1")).toEqual(idsOf(two[1]!));
+  });
+
   it("a corrupt stored record is an error naming it, not a guess", async () => {
     const store = await open("g", "s-g");
     const [r0, r1] = conversation("s-g", [0, 1]);
@@ -252,6 +307,71 @@ describe("completion records in Redis", () => {
     await redis.hset(k, "0", JSON.stringify(r0));
     await expect(store.records("s-g")).rejects.toThrow(/stored record 1 of session s-g is corrupt/);
     await expect(store.recordIds("s-g", 1)).rejects.toThrow(/stored record 1 of session s-g is corrupt/);
+  });
+});
+
+describe("messageHash", () => {
+  // A delta takes the base's messages while their hashes agree: equal hashes must mean equal JSON.
+  const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
+  const texts = ["", "ls -la", "a\"b\\c\n\t\u0001", "\u00e9t\u00e9 \u4e2d\u6587", "\ud83d\ude00 ok", "\ud800", "\udc00", "\ud801", "\ud800\udc00", "s3:abc", "}{[]", "k1:a"];
+  const leaf = (): unknown => pick<() => unknown>([() => pick(texts), () => pick(texts) + pick(texts), () => pick([0, -0, 1, 1.5, -2e-300, NaN, Infinity]), () => pick([true, false, null]), () => undefined])();
+  const value = (depth: number): unknown => {
+    if (depth <= 0 || rand() < 0.35) return leaf();
+    if (rand() < 0.4) return Array.from({ length: Math.floor(rand() * 4) }, () => value(depth - 1));
+    const o: Record<string, unknown> = {};
+    for (let i = Math.floor(rand() * 4); i > 0; i--) o[pick(["role", "content", "name", "tool_calls", "\ud800", "k1:a", "s3"])] = value(depth - 1);
+    return o;
+  };
+  /** The same value, or one changed a little: a leaf swapped, a key order, a key added or dropped. */
+  const variant = (v: unknown): unknown => {
+    if (rand() < 0.3) return rand() < 0.5 ? leaf() : structuredClone(v);
+    if (Array.isArray(v)) return rand() < 0.2 ? [...v, leaf()] : v.map((x) => (rand() < 0.5 ? variant(x) : x));
+    if (v && typeof v === "object") {
+      const entries = Object.entries(v).map(([k, x]) => [k, rand() < 0.5 ? variant(x) : x] as const);
+      if (rand() < 0.2) entries.reverse();
+      if (rand() < 0.2) entries.pop();
+      return Object.fromEntries(entries);
+    }
+    return rand() < 0.5 ? v : leaf();
+  };
+
+  it("is equal for two messages exactly when their JSON is", () => {
+    let equal = 0;
+    for (let i = 0; i < 20_000; i++) {
+      const a = value(4);
+      if (a === undefined || typeof a !== "object" || a === null) continue;
+      const b = variant(a);
+      if (b === undefined) continue;
+      const same = JSON.stringify(a) === JSON.stringify(b);
+      if (same) equal++;
+      expect(messageHash(a) === messageHash(b), `${JSON.stringify(a)} vs ${JSON.stringify(b)}`).toBe(same);
+    }
+    // Both outcomes were tried, many times.
+    expect(equal).toBeGreaterThan(2000);
+    // Strings that only differ in a lone surrogate (the same UTF-8), and values JSON writes alike.
+    expect(messageHash({ content: "\ud800" })).not.toBe(messageHash({ content: "\ud801" }));
+    expect(messageHash({ content: "\ud800" })).not.toBe(messageHash({ content: "\ufffd" }));
+    expect(messageHash({ ["\ud800"]: 1 })).not.toBe(messageHash({ ["\udc00"]: 1 }));
+    expect(messageHash({ a: [undefined, NaN], b: undefined, c: -0 })).toBe(messageHash({ a: [null, null], c: 0 }));
+    expect(messageHash({ at: new Date(0) })).toBe(messageHash({ at: new Date(0) }));
+    expect(messageHash({ at: new Date(0) })).not.toBe(messageHash({ at: new Date(1) }));
+  });
+
+  it("keeps apart, in a delta, messages whose text differs only in a lone surrogate", async () => {
+    const store = await open("k", "s-k");
+    const [r0, r1] = conversation("s-k", [0, 1]);
+    const lone = (r: CompletionRecord, c: string): CompletionRecord => ({ ...r, request: { ...r.request, messages: [{ role: "user", content: c }, ...r.request.messages.slice(1)] } });
+    const a = lone(r0!, "see \ud800 here");
+    const b = lone(r1!, "see \udbff here");
+    await store.appendRecord(a, head(a));
+    await store.appendRecord(b, head(b));
+    const [x, y] = await new SessionStore(redis, `${prefix}-k`).records("s-k");
+    expect(JSON.stringify(x!.request.messages[0])).toBe(JSON.stringify(a.request.messages[0]));
+    expect(JSON.stringify(y!.request.messages[0])).toBe(JSON.stringify(b.request.messages[0]));
+    // Record 1 is still a delta of record 0 (its ids), only without its first message.
+    const raw = (await redis.hgetBuffer(keys(`${prefix}-k`).records("s-k"), "1"))!.toString("latin1");
+    expect(raw.startsWith("\x020;")).toBe(true);
+    expect(raw).toContain('"m":0');
   });
 });
 

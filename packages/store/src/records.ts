@@ -53,7 +53,9 @@ export interface BaseCandidate {
   id: string;
   /** prompt_ids ++ output_ids */
   ids: Int32Array;
-  /** A hash of each request message's JSON. */
+  /** How many of `ids` are the prompt's. */
+  promptLength: number;
+  /** A hash of each request message's JSON (`messageHash`). */
   messages: string[];
   /** A hash of the request's other fields' JSON. */
   rest: string;
@@ -63,6 +65,52 @@ export interface BaseCandidate {
 
 // One-shot digests: about half the CPU of createHash().update().digest() on short strings.
 const hash = (s: string) => digest("sha1", s, "base64");
+
+/**
+ * A hash of a request message, equal for two messages exactly when their JSON is (what a delta's
+ * `m` counts, so it must not say equal where the JSON differs). Remembered in memory only, never
+ * stored. Hashed from `fingerprint`, not from the JSON: the JSON of a long message costs a scan
+ * for characters to escape and a copy, more than hashing the text itself.
+ */
+export function messageHash(m: unknown): string {
+  return hash(fingerprint(m));
+}
+
+// Whether a string has no lone surrogate, its UTF-8 then being its own (String.prototype.isWellFormed,
+// Node 20; free for one-byte strings; not in the ES2023 lib's types).
+const wellFormed = (s: string) => (s as unknown as { isWellFormed(): boolean }).isWellFormed();
+
+/**
+ * A string that determines `v`'s JSON and is determined by it, as JSON.stringify sees values:
+ * strings length-prefixed (text without surrogate halves as is, else its JSON, so the digest's
+ * UTF-8 never merges two strings), numbers, booleans and null as their JSON, arrays counted, object
+ * keys in their order and without the ones JSON leaves out. Anything else (a toJSON, a class) is
+ * its own JSON, length-prefixed. JSON.stringify's errors (a BigInt) are thrown as they were.
+ */
+function fingerprint(v: unknown): string {
+  if (typeof v === "string") return wellFormed(v) ? `s${v.length}:${v}` : `j${JSON.stringify(v)}`;
+  if (v === null || typeof v !== "object") return `p${JSON.stringify(v) ?? "null"};`;
+  const proto = Object.getPrototypeOf(v) as unknown;
+  if (typeof (v as { toJSON?: unknown }).toJSON === "function" || !(Array.isArray(v) ? proto === Array.prototype : proto === Object.prototype || proto === null)) {
+    const json = JSON.stringify(v);
+    return `o${json.length}:${json}`;
+  }
+  if (Array.isArray(v)) {
+    let out = `[${v.length}`;
+    // A hole, undefined, a function or a symbol: "pnull;", as JSON writes null.
+    for (let i = 0; i < v.length; i++) out += fingerprint(v[i]);
+    return `${out}]`;
+  }
+  let out = "{";
+  const o = v as Record<string, unknown>;
+  for (const k of Object.keys(o)) {
+    const x = o[k];
+    if (x === undefined || typeof x === "function" || typeof x === "symbol") continue;
+    out += `${wellFormed(k) ? `k${k.length}:${k}` : `K${JSON.stringify(k)}`}${fingerprint(x)}`;
+  }
+  return `${out}}`;
+}
+
 const INT32_MIN = -(2 ** 31);
 const INT32_MAX = 2 ** 31 - 1;
 
@@ -112,7 +160,7 @@ export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandi
     return { value: JSON.stringify(record), candidate: null, supersedes: null, base: null };
   }
   const { messages, ...requestRest } = rest.request;
-  const messageHashes = messages.map((m) => hash(JSON.stringify(m)));
+  const messageHashes = messages.map(messageHash);
   const restHash = hash(JSON.stringify(requestRest));
 
   // The first candidate (in the list's order) with the longest common prefix. A candidate with no
@@ -191,7 +239,7 @@ export function encodeRecord(record: CompletionRecord, bases: readonly BaseCandi
   };
   return {
     value: buf,
-    candidate: { seq: record.seq, id: record.id, ids, messages: messageHashes, rest: restHash, answer },
+    candidate: { seq: record.seq, id: record.id, ids, promptLength: prompt_ids.length, messages: messageHashes, rest: restHash, answer },
     supersedes,
     base: base ? { seq: base.seq, holds: idTag(base.id) } : null,
   };
@@ -273,16 +321,17 @@ interface Decoded {
 }
 
 /**
- * Only the prompt and output ids of the record `seq` (what a token-in continuation of it needs):
- * its chain is decoded as bases are, without the schema pass over its request or its logprobs.
- * A record of format 1 is decoded whole. `raw` as for decodeRecords.
+ * Only the prompt and output ids of the record `seq` (what a token-in continuation needs), as
+ * typed arrays of their own: its chain is decoded as bases are, without the schema pass over its
+ * request or its logprobs, nor a JS array built of ids that are only compared. A record of format
+ * 1 is decoded whole. `raw` as for decodeRecords.
  */
-export function decodeRecordIds(raw: ReadonlyMap<number, Buffer>, seq: number, what: string): { prompt_ids: number[]; output_ids: number[] } {
+export function decodeRecordIds(raw: ReadonlyMap<number, Buffer>, seq: number, what: string): { prompt_ids: Int32Array; output_ids: Int32Array } {
   const own = raw.get(seq);
   if (!own) throw new Error(`stored record ${seq} of ${what} is missing`);
   if (own[0] !== RECORD_FORMAT_2) {
     const { prompt_ids, output_ids } = decodeRecords(raw, [seq], what).get(seq)!;
-    return { prompt_ids, output_ids };
+    return { prompt_ids: Int32Array.from(prompt_ids), output_ids: Int32Array.from(output_ids) };
   }
   const done = new Map<number, Decoded>();
   const chain = baseChain(raw, seq, done, what);
@@ -291,11 +340,7 @@ export function decodeRecordIds(raw: ReadonlyMap<number, Buffer>, seq: number, w
     done.set(s, decodeValue(raw.get(s)!, done, `record ${s} of ${what}`, false));
   }
   const { ids, promptLength } = done.get(seq)!;
-  const prompt_ids: number[] = [];
-  const output_ids: number[] = [];
-  for (let i = 0; i < promptLength!; i++) prompt_ids.push(ids![i]!);
-  for (let i = promptLength!; i < ids!.length; i++) output_ids.push(ids![i]!);
-  return { prompt_ids, output_ids };
+  return { prompt_ids: ids!.slice(0, promptLength), output_ids: ids!.slice(promptLength) };
 }
 
 function decodeValue(raw: Buffer, decoded: ReadonlyMap<number, Decoded>, what: string, validate: boolean): Decoded {
@@ -404,6 +449,22 @@ export class RecordBases {
 
   of(sid: string): readonly BaseCandidate[] {
     return this.sessions.get(sid) ?? [];
+  }
+
+  /**
+   * The record `seq` of the session, when this process wrote it and still remembers it, and it is
+   * the record `id` (record ids are unique: a session deleted and made again under its id, by
+   * this process or another, has records of other ids). What it holds is what was stored: a
+   * record is written once, under a seq no other call takes.
+   */
+  find(sid: string, seq: number, id: string): BaseCandidate | null {
+    const list = this.sessions.get(sid);
+    if (!list) return null;
+    for (let i = list.length - 1; i >= 0; i--) {
+      const c = list[i]!;
+      if (c.seq === seq) return c.id === id ? c : null;
+    }
+    return null;
   }
 
   add(sid: string, c: BaseCandidate, supersedes: number | null = null): void {

@@ -666,8 +666,16 @@ export class SessionStore {
     return decodeRecords(raw, [seq], `session ${id}`).get(seq)!;
   }
 
-  /** The prompt and output ids of one record (decoded as records.ts `decodeRecordIds` says), or null when there is none. */
-  async recordIds(id: string, seq: number): Promise<{ seq: number; prompt_ids: number[]; output_ids: number[] } | null> {
+  /**
+   * The prompt and output ids of one record (decoded as records.ts `decodeRecordIds` says, typed
+   * arrays), or null when there is none. `recordId`: the record's id as its head gives it; when
+   * this process wrote that very record and still remembers it as a base (RecordBases), its ids
+   * are answered from there, without reading and decoding its chain of bases from Redis.
+   */
+  async recordIds(id: string, seq: number, recordId?: string): Promise<{ seq: number; prompt_ids: Int32Array; output_ids: Int32Array } | null> {
+    const known = recordId === undefined ? null : this.bases.find(id, seq, recordId);
+    // Copies: the remembered ids stay as written whatever the caller does with its own.
+    if (known) return { seq, prompt_ids: known.ids.slice(0, known.promptLength), output_ids: known.ids.slice(known.promptLength) };
     const chain = (await this.scripts.recordChainBuffer(this.k.records(id), String(seq))) as Buffer[];
     if (chain.length === 0) return null;
     const raw = new Map<number, Buffer>();

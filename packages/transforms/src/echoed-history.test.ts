@@ -2,7 +2,7 @@ import type { AssistantOutput, ChatMessage, RecordHead, ToolDefinition } from "@
 import { hash } from "node:crypto";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { conversationKey, findExtendedRecord, matchEchoedHistory, recordHead, restoreEchoedHistory } from "./echoed-history.js";
+import { conversationKey, findExtendedRecord, matchEchoedHistory, recordedAssistantMessage, recordHead, restoreEchoedHistory } from "./echoed-history.js";
 
 /** A record as the gateway stores it, read back as its head (what the functions see). */
 function record(seq: number, messages: ChatMessage[], message: Partial<AssistantOutput>, tools?: ToolDefinition[]): RecordHead {
@@ -197,5 +197,131 @@ describe("conversationKey", () => {
     const tools: ToolDefinition[] = [{ type: "function", function: { name: "shell", parameters: { type: "object", properties: { b: {}, a: {} } } } }];
     const messages: ChatMessage[] = [{ role: "user", content: "hi" }];
     expect(conversationKey(messages, tools)).toBe(reference(messages, tools));
+  });
+
+  // A call's own record's head continues the digest findExtendedRecord made of the conversation it
+  // continues: the key must be the whole conversation's, whatever changed in between.
+  it("of a call's own record, after findExtendedRecord hashed its prefix, is the whole conversation's", () => {
+    const fresh = () => {
+      const history = matchEchoedHistory(structuredClone(agentEcho), [r0, r1, r2]);
+      expect(findExtendedRecord({ messages: history.messages, tools: TOOLS }, history)).toEqual({ record: r2, index: 6 });
+      return history.messages;
+    };
+    let messages = fresh();
+    expect(conversationKey(messages, TOOLS)).toBe(reference(messages, TOOLS));
+    expect(conversationKey(messages, TOOLS)).toBe(reference(messages, TOOLS));
+    expect(conversationKey(messages, [])).toBe(reference(messages, []));
+    expect(conversationKey(messages.slice(0, 5), TOOLS)).toBe(reference(messages.slice(0, 5), TOOLS));
+    messages = fresh();
+    (messages[3] as { content: string }).content = "b.txt";
+    expect(conversationKey(messages, TOOLS)).toBe(reference(messages, TOOLS));
+    messages = fresh();
+    messages.push({ role: "user", content: "and more" });
+    expect(conversationKey(messages, TOOLS)).toBe(reference(messages, TOOLS));
+    messages = fresh();
+    messages.splice(1, 1);
+    expect(conversationKey(messages, TOOLS)).toBe(reference(messages, TOOLS));
+    messages = fresh();
+    messages.length = 3;
+    expect(conversationKey(messages, TOOLS)).toBe(reference(messages, TOOLS));
+    // The record's own array, the same objects but a turn normalised (as applyNormalizations gives it).
+    messages = fresh();
+    const normalised = [...messages];
+    expect(conversationKey(normalised, TOOLS)).toBe(reference(normalised, TOOLS));
+    normalised[4] = { ...normalised[4]!, content: "Reading." } as ChatMessage;
+    expect(conversationKey(normalised, TOOLS)).toBe(reference(normalised, TOOLS));
+    normalised[2] = { ...normalised[2]!, reasoning: "" } as ChatMessage;
+    expect(conversationKey(normalised, TOOLS)).toBe(reference(normalised, TOOLS));
+  });
+
+  // The records' heads were keyed by this process (record() above): a later call of their
+  // conversation is matched from what was kept of them, and must find what a process that never
+  // saw them finds, whatever changed in the conversation since.
+  it("finds the record a call extends as a process that never keyed it would, whatever changed", () => {
+    const expected = (messages: ChatMessage[], producers: (RecordHead | null)[], tools: ToolDefinition[]) => {
+      for (let i = messages.length - 2; i >= 1; i--) {
+        const r = producers[i];
+        if (!r || r.message_count !== i || referenceKey(recordedAssistantMessage(r)) !== referenceKey(messages[i]!)) continue;
+        if (reference(messages.slice(0, i), tools) === r.conversation_key) return { record: r, index: i };
+      }
+      return null;
+    };
+    const edits: ((m: Record<string, unknown>) => void)[] = [
+      () => {},
+      (m) => (m.content = `${String(m.content ?? "")}!`),
+      (m) => (m.content = ` ${String(m.content ?? "")} `),
+      (m) => (m.content = [{ type: "text", text: String(m.content ?? "") }]),
+      (m) => (m.reasoning = "other"),
+      (m) => (m.name = "ann"),
+      (m) => (m.role = m.role === "tool" ? "user" : "tool"),
+      (m) => (m.tool_calls = [call("x", "shell", '{"command":"ls","n":1}')]),
+      (m) => delete m.tool_calls,
+    ];
+    // Long enough to be kept (short conversations are hashed again, at less cost than keeping them).
+    const long: ChatMessage = { role: "system", content: `sys ${"the engine renders this again ".repeat(800)}` };
+    const longer = (messages: ChatMessage[]) => messages.map((m) => (m === SYS ? long : m));
+    const heads = [
+      record(0, [long, USER], r0.message, TOOLS),
+      record(1, longer(afterR0), r1.message, TOOLS),
+      record(2, longer(afterR1), r2.message, TOOLS),
+    ];
+    // ...and records of the very messages a restored echo gives (the usual case: nothing normalised).
+    const restored = matchEchoedHistory(longer(agentEcho), heads).messages;
+    const exact = [0, 1, 2].map((seq) => record(seq, structuredClone(restored.slice(0, 2 * seq + 2)), [r0, r1, r2][seq]!.message, TOOLS));
+    let found = 0;
+    for (const [set, tools] of [[heads, TOOLS], [heads, []], [exact, TOOLS], [exact, []]] as const) {
+      for (let at = 0; at < agentEcho.length; at++) {
+        for (const edit of edits) {
+          const messages = structuredClone(longer(agentEcho));
+          edit(messages[at] as unknown as Record<string, unknown>);
+          const history = matchEchoedHistory(messages, set);
+          const got = findExtendedRecord({ messages: history.messages, tools: [...tools] }, history);
+          expect(got).toEqual(expected(history.messages, history.producers, [...tools]));
+          if (got) found++;
+          // And the call's own record's head: the whole conversation's key.
+          expect(conversationKey(history.messages, [...tools])).toBe(reference(history.messages, [...tools]));
+        }
+      }
+    }
+    expect(found).toBeGreaterThan(40);
+  });
+
+  // A call keys its messages twice (looking for the record it continues, then for its own record's
+  // head): the second time must see any change made to a message in between.
+  it("follows a message changed in place after it was keyed", () => {
+    fc.assert(
+      fc.property(fc.array(message, { minLength: 1, maxLength: 6 }), fc.nat(), message, (messages, at, other) => {
+        expect(conversationKey(messages, undefined)).toBe(reference(messages, undefined));
+        const m = messages[at % messages.length] as unknown as Record<string, unknown>;
+        for (const k of Object.keys(m)) delete m[k];
+        Object.assign(m, structuredClone(other));
+        expect(conversationKey(messages, undefined)).toBe(reference(messages, undefined));
+      }),
+      { numRuns: 2000 },
+    );
+    const call = { id: "c1", type: "function" as const, function: { name: "shell", arguments: '{"cmd":"ls"}' } };
+    const turn: ChatMessage = { role: "assistant", content: "listing", reasoning: "look first", tool_calls: [call] };
+    const user: ChatMessage = { role: "user", content: "go", name: "ann" };
+    const messages = [user, turn];
+    const edits: (() => void)[] = [
+      () => (user.content = "go on"),
+      () => (user.name = "bob"),
+      () => ((user as { content: unknown }).content = [{ type: "text", text: "go on, please" }]),
+      () => (turn.reasoning = "look twice"),
+      () => (turn.content = "listing all"),
+      () => (call.function.arguments = '{"cmd": "ls -la"}'),
+      () => (call.function.name = "bash"),
+      () => turn.tool_calls!.push({ ...call, function: { ...call.function } }),
+      () => delete turn.tool_calls,
+      () => ((turn as { role: string }).role = "system"),
+    ];
+    for (const edit of edits) {
+      const before = conversationKey(messages, undefined);
+      expect(before).toBe(reference(messages, undefined));
+      edit();
+      const after = conversationKey(messages, undefined);
+      expect(after).toBe(reference(messages, undefined));
+      expect(after).not.toBe(before);
+    }
   });
 });

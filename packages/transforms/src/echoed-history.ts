@@ -1,4 +1,4 @@
-import { createHash, hash } from "node:crypto";
+import { createHash, hash, type Hash } from "node:crypto";
 import type { AssistantOutput, CanonicalChatRequest, ChatMessage, CompletionRecord, ContentPart, RecordHead, ToolCall } from "@rollgate/protocol";
 
 /**
@@ -172,6 +172,15 @@ export function restoreEchoedHistory(messages: readonly ChatMessage[], records: 
  * same whichever normalised form it was sent in.
  */
 function messageKey(m: ChatMessage): string {
+  const memo = keyMemo.get(m);
+  if (memo && memoHolds(memo, m)) return memo.key;
+  const key = computeMessageKey(m);
+  const seen = memoOf(m, key);
+  if (seen) keyMemo.set(m, seen);
+  return key;
+}
+
+function computeMessageKey(m: ChatMessage): string {
   // Spelled out, the string stable() makes of the same arrays (keys are stored with records, so
   // they must not change): this runs over every message of every recorded call, and building the
   // arrays to walk them again was most of its cost on long conversations.
@@ -191,14 +200,102 @@ function messageKey(m: ChatMessage): string {
 }
 
 /**
+ * A message's key as computed, with every value it was computed from (each a string, null or
+ * undefined). A call keys its messages when it looks for the record it continues and again when
+ * its own record's head is written; the second time is a lookup, checked value by value (a
+ * string compares by reference first), so a message changed in between is keyed again.
+ */
+interface KeyMemo {
+  key: string;
+  role: string;
+  content: string | null | undefined;
+  /** `name` of a user message, `reasoning` of an assistant one. */
+  extra: string | null | undefined;
+  /** An assistant message's tool calls: name, arguments, name, arguments, … */
+  calls: (string | undefined)[] | null;
+}
+const keyMemo = new WeakMap<ChatMessage, KeyMemo>();
+
+const plain = (v: unknown): v is string | null | undefined => v == null || typeof v === "string";
+
+/** What `computeMessageKey` read of `m`, when all of it is plain values (else it is not memoised). */
+function memoOf(m: ChatMessage, key: string): KeyMemo | null {
+  if (!plain(m.content)) return null;
+  const extra = m.role === "user" ? m.name : m.role === "assistant" ? m.reasoning : undefined;
+  if (!plain(extra)) return null;
+  let calls: (string | undefined)[] | null = null;
+  if (m.role === "assistant" && m.tool_calls) {
+    calls = [];
+    for (const c of m.tool_calls) {
+      const { name, arguments: args } = c.function;
+      if (typeof name !== "string" || typeof args !== "string") return null;
+      calls.push(name, args);
+    }
+  }
+  return { key, role: m.role, content: m.content, extra, calls };
+}
+
+function memoHolds(memo: KeyMemo, m: ChatMessage): boolean {
+  if (memo.role !== m.role || memo.content !== m.content) return false;
+  if (memo.extra !== (m.role === "user" ? m.name : m.role === "assistant" ? m.reasoning : undefined)) return false;
+  const calls = m.role === "assistant" ? m.tool_calls : undefined;
+  if (!calls || !memo.calls) return !calls && !memo.calls;
+  if (memo.calls.length !== 2 * calls.length) return false;
+  for (let i = 0; i < calls.length; i++) {
+    const f = calls[i]!.function;
+    if (memo.calls[2 * i] !== f.name || memo.calls[2 * i + 1] !== f.arguments) return false;
+  }
+  return true;
+}
+
+/**
+ * The digest `findExtendedRecord` made of a conversation's first `count` messages, by the first
+ * message's object (the call's own record holds the same objects, in an array of its own when some
+ * turns were normalised): that record's head's key then hashes only what follows, when the keys
+ * of its first `count` messages are still those. Each part fed in turn gives the digest of their concatenation: parts
+ * are "\u0000", the tools' JSON and keys, which start and end in ASCII, so no surrogate pair spans two.
+ */
+interface PrefixDigest {
+  tools: string;
+  keys: readonly string[];
+  count: number;
+  state: Hash;
+}
+const prefixDigests = new WeakMap<ChatMessage, PrefixDigest>();
+
+/** A conversation's keys and its digest's state before its end (the tools, then each key). */
+interface ConversationDigest {
+  tools: string;
+  keys: readonly string[];
+  state: Hash;
+}
+
+function conversationDigest(messages: readonly ChatMessage[], tools: CanonicalChatRequest["tools"]): ConversationDigest {
+  const keys = messages.map(messageKey);
+  const toolsText = stable(tools ?? []);
+  const prefix = messages[0] && prefixDigests.get(messages[0]);
+  let state: Hash | null = null;
+  let from = 0;
+  // Only when the prefix it hashed is still what these messages key to (compared key by key).
+  if (prefix && prefix.count <= keys.length && prefix.tools === toolsText) {
+    let same = true;
+    for (let i = 0; i < prefix.count && same; i++) same = prefix.keys[i] === keys[i];
+    if (same) {
+      state = prefix.state.copy();
+      from = prefix.count;
+    }
+  }
+  state ??= createHash("sha256").update(toolsText);
+  for (let i = from; i < keys.length; i++) state.update("\u0000").update(keys[i]!);
+  return { tools: toolsText, keys, state };
+}
+
+/**
  * A hash of a conversation as the chat template sees it (messages by `messageKey`, and the tools,
  * which are rendered into the prompt's head). Equal keys: the engine renders the same prompt.
  */
 export function conversationKey(messages: readonly ChatMessage[], tools: CanonicalChatRequest["tools"]): string {
-  // One string, one digest (the same as feeding the parts in turn, at less CPU per call).
-  let text = stable(tools ?? []);
-  for (const m of messages) text += `\u0000${messageKey(m)}`;
-  return hash("sha256", text, "base64url");
+  return conversationDigest(messages, tools).state.digest("base64url");
 }
 
 /**
@@ -212,15 +309,78 @@ export function prefixConversationKeys(messages: readonly ChatMessage[], tools: 
   return keys;
 }
 
+/**
+ * Conversations this process keyed for a record's head, by their key: what each message's key was
+ * computed from (KeyMemo) and the digest's state before its end. The next call of the conversation
+ * extends that record; where its first messages still hold those very values (compared value by
+ * value: a string by reference, else character by character), their keys and digest are known
+ * without a JSON of each message or a hash over the whole conversation. Bounded in bytes (the
+ * texts held, counted at 2 bytes a character); the least recently used go first.
+ */
+interface KnownConversation {
+  tools: string;
+  memos: readonly KeyMemo[];
+  state: Hash;
+  bytes: number;
+}
+const knownConversations = new Map<string, KnownConversation>();
+let knownBytes = 0;
+const KNOWN_BUDGET_BYTES = 32 * 2 ** 20;
+
+function rememberConversation(key: string, messages: readonly ChatMessage[], digest: ConversationDigest): void {
+  const memos: KeyMemo[] = [];
+  let bytes = 256 + 2 * digest.tools.length;
+  for (const m of messages) {
+    const memo = keyMemo.get(m);
+    if (!memo || !memoHolds(memo, m)) return;
+    memos.push(memo);
+    bytes += 64 + 2 * (memo.key.length + (memo.content?.length ?? 0) + (memo.extra?.length ?? 0));
+    for (const c of memo.calls ?? []) bytes += 2 * (c?.length ?? 0);
+  }
+  if (bytes > KNOWN_BUDGET_BYTES / 4) return;
+  forgetConversation(key);
+  knownConversations.set(key, { tools: digest.tools, memos, state: digest.state.copy(), bytes });
+  knownBytes += bytes;
+  for (const [k] of knownConversations) {
+    if (knownBytes <= KNOWN_BUDGET_BYTES) break;
+    forgetConversation(k);
+  }
+}
+
+function forgetConversation(key: string): void {
+  const known = knownConversations.get(key);
+  if (!known) return;
+  knownConversations.delete(key);
+  knownBytes -= known.bytes;
+}
+
+/** Below this many characters of keys a conversation is hashed in one go and not kept: keeping it saves little. */
+const KEEP_FROM_CHARS = 16 * 1024;
+
 /** The head of a record: what later calls read to restore history and find what they continue. */
 export function recordHead(record: CompletionRecord): RecordHead {
+  const { messages, tools } = record.request;
+  let key: string;
+  const keys = messages.map(messageKey);
+  let chars = 0;
+  for (const k of keys) chars += k.length;
+  if (chars < KEEP_FROM_CHARS) {
+    // One string, one digest: the same as feeding the parts in turn, at less CPU on short ones.
+    let text = stable(tools ?? []);
+    for (const k of keys) text += `\u0000${k}`;
+    key = hash("sha256", text, "base64url");
+  } else {
+    const digest = conversationDigest(messages, tools);
+    key = digest.state.copy().digest("base64url");
+    rememberConversation(key, messages, digest);
+  }
   return {
     id: record.id,
     seq: record.seq,
     message: record.message,
     finish_reason: record.finish_reason,
-    message_count: record.request.messages.length,
-    conversation_key: conversationKey(record.request.messages, record.request.tools),
+    message_count: messages.length,
+    conversation_key: key,
   };
 }
 
@@ -245,9 +405,25 @@ export function findExtendedRecord<R extends HeadLike & Pick<RecordHead, "conver
   for (let i = messages.length - 2; i >= 1; i--) {
     const r = history.producers[i];
     if (!r || r.message_count !== i) continue;
+    const known = knownConversations.get(r.conversation_key);
+    if (known && known.memos.length === i && known.tools === stable(request.tools ?? []) && known.memos.every((memo, j) => memoHolds(memo, messages[j]!))) {
+      // The record's conversation, message for message: its key is r's without hashing it again.
+      if (messageKey(recordedAssistantMessage(r)) !== messageKey(messages[i]!)) continue;
+      knownConversations.delete(r.conversation_key);
+      knownConversations.set(r.conversation_key, known);
+      for (let j = 0; j < i; j++) keyMemo.set(messages[j]!, known.memos[j]!);
+      prefixDigests.set(messages[0]!, { tools: known.tools, keys: known.memos.map((memo) => memo.key), count: i, state: known.state });
+      return { record: r, index: i };
+    }
     keys ??= messages.map(messageKey);
     if (messageKey(recordedAssistantMessage(r)) !== keys[i]) continue;
-    if (conversationKey(messages.slice(0, i), request.tools) === r.conversation_key) return { record: r, index: i };
+    const tools = stable(request.tools ?? []);
+    const state = createHash("sha256").update(tools);
+    for (let j = 0; j < i; j++) state.update("\u0000").update(keys[j]!);
+    if (state.copy().digest("base64url") === r.conversation_key) {
+      prefixDigests.set(messages[0]!, { tools, keys, count: i, state });
+      return { record: r, index: i };
+    }
   }
   return null;
 }

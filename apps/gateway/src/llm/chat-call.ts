@@ -305,22 +305,22 @@ export class ChatCaller {
       // The extended record's ids: read while the engine renders (awaited only where its ids are
       // needed; in render mode only when a form is to be learned), never left unobserved.
       let reading: ReturnType<SessionStore["recordIds"]> | null = null;
-      const readFull = (seq: number) => {
-        if (!reading) (reading = this.deps.sessions.recordIds(sid, seq)).catch(() => undefined);
+      const readFull = (record: { seq: number; id: string }) => {
+        if (!reading) (reading = this.deps.sessions.recordIds(sid, record.seq, record.id)).catch(() => undefined);
         return reading;
       };
-      if (found && mode !== "render") void readFull(found.record.seq);
+      if (found && mode !== "render") void readFull(found.record);
       if (profile.history_normalization === "empirical") {
         let messages = applyNormalizations(history.messages, restored, this.normalizer.learned(call));
         if (found) {
-          const learned = await this.normalizer.learn(engineTokenizer, { ...call, request: { ...call.request, messages } }, messages, found.index, () => readFull(found.record.seq));
+          const learned = await this.normalizer.learn(engineTokenizer, { ...call, request: { ...call.request, messages } }, messages, found.index, () => readFull(found.record));
           if (learned) messages = applyNormalizations(history.messages, restored, this.normalizer.learned(call));
         }
         call.request = { ...call.request, messages };
       }
       if (mode === "render") return null;
       const chosen = caps ? historyRoute(call.target.engine.kind, caps, profile) : { route: null, why: "the engine's capabilities are not known yet" };
-      const extended = found ? { record: found.record, index: found.index, full: readFull(found.record.seq) } : null;
+      const extended = found ? { record: found.record, index: found.index, full: readFull(found.record) } : null;
       const plan = () =>
         planContinuation({
           mode,

@@ -55,8 +55,25 @@ import type { GatewayEnv } from "../env.js";
 
 export type ContinuationMode = GatewayEnv["ROLLGATE_CONTINUATION"];
 
+/** Token ids as a record holds them, or as the store reads them for a continuation (typed). */
+export type TokenIds = readonly number[] | Int32Array;
+
 /** What a plan reads of the record it continues: its seq and its token ids. */
-export type BaseIds = Pick<CompletionRecord, "seq" | "prompt_ids" | "output_ids">;
+export interface BaseIds {
+  seq: number;
+  prompt_ids: TokenIds;
+  output_ids: TokenIds;
+}
+
+/** A record's prompt and output ids, then the end of turn `eot` unless the output ended on it: what a continuation of it starts with. */
+export function recordedView(base: Pick<BaseIds, "prompt_ids" | "output_ids">, eot: number | null): number[] {
+  const { prompt_ids: prompt, output_ids: out } = base;
+  const view: number[] = [];
+  for (let i = 0; i < prompt.length; i++) view.push(prompt[i]!);
+  for (let i = 0; i < out.length; i++) view.push(out[i]!);
+  if (eot !== null && out.at(-1) !== eot) view.push(eot);
+  return view;
+}
 
 export interface TokenInPlan {
   base: BaseIds;
@@ -222,8 +239,7 @@ export async function planContinuation(args: {
   if (!stored) return { plan: null, why: "the call extends no recorded call" };
   const base: BaseIds = stored;
   const B = b1.ids;
-  const out = base.output_ids;
-  const view = [...base.prompt_ids, ...out, ...(out.at(-1) === eot ? [] : [eot])];
+  const view = recordedView(base, eot);
   if (tail && B.length === view.length + tail.length && B[view.length - 1] === eot && firstDifference(B, [...view, ...tail]) === null) {
     return { plan: null, why: "the engine's rendering reproduces the recorded tokens" };
   }

@@ -1,6 +1,7 @@
-import type { ChatMessage, CompletionRecord } from "@rollgate/protocol";
+import type { ChatMessage } from "@rollgate/protocol";
 import { candidateForms, chooseForm, turnShape, type Normalization } from "@rollgate/transforms";
 import type { EngineTokenizer, TokenizeCall } from "../engines/tokenizer.js";
+import { recordedView, type BaseIds } from "./continuation.js";
 
 /** Inconclusive tries after which a shape is left as generated (each try costs a few renders). */
 const MAX_TRIES = 3;
@@ -43,7 +44,7 @@ export class HistoryNormalizer {
     messages: readonly ChatMessage[],
     index: number,
     /** The record, or how to read it (only when there is something to learn; null: not found). */
-    recorded: Pick<CompletionRecord, "prompt_ids" | "output_ids"> | (() => PromiseLike<Pick<CompletionRecord, "prompt_ids" | "output_ids"> | null>),
+    recorded: Pick<BaseIds, "prompt_ids" | "output_ids"> | (() => PromiseLike<Pick<BaseIds, "prompt_ids" | "output_ids"> | null>),
   ): Promise<Normalization | null> {
     const turn = messages[index];
     const next = messages[index + 1];
@@ -61,7 +62,7 @@ export class HistoryNormalizer {
     const renders = await Promise.all(
       candidates.map(async (c) => ({ form: c.form, ids: (await tokenizer.renderChat(call, [...before, c.message, next])).ids })),
     );
-    const form = chooseForm(renders, [...record.prompt_ids, ...record.output_ids]);
+    const form = chooseForm(renders, recordedView(record, null));
     if (!form) {
       this.tries.set(triesKey, (this.tries.get(triesKey) ?? 0) + 1);
       return null;
