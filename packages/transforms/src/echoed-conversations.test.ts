@@ -3,30 +3,11 @@
  * another conversation also answered at the same position is restored from its own conversation's
  * record, not from whichever was written last.
  */
-import type { AssistantOutput, ChatMessage, RecordHead } from "@rollgate/protocol";
+import type { ChatMessage } from "@rollgate/protocol";
 import { describe, expect, it } from "vitest";
-import { conversationKey, matchEchoedHistory, prefixConversationKeys, recordHead } from "./echoed-history.js";
+import { recordOf as record } from "./__fixtures__/record-heads.js";
+import { conversationKey, matchEchoedHistory, prefixConversationKeys } from "./echoed-history.js";
 
-function record(seq: number, messages: ChatMessage[], message: Partial<AssistantOutput>): RecordHead {
-  return recordHead({
-    id: `r${seq}`,
-    session_id: "s",
-    seq,
-    created_at: "2026-01-01T00:00:00.000Z",
-    protocol: "openai_chat",
-    engine: "http://e",
-    dp_rank: 0,
-    weight_version: null,
-    request: { messages, sampling: {} },
-    prompt_ids: [1],
-    output_ids: [2],
-    output_logprobs: [-0.5],
-    finish_reason: "stop",
-    message: { content: null, reasoning: null, tool_calls: [], ...message },
-    usage: { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0 },
-    latency_ms: 1,
-  });
-}
 
 const MAIN: ChatMessage = { role: "system", content: "main agent" };
 const SUB: ChatMessage = { role: "system", content: "sub-agent" };

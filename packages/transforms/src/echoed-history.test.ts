@@ -1,30 +1,10 @@
-import type { AssistantOutput, ChatMessage, RecordHead, ToolDefinition } from "@rollgate/protocol";
+import type { ChatMessage, RecordHead, ToolDefinition } from "@rollgate/protocol";
 import { hash } from "node:crypto";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { conversationKey, findExtendedRecord, matchEchoedHistory, recordedAssistantMessage, recordHead, restoreEchoedHistory } from "./echoed-history.js";
+import { recordOf as record } from "./__fixtures__/record-heads.js";
+import { conversationKey, findExtendedRecord, matchEchoedHistory, recordedAssistantMessage, restoreEchoedHistory } from "./echoed-history.js";
 
-/** A record as the gateway stores it, read back as its head (what the functions see). */
-function record(seq: number, messages: ChatMessage[], message: Partial<AssistantOutput>, tools?: ToolDefinition[]): RecordHead {
-  return recordHead({
-    id: `r${seq}`,
-    session_id: "s",
-    seq,
-    created_at: "2026-01-01T00:00:00.000Z",
-    protocol: "openai_chat",
-    engine: "http://e",
-    dp_rank: 0,
-    weight_version: null,
-    request: { messages, sampling: {}, ...(tools ? { tools } : {}) },
-    prompt_ids: [1],
-    output_ids: [2],
-    output_logprobs: [-0.5],
-    finish_reason: "stop",
-    message: { content: null, reasoning: null, tool_calls: [], ...message },
-    usage: { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0 },
-    latency_ms: 1,
-  });
-}
 
 const call = (id: string, name: string, args: string) => ({ id, type: "function" as const, function: { name, arguments: args } });
 const TOOLS: ToolDefinition[] = [{ type: "function", function: { name: "shell" } }];
