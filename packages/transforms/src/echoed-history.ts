@@ -270,6 +270,16 @@ interface ConversationDigest {
   state: Hash;
 }
 
+/**
+ * A conversation key's text is the tools' JSON, then "\u0000" and each message's key: fed to the
+ * digest in turn (the same digest as the one string). `keys[from..to)` fed to `state`.
+ */
+function feedKeys(state: Hash, keys: readonly string[], from: number, to: number): Hash {
+  for (let i = from; i < to; i++) state.update("\u0000").update(keys[i]!);
+  return state;
+}
+const toolsDigest = (toolsText: string): Hash => createHash("sha256").update(toolsText);
+
 function conversationDigest(messages: readonly ChatMessage[], tools: CanonicalChatRequest["tools"]): ConversationDigest {
   const keys = messages.map(messageKey);
   const toolsText = stable(tools ?? []);
@@ -285,9 +295,7 @@ function conversationDigest(messages: readonly ChatMessage[], tools: CanonicalCh
       from = prefix.count;
     }
   }
-  state ??= createHash("sha256").update(toolsText);
-  for (let i = from; i < keys.length; i++) state.update("\u0000").update(keys[i]!);
-  return { tools: toolsText, keys, state };
+  return { tools: toolsText, keys, state: feedKeys(state ?? toolsDigest(toolsText), keys, from, keys.length) };
 }
 
 /**
@@ -303,10 +311,11 @@ export function conversationKey(messages: readonly ChatMessage[], tools: Canonic
  * messages.length), in one pass: feeding the parts in turn gives the same digest as one string.
  */
 export function prefixConversationKeys(messages: readonly ChatMessage[], tools: CanonicalChatRequest["tools"]): string[] {
-  const h = createHash("sha256").update(stable(tools ?? []));
-  const keys = [h.copy().digest("base64url")];
-  for (const m of messages) keys.push(h.update(`\u0000${messageKey(m)}`).copy().digest("base64url"));
-  return keys;
+  const keys = messages.map(messageKey);
+  const state = toolsDigest(stable(tools ?? []));
+  const out = [state.copy().digest("base64url")];
+  for (let i = 0; i < keys.length; i++) out.push(feedKeys(state, keys, i, i + 1).copy().digest("base64url"));
+  return out;
 }
 
 /**
@@ -418,8 +427,7 @@ export function findExtendedRecord<R extends HeadLike & Pick<RecordHead, "conver
     keys ??= messages.map(messageKey);
     if (messageKey(recordedAssistantMessage(r)) !== keys[i]) continue;
     const tools = stable(request.tools ?? []);
-    const state = createHash("sha256").update(tools);
-    for (let j = 0; j < i; j++) state.update("\u0000").update(keys[j]!);
+    const state = feedKeys(toolsDigest(tools), keys, 0, i);
     if (state.copy().digest("base64url") === r.conversation_key) {
       prefixDigests.set(messages[0]!, { tools, keys, count: i, state });
       return { record: r, index: i };
