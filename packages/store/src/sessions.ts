@@ -110,12 +110,15 @@ return h
 // PENDING: every call's sequence number is in the session's pending set from when it is taken
 // until its record is stored (APPEND_RECORD_SCRIPT) or the call ends without one (settleCall). The
 // agent is answered before its record is stored; whoever must see every record (close, trajectory)
-// waits until the set is empty, on any replica. Takes the next number and marks it pending.
-// KEYS: session, pending calls.
+// waits until the set is empty, on any replica. Takes the next number and marks it pending, only
+// while the session is open (-1 otherwise): a close reads the pending set in the step that closes,
+// so a number taken after it would be a call that close neither waited for nor counted (and the
+// increment would make a deleted session's hash again). KEYS: session, pending calls.
 const NEXT_SEQ_SCRIPT: LuaScript = {
   name: "rollgateSessionNextSeq",
   numberOfKeys: 2,
   lua: `
+if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return -1 end
 local seq = redis.call('HINCRBY', KEYS[1], 'next_seq', 1) - 1
 redis.call('ZADD', KEYS[2], seq, seq)
 return seq
@@ -546,10 +549,12 @@ export class SessionStore {
 
   /**
    * Reserves the next sequence number (records are ordered by when their call started) and marks
-   * the call pending until its record is stored or settleCall says it has none.
+   * the call pending until its record is stored or settleCall says it has none. Null when the
+   * session is not open (closed, or gone, since the caller read it): the call must be refused.
    */
-  async nextSeq(id: string): Promise<number> {
-    return Number(await this.scripts.nextSeq(this.k.session(id), this.k.pendingCalls(id)));
+  async nextSeq(id: string): Promise<number | null> {
+    const seq = Number(await this.scripts.nextSeq(this.k.session(id), this.k.pendingCalls(id)));
+    return seq < 0 ? null : seq;
   }
 
   /** A call that ends without a record (refused, failed, the agent left) is no longer pending. */

@@ -183,7 +183,7 @@ export class ChatCaller {
     // own writes for the session are awaited before its records are read.
     const written = hasHistory ? this.deps.pending.local(session.id) : null;
     const [seq, readHeads, model] = await Promise.all([
-      takenSeq ?? (taken.seq = this.deps.sessions.nextSeq(session.id)),
+      takenSeq ?? (taken.seq = this.takeSeq(session.id)),
       hasHistory ? (written ? written.then(() => this.deps.sessions.recordHeads(session.id)) : (readWithSession ?? this.deps.sessions.recordHeads(session.id))) : null,
       this.servedModel(assignment.engine),
     ]);
@@ -255,6 +255,17 @@ export class ChatCaller {
       tokenIn = { route: SGLANG_GENERATE_ENGINE_PARSED, promptIds: rendered.ids, maxModelLen: rendered.maxModelLen, base: null };
     }
     return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), engineCall, tokenIn };
+  }
+
+  /**
+   * The call's number, taken apart from the session read (see authorizeSession `takeSeq`). A
+   * session closed since that read refuses the call as a closed session does: its close counted
+   * the pending calls already, and would neither wait for this one nor count it.
+   */
+  private async takeSeq(sid: string): Promise<number> {
+    const seq = await this.deps.sessions.nextSeq(sid);
+    if (seq === null) throw new CallRejected(`session ${sid} is closed`, 403, "session_closed");
+    return seq;
   }
 
   /**

@@ -1,0 +1,110 @@
+/**
+ * A session closed while one of its calls is between its session check and the number it takes.
+ * Close reads, in one step, how many calls are pending and waits for those; a call that takes its
+ * number after the close must therefore be refused, or the close's trajectory (the one the rollout
+ * is scored with) would miss a call the agent was answered, and nothing would say so.
+ *
+ * Calls take their number apart from the session check when the gateway has not checked the
+ * session's token before (a replica's first call of the session; also every call when the session
+ * rate limit is on, and a branch's calls). The interleaving is made exact on a Redis of this test's own: a script keeps
+ * it busy while the call's session read and the close queue up behind it on the gateway's one
+ * connection, so the close runs right after the read and before the call's next command.
+ */
+import { buildEngineSim } from "@rollgate/engine-sim";
+import type { Session, Trajectory } from "@rollgate/protocol";
+import { startPrivateRedis, type PrivateRedis } from "@rollgate/testkit";
+import type { FastifyInstance } from "fastify";
+import { Redis } from "ioredis";
+import { pino } from "pino";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { listenLocal } from "./__fixtures__/harness.js";
+import { buildGateway } from "./app.js";
+import { GatewayEnv } from "./env.js";
+
+let redis: PrivateRedis;
+let sim: FastifyInstance;
+let simUrl: string;
+let blocker: Redis;
+
+beforeAll(async () => {
+  redis = await startPrivateRedis();
+  blocker = new Redis(redis.url);
+  sim = buildEngineSim({ dpSize: 1 });
+  simUrl = await listenLocal(sim);
+}, 30_000);
+
+afterAll(async () => {
+  blocker?.disconnect();
+  await sim?.close();
+  await redis?.stop();
+});
+
+async function gateway(): Promise<FastifyInstance> {
+  return buildGateway({
+    env: GatewayEnv.parse({
+      REDIS_URL: redis.url,
+      ROLLGATE_KEY_PREFIX: "close-race",
+      ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: simUrl, dp_size: 1, profile: "qwen3" }]),
+      ROLLGATE_HEALTH_INTERVAL_S: "0",
+    }),
+    logger: pino({ level: "silent" }),
+  });
+}
+
+/** Keeps the Redis server busy for `ms` (a script runs to its end before any other command). */
+function busy(ms: number): Promise<unknown> {
+  return blocker.eval(
+    `local t = redis.call('TIME'); local s = t[1] * 1000000 + t[2]
+     repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - s >= tonumber(ARGV[1]) * 1000
+     return 1`,
+    0,
+    String(ms),
+  );
+}
+
+const pause = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+describe("a session closed while a call is between its session check and its number", () => {
+  it("a replica's first call of the session: the call is refused as the session is closed, and the close's trajectory is the whole rollout", async () => {
+    const opener = await gateway();
+    const app = await gateway();
+    try {
+      // Opened through another replica: `app` has never checked this session's token.
+      const s = (await opener.inject({ method: "POST", url: "/v1/sessions", payload: {} })).json() as { id: string; token: string };
+      // Warm the gateway's own connection and caches, so the call's first command is its session read.
+      await app.inject({ url: "/readyz" });
+      const blocked = busy(400);
+      await pause(50);
+      const call = app.inject({
+        method: "POST",
+        url: `/s/${s.id}/v1/chat/completions`,
+        headers: { authorization: `Bearer ${s.token}`, "content-type": "application/json" },
+        payload: { model: "m", messages: [{ role: "user", content: 'hi\n#sim: [{"text": "answered"}]' }] },
+      });
+      await pause(50);
+      const close = app.inject({ method: "POST", url: `/v1/sessions/${s.id}/close?trajectory=prefix_merging` });
+      await blocked;
+      const [answered, closed] = await Promise.all([call, close]);
+      const atClose = closed.json() as Session & { trajectory: Trajectory };
+      expect(atClose.state).toBe("closed");
+      // Whatever the agent was told, the rollout's record of it is honest: an answered call is in
+      // the close's trajectory (or counted lost); a call not in it was refused.
+      if (answered.statusCode === 200) {
+        expect(atClose.counts.llm_calls + atClose.lost_calls.count, "an answered call is in the close's counts or lost").toBe(1);
+      } else {
+        expect(answered.statusCode).toBe(403);
+        expect(answered.json().error.code).toBe("session_closed");
+      }
+      // And nothing is added to the session after its close.
+      await pause(100);
+      const later = (await app.inject({ url: `/v1/sessions/${s.id}` })).json() as Session;
+      expect(later.counts).toEqual(atClose.counts);
+      const records = (await app.inject({ url: `/v1/sessions/${s.id}/completions` })).json() as { completions: unknown[] };
+      expect(records.completions).toHaveLength(atClose.counts.llm_calls);
+      expect(atClose.trajectory.traces).toHaveLength(atClose.counts.llm_calls);
+    } finally {
+      await app.close();
+      await opener.close();
+    }
+  });
+});
