@@ -55,6 +55,7 @@ export class PauseGate {
   async start(): Promise<void> {
     // Subscribed before the state is read: a pause published in between is not missed.
     await this.channel.listen((msg) => this.onMessage(msg));
+    this.channel.onResubscribed(() => void this.resync());
     this.state = await this.admin.pauseState();
     this.weightVersion = await this.readWeights();
     await this.report();
@@ -132,21 +133,62 @@ export class PauseGate {
     await this.admin.reportInflight(this.replicaId, this.inflight.size, this.inflightByRank()).catch((err: unknown) => this.failed("report_inflight", err));
   }
 
+  /** Pause and resume messages heard, and weights messages heard (resync: what a read may not overwrite). */
+  private pauseHeard = 0;
+  private weightsHeard = 0;
+
   private onMessage(msg: AdminMessage): void {
     if (msg.type === "pause") {
-      this.state = msg.state;
-      this.log.info({ mode: msg.state.mode }, "inference paused");
-      for (const slot of this.inflight) slot.paused = true;
+      this.pauseHeard++;
+      this.enterPause(msg.state);
     } else if (msg.type === "weights") {
-      this.weightVersion = msg.version;
-      const waiting = this.weightWaiters;
-      this.weightWaiters = waiting.filter((w) => w.version !== msg.version);
-      for (const w of waiting) if (w.version === msg.version) w.wake();
+      this.weightsHeard++;
+      this.setWeights(msg.version);
     } else if (msg.type === "resume") {
+      this.pauseHeard++;
       if (this.state && this.state.id !== msg.id) return;
-      this.state = null;
-      this.log.info("inference resumed");
-      this.release();
+      this.resumed();
+    }
+  }
+
+  private enterPause(state: PauseState): void {
+    this.state = state;
+    this.log.info({ mode: state.mode }, "inference paused");
+    for (const slot of this.inflight) slot.paused = true;
+  }
+
+  private resumed(): void {
+    this.state = null;
+    this.log.info("inference resumed");
+    this.release();
+  }
+
+  private setWeights(version: string | null): void {
+    this.weightVersion = version;
+    const waiting = this.weightWaiters;
+    this.weightWaiters = waiting.filter((w) => w.version !== version);
+    for (const w of waiting) if (w.version === version) w.wake();
+  }
+
+  /**
+   * The admin subscription is live again after its connection dropped: the pause state and the
+   * weight version are read again (a pause, resume or weights message published meanwhile was
+   * never delivered: this replica would stay paused after a resume, call engines through a pause,
+   * or stamp tokens with a version the trainer moved on from). A message heard while the read is
+   * under way is newer than it: the read does not overwrite what it told.
+   */
+  private async resync(): Promise<void> {
+    const heard = { pause: this.pauseHeard, weights: this.weightsHeard };
+    try {
+      const [state, version] = await Promise.all([this.admin.pauseState(), this.readWeights()]);
+      if (this.pauseHeard === heard.pause) {
+        if (state && state.id !== this.state?.id) this.enterPause(state);
+        else if (!state && this.state) this.resumed();
+      }
+      if (this.weightsHeard === heard.weights && version !== this.weightVersion) this.setWeights(version);
+      this.log.info({ paused: state !== null, weight_version: version }, "admin channel subscribed again: pause state and weight version read again");
+    } catch (err) {
+      this.log.warn({ err: (err as Error).message }, "admin channel subscribed again, but the pause state could not be read again");
     }
   }
 
