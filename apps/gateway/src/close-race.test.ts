@@ -29,7 +29,7 @@ let blocker: Redis;
 beforeAll(async () => {
   redis = await startPrivateRedis();
   blocker = new Redis(redis.url);
-  sim = buildEngineSim({ dpSize: 1 });
+  sim = buildEngineSim({ dpSize: 1, tpotMs: 2 });
   simUrl = await listenLocal(sim);
 }, 30_000);
 
@@ -105,6 +105,40 @@ describe("a session closed while a call is between its session check and its num
     } finally {
       await app.close();
       await opener.close();
+    }
+  });
+});
+
+describe("a session deleted while a call is in flight, and opened again under its id", () => {
+  it("the old call's record, stored after the delete, is not the new session's", async () => {
+    const app = await gateway();
+    const id = `s-remade-${Date.now()}`;
+    const open = async () => (await app.inject({ method: "POST", url: "/v1/sessions", payload: { id } })).json() as { id: string; token: string };
+    const chat = (s: { id: string; token: string }, text: string, tokens: number) =>
+      app.inject({
+        method: "POST",
+        url: `/s/${s.id}/v1/chat/completions`,
+        headers: { authorization: `Bearer ${s.token}`, "content-type": "application/json" },
+        payload: { model: "m", messages: [{ role: "user", content: `${text}\n#sim: ${JSON.stringify([{ text, tokens }])}` }] },
+      });
+    try {
+      const old = await open();
+      // The old rollout's call: a long answer, still being generated when its session is dropped.
+      const slow = chat(old, "old rollout", 300);
+      await pause(150);
+      expect((await app.inject({ method: "DELETE", url: `/v1/sessions/${id}` })).statusCode).toBe(204);
+      const remade = await open();
+      expect(remade.id).toBe(id);
+      expect((await chat(remade, "new rollout", 3)).statusCode).toBe(200);
+      await slow;
+      await pause(100);
+      const records = (await app.inject({ url: `/v1/sessions/${id}/completions` })).json() as { completions: { seq: number; request: { messages: { content: string }[] } }[] };
+      expect(records.completions.map((r) => r.request.messages[0]!.content.split("\n")[0])).toEqual(["new rollout"]);
+      const closed = (await app.inject({ method: "POST", url: `/v1/sessions/${id}/close` })).json() as Session;
+      expect(closed.counts.llm_calls).toBe(1);
+    } finally {
+      await app.inject({ method: "DELETE", url: `/v1/sessions/${id}` });
+      await app.close();
     }
   });
 });

@@ -131,11 +131,15 @@ return seq
 // else nothing is written and 0 returned. The call stops being pending (PENDING) once its record
 // is stored. KEYS: records, record heads, session, pending calls. ARGV: seq, record,
 // head json, prompt, completion and cached tokens, base seq or "", how the base's JSON part starts
-// (its id; it follows the format byte, the base's own base seq, ";" and 4 bytes of length).
+// (its id; it follows the format byte, the base's own base seq, ";" and 4 bytes of length), the
+// hash of the token the call was authorised with or "": with one, nothing is written (-1) unless
+// the session still has that token (a session deleted while the call ran, or made again under its
+// id for another rollout, must not get the record, the counts, nor lose a pending mark of its own).
 const APPEND_RECORD_SCRIPT: LuaScript = {
   name: "rollgateSessionAppendRecord",
   numberOfKeys: 4,
   lua: `
+if ARGV[9] ~= '' and redis.call('HGET', KEYS[3], 'token_hash') ~= ARGV[9] then return -1 end
 if ARGV[7] ~= '' then
   local base = redis.call('HGET', KEYS[1], ARGV[7])
   if not base or string.byte(base, 1) ~= 2 then return 0 end
@@ -569,9 +573,11 @@ export class SessionStore {
 
   /**
    * Appends a record and its head (the small part later calls of the session read on every call;
-   * see RecordHead).
+   * see RecordHead). With `tokenHash` (the token its call was authorised with), only while the
+   * session still has that token: false when it was deleted or made again under its id meanwhile,
+   * and nothing was written.
    */
-  async appendRecord(record: CompletionRecord, head: RecordHead): Promise<void> {
+  async appendRecord(record: CompletionRecord, head: RecordHead, tokenHash?: string): Promise<boolean> {
     const sid = record.session_id;
     const u = record.usage;
     const headJson = JSON.stringify(head);
@@ -590,16 +596,23 @@ export class SessionStore {
         String(u.cached_tokens),
         encoded.base ? String(encoded.base.seq) : "",
         encoded.base?.holds ?? "",
+        tokenHash ?? "",
       );
     let encoded = encodeRecord(record, this.bases.of(sid));
-    if ((await write(encoded)) === 0) {
+    let written = Number(await write(encoded));
+    if (written === 0) {
       // What this process remembers of the session is not what Redis holds: forget it, store whole.
       this.bases.drop(sid);
       encoded = encodeRecord(record, []);
-      await write(encoded);
+      written = Number(await write(encoded));
+    }
+    if (written < 0) {
+      this.bases.drop(sid);
+      return false;
     }
     // Only once it is stored: a later record may then extend it.
     if (encoded.candidate) this.bases.add(sid, encoded.candidate, encoded.supersedes);
+    return true;
   }
 
   async records(id: string): Promise<CompletionRecord[]> {

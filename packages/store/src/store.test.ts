@@ -258,6 +258,29 @@ describe("SessionStore", () => {
     expect(await store.records("s-2")).toEqual([]);
   });
 
+  it("stores a call's record only while its session still has the token the call was authorised with", async () => {
+    const store = new SessionStore(redis, `${prefix}-s5`);
+    const head = (r: CompletionRecord) => ({ id: r.id, seq: r.seq, message: r.message, finish_reason: r.finish_reason, message_count: 1, conversation_key: `k${r.seq}` });
+    await store.create("s-5", session("s-5"), hashToken("old"), assignment, "0:0", new Date());
+    expect(await store.nextSeq("s-5")).toBe(0);
+    const late = smallRecord("s-5", 0, "old0", "the old rollout's answer");
+    // Deleted while the call ran: nothing is written, and no hash is made again for it.
+    await store.delete("s-5", new Date());
+    expect(await store.appendRecord(late, head(late), hashToken("old"))).toBe(false);
+    expect(await redis.exists(`${prefix}-s5:{s:s-5}:session`, `${prefix}-s5:{s:s-5}:records`)).toBe(0);
+    // Made again under its id for another rollout, whose call 0 is pending: the old record is not its.
+    await store.create("s-5", session("s-5"), hashToken("new"), assignment, "0:0", new Date());
+    expect(await store.nextSeq("s-5")).toBe(0);
+    expect(await store.appendRecord(late, head(late), hashToken("old"))).toBe(false);
+    expect(await store.pendingCalls("s-5")).toEqual([0]);
+    const own = smallRecord("s-5", 0, "new0", "the new rollout's answer");
+    expect(await store.appendRecord(own, head(own), hashToken("new"))).toBe(true);
+    expect(await store.appendRecord(late, head(late), hashToken("old"))).toBe(false);
+    expect((await store.records("s-5")).map((r) => r.id)).toEqual(["new0"]);
+    expect((await store.get("s-5"))!.counts.llm_calls).toBe(1);
+    await store.delete("s-5", new Date());
+  });
+
   it("a session's record heads read again after other replicas wrote, left holes or remade the session are the stored ones", async () => {
     const p = `${prefix}-s-heads`;
     // Two replicas' stores of one Redis: `a` reads heads as the calls it serves do, `b` writes too.

@@ -72,8 +72,21 @@ export class CallRejected extends Error {
   }
 }
 
+/** The session a call was authorised for, as the route read it (see prepare). */
+export interface CallAuth {
+  session: Session;
+  tokenHash?: string;
+  seq?: number;
+  heads?: Promise<RecordHead[]>;
+}
+
 export interface PreparedCall {
   session: Session;
+  /**
+   * The hash of the token the call was authorised with: its record is stored only if the session
+   * still has it (not one deleted meanwhile, nor one made again under its id for another rollout).
+   */
+  tokenHash?: string;
   adapter: EngineAdapter;
   reroutedFrom: { engine: number; dp_rank: number } | null;
   /** Set when pauses cut the call and it was continued token-in: how often, and each output token's weight version. */
@@ -145,13 +158,17 @@ export class ChatCaller {
   private readonly keptChat = new Map<string, boolean>();
 
   /**
-   * `takenSeq`: the call's sequence number when the route took it already (with its session read);
-   * `heads`: the session's record heads when the route read them with the session.
+   * `auth`: the session as the route read it, with its token hash (the record is stored only while
+   * the session is still the one of that token), the call's sequence number when the route took it
+   * already (with its session read) and the session's record heads when the route read them with it.
    */
-  async prepare(given: Session, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal, takenSeq?: number, heads?: Promise<RecordHead[]>): Promise<PreparedCall> {
+  async prepare(auth: CallAuth, protocol: ClientProtocol, canonical: CanonicalChatRequest, signal: AbortSignal): Promise<PreparedCall> {
+    const { session: given, seq: takenSeq, heads } = auth;
     const taken: { seq: Promise<number> | null } = { seq: takenSeq === undefined ? null : Promise.resolve(takenSeq) };
     try {
-      return await this.prepareTaken(given, protocol, canonical, signal, takenSeq, taken, heads);
+      const prepared = await this.prepareTaken(given, protocol, canonical, signal, takenSeq, taken, heads);
+      if (auth.tokenHash !== undefined) prepared.tokenHash = auth.tokenHash;
+      return prepared;
     } catch (err) {
       // Refused or failed before the engine: the call will have no record (its number may still be on its way).
       taken.seq?.then(
@@ -741,7 +758,10 @@ export class ChatCaller {
     const taskId = call.session.metadata.task_id;
     // The record and the task's progress event are written together (one round trip's wait).
     await Promise.all([
-      this.deps.sessions.appendRecord(record, recordHead(record)),
+      this.deps.sessions.appendRecord(record, recordHead(record), call.tokenHash).then((stored) => {
+        // The session was deleted (or made again under its id) while the call ran: its record is nobody's.
+        if (!stored) this.deps.log.warn({ session_id: record.session_id, seq: record.seq }, "a call's session was deleted while it ran: its record is dropped");
+      }),
       typeof taskId === "string"
         ? this.deps.tasks.appendEvent(taskId, "llm_call", {
             seq: record.seq,

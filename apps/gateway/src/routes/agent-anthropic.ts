@@ -108,7 +108,7 @@ export function anthropicAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const ok = await authorizeAndParse(ctx, req, reply, true);
       if (!ok) return reply;
       const { auth, call } = ok;
-      const prepared = await ctx.caller.prepare(auth.session, "anthropic_messages", call.canonical, clientAbortSignal(reply), auth.seq, auth.heads);
+      const prepared = await ctx.caller.prepare(auth, "anthropic_messages", call.canonical, clientAbortSignal(reply));
       const out = {
         id: `msg_${randomUUID().replaceAll("-", "")}`,
         model: call.clientModel || prepared.engineCall.model,

@@ -147,7 +147,7 @@ export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
 
       const stream = target.action === "streamGenerateContent";
       const call = fromGemini(req.body, { key: auth.tokenHash, stream });
-      const prepared = await ctx.caller.prepare(auth.session, "gemini", call.canonical, signal, auth.seq);
+      const prepared = await ctx.caller.prepare(auth, "gemini", call.canonical, signal);
       const out = {
         model: target.model || prepared.engineCall.model,
         responseId: randomUUID().replaceAll("-", ""),

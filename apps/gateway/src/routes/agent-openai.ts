@@ -41,7 +41,7 @@ export function openAIAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
       rejectInvalid(req);
       // The body passed its schema on the way in (rejectInvalid): not parsed a second time.
       const call = fromValidOpenAIChat(req.body);
-      const prepared = await ctx.caller.prepare(auth.session, "openai_chat", call.canonical, clientAbortSignal(reply), auth.seq, auth.heads);
+      const prepared = await ctx.caller.prepare(auth, "openai_chat", call.canonical, clientAbortSignal(reply));
       const out = {
         id: `chatcmpl-${randomUUID().replaceAll("-", "")}`,
         created: Math.floor(Date.now() / 1000),

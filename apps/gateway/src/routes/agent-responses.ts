@@ -39,7 +39,7 @@ export function responsesAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
       rejectInvalid(req);
       // Reasoning we hand out is sealed with the session's token hash; only this session can replay it.
       const call = fromResponses(req.body, { reasoningKey: auth.tokenHash });
-      const prepared = await ctx.caller.prepare(auth.session, "openai_responses", call.canonical, clientAbortSignal(reply), auth.seq);
+      const prepared = await ctx.caller.prepare(auth, "openai_responses", call.canonical, clientAbortSignal(reply));
       const out: ResponsesContext = {
         id: `resp_${randomUUID().replaceAll("-", "")}`,
         createdAt: Math.floor(Date.now() / 1000),
