@@ -141,4 +141,43 @@ describe("a session deleted while a call is in flight, and opened again under it
       await app.close();
     }
   });
+
+  it("the old call ending without a record (its agent left) does not clear the new session's pending call of the same number: the new close waits for it", async () => {
+    const app = await gateway();
+    const url = await listenLocal(app);
+    const id = `s-remade-${Date.now()}`;
+    const open = async () => (await app.inject({ method: "POST", url: "/v1/sessions", payload: { id } })).json() as { id: string; token: string };
+    const chat = (s: { id: string; token: string }, text: string, tokens: number, signal?: AbortSignal) =>
+      fetch(`${url}/s/${s.id}/v1/chat/completions`, {
+        method: "POST",
+        signal,
+        headers: { authorization: `Bearer ${s.token}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "m", messages: [{ role: "user", content: `${text}\n#sim: ${JSON.stringify([{ text, tokens }])}` }] }),
+      });
+    try {
+      const old = await open();
+      const leave = new AbortController();
+      const slow = chat(old, "old rollout", 300, leave.signal).catch(() => null);
+      await pause(100);
+      expect((await app.inject({ method: "DELETE", url: `/v1/sessions/${id}` })).statusCode).toBe(204);
+      const remade = await open();
+      // The new rollout's call 0, still running when its agent's run ends and the session closes.
+      const running = chat(remade, "new rollout", 150);
+      await pause(50);
+      // The old rollout's agent gives up: its call 0 ends without a record.
+      leave.abort();
+      await slow;
+      await pause(50);
+      const closing = app.inject({ method: "POST", url: `/v1/sessions/${id}/close?trajectory=prefix_merging` });
+      const answered = await running;
+      expect(answered.status).toBe(200);
+      const closed = (await closing).json() as Session & { trajectory: Trajectory };
+      // The close waited for the new call 0 (or counted it lost): its trajectory is not silently short.
+      expect(closed.counts.llm_calls + closed.lost_calls.count).toBe(1);
+      expect(closed.trajectory.traces).toHaveLength(closed.counts.llm_calls);
+    } finally {
+      await app.inject({ method: "DELETE", url: `/v1/sessions/${id}` });
+      await app.close();
+    }
+  });
 });

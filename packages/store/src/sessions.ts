@@ -196,6 +196,18 @@ return 1
 `,
 };
 
+// A call that ended without a record is no longer pending, if its session still has the token the
+// call was authorised with: a session deleted and made again under its id has pending calls of its
+// own under the same numbers. KEYS: session, pending calls. ARGV: token hash, seq.
+const SETTLE_SCRIPT: LuaScript = {
+  name: "rollgateSessionSettleCall",
+  numberOfKeys: 2,
+  lua: `
+if redis.call('HGET', KEYS[1], 'token_hash') ~= ARGV[1] then return 0 end
+return redis.call('ZREM', KEYS[2], ARGV[2])
+`,
+};
+
 // Gives one slot back on a rank, never below zero. KEYS: rank load. ARGV: member.
 const RELEASE_SCRIPT: LuaScript = {
   name: "rollgateRankRelease",
@@ -249,7 +261,7 @@ function deepFreeze(o: object): void {
 }
 
 const sessionScripts = (redis: RedisClient) =>
-  scriptCommands(redis, { create: CREATE_SCRIPT, forCall: FOR_CALL_SCRIPT, nextSeq: NEXT_SEQ_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT, headsSince: RECORD_HEADS_SINCE_SCRIPT });
+  scriptCommands(redis, { create: CREATE_SCRIPT, forCall: FOR_CALL_SCRIPT, nextSeq: NEXT_SEQ_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT, headsSince: RECORD_HEADS_SINCE_SCRIPT, settle: SETTLE_SCRIPT });
 
 /** One session's record heads as last read, in call order, and where each is stored. */
 interface KnownHeads {
@@ -564,6 +576,15 @@ export class SessionStore {
   /** A call that ends without a record (refused, failed, the agent left) is no longer pending. */
   async settleCall(id: string, ...seqs: number[]): Promise<void> {
     if (seqs.length > 0) await this.redis.zrem(this.k.pendingCalls(id), ...seqs.map(String));
+  }
+
+  /**
+   * Call `seq`, authorised with the token of hash `tokenHash`, ended without a record: it is no
+   * longer pending, unless its session was deleted meanwhile (and perhaps made again under its id:
+   * the new session's call of that number stays pending).
+   */
+  async settleOwnCall(id: string, seq: number, tokenHash: string): Promise<void> {
+    await this.scripts.settle(this.k.session(id), this.k.pendingCalls(id), tokenHash, String(seq));
   }
 
   /** The session's calls whose record is not stored yet and that have not ended without one, in order. */

@@ -258,7 +258,7 @@ describe("SessionStore", () => {
     expect(await store.records("s-2")).toEqual([]);
   });
 
-  it("stores a call's record only while its session still has the token the call was authorised with", async () => {
+  it("stores a call's record, or clears its pending mark, only while its session still has the token the call was authorised with", async () => {
     const store = new SessionStore(redis, `${prefix}-s5`);
     const head = (r: CompletionRecord) => ({ id: r.id, seq: r.seq, message: r.message, finish_reason: r.finish_reason, message_count: 1, conversation_key: `k${r.seq}` });
     await store.create("s-5", session("s-5"), hashToken("old"), assignment, "0:0", new Date());
@@ -272,6 +272,9 @@ describe("SessionStore", () => {
     await store.create("s-5", session("s-5"), hashToken("new"), assignment, "0:0", new Date());
     expect(await store.nextSeq("s-5")).toBe(0);
     expect(await store.appendRecord(late, head(late), hashToken("old"))).toBe(false);
+    expect(await store.pendingCalls("s-5")).toEqual([0]);
+    // Nor does the old call, ending without a record, clear the new call 0's pending mark.
+    await store.settleOwnCall("s-5", 0, hashToken("old"));
     expect(await store.pendingCalls("s-5")).toEqual([0]);
     const own = smallRecord("s-5", 0, "new0", "the new rollout's answer");
     expect(await store.appendRecord(own, head(own), hashToken("new"))).toBe(true);

@@ -172,7 +172,7 @@ export class ChatCaller {
     } catch (err) {
       // Refused or failed before the engine: the call will have no record (its number may still be on its way).
       taken.seq?.then(
-        (seq) => this.deps.pending.settle(given.id, seq),
+        (seq) => this.deps.pending.settle(given.id, seq, auth.tokenHash),
         () => undefined,
       );
       throw err;
@@ -478,7 +478,7 @@ export class ChatCaller {
       return yield* this.answer(call, streamed, answer);
     } finally {
       // Failed, refused or left by the agent: no record will come.
-      if (!answer.recorded) this.deps.pending.settle(call.session.id, call.seq);
+      if (!answer.recorded) this.deps.pending.settle(call.session.id, call.seq, call.tokenHash);
     }
   }
 

@@ -64,10 +64,15 @@ export class PendingCalls {
     this.add(sid, done);
   }
 
-  /** Call `seq` ended without a record (refused, failed, abandoned): it is no longer pending. Not awaited by the call. */
-  settle(sid: string, seq: number): void {
+  /**
+   * Call `seq` ended without a record (refused, failed, abandoned): it is no longer pending. Not
+   * awaited by the call. `tokenHash`: the token the call was authorised with; then only while the
+   * session still has it (a session made again under its id has its own call `seq`).
+   */
+  settle(sid: string, seq: number, tokenHash?: string): void {
     if (this.recording.has(`${sid}\n${seq}`)) return;
-    const done = this.deps.sessions.settleCall(sid, seq).catch((err: Error) => {
+    const settling = tokenHash === undefined ? this.deps.sessions.settleCall(sid, seq) : this.deps.sessions.settleOwnCall(sid, seq, tokenHash);
+    const done = settling.catch((err: Error) => {
       // Left pending, the call is marked lost when its session closes: a rollout over-counted, never one missing a record.
       this.deps.countError?.("pending_settle");
       this.deps.log.warn({ session_id: sid, seq, err: err.message }, "cannot clear a call that ended without a record from its session's pending calls");

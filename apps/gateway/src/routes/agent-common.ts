@@ -62,7 +62,7 @@ export type AuthFailure = { status: 401 | 403; kind: "invalid_token" | "session_
 /** Requests whose session token was checked, and the token every other agent request presented. */
 const authorized = new WeakSet<FastifyRequest>();
 /** The call number a request took with its session read (it is pending until recorded or settled). */
-const takenSeqs = new WeakMap<FastifyRequest, number>();
+const takenSeqs = new WeakMap<FastifyRequest, { seq: number; tokenHash: string }>();
 const presented = new WeakMap<FastifyRequest, string>();
 
 /**
@@ -123,7 +123,7 @@ export async function authorizeSession(
     // One answer for an unknown session and a wrong token: a sandbox learns nothing of others.
     return { status: 401, kind: "invalid_token", message: "invalid session token" };
   }
-  if (found.seq !== undefined) takenSeqs.set(req, found.seq);
+  if (found.seq !== undefined) takenSeqs.set(req, { seq: found.seq, tokenHash: found.tokenHash });
   remember(sid, found.tokenHash, Boolean(found.session.replay));
   if (found.session.state !== "open") return { status: 403, kind: "session_closed", message: `session ${sid} is closed` };
   // Over ROLLGATE_SESSION_RATE: throws a 429 the route renders in its protocol (with retry-after).
@@ -206,10 +206,10 @@ export async function agentFailure(ctx: GatewayContext, req: FastifyRequest, rep
   const sid = (req.params as { sid?: unknown } | undefined)?.sid;
   // A call that took its number with the session read and failed before the engine was called
   // (e.g. a body its protocol cannot express) has no record coming.
-  const seq = takenSeqs.get(req);
-  if (typeof sid === "string" && seq !== undefined) {
+  const taken = takenSeqs.get(req);
+  if (typeof sid === "string" && taken !== undefined) {
     takenSeqs.delete(req);
-    ctx.caller.pending.settle(sid, seq);
+    ctx.caller.pending.settle(sid, taken.seq, taken.tokenHash);
   }
   // The agent hung up (its own timeout, or it gave up): nothing to mark, nobody to answer.
   const agentLeft = reply.raw.destroyed || req.raw.socket?.destroyed === true;
