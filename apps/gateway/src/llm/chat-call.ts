@@ -38,6 +38,8 @@ function promptIdsTold(): { ids: Promise<number[]>; tell: (ids: number[]) => voi
 }
 const noIds = (): null => null;
 
+const ABORTED = 'the engine aborted the call (finish_reason "abort") outside a pause of this gateway: its answer was cut short';
+
 /** The engine could not serve the call (unreachable, or a 5xx): worth another rank, unlike a refusal. */
 function rankFailed(err: unknown): boolean {
   return err instanceof EngineError && (err.kind === "unreachable" || (err.kind === "rejected" && err.status === 502));
@@ -533,7 +535,13 @@ export class ChatCaller {
             break;
           }
           const event = next.value;
-          if (event.type === "finish" && this.canContinue(call) && (await this.cutByPause(event.finish_reason, slot))) heldFinish = true;
+          if (event.type === "finish" && event.finish_reason === "abort") {
+            if (this.canContinue(call) && (await this.cutByPause(event.finish_reason, slot))) heldFinish = true;
+            // Cut short by the engine itself (another controller paused or aborted it, or it is
+            // shutting down): the tokens so far are not the policy's answer, and every protocol
+            // would show them as a finished turn. The call fails as the engine's (a lost call).
+            else throw new EngineError(ABORTED, 502, "rejected");
+          }
           // The agent already has its start; usage is told once, for the whole answer.
           if ((event.type === "start" && cut) || (event.type === "usage" && (heldFinish || cut)) || heldFinish) continue;
           shown?.push(event);

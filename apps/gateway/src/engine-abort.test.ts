@@ -1,0 +1,95 @@
+/**
+ * An engine that cuts a call short on its own (finish_reason "abort") while this gateway did not
+ * pause it: the engine's own /pause called by another controller (RL frameworks pause engines
+ * directly for a weight sync), an engine abort route, a shutting-down server. The tokens so far are
+ * not the policy's whole answer: the agent must not take them as one (OpenAI "abort", Anthropic
+ * "end_turn", Gemini "STOP", Responses "completed" all looked like a finished turn), the session
+ * must count the call as lost (the rollout is not scored) and nothing is recorded as its answer.
+ */
+import Anthropic from "@anthropic-ai/sdk";
+import { GoogleGenAI } from "@google/genai";
+import type { Session } from "@rollgate/protocol";
+import OpenAI from "openai";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startHarness, type Harness } from "./__fixtures__/harness.js";
+
+let h: Harness;
+let simUrl: string;
+
+beforeAll(async () => {
+  // A vLLM whose /pause aborts in-flight requests (no keep mode).
+  h = await startHarness("engine-abort", { tpotMs: 10, vllmVersion: "0.15.1" });
+  const addr = h.sim.server.address();
+  simUrl = `http://127.0.0.1:${typeof addr === "object" && addr ? addr.port : 0}`;
+});
+afterAll(() => h?.close());
+
+const TEXT = `go\n#sim: ${JSON.stringify([{ think: "look around first", tool_calls: [{ name: "ls", arguments: { path: "." } }], tokens: 80 }])}`;
+const engine = (path: string) => fetch(`${simUrl}${path}`, { method: "POST" });
+
+/** Pauses the engine itself (abort mode) once the call is under way, then resumes it. */
+async function engineAbortsMidCall() {
+  await new Promise((r) => setTimeout(r, 200));
+  expect((await engine("/pause?mode=abort")).status).toBe(200);
+  await new Promise((r) => setTimeout(r, 50));
+  expect((await engine("/resume")).status).toBe(200);
+}
+
+const session = async (id: string) => (await (await fetch(`${h.url}/v1/sessions/${id}`)).json()) as Session;
+
+type Run = (s: { id: string; token: string; urls: { openai: string; anthropic: string } }) => Promise<unknown>;
+const tools = [{ type: "function" as const, function: { name: "ls", parameters: { type: "object", properties: { path: { type: "string" } } } } }];
+const RUNS: Record<string, Run> = {
+  "openai chat": (s) => new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 }).chat.completions.create({ model: "m", messages: [{ role: "user", content: TEXT }], tools }),
+  "openai chat, streamed": (s) =>
+    new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 }).chat.completions.stream({ model: "m", messages: [{ role: "user", content: TEXT }], tools }).finalChatCompletion(),
+  "anthropic, streamed": (s) =>
+    new Anthropic({ apiKey: s.token, baseURL: s.urls.anthropic, maxRetries: 0 }).messages
+      .stream({ model: "c", max_tokens: 500, messages: [{ role: "user", content: TEXT }], tools: [{ name: "ls", input_schema: { type: "object" } }] })
+      .finalMessage(),
+  anthropic: (s) =>
+    new Anthropic({ apiKey: s.token, baseURL: s.urls.anthropic, maxRetries: 0 }).messages.create({ model: "c", max_tokens: 500, messages: [{ role: "user", content: TEXT }], tools: [{ name: "ls", input_schema: { type: "object" } }] }),
+  gemini: (s) => new GoogleGenAI({ apiKey: s.token, httpOptions: { baseUrl: `${h.url}/s/${s.id}` } }).models.generateContent({ model: "m", contents: [{ role: "user", parts: [{ text: TEXT }] }] }),
+  responses: (s) => new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 }).responses.create({ model: "m", input: TEXT }),
+};
+
+describe("an engine that aborts a call this gateway did not pause", () => {
+  for (const [name, run] of Object.entries(RUNS)) {
+    it(`${name}: the agent gets an error, not a cut answer; the call is lost and not recorded`, async () => {
+      const s = await h.openSession();
+      const [got] = await Promise.all([run(s).then((answer) => ({ answer }), (error: unknown) => ({ error })), engineAbortsMidCall()]);
+      expect("error" in got ? null : got.answer, "the agent was given the cut answer as a finished one").toBeNull();
+      const after = await session(s.id);
+      expect(after.counts.llm_calls).toBe(0);
+      expect(after.lost_calls.count).toBe(1);
+      expect(await h.records(s.id)).toEqual([]);
+    });
+  }
+});
+
+describe("the same on a family with no gateway parser (Llama 3.1: a pause could never continue it)", () => {
+  let l: Harness;
+  beforeAll(async () => {
+    l = await startHarness("engine-abort-llama", { tpotMs: 10, vllmVersion: "0.15.1", family: "llama3.1" } as never);
+  });
+  afterAll(() => l?.close());
+
+  it("openai chat, streamed: an error event, a lost call, no record", async () => {
+    const addr = l.sim.server.address();
+    const url = `http://127.0.0.1:${typeof addr === "object" && addr ? addr.port : 0}`;
+    const s = await l.openSession();
+    const text = `go\n#sim: ${JSON.stringify([{ text: "a long answer", tokens: 80 }])}`;
+    const call = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 }).chat.completions
+      .stream({ model: "m", messages: [{ role: "user", content: text }] })
+      .finalChatCompletion()
+      .then((answer) => ({ answer }), (error: unknown) => ({ error }));
+    await new Promise((r) => setTimeout(r, 200));
+    await fetch(`${url}/pause?mode=abort`, { method: "POST" });
+    await fetch(`${url}/resume`, { method: "POST" });
+    const got = await call;
+    expect("error" in got ? null : got.answer).toBeNull();
+    const after = (await (await fetch(`${l.url}/v1/sessions/${s.id}`)).json()) as Session;
+    expect(after.lost_calls.count).toBe(1);
+    expect(await l.records(s.id)).toEqual([]);
+  });
+});
