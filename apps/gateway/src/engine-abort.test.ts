@@ -8,10 +8,11 @@
  */
 import Anthropic from "@anthropic-ai/sdk";
 import { GoogleGenAI } from "@google/genai";
+import Fastify from "fastify";
 import type { Session } from "@rollgate/protocol";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startHarness, type Harness } from "./__fixtures__/harness.js";
+import { listenLocal, startHarness, startSimFleet, type Harness } from "./__fixtures__/harness.js";
 
 let h: Harness;
 let simUrl: string;
@@ -91,5 +92,38 @@ describe("the same on a family with no gateway parser (Llama 3.1: a pause could 
     const after = (await (await fetch(`${l.url}/v1/sessions/${s.id}`)).json()) as Session;
     expect(after.lost_calls.count).toBe(1);
     expect(await l.records(s.id)).toEqual([]);
+  });
+});
+
+describe("an engine that ends a call with finish_reason \"error\" (vLLM's FINISHED_ERROR: the request failed part way)", () => {
+  it("the agent gets an error, the call is lost and not recorded", async () => {
+    // A vLLM of a release that reports the failure as a finish reason (engine-sim never fails so).
+    const failing = Fastify();
+    failing.get("/v1/models", async () => ({ data: [{ id: "m" }] }));
+    failing.post("/v1/chat/completions", async () => ({
+      prompt_token_ids: [1, 2, 3],
+      choices: [{ message: { content: "half an ans" }, finish_reason: "error", token_ids: [7, 8], logprobs: { content: [{ token: "half", logprob: -1 }, { token: " an", logprob: -1 }] } }],
+      usage: { prompt_tokens: 3, completion_tokens: 2 },
+    }));
+    const url = await listenLocal(failing);
+    const fleet = await startSimFleet("engine-error");
+    const gw = await fleet.gateway({ engines: [{ kind: "vllm", url, dp_size: 1 }], env: { ROLLGATE_HEALTH_INTERVAL_S: "0" } });
+    try {
+      const s = (await gw.inject({ method: "POST", url: "/v1/sessions", payload: {} })).json() as { id: string; token: string };
+      const res = await gw.inject({
+        method: "POST",
+        url: `/s/${s.id}/v1/chat/completions`,
+        headers: { authorization: `Bearer ${s.token}`, "content-type": "application/json" },
+        payload: { model: "m", messages: [{ role: "user", content: "hi" }] },
+      });
+      expect(res.statusCode).toBe(502);
+      const after = (await gw.inject({ url: `/v1/sessions/${s.id}` })).json() as Session;
+      expect(after.counts.llm_calls).toBe(0);
+      expect(after.lost_calls).toMatchObject({ count: 1, first: { kind: "engine_rejected", message: expect.stringMatching(/finish_reason "error"/) } });
+    } finally {
+      await gw.close();
+      await fleet.close();
+      await failing.close();
+    }
   });
 });

@@ -541,6 +541,9 @@ export class ChatCaller {
             // shutting down): the tokens so far are not the policy's answer, and every protocol
             // would show them as a finished turn. The call fails as the engine's (a lost call).
             else throw new EngineError(ABORTED, 502, "rejected");
+          } else if (event.type === "finish" && event.finish_reason === "error") {
+            // The engine failed the request part way (vLLM's FINISHED_ERROR): not an answer either.
+            throw new EngineError('the engine ended the call with finish_reason "error": its answer is incomplete', 502, "rejected");
           }
           // The agent already has its start; usage is told once, for the whole answer.
           if ((event.type === "start" && cut) || (event.type === "usage" && (heldFinish || cut)) || heldFinish) continue;
