@@ -127,3 +127,34 @@ describe("an engine that ends a call with finish_reason \"error\" (vLLM's FINISH
     }
   });
 });
+
+describe("a drain-mode pause that outlives its timeout, on a vLLM from before pause modes (< 0.16: /pause takes wait_for_inflight_requests, and aborts by default)", () => {
+  let l: Harness;
+  beforeAll(async () => {
+    l = await startHarness("engine-abort-drain", { tpotMs: 10, vllmVersion: "0.15.1", family: "llama3.1" } as never);
+  });
+  afterAll(() => l?.close());
+
+  it("the engine is asked to let the call finish: it ends whole on the old weights, recorded, nothing lost", async () => {
+    const admin = (path: string, body: unknown = {}) =>
+      fetch(`${l.url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) }).then(async (r) => (await r.json()) as Record<string, unknown>);
+    await admin("/admin/weights", { version: "w1" });
+    const s = await l.openSession();
+    const text = `go\n#sim: ${JSON.stringify([{ text: "a long answer", tokens: 100 }])}`;
+    const call = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 }).chat.completions
+      .create({ model: "m", messages: [{ role: "user", content: text }] })
+      .then((answer) => ({ answer }), (error: unknown) => ({ error }));
+    await new Promise((r) => setTimeout(r, 150));
+    const paused = await admin("/admin/inference/pause", { mode: "drain", timeout_s: 0.1 });
+    expect(paused).toMatchObject({ mode: "drain", drained: false });
+    await admin("/admin/weights", { version: "w2" });
+    await admin("/admin/inference/resume");
+    const got = await call;
+    expect("error" in got ? String(got.error) : null).toBeNull();
+    const records = await l.records(s.id);
+    expect(records).toHaveLength(1);
+    expect(records[0]).toMatchObject({ finish_reason: "stop", weight_version: "w1" });
+    expect(records[0]!.output_ids.length).toBeGreaterThanOrEqual(100);
+    expect(((await (await fetch(`${l.url}/v1/sessions/${s.id}`)).json()) as Session).lost_calls.count).toBe(0);
+  });
+});

@@ -38,9 +38,12 @@ export type EnginePauseMode = "abort" | "finish" | "freeze";
  */
 export async function pauseEngine(dispatcher: Dispatcher, e: EngineConfig, mode: EnginePauseMode): Promise<EngineControlResult & { mode: string }> {
   const engineMode = e.kind === "vllm" ? { abort: "abort", finish: "wait", freeze: "keep" }[mode] : { abort: "abort", finish: "in_place", freeze: "in_place" }[mode];
+  // vLLM before pause modes (< 0.16) ignores `mode` and aborts unless asked to wait with
+  // `wait_for_inflight_requests` (deprecated since, and the same as mode=wait where both are read).
+  const query = mode === "finish" ? `mode=${engineMode}&wait_for_inflight_requests=true` : `mode=${engineMode}`;
   const r =
     e.kind === "vllm"
-      ? await call(dispatcher, e.url, `/pause?mode=${engineMode}`)
+      ? await call(dispatcher, e.url, `/pause?${query}`)
       : await call(dispatcher, e.url, "/pause_generation", { mode: engineMode });
   return { url: e.url, kind: e.kind, mode: engineMode, ok: r.status === 200, status: r.status, detail: r.text };
 }
