@@ -12,6 +12,7 @@ import Fastify from "fastify";
 import type { Session } from "@rollgate/protocol";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { simLogprob } from "@rollgate/engine-sim";
 import { listenLocal, startHarness, startSimFleet, type Harness } from "./__fixtures__/harness.js";
 
 let h: Harness;
@@ -156,5 +157,45 @@ describe("a drain-mode pause that outlives its timeout, on a vLLM from before pa
     expect(records[0]).toMatchObject({ finish_reason: "stop", weight_version: "w1" });
     expect(records[0]!.output_ids.length).toBeGreaterThanOrEqual(100);
     expect(((await (await fetch(`${l.url}/v1/sessions/${s.id}`)).json()) as Session).lost_calls.count).toBe(0);
+  });
+});
+
+describe("a drain-mode pause that outlives its timeout on an SGLang whose calls are not stamped (no parser the gateway can follow)", () => {
+  let g: Harness;
+  let url: string;
+  beforeAll(async () => {
+    // The default profile names no SGLang parser: an abort-mode pause is planned as a drain, and calls carry no per-token stamps.
+    g = await startHarness("engine-abort-sglang", { kind: "sglang", tpotMs: 10 }, {}, undefined, "default");
+    url = `http://127.0.0.1:${(g.sim.server.address() as { port: number }).port}`;
+  });
+  afterAll(() => g?.close());
+
+  it("the call still running is cut, not frozen into the new weights: a lost call, never a record claiming the old version for tokens the new weights made", async () => {
+    const post = (u: string, body: unknown = {}) => fetch(u, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+    await post(`${g.url}/admin/weights`, { version: "a" });
+    await post(`${url}/sim/weights`, { version: "a" });
+    const s = await g.openSession();
+    const text = `go\n#sim: ${JSON.stringify([{ text: "a long answer", tokens: 100 }])}`;
+    const call = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 }).chat.completions
+      .create({ model: "m", messages: [{ role: "user", content: text }] })
+      .then((answer) => ({ answer }), (error: unknown) => ({ error }));
+    await new Promise((r) => setTimeout(r, 200));
+    await post(`${g.url}/admin/inference/pause`, { mode: "drain", timeout_s: 0.1 });
+    await post(`${g.url}/admin/weights`, { version: "b" });
+    await post(`${url}/sim/weights`, { version: "b" });
+    await post(`${g.url}/admin/inference/resume`);
+    const got = await call;
+    const records = await g.records(s.id);
+    const after = (await (await fetch(`${g.url}/v1/sessions/${s.id}`)).json()) as Session;
+    // Frozen into the new weights, its record would have claimed "a" for every token (the engine
+    // made the later ones under "b"). Cut instead: no gateway parser can continue it, so it fails
+    // as a lost call and nothing is recorded for it.
+    for (const rec of records) {
+      const versions = rec.output_weight_versions ?? rec.output_ids.map(() => rec.weight_version);
+      rec.output_ids.forEach((id, i) => expect(rec.output_logprobs[i], `token ${i} stamped ${versions[i]}`).toBe(simLogprob(versions[i]!, [...rec.prompt_ids, ...rec.output_ids.slice(0, i)], id)));
+    }
+    expect("error" in got).toBe(true);
+    expect(records).toEqual([]);
+    expect(after.lost_calls.count).toBe(1);
   });
 });

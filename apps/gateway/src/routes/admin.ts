@@ -168,7 +168,19 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       );
       const now = plans.flatMap((p, i) => (p.mode === "drain" ? [] : [i]));
       const later = plans.flatMap((p, i) => (p.mode === "drain" ? [i] : []));
-      const pauseOne = (i: number) => pauseEngine(ctx.registry.dispatcher, ctx.registry.engines[i]!, ENGINE_MODE[plans[i]!.mode]);
+      // After the drain, calls still running (it timed out) are let finish on vLLM (mode=wait). SGLang
+      // has no such mode: in_place freezes them into the new weights, which only its in_place plan's
+      // calls (stamped token by token as they arrive) record truly; any other SGLang engine's are cut
+      // instead (continued token-in where the profile has a gateway parser, else failed as lost).
+      const stampedInPlace = await Promise.all(
+        ctx.registry.engines.map(async (e, i) => {
+          if (e.kind !== "sglang" || !later.includes(i)) return true;
+          const caps = await ctx.registry.capabilities(i).catch(() => null);
+          return caps !== null && pausePlan(e.kind, caps, ctx.registry.profiles[i]!).mode === "in_place";
+        }),
+      );
+      const engineMode = (i: number): EnginePauseMode => (plans[i]!.mode === "drain" && !stampedInPlace[i] ? "abort" : ENGINE_MODE[plans[i]!.mode]);
+      const pauseOne = (i: number) => pauseEngine(ctx.registry.dispatcher, ctx.registry.engines[i]!, engineMode(i));
       const results: Awaited<ReturnType<typeof pauseOne>>[] = [];
       for (const [k, r] of (await Promise.all(now.map(pauseOne))).entries()) results[now[k]!] = r;
       // Tokens a frozen engine generated before it froze may still be on their way to the replicas
