@@ -219,7 +219,7 @@ describe("SessionStore", () => {
     for (const sid of sids) await store.create(sid, session(sid), hashToken("t"), assignment, "0:0", new Date());
     for (let round = 0; round < 6; round++) {
       for (const sid of sids) {
-        const seq = await store.nextSeq(sid);
+        const seq = (await store.nextSeq(sid))!;
         // Every other round leaves a hole (a call still pending) filled a round later.
         if (round % 2 === 0 || sid === "h-b") {
           const r = rec(sid, seq, sid === "h-big" ? "y".repeat(600) : `answer ${seq}`);
