@@ -196,6 +196,19 @@ return 1
 `,
 };
 
+// Moves an open session to another rank, only if it is still on the rank the mover read (ARGV[1]):
+// calls of one session that find its rank drained at once move it once, not once each. KEYS:
+// session. ARGV: the rank member it was read on, the new assignment json, the new rank member.
+const REASSIGN_SCRIPT: LuaScript = {
+  name: "rollgateSessionReassign",
+  numberOfKeys: 1,
+  lua: `
+if redis.call('HGET', KEYS[1], 'state') ~= 'open' or redis.call('HGET', KEYS[1], 'rank_member') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'assignment', ARGV[2], 'rank_member', ARGV[3])
+return 1
+`,
+};
+
 // A call that ended without a record is no longer pending, if its session still has the token the
 // call was authorised with: a session deleted and made again under its id has pending calls of its
 // own under the same numbers. KEYS: session, pending calls. ARGV: token hash, seq.
@@ -261,7 +274,7 @@ function deepFreeze(o: object): void {
 }
 
 const sessionScripts = (redis: RedisClient) =>
-  scriptCommands(redis, { create: CREATE_SCRIPT, forCall: FOR_CALL_SCRIPT, nextSeq: NEXT_SEQ_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT, headsSince: RECORD_HEADS_SINCE_SCRIPT, settle: SETTLE_SCRIPT });
+  scriptCommands(redis, { create: CREATE_SCRIPT, forCall: FOR_CALL_SCRIPT, nextSeq: NEXT_SEQ_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT, headsSince: RECORD_HEADS_SINCE_SCRIPT, settle: SETTLE_SCRIPT, reassign: REASSIGN_SCRIPT });
 
 /** One session's record heads as last read, in call order, and where each is stored. */
 interface KnownHeads {
@@ -484,8 +497,12 @@ export class SessionStore {
   }
 
   /** Moves an open session to another rank (its old rank was drained). */
-  async reassign(id: string, assignment: SessionAssignment, rankMember: string): Promise<void> {
-    await this.redis.hset(this.k.session(id), { assignment: JSON.stringify(assignment), rank_member: rankMember });
+  /**
+   * Moves the session to `rankMember`, if it is open and still on `from` (the rank it was read on):
+   * false when another call moved it first, or it closed, and nothing changed.
+   */
+  async reassign(id: string, from: string, assignment: SessionAssignment, rankMember: string): Promise<boolean> {
+    return Number(await this.scripts.reassign(this.k.session(id), from, JSON.stringify(assignment), rankMember)) === 1;
   }
 
   async rankMember(id: string): Promise<string | null> {

@@ -349,7 +349,9 @@ describe("SessionStore", () => {
     const after = (await store.getForCall("s-4"))!.session;
     expect(after.counts).toEqual({ llm_calls: 1, prompt_tokens: 5, completion_tokens: 3, cached_tokens: 0 });
     expect(after.lost_calls.count).toBe(1);
-    await store.reassign("s-4", { ...assignment, dp_rank: 1 }, "0:1");
+    expect(await store.reassign("s-4", "0:0", { ...assignment, dp_rank: 1 }, "0:1")).toBe(true);
+    // A second mover that read it on rank 0 too moves nothing.
+    expect(await store.reassign("s-4", "0:0", { ...assignment, dp_rank: 2 }, "0:2")).toBe(false);
     expect((await store.getForCall("s-4"))!.session.assignment?.dp_rank).toBe(1);
     await store.close("s-4", new Date());
     const closed = (await store.getForCall("s-4", { takeSeq: true }))!;

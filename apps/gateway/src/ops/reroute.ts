@@ -40,13 +40,21 @@ export class Rerouter {
     if (healthy.length === 0) return { session, reroutedFrom: null }; // nowhere better: let the call fail clearly
     const next = await this.router.assign(healthy, session.affinity_key ?? undefined, this.policy);
     if (!next) return { session, reroutedFrom: null };
-    // assign() counted the session on its new rank; take it off the old one.
-    await this.router.release(current);
     const { engine, dpRank } = parseRankMember(next);
     const target = this.registry.target(engine, dpRank);
     const served = await this.registry.servedModel(engine).catch(() => a.served_model);
     const assignment = { engine, engine_url: target.engine.url, dp_rank: dpRank, served_model: served };
-    await this.sessions.reassign(session.id, assignment, next);
-    return { session: { ...session, assignment }, reroutedFrom: { engine: a.engine, dp_rank: a.dp_rank } };
+    const reroutedFrom = { engine: a.engine, dp_rank: a.dp_rank };
+    if (!(await this.sessions.reassign(session.id, current, assignment, next))) {
+      // Another call of the session moved it first (or it closed): the slot assign() took is given
+      // back, and this call goes where the session is now.
+      await this.router.release(next);
+      const now = await this.sessions.get(session.id);
+      const moved = now?.assignment && rankMember(now.assignment.engine, now.assignment.dp_rank) !== current;
+      return moved ? { session: now, reroutedFrom } : { session, reroutedFrom: null };
+    }
+    // assign() counted the session on its new rank; take it off the old one.
+    await this.router.release(current);
+    return { session: { ...session, assignment }, reroutedFrom };
   }
 }
