@@ -161,3 +161,58 @@ describe("agent calls lost to infrastructure", () => {
     expect((await session(s.id)).lost_calls.count).toBe(0);
   });
 });
+
+describe("an agent that gives up on its call", () => {
+  /** Sends a call from a real client on a real socket and hangs up after `ms`; resolves once it has. */
+  async function giveUpAfter(base: string, s: { id: string; token: string }, ms: number): Promise<void> {
+    const ac = new AbortController();
+    const call = fetch(`${base}/s/${s.id}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${s.token}`, "content-type": "application/json" },
+      body: JSON.stringify({ messages: [{ role: "user", content: "hi" }] }),
+      signal: ac.signal,
+    }).catch((err: Error) => err);
+    await new Promise((r) => setTimeout(r, ms));
+    ac.abort();
+    expect(await call).toBeInstanceOf(Error);
+  }
+
+  /** The session's lost calls once they stop changing (the mark is written after the agent left). */
+  async function lostAfterLeaving(id: string, gw: FastifyInstance) {
+    await new Promise((r) => setTimeout(r, 300));
+    return (await session(id, gw)).lost_calls;
+  }
+
+  it("while a pause of inference holds it (a weight sync longer than its SDK waits): a lost call, so the rollout is not scored on the failure that follows", async () => {
+    const gw = await fleet.gateway({ env: { ROLLGATE_HEALTH_INTERVAL_S: "0" } });
+    const base = await listenLocal(gw);
+    try {
+      const s = await open(gw);
+      expect((await gw.inject({ method: "POST", url: "/admin/inference/pause", payload: { mode: "drain", timeout_s: 5 } })).statusCode).toBe(200);
+      try {
+        await giveUpAfter(base, s, 300);
+      } finally {
+        expect((await gw.inject({ method: "POST", url: "/admin/inference/resume" })).statusCode).toBe(200);
+      }
+      const lost = await lostAfterLeaving(s.id, gw);
+      expect(lost.count).toBe(1);
+      expect(lost.first).toMatchObject({ kind: "left_during_pause", status: 0 });
+      expect(lost.first?.message).toMatch(/held \d+ ms by a pause of inference/);
+    } finally {
+      await gw.close();
+    }
+  });
+
+  it("while the engine generates it: its own doing, nothing is marked", async () => {
+    const gw = await fleet.gateway({ env: { ROLLGATE_HEALTH_INTERVAL_S: "0" } });
+    const base = await listenLocal(gw);
+    try {
+      const s = await open(gw);
+      getSimState(fleet.sim).setFault({ mode: "slow", delay_ms: 2_000 });
+      await giveUpAfter(base, s, 300);
+      expect((await lostAfterLeaving(s.id, gw)).count).toBe(0);
+    } finally {
+      await gw.close();
+    }
+  });
+});

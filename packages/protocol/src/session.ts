@@ -58,7 +58,7 @@ export type RankRef = z.infer<typeof RankRef>;
  */
 export const LostCall = z.object({
   at: z.string(),
-  /** The failure's machine kind, e.g. `engine_unreachable`, `engine_bad_response`, `storage_unavailable`, `internal_error`. */
+  /** The failure's machine kind, e.g. `engine_unreachable`, `engine_bad_response`, `storage_unavailable`, `internal_error`, `left_during_pause`. */
   kind: z.string(),
   /** The HTTP status the agent got. */
   status: z.number().int(),

@@ -27,6 +27,7 @@ import type { EngineCall } from "../engines/call.js";
 import { expectsChatRoute, planContinuation, promptContinues, type BaseIds, type ContinuationMode } from "./continuation.js";
 import { HistoryNormalizer } from "./history-normalizer.js";
 import type { PendingCalls } from "./pending-calls.js";
+import { LeftWhileHeld } from "./lost-calls.js";
 import { addCut, continuationPrompt, continuationRequest, joinContinuation, type CutGeneration } from "./pause-continuation.js";
 import { recordedResult, replayDifference } from "./replay.js";
 
@@ -498,7 +499,11 @@ export class ChatCaller {
     let cut: CutGeneration | null = null;
     let movedAfterFailure = false;
     for (;;) {
-      const slot = await this.deps.pause.enter(call.engineCall.signal, rankMember(call.target.engineIndex, call.target.dpRank));
+      const held = Date.now();
+      // The gate throws only when the agent leaves while it holds the call (see LeftWhileHeld).
+      const slot = await this.deps.pause.enter(call.engineCall.signal, rankMember(call.target.engineIndex, call.target.dpRank)).catch(() => {
+        throw new LeftWhileHeld(Date.now() - held);
+      });
       // Read once the gate is open: a call that waited through a pause runs on the new weights.
       const version = (call.weightVersion = this.deps.pause.weights);
       if (cut) await this.moveCutCall(call, false);

@@ -32,6 +32,21 @@ export function lostCallOf(err: unknown, failure: AgentFailure, now: Date): Lost
   return { at: now.toISOString(), kind: failure.kind, status: failure.status, message: message.slice(0, 2_000) };
 }
 
+/**
+ * The agent went away while its call was held at the pause gate (a weight sync took longer than
+ * its SDK waits): the infrastructure kept it waiting, so the call is lost, not the agent's doing,
+ * and the rollout, whose agent now fails for that reason, is not scored.
+ */
+export class LeftWhileHeld extends Error {
+  constructor(readonly heldMs: number) {
+    super(`the agent went away after its call was held ${heldMs} ms by a pause of inference`);
+  }
+
+  lostCall(now: Date): LostCall {
+    return { at: now.toISOString(), kind: "left_during_pause", status: 0, message: this.message };
+  }
+}
+
 interface Held {
   sid: string;
   count: number;

@@ -8,7 +8,7 @@ import type { GatewayContext } from "../context.js";
 import { EngineError } from "../engines/errors.js";
 import { BODY_TOO_LARGE_MESSAGE, isBodyTooLarge, isStorageUnavailable } from "../errors.js";
 import { CallRejected } from "../llm/chat-call.js";
-import { lostCallOf, type AgentFailure } from "../llm/lost-calls.js";
+import { LeftWhileHeld, lostCallOf, type AgentFailure } from "../llm/lost-calls.js";
 import { bindRequestScope } from "../observability/metrics.js";
 import { requestScopeOf } from "../observability/request-hooks.js";
 import { AGENT_SECURITY, SidParams } from "./schemas.js";
@@ -211,10 +211,11 @@ export async function agentFailure(ctx: GatewayContext, req: FastifyRequest, rep
     takenSeqs.delete(req);
     ctx.caller.pending.settle(sid, taken.seq, taken.tokenHash);
   }
-  // The agent hung up (its own timeout, or it gave up): nothing to mark, nobody to answer.
+  // The agent hung up (its own timeout, or it gave up): nothing to mark, nobody to answer; unless
+  // a pause of inference held its call until it did (LeftWhileHeld).
   const agentLeft = reply.raw.destroyed || req.raw.socket?.destroyed === true;
-  if (typeof sid !== "string" || agentLeft) return failure;
-  const lost = lostCallOf(err, failure, new Date());
+  if (typeof sid !== "string" || (agentLeft && !(err instanceof LeftWhileHeld))) return failure;
+  const lost = err instanceof LeftWhileHeld ? err.lostCall(new Date()) : lostCallOf(err, failure, new Date());
   if (!lost) return failure;
   if (authorized.has(req)) {
     await ctx.lostCalls.note(sid, lost, null);
