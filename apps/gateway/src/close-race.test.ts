@@ -110,6 +110,40 @@ describe("a session closed while a call is between its session check and its num
 });
 
 describe("a session deleted while a call is in flight, and opened again under its id", () => {
+  it("the old call lost after the delete (its agent left while a pause held it) is not charged to the new session", async () => {
+    const app = await gateway();
+    const url = await listenLocal(app);
+    const id = `s-remade-${Date.now()}`;
+    const open = async () => (await app.inject({ method: "POST", url: "/v1/sessions", payload: { id } })).json() as { id: string; token: string };
+    try {
+      const old = await open();
+      expect((await app.inject({ method: "POST", url: "/admin/inference/pause", payload: { mode: "drain", timeout_s: 5 } })).statusCode).toBe(200);
+      const leave = new AbortController();
+      try {
+        const held = fetch(`${url}/s/${id}/v1/chat/completions`, {
+          method: "POST",
+          signal: leave.signal,
+          headers: { authorization: `Bearer ${old.token}`, "content-type": "application/json" },
+          body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "old rollout" }] }),
+        }).catch(() => null);
+        await pause(150);
+        expect((await app.inject({ method: "DELETE", url: `/v1/sessions/${id}` })).statusCode).toBe(204);
+        await open();
+        // The old rollout's agent gives up on its held call: a lost call, of the old session.
+        leave.abort();
+        await held;
+      } finally {
+        expect((await app.inject({ method: "POST", url: "/admin/inference/resume" })).statusCode).toBe(200);
+      }
+      await pause(200);
+      const remade = (await app.inject({ url: `/v1/sessions/${id}` })).json() as Session;
+      expect(remade.lost_calls.count).toBe(0);
+    } finally {
+      await app.inject({ method: "DELETE", url: `/v1/sessions/${id}` });
+      await app.close();
+    }
+  });
+
   it("the old call's record, stored after the delete, is not the new session's", async () => {
     const app = await gateway();
     const id = `s-remade-${Date.now()}`;

@@ -51,7 +51,7 @@ interface Held {
   sid: string;
   count: number;
   first: LostCall;
-  /** Set when the call's token could not be checked (Redis was away): the note counts only if it is the session's. */
+  /** The token the call presented (see note): the mark counts only if it is the session's. */
   presentedTokenHash: string | null;
 }
 
@@ -77,10 +77,14 @@ export class LostCallLedger {
     } = {},
   ) {}
 
-  /** Marks session `sid` as having lost a call. `presentedTokenHash`: null when the call was authenticated. */
+  /**
+   * Marks session `sid` as having lost a call. `presentedTokenHash`: the hash of the token the call
+   * presented, and the mark is written only while it is the session's (a session deleted since, or
+   * made again under its id, is not charged); null for marks the session's own steps make (close).
+   */
   async note(sid: string, call: LostCall, presentedTokenHash: string | null): Promise<void> {
     this.opts.onNoted?.(call);
-    this.log.warn({ session_id: sid, lost_call: call, verified: presentedTokenHash === null }, "lost LLM call: this rollout will not be scored");
+    this.log.warn({ session_id: sid, lost_call: call }, "lost LLM call: this rollout will not be scored");
     const key = heldKey(sid, presentedTokenHash);
     const pending = this.held.get(key);
     if (pending) {

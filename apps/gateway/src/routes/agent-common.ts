@@ -217,11 +217,9 @@ export async function agentFailure(ctx: GatewayContext, req: FastifyRequest, rep
   if (typeof sid !== "string" || (agentLeft && !(err instanceof LeftWhileHeld))) return failure;
   const lost = err instanceof LeftWhileHeld ? err.lostCall(new Date()) : lostCallOf(err, failure, new Date());
   if (!lost) return failure;
-  if (authorized.has(req)) {
-    await ctx.lostCalls.note(sid, lost, null);
-  } else {
-    const token = presented.get(req);
-    if (token && isStorageUnavailable(err)) await ctx.lostCalls.note(sid, lost, hashToken(token));
-  }
+  // Marked only while the session has the token the call presented: a session deleted while the
+  // call ran, and perhaps made again under its id for another rollout, is not charged with it.
+  const token = presented.get(req);
+  if (token && (authorized.has(req) || isStorageUnavailable(err))) await ctx.lostCalls.note(sid, lost, hashToken(token));
   return failure;
 }
