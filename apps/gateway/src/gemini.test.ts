@@ -197,6 +197,20 @@ describe("Gemini API through the gateway with @google/genai", () => {
     await expect(client(s).models.generateContent({ model: "m", contents })).rejects.toMatchObject({ status: 403 });
   });
 
+  it("a body Gemini's protocol cannot express uses up none of the session's calls, once the gateway knows the session", async () => {
+    const opened = await fetch(`${h.url}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ limits: { max_llm_calls: 2 } }) });
+    const s = (await opened.json()) as { id: string; token: string };
+    const contents = [{ role: "user", parts: [{ text: "hi" }] }];
+    const generate = (body: unknown) =>
+      fetch(`${h.url}/s/${s.id}/v1beta/models/m:generateContent`, { method: "POST", headers: { "content-type": "application/json", "x-goog-api-key": s.token }, body: JSON.stringify(body) });
+    // The first call checks the token: later calls take their number in the session read, before the body is translated.
+    expect((await generate({ contents })).status).toBe(200);
+    expect((await generate({ contents: [{ role: "user", parts: [{ functionCall: { args: {} } }] }] })).status).toBe(400);
+    expect((await generate({ contents: "hi" })).status).toBe(400);
+    expect((await generate({ contents })).status).toBe(200);
+    expect((await records(s.id)).map((r) => r.seq)).toEqual([0, 1]);
+  });
+
   it("answers an unreachable engine with 502 UNAVAILABLE", async () => {
     const env = GatewayEnv.parse({ REDIS_URL: TEST_REDIS_URL, ROLLGATE_KEY_PREFIX: h.prefix, ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: "http://127.0.0.1:9", dp_size: 1 }]) });
     const down = await buildGateway({ env, logger: pino({ level: "silent" }) });

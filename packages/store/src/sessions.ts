@@ -196,6 +196,23 @@ return 1
 `,
 };
 
+// Gives back the number of a call that never was one (its body failed before anything was asked of
+// the engine), if the session still has the token it was taken under: it is no longer pending, and
+// when no later number was taken since, the next call takes it again (a session limit counts
+// numbers: a refused body must not use one up). KEYS: session, pending calls. ARGV: token hash, seq.
+const GIVE_BACK_SCRIPT: LuaScript = {
+  name: "rollgateSessionGiveBack",
+  numberOfKeys: 2,
+  lua: `
+if redis.call('HGET', KEYS[1], 'token_hash') ~= ARGV[1] then return 0 end
+if redis.call('ZREM', KEYS[2], ARGV[2]) == 1 and tonumber(redis.call('HGET', KEYS[1], 'next_seq')) == tonumber(ARGV[2]) + 1 then
+  redis.call('HSET', KEYS[1], 'next_seq', ARGV[2])
+  return 1
+end
+return 0
+`,
+};
+
 // Moves an open session to another rank, only if it is still on the rank the mover read (ARGV[1]):
 // calls of one session that find its rank drained at once move it once, not once each. KEYS:
 // session. ARGV: the rank member it was read on, the new assignment json, the new rank member.
@@ -274,7 +291,7 @@ function deepFreeze(o: object): void {
 }
 
 const sessionScripts = (redis: RedisClient) =>
-  scriptCommands(redis, { create: CREATE_SCRIPT, forCall: FOR_CALL_SCRIPT, nextSeq: NEXT_SEQ_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT, headsSince: RECORD_HEADS_SINCE_SCRIPT, settle: SETTLE_SCRIPT, reassign: REASSIGN_SCRIPT });
+  scriptCommands(redis, { create: CREATE_SCRIPT, forCall: FOR_CALL_SCRIPT, nextSeq: NEXT_SEQ_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT, headsSince: RECORD_HEADS_SINCE_SCRIPT, settle: SETTLE_SCRIPT, giveBack: GIVE_BACK_SCRIPT, reassign: REASSIGN_SCRIPT });
 
 /** One session's record heads as last read, in call order, and where each is stored. */
 interface KnownHeads {
@@ -602,6 +619,16 @@ export class SessionStore {
    */
   async settleOwnCall(id: string, seq: number, tokenHash: string): Promise<void> {
     await this.scripts.settle(this.k.session(id), this.k.pendingCalls(id), tokenHash, String(seq));
+  }
+
+  /**
+   * Call `seq`, authorised with the token of hash `tokenHash`, never was one (its body failed before
+   * the engine was asked anything): no longer pending, and taken again by the session's next call
+   * when it is still the last number taken (GIVE_BACK). True when it was given back; false when a
+   * later number was taken since (it stays a gap) or the session is no longer that token's.
+   */
+  async giveBackCall(id: string, seq: number, tokenHash: string): Promise<boolean> {
+    return Number(await this.scripts.giveBack(this.k.session(id), this.k.pendingCalls(id), tokenHash, String(seq))) === 1;
   }
 
   /** The session's calls whose record is not stored yet and that have not ended without one, in order. */

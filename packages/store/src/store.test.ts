@@ -284,6 +284,28 @@ describe("SessionStore", () => {
     await store.delete("s-5", new Date());
   });
 
+  it("gives back the number of a call that never was one: taken again when it is still the last, a gap otherwise, never another token's", async () => {
+    const store = new SessionStore(redis, `${prefix}-s6`);
+    await store.create("s-6", session("s-6"), hashToken("t"), assignment, "0:0", new Date());
+    expect(await store.nextSeq("s-6")).toBe(0);
+    expect(await store.nextSeq("s-6")).toBe(1);
+    expect(await store.giveBackCall("s-6", 1, hashToken("other"))).toBe(false);
+    expect(await store.pendingCalls("s-6")).toEqual([0, 1]);
+    expect(await store.giveBackCall("s-6", 1, hashToken("t"))).toBe(true);
+    expect(await store.pendingCalls("s-6")).toEqual([0]);
+    expect(await store.nextSeq("s-6")).toBe(1);
+    expect(await store.nextSeq("s-6")).toBe(2);
+    // Call 1 is not the last taken: no longer pending, but its number stays used (a gap).
+    expect(await store.giveBackCall("s-6", 1, hashToken("t"))).toBe(false);
+    expect(await store.pendingCalls("s-6")).toEqual([0, 2]);
+    expect(await store.nextSeq("s-6")).toBe(3);
+    // Given back twice: the second finds it no longer pending and changes nothing.
+    expect(await store.giveBackCall("s-6", 3, hashToken("t"))).toBe(true);
+    expect(await store.giveBackCall("s-6", 3, hashToken("t"))).toBe(false);
+    expect(await store.nextSeq("s-6")).toBe(3);
+    await store.delete("s-6", new Date());
+  });
+
   it("a session's record heads read again after other replicas wrote, left holes or remade the session are the stored ones", async () => {
     const p = `${prefix}-s-heads`;
     // Two replicas' stores of one Redis: `a` reads heads as the calls it serves do, `b` writes too.

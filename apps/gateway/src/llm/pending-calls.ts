@@ -80,6 +80,24 @@ export class PendingCalls {
     this.add(sid, done);
   }
 
+  /**
+   * Call `seq` never was one (its body failed before the engine was asked anything): no longer
+   * pending, and its number is taken again by the session's next call if no later one was taken
+   * since (store giveBackCall). Resolves once Redis has it, so the agent's next call sees it.
+   */
+  async giveBack(sid: string, seq: number, tokenHash: string): Promise<void> {
+    const done = this.deps.sessions.giveBackCall(sid, seq, tokenHash).then(
+      () => undefined,
+      (err: Error) => {
+        // Left pending, the call is marked lost when its session closes: over-counted, never missed.
+        this.deps.countError?.("pending_settle");
+        this.deps.log.warn({ session_id: sid, seq, err: err.message }, "cannot give back the number of a call whose body failed");
+      },
+    );
+    this.add(sid, done);
+    await done;
+  }
+
   /** Resolves once this process's writes for the session are done; null when there are none (no tick spent). */
   local(sid: string): Promise<void> | null {
     const set = this.inProcess.get(sid);

@@ -205,11 +205,13 @@ export async function agentFailure(ctx: GatewayContext, req: FastifyRequest, rep
   const failure = failureOf(err);
   const sid = (req.params as { sid?: unknown } | undefined)?.sid;
   // A call that took its number with the session read and failed before the engine was called
-  // (e.g. a body its protocol cannot express) has no record coming.
+  // has no record coming. A body its protocol cannot express never was a call: its number is given
+  // back (a session limit counts numbers), before the agent is answered so its next call takes it.
   const taken = takenSeqs.get(req);
   if (typeof sid === "string" && taken !== undefined) {
     takenSeqs.delete(req);
-    ctx.caller.pending.settle(sid, taken.seq, taken.tokenHash);
+    if (err instanceof ZodError) await ctx.caller.pending.giveBack(sid, taken.seq, taken.tokenHash);
+    else ctx.caller.pending.settle(sid, taken.seq, taken.tokenHash);
   }
   // The agent hung up (its own timeout, or it gave up): nothing to mark, nobody to answer; unless
   // a pause of inference held its call until it did (LeftWhileHeld).
