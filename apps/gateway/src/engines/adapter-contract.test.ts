@@ -131,6 +131,58 @@ for (const kind of ["vllm", "sglang"] as const) {
       expect((err as EngineError).message).toMatch(/max|context|length/i);
     });
 
+    // A streamed call's engine request goes through stream-request.ts (not undici's request()).
+    const streamed = (c: EngineCall): EngineCall => ({ ...c, streamedIds: true });
+    const drain = async (c: EngineCall) => {
+      const events = [];
+      for await (const e of adapter.chatStream(c)) events.push(e);
+      return events;
+    };
+
+    it("passes an engine's 4xx on with its message, streamed too", async () => {
+      const tooLong = { ...request(true), sampling: { max_tokens: 10_000_000 } };
+      const err = await drain(streamed(call(tooLong))).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(EngineError);
+      expect((err as EngineError).status).toBe(400);
+      expect((err as EngineError).message).toMatch(/max|context|length/i);
+    });
+
+    it("says an unreachable engine is unreachable, streamed too", async () => {
+      const c = { ...streamed(call(request(true))), target: { engineIndex: 0, engine: { kind, url: "http://127.0.0.1:9", dp_size: 1 }, dpRank: 0, profile: PRESETS.qwen3! } };
+      const err = await drain(c).catch((e: unknown) => e);
+      expect(err).toMatchObject({ status: 502, kind: "unreachable" });
+    });
+
+    it("a streamed call aborted midway, or left by its reader, ends at once and the engine stops generating it", async () => {
+      const slow = buildEngineSim({ kind, tpotMs: 40 });
+      const url = await listen(slow);
+      const target = { engineIndex: 0, engine: { kind, url, dp_size: 1 }, dpRank: 0, profile: PRESETS.qwen3! };
+      const long = request(true, `go\n#sim: ${JSON.stringify([{ text: "word ".repeat(200) }])}`);
+      const rank = getSimState(slow).ranks.ranks[0]!;
+      try {
+        // Aborted by its signal (the agent went away) after its first text.
+        const abort = new AbortController();
+        const started = Date.now();
+        const err = await (async () => {
+          for await (const e of adapter.chatStream({ ...streamed(call(long)), target, signal: abort.signal })) {
+            if (e.type === "delta" && e.content) abort.abort(new Error("the agent left"));
+          }
+        })().catch((e: unknown) => e);
+        expect(err).toBeInstanceOf(Error);
+        expect(Date.now() - started).toBeLessThan(2_000);
+        await expect.poll(() => rank.running, { timeout: 2_000 }).toBe(0);
+        // Left by its reader (return()) after its first text: the engine's stream is closed too.
+        for await (const e of adapter.chatStream({ ...streamed(call(long)), target })) {
+          if (e.type === "delta" && e.content) break;
+        }
+        await expect.poll(() => rank.running, { timeout: 2_000 }).toBe(0);
+        // The connection pool still serves the next call whole.
+        expect((await drain({ ...streamed(call(request(true))), target })).some((e) => e.type === "finish")).toBe(true);
+      } finally {
+        await slow.close();
+      }
+    });
+
     it("fails clearly (502) when the engine leaves out the token ids it was asked for", async () => {
       const old = Fastify();
       old.post("/v1/chat/completions", async () => ({

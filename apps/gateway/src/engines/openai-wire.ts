@@ -1,5 +1,4 @@
 import type { TokenLogprob, Usage } from "@rollgate/protocol";
-import type { Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError } from "./errors.js";
 
@@ -92,7 +91,7 @@ export function engineErrorMessage(text: string): string {
 }
 
 /** A non-200 answer as an EngineError with the engine's own message (4xx passed on, else 502). */
-export async function rejectUnlessOk(res: Dispatcher.ResponseData, url: string): Promise<void> {
+export async function rejectUnlessOk(res: { statusCode: number; body: { text(): Promise<string> } }, url: string): Promise<void> {
   if (res.statusCode === 200) return;
   const message = engineErrorMessage(await res.body.text());
   const status = res.statusCode >= 400 && res.statusCode < 500 ? res.statusCode : 502;

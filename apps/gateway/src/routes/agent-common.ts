@@ -162,9 +162,11 @@ export function startSse(reply: FastifyReply): (frame: string) => void {
 }
 
 /**
- * Writes to a streamed answer, corked per tick: the frames written in one tick (the headers and the
- * first frame, the events of one engine read) leave in one write instead of a syscall each, and
- * nothing waits longer than the current tick.
+ * Writes to a streamed answer. The first frame of a tick leaves at once (with the headers, before
+ * the first): Node's own per-write cork would hold it until the tick ends, after the engine stream
+ * was read down to its next pending chunk through every layer, and that first frame is an agent's
+ * time to first token. The frames written after it in the same tick (the rest of the events of one
+ * engine read) are corked and leave together in one write when the tick ends.
  */
 export function corkedWriter(raw: FastifyReply["raw"]): (frame: string) => void {
   let corked = false;
@@ -173,12 +175,17 @@ export function corkedWriter(raw: FastifyReply["raw"]): (frame: string) => void 
     raw.uncork();
   };
   return (frame) => {
-    if (!corked) {
-      corked = true;
-      raw.cork();
-      process.nextTick(uncork);
+    if (corked) {
+      raw.write(frame);
+      return;
     }
     raw.write(frame);
+    // The socket was corked by that write (node's http corks each write until the next tick).
+    const socket = raw.socket;
+    if (socket) while (socket.writableCorked > 0) socket.uncork();
+    corked = true;
+    raw.cork();
+    process.nextTick(uncork);
   };
 }
 

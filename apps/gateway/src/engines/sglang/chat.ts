@@ -6,6 +6,7 @@ import { z } from "zod";
 import { EngineError } from "../errors.js";
 import { ChatLogprob, checkedChunk, OpenAIUsage, isIntArray, isLogprob, isObj, isUsage, nullishInt, nullishIntArray, nullishStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
+import { postForStream, type StreamedResponse } from "../stream-request.js";
 import { engineUrl, promptIdsFields, type EngineCall } from "../call.js";
 import { fromSglang } from "./routed-experts.js";
 
@@ -171,25 +172,43 @@ const SglangChatResponse = z.object({
 });
 
 
+type SglangCall = Omit<EngineCall, "requestId"> & { requestId?: string };
+
+function sglangHeaders(call: SglangCall): Record<string, string> {
+  return {
+    "content-type": "application/json",
+    "x-data-parallel-rank": String(call.target.dpRank),
+    ...(call.requestId ? { "x-request-id": call.requestId } : {}),
+  };
+}
+
+function unreachable(call: SglangCall, err: unknown): unknown {
+  if (call.signal.aborted) return err;
+  return new EngineError(`engine ${call.target.engine.url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
+}
+
 /** POSTs JSON to an SGLang route on the call's rank; a non-200 answer is an EngineError with SGLang's message. */
-export async function sglangPost(call: Omit<EngineCall, "requestId"> & { requestId?: string }, path: string, body: unknown): Promise<Dispatcher.ResponseData> {
+export async function sglangPost(call: SglangCall, path: string, body: unknown): Promise<Dispatcher.ResponseData> {
   const url = call.target.engine.url;
   let res: Dispatcher.ResponseData;
   try {
-    res = await request(engineUrl(url, path), {
-      method: "POST",
-      dispatcher: call.dispatcher,
-      signal: call.signal,
-      headers: {
-        "content-type": "application/json",
-        "x-data-parallel-rank": String(call.target.dpRank),
-        ...(call.requestId ? { "x-request-id": call.requestId } : {}),
-      },
-      body: JSON.stringify(body),
-    });
+    res = await request(engineUrl(url, path), { method: "POST", dispatcher: call.dispatcher, signal: call.signal, headers: sglangHeaders(call), body: JSON.stringify(body) });
   } catch (err) {
-    if (call.signal.aborted) throw err;
-    throw new EngineError(`engine ${url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
+    throw unreachable(call, err);
+  }
+  await rejectUnlessOk(res, url);
+  return res;
+}
+
+/** sglangPost for a streamed agent's answer (stream-request.ts: sent sooner). */
+async function sglangPostStreamed(call: SglangCall, path: string, body: unknown): Promise<StreamedResponse> {
+  const url = call.target.engine.url;
+  const json = JSON.stringify(body);
+  let res: StreamedResponse;
+  try {
+    res = await postForStream(call.dispatcher, engineUrl(url, path), sglangHeaders(call), json, call.signal);
+  } catch (err) {
+    throw unreachable(call, err);
   }
   await rejectUnlessOk(res, url);
   return res;
@@ -262,7 +281,7 @@ export async function* sglangChatStream(call: EngineCall): AsyncGenerator<Engine
   }
   /** With stamps: each token's weight version, taken as its logprob arrives (one logprob per token). */
   const versions: (string | null)[] = [];
-  const res = await sglangPost(call, "/v1/chat/completions", buildSglangChatStreamBody(call.model, call.request, call.target.dpRank, call.target.profile, call.promptIds));
+  const res = await sglangPostStreamed(call, "/v1/chat/completions", buildSglangChatStreamBody(call.model, call.request, call.target.dpRank, call.target.profile, call.promptIds));
   let started = false;
   let logprobCount = 0;
   let finish: Extract<EngineStreamEvent, { type: "finish" }> | null = null;

@@ -7,6 +7,7 @@ import { EngineError } from "../errors.js";
 import { ChatLogprob, checkedChunk, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseEach, sseJson } from "../sse.js";
 import { engineUrl, promptIdsFields, type EngineCall } from "../call.js";
+import { postForStream, type StreamedResponse } from "../stream-request.js";
 import { wantsRoutedExperts, wholeAnswerStamp } from "../routed-experts.js";
 import { fromVllm } from "./routed-experts.js";
 
@@ -143,6 +144,15 @@ export function readVllmChunk(json: unknown): VllmChunk {
 export const MISSING_TOKENS =
   "the engine returned no token ids: rollgate needs vLLM ≥ 0.10.2 (return_token_ids) with logprobs enabled";
 
+function engineHeaders(call: EngineCall): Record<string, string> {
+  return { "content-type": "application/json", "x-data-parallel-rank": String(call.target.dpRank), "x-request-id": call.requestId };
+}
+
+function unreachable(call: EngineCall, err: unknown): unknown {
+  if (call.signal.aborted) return err;
+  return new EngineError(`engine ${call.target.engine.url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
+}
+
 async function post(call: EngineCall): Promise<Dispatcher.ResponseData> {
   const { target } = call;
   try {
@@ -150,16 +160,22 @@ async function post(call: EngineCall): Promise<Dispatcher.ResponseData> {
       method: "POST",
       dispatcher: call.dispatcher,
       signal: call.signal,
-      headers: {
-        "content-type": "application/json",
-        "x-data-parallel-rank": String(target.dpRank),
-        "x-request-id": call.requestId,
-      },
+      headers: engineHeaders(call),
       body: JSON.stringify(buildVllmChatBody(call.model, call.request, target.profile, call.promptIds)),
     });
   } catch (err) {
-    if (call.signal.aborted) throw err;
-    throw new EngineError(`engine ${target.engine.url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
+    throw unreachable(call, err);
+  }
+}
+
+/** The same request as post(), for a streamed agent's answer (stream-request.ts: sent sooner). */
+async function postStreamed(call: EngineCall): Promise<StreamedResponse> {
+  const { target } = call;
+  const body = JSON.stringify(buildVllmChatBody(call.model, call.request, target.profile, call.promptIds));
+  try {
+    return await postForStream(call.dispatcher, engineUrl(target.engine.url, "/v1/chat/completions"), engineHeaders(call), body, call.signal);
+  } catch (err) {
+    throw unreachable(call, err);
   }
 }
 
@@ -309,7 +325,7 @@ export async function* vllmChatStream(call: EngineCall): AsyncGenerator<EngineSt
     yield* resultAsEvents(await vllmChat({ ...call, request: { ...call.request, stream: false } }));
     return;
   }
-  const res = await post(call);
+  const res = await postStreamed(call);
   await rejectUnlessOk(res, call.target.engine.url);
   const reader = new VllmStreamReader(call.stamp, call.onPromptIds);
   const events: EngineStreamEvent[] = [];
