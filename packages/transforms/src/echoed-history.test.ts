@@ -40,6 +40,20 @@ const agentEcho: ChatMessage[] = [
 ];
 
 describe("restoreEchoedHistory (golden)", () => {
+  it("a call cut mid-arguments comes back as {} from an object-argument protocol (Anthropic input, Gemini args): restored; other arguments are not", () => {
+    const cutArgs = '{"command": "echo one two thr';
+    const cut = record(0, [SYS, USER], { content: "", reasoning: null, tool_calls: [call("toolu_cut", "shell", cutArgs)] }, TOOLS);
+    const echo = (args: string): ChatMessage[] => [SYS, USER, { role: "assistant", content: "", tool_calls: [call("toolu_cut", "shell", args)] }, { role: "tool", content: "", tool_call_id: "toolu_cut" }];
+    expect(matchEchoedHistory(echo("{}"), [cut]).messages[2]).toEqual({ role: "assistant", content: "", reasoning: null, tool_calls: [call("toolu_cut", "shell", cutArgs)] });
+    expect(matchEchoedHistory(echo("{ }"), [cut]).producers[2]).toBe(cut);
+    // Arguments the agent changed are its own.
+    expect(matchEchoedHistory(echo('{"command": "ls"}'), [cut]).producers[2]).toBeNull();
+    // A recorded call whose arguments are an object is not echoed as {}.
+    const whole = record(0, [SYS, USER], { content: "", reasoning: null, tool_calls: [call("toolu_whole", "shell", '{"command": "ls"}')] }, TOOLS);
+    const echoWhole: ChatMessage[] = [SYS, USER, { role: "assistant", content: "", tool_calls: [call("toolu_whole", "shell", "{}")] }];
+    expect(matchEchoedHistory(echoWhole, [whole]).producers[2]).toBeNull();
+  });
+
   it("puts back reasoning, exact arguments and content as generated; keeps the agent's ids and every other message", () => {
     expect(restoreEchoedHistory(agentEcho, [r0, r1, r2])).toEqual([
       SYS,

@@ -54,10 +54,30 @@ function argsKey(args: string): string {
   }
 }
 
-function sameCalls(a: readonly ToolCall[], b: readonly ToolCall[]): boolean {
+/**
+ * Whether echoed arguments are the recorded call's. By value; and a recorded call whose arguments
+ * are not a JSON object (cut by `max_tokens` mid-arguments) comes back as `{}` from an agent whose
+ * protocol carries arguments as an object (Anthropic's tool_use `input`, Gemini's `args`): `{}` is
+ * what those protocols gave it for them.
+ */
+function sameArgs(echoed: string, recorded: string): boolean {
+  const key = argsKey(echoed);
+  return key === argsKey(recorded) || (key === "{}" && !isJsonObject(recorded));
+}
+
+function isJsonObject(text: string): boolean {
+  try {
+    const v: unknown = JSON.parse(text);
+    return typeof v === "object" && v !== null && !Array.isArray(v);
+  } catch {
+    return false;
+  }
+}
+
+function sameCalls(echoed: readonly ToolCall[], recorded: readonly ToolCall[]): boolean {
   return (
-    a.length === b.length &&
-    a.every((c, i) => c.function.name === b[i]!.function.name && argsKey(c.function.arguments) === argsKey(b[i]!.function.arguments))
+    echoed.length === recorded.length &&
+    echoed.every((c, i) => c.function.name === recorded[i]!.function.name && sameArgs(c.function.arguments, recorded[i]!.function.arguments))
   );
 }
 
