@@ -12,9 +12,13 @@ export function parsesTools(call: Pick<TokenInCall, "request">): boolean {
   return (call.request.tools?.length ?? 0) > 0 && call.request.tool_choice !== "none";
 }
 
-/** The finish reason a chat route gives: "tool_calls" once a call was parsed (unless cut by an abort). */
+/**
+ * The finish reason of an answer whose tool calls the gateway parsed: "tool_calls" when it ended by
+ * itself; a cut (`length`, an abort) keeps its reason (vLLM's chat route would say "tool_calls" for
+ * a call cut by max_tokens too: see vllm/chat.ts cutFinishReason).
+ */
 export function chatFinishReason(engine: string, toolCalls: number): string {
-  return toolCalls > 0 && engine !== "abort" ? "tool_calls" : engine;
+  return toolCalls > 0 && engine === "stop" ? "tool_calls" : engine;
 }
 
 /**

@@ -141,6 +141,18 @@ export function readVllmChunk(json: unknown): VllmChunk {
 
 
 
+/**
+ * The finish reason of an answer cut by `max_tokens`. vLLM's chat route says `tool_calls` for any
+ * answer whose tool call it parsed, cut or not (serving_chat puts it over `length`); an answer with
+ * as many tokens as it was allowed was cut, and is told so: the agent gets its protocol's truncation
+ * and the record and trajectory say `length` (prime-rl's `is_truncated`, break diagnosis). The one
+ * answer told wrongly is one whose end of turn is exactly its last allowed token (the route does not
+ * say which).
+ */
+export function cutFinishReason(reason: string, outputTokens: number, maxTokens: number | undefined): string {
+  return reason === "tool_calls" && maxTokens !== undefined && outputTokens >= maxTokens ? "length" : reason;
+}
+
 export const MISSING_TOKENS =
   "the engine returned no token ids: rollgate needs vLLM ≥ 0.10.2 (return_token_ids) with logprobs enabled";
 
@@ -197,7 +209,7 @@ export async function vllmChat(call: EngineCall): Promise<EngineResult> {
     // generator, promise or microtask per chunk between them).
     const res = await post({ ...call, request: { ...call.request, stream: true } });
     await rejectUnlessOk(res, call.target.engine.url);
-    const reader = new VllmStreamReader(call.stamp, call.onPromptIds);
+    const reader = new VllmStreamReader(call.stamp, call.onPromptIds, call.request.sampling.max_tokens);
     const acc = new StreamAccumulator();
     await sseEach(res.body, (json) => reader.read(json, acc));
     reader.end();
@@ -234,7 +246,7 @@ export async function vllmChat(call: EngineCall): Promise<EngineResult> {
         function: { name: t.function.name ?? "", arguments: t.function.arguments ?? "" },
       })),
     },
-    finish_reason: choice.finish_reason ?? "stop",
+    finish_reason: cutFinishReason(choice.finish_reason ?? "stop", choice.token_ids.length, call.request.sampling.max_tokens),
     stop_reason: choice.stop_reason ?? null,
     usage: usageOf(body.usage, body.prompt_token_ids.length, choice.token_ids.length),
     ...(routed ? { routed_experts: routed } : {}),
@@ -254,6 +266,8 @@ class VllmStreamReader {
   constructor(
     private readonly stamp: EngineCall["stamp"],
     private readonly onPromptIds: EngineCall["onPromptIds"],
+    /** The `max_tokens` the engine was sent (cutFinishReason). */
+    private readonly maxTokens: number | undefined,
   ) {}
 
   read(json: unknown, out: { push(event: EngineStreamEvent): unknown }): void {
@@ -301,7 +315,7 @@ class VllmStreamReader {
         out.push(event);
       }
       if (choice.finish_reason) {
-        out.push({ type: "finish", finish_reason: choice.finish_reason, stop_reason: choice.stop_reason ?? null });
+        out.push({ type: "finish", finish_reason: cutFinishReason(choice.finish_reason, this.tokens, this.maxTokens), stop_reason: choice.stop_reason ?? null });
       }
     }
     if (c.usage) {
@@ -327,7 +341,7 @@ export async function* vllmChatStream(call: EngineCall): AsyncGenerator<EngineSt
   }
   const res = await postStreamed(call);
   await rejectUnlessOk(res, call.target.engine.url);
-  const reader = new VllmStreamReader(call.stamp, call.onPromptIds);
+  const reader = new VllmStreamReader(call.stamp, call.onPromptIds, call.request.sampling.max_tokens);
   const events: EngineStreamEvent[] = [];
   for await (const json of sseJson(res.body)) {
     reader.read(json, events);
