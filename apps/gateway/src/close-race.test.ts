@@ -15,11 +15,8 @@ import type { Session, Trajectory } from "@rollgate/protocol";
 import { startPrivateRedis, type PrivateRedis } from "@rollgate/testkit";
 import type { FastifyInstance } from "fastify";
 import { Redis } from "ioredis";
-import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { listenLocal } from "./__fixtures__/harness.js";
-import { buildGateway } from "./app.js";
-import { GatewayEnv } from "./env.js";
+import { gatewayOnRedis, listenLocal } from "./__fixtures__/harness.js";
 
 let redis: PrivateRedis;
 let sim: FastifyInstance;
@@ -39,17 +36,7 @@ afterAll(async () => {
   await redis?.stop();
 });
 
-async function gateway(): Promise<FastifyInstance> {
-  return buildGateway({
-    env: GatewayEnv.parse({
-      REDIS_URL: redis.url,
-      ROLLGATE_KEY_PREFIX: "close-race",
-      ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: simUrl, dp_size: 1, profile: "qwen3" }]),
-      ROLLGATE_HEALTH_INTERVAL_S: "0",
-    }),
-    logger: pino({ level: "silent" }),
-  });
-}
+const gateway = () => gatewayOnRedis(redis.url, simUrl, "close-race");
 
 /** Keeps the Redis server busy for `ms` (a script runs to its end before any other command). */
 function busy(ms: number): Promise<unknown> {

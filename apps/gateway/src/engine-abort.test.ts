@@ -72,7 +72,7 @@ describe("an engine that aborts a call this gateway did not pause", () => {
 describe("the same on a family with no gateway parser (Llama 3.1: a pause could never continue it)", () => {
   let l: Harness;
   beforeAll(async () => {
-    l = await startHarness("engine-abort-llama", { tpotMs: 10, vllmVersion: "0.15.1", family: "llama3.1" } as never);
+    l = await startHarness("engine-abort-llama", { tpotMs: 10, vllmVersion: "0.15.1", family: "llama3.1" });
   });
   afterAll(() => l?.close());
 
@@ -132,7 +132,7 @@ describe("an engine that ends a call with finish_reason \"error\" (vLLM's FINISH
 describe("a drain-mode pause that outlives its timeout, on a vLLM from before pause modes (< 0.16: /pause takes wait_for_inflight_requests, and aborts by default)", () => {
   let l: Harness;
   beforeAll(async () => {
-    l = await startHarness("engine-abort-drain", { tpotMs: 10, vllmVersion: "0.15.1", family: "llama3.1" } as never);
+    l = await startHarness("engine-abort-drain", { tpotMs: 10, vllmVersion: "0.15.1", family: "llama3.1" });
   });
   afterAll(() => l?.close());
 

@@ -32,6 +32,22 @@ export async function listenLocal(app: FastifyInstance): Promise<string> {
   return `http://127.0.0.1:${typeof addr === "object" && addr ? addr.port : 0}`;
 }
 
+/**
+ * A gateway on a Redis of the test's own (a private redis-server the test may block, kill or
+ * restart) in front of one vLLM-kind engine-sim of one rank, on the qwen3 profile; no health rounds.
+ */
+export function gatewayOnRedis(redisUrl: string, simUrl: string, prefix: string): Promise<FastifyInstance> {
+  return buildGateway({
+    env: GatewayEnv.parse({
+      REDIS_URL: redisUrl,
+      ROLLGATE_KEY_PREFIX: prefix,
+      ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: simUrl, dp_size: 1, profile: "qwen3" }]),
+      ROLLGATE_HEALTH_INTERVAL_S: "0",
+    }),
+    logger: pino({ level: "silent" }),
+  });
+}
+
 /** Deletes every key under the prefixes (plain and hash-tagged forms). */
 export async function dropPrefixes(prefixes: readonly string[]): Promise<void> {
   const redis = new Redis(TEST_REDIS_URL);
