@@ -1,7 +1,7 @@
 /**
  * Answers cut by `max_tokens`, echoed back: for every model family engine-sim serves (its real
  * tokenizer and chat template), as vLLM and as SGLang, streamed and not, an agent on the official
- * OpenAI SDK (and on the Anthropic SDK) has its first call cut by `max_tokens` inside the reasoning
+ * OpenAI SDK (and on the Anthropic and Gemini SDKs) has its first call cut by `max_tokens` inside the reasoning
  * or inside a tool call's arguments; it sends the cut answer back as the SDK gave it (a tool result
  * for a cut call the SDK returned, else "go on") and calls again. The trainer must get the engine's
  * own ids: every record holds exactly what the engine generated, and the second call's prompt
@@ -10,6 +10,7 @@
  * What each family writes and where it breaks is read from its profile, never hard-coded.
  */
 import Anthropic from "@anthropic-ai/sdk";
+import { GoogleGenAI, type Content, type Part } from "@google/genai";
 import OpenAI from "openai";
 import { getSimState, simLogprob, type FamilyName } from "@rollgate/engine-sim";
 import { PRESETS, type ModelProfile } from "@rollgate/models";
@@ -46,11 +47,10 @@ function script(cut: Cut): string {
   return `#sim: ${JSON.stringify([first, { text: "Finished." }])}`;
 }
 
-type Protocol = "openai_chat" | "anthropic";
-const PROTOCOLS: Protocol[] = ["openai_chat", "anthropic"];
-/** Each protocol's words for an answer cut by max_tokens, and for one that called a tool. */
+type Protocol = "openai_chat" | "anthropic" | "gemini";
+const PROTOCOLS: Protocol[] = ["openai_chat", "anthropic", "gemini"];
 /** How each protocol tells an agent its answer was cut by max_tokens. */
-const CUT_FINISH: Record<Protocol, string> = { openai_chat: "length", anthropic: "max_tokens" };
+const CUT_FINISH: Record<Protocol, string> = { openai_chat: "length", anthropic: "max_tokens", gemini: "MAX_TOKENS" };
 
 type Session = Awaited<ReturnType<Harness["openSession"]>>;
 
@@ -134,6 +134,36 @@ function anthropicAgent(s: Session, profile: ModelProfile, cut: Cut, stream: boo
   };
 }
 
+/** A Gemini-SDK agent: the model turn echoed as the SDK gave it (streamed: its chunks' parts in order), thought parts included. */
+function geminiAgent(s: Session, profile: ModelProfile, cut: Cut, stream: boolean): Agent {
+  const ai = new GoogleGenAI({ apiKey: s.token, httpOptions: { baseUrl: s.urls.gemini.replace(/\/v1beta\/?$/, "") } });
+  const contents: Content[] = [{ role: "user", parts: [{ text: `Do the task.\n${script(cut)}` }] }];
+  let last: Content = { role: "model", parts: [] };
+  const tools = withTools(profile, cut) ? { tools: [{ functionDeclarations: [{ name: SHELL.name, description: SHELL.description, parametersJsonSchema: SHELL.parameters }] }] } : {};
+  const thinking = cut === "reasoning" ? { thinkingConfig: { includeThoughts: true, thinkingBudget: 1024 } } : {};
+  return {
+    call: async (maxTokens) => {
+      const request = { model: "gemini-agent", contents, config: { ...(maxTokens ? { maxOutputTokens: maxTokens } : {}), ...tools, ...thinking } };
+      const chunks = stream ? [] : [await ai.models.generateContent(request)];
+      if (stream) for await (const c of await ai.models.generateContentStream(request)) chunks.push(c);
+      const parts: Part[] = chunks.flatMap((c) => c.candidates?.[0]?.content?.parts ?? []);
+      last = { role: "model", parts };
+      const finish = chunks.map((c) => c.candidates?.[0]?.finishReason).findLast((f) => f !== undefined) ?? null;
+      return { finish, calledTool: parts.some((p) => p.functionCall) };
+    },
+    echo: () => {
+      contents.push(last);
+      const calls = (last.parts ?? []).flatMap((p) => (p.functionCall ? [p.functionCall] : []));
+      contents.push({
+        role: "user",
+        parts: calls.length ? calls.map((c) => ({ functionResponse: { id: c.id, name: c.name, response: { output: "ran it" } } })) : [{ text: "go on" }],
+      });
+    },
+  };
+}
+
+const AGENTS: Record<Protocol, typeof openaiAgent> = { openai_chat: openaiAgent, anthropic: anthropicAgent, gemini: geminiAgent };
+
 describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as const)))("%s on %s", (family, kind) => {
   const profile = PRESETS[PROFILE_OF_FAMILY[family]!]!;
   let h: Harness;
@@ -149,7 +179,7 @@ describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as
 
   it.each(cells)("%s: cut inside %s (streamed %s), echoed back: the engine's ids, continued token for token", async (protocol, cut, stream) => {
     const s = await h.openSession();
-    const agent = protocol === "openai_chat" ? openaiAgent(s, profile, cut, stream) : anthropicAgent(s, profile, cut, stream);
+    const agent = AGENTS[protocol](s, profile, cut, stream);
     const first = await agent.call(CUT_AT);
     // The agent is told its answer was cut, in its protocol, also where vLLM's chat route says
     // "tool_calls" for an answer whose call it parsed, cut or not (its serving_chat rule, which
