@@ -115,6 +115,24 @@ describe("replaying a recorded rollout", () => {
     expect((await h.records(branch.id))[0]!.replayed_from).toBe((await h.records(src.id))[0]!.id);
   });
 
+  it("an agent's calls sent together reach the gateway in another order than in the source (a title request beside the first step): each is replayed from the call that asked it", async () => {
+    const title = { model: "m", messages: [{ role: "user" as const, content: "Write a title for: build a.txt" }] };
+    const src = await open(h);
+    expect((await sdk(h, src).chat.completions.create(title)).choices[0]!.message.content).toBeTruthy();
+    await runAgent(h, src, user);
+    const srcRecords = await h.records(src.id);
+    const branch = await open(h, { replay: { session_id: src.id, calls: 3 } });
+    // The branch's agent sends its first step before its title request.
+    const firstStep = await sdk(h, branch).chat.completions.create({ model: "m", messages: [{ role: "user", content: user }], tools: TOOLS });
+    const titled = await sdk(h, branch).chat.completions.create(title);
+    const call = firstStep.choices[0]!.message.tool_calls![0]! as OpenAI.ChatCompletionMessageFunctionToolCall;
+    expect(call.function).toEqual({ name: srcRecords[1]!.message.tool_calls[0]!.function.name, arguments: srcRecords[1]!.message.tool_calls[0]!.function.arguments });
+    expect(titled.choices[0]!.message.content).toBe(srcRecords[0]!.message.content);
+    const records = await h.records(branch.id);
+    expect(records.map((r) => r.replayed_from)).toEqual([srcRecords[1]!.id, srcRecords[0]!.id]);
+    expect((await session(h, branch.id)).replay_diverged).toBeNull();
+  });
+
   it("an agent that asks something else before the branch point is refused: replay_diverged, with the call and the difference", async () => {
     const branch = await open(h, { replay: { session_id: source.id, calls: 3 } });
     // The sandbox of this run answers the second tool call differently.

@@ -39,6 +39,9 @@ function promptIdsTold(): { ids: Promise<number[]>; tell: (ids: number[]) => voi
 }
 const noIds = (): null => null;
 
+/** How far from its own number a branch's call may find the source call it asks again (calls an agent sent together). */
+const REPLAY_REORDER = 4;
+
 const ABORTED = 'the engine aborted the call (finish_reason "abort") outside a pause of this gateway: its answer was cut short';
 
 /** The engine could not serve the call (unreachable, or a 5xx): worth another rank, unlike a refusal. */
@@ -290,18 +293,24 @@ export class ChatCaller {
 
   /**
    * The record that answers a branch's call `seq`: the source session's call of the same index,
-   * when the agent asked what the source asked. Otherwise the branch has left the recorded path:
-   * the session notes where (the rollout ends `replay_diverged`) and the call is refused.
+   * when the agent asked what the source asked; else a neighbouring replayed call that asked it
+   * (an agent that sends calls together, such as opencode's title request beside its first step,
+   * numbers them in whichever order they reach the gateway, in the source and in the branch alike).
+   * Otherwise the branch has left the recorded path: the session notes where (the rollout ends
+   * `replay_diverged`) and the call is refused.
    */
   private async replaySource(session: Session, seq: number, request: CanonicalChatRequest): Promise<CompletionRecord> {
     const replay = session.replay!;
     const source = await this.deps.sessions.record(replay.session_id, seq);
     const difference = source ? replayDifference(source.request, request) : `the source session ${replay.session_id} has no call ${seq}`;
-    if (!source || difference) {
-      await this.deps.sessions.markReplayDiverged(session.id, { call: seq, message: difference! });
-      throw new CallRejected(`the branch left the replayed rollout at call ${seq}: ${difference!}`, 409, "replay_diverged");
+    if (source && !difference) return source;
+    for (let other = Math.max(0, seq - REPLAY_REORDER); other < Math.min(replay.calls, seq + REPLAY_REORDER + 1); other++) {
+      if (other === seq) continue;
+      const sibling = await this.deps.sessions.record(replay.session_id, other);
+      if (sibling && !replayDifference(sibling.request, request)) return sibling;
     }
-    return source;
+    await this.deps.sessions.markReplayDiverged(session.id, { call: seq, message: difference! });
+    throw new CallRejected(`the branch left the replayed rollout at call ${seq}: ${difference!}`, 409, "replay_diverged");
   }
 
   private servedModel(engine: number): Promise<string> {
