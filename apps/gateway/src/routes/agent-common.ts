@@ -162,10 +162,10 @@ export function startSse(reply: FastifyReply): (frame: string) => void {
 }
 
 /**
- * Writes to a streamed answer. The first frame of a tick leaves at once (with the headers, before
- * the first): Node's own per-write cork would hold it until the tick ends, after the engine stream
- * was read down to its next pending chunk through every layer, and that first frame is an agent's
- * time to first token. The frames written after it in the same tick (the rest of the events of one
+ * Writes to a streamed answer. The first frame of a tick leaves at once (the response headers with
+ * the answer's first one): Node's own per-write cork would hold it until the tick ends, after the
+ * engine stream was read down to its next pending chunk through every layer, and that first frame
+ * is an agent's time to its next token. The frames written after it in the same tick (the rest of the events of one
  * engine read) are corked and leave together in one write when the tick ends.
  */
 export function corkedWriter(raw: FastifyReply["raw"]): (frame: string) => void {
