@@ -39,7 +39,7 @@ describe("harness presets", () => {
 
   it("configures Gemini CLI's api-key auth and skips its model router with -m", () => {
     const p = plan({ harness: "gemini-cli" });
-    expect(JSON.parse(p.homeFiles[".gemini/settings.json"]!)).toMatchObject({ security: { auth: { selectedType: "gemini-api-key" } } });
+    expect(JSON.parse(p.homeFiles[".gemini/settings.json"]!)).toMatchObject({ security: { auth: { selectedType: "gemini-api-key" } }, skills: { enabled: false } });
     expect(p.argv).toContain("-m");
     expect(p.env.GEMINI_CLI_TRUST_WORKSPACE).toBe("true");
   });

@@ -93,13 +93,16 @@ function presetPlan(harness: HarnessPreset, protocol: AgentProtocol | undefined,
         env: { ...QUIET },
       };
     case "gemini-cli":
-      // `-m` skips Gemini CLI's model router; selectedType avoids its "gateway" auth bug.
+      // `-m` skips Gemini CLI's model router; selectedType avoids its "gateway" auth bug. Agent
+      // skills off: its system prompt lists its built-in skills in the order they load, which
+      // differs run to run, so a rollout could not be branched (replayed) nor share a prefix cache.
       return {
         argv: ["gemini", "--yolo", "-m", model, "-p", c.instruction],
         homeFiles: {
           ".gemini/settings.json": JSON.stringify({
             security: { auth: { selectedType: "gemini-api-key" } },
             privacy: { usageStatisticsEnabled: false },
+            skills: { enabled: false },
           }),
         },
         env: { ...QUIET, GEMINI_CLI_TRUST_WORKSPACE: "true" },
