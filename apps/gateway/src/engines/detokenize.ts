@@ -2,7 +2,7 @@ import { createHash } from "node:crypto";
 import { LRUCache } from "lru-cache";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
-import { EngineError } from "./errors.js";
+import { EngineError, unreachable } from "./errors.js";
 import type { EngineConfig } from "../env.js";
 
 const VllmText = z.object({ prompt: z.string() });
@@ -24,8 +24,7 @@ export async function detokenize(dispatcher: Dispatcher, engine: EngineConfig, m
       body: JSON.stringify(body),
     });
   } catch (err) {
-    if (signal?.aborted) throw err;
-    throw new EngineError(`engine ${engine.url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
+    throw unreachable(engine.url, err, signal);
   }
   const text = await res.body.text();
   if (res.statusCode !== 200) throw new EngineError(`engine ${engine.url} /detokenize answered ${res.statusCode}: ${text.slice(0, 500)}`, 502, "rejected");

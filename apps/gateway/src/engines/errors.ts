@@ -9,3 +9,12 @@ export class EngineError extends Error {
     this.name = "EngineError";
   }
 }
+
+/**
+ * What a failed request to an engine becomes: the error itself when `signal` (the agent's) aborted
+ * it, else the engine is unreachable (502, so the call counts as lost and another rank may serve).
+ */
+export function unreachable(url: string, err: unknown, signal?: AbortSignal): unknown {
+  if (signal?.aborted) return err;
+  return new EngineError(`engine ${url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
+}

@@ -3,7 +3,7 @@ import type { ChatMessage } from "@rollgate/protocol";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { detokenize } from "./detokenize.js";
-import { EngineError } from "./errors.js";
+import { EngineError, unreachable } from "./errors.js";
 import { engineErrorMessage } from "./openai-wire.js";
 import type { EngineCall } from "./call.js";
 import type { EngineConfig } from "../env.js";
@@ -45,8 +45,7 @@ async function tokenize(call: TokenizeCall, body: Record<string, unknown>): Prom
       body: JSON.stringify({ model: call.model, ...body }),
     });
   } catch (err) {
-    if (call.signal.aborted) throw err;
-    throw new EngineError(`engine ${url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
+    throw unreachable(url, err, call.signal);
   }
   const text = await res.body.text();
   if (res.statusCode !== 200) {

@@ -3,7 +3,7 @@ import { definedSampling, type CanonicalChatRequest, type ChatMessage } from "@r
 import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
-import { EngineError } from "../errors.js";
+import { EngineError, unreachable } from "../errors.js";
 import { ChatLogprob, checkedChunk, OpenAIUsage, isIntArray, isLogprob, isObj, isUsage, nullishInt, nullishIntArray, nullishStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
 import { postForStream, type StreamedResponse } from "../stream-request.js";
@@ -182,11 +182,6 @@ function sglangHeaders(call: SglangCall): Record<string, string> {
   };
 }
 
-function unreachable(call: SglangCall, err: unknown): unknown {
-  if (call.signal.aborted) return err;
-  return new EngineError(`engine ${call.target.engine.url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
-}
-
 /** POSTs JSON to an SGLang route on the call's rank; a non-200 answer is an EngineError with SGLang's message. */
 export async function sglangPost(call: SglangCall, path: string, body: unknown): Promise<Dispatcher.ResponseData> {
   const url = call.target.engine.url;
@@ -194,7 +189,7 @@ export async function sglangPost(call: SglangCall, path: string, body: unknown):
   try {
     res = await request(engineUrl(url, path), { method: "POST", dispatcher: call.dispatcher, signal: call.signal, headers: sglangHeaders(call), body: JSON.stringify(body) });
   } catch (err) {
-    throw unreachable(call, err);
+    throw unreachable(url, err, call.signal);
   }
   await rejectUnlessOk(res, url);
   return res;
@@ -208,7 +203,7 @@ async function sglangPostStreamed(call: SglangCall, path: string, body: unknown)
   try {
     res = await postForStream(call.dispatcher, engineUrl(url, path), sglangHeaders(call), json, call.signal);
   } catch (err) {
-    throw unreachable(call, err);
+    throw unreachable(url, err, call.signal);
   }
   await rejectUnlessOk(res, url);
   return res;

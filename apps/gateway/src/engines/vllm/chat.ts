@@ -3,7 +3,7 @@ import { definedSampling, type CanonicalChatRequest, type ChatMessage, type Toke
 import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
-import { EngineError } from "../errors.js";
+import { EngineError, unreachable } from "../errors.js";
 import { ChatLogprob, checkedChunk, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseEach, sseJson } from "../sse.js";
 import { engineUrl, promptIdsFields, type EngineCall } from "../call.js";
@@ -160,11 +160,6 @@ function engineHeaders(call: EngineCall): Record<string, string> {
   return { "content-type": "application/json", "x-data-parallel-rank": String(call.target.dpRank), "x-request-id": call.requestId };
 }
 
-function unreachable(call: EngineCall, err: unknown): unknown {
-  if (call.signal.aborted) return err;
-  return new EngineError(`engine ${call.target.engine.url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
-}
-
 async function post(call: EngineCall): Promise<Dispatcher.ResponseData> {
   const { target } = call;
   try {
@@ -176,7 +171,7 @@ async function post(call: EngineCall): Promise<Dispatcher.ResponseData> {
       body: JSON.stringify(buildVllmChatBody(call.model, call.request, target.profile, call.promptIds)),
     });
   } catch (err) {
-    throw unreachable(call, err);
+    throw unreachable(call.target.engine.url, err, call.signal);
   }
 }
 
@@ -187,7 +182,7 @@ async function postStreamed(call: EngineCall): Promise<StreamedResponse> {
   try {
     return await postForStream(call.dispatcher, engineUrl(target.engine.url, "/v1/chat/completions"), engineHeaders(call), body, call.signal);
   } catch (err) {
-    throw unreachable(call, err);
+    throw unreachable(call.target.engine.url, err, call.signal);
   }
 }
 
@@ -373,7 +368,7 @@ export async function vllmCountTokens(call: Omit<EngineCall, "requestId">): Prom
       body: JSON.stringify(body),
     });
   } catch (err) {
-    throw new EngineError(`engine ${target.engine.url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
+    throw unreachable(target.engine.url, err, call.signal);
   }
   await rejectUnlessOk(res, target.engine.url);
   const parsed = VllmTokenizeResponse.safeParse(await res.body.json());

@@ -3,7 +3,7 @@ import { definedSampling, type TokenLogprob } from "@rollgate/protocol";
 import { StreamAccumulator, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
-import { EngineError } from "../errors.js";
+import { EngineError, unreachable } from "../errors.js";
 import { chatFinishReason, parsesTools, profileParser } from "../chat-route-rules.js";
 import type { TokenInCall } from "../token-in.js";
 import type { TokenizeCall } from "../tokenizer.js";
@@ -92,8 +92,7 @@ async function post(url: string, path: string, body: unknown, call: TokenizeCall
       body: JSON.stringify(body),
     });
   } catch (err) {
-    if (call.signal.aborted) throw err;
-    throw new EngineError(`engine ${url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
+    throw unreachable(url, err, call.signal);
   }
 }
 
