@@ -40,7 +40,9 @@ async function gateway(mode: "auto" | "render" | "token_in"): Promise<FastifyIns
 }
 
 beforeAll(async () => {
-  sim = buildEngineSim({ dpSize: 1, model: "Qwen/Qwen3-8B", ttftMs: 150 });
+  // The engine must still be generating when a plan turns token-in (an early call is counted closed
+  // only if it is left before its end): a TTFT well above what a plan takes on a loaded machine.
+  sim = buildEngineSim({ dpSize: 1, model: "Qwen/Qwen3-8B", ttftMs: 400 });
   simUrl = await listenLocal(sim);
 });
 
