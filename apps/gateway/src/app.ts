@@ -19,6 +19,7 @@ import { PreflightReports } from "./ops/preflight.js";
 import { RankHealthBus } from "./ops/rank-health.js";
 import { SessionRateLimiter, retryAfterHeader } from "./ops/rate-limit.js";
 import { Rerouter } from "./ops/reroute.js";
+import { unusedConnectionsCloser } from "./ops/unused-connections.js";
 import { anthropicAgentRoutes } from "./routes/agent-anthropic.js";
 import { dashboardRoutes } from "./routes/dashboard.js";
 import { registerDocs } from "./routes/docs.js";
@@ -184,6 +185,12 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
   // What will hold on each engine, found out in the background once the app is up (and logged).
   app.addHook("onReady", async () => ctx.preflight.start());
 
+  // A connection no request has begun on does not hold the close (ops/unused-connections.ts).
+  const closeUnusedConnections = unusedConnectionsCloser(app.server);
+  app.addHook("preClose", (done) => {
+    closeUnusedConnections();
+    done();
+  });
   app.addHook("onClose", async () => {
     health.stop();
     // Answered calls whose records are still being written: stored (or marked lost) before Redis goes.

@@ -10,6 +10,8 @@
  * it busy while the call's session read and the close queue up behind it on the gateway's one
  * connection, so the close runs right after the read and before the call's next command.
  */
+import { once } from "node:events";
+import { connect, type Socket } from "node:net";
 import { buildEngineSim } from "@rollgate/engine-sim";
 import type { Session, Trajectory } from "@rollgate/protocol";
 import { startPrivateRedis, type PrivateRedis } from "@rollgate/testkit";
@@ -199,6 +201,54 @@ describe("a session deleted while a call is in flight, and opened again under it
     } finally {
       await app.inject({ method: "DELETE", url: `/v1/sessions/${id}` });
       await app.close();
+    }
+  });
+});
+
+describe("the gateway closed while an agent's connection has no request on it", () => {
+  it("the gateway ends the connection and its close goes on, not waiting for the agent's client to drop it", async () => {
+    const app = await gateway();
+    const url = await listenLocal(app);
+    // Connections an agent's client ended itself (its FIN) while the close was under way.
+    let closing = false;
+    const droppedByAgent: number[] = [];
+    const accepted = new Map<number, Socket>();
+    const seen = new EventTarget();
+    app.server.on("connection", (socket: Socket) => {
+      accepted.set(socket.remotePort!, socket);
+      seen.dispatchEvent(new Event("connection"));
+      socket.on("end", () => closing && droppedByAgent.push(socket.remotePort!));
+    });
+    const s = (await app.inject({ method: "POST", url: "/v1/sessions", payload: {} })).json() as { id: string; token: string };
+    // An agent on Node's fetch leaves a call: its client connects again for the aborted request
+    // and keeps that connection, unused, until its keep-alive timeout.
+    const leave = new AbortController();
+    const left = fetch(`${url}/s/${s.id}/v1/chat/completions`, {
+      method: "POST",
+      signal: leave.signal,
+      headers: { authorization: `Bearer ${s.token}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: "m", messages: [{ role: "user", content: `leave\n#sim: ${JSON.stringify([{ text: "long", tokens: 300 }])}` }] }),
+    }).catch(() => null);
+    await pause(100);
+    leave.abort();
+    await left;
+    // And a client that has connected and not yet asked anything; like Node's fetch, it drops an
+    // unused connection after 4 s.
+    const agent = connect(Number(new URL(url).port), "127.0.0.1");
+    agent.on("error", () => {});
+    await once(agent, "connect");
+    while (!accepted.has(agent.localPort!)) await once(seen, "connection");
+    agent.setTimeout(4000);
+    const endedBy = Promise.race([once(agent, "end").then(() => "gateway"), once(agent, "timeout").then(() => "agent")]);
+    closing = true;
+    const closed = app.close();
+    try {
+      expect(await endedBy, "who ended the unused connection").toBe("gateway");
+      await closed;
+      expect(droppedByAgent, "connections the close waited for their agents to drop").toEqual([]);
+    } finally {
+      agent.destroy();
+      await closed;
     }
   });
 });
