@@ -54,6 +54,36 @@ describe("restoreEchoedHistory (golden)", () => {
     expect(matchEchoedHistory(echoWhole, [whole]).producers[2]).toBeNull();
   });
 
+  it("a call whose arguments are JSON but not an object comes back as {value: v} from Gemini (its args are an object): restored; no other shape is", () => {
+    const echo = (id: string, args: string): ChatMessage[] => [SYS, USER, { role: "assistant", content: "", tool_calls: [call(id, "shell", args)] }, { role: "tool", content: "", tool_call_id: id }];
+    for (const [recorded, wrapped] of [
+      ["5", '{"value":5}'],
+      ["[1, 2]", '{"value":[1,2]}'],
+      ['"text"', '{"value":"text"}'],
+      ["null", '{"value":null}'],
+      ['[{"b": 1, "a": 2}]', '{"value":[{"a":2,"b":1}]}'],
+    ]) {
+      const r = record(0, [SYS, USER], { content: "", reasoning: null, tool_calls: [call("gem_1", "shell", recorded!)] }, TOOLS);
+      expect(matchEchoedHistory(echo("gem_1", wrapped!), [r]).messages[2], recorded).toEqual({ role: "assistant", content: "", reasoning: null, tool_calls: [call("gem_1", "shell", recorded!)] });
+      // Matched by its words too (an agent that minted its own call id).
+      expect(matchEchoedHistory(echo("own-id", wrapped!), [r]).producers[2], recorded).toBe(r);
+    }
+    const five = record(0, [SYS, USER], { content: "", reasoning: null, tool_calls: [call("gem_5", "shell", "5")] }, TOOLS);
+    const producer = (args: string) => matchEchoedHistory(echo("gem_5", args), [five]).producers[2];
+    // Another value, another key beside it, or another name is the agent's own call.
+    expect(producer('{"value":6}')).toBeNull();
+    expect(producer('{"value":"5"}')).toBeNull();
+    expect(producer('{"value":5,"other":1}')).toBeNull();
+    expect(producer('{"val":5}')).toBeNull();
+    expect(producer("[5]")).toBeNull();
+    // A recorded object is never echoed wrapped: {value: {...}} is not it.
+    const obj = record(0, [SYS, USER], { content: "", reasoning: null, tool_calls: [call("gem_o", "shell", '{"command": "ls"}')] }, TOOLS);
+    expect(matchEchoedHistory(echo("gem_o", '{"value":{"command":"ls"}}'), [obj]).producers[2]).toBeNull();
+    // Nor are arguments that are not JSON (those come back as {}).
+    const cut = record(0, [SYS, USER], { content: "", reasoning: null, tool_calls: [call("gem_c", "shell", '{"command": "ec')] }, TOOLS);
+    expect(matchEchoedHistory(echo("gem_c", '{"value":"{\\"command\\": \\"ec"}'), [cut]).producers[2]).toBeNull();
+  });
+
   it("puts back reasoning, exact arguments and content as generated; keeps the agent's ids and every other message", () => {
     expect(restoreEchoedHistory(agentEcho, [r0, r1, r2])).toEqual([
       SYS,

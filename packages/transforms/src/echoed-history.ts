@@ -56,13 +56,33 @@ function argsKey(args: string): string {
 
 /**
  * Whether echoed arguments are the recorded call's. By value; and a recorded call whose arguments
- * are not a JSON object (cut by `max_tokens` mid-arguments) comes back as `{}` from an agent whose
- * protocol carries arguments as an object (Anthropic's tool_use `input`, Gemini's `args`): `{}` is
- * what those protocols gave it for them.
+ * are not a JSON object comes back the way an agent whose protocol carries arguments as an object
+ * was given them: as `{}` when they are not JSON (cut by `max_tokens` mid-arguments; Anthropic's
+ * tool_use `input`, Gemini's `args`), and as `{"value": v}` when they are the JSON `v` but not an
+ * object (`5`, `[1, 2]`, `"text"`: Gemini's `args`, transforms/gemini.ts `parseArgs`).
  */
 function sameArgs(echoed: string, recorded: string): boolean {
   const key = argsKey(echoed);
-  return key === argsKey(recorded) || (key === "{}" && !isJsonObject(recorded));
+  if (key === argsKey(recorded)) return true;
+  if (key === "{}") return !isJsonObject(recorded);
+  return key.startsWith('{"value":') && wrappedValue(echoed, recorded);
+}
+
+/** Whether `echoed` is exactly `{"value": v}` (one key) and `recorded` is the JSON `v`, not an object. */
+function wrappedValue(echoed: string, recorded: string): boolean {
+  let wrapper: unknown;
+  let v: unknown;
+  try {
+    wrapper = JSON.parse(echoed);
+    v = JSON.parse(recorded);
+  } catch {
+    return false;
+  }
+  if (typeof wrapper !== "object" || wrapper === null || Array.isArray(wrapper)) return false;
+  const keys = Object.keys(wrapper);
+  if (keys.length !== 1 || keys[0] !== "value") return false;
+  if (typeof v === "object" && v !== null && !Array.isArray(v)) return false;
+  return stable((wrapper as { value: unknown }).value) === stable(v);
 }
 
 function isJsonObject(text: string): boolean {
