@@ -151,6 +151,43 @@ describe("Gemini API through the gateway with @google/genai", () => {
     }
   });
 
+  it("a tool call whose arguments are JSON but not an object is given as {value: v} and, echoed back so, restored: the rollout stays one trace", async () => {
+    // The policy writes the call itself (a model may: Gemini's args can only be an object).
+    const rawCall = (args: string) => `<tool_call>\n{"name": "run_shell", "arguments": ${args}}\n</tool_call>`;
+    for (const [args, value, stream] of [
+      ["5", 5, false],
+      ["[1, 2]", [1, 2], true],
+      ['"text"', "text", false],
+    ] as const) {
+      const s = await openSession();
+      const ai = client(s);
+      const model = "gemini-2.5-flash";
+      const user: Content = { role: "user", parts: [{ text: `Run it.\n#sim: ${JSON.stringify([{ text: rawCall(args) }, { text: "Ran it." }])}` }] };
+      let modelTurn: Content;
+      if (stream) {
+        const chunks: GenerateContentResponse[] = [];
+        for await (const c of await ai.models.generateContentStream({ model, contents: [user], config })) chunks.push(c);
+        modelTurn = foldStream(chunks).content;
+      } else {
+        modelTurn = (await ai.models.generateContent({ model, contents: [user], config })).candidates![0]!.content!;
+      }
+      const call = modelTurn.parts!.find((p) => p.functionCall)!.functionCall!;
+      expect(call, args).toMatchObject({ name: "run_shell", args: { value } });
+      const toolTurn: Content = { role: "user", parts: [{ functionResponse: { id: call.id, name: call.name, response: { output: "ok" } } }] };
+      const second = await ai.models.generateContent({ model, contents: [user, modelTurn, toolTurn], config });
+      expect(second.text?.trim(), args).toBe("Ran it.");
+
+      const recs = await records(s.id);
+      expect(recs, args).toHaveLength(2);
+      expect(recs[0]!.message.tool_calls.map((c) => c.function.arguments), args).toEqual([args]);
+      // The echoed turn is the engine's own call again, not {"value": …}.
+      expect(recs[1]!.request.messages[2], args).toMatchObject({ role: "assistant", tool_calls: [{ function: { name: "run_shell", arguments: args } }] });
+      const traj = (await (await fetch(`${h.url}/v1/sessions/${s.id}/trajectory`)).json()) as { traces: { prompt_ids: number[]; response_ids: number[] }[] };
+      expect(traj.traces, args).toHaveLength(1);
+      expect([...traj.traces[0]!.prompt_ids, ...traj.traces[0]!.response_ids], args).toEqual([...recs[1]!.prompt_ids, ...recs[1]!.output_ids]);
+    }
+  });
+
   it("streams a JSON array without alt=sse and accepts ?key=", async () => {
     const s = await openSession();
     const res = await fetch(`${h.url}/s/${s.id}/v1beta/models/m:streamGenerateContent?key=${s.token}`, {
