@@ -45,6 +45,28 @@ function stable(v: unknown): string {
     .join(",")}}`;
 }
 
+type Tools = CanonicalChatRequest["tools"];
+
+/**
+ * A request's tools as a conversation key hashes them (sorted-key JSON, `[]` for none), with the
+ * array it was made of. A call keys its conversation several times (to match its echoed turns, to
+ * find the record it continues, for its own record's head): the gateway makes this once per call
+ * and passes it to each, instead of each walking the tools (often most of the request's JSON) again.
+ */
+export interface ToolsText {
+  readonly of: Tools;
+  readonly text: string;
+}
+
+export function toolsText(tools: Tools): ToolsText {
+  return { of: tools, text: stable(tools ?? []) };
+}
+
+/** The text of `tools`: `given`'s when it was made of this very array, else made now. */
+function textOf(tools: Tools, given: ToolsText | undefined): string {
+  return given && given.of === tools ? given.text : stable(tools ?? []);
+}
+
 /** Arguments compared by value: `{"a": 1}` and `{"a":1}` are the same call. */
 function argsKey(args: string): string {
   try {
@@ -153,13 +175,14 @@ export interface EchoedHistory<R extends HeadLike = RecordHead> {
  * then by content; among several candidates the latest record that answered a conversation of
  * exactly this turn's position wins, else the latest. When several records answered the same
  * words at that position (an agent and its sub-agent, in one session) and `tools` (the request's)
- * is given, the one whose conversation is this one (its head's `conversation_key`) wins first.
+ * is given, the one whose conversation is this one (its head's `conversation_key`) wins first
+ * (`toolsText`: the call's, when it made it; `ToolsText`).
  * Linear in the records plus the messages (a prefix is hashed only for such a tie).
  */
 export function matchEchoedHistory<R extends HeadLike>(
   messages: readonly ChatMessage[],
   records: readonly R[],
-  conversation?: { tools: CanonicalChatRequest["tools"] },
+  conversation?: { tools: Tools; toolsText?: ToolsText },
 ): EchoedHistory<R> {
   const byCallId = new Map<string, R>();
   const byText = new Map<string, R[]>();
@@ -188,7 +211,7 @@ export function matchEchoedHistory<R extends HeadLike>(
       const here = candidates.filter((r) => r.message_count === i);
       // The same words at the same position in another conversation of the session are not this turn.
       if (here.length > 1 && conversation) {
-        const key = conversationKey(out, conversation.tools);
+        const key = conversationKey(out, conversation.tools, conversation.toolsText);
         found = here.findLast((r) => (r as Partial<RecordHead>).conversation_key === key);
       }
       found ??= here.at(-1) ?? candidates.at(-1);
@@ -320,9 +343,8 @@ function feedKeys(state: Hash, keys: readonly string[], from: number, to: number
 }
 const toolsDigest = (toolsText: string): Hash => createHash("sha256").update(toolsText);
 
-function conversationDigest(messages: readonly ChatMessage[], tools: CanonicalChatRequest["tools"]): ConversationDigest {
+function conversationDigest(messages: readonly ChatMessage[], toolsText: string): ConversationDigest {
   const keys = messages.map(messageKey);
-  const toolsText = stable(tools ?? []);
   const prefix = messages[0] && prefixDigests.get(messages[0]);
   let state: Hash | null = null;
   let from = 0;
@@ -341,18 +363,20 @@ function conversationDigest(messages: readonly ChatMessage[], tools: CanonicalCh
 /**
  * A hash of a conversation as the chat template sees it (messages by `messageKey`, and the tools,
  * which are rendered into the prompt's head). Equal keys: the engine renders the same prompt.
+ * `given`: the tools' text, when the call made it (`ToolsText`).
  */
-export function conversationKey(messages: readonly ChatMessage[], tools: CanonicalChatRequest["tools"]): string {
-  return conversationDigest(messages, tools).state.digest("base64url");
+export function conversationKey(messages: readonly ChatMessage[], tools: Tools, given?: ToolsText): string {
+  return conversationDigest(messages, textOf(tools, given)).state.digest("base64url");
 }
 
 /**
  * `conversationKey` of every prefix of `messages` (entry i: of messages[0..i), for i up to
  * messages.length), in one pass: feeding the parts in turn gives the same digest as one string.
+ * `given` as for `conversationKey`.
  */
-export function prefixConversationKeys(messages: readonly ChatMessage[], tools: CanonicalChatRequest["tools"]): string[] {
+export function prefixConversationKeys(messages: readonly ChatMessage[], tools: Tools, given?: ToolsText): string[] {
   const keys = messages.map(messageKey);
-  const state = toolsDigest(stable(tools ?? []));
+  const state = toolsDigest(textOf(tools, given));
   const out = [state.copy().digest("base64url")];
   for (let i = 0; i < keys.length; i++) out.push(feedKeys(state, keys, i, i + 1).copy().digest("base64url"));
   return out;
@@ -406,16 +430,20 @@ function forgetConversation(key: string): void {
 /** Below this many characters of keys a conversation is hashed in one go and not kept: keeping it saves little. */
 const KEEP_FROM_CHARS = 16 * 1024;
 
-/** The head of a record: what later calls read to restore history and find what they continue. */
-export function recordHead(record: CompletionRecord): RecordHead {
-  const { messages, tools } = record.request;
+/**
+ * The head of a record: what later calls read to restore history and find what they continue.
+ * `given`: the record's tools' text, when its call made it (`ToolsText`).
+ */
+export function recordHead(record: CompletionRecord, given?: ToolsText): RecordHead {
+  const { messages } = record.request;
+  const tools = textOf(record.request.tools, given);
   let key: string;
   const keys = messages.map(messageKey);
   let chars = 0;
   for (const k of keys) chars += k.length;
   if (chars < KEEP_FROM_CHARS) {
     // One string, one digest: the same as feeding the parts in turn, at less CPU on short ones.
-    let text = stable(tools ?? []);
+    let text = tools;
     for (const k of keys) text += `\u0000${k}`;
     key = hash("sha256", text, "base64url");
   } else {
@@ -444,18 +472,22 @@ export interface ExtendedRecord<R = RecordHead> {
  * are a prefix of the request's (restored) messages, with at least one new message after, and the
  * same tools (they are rendered into the prompt's head). The longest such prefix wins. Only turns
  * `matchEchoedHistory` attributed are candidates, so this costs one prefix comparison in practice.
+ * `given`: the request's tools' text, when the call made it (`ToolsText`).
  */
 export function findExtendedRecord<R extends HeadLike & Pick<RecordHead, "conversation_key">>(
   request: Pick<CanonicalChatRequest, "messages" | "tools">,
   history: Pick<EchoedHistory<R>, "producers">,
+  given?: ToolsText,
 ): ExtendedRecord<R> | null {
   const messages = request.messages;
   let keys: string[] | undefined;
+  // Made when first needed, once for every candidate.
+  let tools: string | undefined;
   for (let i = messages.length - 2; i >= 1; i--) {
     const r = history.producers[i];
     if (!r || r.message_count !== i) continue;
     const known = knownConversations.get(r.conversation_key);
-    if (known && known.memos.length === i && known.tools === stable(request.tools ?? []) && known.memos.every((memo, j) => memoHolds(memo, messages[j]!))) {
+    if (known && known.memos.length === i && known.tools === (tools ??= textOf(request.tools, given)) && known.memos.every((memo, j) => memoHolds(memo, messages[j]!))) {
       // The record's conversation, message for message: its key is r's without hashing it again.
       if (messageKey(recordedAssistantMessage(r)) !== messageKey(messages[i]!)) continue;
       knownConversations.delete(r.conversation_key);
@@ -466,7 +498,7 @@ export function findExtendedRecord<R extends HeadLike & Pick<RecordHead, "conver
     }
     keys ??= messages.map(messageKey);
     if (messageKey(recordedAssistantMessage(r)) !== keys[i]) continue;
-    const tools = stable(request.tools ?? []);
+    tools ??= textOf(request.tools, given);
     const state = feedKeys(toolsDigest(tools), keys, 0, i);
     if (state.copy().digest("base64url") === r.conversation_key) {
       prefixDigests.set(messages[0]!, { tools, keys, count: i, state });

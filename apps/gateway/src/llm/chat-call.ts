@@ -10,9 +10,11 @@ import {
   prefixConversationKeys,
   recordHead,
   resultAsEvents,
+  toolsText,
   type EchoedHistory,
   type EngineResult,
   type EngineStreamEvent,
+  type ToolsText,
 } from "@rollgate/transforms";
 import type { Logger } from "pino";
 import { pausePlan } from "../engines/capabilities.js";
@@ -54,7 +56,7 @@ function rankFailed(err: unknown): boolean {
  * none was found, or one was found by its text while the turn's tool calls carry an id that record
  * did not issue, or that record answered another conversation (`history`: the turns as restored).
  */
-function unsurelyMatched(agent: CanonicalChatRequest, history: EchoedHistory): boolean {
+function unsurelyMatched(agent: CanonicalChatRequest, history: EchoedHistory, tools: ToolsText): boolean {
   let keys: string[] | undefined;
   return history.producers.some((producer, i) => {
     const m = agent.messages[i]!;
@@ -62,7 +64,7 @@ function unsurelyMatched(agent: CanonicalChatRequest, history: EchoedHistory): b
     if (!producer) return true;
     const id = m.tool_calls?.[0]?.id;
     if (id) return !producer.message.tool_calls.some((c) => c.id === id);
-    keys ??= prefixConversationKeys(history.messages, agent.tools);
+    keys ??= prefixConversationKeys(history.messages, agent.tools, tools);
     return producer.conversation_key !== keys[i];
   });
 }
@@ -103,6 +105,11 @@ export interface PreparedCall {
   engineCall: EngineCall;
   weightVersion: string | null;
   startedAt: number;
+  /**
+   * The request's tools as conversation keys hash them, made once for the call: its echoed turns
+   * are matched, the record it continues is found and its own record's head is keyed with it.
+   */
+  toolsText: ToolsText;
   /**
    * Set when the call goes to the engine as token ids: it continues a recorded one token-in (see
    * continuation.ts; `base` is that record's seq), or its engine is an SGLang that serves every
@@ -223,18 +230,19 @@ export class ChatCaller {
     // engine generated). Only the records' small heads are read, once per call and only when
     // there are such turns; the one full record a token-in continuation needs is read after.
     let history: EchoedHistory | null = null;
+    const tools = toolsText(canonical.tools);
     if (heads && canonical.messages.some((m) => m.role === "assistant")) {
-      history = matchEchoedHistory(canonical.messages, heads, { tools: canonical.tools });
+      history = matchEchoedHistory(canonical.messages, heads, { tools: canonical.tools, toolsText: tools });
       // An echoed turn no record answers may be the answer of an earlier call another replica
       // served: still being stored, or stored just after these heads were read (with the session,
       // or before this call's number was taken). So may a turn matched only by its text to a record
       // that is not its own (the same answer given in another conversation of the session, a
       // sub-agent's). When an earlier call has no head in what was read and a turn is not surely
       // matched, the session's earlier calls are waited for and the heads read again (only the new ones).
-      if (heads.filter((h) => h.seq < seq).length < seq && unsurelyMatched(canonical, history)) {
+      if (heads.filter((h) => h.seq < seq).length < seq && unsurelyMatched(canonical, history, tools)) {
         await this.deps.pending.earlierSettled(session.id, seq);
         heads = await this.deps.sessions.recordHeads(session.id);
-        history = matchEchoedHistory(canonical.messages, heads, { tools: canonical.tools });
+        history = matchEchoedHistory(canonical.messages, heads, { tools: canonical.tools, toolsText: tools });
       }
     }
     const request: CanonicalChatRequest = {
@@ -263,21 +271,21 @@ export class ChatCaller {
     if (pauseMode === "keep" || viaGenerate || chatStamps) engineCall.stamp = () => this.deps.pause.weights;
     if (caps?.streamedIds) engineCall.streamedIds = true;
     const replayed = !!session.replay && seq < session.replay.calls;
-    const planned = history ? await this.restoreAndPlan(engineCall, history, session.id, seq, caps, !replayed && !viaGenerate) : null;
+    const planned = history ? await this.restoreAndPlan(engineCall, history, tools, session.id, seq, caps, !replayed && !viaGenerate) : null;
     if (planned && "planning" in planned) {
-      return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), engineCall, tokenIn: null, planning: planned.planning };
+      return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), toolsText: tools, engineCall, tokenIn: null, planning: planned.planning };
     }
     let tokenIn = planned;
     // A branch's replayed call, compared as the engine would have been asked (echoed turns restored and normalised).
     if (replayed) {
       const replay = await this.replaySource(session, seq, engineCall.request);
-      return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), engineCall, tokenIn: null, replay };
+      return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), toolsText: tools, engineCall, tokenIn: null, replay };
     }
     if (viaGenerate && !tokenIn) {
       const rendered = await engineTokenizer.renderChat(engineCall, engineCall.request.messages);
       tokenIn = { route: SGLANG_GENERATE_ENGINE_PARSED, promptIds: rendered.ids, maxModelLen: rendered.maxModelLen, base: null };
     }
-    return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), engineCall, tokenIn };
+    return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), toolsText: tools, engineCall, tokenIn };
   }
 
   /**
@@ -332,6 +340,7 @@ export class ChatCaller {
   private async restoreAndPlan(
     call: EngineCall,
     history: EchoedHistory,
+    tools: ToolsText,
     sid: string,
     seq: number,
     caps: Awaited<ReturnType<EngineRegistry["capabilities"]>> | null,
@@ -341,7 +350,7 @@ export class ChatCaller {
     const restored = history.producers.flatMap((p, i) => (p ? [i] : []));
     const mode = this.deps.continuation ?? "auto";
     try {
-      const found = findExtendedRecord(call.request, history);
+      const found = findExtendedRecord(call.request, history, tools);
       // The extended record's ids: read while the engine renders (awaited only where its ids are
       // needed; in render mode only when a form is to be learned), never left unobserved.
       let reading: ReturnType<SessionStore["recordIds"]> | null = null;
@@ -783,7 +792,7 @@ export class ChatCaller {
     const taskId = call.session.metadata.task_id;
     // The record and the task's progress event are written together (one round trip's wait).
     await Promise.all([
-      this.deps.sessions.appendRecord(record, recordHead(record), call.tokenHash).then((stored) => {
+      this.deps.sessions.appendRecord(record, recordHead(record, call.toolsText), call.tokenHash).then((stored) => {
         // The session was deleted (or made again under its id) while the call ran: its record is nobody's.
         if (!stored) this.deps.log.warn({ session_id: record.session_id, seq: record.seq }, "a call's session was deleted while it ran: its record is dropped");
       }),
