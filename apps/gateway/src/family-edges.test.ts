@@ -1,0 +1,317 @@
+/**
+ * Edge answers per model family, echoed back: for every family engine-sim serves (its real tokenizer
+ * and chat template), as vLLM and as SGLang, streamed and not, through the official OpenAI (chat and
+ * Responses), Anthropic and Gemini SDKs, the model answers something awkward (multi-byte characters
+ * split across byte-level tokens, several tool calls with unicode / nested / escaped / empty
+ * arguments, the family's own markup typed in prose, an empty answer, reasoning only); the agent
+ * must see exactly what the model wrote, sends it back as its SDK gave it with tool results holding
+ * markup, and calls again. The trainer must get the engine's own ids: every record holds exactly what
+ * the engine generated, and the second call's prompt continues the first call's prompt + output token
+ * for token, except where the family's profile names the break.
+ */
+import Anthropic from "@anthropic-ai/sdk";
+import { GoogleGenAI, type Content, type Part } from "@google/genai";
+import OpenAI from "openai";
+import { getSimState, simLogprob, type FamilyName } from "@rollgate/engine-sim";
+import { PRESETS, type ModelProfile } from "@rollgate/models";
+import type { CompletionRecord, Trajectory } from "@rollgate/protocol";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { PROFILE_OF_FAMILY, startHarness, type Harness } from "./__fixtures__/harness.js";
+
+type Kind = "vllm" | "sglang";
+const FAMILIES = Object.keys(PROFILE_OF_FAMILY) as FamilyName[];
+const KINDS: Kind[] = ["vllm", "sglang"];
+
+const TOOLS = [
+  { name: "shell", description: "Run a shell command", parameters: { type: "object" as const, properties: { command: { type: "string" }, opts: { type: "object" } }, required: ["command"] } },
+  { name: "ping", description: "Ping", parameters: { type: "object" as const, properties: {} } },
+];
+
+/** Text whose characters span several byte-level tokens each (CJK, emoji, ZWJ sequences, combining marks). */
+const UNICODE_TEXT = "Voilà: 你好，世界！🦀🎉 👩‍👩‍👧‍👦 naïve ½ — 日本語のテキスト 🇫🇷 done";
+/** A family's own markup, typed by the model in ordinary prose (no call is meant). */
+const MARKUP_TEXT = "In prose I type `<tool_call>` and `</tool_call>`, <|python_tag|>, <|channel|>final<|message|> and <｜tool▁sep｜>, nothing more.";
+const CALL_ARGS = { command: 'echo "héllo 🦀" | grep \'x\' > C:\\tmp\\out.txt', opts: { nested: { deep: [1, 2.5, null, true, "ü"] }, empty: {}, list: [] } };
+/** A tool result that holds markup, the agent's to send. */
+const TOOL_RESULT = '<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>\n<tool_response>ok</tool_response> </think> 🦀';
+
+type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning";
+
+interface Step {
+  think?: string;
+  text?: string;
+  tool_calls?: { name: string; arguments: Record<string, unknown> }[];
+}
+
+const thinks = (p: ModelProfile) => p.reasoning_end !== null;
+/** gpt-oss writes one call per answer; Llama 3.1 writes no text beside its calls. */
+const oneCallPerAnswer = (f: FamilyName) => f === "gpt-oss" || f === "llama3.1";
+const noTextBesideCalls = (f: FamilyName) => f === "llama3.1";
+
+function firstStep(scenario: Scenario, family: FamilyName): Step {
+  switch (scenario) {
+    case "unicode":
+      return { text: UNICODE_TEXT };
+    case "markup":
+      return { text: MARKUP_TEXT };
+    case "parallel_calls": {
+      const calls = [
+        { name: "shell", arguments: CALL_ARGS },
+        { name: "ping", arguments: {} },
+      ];
+      return {
+        ...(noTextBesideCalls(family) ? {} : { text: "Running 🦀 两个 tools." }),
+        tool_calls: oneCallPerAnswer(family) ? calls.slice(0, 1) : calls,
+      };
+    }
+    case "empty":
+      return {};
+    case "reasoning_only":
+      return { think: "Only thinking, no answer." };
+    case "unicode_reasoning":
+      return { think: `Reasoning: ${UNICODE_TEXT}`, text: UNICODE_TEXT };
+  }
+}
+
+const scenarioThinks = (s: Scenario) => s === "reasoning_only" || s === "unicode_reasoning";
+
+function script(scenario: Scenario, family: FamilyName): string {
+  return `#sim: ${JSON.stringify([firstStep(scenario, family), { text: "Finished." }])}`;
+}
+
+type Protocol = "openai_chat" | "openai_responses" | "anthropic" | "gemini";
+const PROTOCOLS: Protocol[] = ["openai_chat", "openai_responses", "anthropic", "gemini"];
+
+type Session = Awaited<ReturnType<Harness["openSession"]>>;
+
+/** What the agent saw of an answer. */
+interface Answer {
+  text: string;
+  reasoning: string;
+  calls: { name: string; args: unknown }[];
+}
+
+interface Agent {
+  call: () => Promise<Answer>;
+  /** Sends the last answer back as the SDK gave it, then a result for each of its tool calls, else "go on". */
+  echo: () => void;
+}
+
+interface AgentOpts {
+  prompt: string;
+  tools: boolean;
+  think: boolean;
+  profile: ModelProfile;
+  stream: boolean;
+}
+
+function openaiAgent(s: Session, o: AgentOpts): Agent {
+  const client = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 });
+  const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: o.prompt }];
+  let last: Record<string, unknown> = {};
+  const tools = o.tools ? { tools: TOOLS.map((f) => ({ type: "function" as const, function: f })) } : {};
+  const kwargs = o.profile.thinking.kwarg ? { chat_template_kwargs: { [o.profile.thinking.kwarg]: o.think } } : {};
+  return {
+    call: async () => {
+      const body = { model: "agent", messages, ...tools, ...kwargs };
+      let text: Record<string, string> = {};
+      const calls: { id: string; type: "function"; function: { name: string; arguments: string } }[] = [];
+      if (!o.stream) {
+        const m = (await client.chat.completions.create(body)).choices[0]!.message;
+        last = { ...m };
+        text = Object.fromEntries(Object.entries(m).filter(([k, v]) => typeof v === "string" && k !== "role")) as Record<string, string>;
+        for (const t of m.tool_calls ?? []) if (t.type === "function") calls.push({ id: t.id, type: "function", function: t.function });
+      } else {
+        for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
+          const choice = chunk.choices[0];
+          if (!choice) continue;
+          for (const [k, v] of Object.entries(choice.delta)) if (typeof v === "string" && k !== "role") text[k] = (text[k] ?? "") + v;
+          for (const t of choice.delta.tool_calls ?? []) {
+            const c = (calls[t.index] ??= { id: "", type: "function", function: { name: "", arguments: "" } });
+            if (t.id) c.id = t.id;
+            if (t.function?.name) c.function.name += t.function.name;
+            if (t.function?.arguments) c.function.arguments += t.function.arguments;
+          }
+        }
+        last = { role: "assistant", content: text.content ?? null, ...text, ...(calls.length ? { tool_calls: calls } : {}) };
+      }
+      return {
+        text: text.content ?? "",
+        reasoning: text.reasoning_content ?? text.reasoning ?? "",
+        calls: calls.map((c) => ({ name: c.function.name, args: JSON.parse(c.function.arguments || "{}") })),
+      };
+    },
+    echo: () => {
+      messages.push(last as unknown as OpenAI.ChatCompletionAssistantMessageParam);
+      const calls = (last.tool_calls ?? []) as { id: string }[];
+      for (const t of calls) messages.push({ role: "tool", tool_call_id: t.id, content: TOOL_RESULT });
+      if (!calls.length) messages.push({ role: "user", content: "go on" });
+    },
+  };
+}
+
+function responsesAgent(s: Session, o: AgentOpts): Agent {
+  const client = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 });
+  const input: OpenAI.Responses.ResponseInputItem[] = [{ role: "user", content: o.prompt }];
+  let last: OpenAI.Responses.ResponseOutputItem[] = [];
+  const tools = o.tools ? { tools: TOOLS.map((f) => ({ type: "function" as const, name: f.name, description: f.description, parameters: f.parameters, strict: false })) } : {};
+  const reasoning = o.think ? { reasoning: { effort: "medium" as const, summary: "auto" as const } } : {};
+  return {
+    call: async () => {
+      const body = { model: "agent", input, ...tools, ...reasoning };
+      let output: OpenAI.Responses.ResponseOutputItem[];
+      if (!o.stream) output = (await client.responses.create(body)).output;
+      else {
+        output = [];
+        for await (const ev of await client.responses.create({ ...body, stream: true })) if (ev.type === "response.completed") output = ev.response.output;
+      }
+      last = output;
+      let text = "";
+      let reasoningText = "";
+      const calls: Answer["calls"] = [];
+      for (const item of output) {
+        if (item.type === "message") for (const c of item.content) text += c.type === "output_text" ? c.text : "";
+        if (item.type === "reasoning") for (const c of [...item.summary, ...(item.content ?? [])]) reasoningText += c.text;
+        if (item.type === "function_call") calls.push({ name: item.name, args: JSON.parse(item.arguments || "{}") });
+      }
+      return { text, reasoning: reasoningText, calls };
+    },
+    echo: () => {
+      input.push(...(last as OpenAI.Responses.ResponseInputItem[]));
+      const calls = last.filter((i): i is OpenAI.Responses.ResponseFunctionToolCall => i.type === "function_call");
+      for (const c of calls) input.push({ type: "function_call_output", call_id: c.call_id, output: TOOL_RESULT });
+      if (!calls.length) input.push({ role: "user", content: "go on" });
+    },
+  };
+}
+
+function anthropicAgent(s: Session, o: AgentOpts): Agent {
+  const client = new Anthropic({ apiKey: s.token, baseURL: s.urls.anthropic, maxRetries: 0 });
+  const messages: Anthropic.MessageParam[] = [{ role: "user", content: o.prompt }];
+  let last: Anthropic.ContentBlock[] = [];
+  const tools = o.tools ? { tools: TOOLS.map((f) => ({ name: f.name, description: f.description, input_schema: f.parameters })) } : {};
+  const thinking = o.think ? { thinking: { type: "enabled" as const, budget_tokens: 1024 } } : {};
+  return {
+    call: async () => {
+      const body = { model: "claude-test", max_tokens: 2048, messages, ...tools, ...thinking };
+      const m = o.stream ? await client.messages.stream(body).finalMessage() : await client.messages.create(body);
+      last = m.content;
+      let text = "";
+      let reasoning = "";
+      const calls: Answer["calls"] = [];
+      for (const b of m.content) {
+        if (b.type === "text") text += b.text;
+        if (b.type === "thinking") reasoning += b.thinking;
+        if (b.type === "tool_use") calls.push({ name: b.name, args: b.input });
+      }
+      return { text, reasoning, calls };
+    },
+    echo: () => {
+      messages.push({ role: "assistant", content: last });
+      const uses = last.filter((b): b is Anthropic.ToolUseBlock => b.type === "tool_use");
+      messages.push({
+        role: "user",
+        content: uses.length ? uses.map((u) => ({ type: "tool_result" as const, tool_use_id: u.id, content: TOOL_RESULT })) : "go on",
+      });
+    },
+  };
+}
+
+function geminiAgent(s: Session, o: AgentOpts): Agent {
+  const ai = new GoogleGenAI({ apiKey: s.token, httpOptions: { baseUrl: s.urls.gemini.replace(/\/v1beta\/?$/, "") } });
+  const contents: Content[] = [{ role: "user", parts: [{ text: o.prompt }] }];
+  let last: Content = { role: "model", parts: [] };
+  const tools = o.tools ? { tools: [{ functionDeclarations: TOOLS.map((f) => ({ name: f.name, description: f.description, parametersJsonSchema: f.parameters })) }] } : {};
+  const thinking = o.think ? { thinkingConfig: { includeThoughts: true, thinkingBudget: 1024 } } : { thinkingConfig: { thinkingBudget: 0 } };
+  return {
+    call: async () => {
+      const request = { model: "gemini-agent", contents, config: { ...tools, ...thinking } };
+      const chunks = o.stream ? [] : [await ai.models.generateContent(request)];
+      if (o.stream) for await (const c of await ai.models.generateContentStream(request)) chunks.push(c);
+      const parts: Part[] = chunks.flatMap((c) => c.candidates?.[0]?.content?.parts ?? []);
+      last = { role: "model", parts };
+      let text = "";
+      let reasoning = "";
+      const calls: Answer["calls"] = [];
+      for (const p of parts) {
+        if (p.text !== undefined && p.thought) reasoning += p.text;
+        else if (p.text !== undefined) text += p.text;
+        if (p.functionCall) calls.push({ name: p.functionCall.name!, args: p.functionCall.args ?? {} });
+      }
+      return { text, reasoning, calls };
+    },
+    echo: () => {
+      contents.push(last);
+      const calls = (last.parts ?? []).flatMap((p) => (p.functionCall ? [p.functionCall] : []));
+      contents.push({
+        role: "user",
+        parts: calls.length ? calls.map((c) => ({ functionResponse: { id: c.id, name: c.name, response: { output: TOOL_RESULT } } })) : [{ text: "go on" }],
+      });
+    },
+  };
+}
+
+const AGENTS: Record<Protocol, (s: Session, o: AgentOpts) => Agent> = {
+  openai_chat: openaiAgent,
+  openai_responses: responsesAgent,
+  anthropic: anthropicAgent,
+  gemini: geminiAgent,
+};
+
+const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning"];
+
+describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as const)))("%s on %s", (family, kind) => {
+  const profile = PRESETS[PROFILE_OF_FAMILY[family]!]!;
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness(`edges-${family.replace(/\W/g, "")}-${kind}`, { family, kind }, { ROLLGATE_HEALTH_INTERVAL_S: "0" });
+  }, 60_000);
+  afterAll(async () => h?.close());
+
+  const scenarios = SCENARIOS.filter((s) => thinks(profile) || !scenarioThinks(s));
+  const cells = PROTOCOLS.flatMap((protocol) => scenarios.flatMap((scenario) => [false, true].map((stream) => [protocol, scenario, stream] as const)));
+
+  it.each(cells)("%s: %s (streamed %s), echoed back: what the model wrote, the engine's ids, continued token for token", async (protocol, scenario, stream) => {
+    const s = await h.openSession();
+    const step = firstStep(scenario, family);
+    const think = scenarioThinks(scenario);
+    const tools = !(think && profile.thinking.off_with_tools);
+    const agent = AGENTS[protocol](s, { prompt: `Do the task.\n${script(scenario, family)}`, tools, think, profile, stream });
+    const first = await agent.call();
+    // The agent sees exactly what the model wrote (before a call, with the separator the parser leaves).
+    if (scenario !== "markup") expect(first.text.trim()).toBe(step.text ?? "");
+    if (think) expect(first.reasoning.trim()).toBe(step.think);
+    expect(first.calls).toEqual((step.tool_calls ?? []).map((c) => ({ name: c.name, args: c.arguments })));
+    agent.echo();
+    const second = await agent.call();
+    expect(second.text).toBe("Finished.");
+
+    const records = await h.records(s.id);
+    expect(records).toHaveLength(2);
+    const [r0, r1] = records as [CompletionRecord, CompletionRecord];
+    const state = getSimState(h.sim);
+    for (const r of records) {
+      expect(r.output_ids.length).toBe(r.output_logprobs.length);
+      r.output_ids.forEach((t, i) => expect(r.output_logprobs[i]).toBe(simLogprob(state.weightVersion, [...r.prompt_ids, ...r.output_ids.slice(0, i)], t)));
+    }
+    if (step.text) expect(state.tok.decode(r0.output_ids)).toContain(step.text);
+
+    const closed = await fetch(`${h.url}/v1/sessions/${s.id}/close?trajectory=prefix_merging`, { method: "POST" });
+    expect(closed.status).toBe(200);
+    const { trajectory } = (await closed.json()) as { trajectory: Trajectory };
+    const breaks = trajectory.stats.breaks;
+    if (profile.token_in === "off" && breaks.length) {
+      // The engine renders this family's history itself and the profile turns token-in off: the
+      // break is named, on the second record, never merged over.
+      expect(breaks).toHaveLength(1);
+      expect(breaks[0]!.record_id).toBe(r1.id);
+      expect(breaks[0]!.reason).toBe("history_rewritten");
+      return;
+    }
+    expect(trajectory.traces, JSON.stringify(breaks)).toHaveLength(1);
+    expect(breaks).toEqual([]);
+    expect(r1.prompt_ids.slice(0, r0.prompt_ids.length + r0.output_ids.length)).toEqual([...r0.prompt_ids, ...r0.output_ids]);
+    const trace = trajectory.traces[0]!;
+    expect(trace.response_ids.filter((_, i) => trace.loss_mask[i] === 1)).toEqual([...r0.output_ids, ...r1.output_ids]);
+  });
+});
