@@ -35,7 +35,12 @@ const CALL_ARGS = { command: 'echo "héllo 🦀" | grep \'x\' > C:\\tmp\\out.txt
 /** A tool result that holds markup, the agent's to send. */
 const TOOL_RESULT = '<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>\n<tool_response>ok</tool_response> </think> 🦀';
 
-type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning";
+type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char";
+
+/** Characters of four UTF-8 bytes that byte-level vocabularies split into several tokens each. */
+const RARE = "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𐌰𐌱𐌲 𓀀𓀁𓀂 ".repeat(6);
+/** The second answer: multi-byte too, so text generated token-in (parsed by the gateway where it must) is checked as well. */
+const SECOND = "Finished: 完成 🦀 ok.";
 
 interface Step {
   think?: string;
@@ -70,13 +75,24 @@ function firstStep(scenario: Scenario, family: FamilyName): Step {
       return { think: "Only thinking, no answer." };
     case "unicode_reasoning":
       return { think: `Reasoning: ${UNICODE_TEXT}`, text: UNICODE_TEXT };
+    case "reasoning_then_calls":
+      return { think: "I look first 🔍.", text: "Looking: 先看看。" };
+    case "cut_mid_char":
+      return { text: RARE };
   }
 }
 
-const scenarioThinks = (s: Scenario) => s === "reasoning_only" || s === "unicode_reasoning";
+/** The second answer: tool calls after a reasoning turn (generated token-in where the template drops that reasoning), else text. */
+function secondStep(scenario: Scenario, family: FamilyName, tools: boolean): Step {
+  if (scenario === "reasoning_then_calls" && tools) return { tool_calls: [{ name: "shell", arguments: CALL_ARGS }] };
+  void family;
+  return { text: SECOND };
+}
 
-function script(scenario: Scenario, family: FamilyName): string {
-  return `#sim: ${JSON.stringify([firstStep(scenario, family), { text: "Finished." }])}`;
+const scenarioThinks = (s: Scenario) => s === "reasoning_only" || s === "unicode_reasoning" || s === "reasoning_then_calls";
+
+function script(scenario: Scenario, family: FamilyName, tools: boolean): string {
+  return `#sim: ${JSON.stringify([firstStep(scenario, family), secondStep(scenario, family, tools), { text: "Finished." }])}`;
 }
 
 type Protocol = "openai_chat" | "openai_responses" | "anthropic" | "gemini";
@@ -92,7 +108,7 @@ interface Answer {
 }
 
 interface Agent {
-  call: () => Promise<Answer>;
+  call: (maxTokens?: number) => Promise<Answer>;
   /** Sends the last answer back as the SDK gave it, then a result for each of its tool calls, else "go on". */
   echo: () => void;
 }
@@ -112,8 +128,8 @@ function openaiAgent(s: Session, o: AgentOpts): Agent {
   const tools = o.tools ? { tools: TOOLS.map((f) => ({ type: "function" as const, function: f })) } : {};
   const kwargs = o.profile.thinking.kwarg ? { chat_template_kwargs: { [o.profile.thinking.kwarg]: o.think } } : {};
   return {
-    call: async () => {
-      const body = { model: "agent", messages, ...tools, ...kwargs };
+    call: async (maxTokens) => {
+      const body = { model: "agent", messages, ...(maxTokens ? { max_tokens: maxTokens } : {}), ...tools, ...kwargs };
       let text: Record<string, string> = {};
       const calls: { id: string; type: "function"; function: { name: string; arguments: string } }[] = [];
       if (!o.stream) {
@@ -157,13 +173,13 @@ function responsesAgent(s: Session, o: AgentOpts): Agent {
   const tools = o.tools ? { tools: TOOLS.map((f) => ({ type: "function" as const, name: f.name, description: f.description, parameters: f.parameters, strict: false })) } : {};
   const reasoning = o.think ? { reasoning: { effort: "medium" as const, summary: "auto" as const } } : {};
   return {
-    call: async () => {
-      const body = { model: "agent", input, ...tools, ...reasoning };
+    call: async (maxTokens) => {
+      const body = { model: "agent", input, ...(maxTokens ? { max_output_tokens: maxTokens } : {}), ...tools, ...reasoning };
       let output: OpenAI.Responses.ResponseOutputItem[];
       if (!o.stream) output = (await client.responses.create(body)).output;
       else {
         output = [];
-        for await (const ev of await client.responses.create({ ...body, stream: true })) if (ev.type === "response.completed") output = ev.response.output;
+        for await (const ev of await client.responses.create({ ...body, stream: true })) if (ev.type === "response.completed" || ev.type === "response.incomplete") output = ev.response.output;
       }
       last = output;
       let text = "";
@@ -192,8 +208,8 @@ function anthropicAgent(s: Session, o: AgentOpts): Agent {
   const tools = o.tools ? { tools: TOOLS.map((f) => ({ name: f.name, description: f.description, input_schema: f.parameters })) } : {};
   const thinking = o.think ? { thinking: { type: "enabled" as const, budget_tokens: 1024 } } : {};
   return {
-    call: async () => {
-      const body = { model: "claude-test", max_tokens: 2048, messages, ...tools, ...thinking };
+    call: async (maxTokens) => {
+      const body = { model: "claude-test", max_tokens: maxTokens ?? 2048, messages, ...tools, ...thinking };
       const m = o.stream ? await client.messages.stream(body).finalMessage() : await client.messages.create(body);
       last = m.content;
       let text = "";
@@ -224,8 +240,8 @@ function geminiAgent(s: Session, o: AgentOpts): Agent {
   const tools = o.tools ? { tools: [{ functionDeclarations: TOOLS.map((f) => ({ name: f.name, description: f.description, parametersJsonSchema: f.parameters })) }] } : {};
   const thinking = o.think ? { thinkingConfig: { includeThoughts: true, thinkingBudget: 1024 } } : { thinkingConfig: { thinkingBudget: 0 } };
   return {
-    call: async () => {
-      const request = { model: "gemini-agent", contents, config: { ...tools, ...thinking } };
+    call: async (maxTokens) => {
+      const request = { model: "gemini-agent", contents, config: { ...(maxTokens ? { maxOutputTokens: maxTokens } : {}), ...tools, ...thinking } };
       const chunks = o.stream ? [] : [await ai.models.generateContent(request)];
       if (o.stream) for await (const c of await ai.models.generateContentStream(request)) chunks.push(c);
       const parts: Part[] = chunks.flatMap((c) => c.candidates?.[0]?.content?.parts ?? []);
@@ -258,7 +274,7 @@ const AGENTS: Record<Protocol, (s: Session, o: AgentOpts) => Agent> = {
   gemini: geminiAgent,
 };
 
-const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning"];
+const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char"];
 
 describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as const)))("%s on %s", (family, kind) => {
   const profile = PRESETS[PROFILE_OF_FAMILY[family]!]!;
@@ -268,6 +284,19 @@ describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as
   }, 60_000);
   afterAll(async () => h?.close());
 
+  /** The max_tokens that cuts the cut_mid_char answer inside a character: found by a probe call in a session of its own. */
+  let midChar: number | undefined;
+  const cutMidChar = async (): Promise<number> => {
+    if (midChar !== undefined) return midChar;
+    const s = await h.openSession();
+    await openaiAgent(s, { prompt: script("cut_mid_char", family, true), tools: true, think: false, profile, stream: false }).call();
+    const [probe] = await h.records(s.id);
+    const tok = getSimState(h.sim).tok;
+    midChar = probe!.output_ids.findIndex((_, i) => i >= 8 && tok.decode(probe!.output_ids.slice(0, i)).endsWith("\ufffd"));
+    expect(midChar, "a cut inside a character").toBeGreaterThan(0);
+    return midChar;
+  };
+
   const scenarios = SCENARIOS.filter((s) => thinks(profile) || !scenarioThinks(s));
   const cells = PROTOCOLS.flatMap((protocol) => scenarios.flatMap((scenario) => [false, true].map((stream) => [protocol, scenario, stream] as const)));
 
@@ -276,15 +305,20 @@ describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as
     const step = firstStep(scenario, family);
     const think = scenarioThinks(scenario);
     const tools = !(think && profile.thinking.off_with_tools);
-    const agent = AGENTS[protocol](s, { prompt: `Do the task.\n${script(scenario, family)}`, tools, think, profile, stream });
-    const first = await agent.call();
-    // The agent sees exactly what the model wrote (before a call, with the separator the parser leaves).
-    if (scenario !== "markup") expect(first.text.trim()).toBe(step.text ?? "");
+    const cut = scenario === "cut_mid_char" ? await cutMidChar() : undefined;
+    const agent = AGENTS[protocol](s, { prompt: `Do the task.\n${script(scenario, family, tools)}`, tools, think, profile, stream });
+    const first = await agent.call(cut);
+    // The agent sees exactly what the model wrote (before a call, with the separator the parser leaves);
+    // cut inside a character, the whole characters before it.
+    if (cut) expect(step.text!.startsWith(first.text.replace(/\ufffd$/, ""))).toBe(true);
+    else if (scenario !== "markup") expect(first.text.trim()).toBe(step.text ?? "");
     if (think) expect(first.reasoning.trim()).toBe(step.think);
     expect(first.calls).toEqual((step.tool_calls ?? []).map((c) => ({ name: c.name, args: c.arguments })));
     agent.echo();
     const second = await agent.call();
-    expect(second.text).toBe("Finished.");
+    const next = secondStep(scenario, family, tools);
+    expect(second.text.trim()).toBe(next.text ?? "");
+    expect(second.calls).toEqual((next.tool_calls ?? []).map((c) => ({ name: c.name, args: c.arguments })));
 
     const records = await h.records(s.id);
     expect(records).toHaveLength(2);
@@ -294,12 +328,18 @@ describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as
       expect(r.output_ids.length).toBe(r.output_logprobs.length);
       r.output_ids.forEach((t, i) => expect(r.output_logprobs[i]).toBe(simLogprob(state.weightVersion, [...r.prompt_ids, ...r.output_ids.slice(0, i)], t)));
     }
-    if (step.text) expect(state.tok.decode(r0.output_ids)).toContain(step.text);
+    if (cut) expect(r0.output_ids).toHaveLength(cut);
+    else if (step.text) expect(state.tok.decode(r0.output_ids)).toContain(step.text);
 
     const closed = await fetch(`${h.url}/v1/sessions/${s.id}/close?trajectory=prefix_merging`, { method: "POST" });
     expect(closed.status).toBe(200);
     const { trajectory } = (await closed.json()) as { trajectory: Trajectory };
     const breaks = trajectory.stats.breaks;
+    if (cut && profile.token_in === "off") {
+      // A cut answer is not continued where the profile turns token-in off.
+      expect(breaks.map((b) => [b.record_id, b.reason])).toEqual([[r1.id, "truncated_output"]]);
+      return;
+    }
     if (profile.token_in === "off" && breaks.length) {
       // The engine renders this family's history itself and the profile turns token-in off: the
       // break is named, on the second record, never merged over.
