@@ -355,3 +355,158 @@ describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as
     expect(trace.response_ids.filter((_, i) => trace.loss_mask[i] === 1)).toEqual([...r0.output_ids, ...r1.output_ids]);
   });
 });
+
+/**
+ * A `stop` string that ends inside a token: the agent sees the text before it, the record holds every
+ * token the engine generated (the one the string ends in included), and the answer sent back ("The an")
+ * is restored so the next call's prompt continues the recorded ids, or the break is named.
+ */
+const STOP_TEXT = "The answer is 42; the rest 🦀 is never shown.";
+const STOP_AT = "swer";
+type StopProtocol = "openai_chat" | "anthropic" | "gemini";
+
+async function stopCall(s: Session, protocol: StopProtocol, profile: ModelProfile, stream: boolean, history: unknown[]): Promise<{ text: string; history: unknown[] }> {
+  if (protocol === "openai_chat") {
+    const client = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 });
+    const kwargs = profile.thinking.kwarg ? { chat_template_kwargs: { [profile.thinking.kwarg]: false } } : {};
+    const body = { model: "agent", messages: history as OpenAI.ChatCompletionMessageParam[], stop: [STOP_AT], ...kwargs };
+    let text = "";
+    if (!stream) text = (await client.chat.completions.create(body)).choices[0]!.message.content ?? "";
+    else for await (const c of await client.chat.completions.create({ ...body, stream: true })) text += c.choices[0]?.delta.content ?? "";
+    return { text, history: [...history, { role: "assistant", content: text }, { role: "user", content: "go on" }] };
+  }
+  if (protocol === "anthropic") {
+    const client = new Anthropic({ apiKey: s.token, baseURL: s.urls.anthropic, maxRetries: 0 });
+    const body = { model: "claude-test", max_tokens: 512, messages: history as Anthropic.MessageParam[], stop_sequences: [STOP_AT] };
+    const m = stream ? await client.messages.stream(body).finalMessage() : await client.messages.create(body);
+    const text = m.content.map((b) => (b.type === "text" ? b.text : "")).join("");
+    return { text, history: [...history, { role: "assistant", content: m.content }, { role: "user", content: "go on" }] };
+  }
+  const ai = new GoogleGenAI({ apiKey: s.token, httpOptions: { baseUrl: s.urls.gemini.replace(/\/v1beta\/?$/, "") } });
+  const request = { model: "gemini-agent", contents: history as Content[], config: { stopSequences: [STOP_AT], thinkingConfig: { thinkingBudget: 0 } } };
+  const chunks = stream ? [] : [await ai.models.generateContent(request)];
+  if (stream) for await (const c of await ai.models.generateContentStream(request)) chunks.push(c);
+  const parts = chunks.flatMap((c) => c.candidates?.[0]?.content?.parts ?? []);
+  return { text: parts.map((p) => p.text ?? "").join(""), history: [...history, { role: "model", parts }, { role: "user", parts: [{ text: "go on" }] }] };
+}
+
+describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as const)))("%s on %s: stop strings", (family, kind) => {
+  const profile = PRESETS[PROFILE_OF_FAMILY[family]!]!;
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness(`edges-stop-${family.replace(/\W/g, "")}-${kind}`, { family, kind }, { ROLLGATE_HEALTH_INTERVAL_S: "0" });
+  }, 60_000);
+  afterAll(async () => h?.close());
+
+  const protocols: StopProtocol[] = ["openai_chat", "anthropic", "gemini"];
+  const cells = protocols.flatMap((p) => [false, true].map((stream) => [p, stream] as const));
+  it.each(cells)("%s (streamed %s): a stop string inside a token, echoed back", async (protocol, stream) => {
+    const s = await h.openSession();
+    const prompt = `Answer.\n#sim: ${JSON.stringify([{ text: STOP_TEXT }, { text: SECOND }])}`;
+    const start = protocol === "gemini" ? [{ role: "user", parts: [{ text: prompt }] }] : [{ role: "user", content: prompt }];
+    const first = await stopCall(s, protocol, profile, stream, start);
+    // gpt-oss's text is harmony's parse of the token ids, so its stop string ends at a token's end.
+    expect(first.text).toBe(family === "gpt-oss" ? "The answer" : "The an");
+    const second = await stopCall(s, protocol, profile, stream, first.history);
+    expect(second.text).toBe(SECOND);
+
+    const [r0, r1] = (await h.records(s.id)) as [CompletionRecord, CompletionRecord];
+    const tok = getSimState(h.sim).tok;
+    // The record holds the engine's tokens: through the one the stop string ends in.
+    expect(tok.decode(r0.output_ids)).toContain("The answer");
+    expect(tok.decode(r0.output_ids)).not.toContain(" is");
+    const closed = await fetch(`${h.url}/v1/sessions/${s.id}/close?trajectory=prefix_merging`, { method: "POST" });
+    const { trajectory } = (await closed.json()) as { trajectory: Trajectory };
+    const breaks = trajectory.stats.breaks;
+    if (breaks.length) {
+      // Not continued: the break is named on the second record.
+      expect(breaks.map((b) => b.record_id)).toEqual([r1.id]);
+      expect(breaks[0]!.reason, JSON.stringify(breaks)).not.toBe("unknown");
+      return;
+    }
+    expect(r1.prompt_ids.slice(0, r0.prompt_ids.length + r0.output_ids.length)).toEqual([...r0.prompt_ids, ...r0.output_ids]);
+  });
+});
+
+/**
+ * The thinking switch flipped between the calls of one conversation (Qwen3's enable_thinking,
+ * DeepSeek-V3.1's thinking), per protocol: each answer is in the mode it was asked in, and the second
+ * call's prompt continues the first's prompt + output token for token, or the break is the one the
+ * profile names.
+ */
+type ThinkProtocol = "openai_chat" | "anthropic" | "gemini";
+async function thinkCall(s: Session, protocol: ThinkProtocol, profile: ModelProfile, stream: boolean, on: boolean, history: unknown[]) {
+  if (protocol === "openai_chat") {
+    const client = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 });
+    const body = { model: "agent", messages: history as OpenAI.ChatCompletionMessageParam[], chat_template_kwargs: { [profile.thinking.kwarg!]: on } };
+    const text: Record<string, string> = {};
+    if (!stream) {
+      const m = (await client.chat.completions.create(body)).choices[0]!.message as unknown as Record<string, unknown>;
+      for (const [k, v] of Object.entries(m)) if (typeof v === "string" && k !== "role") text[k] = v;
+    } else {
+      for await (const c of await client.chat.completions.create({ ...body, stream: true })) {
+        for (const [k, v] of Object.entries(c.choices[0]?.delta ?? {})) if (typeof v === "string" && k !== "role") text[k] = (text[k] ?? "") + v;
+      }
+    }
+    const reasoning = text.reasoning_content ?? text.reasoning ?? "";
+    return { text: text.content ?? "", reasoning, history: [...history, { role: "assistant", ...text }, { role: "user", content: "go on" }] };
+  }
+  if (protocol === "anthropic") {
+    const client = new Anthropic({ apiKey: s.token, baseURL: s.urls.anthropic, maxRetries: 0 });
+    const body = { model: "claude-test", max_tokens: 2048, messages: history as Anthropic.MessageParam[], thinking: on ? { type: "enabled" as const, budget_tokens: 1024 } : { type: "disabled" as const } };
+    const m = stream ? await client.messages.stream(body).finalMessage() : await client.messages.create(body);
+    return {
+      text: m.content.map((b) => (b.type === "text" ? b.text : "")).join(""),
+      reasoning: m.content.map((b) => (b.type === "thinking" ? b.thinking : "")).join(""),
+      history: [...history, { role: "assistant", content: m.content }, { role: "user", content: "go on" }],
+    };
+  }
+  const ai = new GoogleGenAI({ apiKey: s.token, httpOptions: { baseUrl: s.urls.gemini.replace(/\/v1beta\/?$/, "") } });
+  const request = { model: "gemini-agent", contents: history as Content[], config: { thinkingConfig: on ? { includeThoughts: true, thinkingBudget: 1024 } : { thinkingBudget: 0 } } };
+  const chunks = stream ? [] : [await ai.models.generateContent(request)];
+  if (stream) for await (const c of await ai.models.generateContentStream(request)) chunks.push(c);
+  const parts = chunks.flatMap((c) => c.candidates?.[0]?.content?.parts ?? []);
+  return {
+    text: parts.map((p) => (p.thought ? "" : (p.text ?? ""))).join(""),
+    reasoning: parts.map((p) => (p.thought ? (p.text ?? "") : "")).join(""),
+    history: [...history, { role: "model", parts }, { role: "user", parts: [{ text: "go on" }] }],
+  };
+}
+
+const SWITCHABLE = FAMILIES.filter((f) => {
+  const p = PRESETS[PROFILE_OF_FAMILY[f]!]!;
+  return p.thinking.kwarg !== null && p.reasoning_end !== null;
+});
+
+describe.each(SWITCHABLE.flatMap((family) => KINDS.map((kind) => [family, kind] as const)))("%s on %s: thinking switched per request", (family, kind) => {
+  const profile = PRESETS[PROFILE_OF_FAMILY[family]!]!;
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness(`edges-think-${family.replace(/\W/g, "")}-${kind}`, { family, kind }, { ROLLGATE_HEALTH_INTERVAL_S: "0" });
+  }, 60_000);
+  afterAll(async () => h?.close());
+
+  const protocols: ThinkProtocol[] = ["openai_chat", "anthropic", "gemini"];
+  const cells = protocols.flatMap((p) => [[true, false], [false, true], [false, false]].flatMap(([a, b]) => [false, true].map((stream) => [p, a!, b!, stream] as const)));
+  it.each(cells)("%s: thinking %s then %s (streamed %s)", async (protocol, on1, on2, stream) => {
+    const s = await h.openSession();
+    const steps = [
+      { ...(on1 ? { think: "First thoughts 🤔." } : {}), text: "First answer 一." },
+      { ...(on2 ? { think: "Second thoughts." } : {}), text: "Second answer 二." },
+    ];
+    const prompt = `Answer.\n#sim: ${JSON.stringify(steps)}`;
+    const start = protocol === "gemini" ? [{ role: "user", parts: [{ text: prompt }] }] : [{ role: "user", content: prompt }];
+    const first = await thinkCall(s, protocol, profile, stream, on1, start);
+    expect(first.text.trim()).toBe(steps[0]!.text);
+    expect(first.reasoning.trim()).toBe(steps[0]!.think ?? "");
+    const second = await thinkCall(s, protocol, profile, stream, on2, first.history);
+    expect(second.text.trim()).toBe(steps[1]!.text);
+    expect(second.reasoning.trim()).toBe(steps[1]!.think ?? "");
+
+    const [r0, r1] = (await h.records(s.id)) as [CompletionRecord, CompletionRecord];
+    const closed = await fetch(`${h.url}/v1/sessions/${s.id}/close?trajectory=prefix_merging`, { method: "POST" });
+    const { trajectory } = (await closed.json()) as { trajectory: Trajectory };
+    expect(trajectory.stats.breaks, JSON.stringify(trajectory.stats.breaks)).toEqual([]);
+    expect(r1.prompt_ids.slice(0, r0.prompt_ids.length + r0.output_ids.length)).toEqual([...r0.prompt_ids, ...r0.output_ids]);
+  });
+});
