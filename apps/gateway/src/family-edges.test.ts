@@ -158,7 +158,12 @@ function openaiAgent(s: Session, o: AgentOpts): Agent {
       };
     },
     echo: () => {
-      messages.push(last as unknown as OpenAI.ChatCompletionAssistantMessageParam);
+      // Sent back as many agents do: arguments parsed and serialised again (compact, keys reordered).
+      const reserialised = ((last.tool_calls ?? []) as { id: string; type: "function"; function: { name: string; arguments: string } }[]).map((c) => ({
+        ...c,
+        function: { ...c.function, arguments: JSON.stringify(Object.fromEntries(Object.entries(JSON.parse(c.function.arguments || "{}") as object).reverse())) },
+      }));
+      messages.push({ ...last, ...(reserialised.length ? { tool_calls: reserialised } : {}) } as unknown as OpenAI.ChatCompletionAssistantMessageParam);
       const calls = (last.tool_calls ?? []) as { id: string }[];
       for (const t of calls) messages.push({ role: "tool", tool_call_id: t.id, content: TOOL_RESULT });
       if (!calls.length) messages.push({ role: "user", content: "go on" });
@@ -320,8 +325,13 @@ describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as
     expect(second.text.trim()).toBe(next.text ?? "");
     expect(second.calls).toEqual((next.tool_calls ?? []).map((c) => ({ name: c.name, args: c.arguments })));
 
+    if (second.calls.length) {
+      // The calls' results go back too, and the conversation goes on: a third answer.
+      agent.echo();
+      expect((await agent.call()).text.trim()).toBe("Finished.");
+    }
     const records = await h.records(s.id);
-    expect(records).toHaveLength(2);
+    expect(records).toHaveLength(second.calls.length ? 3 : 2);
     const [r0, r1] = records as [CompletionRecord, CompletionRecord];
     const state = getSimState(h.sim);
     for (const r of records) {
@@ -343,16 +353,18 @@ describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as
     if (profile.token_in === "off" && breaks.length) {
       // The engine renders this family's history itself and the profile turns token-in off: the
       // break is named, on the second record, never merged over.
-      expect(breaks).toHaveLength(1);
-      expect(breaks[0]!.record_id).toBe(r1.id);
-      expect(breaks[0]!.reason).toBe("history_rewritten");
+      for (const b of breaks) expect(b.reason).toBe("history_rewritten");
+      expect(breaks.map((b) => b.record_id)).toEqual(records.slice(1, breaks.length + 1).map((r) => r.id));
       return;
     }
     expect(trajectory.traces, JSON.stringify(breaks)).toHaveLength(1);
     expect(breaks).toEqual([]);
-    expect(r1.prompt_ids.slice(0, r0.prompt_ids.length + r0.output_ids.length)).toEqual([...r0.prompt_ids, ...r0.output_ids]);
+    records.slice(1).forEach((r, i) => {
+      const prev = records[i]!;
+      expect(r.prompt_ids.slice(0, prev.prompt_ids.length + prev.output_ids.length)).toEqual([...prev.prompt_ids, ...prev.output_ids]);
+    });
     const trace = trajectory.traces[0]!;
-    expect(trace.response_ids.filter((_, i) => trace.loss_mask[i] === 1)).toEqual([...r0.output_ids, ...r1.output_ids]);
+    expect(trace.response_ids.filter((_, i) => trace.loss_mask[i] === 1)).toEqual(records.flatMap((r) => r.output_ids));
   });
 });
 
