@@ -35,7 +35,7 @@ const CALL_ARGS = { command: 'echo "héllo 🦀" | grep \'x\' > C:\\tmp\\out.txt
 /** A tool result that holds markup, the agent's to send. */
 const TOOL_RESULT = '<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>\n<tool_response>ok</tool_response> </think> 🦀';
 
-type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char";
+type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt";
 
 /** Characters of four UTF-8 bytes that byte-level vocabularies split into several tokens each. */
 const RARE = "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𐌰𐌱𐌲 𓀀𓀁𓀂 ".repeat(6);
@@ -79,6 +79,8 @@ function firstStep(scenario: Scenario, family: FamilyName): Step {
       return { think: "I look first 🔍.", text: "Looking: 先看看。" };
     case "cut_mid_char":
       return { text: RARE };
+    case "system_prompt":
+      return { text: "Told by the system prompt 📜." };
   }
 }
 
@@ -115,6 +117,8 @@ interface Agent {
 
 interface AgentOpts {
   prompt: string;
+  /** The script goes in the protocol's system prompt (OpenAI chat: a developer message), the user only says "Do the task." */
+  system?: boolean;
   tools: boolean;
   think: boolean;
   profile: ModelProfile;
@@ -123,7 +127,12 @@ interface AgentOpts {
 
 function openaiAgent(s: Session, o: AgentOpts): Agent {
   const client = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 });
-  const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: o.prompt }];
+  const messages: OpenAI.ChatCompletionMessageParam[] = o.system
+    ? [
+        { role: "developer", content: o.prompt },
+        { role: "user", content: "Do the task." },
+      ]
+    : [{ role: "user", content: o.prompt }];
   let last: Record<string, unknown> = {};
   const tools = o.tools ? { tools: TOOLS.map((f) => ({ type: "function" as const, function: f })) } : {};
   const kwargs = o.profile.thinking.kwarg ? { chat_template_kwargs: { [o.profile.thinking.kwarg]: o.think } } : {};
@@ -173,13 +182,14 @@ function openaiAgent(s: Session, o: AgentOpts): Agent {
 
 function responsesAgent(s: Session, o: AgentOpts): Agent {
   const client = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 });
-  const input: OpenAI.Responses.ResponseInputItem[] = [{ role: "user", content: o.prompt }];
+  const input: OpenAI.Responses.ResponseInputItem[] = [{ role: "user", content: o.system ? "Do the task." : o.prompt }];
+  const instructions = o.system ? { instructions: o.prompt } : {};
   let last: OpenAI.Responses.ResponseOutputItem[] = [];
   const tools = o.tools ? { tools: TOOLS.map((f) => ({ type: "function" as const, name: f.name, description: f.description, parameters: f.parameters, strict: false })) } : {};
   const reasoning = o.think ? { reasoning: { effort: "medium" as const, summary: "auto" as const } } : {};
   return {
     call: async (maxTokens) => {
-      const body = { model: "agent", input, ...(maxTokens ? { max_output_tokens: maxTokens } : {}), ...tools, ...reasoning };
+      const body = { model: "agent", input, ...instructions, ...(maxTokens ? { max_output_tokens: maxTokens } : {}), ...tools, ...reasoning };
       let output: OpenAI.Responses.ResponseOutputItem[];
       if (!o.stream) output = (await client.responses.create(body)).output;
       else {
@@ -208,13 +218,14 @@ function responsesAgent(s: Session, o: AgentOpts): Agent {
 
 function anthropicAgent(s: Session, o: AgentOpts): Agent {
   const client = new Anthropic({ apiKey: s.token, baseURL: s.urls.anthropic, maxRetries: 0 });
-  const messages: Anthropic.MessageParam[] = [{ role: "user", content: o.prompt }];
+  const messages: Anthropic.MessageParam[] = [{ role: "user", content: o.system ? "Do the task." : o.prompt }];
+  const system = o.system ? { system: [{ type: "text" as const, text: o.prompt, cache_control: { type: "ephemeral" as const } }] } : {};
   let last: Anthropic.ContentBlock[] = [];
   const tools = o.tools ? { tools: TOOLS.map((f) => ({ name: f.name, description: f.description, input_schema: f.parameters })) } : {};
   const thinking = o.think ? { thinking: { type: "enabled" as const, budget_tokens: 1024 } } : {};
   return {
     call: async (maxTokens) => {
-      const body = { model: "claude-test", max_tokens: maxTokens ?? 2048, messages, ...tools, ...thinking };
+      const body = { model: "claude-test", max_tokens: maxTokens ?? 2048, messages, ...system, ...tools, ...thinking };
       const m = o.stream ? await client.messages.stream(body).finalMessage() : await client.messages.create(body);
       last = m.content;
       let text = "";
@@ -240,13 +251,14 @@ function anthropicAgent(s: Session, o: AgentOpts): Agent {
 
 function geminiAgent(s: Session, o: AgentOpts): Agent {
   const ai = new GoogleGenAI({ apiKey: s.token, httpOptions: { baseUrl: s.urls.gemini.replace(/\/v1beta\/?$/, "") } });
-  const contents: Content[] = [{ role: "user", parts: [{ text: o.prompt }] }];
+  const contents: Content[] = [{ role: "user", parts: [{ text: o.system ? "Do the task." : o.prompt }] }];
+  const system = o.system ? { systemInstruction: o.prompt } : {};
   let last: Content = { role: "model", parts: [] };
   const tools = o.tools ? { tools: [{ functionDeclarations: TOOLS.map((f) => ({ name: f.name, description: f.description, parametersJsonSchema: f.parameters })) }] } : {};
   const thinking = o.think ? { thinkingConfig: { includeThoughts: true, thinkingBudget: 1024 } } : { thinkingConfig: { thinkingBudget: 0 } };
   return {
     call: async (maxTokens) => {
-      const request = { model: "gemini-agent", contents, config: { ...(maxTokens ? { maxOutputTokens: maxTokens } : {}), ...tools, ...thinking } };
+      const request = { model: "gemini-agent", contents, config: { ...system, ...(maxTokens ? { maxOutputTokens: maxTokens } : {}), ...tools, ...thinking } };
       const chunks = o.stream ? [] : [await ai.models.generateContent(request)];
       if (o.stream) for await (const c of await ai.models.generateContentStream(request)) chunks.push(c);
       const parts: Part[] = chunks.flatMap((c) => c.candidates?.[0]?.content?.parts ?? []);
@@ -279,7 +291,7 @@ const AGENTS: Record<Protocol, (s: Session, o: AgentOpts) => Agent> = {
   gemini: geminiAgent,
 };
 
-const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char"];
+const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt"];
 
 describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as const)))("%s on %s", (family, kind) => {
   const profile = PRESETS[PROFILE_OF_FAMILY[family]!]!;
@@ -311,7 +323,8 @@ describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as
     const think = scenarioThinks(scenario);
     const tools = !(think && profile.thinking.off_with_tools);
     const cut = scenario === "cut_mid_char" ? await cutMidChar() : undefined;
-    const agent = AGENTS[protocol](s, { prompt: `Do the task.\n${script(scenario, family, tools)}`, tools, think, profile, stream });
+    const system = scenario === "system_prompt";
+    const agent = AGENTS[protocol](s, { prompt: `${system ? "You are an agent." : "Do the task."}\n${script(scenario, family, tools)}`, system, tools, think, profile, stream });
     const first = await agent.call(cut);
     // The agent sees exactly what the model wrote (before a call, with the separator the parser leaves);
     // cut inside a character, the whole characters before it.
