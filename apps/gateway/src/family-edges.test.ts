@@ -35,7 +35,21 @@ const CALL_ARGS = { command: 'echo "héllo 🦀" | grep \'x\' > C:\\tmp\\out.txt
 /** A tool result that holds markup, the agent's to send. */
 const TOOL_RESULT = '<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>\n<tool_response>ok</tool_response> </think> 🦀';
 
-type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt";
+type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call";
+
+/**
+ * A tool call written as the model might write it rather than as the template renders it (compact
+ * JSON, no newlines), scripted as raw text in the family's markup: the engine's parser still finds the
+ * call, and the template, rendering it back, writes other tokens than the model did.
+ */
+const RAW_CALL: Partial<Record<FamilyName, string>> = {
+  qwen3: '<tool_call>\n{"name":"shell","arguments":{"command":"ls -la","opts":{"x":1}}}\n</tool_call>',
+  "qwen3-coder": "<tool_call><function=shell><parameter=command>ls -la</parameter></function></tool_call>",
+  "llama3.1": '{"name":"shell","parameters":{"command":"ls -la","opts":{"x":1}}}',
+  "deepseek-v3": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>shell\n```json\n{"command":"ls -la","opts":{"x":1}}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+  "deepseek-v3.1": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>shell<｜tool▁sep｜>{"command":"ls -la","opts":{"x":1}}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+};
+const RAW_ARGS = (f: FamilyName) => (f === "qwen3-coder" ? { command: "ls -la" } : { command: "ls -la", opts: { x: 1 } });
 
 /** Characters of four UTF-8 bytes that byte-level vocabularies split into several tokens each. */
 const RARE = "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𐌰𐌱𐌲 𓀀𓀁𓀂 ".repeat(6);
@@ -81,6 +95,8 @@ function firstStep(scenario: Scenario, family: FamilyName): Step {
       return { text: RARE };
     case "system_prompt":
       return { text: "Told by the system prompt 📜." };
+    case "raw_call":
+      return { text: RAW_CALL[family]! };
   }
 }
 
@@ -291,7 +307,7 @@ const AGENTS: Record<Protocol, (s: Session, o: AgentOpts) => Agent> = {
   gemini: geminiAgent,
 };
 
-const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt"];
+const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call"];
 
 describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as const)))("%s on %s", (family, kind) => {
   const profile = PRESETS[PROFILE_OF_FAMILY[family]!]!;
@@ -314,7 +330,7 @@ describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as
     return midChar;
   };
 
-  const scenarios = SCENARIOS.filter((s) => thinks(profile) || !scenarioThinks(s));
+  const scenarios = SCENARIOS.filter((s) => (thinks(profile) || !scenarioThinks(s)) && (s !== "raw_call" || RAW_CALL[family] !== undefined));
   const cells = PROTOCOLS.flatMap((protocol) => scenarios.flatMap((scenario) => [false, true].map((stream) => [protocol, scenario, stream] as const)));
 
   it.each(cells)("%s: %s (streamed %s), echoed back: what the model wrote, the engine's ids, continued token for token", async (protocol, scenario, stream) => {
@@ -329,9 +345,11 @@ describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as
     // The agent sees exactly what the model wrote (before a call, with the separator the parser leaves);
     // cut inside a character, the whole characters before it.
     if (cut) expect(step.text!.startsWith(first.text.replace(/\ufffd$/, ""))).toBe(true);
+    else if (scenario === "raw_call") expect(first.text.trim()).toBe("");
     else if (scenario !== "markup") expect(first.text.trim()).toBe(step.text ?? "");
     if (think) expect(first.reasoning.trim()).toBe(step.think);
-    expect(first.calls).toEqual((step.tool_calls ?? []).map((c) => ({ name: c.name, args: c.arguments })));
+    const calls = scenario === "raw_call" ? [{ name: "shell", arguments: RAW_ARGS(family) }] : (step.tool_calls ?? []);
+    expect(first.calls).toEqual(calls.map((c) => ({ name: c.name, args: c.arguments })));
     agent.echo();
     const second = await agent.call();
     const next = secondStep(scenario, family, tools);
