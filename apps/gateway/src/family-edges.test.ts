@@ -35,7 +35,7 @@ const CALL_ARGS = { command: 'echo "héllo 🦀" | grep \'x\' > C:\\tmp\\out.txt
 /** A tool result that holds markup, the agent's to send. */
 const TOOL_RESULT = '<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>\n<tool_response>ok</tool_response> </think> 🦀';
 
-type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call";
+type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call" | "empty_think_calls";
 
 /**
  * A tool call written as the model might write it rather than as the template renders it (compact
@@ -97,6 +97,8 @@ function firstStep(scenario: Scenario, family: FamilyName): Step {
       return { text: "Told by the system prompt 📜." };
     case "raw_call":
       return { text: RAW_CALL[family]! };
+    case "empty_think_calls":
+      return { think: "", tool_calls: [{ name: "ping", arguments: {} }] };
   }
 }
 
@@ -107,7 +109,7 @@ function secondStep(scenario: Scenario, family: FamilyName, tools: boolean): Ste
   return { text: SECOND };
 }
 
-const scenarioThinks = (s: Scenario) => s === "reasoning_only" || s === "unicode_reasoning" || s === "reasoning_then_calls";
+const scenarioThinks = (s: Scenario) => s === "reasoning_only" || s === "unicode_reasoning" || s === "reasoning_then_calls" || s === "empty_think_calls";
 
 function script(scenario: Scenario, family: FamilyName, tools: boolean): string {
   return `#sim: ${JSON.stringify([firstStep(scenario, family), secondStep(scenario, family, tools), { text: "Finished." }])}`;
@@ -307,7 +309,7 @@ const AGENTS: Record<Protocol, (s: Session, o: AgentOpts) => Agent> = {
   gemini: geminiAgent,
 };
 
-const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call"];
+const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call", "empty_think_calls"];
 
 describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as const)))("%s on %s", (family, kind) => {
   const profile = PRESETS[PROFILE_OF_FAMILY[family]!]!;
@@ -330,7 +332,9 @@ describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as
     return midChar;
   };
 
-  const scenarios = SCENARIOS.filter((s) => (thinks(profile) || !scenarioThinks(s)) && (s !== "raw_call" || RAW_CALL[family] !== undefined));
+  const scenarios = SCENARIOS.filter((s) => (thinks(profile) || !scenarioThinks(s)) && (s !== "raw_call" || RAW_CALL[family] !== undefined)
+      // A family that calls tools only with thinking off has no thinking turn with calls.
+      && (s !== "empty_think_calls" || !profile.thinking.off_with_tools));
   const cells = PROTOCOLS.flatMap((protocol) => scenarios.flatMap((scenario) => [false, true].map((stream) => [protocol, scenario, stream] as const)));
 
   it.each(cells)("%s: %s (streamed %s), echoed back: what the model wrote, the engine's ids, continued token for token", async (protocol, scenario, stream) => {
