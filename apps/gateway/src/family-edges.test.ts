@@ -45,7 +45,8 @@ type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_o
 const RAW_CALL: Partial<Record<FamilyName, string>> = {
   qwen3: '<tool_call>\n{"name":"shell","arguments":{"command":"ls -la","opts":{"x":1}}}\n</tool_call>',
   "qwen3-coder": "<tool_call><function=shell><parameter=command>ls -la</parameter></function></tool_call>",
-  "llama3.1": '{"name":"shell","parameters":{"command":"ls -la","opts":{"x":1}}}',
+  // Llama 3.1 may open its call with <|python_tag|>, which its template never renders back for a JSON call.
+  "llama3.1": '<|python_tag|>{"name":"shell","parameters":{"command":"ls -la","opts":{"x":1}}}',
   "deepseek-v3": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>shell\n```json\n{"command":"ls -la","opts":{"x":1}}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
   "deepseek-v3.1": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>shell<｜tool▁sep｜>{"command":"ls -la","opts":{"x":1}}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
 };
@@ -389,6 +390,8 @@ describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as
       // The engine renders this family's history itself and the profile turns token-in off: the
       // break is named, on the second record, never merged over.
       for (const b of breaks) expect(b.reason).toBe("history_rewritten");
+      // The break says why in this family's terms: a final answer's end token is rendered back as another.
+      if (!step.tool_calls?.length && !think && step.text) expect(breaks[0]!.detail).toContain("<|return|>");
       expect(breaks.map((b) => b.record_id)).toEqual(records.slice(1, breaks.length + 1).map((r) => r.id));
       return;
     }
