@@ -35,7 +35,20 @@ const CALL_ARGS = { command: 'echo "héllo 🦀" | grep \'x\' > C:\\tmp\\out.txt
 /** A tool result that holds markup, the agent's to send. */
 const TOOL_RESULT = '<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>\n<tool_response>ok</tool_response> </think> 🦀';
 
-type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call" | "empty_think_calls";
+type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call" | "empty_think_calls" | "cut_in_call";
+
+/** A call long enough that a cut of CUT_IN_CALL tokens lands inside its arguments, whatever the family writes before it. */
+const LONG_COMMAND = `echo ${Array.from({ length: 60 }, (_, i) => `word${i}`).join(" ")} > out.txt`;
+const CUT_IN_CALL = 40;
+
+/** Arguments as the agent got them: parsed when they parse (a cut call's do not). */
+function argsOf(text: string): unknown {
+  try {
+    return JSON.parse(text || "{}");
+  } catch {
+    return text;
+  }
+}
 
 /**
  * A tool call written as the model might write it rather than as the template renders it (compact
@@ -100,6 +113,8 @@ function firstStep(scenario: Scenario, family: FamilyName): Step {
       return { text: RAW_CALL[family]! };
     case "empty_think_calls":
       return { think: "", tool_calls: [{ name: "ping", arguments: {} }] };
+    case "cut_in_call":
+      return { tool_calls: [{ name: "shell", arguments: { command: LONG_COMMAND } }] };
   }
 }
 
@@ -144,6 +159,12 @@ interface AgentOpts {
   stream: boolean;
 }
 
+/** Arguments serialised again, compact and keys reversed; ones that do not parse (a cut call's) as they came. */
+function reorder(args: string): string {
+  const v = argsOf(args);
+  return typeof v === "object" && v !== null ? JSON.stringify(Object.fromEntries(Object.entries(v).reverse())) : args;
+}
+
 function openaiAgent(s: Session, o: AgentOpts): Agent {
   const client = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 });
   const messages: OpenAI.ChatCompletionMessageParam[] = o.system
@@ -182,14 +203,14 @@ function openaiAgent(s: Session, o: AgentOpts): Agent {
       return {
         text: text.content ?? "",
         reasoning: text.reasoning_content ?? text.reasoning ?? "",
-        calls: calls.map((c) => ({ name: c.function.name, args: JSON.parse(c.function.arguments || "{}") })),
+        calls: calls.map((c) => ({ name: c.function.name, args: argsOf(c.function.arguments) })),
       };
     },
     echo: () => {
       // Sent back as many agents do: arguments parsed and serialised again (compact, keys reordered).
       const reserialised = ((last.tool_calls ?? []) as { id: string; type: "function"; function: { name: string; arguments: string } }[]).map((c) => ({
         ...c,
-        function: { ...c.function, arguments: JSON.stringify(Object.fromEntries(Object.entries(JSON.parse(c.function.arguments || "{}") as object).reverse())) },
+        function: { ...c.function, arguments: reorder(c.function.arguments) },
       }));
       messages.push({ ...last, ...(reserialised.length ? { tool_calls: reserialised } : {}) } as unknown as OpenAI.ChatCompletionAssistantMessageParam);
       const calls = (last.tool_calls ?? []) as { id: string }[];
@@ -222,7 +243,7 @@ function responsesAgent(s: Session, o: AgentOpts): Agent {
       for (const item of output) {
         if (item.type === "message") for (const c of item.content) text += c.type === "output_text" ? c.text : "";
         if (item.type === "reasoning") for (const c of [...item.summary, ...(item.content ?? [])]) reasoningText += c.text;
-        if (item.type === "function_call") calls.push({ name: item.name, args: JSON.parse(item.arguments || "{}") });
+        if (item.type === "function_call") calls.push({ name: item.name, args: argsOf(item.arguments) });
       }
       return { text, reasoning: reasoningText, calls };
     },
@@ -310,7 +331,7 @@ const AGENTS: Record<Protocol, (s: Session, o: AgentOpts) => Agent> = {
   gemini: geminiAgent,
 };
 
-const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call", "empty_think_calls"];
+const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call", "empty_think_calls", "cut_in_call"];
 
 describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as const)))("%s on %s", (family, kind) => {
   const profile = PRESETS[PROFILE_OF_FAMILY[family]!]!;
@@ -343,18 +364,20 @@ describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as
     const step = firstStep(scenario, family);
     const think = scenarioThinks(scenario);
     const tools = !(think && profile.thinking.off_with_tools);
-    const cut = scenario === "cut_mid_char" ? await cutMidChar() : undefined;
+    const cut = scenario === "cut_mid_char" ? await cutMidChar() : scenario === "cut_in_call" ? CUT_IN_CALL : undefined;
     const system = scenario === "system_prompt";
     const agent = AGENTS[protocol](s, { prompt: `${system ? "You are an agent." : "Do the task."}\n${script(scenario, family, tools)}`, system, tools, think, profile, stream });
     const first = await agent.call(cut);
     // The agent sees exactly what the model wrote (before a call, with the separator the parser leaves);
     // cut inside a character, the whole characters before it.
-    if (cut) expect(step.text!.startsWith(first.text.replace(/\ufffd$/, ""))).toBe(true);
+    if (scenario === "cut_mid_char") expect(step.text!.startsWith(first.text.replace(/\ufffd$/, ""))).toBe(true);
     else if (scenario === "raw_call") expect(first.text.trim()).toBe("");
     else if (scenario !== "markup") expect(first.text.trim()).toBe(step.text ?? "");
     if (think) expect(first.reasoning.trim()).toBe(step.think);
     const calls = scenario === "raw_call" ? [{ name: "shell", arguments: RAW_ARGS(family) }] : (step.tool_calls ?? []);
-    expect(first.calls).toEqual(calls.map((c) => ({ name: c.name, args: c.arguments })));
+    // A call cut inside its arguments reaches the agent with what of them came (or {} where the protocol's arguments are an object).
+    if (scenario === "cut_in_call") expect(first.calls.map((c) => c.name)).toEqual(["shell"]);
+    else expect(first.calls).toEqual(calls.map((c) => ({ name: c.name, args: c.arguments })));
     agent.echo();
     const second = await agent.call();
     const next = secondStep(scenario, family, tools);
