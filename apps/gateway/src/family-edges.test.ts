@@ -183,7 +183,8 @@ function openaiAgent(s: Session, o: AgentOpts): Agent {
       const calls: { id: string; type: "function"; function: { name: string; arguments: string } }[] = [];
       if (!o.stream) {
         const m = (await client.chat.completions.create(body)).choices[0]!.message;
-        last = { ...m };
+        // Sent back as most agents do: without the reasoning (the gateway restores it from the record).
+        last = { role: "assistant", content: m.content, ...(m.tool_calls?.length ? { tool_calls: m.tool_calls } : {}) };
         text = Object.fromEntries(Object.entries(m).filter(([k, v]) => typeof v === "string" && k !== "role")) as Record<string, string>;
         for (const t of m.tool_calls ?? []) if (t.type === "function") calls.push({ id: t.id, type: "function", function: t.function });
       } else {
@@ -198,7 +199,7 @@ function openaiAgent(s: Session, o: AgentOpts): Agent {
             if (t.function?.arguments) c.function.arguments += t.function.arguments;
           }
         }
-        last = { role: "assistant", content: text.content ?? null, ...text, ...(calls.length ? { tool_calls: calls } : {}) };
+        last = { role: "assistant", content: text.content ?? null, ...(calls.length ? { tool_calls: calls } : {}) };
       }
       return {
         text: text.content ?? "",
