@@ -34,11 +34,21 @@ const TOOLS = [
   { name: "ping", description: "Ping", parameters: { type: "object" as const, properties: {} } },
 ];
 
+/**
+ * Numbers JSON keeps and JavaScript does not: the script writes `one` as 1.0 and `big` with all its
+ * digits (the model's arguments as Python prints them); the agent parses them to 1 and a rounded double.
+ */
+const BIG = "12345678901234567890";
+const pyNumbers = (json: string) => json.replace('"one":1,', '"one":1.0,').replace(`"big":${Number(BIG)}`, `"big":${BIG}`);
+
 /** Text whose characters span several byte-level tokens each (CJK, emoji, ZWJ sequences, combining marks). */
 const UNICODE_TEXT = "Voilà: 你好，世界！🦀🎉 👩‍👩‍👧‍👦 naïve ½ — 日本語のテキスト 🇫🇷 done";
 /** A family's own markup, typed by the model in ordinary prose (no call is meant). */
 const MARKUP_TEXT = "In prose I type `<tool_call>` and `</tool_call>`, <|python_tag|>, <|channel|>final<|message|> and <｜tool▁sep｜>, nothing more.";
-const CALL_ARGS = { command: 'echo "héllo 🦀" | grep \'x\' > C:\\tmp\\out.txt', opts: { nested: { deep: [1, 2.5, null, true, "ü"] }, empty: {}, list: [] } };
+const CALL_ARGS = {
+  command: 'echo "héllo 🦀" | grep \'x\' > C:\\tmp\\out.txt',
+  opts: { nested: { deep: [1, 2.5, null, true, "ü"] }, empty: {}, list: [], one: 1, big: Number(BIG) },
+};
 /** A tool result that holds markup, the agent's to send. */
 const TOOL_RESULT = '<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>\n<tool_response>ok</tool_response> </think> 🦀';
 
@@ -135,7 +145,7 @@ function secondStep(scenario: Scenario, family: FamilyName, tools: boolean): Ste
 const scenarioThinks = (s: Scenario) => s === "reasoning_only" || s === "unicode_reasoning" || s === "reasoning_then_calls" || s === "empty_think_calls";
 
 function script(scenario: Scenario, family: FamilyName, tools: boolean): string {
-  return `#sim: ${JSON.stringify([firstStep(scenario, family), secondStep(scenario, family, tools), { text: "Finished." }])}`;
+  return `#sim: ${pyNumbers(JSON.stringify([firstStep(scenario, family), secondStep(scenario, family, tools), { text: "Finished." }]))}`;
 }
 
 type Protocol = "openai_chat" | "openai_responses" | "anthropic" | "gemini";
@@ -409,6 +419,8 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
       expect(r.output_ids.length).toBe(r.output_logprobs.length);
       r.output_ids.forEach((t, i) => expect(r.output_logprobs[i]).toBe(simLogprob(state.weightVersion, [...r.prompt_ids, ...r.output_ids.slice(0, i)], t)));
     }
+    // The model wrote its numbers as Python does; the record keeps them so, whatever the agent parsed.
+    if (scenario === "parallel_calls") expect(state.tok.decode(r0.output_ids)).toMatch(new RegExp(`"one": ?1\\.0.*"big": ?${BIG}`));
     if (cut) expect(r0.output_ids).toHaveLength(cut);
     else if (step.text) expect(state.tok.decode(r0.output_ids)).toContain(step.text);
 
