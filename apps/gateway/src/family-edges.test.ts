@@ -472,8 +472,18 @@ async function stopCall(s: Session, protocol: StopProtocol, profile: ModelProfil
     const kwargs = profile.thinking.kwarg ? { chat_template_kwargs: { [profile.thinking.kwarg]: false } } : {};
     const body = { model: "agent", messages: history as OpenAI.ChatCompletionMessageParam[], stop: [STOP_AT], ...kwargs };
     let text = "";
-    if (!stream) text = (await client.chat.completions.create(body)).choices[0]!.message.content ?? "";
-    else for await (const c of await client.chat.completions.create({ ...body, stream: true })) text += c.choices[0]?.delta.content ?? "";
+    let finish: string | null = null;
+    if (!stream) {
+      const choice = (await client.chat.completions.create(body)).choices[0]!;
+      text = choice.message.content ?? "";
+      finish = choice.finish_reason;
+    } else {
+      for await (const c of await client.chat.completions.create({ ...body, stream: true })) {
+        text += c.choices[0]?.delta.content ?? "";
+        finish = c.choices[0]?.finish_reason ?? finish;
+      }
+    }
+    expect(finish).toBe("stop");
     return { text, history: [...history, { role: "assistant", content: text }, { role: "user", content: "go on" }] };
   }
   if (protocol === "anthropic") {
@@ -481,6 +491,8 @@ async function stopCall(s: Session, protocol: StopProtocol, profile: ModelProfil
     const body = { model: "claude-test", max_tokens: 512, messages: history as Anthropic.MessageParam[], stop_sequences: [STOP_AT] };
     const m = stream ? await client.messages.stream(body).finalMessage() : await client.messages.create(body);
     const text = m.content.map((b) => (b.type === "text" ? b.text : "")).join("");
+    // Anthropic tells the agent which of its stop sequences ended the answer.
+    if (text === "The an") expect([m.stop_reason, m.stop_sequence]).toEqual(["stop_sequence", STOP_AT]);
     return { text, history: [...history, { role: "assistant", content: m.content }, { role: "user", content: "go on" }] };
   }
   const ai = new GoogleGenAI({ apiKey: s.token, httpOptions: { baseUrl: s.urls.gemini.replace(/\/v1beta\/?$/, "") } });
