@@ -54,7 +54,7 @@ const CALL_ARGS = {
 /** A tool result that holds markup, the agent's to send. */
 const TOOL_RESULT = '<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>\n<tool_response>ok</tool_response> </think> 🦀';
 
-type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call" | "empty_think_calls" | "cut_in_call";
+type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call" | "empty_think_calls" | "cut_in_call" | "think_text_call";
 
 /** A call long enough that a cut of CUT_IN_CALL tokens lands inside its arguments, whatever the family writes before it. */
 const LONG_COMMAND = `echo ${Array.from({ length: 60 }, (_, i) => `word${i}`).join(" ")} > out.txt`;
@@ -132,6 +132,9 @@ function firstStep(scenario: Scenario, family: FamilyName): Step {
       return { text: RAW_CALL[family]! };
     case "empty_think_calls":
       return { think: "", tool_calls: [{ name: PING, arguments: {} }] };
+    case "think_text_call":
+      // gpt-oss: analysis, a commentary preamble, then the call: two <|end|> tokens in one answer.
+      return { think: "Plan: run it.", text: "Running it now.", tool_calls: [{ name: "shell", arguments: { command: "ls" } }] };
     case "cut_in_call":
       return { tool_calls: [{ name: "shell", arguments: { command: LONG_COMMAND } }] };
   }
@@ -144,7 +147,8 @@ function secondStep(scenario: Scenario, family: FamilyName, tools: boolean): Ste
   return { text: SECOND };
 }
 
-const scenarioThinks = (s: Scenario) => s === "reasoning_only" || s === "unicode_reasoning" || s === "reasoning_then_calls" || s === "empty_think_calls";
+const scenarioThinks = (s: Scenario) =>
+  s === "reasoning_only" || s === "unicode_reasoning" || s === "reasoning_then_calls" || s === "empty_think_calls" || s === "think_text_call";
 
 function script(scenario: Scenario, family: FamilyName, tools: boolean): string {
   return `#sim: ${pyNumbers(JSON.stringify([firstStep(scenario, family), secondStep(scenario, family, tools), { text: "Finished." }]))}`;
@@ -160,6 +164,8 @@ interface Answer {
   text: string;
   reasoning: string;
   calls: { name: string; args: unknown }[];
+  /** The usage's count of reasoning tokens, where the protocol reports one (Responses, Gemini). */
+  reasoningTokens?: number;
 }
 
 interface Agent {
@@ -250,11 +256,19 @@ function responsesAgent(s: Session, o: AgentOpts): Agent {
   return {
     call: async (maxTokens) => {
       const body = { model: "agent", input, ...instructions, ...(maxTokens ? { max_output_tokens: maxTokens } : {}), ...tools, ...reasoning };
-      let output: OpenAI.Responses.ResponseOutputItem[];
-      if (!o.stream) output = (await client.responses.create(body)).output;
-      else {
-        output = [];
-        for await (const ev of await client.responses.create({ ...body, stream: true })) if (ev.type === "response.completed" || ev.type === "response.incomplete") output = ev.response.output;
+      let output: OpenAI.Responses.ResponseOutputItem[] = [];
+      let reasoningTokens: number | undefined;
+      if (!o.stream) {
+        const r = await client.responses.create(body);
+        output = r.output;
+        reasoningTokens = r.usage?.output_tokens_details.reasoning_tokens;
+      } else {
+        for await (const ev of await client.responses.create({ ...body, stream: true })) {
+          if (ev.type === "response.completed" || ev.type === "response.incomplete") {
+            output = ev.response.output;
+            reasoningTokens = ev.response.usage?.output_tokens_details.reasoning_tokens;
+          }
+        }
       }
       last = output;
       let text = "";
@@ -265,7 +279,7 @@ function responsesAgent(s: Session, o: AgentOpts): Agent {
         if (item.type === "reasoning") for (const c of [...item.summary, ...(item.content ?? [])]) reasoningText += c.text;
         if (item.type === "function_call") calls.push({ name: item.name, args: argsOf(item.arguments) });
       }
-      return { text, reasoning: reasoningText, calls };
+      return { text, reasoning: reasoningText, calls, ...(reasoningTokens !== undefined ? { reasoningTokens } : {}) };
     },
     echo: () => {
       input.push(...(last as OpenAI.Responses.ResponseInputItem[]));
@@ -323,6 +337,7 @@ function geminiAgent(s: Session, o: AgentOpts): Agent {
       if (o.stream) for await (const c of await ai.models.generateContentStream(request)) chunks.push(c);
       const parts: Part[] = chunks.flatMap((c) => c.candidates?.[0]?.content?.parts ?? []);
       last = { role: "model", parts };
+      const thoughts = chunks.map((c) => c.usageMetadata?.thoughtsTokenCount).findLast((n) => n !== undefined);
       let text = "";
       let reasoning = "";
       const calls: Answer["calls"] = [];
@@ -331,7 +346,7 @@ function geminiAgent(s: Session, o: AgentOpts): Agent {
         else if (p.text !== undefined) text += p.text;
         if (p.functionCall) calls.push({ name: p.functionCall.name!, args: p.functionCall.args ?? {} });
       }
-      return { text, reasoning, calls };
+      return { text, reasoning, calls, ...(thoughts !== undefined ? { reasoningTokens: thoughts } : {}) };
     },
     echo: () => {
       contents.push(last);
@@ -351,7 +366,7 @@ const AGENTS: Record<Protocol, (s: Session, o: AgentOpts) => Agent> = {
   gemini: geminiAgent,
 };
 
-const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call", "empty_think_calls", "cut_in_call"];
+const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call", "empty_think_calls", "cut_in_call", "think_text_call"];
 
 // (Only where the profile names a gateway parser: without one, such a vLLM cannot continue token-in at all, and every rewrite is a named break.)
 const tokenInByCompletions = (f: FamilyName) => PRESETS[PROFILE_OF_FAMILY[f]!]!.gateway_parser !== null;
@@ -380,7 +395,7 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
 
   const scenarios = SCENARIOS.filter((s) => (thinks(profile) || !scenarioThinks(s)) && (s !== "raw_call" || RAW_CALL[family] !== undefined)
       // A family that calls tools only with thinking off has no thinking turn with calls.
-      && (s !== "empty_think_calls" || !profile.thinking.off_with_tools));
+      && ((s !== "empty_think_calls" && s !== "think_text_call") || !profile.thinking.off_with_tools));
   const cells = PROTOCOLS.flatMap((protocol) => scenarios.flatMap((scenario) => [false, true].map((stream) => [protocol, scenario, stream] as const)));
 
   it.each(cells)("%s: %s (streamed %s), echoed back: what the model wrote, the engine's ids, continued token for token", async (protocol, scenario, stream) => {
@@ -422,6 +437,12 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
       r.output_ids.forEach((t, i) => expect(r.output_logprobs[i]).toBe(simLogprob(state.weightVersion, [...r.prompt_ids, ...r.output_ids.slice(0, i)], t)));
     }
     // The model wrote its numbers as Python does; the record keeps them so, whatever the agent parsed.
+    // Reasoning tokens are counted through the token that ends the reasoning.
+    if (first.reasoningTokens !== undefined && think && step.think) {
+      const end = state.tok.tokenId(profile.reasoning_end!);
+      expect(end).toBeDefined();
+      expect(first.reasoningTokens).toBe(r0.output_ids.indexOf(end!) + 1);
+    }
     // The test is what it says: some token of the answer is a piece of a character.
     if (scenario === "unicode") expect(r0.output_ids.some((id) => state.tok.decode([id]).includes("\ufffd"))).toBe(true);
     if (scenario === "parallel_calls") expect(state.tok.decode(r0.output_ids)).toMatch(new RegExp(`"one": ?1\\.0.*"big": ?${BIG}`));

@@ -457,11 +457,15 @@ function functionCallPart(call: ToolCall): GeminiPart {
   return { functionCall: { ...(call.id ? { id: call.id } : {}), name: call.function.name, args: parseArgs(call.function.arguments) } };
 }
 
-/** Tokens spent thinking: up to and including the reasoning end marker, when the engine reports token text. */
+/**
+ * Tokens spent thinking: up to and including the first reasoning end marker, when the engine reports
+ * token text. The first: the same marker may end later parts of the answer too (gpt-oss ends a
+ * commentary preamble with the `<|end|>` that ended its analysis), and those are not thoughts.
+ */
 function thoughtsTokens(logprobs: readonly TokenLogprob[], reasoning: string | null, end: string | null | undefined): number | undefined {
   if (reasoning === null || !end) return undefined;
-  for (let i = logprobs.length - 1; i >= 0; i--) if (logprobs[i]!.token === end) return i + 1;
-  return undefined;
+  const at = logprobs.findIndex((l) => l.token === end);
+  return at >= 0 ? at + 1 : undefined;
 }
 
 function usageMetadata(usage: EngineResult["usage"], thoughts: number | undefined): GeminiUsageMetadata {
