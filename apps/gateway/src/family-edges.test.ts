@@ -54,7 +54,7 @@ const CALL_ARGS = {
 /** A tool result that holds markup, the agent's to send. */
 const TOOL_RESULT = '<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>\n<tool_response>ok</tool_response> </think> 🦀';
 
-type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call" | "empty_think_calls" | "cut_in_call" | "think_text_call";
+type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call" | "empty_think_calls" | "cut_in_call" | "think_text_call" | "cut_in_reasoning";
 
 /** A call long enough that a cut of CUT_IN_CALL tokens lands inside its arguments, whatever the family writes before it. */
 const LONG_COMMAND = `echo ${Array.from({ length: 60 }, (_, i) => `word${i}`).join(" ")} > out.txt`;
@@ -135,6 +135,8 @@ function firstStep(scenario: Scenario, family: FamilyName): Step {
     case "think_text_call":
       // gpt-oss: analysis, a commentary preamble, then the call: two <|end|> tokens in one answer.
       return { think: "Plan: run it.", text: "Running it now.", tool_calls: [{ name: "shell", arguments: { command: "ls" } }] };
+    case "cut_in_reasoning":
+      return { think: `Thinking at length: ${LONG_COMMAND}`, text: "Done." };
     case "cut_in_call":
       return { tool_calls: [{ name: "shell", arguments: { command: LONG_COMMAND } }] };
   }
@@ -148,7 +150,7 @@ function secondStep(scenario: Scenario, family: FamilyName, tools: boolean): Ste
 }
 
 const scenarioThinks = (s: Scenario) =>
-  s === "reasoning_only" || s === "unicode_reasoning" || s === "reasoning_then_calls" || s === "empty_think_calls" || s === "think_text_call";
+  s === "reasoning_only" || s === "unicode_reasoning" || s === "reasoning_then_calls" || s === "empty_think_calls" || s === "think_text_call" || s === "cut_in_reasoning";
 
 function script(scenario: Scenario, family: FamilyName, tools: boolean): string {
   return `#sim: ${pyNumbers(JSON.stringify([firstStep(scenario, family), secondStep(scenario, family, tools), { text: "Finished." }]))}`;
@@ -366,7 +368,7 @@ const AGENTS: Record<Protocol, (s: Session, o: AgentOpts) => Agent> = {
   gemini: geminiAgent,
 };
 
-const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call", "empty_think_calls", "cut_in_call", "think_text_call"];
+const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call", "empty_think_calls", "cut_in_call", "think_text_call", "cut_in_reasoning"];
 
 // (Only where the profile names a gateway parser: without one, such a vLLM cannot continue token-in at all, and every rewrite is a named break.)
 const tokenInByCompletions = (f: FamilyName) => PRESETS[PROFILE_OF_FAMILY[f]!]!.gateway_parser !== null;
@@ -403,16 +405,17 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
     const step = firstStep(scenario, family);
     const think = scenarioThinks(scenario);
     const tools = !(think && profile.thinking.off_with_tools);
-    const cut = scenario === "cut_mid_char" ? await cutMidChar() : scenario === "cut_in_call" ? CUT_IN_CALL : undefined;
+    const cut = scenario === "cut_mid_char" ? await cutMidChar() : scenario === "cut_in_call" || scenario === "cut_in_reasoning" ? CUT_IN_CALL : undefined;
     const system = scenario === "system_prompt";
     const agent = AGENTS[protocol](s, { prompt: `${system ? "You are an agent." : "Do the task."}\n${script(scenario, family, tools)}`, system, tools, think, profile, stream });
     const first = await agent.call(cut);
     // The agent sees exactly what the model wrote (before a call, with the separator the parser leaves);
     // cut inside a character, the whole characters before it.
     if (scenario === "cut_mid_char") expect(step.text!.startsWith(first.text.replace(/\ufffd$/, ""))).toBe(true);
-    else if (scenario === "raw_call") expect(first.text.trim()).toBe("");
+    else if (scenario === "raw_call" || scenario === "cut_in_reasoning") expect(first.text.trim()).toBe("");
     else if (scenario !== "markup") expect(first.text.trim()).toBe(step.text ?? "");
-    if (think) expect(first.reasoning.trim()).toBe(step.think);
+    if (scenario === "cut_in_reasoning") expect(step.think!.startsWith(first.reasoning.trim())).toBe(true);
+    else if (think) expect(first.reasoning.trim()).toBe(step.think);
     const calls = scenario === "raw_call" ? [{ name: "shell", arguments: RAW_ARGS(family) }] : (step.tool_calls ?? []);
     // A call cut inside its arguments reaches the agent with what of them came (or {} where the protocol's arguments are an object).
     if (scenario === "cut_in_call") expect(first.calls.map((c) => c.name)).toEqual(["shell"]);
@@ -437,11 +440,11 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
       r.output_ids.forEach((t, i) => expect(r.output_logprobs[i]).toBe(simLogprob(state.weightVersion, [...r.prompt_ids, ...r.output_ids.slice(0, i)], t)));
     }
     // The model wrote its numbers as Python does; the record keeps them so, whatever the agent parsed.
-    // Reasoning tokens are counted through the token that ends the reasoning.
-    if (first.reasoningTokens !== undefined && think && step.think) {
+    // Reasoning tokens are counted through the token that ends the reasoning (all of them when the answer was cut inside it).
+    if ((protocol === "openai_responses" || protocol === "gemini") && think && step.think) {
       const end = state.tok.tokenId(profile.reasoning_end!);
       expect(end).toBeDefined();
-      expect(first.reasoningTokens).toBe(r0.output_ids.indexOf(end!) + 1);
+      expect(first.reasoningTokens).toBe(scenario === "cut_in_reasoning" ? r0.output_ids.length : r0.output_ids.indexOf(end!) + 1);
     }
     // The test is what it says: some token of the answer is a piece of a character.
     if (scenario === "unicode") expect(r0.output_ids.some((id) => state.tok.decode([id]).includes("\ufffd"))).toBe(true);
@@ -453,8 +456,8 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
     expect(closed.status).toBe(200);
     const { trajectory } = (await closed.json()) as { trajectory: Trajectory };
     const breaks = trajectory.stats.breaks;
-    if (cut && profile.token_in === "off") {
-      // A cut answer is not continued where the profile turns token-in off.
+    if (cut && profile.token_in === "off" && breaks.length) {
+      // A cut answer the engine renders back otherwise is not continued where the profile turns token-in off.
       expect(breaks.map((b) => [b.record_id, b.reason])).toEqual([[r1.id, "truncated_output"]]);
       return;
     }

@@ -280,6 +280,19 @@ const toolResult: EngineResult = {
 };
 
 describe("toGeminiResponse", () => {
+  it("counts every token a thought when the answer was cut inside its reasoning", () => {
+    const cut: EngineResult = {
+      ...toolResult,
+      output_ids: [10, 11, 12],
+      output_logprobs: [-0.1, -0.2, -0.3],
+      logprobs: [lp("<think>"), lp("I"), lp(" think")],
+      message: { content: null, reasoning: "I think", tool_calls: [] },
+      finish_reason: "length",
+      usage: { prompt_tokens: 3, completion_tokens: 3, cached_tokens: 0 },
+    };
+    expect(toGeminiResponse(cut, ctx).usageMetadata).toMatchObject({ thoughtsTokenCount: 3, candidatesTokenCount: 0 });
+  });
+
   it("counts thoughts through the first reasoning end marker only (gpt-oss ends its commentary preamble with the same <|end|>)", () => {
     const harmony: EngineResult = {
       ...toolResult,

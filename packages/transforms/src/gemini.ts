@@ -460,12 +460,14 @@ function functionCallPart(call: ToolCall): GeminiPart {
 /**
  * Tokens spent thinking: up to and including the first reasoning end marker, when the engine reports
  * token text. The first: the same marker may end later parts of the answer too (gpt-oss ends a
- * commentary preamble with the `<|end|>` that ended its analysis), and those are not thoughts.
+ * commentary preamble with the `<|end|>` that ended its analysis), and those are not thoughts. An
+ * answer cut by max_tokens before any end marker was cut inside its reasoning: every token is a thought.
  */
-function thoughtsTokens(logprobs: readonly TokenLogprob[], reasoning: string | null, end: string | null | undefined): number | undefined {
-  if (reasoning === null || !end) return undefined;
+function thoughtsTokens(logprobs: readonly TokenLogprob[], reasoning: string | null, end: string | null | undefined, finishReason: string): number | undefined {
+  if (reasoning === null || !end || !logprobs.some((l) => l.token !== "")) return undefined;
   const at = logprobs.findIndex((l) => l.token === end);
-  return at >= 0 ? at + 1 : undefined;
+  if (at >= 0) return at + 1;
+  return finishReason === "length" ? logprobs.length : undefined;
 }
 
 function usageMetadata(usage: EngineResult["usage"], thoughts: number | undefined): GeminiUsageMetadata {
@@ -534,7 +536,7 @@ export function toGeminiResponse(result: EngineResult, ctx: GeminiResponseContex
   }
   return {
     candidates: [candidate],
-    usageMetadata: usageMetadata(result.usage, thoughtsTokens(result.logprobs, result.message.reasoning, ctx.reasoningEnd)),
+    usageMetadata: usageMetadata(result.usage, thoughtsTokens(result.logprobs, result.message.reasoning, ctx.reasoningEnd, result.finish_reason)),
     modelVersion: ctx.model,
     responseId: ctx.responseId,
   };
@@ -597,7 +599,7 @@ export class GeminiStreamEncoder {
       this.pendingIds = [];
     }
     const out: GeminiResponse = { candidates: [candidate], modelVersion: this.ctx.model, responseId: this.ctx.responseId };
-    if (final) out.usageMetadata = usageMetadata(final.usage, thoughtsTokens(this.allLogprobs, this.reasoning !== "" ? this.reasoning : null, this.ctx.reasoningEnd));
+    if (final) out.usageMetadata = usageMetadata(final.usage, thoughtsTokens(this.allLogprobs, this.reasoning !== "" ? this.reasoning : null, this.ctx.reasoningEnd, final.finishReason));
     return out;
   }
 
