@@ -166,6 +166,8 @@ interface Answer {
   text: string;
   reasoning: string;
   calls: { name: string; args: unknown }[];
+  /** The logprobs the agent asked for (OpenAI chat), one per generated token. */
+  logprobs?: number[];
   /** The usage's count of reasoning tokens, where the protocol reports one (Responses, Gemini). */
   reasoningTokens?: number;
 }
@@ -205,11 +207,14 @@ function openaiAgent(s: Session, o: AgentOpts): Agent {
   const kwargs = o.profile.thinking.kwarg ? { chat_template_kwargs: { [o.profile.thinking.kwarg]: o.think } } : {};
   return {
     call: async (maxTokens) => {
-      const body = { model: "agent", messages, ...(maxTokens ? { max_tokens: maxTokens } : {}), ...tools, ...kwargs };
+      const body = { model: "agent", messages, logprobs: true, top_logprobs: 2, ...(maxTokens ? { max_tokens: maxTokens } : {}), ...tools, ...kwargs };
       let text: Record<string, string> = {};
+      const logprobs: number[] = [];
       const calls: { id: string; type: "function"; function: { name: string; arguments: string } }[] = [];
       if (!o.stream) {
-        const m = (await client.chat.completions.create(body)).choices[0]!.message;
+        const choice = (await client.chat.completions.create(body)).choices[0]!;
+        const m = choice.message;
+        for (const l of choice.logprobs?.content ?? []) logprobs.push(l.logprob);
         // Sent back as most agents do: without the reasoning (the gateway restores it from the record).
         last = { role: "assistant", content: m.content, ...(m.tool_calls?.length ? { tool_calls: m.tool_calls } : {}) };
         text = Object.fromEntries(Object.entries(m).filter(([k, v]) => typeof v === "string" && k !== "role")) as Record<string, string>;
@@ -218,6 +223,7 @@ function openaiAgent(s: Session, o: AgentOpts): Agent {
         for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
           const choice = chunk.choices[0];
           if (!choice) continue;
+          for (const l of choice.logprobs?.content ?? []) logprobs.push(l.logprob);
           for (const [k, v] of Object.entries(choice.delta)) if (typeof v === "string" && k !== "role") text[k] = (text[k] ?? "") + v;
           for (const t of choice.delta.tool_calls ?? []) {
             const c = (calls[t.index] ??= { id: "", type: "function", function: { name: "", arguments: "" } });
@@ -232,6 +238,7 @@ function openaiAgent(s: Session, o: AgentOpts): Agent {
         text: text.content ?? "",
         reasoning: text.reasoning_content ?? text.reasoning ?? "",
         calls: calls.map((c) => ({ name: c.function.name, args: argsOf(c.function.arguments) })),
+        logprobs,
       };
     },
     echo: () => {
@@ -440,6 +447,8 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
       r.output_ids.forEach((t, i) => expect(r.output_logprobs[i]).toBe(simLogprob(state.weightVersion, [...r.prompt_ids, ...r.output_ids.slice(0, i)], t)));
     }
     // The model wrote its numbers as Python does; the record keeps them so, whatever the agent parsed.
+    // The logprobs the agent asked for are the record's, one per generated token.
+    if (first.logprobs) expect(first.logprobs).toEqual(r0.output_logprobs);
     // Reasoning tokens are counted through the token that ends the reasoning (all of them when the answer was cut inside it).
     if ((protocol === "openai_responses" || protocol === "gemini") && think && step.think) {
       const end = state.tok.tokenId(profile.reasoning_end!);
