@@ -166,7 +166,7 @@ interface Answer {
   text: string;
   reasoning: string;
   calls: { name: string; args: unknown }[];
-  /** The logprobs the agent asked for (OpenAI chat), one per generated token. */
+  /** The logprobs the agent asked for (OpenAI chat, Gemini), one per generated token. */
   logprobs?: number[];
   /** The usage's count of reasoning tokens, where the protocol reports one (Responses, Gemini). */
   reasoningTokens?: number;
@@ -341,12 +341,17 @@ function geminiAgent(s: Session, o: AgentOpts): Agent {
   const thinking = o.think ? { thinkingConfig: { includeThoughts: true, thinkingBudget: 1024 } } : { thinkingConfig: { thinkingBudget: 0 } };
   return {
     call: async (maxTokens) => {
-      const request = { model: "gemini-agent", contents, config: { ...system, ...(maxTokens ? { maxOutputTokens: maxTokens } : {}), ...tools, ...thinking } };
+      const request = {
+        model: "gemini-agent",
+        contents,
+        config: { ...system, responseLogprobs: true, logprobs: 2, ...(maxTokens ? { maxOutputTokens: maxTokens } : {}), ...tools, ...thinking },
+      };
       const chunks = o.stream ? [] : [await ai.models.generateContent(request)];
       if (o.stream) for await (const c of await ai.models.generateContentStream(request)) chunks.push(c);
       const parts: Part[] = chunks.flatMap((c) => c.candidates?.[0]?.content?.parts ?? []);
       last = { role: "model", parts };
       const thoughts = chunks.map((c) => c.usageMetadata?.thoughtsTokenCount).findLast((n) => n !== undefined);
+      const logprobs = chunks.flatMap((c) => c.candidates?.[0]?.logprobsResult?.chosenCandidates ?? []).map((c) => c.logProbability!);
       let text = "";
       let reasoning = "";
       const calls: Answer["calls"] = [];
@@ -355,7 +360,7 @@ function geminiAgent(s: Session, o: AgentOpts): Agent {
         else if (p.text !== undefined) text += p.text;
         if (p.functionCall) calls.push({ name: p.functionCall.name!, args: p.functionCall.args ?? {} });
       }
-      return { text, reasoning, calls, ...(thoughts !== undefined ? { reasoningTokens: thoughts } : {}) };
+      return { text, reasoning, calls, logprobs, ...(thoughts !== undefined ? { reasoningTokens: thoughts } : {}) };
     },
     echo: () => {
       contents.push(last);
