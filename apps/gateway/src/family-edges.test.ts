@@ -168,6 +168,8 @@ interface Answer {
   calls: { name: string; args: unknown }[];
   /** The logprobs the agent asked for (OpenAI chat, Gemini), one per generated token. */
   logprobs?: number[];
+  /** The usage's count of generated tokens. */
+  outputTokens?: number;
   /** The usage's count of reasoning tokens, where the protocol reports one (Responses, Gemini). */
   reasoningTokens?: number;
 }
@@ -267,15 +269,18 @@ function responsesAgent(s: Session, o: AgentOpts): Agent {
       const body = { model: "agent", input, ...instructions, ...(maxTokens ? { max_output_tokens: maxTokens } : {}), ...tools, ...reasoning };
       let output: OpenAI.Responses.ResponseOutputItem[] = [];
       let reasoningTokens: number | undefined;
+      let outputTokens: number | undefined;
       if (!o.stream) {
         const r = await client.responses.create(body);
         output = r.output;
         reasoningTokens = r.usage?.output_tokens_details.reasoning_tokens;
+        outputTokens = r.usage?.output_tokens;
       } else {
         for await (const ev of await client.responses.create({ ...body, stream: true })) {
           if (ev.type === "response.completed" || ev.type === "response.incomplete") {
             output = ev.response.output;
             reasoningTokens = ev.response.usage?.output_tokens_details.reasoning_tokens;
+            outputTokens = ev.response.usage?.output_tokens;
           }
         }
       }
@@ -288,7 +293,7 @@ function responsesAgent(s: Session, o: AgentOpts): Agent {
         if (item.type === "reasoning") for (const c of [...item.summary, ...(item.content ?? [])]) reasoningText += c.text;
         if (item.type === "function_call") calls.push({ name: item.name, args: argsOf(item.arguments) });
       }
-      return { text, reasoning: reasoningText, calls, ...(reasoningTokens !== undefined ? { reasoningTokens } : {}) };
+      return { text, reasoning: reasoningText, calls, outputTokens, ...(reasoningTokens !== undefined ? { reasoningTokens } : {}) };
     },
     echo: () => {
       input.push(...(last as OpenAI.Responses.ResponseInputItem[]));
@@ -319,7 +324,7 @@ function anthropicAgent(s: Session, o: AgentOpts): Agent {
         if (b.type === "thinking") reasoning += b.thinking;
         if (b.type === "tool_use") calls.push({ name: b.name, args: b.input });
       }
-      return { text, reasoning, calls };
+      return { text, reasoning, calls, outputTokens: m.usage.output_tokens };
     },
     echo: () => {
       messages.push({ role: "assistant", content: last });
@@ -351,6 +356,7 @@ function geminiAgent(s: Session, o: AgentOpts): Agent {
       const parts: Part[] = chunks.flatMap((c) => c.candidates?.[0]?.content?.parts ?? []);
       last = { role: "model", parts };
       const thoughts = chunks.map((c) => c.usageMetadata?.thoughtsTokenCount).findLast((n) => n !== undefined);
+      const candidates = chunks.map((c) => c.usageMetadata?.candidatesTokenCount).findLast((n) => n !== undefined);
       const logprobs = chunks.flatMap((c) => c.candidates?.[0]?.logprobsResult?.chosenCandidates ?? []).map((c) => c.logProbability!);
       let text = "";
       let reasoning = "";
@@ -360,7 +366,8 @@ function geminiAgent(s: Session, o: AgentOpts): Agent {
         else if (p.text !== undefined) text += p.text;
         if (p.functionCall) calls.push({ name: p.functionCall.name!, args: p.functionCall.args ?? {} });
       }
-      return { text, reasoning, calls, logprobs, ...(thoughts !== undefined ? { reasoningTokens: thoughts } : {}) };
+      const outputTokens = candidates === undefined ? undefined : candidates + (thoughts ?? 0);
+      return { text, reasoning, calls, logprobs, outputTokens, ...(thoughts !== undefined ? { reasoningTokens: thoughts } : {}) };
     },
     echo: () => {
       contents.push(last);
@@ -452,6 +459,8 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
       r.output_ids.forEach((t, i) => expect(r.output_logprobs[i]).toBe(simLogprob(state.weightVersion, [...r.prompt_ids, ...r.output_ids.slice(0, i)], t)));
     }
     // The model wrote its numbers as Python does; the record keeps them so, whatever the agent parsed.
+    // The usage counts every generated token.
+    if (protocol !== "openai_chat") expect(first.outputTokens).toBe(r0.output_ids.length);
     // The logprobs the agent asked for are the record's, one per generated token.
     if (first.logprobs) expect(first.logprobs).toEqual(r0.output_logprobs);
     // Reasoning tokens are counted through the token that ends the reasoning (all of them when the answer was cut inside it).
