@@ -327,7 +327,10 @@ function anthropicAgent(s: Session, o: AgentOpts): Agent {
       return { text, reasoning, calls, outputTokens: m.usage.output_tokens };
     },
     echo: () => {
-      messages.push({ role: "assistant", content: last });
+      // Thinking blocks are sent back only with a call (the API may drop them from a turn that ended the
+      // exchange); the gateway restores them from the record either way.
+      const uses0 = last.some((b) => b.type === "tool_use");
+      messages.push({ role: "assistant", content: uses0 ? last : last.filter((b) => b.type !== "thinking" && b.type !== "redacted_thinking") });
       const uses = last.filter((b): b is Anthropic.ToolUseBlock => b.type === "tool_use");
       messages.push({
         role: "user",
@@ -370,7 +373,8 @@ function geminiAgent(s: Session, o: AgentOpts): Agent {
       return { text, reasoning, calls, logprobs, outputTokens, ...(thoughts !== undefined ? { reasoningTokens: thoughts } : {}) };
     },
     echo: () => {
-      contents.push(last);
+      // Thought parts are not sent back (what gemini-cli keeps is the signature on the call part).
+      contents.push({ ...last, parts: (last.parts ?? []).filter((p) => !p.thought) });
       const calls = (last.parts ?? []).flatMap((p) => (p.functionCall ? [p.functionCall] : []));
       contents.push({
         role: "user",
