@@ -161,6 +161,9 @@ const PROTOCOLS: Protocol[] = ["openai_chat", "openai_responses", "anthropic", "
 
 type Session = Awaited<ReturnType<Harness["openSession"]>>;
 
+/** How each protocol tells an agent its answer was cut by max_tokens. */
+const CUT_FINISH: Record<Protocol, string> = { openai_chat: "length", openai_responses: "incomplete", anthropic: "max_tokens", gemini: "MAX_TOKENS" };
+
 /** What the agent saw of an answer. */
 interface Answer {
   text: string;
@@ -168,6 +171,8 @@ interface Answer {
   calls: { name: string; args: unknown }[];
   /** The logprobs the agent asked for (OpenAI chat, Gemini), one per generated token. */
   logprobs?: number[];
+  /** Why the answer ended, in the protocol's words (Responses: the response's status). */
+  finish: string | null;
   /** The usage's count of generated tokens. */
   outputTokens?: number;
   /** The usage's count of reasoning tokens, where the protocol reports one (Responses, Gemini). */
@@ -213,8 +218,10 @@ function openaiAgent(s: Session, o: AgentOpts): Agent {
       let text: Record<string, string> = {};
       const logprobs: number[] = [];
       const calls: { id: string; type: "function"; function: { name: string; arguments: string } }[] = [];
+      let finish: string | null = null;
       if (!o.stream) {
         const choice = (await client.chat.completions.create(body)).choices[0]!;
+        finish = choice.finish_reason;
         const m = choice.message;
         for (const l of choice.logprobs?.content ?? []) logprobs.push(l.logprob);
         // Sent back as most agents do: without the reasoning (the gateway restores it from the record).
@@ -225,6 +232,7 @@ function openaiAgent(s: Session, o: AgentOpts): Agent {
         for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) {
           const choice = chunk.choices[0];
           if (!choice) continue;
+          finish = choice.finish_reason ?? finish;
           for (const l of choice.logprobs?.content ?? []) logprobs.push(l.logprob);
           for (const [k, v] of Object.entries(choice.delta)) if (typeof v === "string" && k !== "role") text[k] = (text[k] ?? "") + v;
           for (const t of choice.delta.tool_calls ?? []) {
@@ -241,6 +249,7 @@ function openaiAgent(s: Session, o: AgentOpts): Agent {
         reasoning: text.reasoning_content ?? text.reasoning ?? "",
         calls: calls.map((c) => ({ name: c.function.name, args: argsOf(c.function.arguments) })),
         logprobs,
+        finish,
       };
     },
     echo: () => {
@@ -270,15 +279,18 @@ function responsesAgent(s: Session, o: AgentOpts): Agent {
       let output: OpenAI.Responses.ResponseOutputItem[] = [];
       let reasoningTokens: number | undefined;
       let outputTokens: number | undefined;
+      let status: string | null = null;
       if (!o.stream) {
         const r = await client.responses.create(body);
         output = r.output;
+        status = r.status ?? null;
         reasoningTokens = r.usage?.output_tokens_details.reasoning_tokens;
         outputTokens = r.usage?.output_tokens;
       } else {
         for await (const ev of await client.responses.create({ ...body, stream: true })) {
           if (ev.type === "response.completed" || ev.type === "response.incomplete") {
             output = ev.response.output;
+            status = ev.response.status ?? null;
             reasoningTokens = ev.response.usage?.output_tokens_details.reasoning_tokens;
             outputTokens = ev.response.usage?.output_tokens;
           }
@@ -293,7 +305,7 @@ function responsesAgent(s: Session, o: AgentOpts): Agent {
         if (item.type === "reasoning") for (const c of [...item.summary, ...(item.content ?? [])]) reasoningText += c.text;
         if (item.type === "function_call") calls.push({ name: item.name, args: argsOf(item.arguments) });
       }
-      return { text, reasoning: reasoningText, calls, outputTokens, ...(reasoningTokens !== undefined ? { reasoningTokens } : {}) };
+      return { text, reasoning: reasoningText, calls, outputTokens, finish: status, ...(reasoningTokens !== undefined ? { reasoningTokens } : {}) };
     },
     echo: () => {
       input.push(...(last as OpenAI.Responses.ResponseInputItem[]));
@@ -324,7 +336,7 @@ function anthropicAgent(s: Session, o: AgentOpts): Agent {
         if (b.type === "thinking") reasoning += b.thinking;
         if (b.type === "tool_use") calls.push({ name: b.name, args: b.input });
       }
-      return { text, reasoning, calls, outputTokens: m.usage.output_tokens };
+      return { text, reasoning, calls, outputTokens: m.usage.output_tokens, finish: m.stop_reason };
     },
     echo: () => {
       // Thinking blocks are sent back only with a call (the API may drop them from a turn that ended the
@@ -370,7 +382,8 @@ function geminiAgent(s: Session, o: AgentOpts): Agent {
         if (p.functionCall) calls.push({ name: p.functionCall.name!, args: p.functionCall.args ?? {} });
       }
       const outputTokens = candidates === undefined ? undefined : candidates + (thoughts ?? 0);
-      return { text, reasoning, calls, logprobs, outputTokens, ...(thoughts !== undefined ? { reasoningTokens: thoughts } : {}) };
+      const finish = chunks.map((c) => c.candidates?.[0]?.finishReason).findLast((f) => f !== undefined) ?? null;
+      return { text, reasoning, calls, logprobs, outputTokens, finish, ...(thoughts !== undefined ? { reasoningTokens: thoughts } : {}) };
     },
     echo: () => {
       // Thought parts are not sent back (what gemini-cli keeps is the signature on the call part).
@@ -463,6 +476,8 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
       r.output_ids.forEach((t, i) => expect(r.output_logprobs[i]).toBe(simLogprob(state.weightVersion, [...r.prompt_ids, ...r.output_ids.slice(0, i)], t)));
     }
     // The model wrote its numbers as Python does; the record keeps them so, whatever the agent parsed.
+    // A cut answer says so in the agent's protocol; a whole one does not.
+    expect(first.finish === CUT_FINISH[protocol], `finish ${first.finish}`).toBe(cut !== undefined);
     // The usage counts every generated token.
     if (protocol !== "openai_chat") expect(first.outputTokens).toBe(r0.output_ids.length);
     // The logprobs the agent asked for are the record's, one per generated token.
