@@ -206,7 +206,9 @@ const GPT_OSS: ModelProfile = {
   notes: {
     reasoning_dropped: "harmony leaves out the analysis channel of earlier turns once a final answer follows them",
     generation_prompt_dropped: null,
-    rerendered: "the engine renders harmony history itself, not as the model wrote it (a past tool call's <|constrain|>json comes back as \" json\"), and the profile turns token-in off",
+    // Both rewrites are harmony's own: a turn's <|return|> and a call's constrain token are for sampling, not for history.
+    rerendered:
+      "the engine renders harmony history itself, not as the model wrote it (a final answer's <|return|> comes back as <|end|>, a past tool call's <|constrain|>json as \" json\"), and the profile turns token-in off",
   },
 };
 

@@ -280,6 +280,31 @@ const toolResult: EngineResult = {
 };
 
 describe("toGeminiResponse", () => {
+  it("counts every token a thought when the answer was cut inside its reasoning", () => {
+    const cut: EngineResult = {
+      ...toolResult,
+      output_ids: [10, 11, 12],
+      output_logprobs: [-0.1, -0.2, -0.3],
+      logprobs: [lp("<think>"), lp("I"), lp(" think")],
+      message: { content: null, reasoning: "I think", tool_calls: [] },
+      finish_reason: "length",
+      usage: { prompt_tokens: 3, completion_tokens: 3, cached_tokens: 0 },
+    };
+    expect(toGeminiResponse(cut, ctx).usageMetadata).toMatchObject({ thoughtsTokenCount: 3, candidatesTokenCount: 0 });
+  });
+
+  it("counts thoughts through the first reasoning end marker only (gpt-oss ends its commentary preamble with the same <|end|>)", () => {
+    const harmony: EngineResult = {
+      ...toolResult,
+      output_ids: [20, 21, 22, 23, 24, 25, 26, 27],
+      output_logprobs: [-0.1, -0.1, -0.1, -0.1, -0.1, -0.1, -0.1, -0.1],
+      logprobs: ["<|channel|>", "Plan", "<|end|>", "<|start|>", "Running", "<|end|>", "<|start|>", "{}"].map((t) => lp(t)),
+      message: { ...toolResult.message, content: "Running", reasoning: "Plan" },
+      usage: { prompt_tokens: 3, completion_tokens: 8, cached_tokens: 0 },
+    };
+    expect(toGeminiResponse(harmony, { ...ctx, reasoningEnd: "<|end|>" }).usageMetadata).toMatchObject({ thoughtsTokenCount: 3, candidatesTokenCount: 5 });
+  });
+
   it("answers thought + function call with the signature on the call, usage split into thoughts", () => {
     expect(toGeminiResponse(toolResult, ctx)).toEqual({
       candidates: [

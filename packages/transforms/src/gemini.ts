@@ -457,11 +457,17 @@ function functionCallPart(call: ToolCall): GeminiPart {
   return { functionCall: { ...(call.id ? { id: call.id } : {}), name: call.function.name, args: parseArgs(call.function.arguments) } };
 }
 
-/** Tokens spent thinking: up to and including the reasoning end marker, when the engine reports token text. */
-function thoughtsTokens(logprobs: readonly TokenLogprob[], reasoning: string | null, end: string | null | undefined): number | undefined {
-  if (reasoning === null || !end) return undefined;
-  for (let i = logprobs.length - 1; i >= 0; i--) if (logprobs[i]!.token === end) return i + 1;
-  return undefined;
+/**
+ * Tokens spent thinking: up to and including the first reasoning end marker, when the engine reports
+ * token text. The first: the same marker may end later parts of the answer too (gpt-oss ends a
+ * commentary preamble with the `<|end|>` that ended its analysis), and those are not thoughts. An
+ * answer cut by max_tokens before any end marker was cut inside its reasoning: every token is a thought.
+ */
+function thoughtsTokens(logprobs: readonly TokenLogprob[], reasoning: string | null, end: string | null | undefined, finishReason: string): number | undefined {
+  if (reasoning === null || !end || !logprobs.some((l) => l.token !== "")) return undefined;
+  const at = logprobs.findIndex((l) => l.token === end);
+  if (at >= 0) return at + 1;
+  return finishReason === "length" ? logprobs.length : undefined;
 }
 
 function usageMetadata(usage: EngineResult["usage"], thoughts: number | undefined): GeminiUsageMetadata {
@@ -530,7 +536,7 @@ export function toGeminiResponse(result: EngineResult, ctx: GeminiResponseContex
   }
   return {
     candidates: [candidate],
-    usageMetadata: usageMetadata(result.usage, thoughtsTokens(result.logprobs, result.message.reasoning, ctx.reasoningEnd)),
+    usageMetadata: usageMetadata(result.usage, thoughtsTokens(result.logprobs, result.message.reasoning, ctx.reasoningEnd, result.finish_reason)),
     modelVersion: ctx.model,
     responseId: ctx.responseId,
   };
@@ -593,7 +599,7 @@ export class GeminiStreamEncoder {
       this.pendingIds = [];
     }
     const out: GeminiResponse = { candidates: [candidate], modelVersion: this.ctx.model, responseId: this.ctx.responseId };
-    if (final) out.usageMetadata = usageMetadata(final.usage, thoughtsTokens(this.allLogprobs, this.reasoning !== "" ? this.reasoning : null, this.ctx.reasoningEnd));
+    if (final) out.usageMetadata = usageMetadata(final.usage, thoughtsTokens(this.allLogprobs, this.reasoning !== "" ? this.reasoning : null, this.ctx.reasoningEnd, final.finishReason));
     return out;
   }
 

@@ -199,6 +199,14 @@ describe("streaming", () => {
     });
   });
 
+  it("keeps the logprob of a token that shows nothing when the client asked for logprobs (one per generated token, as non-streamed)", () => {
+    const piece = { type: "delta" as const, token_ids: [9], logprobs: [{ token: "\ufffd", logprob: -0.25, bytes: [240, 159], top_logprobs: [] }] };
+    expect(toOpenAIChatChunk(piece, ctx)).toBeNull();
+    expect(toOpenAIChatChunk(piece, { ...ctx, clientLogprobs: { top_logprobs: 0 } })).toMatchObject({
+      choices: [{ index: 0, delta: {}, logprobs: { content: [{ logprob: -0.25 }] }, finish_reason: null }],
+    });
+  });
+
   it("accumulates a stream into the same result a non-streaming call gives", () => {
     const acc = new StreamAccumulator();
     acc.push({ type: "start", prompt_ids: [1, 2, 3] });

@@ -205,7 +205,8 @@ function chunk(ctx: OpenAIResponseContext, choices: unknown[], extra: Record<str
 
 /**
  * The client chunk for one engine event, or null when the client would not see it (token-only
- * deltas a parser swallowed, usage the client did not ask for).
+ * deltas a parser swallowed or a piece of a character, unless the client asked for logprobs; usage
+ * the client did not ask for).
  */
 export function toOpenAIChatChunk(event: EngineStreamEvent, ctx: OpenAIResponseContext & { includeUsage: boolean }) {
   switch (event.type) {
@@ -219,7 +220,10 @@ export function toOpenAIChatChunk(event: EngineStreamEvent, ctx: OpenAIResponseC
         delta.reasoning_content = event.reasoning;
       }
       if (event.tool_calls && event.tool_calls.length > 0) delta.tool_calls = event.tool_calls;
-      if (Object.keys(delta).length === 0) return null;
+      // A token that shows nothing (a piece of a character, the end-of-turn token, markup a parser
+      // holds) still has its logprob: a client that asked for logprobs gets one per generated token,
+      // streamed as not, so they stay aligned with the tokens.
+      if (Object.keys(delta).length === 0 && (!ctx.clientLogprobs || event.logprobs.length === 0)) return null;
       return chunk(ctx, [
         { index: 0, delta, logprobs: clientLogprobs(event.logprobs, ctx.clientLogprobs), finish_reason: null },
       ]);

@@ -496,6 +496,20 @@ describe("ResponsesStreamEncoder", () => {
     expect(replay.canonical.messages[1]).toEqual({ role: "assistant", content: "Hi", reasoning: "Greet." });
   });
 
+  it("gives an empty answer as a message with empty text, streamed or not, so the agent sends the turn back", () => {
+    const result = engineResult({ content: "", reasoning: null, tool_calls: [] }, []);
+    const final = toResponsesResponse(result, ctx());
+    expect(final.output).toEqual([expect.objectContaining({ type: "message", role: "assistant", content: [expect.objectContaining({ type: "output_text", text: "" })] })]);
+    const events = encode(streamOf(result, []), ctx());
+    expect(events.at(-1)!.response).toEqual(final);
+    const replay = fromResponses({ input: [{ role: "user", content: "hi" }, ...final.output, { role: "user", content: "go on" }] }, { reasoningKey: KEY });
+    expect(replay.canonical.messages).toEqual([
+      { role: "user", content: "hi" },
+      { role: "assistant", content: "" },
+      { role: "user", content: "go on" },
+    ]);
+  });
+
   it("ends an answer cut at max_output_tokens with response.incomplete", () => {
     const result = engineResult({ content: "Hel", reasoning: null, tool_calls: [] }, ["Hel"], "length");
     const events = encode(streamOf(result, [delta({ content: "Hel" }, ["Hel"])]), ctx());
@@ -550,14 +564,13 @@ describe("property: random Responses conversations", () => {
           const c = ctx(new Map(ns ? t.calls.map((call) => [namespacedToolName(ns, call.name), { namespace: ns, name: call.name }] as const) : []));
           const result = engineResult({ content: t.content, reasoning: t.reasoning, tool_calls: toolCalls }, ["x"]);
           input.push(...toResponsesOutput(result, { ...c, id: `resp_${i}` }));
-          if (t.content !== null || t.reasoning !== null || toolCalls.length > 0) {
-            expected.push({
-              role: "assistant",
-              content: t.content ?? "",
-              ...(t.reasoning !== null ? { reasoning: t.reasoning } : {}),
-              ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {}),
-            });
-          }
+          // Every answer is a turn, an empty one too (it comes back as a message with empty text).
+          expected.push({
+            role: "assistant",
+            content: t.content ?? "",
+            ...(t.reasoning !== null ? { reasoning: t.reasoning } : {}),
+            ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {}),
+          });
           t.calls.forEach((call, k) => {
             input.push({ type: "function_call_output", call_id: `call_${i}_${k}`, output: call.output });
             expected.push({ role: "tool", tool_call_id: `call_${i}_${k}`, content: call.output });

@@ -561,6 +561,9 @@ export function toResponsesOutput(result: EngineResult, ctx: ResponsesContext): 
     output.push(messageItem(ctx, text, isIncomplete(result.finish_reason) ? "incomplete" : "completed"));
   }
   m.tool_calls.forEach((c, k) => output.push(callItem(ctx, c, k, "completed")));
+  // An empty answer is still a turn: a message with empty text, which the agent sends back, so the
+  // engine renders that turn again and the next call's prompt continues this one.
+  if (output.length === 0) output.push(messageItem(ctx, text ?? "", isIncomplete(result.finish_reason) ? "incomplete" : "completed"));
   return output;
 }
 
@@ -789,6 +792,9 @@ export class ResponsesStreamEncoder {
       const cur = this.current as unknown as OpenItem & { kind: "message" };
       cur.text = text;
       out.push(this.ev("response.output_text.delta", { item_id: messageId(this.ctx), output_index: cur.index, content_index: 0, delta: text, logprobs: [] }));
+    } else if (this.current === null && this.done.length === 0) {
+      // An empty answer: a message with empty text, as the non-streamed output has.
+      this.openMessage(out);
     }
     this.close(out, incomplete);
     const response = responseObject(this.ctx, incomplete ? "incomplete" : "completed", this.done, toResponsesUsage(result, this.ctx.reasoningEnd), {
