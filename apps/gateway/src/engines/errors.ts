@@ -1,12 +1,21 @@
-/** An engine call that failed; `status` is what the agent is told (502 unreachable, 4xx passed on). */
+/**
+ * An engine call that failed; `status` is what the agent is told (502 unreachable, 4xx passed on).
+ * `message` names the engine (logs, lost-call marks, the trainer's view); `forAgent` is what the
+ * agent reads: the same without the engine's address, since the agent runs in a sandbox that is
+ * not to learn where the cluster's engines are.
+ */
 export class EngineError extends Error {
+  readonly forAgent: string;
+
   constructor(
     message: string,
     readonly status: number,
     readonly kind: "unreachable" | "rejected" | "bad_response",
+    forAgent?: string,
   ) {
     super(message);
     this.name = "EngineError";
+    this.forAgent = forAgent ?? message;
   }
 }
 
@@ -16,5 +25,8 @@ export class EngineError extends Error {
  */
 export function unreachable(url: string, err: unknown, signal?: AbortSignal): unknown {
   if (signal?.aborted) return err;
-  return new EngineError(`engine ${url} is unreachable: ${(err as Error).message}`, 502, "unreachable");
+  const e = err as { message?: string; code?: unknown };
+  // The cause's message names the address it tried (ECONNREFUSED 10.0.0.5:8000): the agent gets its code only.
+  const code = typeof e.code === "string" ? ` (${e.code})` : "";
+  return new EngineError(`engine ${url} is unreachable: ${e.message}`, 502, "unreachable", `the engine is unreachable${code}`);
 }

@@ -95,7 +95,7 @@ export async function rejectUnlessOk(res: { statusCode: number; body: { text(): 
   if (res.statusCode === 200) return;
   const message = engineErrorMessage(await res.body.text());
   const status = res.statusCode >= 400 && res.statusCode < 500 ? res.statusCode : 502;
-  throw new EngineError(`engine ${url} answered ${res.statusCode}: ${message}`, status, "rejected");
+  throw new EngineError(`engine ${url} answered ${res.statusCode}: ${message}`, status, "rejected", `the engine answered ${res.statusCode}: ${message}`);
 }
 
 /**

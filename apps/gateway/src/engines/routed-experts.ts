@@ -26,7 +26,7 @@ export function routedExpertsMissing(target: RankTarget): EngineError {
     target.engine.kind === "vllm"
       ? "vLLM ≥ 0.21 started with --enable-return-routed-experts, answering non-streamed"
       : "SGLang started with --enable-return-routed-experts";
-  return new EngineError(`the engine returned no routed experts: routed_experts is on for ${target.engine.url}, which needs ${how}`, 502, "bad_response");
+  return new EngineError(`the engine returned no routed experts: routed_experts is on for ${target.engine.url}, which needs ${how}`, 502, "bad_response", "the engine returned no routed experts");
 }
 
 /** The rows, when they cover exactly `positions` positions. */

@@ -50,7 +50,8 @@ async function tokenize(call: TokenizeCall, body: Record<string, unknown>): Prom
   const text = await res.body.text();
   if (res.statusCode !== 200) {
     const status = res.statusCode >= 400 && res.statusCode < 500 ? res.statusCode : 502;
-    throw new EngineError(`engine ${url} /tokenize answered ${res.statusCode}: ${engineErrorMessage(text)}`, status, "rejected");
+    const message = engineErrorMessage(text);
+    throw new EngineError(`engine ${url} /tokenize answered ${res.statusCode}: ${message}`, status, "rejected", `the engine's /tokenize answered ${res.statusCode}: ${message}`);
   }
   const parsed = TokenizeResponse.safeParse(JSON.parse(text));
   if (!parsed.success) throw new EngineError("engine /tokenize answer has no tokens", 502, "bad_response");

@@ -323,7 +323,7 @@ export class ChatCaller {
 
   private servedModel(engine: number): Promise<string> {
     return this.deps.registry.servedModel(engine).catch((err: Error) => {
-      throw new EngineError(`cannot read the engine's model name: ${err.message}`, 502, "unreachable");
+      throw new EngineError(`cannot read the engine's model name: ${err.message}`, 502, "unreachable", "cannot read the engine's model name");
     });
   }
 

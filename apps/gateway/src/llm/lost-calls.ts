@@ -23,12 +23,13 @@ export interface AgentFailure {
 /**
  * The lost call an agent-facing failure stands for, or null when the failure is the policy's own
  * doing. `failure` is what the agent is answered; the cause keeps the real message of an internal
- * error (the agent only sees "internal error").
+ * error (the agent only sees "internal error") and the engine's address (the agent is not told it).
  */
 export function lostCallOf(err: unknown, failure: AgentFailure, now: Date): LostCall | null {
   const infrastructure = failure.status >= 500 || (err instanceof EngineError && ENGINE_INFRASTRUCTURE_4XX.has(err.status));
   if (!infrastructure) return null;
-  const message = failure.status >= 500 && err instanceof Error && err.message ? err.message : failure.message;
+  // The mark keeps the whole cause: an internal error's real message, an engine's address.
+  const message = (failure.status >= 500 || err instanceof EngineError) && err instanceof Error && err.message ? err.message : failure.message;
   return { at: now.toISOString(), kind: failure.kind, status: failure.status, message: message.slice(0, 2_000) };
 }
 

@@ -193,7 +193,7 @@ export function corkedWriter(raw: FastifyReply["raw"]): (frame: string) => void 
 export function failureOf(err: unknown): AgentFailure {
   if (err instanceof ZodError) return { status: 400, kind: "invalid_request", message: issuesMessage(err) };
   if (err instanceof CallRejected) return { status: err.status, kind: err.code, message: err.message };
-  if (err instanceof EngineError) return { status: err.status, kind: `engine_${err.kind}`, message: err.message };
+  if (err instanceof EngineError) return { status: err.status, kind: `engine_${err.kind}`, message: err.forAgent };
   // Redis away: 503, so the agent's SDK retries (they retry 5xx) instead of seeing a bug.
   if (isBodyTooLarge(err)) return { status: 413, kind: "request_too_large", message: BODY_TOO_LARGE_MESSAGE };
   if (isStorageUnavailable(err)) return { status: 503, kind: "storage_unavailable", message: "the gateway's store (Redis) is unreachable; retry shortly" };
