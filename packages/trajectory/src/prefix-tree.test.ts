@@ -1,10 +1,9 @@
-import { performance } from "node:perf_hooks";
 import type { CompletionRecord, PrefixTree, Trajectory } from "@rollgate/protocol";
 import { Trajectory as TrajectorySchema } from "@rollgate/protocol";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { makeRecord } from "./__fixtures__/make-record.js";
-import { buildPrefixTree, checkTreeInvariants, pathOf, prefixMerging, prefixMergingTraces, prefixTree, toTrainerFormat, TrajectoryInvariantError } from "./index.js";
+import { checkTreeInvariants, pathOf, prefixMerging, prefixTree, toTrainerFormat, TrajectoryInvariantError } from "./index.js";
 
 /** Each sample's tokens, read from the tree by following parent links. */
 function pathTokens(tree: PrefixTree, node: number): number[] {
@@ -219,54 +218,5 @@ describe("prefix_tree: invariants on random sessions (property)", () => {
       }),
       { numRuns: 300, seed: 20 },
     );
-  });
-});
-
-describe("prefix_tree: build time grows linearly with the conversations' tokens", () => {
-  /**
-   * A seeded branchy session: every call either continues an earlier call's conversation or
-   * branches off somewhere inside an earlier prompt, so the tree has hundreds of branch points and
-   * splits. `turn` scales every turn's length (and so the tokens) without changing the shape.
-   */
-  function branchySession(calls: number, turn: number): CompletionRecord[] {
-    let seed = 11;
-    const rand = () => (seed = (Math.imul(seed, 1_103_515_245) + 12_345) >>> 0) / 2 ** 32;
-    const toks = (n: number) => Array.from({ length: n }, () => Math.floor(rand() * 150_000));
-    const records: CompletionRecord[] = [];
-    for (let seq = 0; seq < calls; seq++) {
-      const prev = records[Math.floor(rand() * records.length)];
-      let prompt: number[];
-      if (prev === undefined) prompt = toks(turn);
-      else if (rand() < 0.6) prompt = [...prev.prompt_ids, ...prev.output_ids, ...toks(turn)];
-      else prompt = [...prev.prompt_ids.slice(0, Math.floor(rand() * prev.prompt_ids.length)), ...toks(turn)];
-      const out = toks(turn);
-      records.push(makeRecord({ id: `c${seq}`, seq, prompt_ids: prompt, output_ids: out, output_logprobs: out.map(() => -1) }));
-    }
-    return records;
-  }
-  /** Fastest of 7 runs per input token of the tree build alone (the conversations come from prefix_merging). */
-  function nsPerToken(records: CompletionRecord[]): { tokens: number; ns: number } {
-    const built = prefixMergingTraces(records);
-    const traces = built.traces.map((t) => ({ kind: "main" as const, parent: null, ...t }));
-    const tokens = traces.reduce((a, t) => a + t.prompt_ids.length + t.response_ids.length, 0);
-    let best = Infinity;
-    for (let i = 0; i < 7; i++) {
-      const t0 = performance.now();
-      buildPrefixTree(traces, built.spans);
-      best = Math.min(best, performance.now() - t0);
-    }
-    return { tokens, ns: (best * 1e6) / tokens };
-  }
-
-  it("8× the tokens costs about the same time per token", () => {
-    nsPerToken(branchySession(300, 32)); // warm up the JIT on the small shape itself
-    const small = nsPerToken(branchySession(300, 32));
-    const large = nsPerToken(branchySession(300, 256));
-    expect(large.tokens / small.tokens).toBeGreaterThan(6);
-    const growth = large.ns / small.ns;
-    console.log(`prefix_tree: ${small.tokens} → ${large.tokens} conversation tokens; ${small.ns.toFixed(1)} → ${large.ns.toFixed(1)} ns/token (×${growth.toFixed(2)})`);
-    // Linear keeps the time per token flat (a shared machine's noise allowed up to 3×); a build
-    // quadratic in the tokens would multiply it by about 8.
-    expect(growth).toBeLessThan(3);
   });
 });
