@@ -54,6 +54,16 @@ class AdvantagesTest(unittest.TestCase):
         self.assertEqual(grpo.advantages([0.7]).advantages, [0.0])
         self.assertEqual(grpo.advantages([None, None]).advantages, [None, None])
 
+    def test_equal_rewards_that_float_sums_do_not_average_exactly_still_have_no_signal(self):
+        # 0.1 + 0.1 + 0.1 = 0.30000000000000004: the mean is not 0.1, and r - mean is not 0.
+        for rewards in ([0.1, 0.1, 0.1], [0.3] * 6, [0.2, None, 0.2, 0.2]):
+            for method in grpo.METHODS:
+                adv = grpo.advantages(rewards, method=method)
+                self.assertEqual([a for a in adv.advantages if a is not None], [0.0] * sum(r is not None for r in rewards), (rewards, method))
+                self.assertTrue(adv.zero_variance, (rewards, method))
+                self.assertEqual(adv.std, 0.0)
+                self.assertIn("no signal", adv.describe())
+
     def test_failed_members_are_left_out_of_the_statistics_and_named(self):
         results = [
             result("g-0", 1.0),

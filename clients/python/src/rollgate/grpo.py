@@ -85,8 +85,14 @@ def advantages(
     out: List[Optional[float]] = [None] * len(rewards)
     if n == 0:
         return GroupAdvantages(out, method, None, None, why)
-    mean = sum(values.values()) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values.values()) / (n - ddof)) if n - ddof > 0 else 0.0
+    if len(set(values.values())) == 1:
+        # Equal rewards carry no signal: exactly 0, which float sums do not give (3 x 0.1 averages to 0.10000000000000002).
+        only = next(iter(values.values()))
+        for i in values:
+            out[i] = 0.0
+        return GroupAdvantages(out, method, only, 0.0, why)
+    mean = math.fsum(values.values()) / n
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values.values()) / (n - ddof)) if n - ddof > 0 else 0.0
     for i, r in values.items():
         if n < 2:
             out[i] = 0.0
