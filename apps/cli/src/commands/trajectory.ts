@@ -4,6 +4,9 @@ import { UsageError, numberOption, type CommandSpec } from "../framework.js";
 import { EXIT, fmt, statusColor, type Context } from "../output.js";
 import { renderIds, renderSegments } from "../decode.js";
 
+/** Errors that concern one member of a group (its session, its records), not the gateway or the request. */
+const MEMBER_ERRORS = new Set([404, 409, 422, 502]);
+
 type Target =
   | { kind: "session"; sessionId: string; builder: TrajectoryBuilderName | undefined }
   | { kind: "group"; groupId: string; tasks: TaskRecord[] };
@@ -40,7 +43,9 @@ generated it (through the gateway), the trainable tokens (what the policy sample
 masked ones (tool results, template glue) dim, or [[in double brackets]] when not on a terminal.
 --format prints the samples a trainer consumes, as JSON. Given a GRPO group id, does this for every
 task of the group (with --json or --format: {group_id, tasks: [{task_id, status, reward, session_id,
-trajectory | samples}]}).`,
+trajectory | samples}]}); a member whose trajectory cannot be read (its session dropped, its
+trajectory invalid) has null there and its error as "error", the others are still printed, and the
+command exits 4 naming it.`,
   args: [{ name: "id", required: true, description: "a task id (its session is used), a session id, or a group id" }],
   options: [
     { name: "format", short: "f", type: "string", value: "<name>", choices: TRAINER_FORMATS, description: "print the trainer format as JSON" },
@@ -71,6 +76,7 @@ trajectory | samples}]}).`,
     const s = ctx.style;
     if (!ctx.json && !format) ctx.out(`group ${s.bold(target.groupId)}: ${target.tasks.length} task(s)`);
     const all: unknown[] = [];
+    const unread: string[] = [];
     for (const t of target.tasks) {
       const sessionId = t.session_id ?? t.result?.session_id ?? null;
       const head = { task_id: t.id, status: t.status, reward: t.result?.reward ?? null, session_id: sessionId };
@@ -83,11 +89,25 @@ trajectory | samples}]}).`,
         else ctx.out(s.gray(`  no session yet (${t.status})`));
         continue;
       }
-      const out = await showSession(ctx, sessionId, show.builder ?? t.task.trajectory.builder, show);
+      let out: unknown;
+      try {
+        out = await showSession(ctx, sessionId, show.builder ?? t.task.trajectory.builder, show);
+      } catch (err) {
+        // One member's trajectory that cannot be read (its session dropped, its trajectory invalid)
+        // is named; the rest of the group is still exported.
+        if (!(err instanceof RollgateError) || !MEMBER_ERRORS.has(err.status)) throw err;
+        unread.push(`task ${t.id}: ${err.status} ${err.type}: ${err.message}`);
+        const error = { status: err.status, type: err.type, message: err.message };
+        if (ctx.json || format) all.push({ ...head, ...(format ? { samples: null } : { trajectory: null }), error });
+        else ctx.out(s.red(`  cannot read its trajectory: ${err.status} ${err.type}: ${err.message}`));
+        continue;
+      }
       if (out !== undefined) all.push({ ...head, ...(format ? { samples: out } : { trajectory: out }) });
     }
     if (ctx.json || format) ctx.printJson({ group_id: target.groupId, tasks: all });
-    return EXIT.ok;
+    if (unread.length === 0) return EXIT.ok;
+    for (const line of unread) ctx.err(`${ctx.errStyle.red("rollgate:")} ${line}`);
+    return EXIT.api;
   },
 };
 
