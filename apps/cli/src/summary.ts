@@ -76,3 +76,19 @@ export function describeExits(exits: Record<string, number>): string {
 export function listIds(ids: string[], max = 20): string {
   return ids.length <= max ? ids.join(" ") : `${ids.slice(0, max).join(" ")} … and ${ids.length - max} more`;
 }
+
+/**
+ * A group's tasks in member order (`<group>-0`, `<group>-1`, …, `<group>-10` by number, not as
+ * strings), from the list the API gives newest first: members created in the same millisecond
+ * come back in reverse string order there. Tasks named otherwise keep their creation order, last.
+ */
+export function memberOrder<T extends { id: string }>(groupId: string, newestFirst: readonly T[]): T[] {
+  const prefix = `${groupId}-`;
+  const index = (id: string): number => (id.startsWith(prefix) && /^\d+$/.test(id.slice(prefix.length)) ? Number(id.slice(prefix.length)) : Infinity);
+  return newestFirst
+    .slice()
+    .reverse()
+    .map((t, created) => ({ t, created, k: index(t.id) }))
+    .sort((a, b) => (a.k === b.k ? a.created - b.created : a.k < b.k ? -1 : 1))
+    .map((x) => x.t);
+}

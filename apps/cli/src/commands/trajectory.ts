@@ -3,6 +3,7 @@ import { TrajectoryBuilderName } from "@rollgate/protocol";
 import { UsageError, numberOption, type CommandSpec } from "../framework.js";
 import { EXIT, fmt, statusColor, type Context } from "../output.js";
 import { renderIds, renderSegments } from "../decode.js";
+import { memberOrder } from "../summary.js";
 
 /** Errors that concern one member of a group (its session, its records), not the gateway or the request. */
 const MEMBER_ERRORS = new Set([404, 409, 422, 502]);
@@ -30,7 +31,7 @@ async function resolveTarget(ctx: Context, id: string): Promise<Target> {
   const tasks: TaskRecord[] = [];
   for await (const t of ctx.client.listTasks({ group_id: id, limit: 1000 })) tasks.push(t);
   if (tasks.length === 0) throw new RollgateError(`no task, session or group ${id}`, 404, "not_found");
-  return { kind: "group", groupId: id, tasks: tasks.reverse() };
+  return { kind: "group", groupId: id, tasks: memberOrder(id, tasks) };
 }
 
 export const trajectoryCommand: CommandSpec<Context> = {
