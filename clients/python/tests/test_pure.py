@@ -116,6 +116,18 @@ class StepBatchTest(unittest.TestCase):
             n = len(sample["input_ids"])
             self.assertTrue(all(len(sample[k]) == n for k in ("loss_mask", "old_logprobs", "advantages", "weight_versions")))
 
+    def test_members_without_a_result_in_two_groups_are_both_said_skipped(self):
+        def group(gid):
+            return [dict(result("%s-0" % gid, 1.0, traces=[trace([1], [2], [1], [-0.1], ["v"])]), group_id=gid), None]
+        batch = grpo.StepBatch([])
+        for gid in ("g-a", "g-b"):
+            results = group(gid)
+            batch.extend(grpo.step_batch(results, grpo.group_advantages(results)))
+        self.assertEqual(len(batch.samples), 2)
+        self.assertEqual(len(batch.skipped), 2, batch.skipped)
+        self.assertTrue(all("callback never came" in why for why in batch.skipped.values()))
+        self.assertEqual(sorted(batch.skipped), ["g-a member 1", "g-b member 1"])
+
     def test_a_member_without_a_trajectory_is_skipped_and_groups_must_match(self):
         results = [result("g-0", 1.0), result("g-1", 0.0, traces=[trace([1], [2], [1], [-0.1], ["v"])])]
         batch = grpo.step_batch(results, grpo.group_advantages(results))

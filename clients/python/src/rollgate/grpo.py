@@ -140,7 +140,7 @@ class StepBatch:
     """
 
     samples: List[JSON]
-    # task id (or "member <k>") → why it is not in the step
+    # task id (or "<group id> member <k>" for a member without a result) → why it is not in the step
     skipped: Dict[str, str] = field(default_factory=dict)
 
     def column(self, name: str) -> List[Any]:
@@ -177,8 +177,11 @@ def step_batch(results: Sequence[Optional[Mapping[str, Any]]], adv: GroupAdvanta
     if len(results) != len(adv.advantages):
         raise ValueError("results (%d) and advantages (%d) are not of one group" % (len(results), len(adv.advantages)))
     batch = StepBatch([])
+    # A member without a result has no id: it is named by its group (any member's) and number, so
+    # the members missing from two groups do not share one key when batches are extended.
+    group = next((r.get("group_id") for r in results if r and r.get("group_id")), None)
     for member, (result, a) in enumerate(zip(results, adv.advantages)):
-        task_id = str(result.get("id")) if result else "member %d" % member
+        task_id = str(result.get("id")) if result else ("%s member %d" % (group, member) if group else "member %d" % member)
         if a is None:
             batch.skipped[task_id] = adv.excluded.get(member, "no advantage")
             continue
