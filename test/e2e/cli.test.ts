@@ -253,9 +253,9 @@ describe("the rollgate CLI", () => {
     const verl = await rollgate(["trajectory", groupId, "--format", "verl"], env);
     expect(verl.code).toBe(4);
     expect(verl.stderr).toContain(`task ${member}: 404 not_found`);
-    const out = JSON.parse(verl.stdout) as { tasks: { task_id: string; samples: unknown[] | null; error?: { status: number; type: string } }[] };
+    const out = JSON.parse(verl.stdout) as { tasks: { task_id: string; samples: unknown[] | null; error: unknown; trajectory_error?: { status: number; type: string } }[] };
     expect(out.tasks.map((t) => t.task_id)).toEqual([0, 1, 2].map((k) => `${groupId}-${k}`));
-    expect(out.tasks[1]).toMatchObject({ samples: null, error: { status: 404, type: "not_found" } });
+    expect(out.tasks[1]).toMatchObject({ samples: null, error: null, trajectory_error: { status: 404, type: "not_found" } });
     for (const k of [0, 2]) expect(out.tasks[k]!.samples).toHaveLength(1);
     const human = await rollgate(["trajectory", groupId], env);
     expect(human.code).toBe(4);

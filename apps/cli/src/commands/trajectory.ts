@@ -43,10 +43,11 @@ dim on a terminal or [in brackets] otherwise. --decode shows the text, decoded b
 generated it (through the gateway), the trainable tokens (what the policy sampled) in green and the
 masked ones (tool results, template glue) dim, or [[in double brackets]] when not on a terminal.
 --format prints the samples a trainer consumes, as JSON. Given a GRPO group id, does this for every
-task of the group (with --json or --format: {group_id, tasks: [{task_id, status, reward, session_id,
-trajectory | samples}]}); a member whose trajectory cannot be read (its session dropped, its
-trajectory invalid) has null there and its error as "error", the others are still printed, and the
-command exits 4 naming it.`,
+task of the group (with --json or --format: {group_id, tasks: [{task_id, status, reward, error,
+session_id, trajectory | samples}]}, error being the task's: a member that is not completed was not
+scored); a member whose trajectory cannot be read (its session dropped, its trajectory invalid) has
+null there and why as trajectory_error, the others are still printed, and the command exits 4
+naming it.`,
   args: [{ name: "id", required: true, description: "a task id (its session is used), a session id, or a group id" }],
   options: [
     { name: "format", short: "f", type: "string", value: "<name>", choices: TRAINER_FORMATS, description: "print the trainer format as JSON" },
@@ -80,7 +81,8 @@ command exits 4 naming it.`,
     const unread: string[] = [];
     for (const t of target.tasks) {
       const sessionId = t.session_id ?? t.result?.session_id ?? null;
-      const head = { task_id: t.id, status: t.status, reward: t.result?.reward ?? null, session_id: sessionId };
+      // The task's error beside its samples: a failed member's (a lost call, an invalid trajectory) are not a scored rollout's.
+      const head = { task_id: t.id, status: t.status, reward: t.result?.reward ?? null, error: t.result?.error ?? null, session_id: sessionId };
       if (!ctx.json && !format) {
         ctx.out("");
         ctx.out(s.bold(`══ task ${t.id} · ${statusColor(s, t.status)} · reward ${fmt.reward(head.reward)}${t.result?.error ? ` · ${t.result.error.kind}` : ""} ══`));
@@ -98,8 +100,8 @@ command exits 4 naming it.`,
         // is named; the rest of the group is still exported.
         if (!(err instanceof RollgateError) || !MEMBER_ERRORS.has(err.status)) throw err;
         unread.push(`task ${t.id}: ${err.status} ${err.type}: ${err.message}`);
-        const error = { status: err.status, type: err.type, message: err.message };
-        if (ctx.json || format) all.push({ ...head, ...(format ? { samples: null } : { trajectory: null }), error });
+        const trajectoryError = { status: err.status, type: err.type, message: err.message };
+        if (ctx.json || format) all.push({ ...head, ...(format ? { samples: null } : { trajectory: null }), trajectory_error: trajectoryError });
         else ctx.out(s.red(`  cannot read its trajectory: ${err.status} ${err.type}: ${err.message}`));
         continue;
       }
