@@ -64,6 +64,16 @@ class AdvantagesTest(unittest.TestCase):
                 self.assertEqual(adv.std, 0.0)
                 self.assertIn("no signal", adv.describe())
 
+    def test_rewards_of_any_real_number_type_count(self):
+        # numpy's int64 / float32 (what np.array(rewards) yields) are numbers.Real but not int or float;
+        # Fraction stands in for them here (the client needs no numpy).
+        from fractions import Fraction
+
+        adv = grpo.advantages([Fraction(1), Fraction(0), Fraction(1, 2)], method="mean")
+        self.assertEqual(adv.excluded, {})
+        self.assertEqual(adv.advantages, [0.5, -0.5, 0.0])
+        self.assertIn("not a finite number", grpo.advantages([1.0, True]).excluded[1])
+
     def test_failed_members_are_left_out_of_the_statistics_and_named(self):
         results = [
             result("g-0", 1.0),

@@ -9,6 +9,7 @@ on an infrastructure failure as if the policy had earned reward 0 would teach th
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -77,7 +78,8 @@ def advantages(
             continue
         if r is None:
             why[i] = "no reward"
-        elif isinstance(r, bool) or not isinstance(r, (int, float)) or math.isnan(r) or math.isinf(r):
+        elif isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(r):
+            # numbers.Real: numpy's int64 / float32 rewards count too (neither is an int or a float).
             why[i] = "reward %r is not a finite number" % (r,)
         else:
             values[i] = float(r)
