@@ -263,6 +263,21 @@ describe("the rollgate CLI", () => {
     expect(human.stdout).toMatch(new RegExp(`══ task ${member} · completed · reward 1\\.000 ══\\n  cannot read its trajectory: 404 not_found`));
   });
 
+  it("trajectory of a task that was not scored: its samples, and a warning that they are not a scored rollout's", async () => {
+    // The agent runs and calls the model; the evaluator prints no number, so the task fails unscored.
+    const file = path.join(dir, "unscored.json");
+    writeFileSync(file, JSON.stringify(quick("unscored", { evaluator: { kind: "command", command: ["bash", "-c", "echo no number"], reward: "last_line_float" } })));
+    const run = await rollgate(["submit", file, "--json", "--out", path.join(dir, "unscored.results.jsonl")], env);
+    const id = (JSON.parse(run.stdout) as { task_ids: string[] }).task_ids[0]!;
+    const verl = await rollgate(["trajectory", id, "--format", "verl"], env);
+    expect(verl.code, verl.stderr).toBe(0);
+    expect(JSON.parse(verl.stdout)).toHaveLength(1);
+    expect(verl.stderr).toContain(`warning: task ${id} ended failed (evaluator_error:`);
+    expect(verl.stderr).toContain("not a scored rollout's");
+    const scored = await rollgate(["trajectory", firstTask, "--format", "verl"], env);
+    expect(scored.stderr).toBe("");
+  });
+
   it("pause / resume / weights reach the admin API (or say clearly that this gateway lacks it)", async () => {
     for (const args of [["weights", "step-7"], ["pause"], ["resume"]]) {
       const run = await rollgate([...args, "--json"], env);

@@ -9,7 +9,8 @@ import { memberOrder } from "../summary.js";
 const MEMBER_ERRORS = new Set([404, 409, 422, 502]);
 
 type Target =
-  | { kind: "session"; sessionId: string; builder: TrajectoryBuilderName | undefined }
+  /** `unscored`: why this session's trajectory is not a scored, whole rollout (said on stderr), if it is not. */
+  | { kind: "session"; sessionId: string; builder: TrajectoryBuilderName | undefined; unscored: string | null }
   | { kind: "group"; groupId: string; tasks: TaskRecord[] };
 
 /** A task id (its session), a session id, or a GRPO group id (every task of the group). */
@@ -18,13 +19,17 @@ async function resolveTarget(ctx: Context, id: string): Promise<Target> {
     const task = await ctx.client.getTask(id);
     const sessionId = task.session_id ?? task.result?.session_id;
     if (!sessionId) throw new RollgateError(`task ${id} has no session yet (it is ${task.status})`, 409, "no_session");
-    return { kind: "session", sessionId, builder: task.task.trajectory.builder };
+    const r = task.result;
+    const unscored = r && r.status !== "completed" ? `task ${id} ended ${r.status}${r.error ? ` (${r.error.kind}: ${r.error.message})` : ""}: this rollout has no reward, its samples are not a scored rollout's` : null;
+    return { kind: "session", sessionId, builder: task.task.trajectory.builder, unscored };
   } catch (err) {
     if (!(err instanceof RollgateError && err.status === 404)) throw err;
   }
   try {
-    await ctx.client.getSession(id);
-    return { kind: "session", sessionId: id, builder: undefined };
+    const session = await ctx.client.getSession(id);
+    const lost = session.lost_calls.count;
+    const unscored = lost > 0 ? `session ${id} lost ${lost} LLM call(s)${session.lost_calls.first ? ` (${session.lost_calls.first.kind}: ${session.lost_calls.first.message})` : ""}: its trajectory is not a whole rollout` : null;
+    return { kind: "session", sessionId: id, builder: undefined, unscored };
   } catch (err) {
     if (!(err instanceof RollgateError && err.status === 404)) throw err;
   }
@@ -72,6 +77,8 @@ naming it.`,
     if (target.kind === "session") {
       const out = await showSession(ctx, target.sessionId, show.builder ?? target.builder ?? "prefix_merging", show);
       if (out !== undefined) ctx.printJson(out);
+      // A failed task's or a lossy session's samples look like any others: say so where a person sees it.
+      if (target.unscored) ctx.err(`${ctx.errStyle.yellow("rollgate: warning:")} ${target.unscored}`);
       return EXIT.ok;
     }
     // A group: every task's trajectory, like `watch <group id>` follows every task.
