@@ -6,7 +6,7 @@ import { UsageError, findCommand, parseCommand } from "./framework.js";
 import { makeStyle, prettyJson } from "./output.js";
 import { ProgressView, emptyCounts } from "./progress.js";
 import { ago } from "./commands/tasks.js";
-import { describeCounts, describeExits, listIds, memberOrder, nonzeroExit, statusRows } from "./summary.js";
+import { describeCounts, describeExits, listIds, mean, memberOrder, nonzeroExit, statusRows, std } from "./summary.js";
 import { renderTable } from "./table.js";
 import { TasksFileError, readTasksFile } from "./tasks-file.js";
 
@@ -135,6 +135,12 @@ describe("the submit summary", () => {
     expect(describeExits({ "3": 2, SIGKILL: 1 })).toBe("3 (exit 3 ×2, SIGKILL)");
     expect(describeExits({})).toBe("–");
     expect(nonzeroExit({ exit_code: 0, signal: null, log_tail: "" })).toBeNull();
+  });
+
+  it("a group whose rewards are all equal has std_reward exactly 0 (no signal), whatever float sums give", () => {
+    expect(std([0.1, 0.1, 0.1])).toBe(0);
+    expect(mean([0.1, 0.1, 0.1])).toBe(0.1);
+    expect(std([1, 0])).toBe(0.5);
   });
 
   it("orders a group's members by number, whatever order the API lists them in", () => {

@@ -16,11 +16,16 @@ export interface StatusRow {
   nonzero_agent_exits: Record<string, number>;
 }
 
+/** Equal values: their value and a spread of exactly 0 (a float sum of three 0.1 does not average to 0.1). */
+const allEqual = (xs: number[]): boolean => xs.every((x) => x === xs[0]);
+
 export function mean(xs: number[]): number | null {
+  if (xs.length && allEqual(xs)) return xs[0]!;
   return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null;
 }
 
 export function std(xs: number[]): number | null {
+  if (xs.length && allEqual(xs)) return 0;
   const m = mean(xs);
   return m === null ? null : Math.sqrt(xs.reduce((a, x) => a + (x - m) ** 2, 0) / xs.length);
 }
