@@ -244,6 +244,40 @@ describe("the rollgate CLI", () => {
     expect(missing.stderr).toContain("no task, session or group no-such-thing");
   });
 
+  it("trajectory <group id>: a member whose trajectory cannot be read is named, and the others are still exported", async () => {
+    // The trainer dropped one member's session (a 404 for it, as a member with an invalid trajectory gets a 422).
+    const member = `${groupId}-1`;
+    const task = JSON.parse((await rollgate(["task", member, "--json"], env)).stdout) as { session_id: string };
+    const drop = await fetch(`${cluster.url}/v1/sessions/${task.session_id}`, { method: "DELETE", headers: { authorization: `Bearer ${apiKey}` } });
+    expect(drop.status).toBe(204);
+    const verl = await rollgate(["trajectory", groupId, "--format", "verl"], env);
+    expect(verl.code).toBe(4);
+    expect(verl.stderr).toContain(`task ${member}: 404 not_found`);
+    const out = JSON.parse(verl.stdout) as { tasks: { task_id: string; samples: unknown[] | null; error: unknown; trajectory_error?: { status: number; type: string } }[] };
+    expect(out.tasks.map((t) => t.task_id)).toEqual([0, 1, 2].map((k) => `${groupId}-${k}`));
+    expect(out.tasks[1]).toMatchObject({ samples: null, error: null, trajectory_error: { status: 404, type: "not_found" } });
+    for (const k of [0, 2]) expect(out.tasks[k]!.samples).toHaveLength(1);
+    const human = await rollgate(["trajectory", groupId], env);
+    expect(human.code).toBe(4);
+    expect(human.stdout.match(/1 trace\(s\) from 2 record\(s\)/g)).toHaveLength(2);
+    expect(human.stdout).toMatch(new RegExp(`══ task ${member} · completed · reward 1\\.000 ══\\n  cannot read its trajectory: 404 not_found`));
+  });
+
+  it("trajectory of a task that was not scored: its samples, and a warning that they are not a scored rollout's", async () => {
+    // The agent runs and calls the model; the evaluator prints no number, so the task fails unscored.
+    const file = path.join(dir, "unscored.json");
+    writeFileSync(file, JSON.stringify(quick("unscored", { evaluator: { kind: "command", command: ["bash", "-c", "echo no number"], reward: "last_line_float" } })));
+    const run = await rollgate(["submit", file, "--json", "--out", path.join(dir, "unscored.results.jsonl")], env);
+    const id = (JSON.parse(run.stdout) as { task_ids: string[] }).task_ids[0]!;
+    const verl = await rollgate(["trajectory", id, "--format", "verl"], env);
+    expect(verl.code, verl.stderr).toBe(0);
+    expect(JSON.parse(verl.stdout)).toHaveLength(1);
+    expect(verl.stderr).toContain(`warning: task ${id} ended failed (evaluator_error:`);
+    expect(verl.stderr).toContain("not a scored rollout's");
+    const scored = await rollgate(["trajectory", firstTask, "--format", "verl"], env);
+    expect(scored.stderr).toBe("");
+  });
+
   it("pause / resume / weights reach the admin API (or say clearly that this gateway lacks it)", async () => {
     for (const args of [["weights", "step-7"], ["pause"], ["resume"]]) {
       const run = await rollgate([...args, "--json"], env);

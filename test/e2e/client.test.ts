@@ -64,6 +64,18 @@ describe("@rollgate/client", () => {
     expect(verl[0]!.response_mask.every((m) => m === 1)).toBe(true);
   }, 60_000);
 
+  it("a task's trajectory is built by the task's own builder, as its result's is", async () => {
+    const id = `sdk-pr-${prefix.slice(-8)}`;
+    await client.submitTask(task("per request", { id, trajectory: { builder: "per_request" } }));
+    const result = await client.waitForResult(id, { intervalMs: 100, timeoutMs: 30_000 });
+    expect(result.trajectory!.builder).toBe("per_request");
+    const traj = await client.getTaskTrajectory(id);
+    expect(traj.builder).toBe("per_request");
+    expect(traj.traces).toEqual(result.trajectory!.traces);
+    // Asked for, another builder still wins.
+    expect((await client.getTaskTrajectory(id, { builder: "prefix_merging" })).traces).toHaveLength(1);
+  }, 60_000);
+
   it("submits a GRPO group and receives every signed callback (and the group's) on the callback server", async () => {
     const secret = "sdk-secret";
     const server = await startCallbackServer({ secret });

@@ -6,7 +6,7 @@ import { UsageError, findCommand, parseCommand } from "./framework.js";
 import { makeStyle, prettyJson } from "./output.js";
 import { ProgressView, emptyCounts } from "./progress.js";
 import { ago } from "./commands/tasks.js";
-import { describeCounts, describeExits, listIds, nonzeroExit, statusRows } from "./summary.js";
+import { describeCounts, describeExits, listIds, mean, memberOrder, nonzeroExit, statusRows, std } from "./summary.js";
 import { renderTable } from "./table.js";
 import { TasksFileError, readTasksFile } from "./tasks-file.js";
 
@@ -135,6 +135,20 @@ describe("the submit summary", () => {
     expect(describeExits({ "3": 2, SIGKILL: 1 })).toBe("3 (exit 3 ×2, SIGKILL)");
     expect(describeExits({})).toBe("–");
     expect(nonzeroExit({ exit_code: 0, signal: null, log_tail: "" })).toBeNull();
+  });
+
+  it("a group whose rewards are all equal has std_reward exactly 0 (no signal), whatever float sums give", () => {
+    expect(std([0.1, 0.1, 0.1])).toBe(0);
+    expect(mean([0.1, 0.1, 0.1])).toBe(0.1);
+    expect(std([1, 0])).toBe(0.5);
+  });
+
+  it("orders a group's members by number, whatever order the API lists them in", () => {
+    // 12 members created in one millisecond: newest first, ties in reverse string order, as Redis gives them.
+    const listed = ["g-9", "g-8", "g-7", "g-6", "g-5", "g-4", "g-3", "g-2", "g-11", "g-10", "g-1", "g-0"].map((id) => ({ id }));
+    expect(memberOrder("g", listed).map((t) => t.id)).toEqual(Array.from({ length: 12 }, (_, k) => `g-${k}`));
+    // Tasks named otherwise (a batch with its own ids) keep their creation order, after the members.
+    expect(memberOrder("g", [{ id: "b" }, { id: "g-1" }, { id: "a" }, { id: "g-0" }]).map((t) => t.id)).toEqual(["g-0", "g-1", "a", "b"]);
   });
 
   it("lists ids up to a bound, then says how many more", () => {

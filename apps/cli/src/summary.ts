@@ -16,11 +16,16 @@ export interface StatusRow {
   nonzero_agent_exits: Record<string, number>;
 }
 
+/** Equal values: their value and a spread of exactly 0 (a float sum of three 0.1 does not average to 0.1). */
+const allEqual = (xs: number[]): boolean => xs.every((x) => x === xs[0]);
+
 export function mean(xs: number[]): number | null {
+  if (xs.length && allEqual(xs)) return xs[0]!;
   return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null;
 }
 
 export function std(xs: number[]): number | null {
+  if (xs.length && allEqual(xs)) return 0;
   const m = mean(xs);
   return m === null ? null : Math.sqrt(xs.reduce((a, x) => a + (x - m) ** 2, 0) / xs.length);
 }
@@ -75,4 +80,20 @@ export function describeExits(exits: Record<string, number>): string {
 /** Ids for a line of output: all of them up to `max`, then how many more. */
 export function listIds(ids: string[], max = 20): string {
   return ids.length <= max ? ids.join(" ") : `${ids.slice(0, max).join(" ")} … and ${ids.length - max} more`;
+}
+
+/**
+ * A group's tasks in member order (`<group>-0`, `<group>-1`, …, `<group>-10` by number, not as
+ * strings), from the list the API gives newest first: members created in the same millisecond
+ * come back in reverse string order there. Tasks named otherwise keep their creation order, last.
+ */
+export function memberOrder<T extends { id: string }>(groupId: string, newestFirst: readonly T[]): T[] {
+  const prefix = `${groupId}-`;
+  const index = (id: string): number => (id.startsWith(prefix) && /^\d+$/.test(id.slice(prefix.length)) ? Number(id.slice(prefix.length)) : Infinity);
+  return newestFirst
+    .slice()
+    .reverse()
+    .map((t, created) => ({ t, created, k: index(t.id) }))
+    .sort((a, b) => (a.k === b.k ? a.created - b.created : a.k < b.k ? -1 : 1))
+    .map((x) => x.t);
 }

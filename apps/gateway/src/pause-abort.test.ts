@@ -79,6 +79,8 @@ describe("abort-mode pause on vLLM: calls continue token-in", () => {
     expect(cutAt).toBeGreaterThan(0);
     expect(v).toEqual([...Array(cutAt).fill("w1"), ...Array(50 - cutAt).fill("w2")]);
     expect(rec!.output_logprobs.every((x) => Number.isFinite(x) && x <= 0)).toBe(true);
+    // The engine's weights did not change (only the version's name did): each token's logprob is the uncut call's, the cut's side included.
+    expect(rec!.output_logprobs).toEqual(reference.record.output_logprobs);
     const metrics = await (await fetch(`${h.url}/metrics`)).text();
     expect(metrics).toMatch(/rollgate_pause_cuts_total\{engine="0",dp_rank="0"\} [1-9]/);
   });
@@ -102,6 +104,7 @@ describe("abort-mode pause on vLLM: calls continue token-in", () => {
     expect(final.usage).toMatchObject({ completion_tokens: 50 });
     const [rec] = await h.records(s.id);
     expect(rec!.output_ids).toEqual(reference.record.output_ids);
+    expect(rec!.output_logprobs).toEqual(reference.record.output_logprobs);
     expect(new Set(rec!.output_weight_versions)).toEqual(new Set(["w1", "w2"]));
   });
 
@@ -355,6 +358,7 @@ describe("abort-mode pause on SGLang: calls continue through /generate with inpu
     const [rec] = await h.records(s.id);
     expect(rec).toMatchObject({ weight_version: "s2", continued_after_pause: 1 });
     expect(rec!.output_ids).toEqual(reference.output_ids);
+    expect(rec!.output_logprobs).toEqual(reference.output_logprobs);
     expect(rec!.message).toEqual({ ...reference.message, tool_calls: [{ ...reference.message.tool_calls[0]!, id: rec!.message.tool_calls[0]!.id }] });
     expect(new Set(rec!.output_weight_versions)).toEqual(new Set(["s1", "s2"]));
   });
@@ -373,6 +377,7 @@ describe("abort-mode pause on SGLang: calls continue through /generate with inpu
     expect(final.choices[0]!.message.content).toBe(reference.message.content);
     const [rec] = await h.records(s.id);
     expect(rec!.output_ids).toEqual(reference.output_ids);
+    expect(rec!.output_logprobs).toEqual(reference.output_logprobs);
     expect(rec!.continued_after_pause).toBe(1);
   });
 });

@@ -54,6 +54,26 @@ class AdvantagesTest(unittest.TestCase):
         self.assertEqual(grpo.advantages([0.7]).advantages, [0.0])
         self.assertEqual(grpo.advantages([None, None]).advantages, [None, None])
 
+    def test_equal_rewards_that_float_sums_do_not_average_exactly_still_have_no_signal(self):
+        # 0.1 + 0.1 + 0.1 = 0.30000000000000004: the mean is not 0.1, and r - mean is not 0.
+        for rewards in ([0.1, 0.1, 0.1], [0.3] * 6, [0.2, None, 0.2, 0.2]):
+            for method in grpo.METHODS:
+                adv = grpo.advantages(rewards, method=method)
+                self.assertEqual([a for a in adv.advantages if a is not None], [0.0] * sum(r is not None for r in rewards), (rewards, method))
+                self.assertTrue(adv.zero_variance, (rewards, method))
+                self.assertEqual(adv.std, 0.0)
+                self.assertIn("no signal", adv.describe())
+
+    def test_rewards_of_any_real_number_type_count(self):
+        # numpy's int64 / float32 (what np.array(rewards) yields) are numbers.Real but not int or float;
+        # Fraction stands in for them here (the client needs no numpy).
+        from fractions import Fraction
+
+        adv = grpo.advantages([Fraction(1), Fraction(0), Fraction(1, 2)], method="mean")
+        self.assertEqual(adv.excluded, {})
+        self.assertEqual(adv.advantages, [0.5, -0.5, 0.0])
+        self.assertIn("not a finite number", grpo.advantages([1.0, True]).excluded[1])
+
     def test_failed_members_are_left_out_of_the_statistics_and_named(self):
         results = [
             result("g-0", 1.0),
@@ -105,6 +125,18 @@ class StepBatchTest(unittest.TestCase):
         for sample in batch.samples:
             n = len(sample["input_ids"])
             self.assertTrue(all(len(sample[k]) == n for k in ("loss_mask", "old_logprobs", "advantages", "weight_versions")))
+
+    def test_members_without_a_result_in_two_groups_are_both_said_skipped(self):
+        def group(gid):
+            return [dict(result("%s-0" % gid, 1.0, traces=[trace([1], [2], [1], [-0.1], ["v"])]), group_id=gid), None]
+        batch = grpo.StepBatch([])
+        for gid in ("g-a", "g-b"):
+            results = group(gid)
+            batch.extend(grpo.step_batch(results, grpo.group_advantages(results)))
+        self.assertEqual(len(batch.samples), 2)
+        self.assertEqual(len(batch.skipped), 2, batch.skipped)
+        self.assertTrue(all("callback never came" in why for why in batch.skipped.values()))
+        self.assertEqual(sorted(batch.skipped), ["g-a member 1", "g-b member 1"])
 
     def test_a_member_without_a_trajectory_is_skipped_and_groups_must_match(self):
         results = [result("g-0", 1.0), result("g-1", 0.0, traces=[trace([1], [2], [1], [-0.1], ["v"])])]

@@ -407,12 +407,12 @@ export class RollgateClient {
     return this.json(DecodedTrajectory, "GET", `/v1/sessions/${encodeURIComponent(sessionId)}/trajectory/decoded`, { query: { builder: opts.builder } });
   }
 
-  /** The trajectory of a task's session (the task must have started). */
+  /** The trajectory of a task's session (the task must have started), by the task's own builder unless `opts.builder` says another. */
   async getTaskTrajectory<F extends TrainerFormat = "rollgate">(taskId: string, opts: TrajectoryOptions<F> = {}): Promise<TrainerFormatMap[F]> {
     const task = await this.getTask(taskId);
     const sessionId = task.session_id ?? task.result?.session_id;
     if (!sessionId) throw new RollgateError(`task ${taskId} has no session yet (it is ${task.status})`, 409, "no_session");
-    return this.getTrajectory(sessionId, opts);
+    return this.getTrajectory(sessionId, { ...opts, builder: opts.builder ?? task.task.trajectory.builder });
   }
 
   // ── admin ──────────────────────────────────────────────────────────────────────────────

@@ -512,6 +512,20 @@ describe("TaskStore", () => {
     expect(await store.groupTaskFinished("g-3", "t-d")).toBeNull();
   });
 
+  it("lists a group's tasks in member order, however many were created in one millisecond", async () => {
+    // The group callback's tasks (and a branch group's rewards) come in this order: member order.
+    const store = new TaskStore(redis, `${prefix}-t8`);
+    const now = new Date();
+    for (let k = 0; k < 12; k++) await store.create(taskInput(`g-8-${k}`, { group_id: "g-8" }), now);
+    expect(await store.groupTaskIds("g-8")).toEqual(Array.from({ length: 12 }, (_, k) => `g-8-${k}`));
+    // Tasks not named <group>-<k> keep their creation order, after the numbered members.
+    await store.create(taskInput("b", { group_id: "g-9" }), now);
+    await store.create(taskInput("g-9-1", { group_id: "g-9" }), new Date(now.getTime() + 1));
+    await store.create(taskInput("a", { group_id: "g-9" }), new Date(now.getTime() + 2));
+    await store.create(taskInput("g-9-0", { group_id: "g-9" }), new Date(now.getTime() + 3));
+    expect(await store.groupTaskIds("g-9")).toEqual(["g-9-0", "g-9-1", "b", "a"]);
+  });
+
   it("stores a pending callback with the result, in one step", async () => {
     const store = new TaskStore(redis, `${prefix}-t6`);
     await store.create(taskInput("t-cb"), new Date());

@@ -432,7 +432,19 @@ export class TaskStore {
     await this.redis.hset(this.k.group(groupId), "callback_state", JSON.stringify(state));
   }
 
+  /**
+   * A group's task ids in member order: `<group>-0`, `<group>-1`, …, `<group>-10` by number (a
+   * group's members are created in one millisecond, and the index breaks such ties in string
+   * order), then any others in creation order. The group callback's `tasks` and a branch group's
+   * `rewards` follow it.
+   */
   async groupTaskIds(groupId: string): Promise<string[]> {
-    return this.redis.zrange(this.k.groupTasks(groupId), "0", "-1");
+    const created = await this.redis.zrange(this.k.groupTasks(groupId), "0", "-1");
+    const prefix = `${groupId}-`;
+    const member = (id: string): number => (id.startsWith(prefix) && /^\d+$/.test(id.slice(prefix.length)) ? Number(id.slice(prefix.length)) : Infinity);
+    return created
+      .map((id, at) => ({ id, at, k: member(id) }))
+      .sort((a, b) => (a.k === b.k ? a.at - b.at : a.k < b.k ? -1 : 1))
+      .map((x) => x.id);
   }
 }

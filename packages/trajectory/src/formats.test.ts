@@ -25,8 +25,19 @@ describe("toTrainerFormat", () => {
       response_length: exp.response_ids.length,
       loss_mask: exp.loss_mask,
       rollout_log_probs: exp.response_logprobs,
+      status: "completed",
     });
     expect(s!.tokens.slice(s!.tokens.length - s!.response_length)).toEqual(exp.response_ids);
+  });
+
+  it("slime: status says how the trace's last call ended, as slime's Sample.from_dict requires", () => {
+    // slime sets TRUNCATED on finish_reason length and ABORTED on abort; Sample.from_dict reads data["status"].
+    const ended = (finish_reason: string) =>
+      toTrainerFormat(prefixMerging([makeRecord({ id: "a", seq: 0, prompt_ids: [1], output_ids: [2, 3], finish_reason })]), "slime")[0]!.status;
+    expect(ended("length")).toBe("truncated");
+    expect(ended("abort")).toBe("aborted");
+    expect(ended("stop")).toBe("completed");
+    expect(ended("tool_calls")).toBe("completed");
   });
 
   it("prime-rl: prompt_ids / completion_ids / completion_mask / completion_logprobs", () => {
@@ -37,6 +48,7 @@ describe("toTrainerFormat", () => {
         completion_ids: exp.response_ids,
         completion_mask: exp.loss_mask,
         completion_logprobs: exp.response_logprobs,
+        overlong_prompt: false,
         is_truncated: false,
       },
     ]);

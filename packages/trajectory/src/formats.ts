@@ -30,18 +30,22 @@ export interface VerlSample {
  * slime: one `Sample` per trace, as Polar's `slime_bridge` builds them and slime's own
  * OpenAI/Anthropic adapters return `list[Sample]` (THUDM/slime, `Sample`): `tokens` is prompt + response, `response_length`
  * the response's length, and `loss_mask` / `rollout_log_probs` cover the response tokens only.
+ * `status` is `Sample.Status`'s value as slime sets it from the last call's finish reason
+ * (`length` → truncated, `abort` → aborted, else completed); `Sample.from_dict` requires it.
  */
 export interface SlimeSample {
   tokens: number[];
   response_length: number;
   loss_mask: (0 | 1)[];
   rollout_log_probs: number[];
+  status: "completed" | "truncated" | "aborted" | "failed";
   rollout_routed_experts?: RoutedExperts;
 }
 
 /**
  * prime-rl: the `tokens` of a verifiers `TrajectoryStep` (`TokensResponse`: `prompt_ids`,
- * `prompt_mask` all 0, `completion_ids`, `completion_mask`, `completion_logprobs`, `is_truncated`),
+ * `prompt_mask` all 0, `completion_ids`, `completion_mask`, `completion_logprobs`, `overlong_prompt`
+ * (always false: a prompt over the context is refused and leaves no record), `is_truncated`),
  * which prime-rl's orchestrator (`orchestrator/trajectories.py`, `interleave_rollout`) trains on.
  * Source: PrimeIntellect-ai/verifiers and PrimeIntellect-ai/prime-rl.
  */
@@ -51,6 +55,7 @@ export interface PrimeRlSample {
   completion_ids: number[];
   completion_mask: (0 | 1)[];
   completion_logprobs: number[];
+  overlong_prompt: false;
   is_truncated: boolean;
   routed_experts?: RoutedExperts;
 }
@@ -72,12 +77,20 @@ function verl(t: Trace): VerlSample {
   };
 }
 
+function slimeStatus(finishReason: string): SlimeSample["status"] {
+  if (finishReason === "length") return "truncated";
+  if (finishReason === "abort") return "aborted";
+  if (finishReason === "error") return "failed";
+  return "completed";
+}
+
 function slime(t: Trace): SlimeSample {
   return {
     tokens: t.prompt_ids.concat(t.response_ids),
     response_length: t.response_ids.length,
     loss_mask: t.loss_mask.slice(),
     rollout_log_probs: t.response_logprobs.slice(),
+    status: slimeStatus(t.finish_reason),
     ...(t.routed_experts ? { rollout_routed_experts: t.routed_experts } : {}),
   };
 }
@@ -89,6 +102,7 @@ function primeRl(t: Trace): PrimeRlSample {
     completion_ids: t.response_ids.slice(),
     completion_mask: t.loss_mask.slice(),
     completion_logprobs: t.response_logprobs.slice(),
+    overlong_prompt: false,
     is_truncated: t.finish_reason === "length",
     ...(t.routed_experts ? { routed_experts: t.routed_experts } : {}),
   };

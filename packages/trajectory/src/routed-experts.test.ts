@@ -53,6 +53,14 @@ describe("routed experts through the builders", () => {
     expect(toTrainerFormat(t, "verl")[0]).not.toHaveProperty("routed_experts");
   });
 
+  it("records of one trace whose rows have different widths fail the build as invalid, naming the record (a 422, not a crash)", () => {
+    // r2's rows are 3 layers wide where r1's are 2: they cannot be one trace's routing.
+    const seq = P2.concat(O2);
+    const wide = { ...r2, routed_experts: packRoutedRows(Array.from({ length: seq.length - 1 }, (_, i) => [[i], [seq[i]!], [2]]), { layers: 3, topk: 1 }) };
+    expect(() => prefixMerging([r1, wide])).toThrow(TrajectoryInvariantError);
+    expect(() => prefixMerging([r1, wide])).toThrow(/record r2: .*width/);
+  });
+
   it("a record whose rows do not fit its tokens fails the build, naming it", () => {
     const short = withRouting(makeRecord({ id: "short", seq: 1, prompt_ids: P2, output_ids: O2 }), 2, P2.length + O2.length - 2);
     expect(() => prefixMerging([r1, short])).toThrow(TrajectoryInvariantError);

@@ -1,4 +1,5 @@
 import { joinRoutedRows, type CompletionRecord, type RoutedExperts } from "@rollgate/protocol";
+import { TrajectoryInvariantError } from "./errors.js";
 
 /**
  * A merged trace's routed experts (R3), gathered record by record: the positions a record adds to
@@ -16,6 +17,11 @@ export class RoutingPieces {
     if (!r) {
       this.complete = false;
       return;
+    }
+    const first = this.pieces[0]?.experts;
+    // Rows of another width (another model's layers × top-k) cannot continue this trace's routing.
+    if (first && first.width !== r.width) {
+      throw new TrajectoryInvariantError("routed_experts_misaligned", `routed experts rows have width ${r.width}, the trace's earlier records' width ${first.width}`, { record_id: record.id });
     }
     this.pieces.push({ experts: r, from: Math.max(from, 0), to: Math.max(record.prompt_ids.length + record.output_ids.length - 1, 0) });
   }

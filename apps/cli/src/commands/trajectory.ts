@@ -3,9 +3,14 @@ import { TrajectoryBuilderName } from "@rollgate/protocol";
 import { UsageError, numberOption, type CommandSpec } from "../framework.js";
 import { EXIT, fmt, statusColor, type Context } from "../output.js";
 import { renderIds, renderSegments } from "../decode.js";
+import { memberOrder } from "../summary.js";
+
+/** Errors that concern one member of a group (its session, its records), not the gateway or the request. */
+const MEMBER_ERRORS = new Set([404, 409, 422, 502]);
 
 type Target =
-  | { kind: "session"; sessionId: string; builder: TrajectoryBuilderName | undefined }
+  /** `unscored`: why this session's trajectory is not a scored, whole rollout (said on stderr), if it is not. */
+  | { kind: "session"; sessionId: string; builder: TrajectoryBuilderName | undefined; unscored: string | null }
   | { kind: "group"; groupId: string; tasks: TaskRecord[] };
 
 /** A task id (its session), a session id, or a GRPO group id (every task of the group). */
@@ -14,20 +19,24 @@ async function resolveTarget(ctx: Context, id: string): Promise<Target> {
     const task = await ctx.client.getTask(id);
     const sessionId = task.session_id ?? task.result?.session_id;
     if (!sessionId) throw new RollgateError(`task ${id} has no session yet (it is ${task.status})`, 409, "no_session");
-    return { kind: "session", sessionId, builder: task.task.trajectory.builder };
+    const r = task.result;
+    const unscored = r && r.status !== "completed" ? `task ${id} ended ${r.status}${r.error ? ` (${r.error.kind}: ${r.error.message})` : ""}: this rollout has no reward, its samples are not a scored rollout's` : null;
+    return { kind: "session", sessionId, builder: task.task.trajectory.builder, unscored };
   } catch (err) {
     if (!(err instanceof RollgateError && err.status === 404)) throw err;
   }
   try {
-    await ctx.client.getSession(id);
-    return { kind: "session", sessionId: id, builder: undefined };
+    const session = await ctx.client.getSession(id);
+    const lost = session.lost_calls.count;
+    const unscored = lost > 0 ? `session ${id} lost ${lost} LLM call(s)${session.lost_calls.first ? ` (${session.lost_calls.first.kind}: ${session.lost_calls.first.message})` : ""}: its trajectory is not a whole rollout` : null;
+    return { kind: "session", sessionId: id, builder: undefined, unscored };
   } catch (err) {
     if (!(err instanceof RollgateError && err.status === 404)) throw err;
   }
   const tasks: TaskRecord[] = [];
   for await (const t of ctx.client.listTasks({ group_id: id, limit: 1000 })) tasks.push(t);
   if (tasks.length === 0) throw new RollgateError(`no task, session or group ${id}`, 404, "not_found");
-  return { kind: "group", groupId: id, tasks: tasks.reverse() };
+  return { kind: "group", groupId: id, tasks: memberOrder(id, tasks) };
 }
 
 export const trajectoryCommand: CommandSpec<Context> = {
@@ -39,8 +48,11 @@ dim on a terminal or [in brackets] otherwise. --decode shows the text, decoded b
 generated it (through the gateway), the trainable tokens (what the policy sampled) in green and the
 masked ones (tool results, template glue) dim, or [[in double brackets]] when not on a terminal.
 --format prints the samples a trainer consumes, as JSON. Given a GRPO group id, does this for every
-task of the group (with --json or --format: {group_id, tasks: [{task_id, status, reward, session_id,
-trajectory | samples}]}).`,
+task of the group (with --json or --format: {group_id, tasks: [{task_id, status, reward, error,
+session_id, trajectory | samples}]}, error being the task's: a member that is not completed was not
+scored); a member whose trajectory cannot be read (its session dropped, its trajectory invalid) has
+null there and why as trajectory_error, the others are still printed, and the command exits 4
+naming it.`,
   args: [{ name: "id", required: true, description: "a task id (its session is used), a session id, or a group id" }],
   options: [
     { name: "format", short: "f", type: "string", value: "<name>", choices: TRAINER_FORMATS, description: "print the trainer format as JSON" },
@@ -65,15 +77,19 @@ trajectory | samples}]}).`,
     if (target.kind === "session") {
       const out = await showSession(ctx, target.sessionId, show.builder ?? target.builder ?? "prefix_merging", show);
       if (out !== undefined) ctx.printJson(out);
+      // A failed task's or a lossy session's samples look like any others: say so where a person sees it.
+      if (target.unscored) ctx.err(`${ctx.errStyle.yellow("rollgate: warning:")} ${target.unscored}`);
       return EXIT.ok;
     }
     // A group: every task's trajectory, like `watch <group id>` follows every task.
     const s = ctx.style;
     if (!ctx.json && !format) ctx.out(`group ${s.bold(target.groupId)}: ${target.tasks.length} task(s)`);
     const all: unknown[] = [];
+    const unread: string[] = [];
     for (const t of target.tasks) {
       const sessionId = t.session_id ?? t.result?.session_id ?? null;
-      const head = { task_id: t.id, status: t.status, reward: t.result?.reward ?? null, session_id: sessionId };
+      // The task's error beside its samples: a failed member's (a lost call, an invalid trajectory) are not a scored rollout's.
+      const head = { task_id: t.id, status: t.status, reward: t.result?.reward ?? null, error: t.result?.error ?? null, session_id: sessionId };
       if (!ctx.json && !format) {
         ctx.out("");
         ctx.out(s.bold(`══ task ${t.id} · ${statusColor(s, t.status)} · reward ${fmt.reward(head.reward)}${t.result?.error ? ` · ${t.result.error.kind}` : ""} ══`));
@@ -83,11 +99,25 @@ trajectory | samples}]}).`,
         else ctx.out(s.gray(`  no session yet (${t.status})`));
         continue;
       }
-      const out = await showSession(ctx, sessionId, show.builder ?? t.task.trajectory.builder, show);
+      let out: unknown;
+      try {
+        out = await showSession(ctx, sessionId, show.builder ?? t.task.trajectory.builder, show);
+      } catch (err) {
+        // One member's trajectory that cannot be read (its session dropped, its trajectory invalid)
+        // is named; the rest of the group is still exported.
+        if (!(err instanceof RollgateError) || !MEMBER_ERRORS.has(err.status)) throw err;
+        unread.push(`task ${t.id}: ${err.status} ${err.type}: ${err.message}`);
+        const trajectoryError = { status: err.status, type: err.type, message: err.message };
+        if (ctx.json || format) all.push({ ...head, ...(format ? { samples: null } : { trajectory: null }), trajectory_error: trajectoryError });
+        else ctx.out(s.red(`  cannot read its trajectory: ${err.status} ${err.type}: ${err.message}`));
+        continue;
+      }
       if (out !== undefined) all.push({ ...head, ...(format ? { samples: out } : { trajectory: out }) });
     }
     if (ctx.json || format) ctx.printJson({ group_id: target.groupId, tasks: all });
-    return EXIT.ok;
+    if (unread.length === 0) return EXIT.ok;
+    for (const line of unread) ctx.err(`${ctx.errStyle.red("rollgate:")} ${line}`);
+    return EXIT.api;
   },
 };
 

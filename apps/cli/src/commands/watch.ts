@@ -1,6 +1,7 @@
 import { RollgateError, type TaskEvent, type TaskRecord } from "@rollgate/client";
 import type { CommandSpec } from "../framework.js";
 import { EXIT, fmt, statusColor, type Context, type Style } from "../output.js";
+import { memberOrder } from "../summary.js";
 
 /** One event as a line a person reads. */
 export function describeEvent(s: Style, e: TaskEvent): string {
@@ -49,7 +50,7 @@ each with its task_id). Exit code 0 when everything watched completed, 1 otherwi
       const tasks: TaskRecord[] = [];
       for await (const t of ctx.client.listTasks({ group_id: id!, limit: 1000 })) tasks.push(t);
       if (tasks.length === 0) throw new RollgateError(`no task or group ${id}`, 404, "not_found");
-      ids = tasks.map((t) => t.id).reverse();
+      ids = memberOrder(id!, tasks).map((t) => t.id);
       isGroup = true;
       if (!ctx.json) ctx.out(`group ${s.bold(id!)}: ${ids.length} task(s)`);
     }

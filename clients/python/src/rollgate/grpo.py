@@ -9,6 +9,7 @@ on an infrastructure failure as if the policy had earned reward 0 would teach th
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -77,7 +78,8 @@ def advantages(
             continue
         if r is None:
             why[i] = "no reward"
-        elif isinstance(r, bool) or not isinstance(r, (int, float)) or math.isnan(r) or math.isinf(r):
+        elif isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(r):
+            # numbers.Real: numpy's int64 / float32 rewards count too (neither is an int or a float).
             why[i] = "reward %r is not a finite number" % (r,)
         else:
             values[i] = float(r)
@@ -85,8 +87,14 @@ def advantages(
     out: List[Optional[float]] = [None] * len(rewards)
     if n == 0:
         return GroupAdvantages(out, method, None, None, why)
-    mean = sum(values.values()) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values.values()) / (n - ddof)) if n - ddof > 0 else 0.0
+    if len(set(values.values())) == 1:
+        # Equal rewards carry no signal: exactly 0, which float sums do not give (3 x 0.1 averages to 0.10000000000000002).
+        only = next(iter(values.values()))
+        for i in values:
+            out[i] = 0.0
+        return GroupAdvantages(out, method, only, 0.0, why)
+    mean = math.fsum(values.values()) / n
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values.values()) / (n - ddof)) if n - ddof > 0 else 0.0
     for i, r in values.items():
         if n < 2:
             out[i] = 0.0
@@ -134,7 +142,7 @@ class StepBatch:
     """
 
     samples: List[JSON]
-    # task id (or "member <k>") → why it is not in the step
+    # task id (or "<group id> member <k>" for a member without a result) → why it is not in the step
     skipped: Dict[str, str] = field(default_factory=dict)
 
     def column(self, name: str) -> List[Any]:
@@ -171,8 +179,11 @@ def step_batch(results: Sequence[Optional[Mapping[str, Any]]], adv: GroupAdvanta
     if len(results) != len(adv.advantages):
         raise ValueError("results (%d) and advantages (%d) are not of one group" % (len(results), len(adv.advantages)))
     batch = StepBatch([])
+    # A member without a result has no id: it is named by its group (any member's) and number, so
+    # the members missing from two groups do not share one key when batches are extended.
+    group = next((r.get("group_id") for r in results if r and r.get("group_id")), None)
     for member, (result, a) in enumerate(zip(results, adv.advantages)):
-        task_id = str(result.get("id")) if result else "member %d" % member
+        task_id = str(result.get("id")) if result else ("%s member %d" % (group, member) if group else "member %d" % member)
         if a is None:
             batch.skipped[task_id] = adv.excluded.get(member, "no advantage")
             continue
