@@ -1,4 +1,5 @@
-import { writeFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { openSync, closeSync, constants, writeFileSync } from "node:fs";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
@@ -93,6 +94,50 @@ describe("evaluate", () => {
       reward: 1,
       evaluation: { details: { reward: 1, tests: 4 } },
     });
+  });
+
+  it("reward_file with a command: the reward is the command's, never a file the agent left", async () => {
+    // A hostile agent plants a perfect reward before the grader runs. The grader writes its own
+    // verdict to reward.txt (reward.json is read first), or crashes before writing anything.
+    const sb = await newSandbox();
+    const c = { ...ctx, sandbox: sb };
+    const plant = () => writeFileSync(path.join(sb.workdir, "reward.json"), '{"reward": 1}');
+    plant();
+    expect(await evaluate(spec({ kind: "reward_file", command: ["bash", "-c", "echo 0 > reward.txt"] }), c)).toMatchObject({ kind: "scored", reward: 0 });
+    plant();
+    expect(await evaluate(spec({ kind: "reward_file", command: ["bash", "-c", "echo grading; exit 3"] }), c)).toMatchObject({
+      kind: "broken",
+      error: { kind: "evaluator_error", message: expect.stringMatching(/no reward file/) },
+    });
+    // With a path, that file is the command's too.
+    writeFileSync(path.join(sb.workdir, "score.txt"), "1");
+    expect(await evaluate(spec({ kind: "reward_file", path: "score.txt", command: ["bash", "-c", "true"] }), c)).toMatchObject({ kind: "broken" });
+    // A grader killed by a signal crashed, whatever file is there.
+    expect(await evaluate(spec({ kind: "reward_file", command: ["bash", "-c", "echo 0.5 > reward.txt; kill -KILL $$"] }), c)).toMatchObject({
+      kind: "broken",
+      error: { message: expect.stringMatching(/killed by SIGKILL/) },
+    });
+  });
+
+  it("file and reward_file: a FIFO or a special file the agent left at the path ends the evaluation instead of hanging it", async () => {
+    // Reading a FIFO blocks until someone writes to it: nobody will (the agent is gone), so the
+    // rollout would never end, holding one of the worker's file-system threads for good.
+    const sb = await newSandbox();
+    const c = { ...ctx, sandbox: sb };
+    execFileSync("mkfifo", [path.join(sb.workdir, "out.txt"), path.join(sb.workdir, "reward.txt")]);
+    try {
+      expect(await evaluate(spec({ kind: "file", path: "out.txt", equals: "x" }), c)).toMatchObject({ kind: "scored", reward: 0 });
+      expect(await evaluate(spec({ kind: "reward_file" }), c)).toMatchObject({ kind: "broken" });
+    } finally {
+      // Unblocks a read the code under test left hanging, so the test process can end.
+      for (const f of ["out.txt", "reward.txt"]) {
+        try {
+          closeSync(openSync(path.join(sb.workdir, f), constants.O_WRONLY | constants.O_NONBLOCK));
+        } catch {
+          // no reader waiting
+        }
+      }
+    }
   });
 
   it("http: posts the result summary and reads {reward}", async () => {

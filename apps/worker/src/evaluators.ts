@@ -12,7 +12,7 @@ export type EvalOutcome =
   | { kind: "broken"; error: TaskError; evaluation: Evaluation | null };
 
 export interface EvalContext {
-  sandbox: Pick<Sandbox, "exec" | "readFile">;
+  sandbox: Pick<Sandbox, "exec" | "readFile" | "removeFile">;
   env: Record<string, string>;
   signal?: AbortSignal;
   /** What an `http` evaluator is sent: the result so far, without the trajectory. */
@@ -57,8 +57,13 @@ function commandFailure(r: RunResult, timeoutS: number): string | null {
   return null;
 }
 
+/** The files a `reward_file` evaluator reads, first found first. */
+function rewardFiles(rel: string | undefined): string[] {
+  return rel ? [rel] : ["reward.json", "reward.txt"];
+}
+
 async function readRewardFile(sandbox: EvalContext["sandbox"], rel: string | undefined): Promise<{ reward: number; details: unknown } | string> {
-  const candidates = rel ? [rel] : ["reward.json", "reward.txt"];
+  const candidates = rewardFiles(rel);
   for (const name of candidates) {
     const text = await sandbox.readFile(name);
     if (text === null) continue;
@@ -103,10 +108,19 @@ export async function evaluate(spec: EvaluatorSpec | null, ctx: EvalContext): Pr
     case "reward_file": {
       let evaluation: Evaluation = { kind: "reward_file", exit_code: null, stdout_tail: "" };
       if (spec.command) {
+        // The reward is the command's: a reward file the agent wrote (a planted reward.json is read
+        // before the grader's reward.txt, and survives a grader that crashes) is removed first.
+        try {
+          for (const name of rewardFiles(spec.path)) await ctx.sandbox.removeFile(name);
+        } catch (err) {
+          return broken(`cannot clear the reward file before the evaluator runs: ${(err as Error).message}`);
+        }
         const r = await runCommand(spec.command, spec.timeout_s, ctx);
         evaluation = { ...evaluation, exit_code: r.exitCode, stdout_tail: r.logTail.slice(-4_096) };
         if (r.aborted) return { kind: "cancelled", evaluation };
-        const failure = r.spawnError || r.timedOut ? commandFailure(r, spec.timeout_s) : null;
+        // A non-zero exit may still have written a reward (a test runner that failed tests); a
+        // command that could not start, timed out or was killed by a signal did not finish.
+        const failure = commandFailure(r, spec.timeout_s);
         if (failure) return broken(failure, evaluation);
       }
       const reward = await readRewardFile(ctx.sandbox, spec.path);

@@ -451,6 +451,14 @@ class DockerSandbox implements Sandbox {
     return entry ? Buffer.from(entry.content ?? "").toString("utf8") : null;
   }
 
+  async removeFile(relPath: string): Promise<void> {
+    const abs = insideWorkdir(this.workdir, relPath);
+    if (!abs) return;
+    // The Engine API has no delete for a container's file: rm in the container (a step of its own).
+    const r = await this.exec(["rm", "-rf", "--", abs], { env: {}, timeoutMs: 60_000 });
+    if (r.exitCode !== 0) throw new Error(`cannot remove ${relPath} in the container: ${r.spawnError ?? (r.logTail.trim().slice(-300) || `exit ${r.exitCode}`)}`);
+  }
+
   async destroy(): Promise<void> {
     if (this.destroyed) return;
     this.destroyed = true;

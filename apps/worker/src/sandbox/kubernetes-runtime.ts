@@ -587,6 +587,16 @@ class PodSandbox implements Sandbox {
     return exitOf(end.status).exitCode === 0 ? Buffer.concat(chunks).toString("utf8") : null;
   }
 
+  async removeFile(relPath: string): Promise<void> {
+    const abs = insideWorkdir(this.workdir, relPath);
+    // No pod yet: nothing of the agent's to remove.
+    if (!abs || !this.ready) return;
+    const err: Buffer[] = [];
+    const end = await this.run(["rm", "-rf", "--", abs], null, () => undefined, (b) => err.push(b));
+    if (!end.status) throw new Error(`the exec stream to pod ${this.podName} closed without a status`);
+    if (exitOf(end.status).exitCode !== 0) throw new Error(`cannot remove ${relPath} in pod ${this.podName}: ${Buffer.concat(err).toString("utf8").trim().slice(-300)}`);
+  }
+
   async destroy(): Promise<void> {
     if (this.closed) return;
     this.closed = true;

@@ -10,7 +10,7 @@ import { RELAY_SHIM_SOURCE } from "./relay-shim.js";
 import { type Spawner, sharedSpawner } from "./spawner.js";
 import { SessionRelay, egressProxyEnv } from "./relay.js";
 import { NO_LOST_CALLS, type CreateOptions, type ExecOptions, type Sandbox, type SandboxRuntime } from "./runtime.js";
-import { PathEscape, type SandboxDirs, makeSandboxDirs, readFileInside, removeSandboxDirs, writeFilesInside } from "./workdir.js";
+import { PathEscape, type SandboxDirs, makeSandboxDirs, readFileInside, removeInside, removeSandboxDirs, writeFilesInside } from "./workdir.js";
 
 /** The sandbox cannot be made as the task asks, here: the rollout fails (`sandbox_unavailable`), it is not retried. */
 export class SandboxUnavailable extends Error {}
@@ -161,6 +161,7 @@ export class LocalRuntime implements SandboxRuntime {
       writeHomeFiles: (files) => writeFilesInside(dirs.home, files),
       // Symlink-safe: a link the agent made to a file outside the working directory reads as absent.
       readFile: (rel) => readFileInside(dirs.work, rel),
+      removeFile: (rel) => removeInside(dirs.work, rel),
       destroy: async () => {
         if (destroyed) return;
         destroyed = true;

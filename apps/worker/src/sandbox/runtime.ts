@@ -32,6 +32,12 @@ export interface Sandbox {
   writeHomeFiles(files: Record<string, string>): Promise<void>;
   /** A file of the working directory, or null when it does not exist. */
   readFile(relPath: string): Promise<string | null>;
+  /**
+   * Removes a path of the working directory if it exists (whatever it is; a link itself, not its
+   * target): a `reward_file` evaluator clears the reward files before its command runs, so the
+   * reward it reads is the command's and never one the agent left.
+   */
+  removeFile(relPath: string): Promise<void>;
   /** Removes everything (unless the task asked to keep it); always safe to call. */
   destroy(): Promise<void>;
   /** Where a kept sandbox can be found, for the logs. */
