@@ -3,6 +3,10 @@
  * Each block runs its own fleet under its own key prefix.
  */
 import { createHmac, randomUUID } from "node:crypto";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import readline from "node:readline";
 import type { TaskRecord, TaskResult } from "@rollgate/protocol";
 import type { StartedChild } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -280,4 +284,55 @@ describe("workers going away", () => {
       await fleet.stop();
     }
   }, 90_000);
+
+  it("a worker frozen mid-rollout past its lock, then thawed: its stale attempt's result never replaces the attempt that took the task over", async () => {
+    // A worker whose job lock lapsed (its event loop stalled, or Redis was away longer than
+    // ROLLGATE_JOB_LOCK_MS) is not dead: BullMQ hands the job to another worker, which closes the
+    // first attempt's session mid-rollout, while the first one goes on. Its result (an interrupted
+    // agent, a cut-short trajectory) must not become the task's.
+    const dir = mkdtempSync(path.join(os.tmpdir(), "rg-frozen-"));
+    const lockEnv = { ROLLGATE_JOB_LOCK_MS: "2000", ROLLGATE_STALLED_INTERVAL_MS: "1000", ROLLGATE_WORKER_CONCURRENCY: "1" };
+    const prefix = newPrefix("frozen");
+    const fleet = await startFleet({ prefix, engineUrl: engine.ready, workers: 1, workerEnv: lockEnv });
+    const frozen = fleet.workers[0]!;
+    let dropped = false;
+    readline.createInterface({ input: frozen.proc.stdout! }).on("line", (l) => {
+      if (l.includes("taken over by another attempt")) dropped = true;
+    });
+    let second: StartedChild | null = null;
+    const api = apiClient(() => fleet.url);
+    try {
+      // Each attempt's agent says it started, then waits for the test to let its session go.
+      const agent = 'touch "$MARKS/started-$ROLLGATE_SESSION_ID"; while [ ! -e "$MARKS/go-$ROLLGATE_SESSION_ID" ]; do sleep 0.1; done';
+      const id = (await api("/v1/tasks", { body: sleepyTask(0, { agent: { harness: "command", command: ["bash", "-c", agent], env: { MARKS: dir } }, evaluator: { kind: "command", command: ["true"] } }) })).body.id as string;
+      const first = await running(api, id);
+      const s1 = first.session_id!;
+      expect(await poll(async () => existsSync(path.join(dir, `started-${s1}`)), Boolean, 20_000)).toBe(true);
+      frozen.proc.kill("SIGSTOP");
+      second = await startApp("worker", [], { ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_GATEWAY_URL: fleet.url, ROLLGATE_WORKER_NAME: "w-second", ...lockEnv });
+      const taken = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.status === "running" && t.session_id !== s1, 30_000);
+      const s2 = taken.session_id!;
+      expect(s2).not.toBe(s1);
+      expect(await poll(async () => existsSync(path.join(dir, `started-${s2}`)), Boolean, 20_000)).toBe(true);
+
+      // The frozen worker thaws; its agent ends; it evaluates and tries to store its result.
+      writeFileSync(path.join(dir, `go-${s1}`), "");
+      frozen.proc.kill("SIGCONT");
+      const meanwhile = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.result !== null || dropped, 30_000);
+      expect(meanwhile.result?.session_id ?? null).toBeNull();
+      expect(meanwhile.status).toBe("running");
+
+      writeFileSync(path.join(dir, `go-${s2}`), "");
+      const r = await terminal(api, id, 30_000);
+      expect(r.status).toBe("completed");
+      expect(r.result.session_id).toBe(s2);
+      expect(r.result.worker).toBe("w-second");
+      expect(r.result.attempts).toBe(2);
+    } finally {
+      frozen.proc.kill("SIGCONT");
+      if (second) await stopChild(second.proc, 5_000);
+      await fleet.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 120_000);
 });

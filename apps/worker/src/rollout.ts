@@ -200,14 +200,23 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
     await finishTask(deps, record, record.attempts, record.session_id, { ...failedOutcome("cancelled", cancel), status: "cancelled" }, null);
     return;
   }
-  // A task found `running` was started by a worker that died: its session is closed so an
+  // A task found `running` was started by a worker whose job lock lapsed: dead, or only stalled
+  // and still running it. The task is taken back first (queued again, which fences that attempt
+  // out: it can no longer store a result or requeue the task), then its session is closed so an
   // orphaned agent cannot keep writing into it, and this attempt opens a fresh one.
   if (record.status === "running" && record.session_id) {
     const orphan = record.session_id;
+    const taken = await deps.tasks.requeue(record.id, orphan, { reason: "worker_lost", previous_worker: record.worker, previous_session: orphan });
     await deps.failures.run(deps.log.child({ session_id: orphan }), "closing an orphaned session", () => deps.gateway.closeSession(orphan));
-    await deps.tasks.appendEvent(record.id, "retrying", { reason: "worker_lost", previous_worker: record.worker, previous_session: orphan });
+    if (!taken) {
+      // The old attempt ended it (or another took it) in between: whatever follows its result.
+      const now = await deps.tasks.get(record.id);
+      if (now && isTerminalStatus(now.status)) await queueFollowUps(deps, now.task as AcceptedTask, now.callback);
+      else deps.log.warn({ status: now?.status, session_id: now?.session_id }, "the task is no longer the orphaned attempt's: left as it is");
+      return;
+    }
   }
-  const attempt = { number: record.attempts + 1, last: job.attemptsMade + 1 >= (job.opts.attempts ?? 1), sessionId: null as string | null };
+  const attempt: Attempt = { number: record.attempts + 1, last: job.attemptsMade + 1 >= (job.opts.attempts ?? 1), sessionId: null, running: false };
   try {
     await attemptRollout(deps, record, attempt, signal);
   } catch (err) {
@@ -216,7 +225,7 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
     deps.log.warn({ status: err.status, code: err.code, err: err.message }, "the gateway refused a request: the task fails");
     const sid = attempt.sessionId;
     if (sid) await deps.failures.run(deps.log.child({ session_id: sid }), "closing the session of a refused rollout", () => deps.gateway.closeSession(sid));
-    await finishTask(deps, record, attempt.number, sid, failedOutcome("gateway_refused", err.message), null);
+    await finishTask(deps, record, attempt.number, sid, failedOutcome("gateway_refused", err.message), null, undefined, null, attempt.running ? sid : null);
   }
 }
 
@@ -246,6 +255,8 @@ interface Attempt {
   last: boolean;
   /** The session this attempt opened, once it has one. */
   sessionId: string | null;
+  /** The task was marked running on this attempt's session: what it stores is fenced on that session. */
+  running: boolean;
 }
 
 async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: Attempt, signal?: AbortSignal) {
@@ -275,6 +286,7 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
     await closeQuietly("closing the session of a task that ended before it started");
     return;
   }
+  attempt.running = true;
   deps.log.info({ attempt: attempt.number, harness: task.agent.harness, runtime: task.runtime.kind }, "rollout started");
   let sandbox: Sandbox;
   try {
@@ -288,7 +300,7 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
     // A sandbox that cannot start is the rollout's failure, not a retry: it would fail again.
     if (!(err instanceof SandboxUnavailable)) throw err;
     await closeQuietly("closing the session of a sandbox that did not start");
-    await finishTask(deps, record, attempt.number, session.id, failedOutcome("sandbox_unavailable", err.message), null);
+    await finishTask(deps, record, attempt.number, session.id, failedOutcome("sandbox_unavailable", err.message), null, undefined, null, session.id);
     return;
   }
   let logs = "";
@@ -353,7 +365,7 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
   if (invalid) outcome = { ...outcome, status: "failed", reward: null, error: { kind: "trajectory_invalid", message: `${invalid.type}: ${invalid.message}` } };
   // A gateway that does not know `?trajectory=` answered the session alone: asked the old way.
   const trajectory = invalid ? null : (state.trajectory ?? (await deps.gateway.trajectory(session.id, task.trajectory.builder)));
-  await finishTask(deps, record, attempt.number, session.id, outcome, trajectory, state.counts, evaluating);
+  await finishTask(deps, record, attempt.number, session.id, outcome, trajectory, state.counts, evaluating, session.id);
 }
 
 /** An event stored in the same step as the task's result, just before its terminal event. */
@@ -368,14 +380,14 @@ type TaskEventBefore = NonNullable<Parameters<TaskStore["finish"]>[5]>;
 async function endLostAttempt(deps: RolloutDeps, record: TaskRecord, attempt: Attempt, sessionId: string, o: Outcome & { lost: LostCalls }, usage: TaskResult["usage"]) {
   const cause = lostCallCause(o.lost);
   if (!attempt.last) {
-    const requeued = await deps.tasks.requeue(record.id, { reason: "lost_call", cause, attempt: attempt.number, session_id: sessionId, lost_calls: o.lost.count });
+    const requeued = await deps.tasks.requeue(record.id, sessionId, { reason: "lost_call", cause, attempt: attempt.number, session_id: sessionId, lost_calls: o.lost.count });
     if (requeued) {
       deps.log.warn({ attempt: attempt.number, lost_calls: o.lost }, "rollout lost an LLM call: not scored; it runs again");
       throw new LostCallRetry(cause);
     }
   }
   const failed: Outcome = { ...o, status: "failed", reward: null, evaluation: null, error: { kind: "infrastructure", message: cause } };
-  await finishTask(deps, record, attempt.number, sessionId, failed, null, usage);
+  await finishTask(deps, record, attempt.number, sessionId, failed, null, usage, null, sessionId);
 }
 
 async function finishTask(
@@ -387,6 +399,8 @@ async function finishTask(
   trajectory: Trajectory | null,
   usage: TaskResult["usage"] = { llm_calls: 0, prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0 },
   before: TaskEventBefore | null = null,
+  /** The session of the attempt storing this result (fenced: see TaskStore.finish); null for results no attempt ran. */
+  attemptSession: string | null = null,
 ) {
   const task = record.task as AcceptedTask;
   const now = new Date();
@@ -411,12 +425,15 @@ async function finishTask(
   const callback: CallbackState | null = task.callback
     ? { state: "pending", delivery_id: randomUUID(), attempts: 0, last_error: null, delivered_at: null }
     : null;
-  const stored = await deps.tasks.finish(task.id, result, now, deps.resultTtlSeconds, callback, before);
+  const stored = await deps.tasks.finish(task.id, result, now, deps.resultTtlSeconds, callback, before, attemptSession);
   if (!stored) {
+    const current = await deps.tasks.get(task.id);
     // Someone else ended it first (a cancel of a queued task): one result only, but what follows
     // it may still be this worker's to queue (the canceller re-queued a job this one already held).
-    const current = await deps.tasks.get(task.id);
-    if (current) await queueFollowUps(deps, task, current.callback);
+    if (current && isTerminalStatus(current.status)) await queueFollowUps(deps, task, current.callback);
+    // Not ended: another attempt took the task over while this one ran (this job's lock lapsed).
+    // Its result is not the task's, nor does it count the task as ended in its group.
+    else deps.log.warn({ status: result.status, current_session: current?.session_id ?? null }, "this attempt was taken over by another attempt (its job lock lapsed): its result is dropped");
     return;
   }
   deps.log.info({ status: result.status, reward: result.reward, error: result.error?.kind }, "rollout finished");

@@ -461,17 +461,34 @@ describe("TaskStore", () => {
   it("puts a running task back in the queue for another attempt, never an ended one", async () => {
     const store = new TaskStore(redis, `${prefix}-t7`);
     await store.create(taskInput("t-6"), new Date());
-    expect(await store.requeue("t-6", { reason: "lost_call" })).toBe(false);
+    expect(await store.requeue("t-6", "s-a", { reason: "lost_call" })).toBe(false);
     await store.markRunning("t-6", { worker: "w", attempt: 1, sessionId: "s-a", now: new Date() });
-    expect(await store.requeue("t-6", { reason: "lost_call", cause: "engine down" })).toBe(true);
+    expect(await store.requeue("t-6", "s-a", { reason: "lost_call", cause: "engine down" })).toBe(true);
     const rec = (await store.get("t-6"))!;
     expect(rec).toMatchObject({ status: "queued", attempts: 1, session_id: "s-a" });
     const events = await store.events("t-6", null);
     expect(events.map((e) => e.type)).toEqual(["queued", "started", "retrying"]);
     expect(events[2]!.data).toEqual({ reason: "lost_call", cause: "engine down" });
     await store.finish("t-6", resultOf("t-6", "cancelled"), new Date(), 60);
-    expect(await store.requeue("t-6", { reason: "lost_call" })).toBe(false);
+    expect(await store.requeue("t-6", "s-a", { reason: "lost_call" })).toBe(false);
     expect((await store.status("t-6"))).toBe("cancelled");
+  });
+
+  it("an attempt that was taken over can neither store its result nor requeue the task", async () => {
+    const store = new TaskStore(redis, `${prefix}-t8`);
+    await store.create(taskInput("t-8"), new Date());
+    await store.markRunning("t-8", { worker: "w1", attempt: 1, sessionId: "s-old", now: new Date() });
+    // Another worker takes the task back from the attempt whose lock lapsed, then runs its own.
+    expect(await store.requeue("t-8", "s-old", { reason: "worker_lost" })).toBe(true);
+    expect(await store.finish("t-8", resultOf("t-8", "completed"), new Date(), 60, null, null, "s-old")).toBe(false);
+    await store.markRunning("t-8", { worker: "w2", attempt: 2, sessionId: "s-new", now: new Date() });
+    expect(await store.requeue("t-8", "s-old", { reason: "lost_call" })).toBe(false);
+    expect(await store.finish("t-8", resultOf("t-8", "completed"), new Date(), 60, null, { type: "evaluating", data: {} }, "s-old")).toBe(false);
+    expect(await store.get("t-8")).toMatchObject({ status: "running", session_id: "s-new", result: null });
+    // The stale attempt left no event either.
+    expect((await store.events("t-8", null)).map((e) => e.type)).toEqual(["queued", "started", "retrying", "started"]);
+    expect(await store.finish("t-8", resultOf("t-8", "completed"), new Date(), 60, null, null, "s-new")).toBe(true);
+    expect(await store.status("t-8")).toBe("completed");
   });
 
   it("lists newest first with filters and a cursor that neither skips nor repeats", async () => {
@@ -532,12 +549,12 @@ describe("Lua scripts (EVALSHA, EVAL when the server lacks one)", () => {
       const store = new TaskStore(fresh, `${prefix}-script`);
       await store.create(taskInput("t-s1"), new Date());
       expect(await store.markRunning("t-s1", { worker: "w", attempt: 1, sessionId: "s-1", now: new Date() })).toBe(true);
-      expect(await store.requeue("t-s1", {})).toBe(true);
+      expect(await store.requeue("t-s1", "s-1", {})).toBe(true);
       // The server forgets every script (as a restarted or another cluster node would): the same
       // scripts, which this connection has run, still work (the body is sent again on NOSCRIPT).
       await fresh.script("FLUSH");
       expect(await store.markRunning("t-s1", { worker: "w", attempt: 2, sessionId: "s-2", now: new Date() })).toBe(true);
-      expect(await store.requeue("t-s1", {})).toBe(true);
+      expect(await store.requeue("t-s1", "s-2", {})).toBe(true);
       expect(await store.status("t-s1")).toBe("queued");
       // A second store on the same connection uses the same commands.
       const again = new TaskStore(fresh, `${prefix}-script`);

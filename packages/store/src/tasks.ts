@@ -28,15 +28,20 @@ const TERMINAL_LUA = `local terminal = {${TerminalStatus.options.map((s) => `['$
 // whose callback nobody will send (the next run of the job queues it).
 // An event that precedes the terminal one (or "") is appended first, whether or not the result is
 // stored, as a command of its own would have been.
+// With an attempt's session (ARGV[9]), nothing is written unless the task is still running that
+// attempt: an attempt whose job lock lapsed while it ran (its worker stalled, not dead) goes on
+// after another attempt took the task over (put it back to queued, closed its session, opened its
+// own), and its result, taken on a session closed under it, must not become the task's (-2).
 // KEYS: task, events. ARGV: status, finished_at, result json, ttl, event json, maxlen, callback json
-// or "", preceding event json or "".
+// or "", preceding event json or "", the attempt's session id or "".
 const FINISH_SCRIPT: LuaScript = {
   name: "rollgateTaskFinish",
   numberOfKeys: 2,
   lua: `
 ${TERMINAL_LUA}
-if ARGV[8] ~= '' then redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[8]) end
 local s = redis.call('HGET', KEYS[1], 'status')
+if ARGV[9] ~= '' and not terminal[s] and (s ~= 'running' or redis.call('HGET', KEYS[1], 'session_id') ~= ARGV[9]) then return -2 end
+if ARGV[8] ~= '' then redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[8]) end
 if terminal[s] then return 0 end
 if not redis.call('HGET', KEYS[1], 'task') then return -1 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'finished_at', ARGV[2], 'result', ARGV[3])
@@ -95,12 +100,14 @@ return 1
 `,
 };
 
-// KEYS: task. Puts a running task back to queued (an attempt given up for a retry); never an ended one.
+// KEYS: task. ARGV: the attempt's session id. Puts a running task back to queued (an attempt given
+// up for a retry); never an ended one, nor one another attempt has taken over since.
 const REQUEUE_SCRIPT: LuaScript = {
   name: "rollgateTaskRequeue",
   numberOfKeys: 1,
   lua: `
 if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
+if redis.call('HGET', KEYS[1], 'session_id') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'queued')
 return 1
 `,
@@ -228,10 +235,10 @@ export class TaskStore {
   /**
    * A running task goes back to `queued` for another attempt (its attempts, worker and last
    * session stay on record), with a `retrying` event carrying `data`. False when it is not running
-   * (it ended meanwhile, e.g. cancelled).
+   * (it ended meanwhile, e.g. cancelled) or no longer on `sessionId` (another attempt took it over).
    */
-  async requeue(id: string, data: Record<string, unknown>, now = new Date()): Promise<boolean> {
-    const res = await this.scripts.requeue(this.k.task(id));
+  async requeue(id: string, sessionId: string, data: Record<string, unknown>, now = new Date()): Promise<boolean> {
+    const res = await this.scripts.requeue(this.k.task(id), sessionId);
     if (res !== 1) return false;
     await this.appendEvent(id, "retrying", data, now);
     return true;
@@ -240,6 +247,8 @@ export class TaskStore {
   /**
    * Stores the one terminal result (false: the task already had one); `callback`: its delivery
    * state, set in the same step; `before`: an event appended just before, in the same step.
+   * `attemptSession`: the session of the attempt that produced the result; then nothing is stored
+   * (false) unless the task is still running that attempt (not one that took it over since).
    */
   async finish(
     id: string,
@@ -248,6 +257,7 @@ export class TaskStore {
     ttlSeconds: number,
     callback: CallbackState | null = null,
     before: { type: TaskEventType; data: Record<string, unknown> } | null = null,
+    attemptSession: string | null = null,
   ): Promise<boolean> {
     const event = JSON.stringify({ type: "terminal", at: now.toISOString(), data: { status: result.status, reward: result.reward, error: result.error } });
     const res = await this.scripts.finish(
@@ -261,6 +271,7 @@ export class TaskStore {
       String(MAX_EVENTS),
       callback ? JSON.stringify(callback) : "",
       before ? eventJson(before.type, before.data, now.toISOString()) : "",
+      attemptSession ?? "",
     );
     return res === 1;
   }
