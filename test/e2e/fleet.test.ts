@@ -336,3 +336,30 @@ describe("workers going away", () => {
     }
   }, 120_000);
 });
+
+describe("task ids", () => {
+  it("an id submitted again after its record expired runs again, in one batch or alone, instead of waiting in the queue for good", async () => {
+    // The queue keeps ended jobs (for the board) longer than a short ROLLGATE_RESULT_TTL_S keeps the
+    // task: a trainer that reuses its ids (prompt-17-sample-3 every epoch) submits ids whose old
+    // job is still there.
+    const fleet = await startFleet({ prefix: newPrefix("reuse"), engineUrl: engine.ready, workers: 1, workerEnv: { ROLLGATE_RESULT_TTL_S: "1" } });
+    const api = apiClient(() => fleet.url);
+    try {
+      const ids = ["reuse-a", "reuse-b"];
+      await api("/v1/tasks", { body: quickTask({ id: ids[0] }) });
+      await api("/v1/tasks/batch", { body: { tasks: [quickTask({ id: ids[1] })] } });
+      for (const id of ids) expect((await terminal(api, id)).status).toBe("completed");
+      for (const id of ids) expect((await poll(() => api(`/v1/tasks/${id}`), (r) => r.status === 404, 20_000)).status).toBe(404);
+
+      expect((await api("/v1/tasks", { body: quickTask({ id: ids[0] }) })).body).toEqual({ id: ids[0], status: "queued" });
+      expect((await api("/v1/tasks/batch", { body: { tasks: [quickTask({ id: ids[1] })] } })).body.tasks).toEqual([{ id: ids[1], status: "queued" }]);
+      for (const id of ids) {
+        const r = await terminal(api, id, 30_000);
+        expect(r.status).toBe("completed");
+        expect(r.result.attempts).toBe(1);
+      }
+    } finally {
+      await fleet.stop();
+    }
+  }, 120_000);
+});
