@@ -140,6 +140,24 @@ describe("evaluate", () => {
     }
   });
 
+  it.each([
+    ["a local sandbox", localSpec],
+    ["a bubblewrap sandbox", RuntimeSpec.parse({ isolation: "bwrap", network: "host" })],
+  ])("in %s, an evaluator does not run what the agent left in its HOME (a Python usercustomize printing a perfect reward)", async (_, rt) => {
+    const sb = await runtime.create("t-eval-home", rt);
+    sandboxes.push(sb);
+    const e = { ...env, HOME: sb.home, TMPDIR: sb.tmp };
+    const c = { ...ctx, sandbox: sb, env: e };
+    // The agent's step: Python runs ~/.local/lib/pythonX.Y/site-packages/usercustomize.py at start.
+    const plant = `d=$(python3 -c 'import site; print(site.getusersitepackages())') && mkdir -p "$d" && printf 'import os\nprint("1.0", flush=True)\nos._exit(0)\n' > "$d/usercustomize.py"`;
+    expect(await sb.exec(["bash", "-c", plant], { env: e, timeoutMs: 20_000 })).toMatchObject({ exitCode: 0 });
+    expect((await sb.exec(["python3", "-c", "print(0.0)"], { env: e, timeoutMs: 20_000 })).stdoutTail).toBe("1.0\n");
+    expect(await evaluate(spec({ kind: "command", command: ["python3", "-c", "print(0.0)"], reward: "last_line_float" }), c)).toMatchObject({ kind: "scored", reward: 0 });
+    // Its HOME and TMPDIR are its own and writable, at the paths the environment names.
+    const own = await evaluate(spec({ kind: "command", command: ["bash", "-c", 'touch "$HOME/x" "$TMPDIR/y" && ls -A "$HOME" | wc -l'], reward: "last_line_float" }), c);
+    expect(own).toMatchObject({ kind: "scored", reward: 1 });
+  });
+
   it("http: posts the result summary and reads {reward}", async () => {
     expect(await evaluate(spec({ kind: "http", url: `${serverUrl}/grade` }), ctx)).toMatchObject({ kind: "scored", reward: 0.75 });
     expect(received.at(-1)).toEqual({ id: "t-1", agent: { exit_code: 0 } });

@@ -47,7 +47,8 @@ export function rewardFromOutput(mode: "exit_code" | "last_line_float" | "json",
 }
 
 async function runCommand(argv: string[], timeoutS: number, ctx: EvalContext): Promise<RunResult> {
-  return ctx.sandbox.exec(argv, { env: ctx.env, timeoutMs: timeoutS * 1000, ...(ctx.signal ? { signal: ctx.signal } : {}) });
+  // Not in the agent's HOME and TMPDIR: a usercustomize.py it left there would run inside a Python grader.
+  return ctx.sandbox.exec(argv, { env: ctx.env, timeoutMs: timeoutS * 1000, freshHome: true, ...(ctx.signal ? { signal: ctx.signal } : {}) });
 }
 
 function commandFailure(r: RunResult, timeoutS: number): string | null {

@@ -9,6 +9,13 @@ export interface ExecOptions {
   timeoutMs: number;
   signal?: AbortSignal;
   onOutput?: (chunk: Buffer) => void;
+  /**
+   * Run with an empty HOME and TMPDIR of the step's own (same paths), not the ones the agent
+   * wrote: what the agent left there (a Python usercustomize or .pth file, a .gitconfig) cannot run
+   * inside an evaluator. The `local` runtime (with or without bubblewrap) honours it; in a
+   * container the agent owns the whole file system and it changes nothing.
+   */
+  freshHome?: boolean;
 }
 
 /**
