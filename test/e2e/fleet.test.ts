@@ -362,4 +362,37 @@ describe("task ids", () => {
       await fleet.stop();
     }
   }, 120_000);
+
+  it("a group id submitted again after its tasks expired gets its own group callback, with this run's results, once they have all ended", async () => {
+    // Group keys outlived their tasks (they never expired): the finished set and the cached group
+    // body of the first run answered for the second.
+    const fleet = await startFleet({ prefix: newPrefix("regroup"), engineUrl: engine.ready, workers: 1, workerEnv: { ROLLGATE_RESULT_TTL_S: "3", ROLLGATE_WORKER_CONCURRENCY: "1" } });
+    const api = apiClient(() => fleet.url);
+    const trainer = await startTrainer();
+    try {
+      const secret = "regroup-secret";
+      const groupId = `gr-${randomUUID().slice(0, 8)}`;
+      const submit = (run: number) =>
+        api("/v1/tasks/batch", { body: { group_id: groupId, n: 2, task: quickTask({ metadata: { run } }), group_callback: { url: trainer.url, secret } } });
+      const groupCallbacks = () => trainer.received.filter((d) => d.headers["x-rollgate-event"] === "group.completed");
+      await submit(1);
+      expect(await poll(async () => groupCallbacks().length, (n) => n >= 1, 60_000)).toBe(1);
+      for (const k of [0, 1]) expect((await poll(() => api(`/v1/tasks/${groupId}-${k}`), (r) => r.status === 404, 20_000)).status).toBe(404);
+
+      // The second run: its first member's end must not complete the group, nor send the first run's body.
+      await submit(2);
+      await terminal(api, `${groupId}-0`, 60_000);
+      const second = await poll(async () => groupCallbacks(), (g) => g.length >= 2, 60_000);
+      expect(second).toHaveLength(2);
+      const body = JSON.parse(second[1]!.rawBody) as { tasks: ({ status: string; metadata: { run: number } } | null)[] };
+      expect(body.tasks.map((t) => [t?.status, t?.metadata.run])).toEqual([
+        ["completed", 2],
+        ["completed", 2],
+      ]);
+      expect(second[1]!.headers["x-rollgate-delivery"]).not.toBe(second[0]!.headers["x-rollgate-delivery"]);
+    } finally {
+      await trainer.close();
+      await fleet.stop();
+    }
+  }, 180_000);
 });

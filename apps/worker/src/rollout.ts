@@ -450,7 +450,7 @@ export async function queueFollowUps(deps: RolloutDeps, task: AcceptedTask, call
   if (task.callback && callback?.state === "pending" && callback.delivery_id) {
     await deps.callbacks.add("deliver", { task_id: task.id, delivery_id: callback.delivery_id }, { jobId: callback.delivery_id });
   }
-  const groupDelivery = task.group_id ? await deps.tasks.groupTaskFinished(task.group_id, task.id) : null;
+  const groupDelivery = task.group_id ? await deps.tasks.groupTaskFinished(task.group_id, task.id, deps.resultTtlSeconds) : null;
   if (task.group_id && groupDelivery) {
     const deliveryId = groupDelivery;
     await deps.callbacks.add("deliver-group", { group_id: task.group_id, delivery_id: deliveryId }, { jobId: deliveryId });

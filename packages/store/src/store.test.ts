@@ -519,14 +519,37 @@ describe("TaskStore", () => {
     const store = new TaskStore(redis, `${prefix}-t4`);
     await store.defineGroup("g-2", 3, { url: "http://x", secret: "s" });
     // t-a told twice (a job re-run after its worker died) still counts once.
-    const done = [await store.groupTaskFinished("g-2", "t-a"), await store.groupTaskFinished("g-2", "t-a"), await store.groupTaskFinished("g-2", "t-b")];
+    const done = [await store.groupTaskFinished("g-2", "t-a", 600), await store.groupTaskFinished("g-2", "t-a", 600), await store.groupTaskFinished("g-2", "t-b", 600)];
     expect(done).toEqual([null, null, null]);
-    const delivery = await store.groupTaskFinished("g-2", "t-c");
+    const delivery = await store.groupTaskFinished("g-2", "t-c", 600);
     expect(delivery).toMatch(/^group-/);
     // Told again (a re-run): the same delivery id, so the queue keeps one delivery job.
-    expect(await store.groupTaskFinished("g-2", "t-c")).toBe(delivery);
+    expect(await store.groupTaskFinished("g-2", "t-c", 600)).toBe(delivery);
     await store.defineGroup("g-3", 1, null);
-    expect(await store.groupTaskFinished("g-3", "t-d")).toBeNull();
+    expect(await store.groupTaskFinished("g-3", "t-d", 600)).toBeNull();
+  });
+
+  it("a group's keys expire with its members' results instead of staying in Redis for good", async () => {
+    // The group hash holds the cached group body (every member's result, trajectories included).
+    const p = `${prefix}-t9`;
+    const store = new TaskStore(redis, p);
+    await store.defineGroup("g-9", 2, { url: "http://x", secret: "s" });
+    for (const id of ["g-9-0", "g-9-1"]) await store.create(taskInput(id, { group_id: "g-9" }), new Date());
+    await store.groupTaskFinished("g-9", "g-9-0", 600);
+    await store.groupBody("g-9", () => Promise.resolve("{}"));
+    await store.groupTaskFinished("g-9", "g-9-1", 600);
+    const groupKeys = [`${p}:{g:g-9}:group`, `${p}:{g:g-9}:tasks`, `${p}:{g:g-9}:finished`];
+    for (const key of groupKeys) {
+      const ttl = await redis.ttl(key);
+      expect(ttl, key).toBeGreaterThan(0);
+      expect(ttl, key).toBeLessThanOrEqual(600);
+    }
+    // A member created again (the group id reused once its tasks expired) is not finished, and
+    // the group's cached body is gone.
+    await redis.del(`${p}:{t:g-9-0}:task`);
+    await store.create(taskInput("g-9-0", { group_id: "g-9" }), new Date());
+    expect(await redis.sismember(`${p}:{g:g-9}:finished`, "g-9-0")).toBe(0);
+    expect(await redis.hget(`${p}:{g:g-9}:group`, "body")).toBeNull();
   });
 
   it("stores a pending callback with the result, in one step", async () => {

@@ -66,17 +66,23 @@ return 1
 `,
 };
 
-// KEYS: group hash, group's finished-task set. ARGV: task id, group id.
+// The group's keys live as long as its members' results: each member's end sets their expiry to
+// the result TTL (the last one to end decides), so a group's keys (its cached body holds every
+// member's result) do not outlive its tasks, and a group id used again after they expired starts
+// afresh. KEYS: group hash, group's finished-task set, group's task index. ARGV: task id, group
+// id, ttl (seconds).
 const GROUP_FINISHED_SCRIPT: LuaScript = {
   name: "rollgateGroupTaskFinished",
-  numberOfKeys: 2,
+  numberOfKeys: 3,
   lua: `
+for i = 1, 3 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('EXPIRE', KEYS[i], ARGV[3]) end
+end
 local size = redis.call('HGET', KEYS[1], 'size')
 local cb = redis.call('HGET', KEYS[1], 'callback')
 if not size or not cb or cb == '' then return 0 end
 redis.call('SADD', KEYS[2], ARGV[1])
-local ttl = redis.call('TTL', KEYS[1])
-if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
+redis.call('EXPIRE', KEYS[2], ARGV[3])
 if redis.call('SCARD', KEYS[2]) >= tonumber(size) then
   return redis.call('HGET', KEYS[1], 'delivery') or ('group-' .. ARGV[2])
 end
@@ -170,7 +176,13 @@ export class TaskStore {
     if (created !== 1) return false;
     // Separate commands: the task, the index and the group live in different cluster slots.
     await this.redis.zadd(this.k.taskIndex(), now.getTime(), task.id);
-    if (task.group_id) await this.redis.zadd(this.k.groupTasks(task.group_id), now.getTime(), task.id);
+    if (task.group_id) {
+      const g = task.group_id;
+      // A new task has not ended: should its id have ended in an earlier group of the same id
+      // (whose tasks expired), it no longer counts as finished there, and that group's cached
+      // body (its results) is not this group's.
+      await this.redis.multi().zadd(this.k.groupTasks(g), now.getTime(), task.id).srem(this.k.groupFinished(g), task.id).hdel(this.k.group(g), "body").exec();
+    }
     return true;
   }
 
@@ -412,13 +424,14 @@ export class TaskStore {
   }
 
   /**
-   * Counts a terminal task of a group (idempotent: a task counts once however often it is told).
+   * Counts a terminal task of a group (idempotent: a task counts once however often it is told),
+   * and makes the group's keys expire `ttlSeconds` from now (the members' result TTL).
    * When every task of the group has ended and the group has a callback to send, returns the
    * group delivery's id, else null. Told again after that (a job re-run after its worker died),
    * it returns the same id: the delivery's job id is fixed, so the queue drops the repeat.
    */
-  async groupTaskFinished(groupId: string, taskId: string): Promise<string | null> {
-    const res = await this.scripts.groupFinished(this.k.group(groupId), this.k.groupFinished(groupId), taskId, groupId);
+  async groupTaskFinished(groupId: string, taskId: string, ttlSeconds: number): Promise<string | null> {
+    const res = await this.scripts.groupFinished(this.k.group(groupId), this.k.groupFinished(groupId), this.k.groupTasks(groupId), taskId, groupId, String(ttlSeconds));
     return typeof res === "string" ? res : null;
   }
 
