@@ -396,3 +396,53 @@ describe("task ids", () => {
     }
   }, 180_000);
 });
+
+describe("the gateway going away", () => {
+  it("an agent whose call could not reach the gateway (restarted meanwhile) is not scored: its rollout runs again", async () => {
+    // A local sandbox's agent talks to the gateway directly: a call refused while the gateway is
+    // down leaves no trace the gateway could record. The agent fails, the evaluator then finds no
+    // hello.txt; that must not be a completed rollout with reward 0.
+    const prefix = newPrefix("gwdown");
+    const fleet = await startFleet({ prefix, engineUrl: engine.ready, workers: 1 });
+    const port = new URL(fleet.url).port;
+    let again: StartedChild | null = null;
+    const api = apiClient(() => fleet.url);
+    try {
+      const dir = mkdtempSync(path.join(os.tmpdir(), "rg-gwdown-"));
+      try {
+        // The first attempt's agent calls once the test has stopped the gateway, and ends after it is back.
+        const agent = 'if [ ! -e "$MARKS/once" ]; then touch "$MARKS/once"; while [ ! -e "$MARKS/down" ]; do sleep 0.1; done; rollgate-example-agent; touch "$MARKS/called"; while [ ! -e "$MARKS/up" ]; do sleep 0.1; done; exit 1; fi; rollgate-example-agent';
+        const id = (await api("/v1/tasks", {
+          body: quickTask({
+            instruction: 'Create hello.txt.\n#sim: [{"tool_calls": [{"name": "shell", "arguments": {"command": "echo hello > hello.txt"}}]}, {"text": "done"}]',
+            agent: { harness: "command", command: ["bash", "-c", agent], env: { MARKS: dir } },
+            evaluator: { kind: "command", command: ["bash", "-c", 'test "$(cat hello.txt)" = hello'] },
+          }),
+        })).body.id as string;
+        await running(api, id);
+        expect(await poll(async () => existsSync(path.join(dir, "once")), Boolean, 20_000)).toBe(true);
+        let noticed = false;
+        readline.createInterface({ input: fleet.workers[0]!.proc.stdout! }).on("line", (l) => {
+          if (l.includes("gateway not ready")) noticed = true;
+        });
+        await stopChild(fleet.gateway.proc, 5_000);
+        writeFileSync(path.join(dir, "down"), "");
+        // The agent's call (with its SDK's retries) has failed, and the worker has seen the gateway gone.
+        expect(await poll(async () => existsSync(path.join(dir, "called")) && noticed, Boolean, 60_000)).toBe(true);
+        again = await startApp("gateway", ["--port", port], {
+          ROLLGATE_KEY_PREFIX: prefix,
+          ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2, profile: "qwen3" }]),
+        });
+        writeFileSync(path.join(dir, "up"), "");
+        const r = await terminal(api, id, 60_000);
+        // Not [completed, 0, 1]: the first attempt was given up unscored, the second one scored.
+        expect([r.status, r.result.reward, r.result.attempts]).toEqual(["completed", 1, 2]);
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
+    } finally {
+      if (again) await stopChild(again.proc, 5_000);
+      await fleet.stop();
+    }
+  }, 120_000);
+});

@@ -11,7 +11,7 @@ import { planHarness } from "./harnesses.js";
 import { sandboxEnv } from "./sandbox/environment.js";
 import { SandboxUnavailable } from "./sandbox/local-runtime.js";
 import type { RunResult } from "./sandbox/process.js";
-import type { Sandbox, SandboxRuntime } from "./sandbox/runtime.js";
+import { NO_LOST_CALLS, type Sandbox, type SandboxRuntime } from "./sandbox/runtime.js";
 
 export interface RolloutDeps {
   tasks: TaskStore;
@@ -25,6 +25,12 @@ export interface RolloutDeps {
   log: Logger;
   /** Side work that may fail without failing the rollout: logged and counted. */
   failures: FailureCounter;
+  /**
+   * How many of the worker's gateway checks got no answer so far (GatewayReadiness.unanswered):
+   * rising while an agent without a relay of its own ran means its calls may have been lost
+   * where the gateway could not see them. Without it, only the calls the gateway saw count.
+   */
+  gatewayUnanswered?: () => number;
 }
 
 /**
@@ -47,6 +53,8 @@ const LOG_FLUSH_MS = 2_000;
 interface Outcome {
   /** Set when the session lost a call before evaluation: the rollout was not evaluated. */
   lost?: LostCalls;
+  /** Calls the agent may have lost where the gateway could not see them (unseenLoss). */
+  unseen?: LostCalls;
   status: TerminalStatus;
   reward: number | null;
   evaluation: TaskResult["evaluation"];
@@ -101,15 +109,34 @@ export function lostCallsOf(session: LostCalls, sandbox: LostCalls): LostCalls |
  * Reads the session before evaluating: a rollout that lost a call is never scored, and neither is
  * a branch whose agent left the replayed path (it did not start from the source's state).
  */
-async function unscoredBeforeEvaluation(deps: RolloutDeps, sessionId: string, sandbox: Sandbox): Promise<{ lost: LostCalls | null; diverged: Session["replay_diverged"] }> {
+async function unscoredBeforeEvaluation(deps: RolloutDeps, sessionId: string, sandbox: Sandbox, unseen: LostCalls): Promise<{ lost: LostCalls | null; diverged: Session["replay_diverged"] }> {
   const session = await deps.gateway.session(sessionId);
-  return { lost: lostCallsOf(session.lost_calls, sandbox.lostCalls()), diverged: session.replay_diverged };
+  return { lost: lostCallsOf(session.lost_calls, sumLost(sandbox.lostCalls(), unseen)), diverged: session.replay_diverged };
+}
+
+function sumLost(a: LostCalls, b: LostCalls): LostCalls {
+  return lostCallsOf(a, b) ?? NO_LOST_CALLS;
+}
+
+/**
+ * An agent that reaches the gateway directly (no relay of its own: a local sandbox without a
+ * sealed network, a container on the host network) and fails to connect leaves no trace the
+ * gateway could record. When the worker itself could not reach the gateway while such an agent
+ * ran, its calls may have been lost that way: the attempt is not scored (it runs again).
+ */
+function unseenLoss(deps: RolloutDeps, sandbox: Sandbox, before: number | undefined): LostCalls {
+  if (sandbox.sessionUrl !== null || before === undefined || !deps.gatewayUnanswered) return NO_LOST_CALLS;
+  const missed = deps.gatewayUnanswered() - before;
+  if (missed <= 0) return NO_LOST_CALLS;
+  const message = `the worker could not reach the gateway while the agent ran (${missed} check${missed > 1 ? "s" : ""} unanswered): its LLM calls may have been lost before the gateway saw them`;
+  return { count: 1, first: { at: new Date().toISOString(), kind: "gateway_unreachable", status: 0, message } };
 }
 
 /** Prepare, harness and evaluator: everything that happens inside the sandbox. */
 async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> {
   const { task, sandbox, env, signal } = r;
   const started = Date.now();
+  const unansweredBefore = deps.gatewayUnanswered?.();
   const deadline = started + task.limits.timeout_s * 1000;
   const run = (argv: string[]) =>
     sandbox.exec(argv, { env, timeoutMs: Math.max(1, deadline - Date.now()), onOutput: r.onOutput, ...(signal ? { signal } : {}) });
@@ -126,14 +153,15 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
   }
   const result = last!;
   const runMs = Date.now() - started;
-  const base = { agent: agentInfo(result), runMs, evalMs: 0, evaluation: null, reward: null };
+  const unseen = unseenLoss(deps, sandbox, unansweredBefore);
+  const base = { agent: agentInfo(result), runMs, evalMs: 0, evaluation: null, reward: null, ...(unseen.count > 0 ? { unseen } : {}) };
   if (result.aborted) return { ...base, status: "cancelled", error: { kind: "cancelled", message: cancelReason(signal) } };
   const evaluated = task.evaluator !== null && task.evaluator.kind !== "none";
   const checked = stage === "harness" && !evaluated ? ({ checkAtClose: true } as const) : {};
   // After the harness, before anything is scored: an agent that lost a call to infrastructure did
   // not show what the policy does (a timeout it ran into while the engine was away included).
   if (stage === "harness" && evaluated) {
-    const { lost, diverged } = await unscoredBeforeEvaluation(deps, r.sessionId, sandbox);
+    const { lost, diverged } = await unscoredBeforeEvaluation(deps, r.sessionId, sandbox, unseen);
     if (lost) return { ...base, lost, status: "failed", error: { kind: "infrastructure", message: lostCallCause(lost) } };
     if (diverged) return { ...base, status: "failed", error: { kind: "replay_diverged", call: diverged.call, message: `call ${diverged.call}: ${diverged.message}` } };
   }
@@ -348,7 +376,7 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
   // The trajectory comes with the close (one request): unused when the attempt turns out lost.
   const state = await deps.gateway.closeSession(session.id, task.trajectory.builder);
   // A call lost before or during evaluation: this attempt shows nothing about the policy.
-  const lost = outcome.status === "cancelled" ? null : (outcome.lost ?? lostCallsOf(state.lost_calls, sandbox.lostCalls()));
+  const lost = outcome.status === "cancelled" ? null : (outcome.lost ?? lostCallsOf(state.lost_calls, sumLost(sandbox.lostCalls(), outcome.unseen ?? NO_LOST_CALLS)));
   if (lost) {
     await endLostAttempt(deps, record, attempt, session.id, { ...outcome, lost }, state.counts);
     return;
