@@ -80,6 +80,7 @@ describe("evaluate", () => {
     expect(await evaluate(spec({ kind: "file", path: "out.txt", equals: "hello" }), ctx)).toMatchObject({ reward: 0 });
     expect(await evaluate(spec({ kind: "file", path: "missing.txt", equals: "x" }), ctx)).toMatchObject({ reward: 0, evaluation: { details: { exists: false } } });
     expect(() => spec({ kind: "file", path: "out.txt" })).toThrow(/exactly one of equals or regex/);
+    expect(() => spec({ kind: "file", path: "out.txt", regex: "(unclosed" })).toThrow(/not a valid regular expression/);
   });
 
   it("reward_file: reward.json or reward.txt, written by the agent or a test command", async () => {
@@ -156,6 +157,21 @@ describe("evaluate", () => {
     // Its HOME and TMPDIR are its own and writable, at the paths the environment names.
     const own = await evaluate(spec({ kind: "command", command: ["bash", "-c", 'touch "$HOME/x" "$TMPDIR/y" && ls -A "$HOME" | wc -l'], reward: "last_line_float" }), c);
     expect(own).toMatchObject({ kind: "scored", reward: 1 });
+  });
+
+  it("file: a regex that backtracks catastrophically on the agent's file fails the evaluation instead of freezing the worker", async () => {
+    // `^(\w+\s?)*$` on 40 letters and a "!" takes about 2^40 steps: on the worker's event loop it
+    // would hold every rollout of the worker (and renew no job lock) for good.
+    const sb = await newSandbox();
+    writeFileSync(path.join(sb.workdir, "answer.txt"), `${"a".repeat(40)}!`);
+    const c = { ...ctx, sandbox: sb, regexTimeoutMs: 300 };
+    expect(await evaluate(spec({ kind: "file", path: "answer.txt", regex: "^(\\w+\\s?)*$" }), c)).toMatchObject({
+      kind: "broken",
+      error: { kind: "evaluator_error", message: expect.stringMatching(/ran longer than 0.3s on answer.txt/) },
+    });
+    // The same regex on a file it handles: scored as before.
+    writeFileSync(path.join(sb.workdir, "answer.txt"), "all good here");
+    expect(await evaluate(spec({ kind: "file", path: "answer.txt", regex: "^(\\w+\\s?)*$" }), c)).toMatchObject({ kind: "scored", reward: 1 });
   });
 
   it("http: posts the result summary and reads {reward}", async () => {

@@ -1,3 +1,4 @@
+import vm from "node:vm";
 import type { EvaluatorSpec, TaskError, TaskResult } from "@rollgate/protocol";
 import { z } from "zod";
 import { EgressDenied, egressRequest } from "./egress.js";
@@ -13,6 +14,8 @@ export type EvalOutcome =
 
 export interface EvalContext {
   sandbox: Pick<Sandbox, "exec" | "readFile" | "removeFile">;
+  /** How long a `file` evaluator's regex may run on the file (default REGEX_TIMEOUT_MS). */
+  regexTimeoutMs?: number;
   env: Record<string, string>;
   signal?: AbortSignal;
   /** What an `http` evaluator is sent: the result so far, without the trajectory. */
@@ -20,6 +23,27 @@ export interface EvalContext {
 }
 
 const RewardJson = z.object({ reward: z.number() }).loose();
+
+/** The longest a `file` evaluator's regex may run on the file the agent wrote. */
+export const REGEX_TIMEOUT_MS = 10_000;
+
+const REGEX_TEST = new vm.Script("new RegExp(regex).test(text)");
+
+/**
+ * Whether `regex` matches `text`, or null when it ran out of time (or does not compile). The text is the agent's: a
+ * regex that backtracks catastrophically on it (`^(\\w+\\s?)*$` on a long line that does not
+ * match) would otherwise hold the worker's event loop for good, and every rollout on the worker
+ * with it. Run in a context of its own, which V8 can interrupt at the time limit.
+ */
+function regexMatches(regex: string, text: string, timeoutMs: number): boolean | null {
+  try {
+    return REGEX_TEST.runInNewContext({ regex, text }, { timeout: timeoutMs }) as boolean;
+  } catch {
+    // ERR_SCRIPT_EXECUTION_TIMEOUT, or a regex that does not compile (refused at submission; a
+    // task stored before that).
+    return null;
+  }
+}
 
 function broken(message: string, evaluation: Evaluation | null = null): EvalOutcome {
   return { kind: "broken", error: { kind: "evaluator_error", message }, evaluation };
@@ -99,7 +123,16 @@ export async function evaluate(spec: EvaluatorSpec | null, ctx: EvalContext): Pr
     }
     case "file": {
       const text = await ctx.sandbox.readFile(spec.path);
-      const matched = text !== null && (spec.equals !== undefined ? text === spec.equals : new RegExp(spec.regex!).test(text));
+      const timeoutMs = ctx.regexTimeoutMs ?? REGEX_TIMEOUT_MS;
+      const matched = text === null ? false : spec.equals !== undefined ? text === spec.equals : regexMatches(spec.regex!, text, timeoutMs);
+      if (matched === null) {
+        return broken(`evaluator.regex did not compile, or ran longer than ${timeoutMs / 1000}s on ${spec.path} (catastrophic backtracking on the agent's file?)`, {
+          kind: "file",
+          exit_code: null,
+          stdout_tail: "",
+          details: { path: spec.path, exists: true, matched: null },
+        });
+      }
       return {
         kind: "scored",
         reward: matched ? 1 : 0,
