@@ -310,7 +310,8 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
   const closeQuietly = (why: string) => deps.failures.run(deps.log, why, () => deps.gateway.closeSession(session.id));
   const started = await deps.tasks.markRunning(task.id, { worker: deps.workerName, attempt: attempt.number, sessionId: session.id, now: new Date() });
   if (!started) {
-    // Cancelled (or otherwise ended) while this worker was picking it up: leave it as it ended.
+    // Cancelled (or otherwise ended) while this worker was picking it up, or running under
+    // another attempt that took it while this one stalled: leave it as it is.
     await closeQuietly("closing the session of a task that ended before it started");
     return;
   }

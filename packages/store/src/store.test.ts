@@ -487,6 +487,10 @@ describe("TaskStore", () => {
     expect(await store.get("t-8")).toMatchObject({ status: "running", session_id: "s-new", result: null });
     // The stale attempt left no event either.
     expect((await store.events("t-8", null)).map((e) => e.type)).toEqual(["queued", "started", "retrying", "started"]);
+    // An attempt that stalled before it marked the task running, and got there after the live one
+    // did: it does not displace it.
+    expect(await store.markRunning("t-8", { worker: "w3", attempt: 2, sessionId: "s-late", now: new Date() })).toBe(false);
+    expect(await store.get("t-8")).toMatchObject({ status: "running", session_id: "s-new", worker: "w2" });
     expect(await store.finish("t-8", resultOf("t-8", "completed"), new Date(), 60, null, null, "s-new")).toBe(true);
     expect(await store.status("t-8")).toBe("completed");
   });

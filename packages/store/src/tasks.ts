@@ -91,15 +91,18 @@ return 0
 };
 
 // Marks the task running and appends its `started` event in one step (one round trip instead of
-// two). Never revives a task that ended. KEYS: task, events. ARGV: started_at, worker, attempt,
-// session id, event json, maxlen.
+// two). Never revives a task that ended, nor takes one another attempt is running: a task found
+// running is taken back first (requeue, fenced on that attempt's session), so only an attempt
+// that stalled before it got this far (its job lock lapsed and another took the task) arrives
+// here to find it running, and it must not displace the live one.
+// KEYS: task, events. ARGV: started_at, worker, attempt, session id, event json, maxlen.
 const MARK_RUNNING_SCRIPT: LuaScript = {
   name: "rollgateTaskMarkRunning",
   numberOfKeys: 2,
   lua: `
 ${TERMINAL_LUA}
 local s = redis.call('HGET', KEYS[1], 'status')
-if not s or terminal[s] then return 0 end
+if not s or terminal[s] or s == 'running' then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1], 'worker', ARGV[2], 'attempts', ARGV[3], 'session_id', ARGV[4])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5])
 return 1
@@ -227,7 +230,8 @@ export class TaskStore {
 
   /**
    * Marks the task running, unless it already ended (a cancel that won the race against the
-   * worker picking it up): then nothing changes and it returns false.
+   * worker picking it up) or another attempt is running it: then nothing changes and it returns
+   * false.
    */
   async markRunning(id: string, fields: { worker: string; attempt: number; sessionId: string; now: Date }): Promise<boolean> {
     const at = fields.now.toISOString();
