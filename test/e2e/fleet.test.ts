@@ -6,6 +6,8 @@ import { createHmac, randomUUID } from "node:crypto";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import readline from "node:readline";
 import type { TaskRecord, TaskResult } from "@rollgate/protocol";
 import type { StartedChild } from "@rollgate/testkit";
@@ -284,6 +286,48 @@ describe("workers going away", () => {
       await fleet.stop();
     }
   }, 90_000);
+
+  it("workers SIGKILLed mid-delivery twice: the callback is still delivered, every time under its one delivery id", async () => {
+    // The trainer holds each delivery open until the test lets it answer.
+    let hold = true;
+    const seen: string[] = [];
+    const trainer = http.createServer((req, res) => {
+      req.resume();
+      req.on("end", () => {
+        seen.push(String(req.headers["x-rollgate-delivery"]));
+        const answer = () => (hold ? setTimeout(answer, 50) : res.writeHead(200).end("ok"));
+        answer();
+      });
+    });
+    await new Promise<void>((r) => trainer.listen(0, "127.0.0.1", r));
+    const url = `http://127.0.0.1:${(trainer.address() as AddressInfo).port}/rollouts`;
+    const lockEnv = { ROLLGATE_JOB_LOCK_MS: "2000", ROLLGATE_STALLED_INTERVAL_MS: "1000" };
+    const prefix = newPrefix("cbkill");
+    const fleet = await startFleet({ prefix, engineUrl: engine.ready, workers: 1, workerEnv: lockEnv });
+    const extra: StartedChild[] = [];
+    const api = apiClient(() => fleet.url);
+    try {
+      const id = (await api("/v1/tasks", { body: quickTask({ callback: { url, secret: "s" } }) })).body.id as string;
+      let victim = fleet.workers[0]!;
+      for (const n of [1, 2]) {
+        // (Up to the default 30 s lock and stalled check of a callback job on the code before.)
+        expect(await poll(async () => seen.length, (k) => k >= n, 120_000)).toBe(n);
+        victim.proc.kill("SIGKILL");
+        victim = await startApp("worker", [], { ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_GATEWAY_URL: fleet.url, ROLLGATE_WORKER_NAME: `w-next-${n}`, ...lockEnv });
+        extra.push(victim);
+      }
+      hold = false;
+      const done = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.callback.state !== "pending", 120_000);
+      expect(done.callback.state).toBe("delivered");
+      expect(seen.length).toBeGreaterThanOrEqual(3);
+      expect(new Set(seen)).toEqual(new Set([done.callback.delivery_id]));
+    } finally {
+      hold = false;
+      for (const w of extra) await stopChild(w.proc, 5_000);
+      await fleet.stop();
+      await new Promise((r) => trainer.close(r));
+    }
+  }, 400_000);
 
   it("a worker frozen mid-rollout past its lock, then thawed: its stale attempt's result never replaces the attempt that took the task over", async () => {
     // A worker whose job lock lapsed (its event loop stalled, or Redis was away longer than
