@@ -180,6 +180,8 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
 
   // An agent that exits non-zero is still evaluated (docs/data-model.md#outcomes): its exit code is in agent.exit_code.
   await deps.tasks.appendEvent(task.id, "evaluating", { agent_exit_code: result.exitCode });
+  // Nothing the agent left running may write while the evaluator reads (a daemon rewriting reward.json).
+  await sandbox.stopLeftovers?.();
   const evalStart = Date.now();
   const ev = await evaluate(task.evaluator, {
     sandbox,

@@ -45,6 +45,12 @@ export interface Sandbox {
    * reward it reads is the command's and never one the agent left.
    */
   removeFile(relPath: string): Promise<void>;
+  /**
+   * Kills whatever the steps so far left running (an agent's daemon), before the evaluator runs,
+   * so nothing of the agent's can rewrite what the evaluator reads. Runtimes whose steps cannot
+   * leave anything behind (bubblewrap: its PID namespace ends with the step) need not do anything.
+   */
+  stopLeftovers?(): Promise<void>;
   /** Removes everything (unless the task asked to keep it); always safe to call. */
   destroy(): Promise<void>;
   /** Where a kept sandbox can be found, for the logs. */
