@@ -469,6 +469,8 @@ async function finishTask(
   }
   deps.log.info({ status: result.status, reward: result.reward, error: result.error?.kind }, "rollout finished");
   await queueFollowUps(deps, task, callback);
+  // The task index would otherwise keep every task ever submitted (records expire, entries did not).
+  await deps.failures.run(deps.log, "pruning the task index", () => deps.tasks.pruneIndex(deps.resultTtlSeconds, now));
 }
 
 /**

@@ -533,6 +533,23 @@ describe("TaskStore", () => {
     expect(await store.groupTaskFinished("g-3", "t-d", 600)).toBeNull();
   });
 
+  it("the task index forgets tasks whose records have long expired instead of growing for good", async () => {
+    const p = `${prefix}-t10`;
+    const store = new TaskStore(redis, p);
+    const day = 24 * 3600 * 1000;
+    const now = Date.now();
+    // Created 10 days ago with a 7-day result TTL: its record is long gone, its index entry was not.
+    await store.create(taskInput("t-old"), new Date(now - 10 * day));
+    await redis.del(`${p}:{t:t-old}:task`);
+    // Created 7.5 days ago: its record may still be there (a task that ran long), so it stays.
+    await store.create(taskInput("t-recent"), new Date(now - 7.5 * day));
+    await store.create(taskInput("t-new"), new Date(now));
+    expect(await store.finish("t-new", resultOf("t-new", "completed"), new Date(now), 7 * 24 * 3600)).toBe(true);
+    expect(await store.pruneIndex(7 * 24 * 3600, new Date(now))).toBe(1);
+    expect(await redis.zrange(`${p}:{tasks}:index`, 0, -1)).toEqual(["t-recent", "t-new"]);
+    expect((await store.recentStates(10)).indexed).toBe(2);
+  });
+
   it("a group's keys expire with its members' results instead of staying in Redis for good", async () => {
     // The group hash holds the cached group body (every member's result, trajectories included).
     const p = `${prefix}-t9`;

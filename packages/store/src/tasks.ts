@@ -17,6 +17,12 @@ import { keys, type Keys } from "./keys.js";
 import { scriptCommands, type LuaScript } from "./scripts.js";
 
 const MAX_EVENTS = 2_000;
+/**
+ * How much longer than the result TTL a task stays in the task index after its creation: a task's
+ * record expires the TTL after it ended, so only a task that took longer than this from creation
+ * to its end can drop out of the index while its record is still there (it stays readable by id).
+ */
+const INDEX_MARGIN_MS = 24 * 3600 * 1000;
 const MAX_LOG_BYTES = 256 * 1024;
 
 // Lua: `terminal[s]` is true for the statuses a task ends in (the protocol's list, not a copy).
@@ -290,6 +296,15 @@ export class TaskStore {
       attemptSession ?? "",
     );
     return res === 1;
+  }
+
+  /**
+   * Records expire, their task index entries do not: removes the entries of tasks created longer
+   * ago than the result TTL (and a margin), whose records are gone. Workers call it as they store
+   * results (they know the TTL).
+   */
+  async pruneIndex(ttlSeconds: number, now = new Date()): Promise<number> {
+    return this.redis.zremrangebyscore(this.k.taskIndex(), "-inf", `(${now.getTime() - ttlSeconds * 1000 - INDEX_MARGIN_MS}`);
   }
 
   async rawResult(id: string): Promise<string | null> {
