@@ -3,6 +3,12 @@
  * Each block runs its own fleet under its own key prefix.
  */
 import { createHmac, randomUUID } from "node:crypto";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import readline from "node:readline";
 import type { TaskRecord, TaskResult } from "@rollgate/protocol";
 import type { StartedChild } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -280,4 +286,207 @@ describe("workers going away", () => {
       await fleet.stop();
     }
   }, 90_000);
+
+  it("workers SIGKILLed mid-delivery twice: the callback is still delivered, every time under its one delivery id", async () => {
+    // The trainer holds each delivery open until the test lets it answer.
+    let hold = true;
+    const seen: string[] = [];
+    const trainer = http.createServer((req, res) => {
+      req.resume();
+      req.on("end", () => {
+        seen.push(String(req.headers["x-rollgate-delivery"]));
+        const answer = () => (hold ? setTimeout(answer, 50) : res.writeHead(200).end("ok"));
+        answer();
+      });
+    });
+    await new Promise<void>((r) => trainer.listen(0, "127.0.0.1", r));
+    const url = `http://127.0.0.1:${(trainer.address() as AddressInfo).port}/rollouts`;
+    const lockEnv = { ROLLGATE_JOB_LOCK_MS: "2000", ROLLGATE_STALLED_INTERVAL_MS: "1000" };
+    const prefix = newPrefix("cbkill");
+    const fleet = await startFleet({ prefix, engineUrl: engine.ready, workers: 1, workerEnv: lockEnv });
+    const extra: StartedChild[] = [];
+    const api = apiClient(() => fleet.url);
+    try {
+      const id = (await api("/v1/tasks", { body: quickTask({ callback: { url, secret: "s" } }) })).body.id as string;
+      let victim = fleet.workers[0]!;
+      for (const n of [1, 2]) {
+        // (Up to the default 30 s lock and stalled check of a callback job on the code before.)
+        expect(await poll(async () => seen.length, (k) => k >= n, 120_000)).toBe(n);
+        victim.proc.kill("SIGKILL");
+        victim = await startApp("worker", [], { ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_GATEWAY_URL: fleet.url, ROLLGATE_WORKER_NAME: `w-next-${n}`, ...lockEnv });
+        extra.push(victim);
+      }
+      hold = false;
+      const done = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.callback.state !== "pending", 120_000);
+      expect(done.callback.state).toBe("delivered");
+      expect(seen.length).toBeGreaterThanOrEqual(3);
+      expect(new Set(seen)).toEqual(new Set([done.callback.delivery_id]));
+    } finally {
+      hold = false;
+      for (const w of extra) await stopChild(w.proc, 5_000);
+      await fleet.stop();
+      await new Promise((r) => trainer.close(r));
+    }
+  }, 400_000);
+
+  it("a worker frozen mid-rollout past its lock, then thawed: its stale attempt's result never replaces the attempt that took the task over", async () => {
+    // A worker whose job lock lapsed (its event loop stalled, or Redis was away longer than
+    // ROLLGATE_JOB_LOCK_MS) is not dead: BullMQ hands the job to another worker, which closes the
+    // first attempt's session mid-rollout, while the first one goes on. Its result (an interrupted
+    // agent, a cut-short trajectory) must not become the task's.
+    const dir = mkdtempSync(path.join(os.tmpdir(), "rg-frozen-"));
+    const lockEnv = { ROLLGATE_JOB_LOCK_MS: "2000", ROLLGATE_STALLED_INTERVAL_MS: "1000", ROLLGATE_WORKER_CONCURRENCY: "1" };
+    const prefix = newPrefix("frozen");
+    const fleet = await startFleet({ prefix, engineUrl: engine.ready, workers: 1, workerEnv: lockEnv });
+    const frozen = fleet.workers[0]!;
+    let dropped = false;
+    readline.createInterface({ input: frozen.proc.stdout! }).on("line", (l) => {
+      if (l.includes("taken over by another attempt")) dropped = true;
+    });
+    let second: StartedChild | null = null;
+    const api = apiClient(() => fleet.url);
+    try {
+      // Each attempt's agent says it started, then waits for the test to let its session go.
+      const agent = 'touch "$MARKS/started-$ROLLGATE_SESSION_ID"; while [ ! -e "$MARKS/go-$ROLLGATE_SESSION_ID" ]; do sleep 0.1; done';
+      const id = (await api("/v1/tasks", { body: sleepyTask(0, { agent: { harness: "command", command: ["bash", "-c", agent], env: { MARKS: dir } }, evaluator: { kind: "command", command: ["true"] } }) })).body.id as string;
+      const first = await running(api, id);
+      const s1 = first.session_id!;
+      expect(await poll(async () => existsSync(path.join(dir, `started-${s1}`)), Boolean, 20_000)).toBe(true);
+      frozen.proc.kill("SIGSTOP");
+      second = await startApp("worker", [], { ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_GATEWAY_URL: fleet.url, ROLLGATE_WORKER_NAME: "w-second", ...lockEnv });
+      const taken = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.status === "running" && t.session_id !== s1, 30_000);
+      const s2 = taken.session_id!;
+      expect(s2).not.toBe(s1);
+      expect(await poll(async () => existsSync(path.join(dir, `started-${s2}`)), Boolean, 20_000)).toBe(true);
+
+      // The frozen worker thaws; its agent ends; it evaluates and tries to store its result.
+      writeFileSync(path.join(dir, `go-${s1}`), "");
+      frozen.proc.kill("SIGCONT");
+      const meanwhile = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.result !== null || dropped, 30_000);
+      expect(meanwhile.result?.session_id ?? null).toBeNull();
+      expect(meanwhile.status).toBe("running");
+
+      writeFileSync(path.join(dir, `go-${s2}`), "");
+      const r = await terminal(api, id, 30_000);
+      expect(r.status).toBe("completed");
+      expect(r.result.session_id).toBe(s2);
+      expect(r.result.worker).toBe("w-second");
+      expect(r.result.attempts).toBe(2);
+    } finally {
+      frozen.proc.kill("SIGCONT");
+      if (second) await stopChild(second.proc, 5_000);
+      await fleet.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 120_000);
+});
+
+describe("task ids", () => {
+  it("an id submitted again after its record expired runs again, in one batch or alone, instead of waiting in the queue for good", async () => {
+    // The queue keeps ended jobs (for the board) longer than a short ROLLGATE_RESULT_TTL_S keeps the
+    // task: a trainer that reuses its ids (prompt-17-sample-3 every epoch) submits ids whose old
+    // job is still there.
+    const fleet = await startFleet({ prefix: newPrefix("reuse"), engineUrl: engine.ready, workers: 1, workerEnv: { ROLLGATE_RESULT_TTL_S: "1" } });
+    const api = apiClient(() => fleet.url);
+    try {
+      const ids = ["reuse-a", "reuse-b"];
+      await api("/v1/tasks", { body: quickTask({ id: ids[0] }) });
+      await api("/v1/tasks/batch", { body: { tasks: [quickTask({ id: ids[1] })] } });
+      for (const id of ids) expect((await terminal(api, id)).status).toBe("completed");
+      for (const id of ids) expect((await poll(() => api(`/v1/tasks/${id}`), (r) => r.status === 404, 20_000)).status).toBe(404);
+
+      expect((await api("/v1/tasks", { body: quickTask({ id: ids[0] }) })).body).toEqual({ id: ids[0], status: "queued" });
+      expect((await api("/v1/tasks/batch", { body: { tasks: [quickTask({ id: ids[1] })] } })).body.tasks).toEqual([{ id: ids[1], status: "queued" }]);
+      for (const id of ids) {
+        const r = await terminal(api, id, 30_000);
+        expect(r.status).toBe("completed");
+        expect(r.result.attempts).toBe(1);
+      }
+    } finally {
+      await fleet.stop();
+    }
+  }, 120_000);
+
+  it("a group id submitted again after its tasks expired gets its own group callback, with this run's results, once they have all ended", async () => {
+    // Group keys outlived their tasks (they never expired): the finished set and the cached group
+    // body of the first run answered for the second.
+    const fleet = await startFleet({ prefix: newPrefix("regroup"), engineUrl: engine.ready, workers: 1, workerEnv: { ROLLGATE_RESULT_TTL_S: "3", ROLLGATE_WORKER_CONCURRENCY: "1" } });
+    const api = apiClient(() => fleet.url);
+    const trainer = await startTrainer();
+    try {
+      const secret = "regroup-secret";
+      const groupId = `gr-${randomUUID().slice(0, 8)}`;
+      const submit = (run: number) =>
+        api("/v1/tasks/batch", { body: { group_id: groupId, n: 2, task: quickTask({ metadata: { run } }), group_callback: { url: trainer.url, secret } } });
+      const groupCallbacks = () => trainer.received.filter((d) => d.headers["x-rollgate-event"] === "group.completed");
+      await submit(1);
+      expect(await poll(async () => groupCallbacks().length, (n) => n >= 1, 60_000)).toBe(1);
+      for (const k of [0, 1]) expect((await poll(() => api(`/v1/tasks/${groupId}-${k}`), (r) => r.status === 404, 20_000)).status).toBe(404);
+
+      // The second run: its first member's end must not complete the group, nor send the first run's body.
+      await submit(2);
+      await terminal(api, `${groupId}-0`, 60_000);
+      const second = await poll(async () => groupCallbacks(), (g) => g.length >= 2, 60_000);
+      expect(second).toHaveLength(2);
+      const body = JSON.parse(second[1]!.rawBody) as { tasks: ({ status: string; metadata: { run: number } } | null)[] };
+      expect(body.tasks.map((t) => [t?.status, t?.metadata.run])).toEqual([
+        ["completed", 2],
+        ["completed", 2],
+      ]);
+      expect(second[1]!.headers["x-rollgate-delivery"]).not.toBe(second[0]!.headers["x-rollgate-delivery"]);
+    } finally {
+      await trainer.close();
+      await fleet.stop();
+    }
+  }, 180_000);
+});
+
+describe("the gateway going away", () => {
+  it("an agent whose call could not reach the gateway (restarted meanwhile) is not scored: its rollout runs again", async () => {
+    // A local sandbox's agent talks to the gateway directly: a call refused while the gateway is
+    // down leaves no trace the gateway could record. The agent fails, the evaluator then finds no
+    // hello.txt; that must not be a completed rollout with reward 0.
+    const prefix = newPrefix("gwdown");
+    const fleet = await startFleet({ prefix, engineUrl: engine.ready, workers: 1 });
+    const port = new URL(fleet.url).port;
+    let again: StartedChild | null = null;
+    const api = apiClient(() => fleet.url);
+    try {
+      const dir = mkdtempSync(path.join(os.tmpdir(), "rg-gwdown-"));
+      try {
+        // The first attempt's agent calls once the test has stopped the gateway, and ends after it is back.
+        const agent = 'if [ ! -e "$MARKS/once" ]; then touch "$MARKS/once"; while [ ! -e "$MARKS/down" ]; do sleep 0.1; done; rollgate-example-agent; touch "$MARKS/called"; while [ ! -e "$MARKS/up" ]; do sleep 0.1; done; exit 1; fi; rollgate-example-agent';
+        const id = (await api("/v1/tasks", {
+          body: quickTask({
+            instruction: 'Create hello.txt.\n#sim: [{"tool_calls": [{"name": "shell", "arguments": {"command": "echo hello > hello.txt"}}]}, {"text": "done"}]',
+            agent: { harness: "command", command: ["bash", "-c", agent], env: { MARKS: dir } },
+            evaluator: { kind: "command", command: ["bash", "-c", 'test "$(cat hello.txt)" = hello'] },
+          }),
+        })).body.id as string;
+        await running(api, id);
+        expect(await poll(async () => existsSync(path.join(dir, "once")), Boolean, 20_000)).toBe(true);
+        let noticed = false;
+        readline.createInterface({ input: fleet.workers[0]!.proc.stdout! }).on("line", (l) => {
+          if (l.includes("gateway not ready")) noticed = true;
+        });
+        await stopChild(fleet.gateway.proc, 5_000);
+        writeFileSync(path.join(dir, "down"), "");
+        // The agent's call (with its SDK's retries) has failed, and the worker has seen the gateway gone.
+        expect(await poll(async () => existsSync(path.join(dir, "called")) && noticed, Boolean, 60_000)).toBe(true);
+        again = await startApp("gateway", ["--port", port], {
+          ROLLGATE_KEY_PREFIX: prefix,
+          ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2, profile: "qwen3" }]),
+        });
+        writeFileSync(path.join(dir, "up"), "");
+        const r = await terminal(api, id, 60_000);
+        // Not [completed, 0, 1]: the first attempt was given up unscored, the second one scored.
+        expect([r.status, r.result.reward, r.result.attempts]).toEqual(["completed", 1, 2]);
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
+    } finally {
+      if (again) await stopChild(again.proc, 5_000);
+      await fleet.stop();
+    }
+  }, 120_000);
 });

@@ -1,4 +1,5 @@
-import { writeFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { openSync, closeSync, constants, writeFileSync } from "node:fs";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
@@ -79,6 +80,7 @@ describe("evaluate", () => {
     expect(await evaluate(spec({ kind: "file", path: "out.txt", equals: "hello" }), ctx)).toMatchObject({ reward: 0 });
     expect(await evaluate(spec({ kind: "file", path: "missing.txt", equals: "x" }), ctx)).toMatchObject({ reward: 0, evaluation: { details: { exists: false } } });
     expect(() => spec({ kind: "file", path: "out.txt" })).toThrow(/exactly one of equals or regex/);
+    expect(() => spec({ kind: "file", path: "out.txt", regex: "(unclosed" })).toThrow(/not a valid regular expression/);
   });
 
   it("reward_file: reward.json or reward.txt, written by the agent or a test command", async () => {
@@ -93,6 +95,83 @@ describe("evaluate", () => {
       reward: 1,
       evaluation: { details: { reward: 1, tests: 4 } },
     });
+  });
+
+  it("reward_file with a command: the reward is the command's, never a file the agent left", async () => {
+    // A hostile agent plants a perfect reward before the grader runs. The grader writes its own
+    // verdict to reward.txt (reward.json is read first), or crashes before writing anything.
+    const sb = await newSandbox();
+    const c = { ...ctx, sandbox: sb };
+    const plant = () => writeFileSync(path.join(sb.workdir, "reward.json"), '{"reward": 1}');
+    plant();
+    expect(await evaluate(spec({ kind: "reward_file", command: ["bash", "-c", "echo 0 > reward.txt"] }), c)).toMatchObject({ kind: "scored", reward: 0 });
+    plant();
+    expect(await evaluate(spec({ kind: "reward_file", command: ["bash", "-c", "echo grading; exit 3"] }), c)).toMatchObject({
+      kind: "broken",
+      error: { kind: "evaluator_error", message: expect.stringMatching(/no reward file/) },
+    });
+    // With a path, that file is the command's too.
+    writeFileSync(path.join(sb.workdir, "score.txt"), "1");
+    expect(await evaluate(spec({ kind: "reward_file", path: "score.txt", command: ["bash", "-c", "true"] }), c)).toMatchObject({ kind: "broken" });
+    // A grader killed by a signal crashed, whatever file is there.
+    expect(await evaluate(spec({ kind: "reward_file", command: ["bash", "-c", "echo 0.5 > reward.txt; kill -KILL $$"] }), c)).toMatchObject({
+      kind: "broken",
+      error: { message: expect.stringMatching(/killed by SIGKILL/) },
+    });
+  });
+
+  it("file and reward_file: a FIFO or a special file the agent left at the path ends the evaluation instead of hanging it", async () => {
+    // Reading a FIFO blocks until someone writes to it: nobody will (the agent is gone), so the
+    // rollout would never end, holding one of the worker's file-system threads for good.
+    const sb = await newSandbox();
+    const c = { ...ctx, sandbox: sb };
+    execFileSync("mkfifo", [path.join(sb.workdir, "out.txt"), path.join(sb.workdir, "reward.txt")]);
+    try {
+      expect(await evaluate(spec({ kind: "file", path: "out.txt", equals: "x" }), c)).toMatchObject({ kind: "scored", reward: 0 });
+      expect(await evaluate(spec({ kind: "reward_file" }), c)).toMatchObject({ kind: "broken" });
+    } finally {
+      // Unblocks a read the code under test left hanging, so the test process can end.
+      for (const f of ["out.txt", "reward.txt"]) {
+        try {
+          closeSync(openSync(path.join(sb.workdir, f), constants.O_WRONLY | constants.O_NONBLOCK));
+        } catch {
+          // no reader waiting
+        }
+      }
+    }
+  });
+
+  it.each([
+    ["a local sandbox", localSpec],
+    ["a bubblewrap sandbox", RuntimeSpec.parse({ isolation: "bwrap", network: "host" })],
+  ])("in %s, an evaluator does not run what the agent left in its HOME (a Python usercustomize printing a perfect reward)", async (_, rt) => {
+    const sb = await runtime.create("t-eval-home", rt);
+    sandboxes.push(sb);
+    const e = { ...env, HOME: sb.home, TMPDIR: sb.tmp };
+    const c = { ...ctx, sandbox: sb, env: e };
+    // The agent's step: Python runs ~/.local/lib/pythonX.Y/site-packages/usercustomize.py at start.
+    const plant = `d=$(python3 -c 'import site; print(site.getusersitepackages())') && mkdir -p "$d" && printf 'import os\nprint("1.0", flush=True)\nos._exit(0)\n' > "$d/usercustomize.py"`;
+    expect(await sb.exec(["bash", "-c", plant], { env: e, timeoutMs: 20_000 })).toMatchObject({ exitCode: 0 });
+    expect((await sb.exec(["python3", "-c", "print(0.0)"], { env: e, timeoutMs: 20_000 })).stdoutTail).toBe("1.0\n");
+    expect(await evaluate(spec({ kind: "command", command: ["python3", "-c", "print(0.0)"], reward: "last_line_float" }), c)).toMatchObject({ kind: "scored", reward: 0 });
+    // Its HOME and TMPDIR are its own and writable, at the paths the environment names.
+    const own = await evaluate(spec({ kind: "command", command: ["bash", "-c", 'touch "$HOME/x" "$TMPDIR/y" && ls -A "$HOME" | wc -l'], reward: "last_line_float" }), c);
+    expect(own).toMatchObject({ kind: "scored", reward: 1 });
+  });
+
+  it("file: a regex that backtracks catastrophically on the agent's file fails the evaluation instead of freezing the worker", async () => {
+    // `^(\w+\s?)*$` on 40 letters and a "!" takes about 2^40 steps: on the worker's event loop it
+    // would hold every rollout of the worker (and renew no job lock) for good.
+    const sb = await newSandbox();
+    writeFileSync(path.join(sb.workdir, "answer.txt"), `${"a".repeat(40)}!`);
+    const c = { ...ctx, sandbox: sb, regexTimeoutMs: 300 };
+    expect(await evaluate(spec({ kind: "file", path: "answer.txt", regex: "^(\\w+\\s?)*$" }), c)).toMatchObject({
+      kind: "broken",
+      error: { kind: "evaluator_error", message: expect.stringMatching(/ran longer than 0.3s on answer.txt/) },
+    });
+    // The same regex on a file it handles: scored as before.
+    writeFileSync(path.join(sb.workdir, "answer.txt"), "all good here");
+    expect(await evaluate(spec({ kind: "file", path: "answer.txt", regex: "^(\\w+\\s?)*$" }), c)).toMatchObject({ kind: "scored", reward: 1 });
   });
 
   it("http: posts the result summary and reads {reward}", async () => {

@@ -1,3 +1,4 @@
+import vm from "node:vm";
 import type { EvaluatorSpec, TaskError, TaskResult } from "@rollgate/protocol";
 import { z } from "zod";
 import { EgressDenied, egressRequest } from "./egress.js";
@@ -12,7 +13,9 @@ export type EvalOutcome =
   | { kind: "broken"; error: TaskError; evaluation: Evaluation | null };
 
 export interface EvalContext {
-  sandbox: Pick<Sandbox, "exec" | "readFile">;
+  sandbox: Pick<Sandbox, "exec" | "readFile" | "removeFile">;
+  /** How long a `file` evaluator's regex may run on the file (default REGEX_TIMEOUT_MS). */
+  regexTimeoutMs?: number;
   env: Record<string, string>;
   signal?: AbortSignal;
   /** What an `http` evaluator is sent: the result so far, without the trajectory. */
@@ -20,6 +23,27 @@ export interface EvalContext {
 }
 
 const RewardJson = z.object({ reward: z.number() }).loose();
+
+/** The longest a `file` evaluator's regex may run on the file the agent wrote. */
+export const REGEX_TIMEOUT_MS = 10_000;
+
+const REGEX_TEST = new vm.Script("new RegExp(regex).test(text)");
+
+/**
+ * Whether `regex` matches `text`, or null when it ran out of time (or does not compile). The text is the agent's: a
+ * regex that backtracks catastrophically on it (`^(\\w+\\s?)*$` on a long line that does not
+ * match) would otherwise hold the worker's event loop for good, and every rollout on the worker
+ * with it. Run in a context of its own, which V8 can interrupt at the time limit.
+ */
+function regexMatches(regex: string, text: string, timeoutMs: number): boolean | null {
+  try {
+    return REGEX_TEST.runInNewContext({ regex, text }, { timeout: timeoutMs }) as boolean;
+  } catch {
+    // ERR_SCRIPT_EXECUTION_TIMEOUT, or a regex that does not compile (refused at submission; a
+    // task stored before that).
+    return null;
+  }
+}
 
 function broken(message: string, evaluation: Evaluation | null = null): EvalOutcome {
   return { kind: "broken", error: { kind: "evaluator_error", message }, evaluation };
@@ -47,7 +71,8 @@ export function rewardFromOutput(mode: "exit_code" | "last_line_float" | "json",
 }
 
 async function runCommand(argv: string[], timeoutS: number, ctx: EvalContext): Promise<RunResult> {
-  return ctx.sandbox.exec(argv, { env: ctx.env, timeoutMs: timeoutS * 1000, ...(ctx.signal ? { signal: ctx.signal } : {}) });
+  // Not in the agent's HOME and TMPDIR: a usercustomize.py it left there would run inside a Python grader.
+  return ctx.sandbox.exec(argv, { env: ctx.env, timeoutMs: timeoutS * 1000, freshHome: true, ...(ctx.signal ? { signal: ctx.signal } : {}) });
 }
 
 function commandFailure(r: RunResult, timeoutS: number): string | null {
@@ -57,8 +82,13 @@ function commandFailure(r: RunResult, timeoutS: number): string | null {
   return null;
 }
 
+/** The files a `reward_file` evaluator reads, first found first. */
+function rewardFiles(rel: string | undefined): string[] {
+  return rel ? [rel] : ["reward.json", "reward.txt"];
+}
+
 async function readRewardFile(sandbox: EvalContext["sandbox"], rel: string | undefined): Promise<{ reward: number; details: unknown } | string> {
-  const candidates = rel ? [rel] : ["reward.json", "reward.txt"];
+  const candidates = rewardFiles(rel);
   for (const name of candidates) {
     const text = await sandbox.readFile(name);
     if (text === null) continue;
@@ -93,7 +123,16 @@ export async function evaluate(spec: EvaluatorSpec | null, ctx: EvalContext): Pr
     }
     case "file": {
       const text = await ctx.sandbox.readFile(spec.path);
-      const matched = text !== null && (spec.equals !== undefined ? text === spec.equals : new RegExp(spec.regex!).test(text));
+      const timeoutMs = ctx.regexTimeoutMs ?? REGEX_TIMEOUT_MS;
+      const matched = text === null ? false : spec.equals !== undefined ? text === spec.equals : regexMatches(spec.regex!, text, timeoutMs);
+      if (matched === null) {
+        return broken(`evaluator.regex did not compile, or ran longer than ${timeoutMs / 1000}s on ${spec.path} (catastrophic backtracking on the agent's file?)`, {
+          kind: "file",
+          exit_code: null,
+          stdout_tail: "",
+          details: { path: spec.path, exists: true, matched: null },
+        });
+      }
       return {
         kind: "scored",
         reward: matched ? 1 : 0,
@@ -103,10 +142,19 @@ export async function evaluate(spec: EvaluatorSpec | null, ctx: EvalContext): Pr
     case "reward_file": {
       let evaluation: Evaluation = { kind: "reward_file", exit_code: null, stdout_tail: "" };
       if (spec.command) {
+        // The reward is the command's: a reward file the agent wrote (a planted reward.json is read
+        // before the grader's reward.txt, and survives a grader that crashes) is removed first.
+        try {
+          for (const name of rewardFiles(spec.path)) await ctx.sandbox.removeFile(name);
+        } catch (err) {
+          return broken(`cannot clear the reward file before the evaluator runs: ${(err as Error).message}`);
+        }
         const r = await runCommand(spec.command, spec.timeout_s, ctx);
         evaluation = { ...evaluation, exit_code: r.exitCode, stdout_tail: r.logTail.slice(-4_096) };
         if (r.aborted) return { kind: "cancelled", evaluation };
-        const failure = r.spawnError || r.timedOut ? commandFailure(r, spec.timeout_s) : null;
+        // A non-zero exit may still have written a reward (a test runner that failed tests); a
+        // command that could not start, timed out or was killed by a signal did not finish.
+        const failure = commandFailure(r, spec.timeout_s);
         if (failure) return broken(failure, evaluation);
       }
       const reward = await readRewardFile(ctx.sandbox, spec.path);

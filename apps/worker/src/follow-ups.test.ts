@@ -48,7 +48,7 @@ const result = (id: string): TaskResult =>
   }) as TaskResult;
 
 // Only what a run of an ended task touches: the task store and the callbacks queue.
-const deps = () => ({ tasks, callbacks, log: pino({ level: "silent" }), workerName: "w-next" }) as unknown as RolloutDeps;
+const deps = () => ({ tasks, callbacks, log: pino({ level: "silent" }), workerName: "w-next", resultTtlSeconds: 600 }) as unknown as RolloutDeps;
 const job = (taskId: string) => ({ id: taskId, data: { task_id: taskId }, attemptsMade: 1 }) as Job<RolloutJob>;
 const pending = (deliveryId: string) => ({ state: "pending" as const, delivery_id: deliveryId, attempts: 0, last_error: null, delivered_at: null });
 

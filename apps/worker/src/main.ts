@@ -190,6 +190,7 @@ const workers = new WorkerSet({
     sandboxPath,
     resultTtlSeconds: env.ROLLGATE_RESULT_TTL_S,
     log,
+    ...(readiness ? { gatewayUnanswered: () => readiness.unanswered } : {}),
   },
 });
 

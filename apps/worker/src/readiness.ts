@@ -26,6 +26,7 @@ export class GatewayReadiness {
   private readonly listeners = new Set<(s: ReadinessState) => void>();
   private checked = false;
   private stopped = true;
+  private failedChecks = 0;
 
   constructor(
     private readonly source: ReadinessSource,
@@ -35,6 +36,15 @@ export class GatewayReadiness {
 
   get current(): ReadinessState {
     return this.state;
+  }
+
+  /**
+   * How many checks so far could not get an answer from the gateway (unreachable, cut off). A
+   * rollout compares it before and after its agent ran: an agent that talks to the gateway
+   * directly (no relay of its own to count them) may have lost calls the gateway never saw.
+   */
+  get unanswered(): number {
+    return this.failedChecks;
   }
 
   /** Called on every change (and once after the first check). */
@@ -70,6 +80,7 @@ export class GatewayReadiness {
       const r = await this.source.readiness();
       next = r.status === "ready" ? { ready: true, reason: null } : { ready: false, reason: r.reason ?? "not ready" };
     } catch (err) {
+      this.failedChecks++;
       next = { ready: false, reason: (err as Error).message };
     }
     const changed = !this.checked || next.ready !== this.state.ready;

@@ -11,7 +11,7 @@ import { planHarness } from "./harnesses.js";
 import { sandboxEnv } from "./sandbox/environment.js";
 import { SandboxUnavailable } from "./sandbox/local-runtime.js";
 import type { RunResult } from "./sandbox/process.js";
-import type { Sandbox, SandboxRuntime } from "./sandbox/runtime.js";
+import { NO_LOST_CALLS, type Sandbox, type SandboxRuntime } from "./sandbox/runtime.js";
 
 export interface RolloutDeps {
   tasks: TaskStore;
@@ -25,6 +25,12 @@ export interface RolloutDeps {
   log: Logger;
   /** Side work that may fail without failing the rollout: logged and counted. */
   failures: FailureCounter;
+  /**
+   * How many of the worker's gateway checks got no answer so far (GatewayReadiness.unanswered):
+   * rising while an agent without a relay of its own ran means its calls may have been lost
+   * where the gateway could not see them. Without it, only the calls the gateway saw count.
+   */
+  gatewayUnanswered?: () => number;
 }
 
 /**
@@ -47,6 +53,8 @@ const LOG_FLUSH_MS = 2_000;
 interface Outcome {
   /** Set when the session lost a call before evaluation: the rollout was not evaluated. */
   lost?: LostCalls;
+  /** Calls the agent may have lost where the gateway could not see them (unseenLoss). */
+  unseen?: LostCalls;
   status: TerminalStatus;
   reward: number | null;
   evaluation: TaskResult["evaluation"];
@@ -101,15 +109,34 @@ export function lostCallsOf(session: LostCalls, sandbox: LostCalls): LostCalls |
  * Reads the session before evaluating: a rollout that lost a call is never scored, and neither is
  * a branch whose agent left the replayed path (it did not start from the source's state).
  */
-async function unscoredBeforeEvaluation(deps: RolloutDeps, sessionId: string, sandbox: Sandbox): Promise<{ lost: LostCalls | null; diverged: Session["replay_diverged"] }> {
+async function unscoredBeforeEvaluation(deps: RolloutDeps, sessionId: string, sandbox: Sandbox, unseen: LostCalls): Promise<{ lost: LostCalls | null; diverged: Session["replay_diverged"] }> {
   const session = await deps.gateway.session(sessionId);
-  return { lost: lostCallsOf(session.lost_calls, sandbox.lostCalls()), diverged: session.replay_diverged };
+  return { lost: lostCallsOf(session.lost_calls, sumLost(sandbox.lostCalls(), unseen)), diverged: session.replay_diverged };
+}
+
+function sumLost(a: LostCalls, b: LostCalls): LostCalls {
+  return lostCallsOf(a, b) ?? NO_LOST_CALLS;
+}
+
+/**
+ * An agent that reaches the gateway directly (no relay of its own: a local sandbox without a
+ * sealed network, a container on the host network) and fails to connect leaves no trace the
+ * gateway could record. When the worker itself could not reach the gateway while such an agent
+ * ran, its calls may have been lost that way: the attempt is not scored (it runs again).
+ */
+function unseenLoss(deps: RolloutDeps, sandbox: Sandbox, before: number | undefined): LostCalls {
+  if (sandbox.sessionUrl !== null || before === undefined || !deps.gatewayUnanswered) return NO_LOST_CALLS;
+  const missed = deps.gatewayUnanswered() - before;
+  if (missed <= 0) return NO_LOST_CALLS;
+  const message = `the worker could not reach the gateway while the agent ran (${missed} check${missed > 1 ? "s" : ""} unanswered): its LLM calls may have been lost before the gateway saw them`;
+  return { count: 1, first: { at: new Date().toISOString(), kind: "gateway_unreachable", status: 0, message } };
 }
 
 /** Prepare, harness and evaluator: everything that happens inside the sandbox. */
 async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> {
   const { task, sandbox, env, signal } = r;
   const started = Date.now();
+  const unansweredBefore = deps.gatewayUnanswered?.();
   const deadline = started + task.limits.timeout_s * 1000;
   const run = (argv: string[]) =>
     sandbox.exec(argv, { env, timeoutMs: Math.max(1, deadline - Date.now()), onOutput: r.onOutput, ...(signal ? { signal } : {}) });
@@ -126,14 +153,15 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
   }
   const result = last!;
   const runMs = Date.now() - started;
-  const base = { agent: agentInfo(result), runMs, evalMs: 0, evaluation: null, reward: null };
+  const unseen = unseenLoss(deps, sandbox, unansweredBefore);
+  const base = { agent: agentInfo(result), runMs, evalMs: 0, evaluation: null, reward: null, ...(unseen.count > 0 ? { unseen } : {}) };
   if (result.aborted) return { ...base, status: "cancelled", error: { kind: "cancelled", message: cancelReason(signal) } };
   const evaluated = task.evaluator !== null && task.evaluator.kind !== "none";
   const checked = stage === "harness" && !evaluated ? ({ checkAtClose: true } as const) : {};
   // After the harness, before anything is scored: an agent that lost a call to infrastructure did
   // not show what the policy does (a timeout it ran into while the engine was away included).
   if (stage === "harness" && evaluated) {
-    const { lost, diverged } = await unscoredBeforeEvaluation(deps, r.sessionId, sandbox);
+    const { lost, diverged } = await unscoredBeforeEvaluation(deps, r.sessionId, sandbox, unseen);
     if (lost) return { ...base, lost, status: "failed", error: { kind: "infrastructure", message: lostCallCause(lost) } };
     if (diverged) return { ...base, status: "failed", error: { kind: "replay_diverged", call: diverged.call, message: `call ${diverged.call}: ${diverged.message}` } };
   }
@@ -152,6 +180,8 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
 
   // An agent that exits non-zero is still evaluated (docs/data-model.md#outcomes): its exit code is in agent.exit_code.
   await deps.tasks.appendEvent(task.id, "evaluating", { agent_exit_code: result.exitCode });
+  // Nothing the agent left running may write while the evaluator reads (a daemon rewriting reward.json).
+  await sandbox.stopLeftovers?.();
   const evalStart = Date.now();
   const ev = await evaluate(task.evaluator, {
     sandbox,
@@ -200,14 +230,23 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
     await finishTask(deps, record, record.attempts, record.session_id, { ...failedOutcome("cancelled", cancel), status: "cancelled" }, null);
     return;
   }
-  // A task found `running` was started by a worker that died: its session is closed so an
+  // A task found `running` was started by a worker whose job lock lapsed: dead, or only stalled
+  // and still running it. The task is taken back first (queued again, which fences that attempt
+  // out: it can no longer store a result or requeue the task), then its session is closed so an
   // orphaned agent cannot keep writing into it, and this attempt opens a fresh one.
   if (record.status === "running" && record.session_id) {
     const orphan = record.session_id;
+    const taken = await deps.tasks.requeue(record.id, orphan, { reason: "worker_lost", previous_worker: record.worker, previous_session: orphan });
     await deps.failures.run(deps.log.child({ session_id: orphan }), "closing an orphaned session", () => deps.gateway.closeSession(orphan));
-    await deps.tasks.appendEvent(record.id, "retrying", { reason: "worker_lost", previous_worker: record.worker, previous_session: orphan });
+    if (!taken) {
+      // The old attempt ended it (or another took it) in between: whatever follows its result.
+      const now = await deps.tasks.get(record.id);
+      if (now && isTerminalStatus(now.status)) await queueFollowUps(deps, now.task as AcceptedTask, now.callback);
+      else deps.log.warn({ status: now?.status, session_id: now?.session_id }, "the task is no longer the orphaned attempt's: left as it is");
+      return;
+    }
   }
-  const attempt = { number: record.attempts + 1, last: job.attemptsMade + 1 >= (job.opts.attempts ?? 1), sessionId: null as string | null };
+  const attempt: Attempt = { number: record.attempts + 1, last: job.attemptsMade + 1 >= (job.opts.attempts ?? 1), sessionId: null, running: false };
   try {
     await attemptRollout(deps, record, attempt, signal);
   } catch (err) {
@@ -216,7 +255,7 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
     deps.log.warn({ status: err.status, code: err.code, err: err.message }, "the gateway refused a request: the task fails");
     const sid = attempt.sessionId;
     if (sid) await deps.failures.run(deps.log.child({ session_id: sid }), "closing the session of a refused rollout", () => deps.gateway.closeSession(sid));
-    await finishTask(deps, record, attempt.number, sid, failedOutcome("gateway_refused", err.message), null);
+    await finishTask(deps, record, attempt.number, sid, failedOutcome("gateway_refused", err.message), null, undefined, null, attempt.running ? sid : null);
   }
 }
 
@@ -246,6 +285,8 @@ interface Attempt {
   last: boolean;
   /** The session this attempt opened, once it has one. */
   sessionId: string | null;
+  /** The task was marked running on this attempt's session: what it stores is fenced on that session. */
+  running: boolean;
 }
 
 async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: Attempt, signal?: AbortSignal) {
@@ -271,10 +312,12 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
   const closeQuietly = (why: string) => deps.failures.run(deps.log, why, () => deps.gateway.closeSession(session.id));
   const started = await deps.tasks.markRunning(task.id, { worker: deps.workerName, attempt: attempt.number, sessionId: session.id, now: new Date() });
   if (!started) {
-    // Cancelled (or otherwise ended) while this worker was picking it up: leave it as it ended.
+    // Cancelled (or otherwise ended) while this worker was picking it up, or running under
+    // another attempt that took it while this one stalled: leave it as it is.
     await closeQuietly("closing the session of a task that ended before it started");
     return;
   }
+  attempt.running = true;
   deps.log.info({ attempt: attempt.number, harness: task.agent.harness, runtime: task.runtime.kind }, "rollout started");
   let sandbox: Sandbox;
   try {
@@ -288,7 +331,7 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
     // A sandbox that cannot start is the rollout's failure, not a retry: it would fail again.
     if (!(err instanceof SandboxUnavailable)) throw err;
     await closeQuietly("closing the session of a sandbox that did not start");
-    await finishTask(deps, record, attempt.number, session.id, failedOutcome("sandbox_unavailable", err.message), null);
+    await finishTask(deps, record, attempt.number, session.id, failedOutcome("sandbox_unavailable", err.message), null, undefined, null, session.id);
     return;
   }
   let logs = "";
@@ -336,7 +379,7 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
   // The trajectory comes with the close (one request): unused when the attempt turns out lost.
   const state = await deps.gateway.closeSession(session.id, task.trajectory.builder);
   // A call lost before or during evaluation: this attempt shows nothing about the policy.
-  const lost = outcome.status === "cancelled" ? null : (outcome.lost ?? lostCallsOf(state.lost_calls, sandbox.lostCalls()));
+  const lost = outcome.status === "cancelled" ? null : (outcome.lost ?? lostCallsOf(state.lost_calls, sumLost(sandbox.lostCalls(), outcome.unseen ?? NO_LOST_CALLS)));
   if (lost) {
     await endLostAttempt(deps, record, attempt, session.id, { ...outcome, lost }, state.counts);
     return;
@@ -353,7 +396,7 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
   if (invalid) outcome = { ...outcome, status: "failed", reward: null, error: { kind: "trajectory_invalid", message: `${invalid.type}: ${invalid.message}` } };
   // A gateway that does not know `?trajectory=` answered the session alone: asked the old way.
   const trajectory = invalid ? null : (state.trajectory ?? (await deps.gateway.trajectory(session.id, task.trajectory.builder)));
-  await finishTask(deps, record, attempt.number, session.id, outcome, trajectory, state.counts, evaluating);
+  await finishTask(deps, record, attempt.number, session.id, outcome, trajectory, state.counts, evaluating, session.id);
 }
 
 /** An event stored in the same step as the task's result, just before its terminal event. */
@@ -368,14 +411,14 @@ type TaskEventBefore = NonNullable<Parameters<TaskStore["finish"]>[5]>;
 async function endLostAttempt(deps: RolloutDeps, record: TaskRecord, attempt: Attempt, sessionId: string, o: Outcome & { lost: LostCalls }, usage: TaskResult["usage"]) {
   const cause = lostCallCause(o.lost);
   if (!attempt.last) {
-    const requeued = await deps.tasks.requeue(record.id, { reason: "lost_call", cause, attempt: attempt.number, session_id: sessionId, lost_calls: o.lost.count });
+    const requeued = await deps.tasks.requeue(record.id, sessionId, { reason: "lost_call", cause, attempt: attempt.number, session_id: sessionId, lost_calls: o.lost.count });
     if (requeued) {
       deps.log.warn({ attempt: attempt.number, lost_calls: o.lost }, "rollout lost an LLM call: not scored; it runs again");
       throw new LostCallRetry(cause);
     }
   }
   const failed: Outcome = { ...o, status: "failed", reward: null, evaluation: null, error: { kind: "infrastructure", message: cause } };
-  await finishTask(deps, record, attempt.number, sessionId, failed, null, usage);
+  await finishTask(deps, record, attempt.number, sessionId, failed, null, usage, null, sessionId);
 }
 
 async function finishTask(
@@ -387,6 +430,8 @@ async function finishTask(
   trajectory: Trajectory | null,
   usage: TaskResult["usage"] = { llm_calls: 0, prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0 },
   before: TaskEventBefore | null = null,
+  /** The session of the attempt storing this result (fenced: see TaskStore.finish); null for results no attempt ran. */
+  attemptSession: string | null = null,
 ) {
   const task = record.task as AcceptedTask;
   const now = new Date();
@@ -411,16 +456,21 @@ async function finishTask(
   const callback: CallbackState | null = task.callback
     ? { state: "pending", delivery_id: randomUUID(), attempts: 0, last_error: null, delivered_at: null }
     : null;
-  const stored = await deps.tasks.finish(task.id, result, now, deps.resultTtlSeconds, callback, before);
+  const stored = await deps.tasks.finish(task.id, result, now, deps.resultTtlSeconds, callback, before, attemptSession);
   if (!stored) {
+    const current = await deps.tasks.get(task.id);
     // Someone else ended it first (a cancel of a queued task): one result only, but what follows
     // it may still be this worker's to queue (the canceller re-queued a job this one already held).
-    const current = await deps.tasks.get(task.id);
-    if (current) await queueFollowUps(deps, task, current.callback);
+    if (current && isTerminalStatus(current.status)) await queueFollowUps(deps, task, current.callback);
+    // Not ended: another attempt took the task over while this one ran (this job's lock lapsed).
+    // Its result is not the task's, nor does it count the task as ended in its group.
+    else deps.log.warn({ status: result.status, current_session: current?.session_id ?? null }, "this attempt was taken over by another attempt (its job lock lapsed): its result is dropped");
     return;
   }
   deps.log.info({ status: result.status, reward: result.reward, error: result.error?.kind }, "rollout finished");
   await queueFollowUps(deps, task, callback);
+  // The task index would otherwise keep every task ever submitted (records expire, entries did not).
+  await deps.failures.run(deps.log, "pruning the task index", () => deps.tasks.pruneIndex(deps.resultTtlSeconds, now));
 }
 
 /**
@@ -433,7 +483,7 @@ export async function queueFollowUps(deps: RolloutDeps, task: AcceptedTask, call
   if (task.callback && callback?.state === "pending" && callback.delivery_id) {
     await deps.callbacks.add("deliver", { task_id: task.id, delivery_id: callback.delivery_id }, { jobId: callback.delivery_id });
   }
-  const groupDelivery = task.group_id ? await deps.tasks.groupTaskFinished(task.group_id, task.id) : null;
+  const groupDelivery = task.group_id ? await deps.tasks.groupTaskFinished(task.group_id, task.id, deps.resultTtlSeconds) : null;
   if (task.group_id && groupDelivery) {
     const deliveryId = groupDelivery;
     await deps.callbacks.add("deliver-group", { group_id: task.group_id, delivery_id: deliveryId }, { jobId: deliveryId });

@@ -1,4 +1,4 @@
-import { issuesMessage } from "@rollgate/protocol";
+import { issuesMessage, type CallbackState } from "@rollgate/protocol";
 import { CallbackJob, QueueName, RolloutJob, duplicateClient, queuePrefix } from "@rollgate/queue";
 import type { RedisClient } from "@rollgate/store";
 import { DelayedError, UnrecoverableError, Worker, type Job } from "bullmq";
@@ -45,6 +45,9 @@ export function parseJob<S extends z.ZodType>(schema: S, queue: string, data: un
   return parsed.data;
 }
 
+/** How many times a callback delivery may lose its worker before it is given up (`failed`). */
+const CALLBACK_MAX_STALLS = 10;
+
 /** How long a rollout taken just as the gateway stopped being ready waits before it is offered again. */
 const NOT_READY_DELAY_MS = 1_000;
 
@@ -82,6 +85,11 @@ export class WorkerSet {
         connection: o.connection,
         prefix: queuePrefix(o.keyPrefix, QueueName.callbacks),
         concurrency: Math.max(4, o.concurrency),
+        // A delivery whose worker died goes to another as soon as a rollout would; sending it again
+        // is safe (same delivery id), so it may stall many times before it is given up.
+        lockDuration: o.lockMs,
+        stalledInterval: o.stalledIntervalMs,
+        maxStalledCount: CALLBACK_MAX_STALLS,
       },
     );
     for (const w of [this.rollouts, this.callbacks] as Worker[]) {
@@ -91,6 +99,19 @@ export class WorkerSet {
     }
     this.callbacks.on("failed", (job, err) => {
       if (err instanceof InvalidJob) this.noteInvalid(QueueName.callbacks, job, err);
+      // Stalled too often (its workers kept dying): deliverCallback never ran to say so, and the
+      // delivery must not stay `pending` with nothing left to send it.
+      else if (job && gaveUpKind(job, err) === "worker_lost") {
+        const state: CallbackState = {
+          state: "failed",
+          delivery_id: job.data.delivery_id,
+          attempts: job.attemptsMade,
+          last_error: `the workers delivering it were lost ${CALLBACK_MAX_STALLS + 1} times: ${err.message}`,
+          delivered_at: null,
+        };
+        const write = "task_id" in job.data ? o.rollout.tasks.setCallback(job.data.task_id, state) : o.rollout.tasks.setGroupCallbackState(job.data.group_id, state);
+        void write.catch((e: Error) => o.log.error({ job: job.id, err: e.message }, "cannot mark a lost callback delivery failed"));
+      }
     });
     this.rollouts.on("failed", (job, err) => {
       if (err instanceof InvalidJob) this.noteInvalid(QueueName.rollouts, job, err);

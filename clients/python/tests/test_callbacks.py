@@ -32,6 +32,50 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             rollgate.CallbackReceiver("")
 
+    def test_a_retry_arriving_while_the_first_delivery_is_handled_is_not_handled_twice(self):
+        # A trainer whose handler takes longer than the worker waits (30 s): the worker gives up on
+        # the first POST and sends the same delivery again while the handler is still on it.
+        handled = []
+        second_entered = threading.Event()
+
+        def handler(delivery: rollgate.Delivery) -> None:
+            handled.append(delivery.delivery_id)
+            if len(handled) == 1:
+                # Held until a second call starts (the bug), or long enough for the retry to have
+                # arrived and be waiting (the fix).
+                second_entered.wait(3)
+            else:
+                second_entered.set()
+
+        with rollgate.CallbackReceiver("s3cret", on_delivery=handler) as inbox:
+            body = json.dumps({"id": "t-slow", "status": "completed", "reward": 1}).encode()
+            headers = {"x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-slow", "x-rollgate-signature": rollgate.sign(body, "s3cret")}
+            statuses = []
+            first = threading.Thread(target=lambda: statuses.append(post_raw(inbox.url, body, headers)))
+            first.start()
+            self.assertTrue(wait_for(lambda: len(handled) > 0, 10))
+            statuses.append(post_raw(inbox.url, body, headers))
+            first.join()
+            self.assertEqual(statuses, [200, 200])
+            self.assertEqual(handled, ["d-slow"])
+            self.assertEqual(len(inbox.deliveries), 1)
+            self.assertEqual(inbox.duplicates, 1)
+
+    def test_a_retry_after_the_handler_failed_is_handled(self):
+        handled = []
+
+        def handler(delivery: rollgate.Delivery) -> None:
+            handled.append(delivery.delivery_id)
+            if len(handled) == 1:
+                raise RuntimeError("trainer busy")
+
+        with rollgate.CallbackReceiver("s3cret", on_delivery=handler) as inbox:
+            body = json.dumps({"id": "t-f", "status": "completed", "reward": 1}).encode()
+            headers = {"x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-f", "x-rollgate-signature": rollgate.sign(body, "s3cret")}
+            self.assertEqual([post_raw(inbox.url, body, headers) for _ in range(3)], [500, 200, 200])
+            self.assertEqual(handled, ["d-f", "d-f"])
+            self.assertEqual(len(inbox.deliveries), 1)
+
     def test_waits_time_out_with_a_rollgate_error(self):
         with rollgate.CallbackReceiver("s") as inbox:
             with self.assertRaises(rollgate.RollgateError) as late:

@@ -26,7 +26,11 @@ export interface CallbackServerOptions {
   host?: string;
   /** The URL workers should call, when it differs from the listen address (NAT, containers). */
   publicUrl?: string;
-  /** Called for every new verified delivery (retries of an acknowledged one are not repeated). */
+  /**
+   * Called once for every new verified delivery: retries of an acknowledged one are not repeated,
+   * and a retry that arrives while the handler still runs (the worker stops waiting after 30 s)
+   * waits for it; a handler that throws answers 500, and the retry calls it again.
+   */
   onDelivery?: (delivery: CallbackDelivery) => void | Promise<void>;
 }
 
@@ -52,6 +56,8 @@ export interface CallbackServer {
 export async function startCallbackServer(opts: CallbackServerOptions): Promise<CallbackServer> {
   const deliveries: CallbackDelivery[] = [];
   const seen = new Set<string>();
+  /** Deliveries whose handler is running, by id: settled when it returns or throws. */
+  const inflight = new Map<string, Promise<void>>();
   const taskResults = new Map<string, TaskResult>();
   const groups = new Map<string, GroupCallbackBody>();
   const waiters = new Set<() => void>();
@@ -73,6 +79,9 @@ export async function startCallbackServer(opts: CallbackServerOptions): Promise<
           return;
         }
         const deliveryId = String(req.headers["x-rollgate-delivery"] ?? "");
+        // A retry that comes while the same delivery is still being handled (the worker gave up
+        // waiting for a slow handler) waits for that one: handled once, or again if it failed.
+        for (let running = inflight.get(deliveryId); deliveryId && running; running = inflight.get(deliveryId)) await running;
         if (deliveryId && seen.has(deliveryId)) {
           res.writeHead(200).end("duplicate");
           return;
@@ -85,12 +94,21 @@ export async function startCallbackServer(opts: CallbackServerOptions): Promise<
           return;
         }
         const delivery: CallbackDelivery = { event: String(req.headers["x-rollgate-event"] ?? ""), deliveryId, rawBody: raw.toString("utf8"), body };
+        let handled!: () => void;
+        if (deliveryId) inflight.set(deliveryId, new Promise<void>((r) => (handled = r)));
         try {
           await opts.onDelivery?.(delivery);
         } catch {
           // The handler failed: answer 500 so the gateway retries this delivery.
           res.writeHead(500).end("handler failed");
           return;
+        } finally {
+          if (deliveryId) {
+            // A waiting retry resumes only after the synchronous rest of this run: it finds the id
+            // seen when the handler succeeded, and handles the delivery itself when it failed.
+            inflight.delete(deliveryId);
+            handled();
+          }
         }
         if (deliveryId) seen.add(deliveryId);
         deliveries.push(delivery);

@@ -163,7 +163,18 @@ export const EvaluatorSpec = z.discriminatedUnion("kind", [
       kind: z.literal("file"),
       path: RelativePath,
       equals: z.string().optional(),
-      regex: z.string().optional(),
+      /** A JavaScript regular expression (checked at submission: one that does not compile is a 400). */
+      regex: z
+        .string()
+        .optional()
+        .superRefine((re, c) => {
+          if (re === undefined) return;
+          try {
+            new RegExp(re);
+          } catch (err) {
+            c.addIssue({ code: "custom", message: `not a valid regular expression: ${(err as Error).message}` });
+          }
+        }),
     })
     .strict()
     .refine((e) => (e.equals === undefined) !== (e.regex === undefined), "give exactly one of equals or regex"),

@@ -461,17 +461,38 @@ describe("TaskStore", () => {
   it("puts a running task back in the queue for another attempt, never an ended one", async () => {
     const store = new TaskStore(redis, `${prefix}-t7`);
     await store.create(taskInput("t-6"), new Date());
-    expect(await store.requeue("t-6", { reason: "lost_call" })).toBe(false);
+    expect(await store.requeue("t-6", "s-a", { reason: "lost_call" })).toBe(false);
     await store.markRunning("t-6", { worker: "w", attempt: 1, sessionId: "s-a", now: new Date() });
-    expect(await store.requeue("t-6", { reason: "lost_call", cause: "engine down" })).toBe(true);
+    expect(await store.requeue("t-6", "s-a", { reason: "lost_call", cause: "engine down" })).toBe(true);
     const rec = (await store.get("t-6"))!;
     expect(rec).toMatchObject({ status: "queued", attempts: 1, session_id: "s-a" });
     const events = await store.events("t-6", null);
     expect(events.map((e) => e.type)).toEqual(["queued", "started", "retrying"]);
     expect(events[2]!.data).toEqual({ reason: "lost_call", cause: "engine down" });
     await store.finish("t-6", resultOf("t-6", "cancelled"), new Date(), 60);
-    expect(await store.requeue("t-6", { reason: "lost_call" })).toBe(false);
+    expect(await store.requeue("t-6", "s-a", { reason: "lost_call" })).toBe(false);
     expect((await store.status("t-6"))).toBe("cancelled");
+  });
+
+  it("an attempt that was taken over can neither store its result nor requeue the task", async () => {
+    const store = new TaskStore(redis, `${prefix}-t8`);
+    await store.create(taskInput("t-8"), new Date());
+    await store.markRunning("t-8", { worker: "w1", attempt: 1, sessionId: "s-old", now: new Date() });
+    // Another worker takes the task back from the attempt whose lock lapsed, then runs its own.
+    expect(await store.requeue("t-8", "s-old", { reason: "worker_lost" })).toBe(true);
+    expect(await store.finish("t-8", resultOf("t-8", "completed"), new Date(), 60, null, null, "s-old")).toBe(false);
+    await store.markRunning("t-8", { worker: "w2", attempt: 2, sessionId: "s-new", now: new Date() });
+    expect(await store.requeue("t-8", "s-old", { reason: "lost_call" })).toBe(false);
+    expect(await store.finish("t-8", resultOf("t-8", "completed"), new Date(), 60, null, { type: "evaluating", data: {} }, "s-old")).toBe(false);
+    expect(await store.get("t-8")).toMatchObject({ status: "running", session_id: "s-new", result: null });
+    // The stale attempt left no event either.
+    expect((await store.events("t-8", null)).map((e) => e.type)).toEqual(["queued", "started", "retrying", "started"]);
+    // An attempt that stalled before it marked the task running, and got there after the live one
+    // did: it does not displace it.
+    expect(await store.markRunning("t-8", { worker: "w3", attempt: 2, sessionId: "s-late", now: new Date() })).toBe(false);
+    expect(await store.get("t-8")).toMatchObject({ status: "running", session_id: "s-new", worker: "w2" });
+    expect(await store.finish("t-8", resultOf("t-8", "completed"), new Date(), 60, null, null, "s-new")).toBe(true);
+    expect(await store.status("t-8")).toBe("completed");
   });
 
   it("lists newest first with filters and a cursor that neither skips nor repeats", async () => {
@@ -502,14 +523,54 @@ describe("TaskStore", () => {
     const store = new TaskStore(redis, `${prefix}-t4`);
     await store.defineGroup("g-2", 3, { url: "http://x", secret: "s" });
     // t-a told twice (a job re-run after its worker died) still counts once.
-    const done = [await store.groupTaskFinished("g-2", "t-a"), await store.groupTaskFinished("g-2", "t-a"), await store.groupTaskFinished("g-2", "t-b")];
+    const done = [await store.groupTaskFinished("g-2", "t-a", 600), await store.groupTaskFinished("g-2", "t-a", 600), await store.groupTaskFinished("g-2", "t-b", 600)];
     expect(done).toEqual([null, null, null]);
-    const delivery = await store.groupTaskFinished("g-2", "t-c");
+    const delivery = await store.groupTaskFinished("g-2", "t-c", 600);
     expect(delivery).toMatch(/^group-/);
     // Told again (a re-run): the same delivery id, so the queue keeps one delivery job.
-    expect(await store.groupTaskFinished("g-2", "t-c")).toBe(delivery);
+    expect(await store.groupTaskFinished("g-2", "t-c", 600)).toBe(delivery);
     await store.defineGroup("g-3", 1, null);
-    expect(await store.groupTaskFinished("g-3", "t-d")).toBeNull();
+    expect(await store.groupTaskFinished("g-3", "t-d", 600)).toBeNull();
+  });
+
+  it("the task index forgets tasks whose records have long expired instead of growing for good", async () => {
+    const p = `${prefix}-t10`;
+    const store = new TaskStore(redis, p);
+    const day = 24 * 3600 * 1000;
+    const now = Date.now();
+    // Created 10 days ago with a 7-day result TTL: its record is long gone, its index entry was not.
+    await store.create(taskInput("t-old"), new Date(now - 10 * day));
+    await redis.del(`${p}:{t:t-old}:task`);
+    // Created 7.5 days ago: its record may still be there (a task that ran long), so it stays.
+    await store.create(taskInput("t-recent"), new Date(now - 7.5 * day));
+    await store.create(taskInput("t-new"), new Date(now));
+    expect(await store.finish("t-new", resultOf("t-new", "completed"), new Date(now), 7 * 24 * 3600)).toBe(true);
+    expect(await store.pruneIndex(7 * 24 * 3600, new Date(now))).toBe(1);
+    expect(await redis.zrange(`${p}:{tasks}:index`, 0, -1)).toEqual(["t-recent", "t-new"]);
+    expect((await store.recentStates(10)).indexed).toBe(2);
+  });
+
+  it("a group's keys expire with its members' results instead of staying in Redis for good", async () => {
+    // The group hash holds the cached group body (every member's result, trajectories included).
+    const p = `${prefix}-t9`;
+    const store = new TaskStore(redis, p);
+    await store.defineGroup("g-9", 2, { url: "http://x", secret: "s" });
+    for (const id of ["g-9-0", "g-9-1"]) await store.create(taskInput(id, { group_id: "g-9" }), new Date());
+    await store.groupTaskFinished("g-9", "g-9-0", 600);
+    await store.groupBody("g-9", () => Promise.resolve("{}"));
+    await store.groupTaskFinished("g-9", "g-9-1", 600);
+    const groupKeys = [`${p}:{g:g-9}:group`, `${p}:{g:g-9}:tasks`, `${p}:{g:g-9}:finished`];
+    for (const key of groupKeys) {
+      const ttl = await redis.ttl(key);
+      expect(ttl, key).toBeGreaterThan(0);
+      expect(ttl, key).toBeLessThanOrEqual(600);
+    }
+    // A member created again (the group id reused once its tasks expired) is not finished, and
+    // the group's cached body is gone.
+    await redis.del(`${p}:{t:g-9-0}:task`);
+    await store.create(taskInput("g-9-0", { group_id: "g-9" }), new Date());
+    expect(await redis.sismember(`${p}:{g:g-9}:finished`, "g-9-0")).toBe(0);
+    expect(await redis.hget(`${p}:{g:g-9}:group`, "body")).toBeNull();
   });
 
   it("lists a group's tasks in member order, however many were created in one millisecond", async () => {
@@ -546,12 +607,12 @@ describe("Lua scripts (EVALSHA, EVAL when the server lacks one)", () => {
       const store = new TaskStore(fresh, `${prefix}-script`);
       await store.create(taskInput("t-s1"), new Date());
       expect(await store.markRunning("t-s1", { worker: "w", attempt: 1, sessionId: "s-1", now: new Date() })).toBe(true);
-      expect(await store.requeue("t-s1", {})).toBe(true);
+      expect(await store.requeue("t-s1", "s-1", {})).toBe(true);
       // The server forgets every script (as a restarted or another cluster node would): the same
       // scripts, which this connection has run, still work (the body is sent again on NOSCRIPT).
       await fresh.script("FLUSH");
       expect(await store.markRunning("t-s1", { worker: "w", attempt: 2, sessionId: "s-2", now: new Date() })).toBe(true);
-      expect(await store.requeue("t-s1", {})).toBe(true);
+      expect(await store.requeue("t-s1", "s-2", {})).toBe(true);
       expect(await store.status("t-s1")).toBe("queued");
       // A second store on the same connection uses the same commands.
       const again = new TaskStore(fresh, `${prefix}-script`);

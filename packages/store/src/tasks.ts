@@ -17,6 +17,12 @@ import { keys, type Keys } from "./keys.js";
 import { scriptCommands, type LuaScript } from "./scripts.js";
 
 const MAX_EVENTS = 2_000;
+/**
+ * How much longer than the result TTL a task stays in the task index after its creation: a task's
+ * record expires the TTL after it ended, so only a task that took longer than this from creation
+ * to its end can drop out of the index while its record is still there (it stays readable by id).
+ */
+const INDEX_MARGIN_MS = 24 * 3600 * 1000;
 const MAX_LOG_BYTES = 256 * 1024;
 
 // Lua: `terminal[s]` is true for the statuses a task ends in (the protocol's list, not a copy).
@@ -28,15 +34,20 @@ const TERMINAL_LUA = `local terminal = {${TerminalStatus.options.map((s) => `['$
 // whose callback nobody will send (the next run of the job queues it).
 // An event that precedes the terminal one (or "") is appended first, whether or not the result is
 // stored, as a command of its own would have been.
+// With an attempt's session (ARGV[9]), nothing is written unless the task is still running that
+// attempt: an attempt whose job lock lapsed while it ran (its worker stalled, not dead) goes on
+// after another attempt took the task over (put it back to queued, closed its session, opened its
+// own), and its result, taken on a session closed under it, must not become the task's (-2).
 // KEYS: task, events. ARGV: status, finished_at, result json, ttl, event json, maxlen, callback json
-// or "", preceding event json or "".
+// or "", preceding event json or "", the attempt's session id or "".
 const FINISH_SCRIPT: LuaScript = {
   name: "rollgateTaskFinish",
   numberOfKeys: 2,
   lua: `
 ${TERMINAL_LUA}
-if ARGV[8] ~= '' then redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[8]) end
 local s = redis.call('HGET', KEYS[1], 'status')
+if ARGV[9] ~= '' and not terminal[s] and (s ~= 'running' or redis.call('HGET', KEYS[1], 'session_id') ~= ARGV[9]) then return -2 end
+if ARGV[8] ~= '' then redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[8]) end
 if terminal[s] then return 0 end
 if not redis.call('HGET', KEYS[1], 'task') then return -1 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'finished_at', ARGV[2], 'result', ARGV[3])
@@ -61,17 +72,23 @@ return 1
 `,
 };
 
-// KEYS: group hash, group's finished-task set. ARGV: task id, group id.
+// The group's keys live as long as its members' results: each member's end sets their expiry to
+// the result TTL (the last one to end decides), so a group's keys (its cached body holds every
+// member's result) do not outlive its tasks, and a group id used again after they expired starts
+// afresh. KEYS: group hash, group's finished-task set, group's task index. ARGV: task id, group
+// id, ttl (seconds).
 const GROUP_FINISHED_SCRIPT: LuaScript = {
   name: "rollgateGroupTaskFinished",
-  numberOfKeys: 2,
+  numberOfKeys: 3,
   lua: `
+for i = 1, 3 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('EXPIRE', KEYS[i], ARGV[3]) end
+end
 local size = redis.call('HGET', KEYS[1], 'size')
 local cb = redis.call('HGET', KEYS[1], 'callback')
 if not size or not cb or cb == '' then return 0 end
 redis.call('SADD', KEYS[2], ARGV[1])
-local ttl = redis.call('TTL', KEYS[1])
-if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
+redis.call('EXPIRE', KEYS[2], ARGV[3])
 if redis.call('SCARD', KEYS[2]) >= tonumber(size) then
   return redis.call('HGET', KEYS[1], 'delivery') or ('group-' .. ARGV[2])
 end
@@ -80,27 +97,32 @@ return 0
 };
 
 // Marks the task running and appends its `started` event in one step (one round trip instead of
-// two). Never revives a task that ended. KEYS: task, events. ARGV: started_at, worker, attempt,
-// session id, event json, maxlen.
+// two). Never revives a task that ended, nor takes one another attempt is running: a task found
+// running is taken back first (requeue, fenced on that attempt's session), so only an attempt
+// that stalled before it got this far (its job lock lapsed and another took the task) arrives
+// here to find it running, and it must not displace the live one.
+// KEYS: task, events. ARGV: started_at, worker, attempt, session id, event json, maxlen.
 const MARK_RUNNING_SCRIPT: LuaScript = {
   name: "rollgateTaskMarkRunning",
   numberOfKeys: 2,
   lua: `
 ${TERMINAL_LUA}
 local s = redis.call('HGET', KEYS[1], 'status')
-if not s or terminal[s] then return 0 end
+if not s or terminal[s] or s == 'running' then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1], 'worker', ARGV[2], 'attempts', ARGV[3], 'session_id', ARGV[4])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5])
 return 1
 `,
 };
 
-// KEYS: task. Puts a running task back to queued (an attempt given up for a retry); never an ended one.
+// KEYS: task. ARGV: the attempt's session id. Puts a running task back to queued (an attempt given
+// up for a retry); never an ended one, nor one another attempt has taken over since.
 const REQUEUE_SCRIPT: LuaScript = {
   name: "rollgateTaskRequeue",
   numberOfKeys: 1,
   lua: `
 if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
+if redis.call('HGET', KEYS[1], 'session_id') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'queued')
 return 1
 `,
@@ -163,7 +185,13 @@ export class TaskStore {
     if (created !== 1) return false;
     // Separate commands: the task, the index and the group live in different cluster slots.
     await this.redis.zadd(this.k.taskIndex(), now.getTime(), task.id);
-    if (task.group_id) await this.redis.zadd(this.k.groupTasks(task.group_id), now.getTime(), task.id);
+    if (task.group_id) {
+      const g = task.group_id;
+      // A new task has not ended: should its id have ended in an earlier group of the same id
+      // (whose tasks expired), it no longer counts as finished there, and that group's cached
+      // body (its results) is not this group's.
+      await this.redis.multi().zadd(this.k.groupTasks(g), now.getTime(), task.id).srem(this.k.groupFinished(g), task.id).hdel(this.k.group(g), "body").exec();
+    }
     return true;
   }
 
@@ -208,7 +236,8 @@ export class TaskStore {
 
   /**
    * Marks the task running, unless it already ended (a cancel that won the race against the
-   * worker picking it up): then nothing changes and it returns false.
+   * worker picking it up) or another attempt is running it: then nothing changes and it returns
+   * false.
    */
   async markRunning(id: string, fields: { worker: string; attempt: number; sessionId: string; now: Date }): Promise<boolean> {
     const at = fields.now.toISOString();
@@ -228,10 +257,10 @@ export class TaskStore {
   /**
    * A running task goes back to `queued` for another attempt (its attempts, worker and last
    * session stay on record), with a `retrying` event carrying `data`. False when it is not running
-   * (it ended meanwhile, e.g. cancelled).
+   * (it ended meanwhile, e.g. cancelled) or no longer on `sessionId` (another attempt took it over).
    */
-  async requeue(id: string, data: Record<string, unknown>, now = new Date()): Promise<boolean> {
-    const res = await this.scripts.requeue(this.k.task(id));
+  async requeue(id: string, sessionId: string, data: Record<string, unknown>, now = new Date()): Promise<boolean> {
+    const res = await this.scripts.requeue(this.k.task(id), sessionId);
     if (res !== 1) return false;
     await this.appendEvent(id, "retrying", data, now);
     return true;
@@ -240,6 +269,8 @@ export class TaskStore {
   /**
    * Stores the one terminal result (false: the task already had one); `callback`: its delivery
    * state, set in the same step; `before`: an event appended just before, in the same step.
+   * `attemptSession`: the session of the attempt that produced the result; then nothing is stored
+   * (false) unless the task is still running that attempt (not one that took it over since).
    */
   async finish(
     id: string,
@@ -248,6 +279,7 @@ export class TaskStore {
     ttlSeconds: number,
     callback: CallbackState | null = null,
     before: { type: TaskEventType; data: Record<string, unknown> } | null = null,
+    attemptSession: string | null = null,
   ): Promise<boolean> {
     const event = JSON.stringify({ type: "terminal", at: now.toISOString(), data: { status: result.status, reward: result.reward, error: result.error } });
     const res = await this.scripts.finish(
@@ -261,8 +293,18 @@ export class TaskStore {
       String(MAX_EVENTS),
       callback ? JSON.stringify(callback) : "",
       before ? eventJson(before.type, before.data, now.toISOString()) : "",
+      attemptSession ?? "",
     );
     return res === 1;
+  }
+
+  /**
+   * Records expire, their task index entries do not: removes the entries of tasks created longer
+   * ago than the result TTL (and a margin), whose records are gone. Workers call it as they store
+   * results (they know the TTL).
+   */
+  async pruneIndex(ttlSeconds: number, now = new Date()): Promise<number> {
+    return this.redis.zremrangebyscore(this.k.taskIndex(), "-inf", `(${now.getTime() - ttlSeconds * 1000 - INDEX_MARGIN_MS}`);
   }
 
   async rawResult(id: string): Promise<string | null> {
@@ -401,13 +443,14 @@ export class TaskStore {
   }
 
   /**
-   * Counts a terminal task of a group (idempotent: a task counts once however often it is told).
+   * Counts a terminal task of a group (idempotent: a task counts once however often it is told),
+   * and makes the group's keys expire `ttlSeconds` from now (the members' result TTL).
    * When every task of the group has ended and the group has a callback to send, returns the
    * group delivery's id, else null. Told again after that (a job re-run after its worker died),
    * it returns the same id: the delivery's job id is fixed, so the queue drops the repeat.
    */
-  async groupTaskFinished(groupId: string, taskId: string): Promise<string | null> {
-    const res = await this.scripts.groupFinished(this.k.group(groupId), this.k.groupFinished(groupId), taskId, groupId);
+  async groupTaskFinished(groupId: string, taskId: string, ttlSeconds: number): Promise<string | null> {
+    const res = await this.scripts.groupFinished(this.k.group(groupId), this.k.groupFinished(groupId), this.k.groupTasks(groupId), taskId, groupId, String(ttlSeconds));
     return typeof res === "string" ? res : null;
   }
 

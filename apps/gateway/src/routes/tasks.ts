@@ -44,9 +44,27 @@ const SUBMIT_CHUNK = 100;
 
 /** The trainer-facing task API (docs/http-api.md#tasks). */
 export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
+  /**
+   * Before new tasks' jobs are added: the queue may still hold an ended job (completed or failed:
+   * BullMQ keeps them for the board) of an earlier task with the same id whose record has expired
+   * (ROLLGATE_RESULT_TTL_S). Adding a job whose id exists does nothing, so the new task would stay
+   * queued for good; that old job is removed first. One read per new task, sent together.
+   */
+  async function dropEndedJobs(ids: string[]): Promise<void> {
+    const jobs = await Promise.all(ids.map((id) => ctx.rollouts.getJob(id)));
+    await Promise.all(
+      jobs.map(async (job) => {
+        if (!job) return;
+        const state = await job.getState();
+        if (state === "completed" || state === "failed") await job.remove();
+      }),
+    );
+  }
+
   /** Stores and enqueues one validated task; idempotent on its id. */
   async function submit(task: AcceptedTask): Promise<{ id: string; status: TaskStatus | null }> {
     const created = await ctx.tasks.create(task, new Date());
+    if (created) await dropEndedJobs([task.id]);
     const status = created ? "queued" : await ctx.tasks.status(task.id);
     // A task still queued is (re-)enqueued: the job id is the task id, so BullMQ keeps one job,
     // and a crash between storing and enqueueing cannot strand a task.
@@ -62,7 +80,9 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
     const out: { id: string; status: TaskStatus | null }[] = [];
     for (let i = 0; i < tasks.length; i += SUBMIT_CHUNK) {
       const chunk = tasks.slice(i, i + SUBMIT_CHUNK);
-      const statuses = await Promise.all(chunk.map(async (task) => ((await ctx.tasks.create(task, new Date())) ? ("queued" as const) : ctx.tasks.status(task.id))));
+      const created = await Promise.all(chunk.map((task) => ctx.tasks.create(task, new Date())));
+      await dropEndedJobs(chunk.filter((_, k) => created[k]).map((t) => t.id));
+      const statuses = await Promise.all(chunk.map((task, k) => (created[k] ? ("queued" as const) : ctx.tasks.status(task.id))));
       const queued = chunk.filter((_, k) => statuses[k] === "queued");
       if (queued.length > 0) await ctx.rollouts.addBulk(queued.map((task) => ({ name: "rollout", data: { task_id: task.id }, opts: { jobId: task.id } })));
       chunk.forEach((task, k) => out.push({ id: task.id, status: statuses[k]! }));

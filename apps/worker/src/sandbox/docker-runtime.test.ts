@@ -258,6 +258,21 @@ describe("docker runtime: cleanup", () => {
 });
 
 describe("docker runtime: a rollout's sandbox part end to end", () => {
+  it("an agent's background process does not outlive stopLeftovers: the evaluator reads what the grader wrote, not what the daemon keeps writing", async () => {
+    // Every step is an exec into one long-lived container, so a process the agent left in the
+    // background would go on writing while the evaluator runs.
+    const sb = await rt.create("t-daemon", spec());
+    const o = { env: env(sb.home, sb.tmp), timeoutMs: 5_000 };
+    expect((await sb.exec(["daemon", "reward.json", '{"reward": 1}'], o)).exitCode).toBe(0);
+    await sb.stopLeftovers?.();
+    const ev = await evaluate(EvaluatorSpec.parse({ kind: "reward_file", command: ["write", "reward.json", '{"reward": 0}'] }), { sandbox: sb, env: o.env, summary: () => ({}) });
+    expect(ev).toMatchObject({ kind: "scored", reward: 0 });
+    // A daemon still alive would have rewritten it many times over by now (it writes every 5 ms).
+    await new Promise((r) => setTimeout(r, 100));
+    expect(await sb.readFile("reward.json")).toBe('{"reward": 0}');
+    await sb.destroy();
+  });
+
   it("home files, prepare, a command harness and a file evaluator, then removal — as rollout.ts drives them", async () => {
     const sb = await rt.create("t-e2e", spec({ files: { "task.md": "write 42 into answer.txt" }, prepare: [["echo", "setting up"]] }));
     const agent = AgentSpec.parse({ harness: "command", command: ["write", "answer.txt", "42"] });

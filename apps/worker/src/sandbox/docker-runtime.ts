@@ -451,6 +451,24 @@ class DockerSandbox implements Sandbox {
     return entry ? Buffer.from(entry.content ?? "").toString("utf8") : null;
   }
 
+  /**
+   * Each step is an exec into the same long-lived container: a process an agent started in the
+   * background outlives its step. Killing the container (SIGKILL to PID 1 takes every process of
+   * its PID namespace) ends them all; the next step starts it again, files intact.
+   */
+  async stopLeftovers(): Promise<void> {
+    if (this.destroyed || this.stopped) return;
+    await this.kill();
+  }
+
+  async removeFile(relPath: string): Promise<void> {
+    const abs = insideWorkdir(this.workdir, relPath);
+    if (!abs) return;
+    // The Engine API has no delete for a container's file: rm in the container (a step of its own).
+    const r = await this.exec(["rm", "-rf", "--", abs], { env: {}, timeoutMs: 60_000 });
+    if (r.exitCode !== 0) throw new Error(`cannot remove ${relPath} in the container: ${r.spawnError ?? (r.logTail.trim().slice(-300) || `exit ${r.exitCode}`)}`);
+  }
+
   async destroy(): Promise<void> {
     if (this.destroyed) return;
     this.destroyed = true;

@@ -11,10 +11,11 @@ import { mkdtempSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { KubeConfig } from "@kubernetes/client-node";
-import { RuntimeSpec } from "@rollgate/protocol";
+import { EvaluatorSpec, RuntimeSpec } from "@rollgate/protocol";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { FakeKubeApi } from "./__fixtures__/kube-apiserver.js";
 import { sandboxEnv } from "./environment.js";
+import { evaluate } from "../evaluators.js";
 import { KubernetesRuntime, stepCommand, stepScript, tokenFromEnv } from "./kubernetes-runtime.js";
 import { SandboxUnavailable } from "./local-runtime.js";
 
@@ -257,6 +258,21 @@ describe("kubernetes runtime: steps", () => {
       ["cat", "--", "/workspace/given.txt"],
       ["cat", "--", "/workspace/missing.txt"],
     ]);
+    await sb.destroy();
+  });
+});
+
+describe("kubernetes runtime: what the agent leaves running", () => {
+  it("does not outlive stopLeftovers: the evaluator reads what the grader wrote, not what the agent's daemon keeps writing", async () => {
+    const rt = runtime();
+    const sb = await rt.create("t-daemon", spec(), { sessionToken: TOKEN });
+    expect((await sb.exec(["daemon", "reward.json", '{"reward": 1}'], opts())).exitCode).toBe(0);
+    await sb.stopLeftovers?.();
+    const ev = await evaluate(EvaluatorSpec.parse({ kind: "reward_file", command: ["write", "reward.json", '{"reward": 0}'] }), { sandbox: sb, env: env(), summary: () => ({}) });
+    expect(ev).toMatchObject({ kind: "scored", reward: 0 });
+    // A daemon still alive would have rewritten it many times over by now (it writes every 5 ms).
+    await new Promise((r) => setTimeout(r, 100));
+    expect(await sb.readFile("reward.json")).toBe('{"reward": 0}');
     await sb.destroy();
   });
 });

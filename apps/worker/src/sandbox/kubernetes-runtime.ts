@@ -587,6 +587,26 @@ class PodSandbox implements Sandbox {
     return exitOf(end.status).exitCode === 0 ? Buffer.concat(chunks).toString("utf8") : null;
   }
 
+  /**
+   * Each step is an exec into the same pod: a process an agent started in the background outlives
+   * its step. `kill -9 -1` ends every process but PID 1 (as after a timeout); a pod where that
+   * fails is deleted, so the evaluator fails instead of reading what a daemon wrote.
+   */
+  async stopLeftovers(): Promise<void> {
+    if (!this.ready || this.closed || this.dead) return;
+    await this.killAll();
+  }
+
+  async removeFile(relPath: string): Promise<void> {
+    const abs = insideWorkdir(this.workdir, relPath);
+    // No pod yet: nothing of the agent's to remove.
+    if (!abs || !this.ready) return;
+    const err: Buffer[] = [];
+    const end = await this.run(["rm", "-rf", "--", abs], null, () => undefined, (b) => err.push(b));
+    if (!end.status) throw new Error(`the exec stream to pod ${this.podName} closed without a status`);
+    if (exitOf(end.status).exitCode !== 0) throw new Error(`cannot remove ${relPath} in pod ${this.podName}: ${Buffer.concat(err).toString("utf8").trim().slice(-300)}`);
+  }
+
   async destroy(): Promise<void> {
     if (this.closed) return;
     this.closed = true;

@@ -1,4 +1,4 @@
-import { chmod, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { type RuntimeSpec, runtimeNetwork } from "@rollgate/protocol";
@@ -10,7 +10,7 @@ import { RELAY_SHIM_SOURCE } from "./relay-shim.js";
 import { type Spawner, sharedSpawner } from "./spawner.js";
 import { SessionRelay, egressProxyEnv } from "./relay.js";
 import { NO_LOST_CALLS, type CreateOptions, type ExecOptions, type Sandbox, type SandboxRuntime } from "./runtime.js";
-import { PathEscape, type SandboxDirs, makeSandboxDirs, readFileInside, removeSandboxDirs, writeFilesInside } from "./workdir.js";
+import { PathEscape, type SandboxDirs, makeSandboxDirs, readFileInside, removeInside, removeSandboxDirs, writeFilesInside } from "./workdir.js";
 
 /** The sandbox cannot be made as the task asks, here: the rollout fails (`sandbox_unavailable`), it is not retried. */
 export class SandboxUnavailable extends Error {}
@@ -154,13 +154,36 @@ export class LocalRuntime implements SandboxRuntime {
       home: bwrap ? INSIDE_HOME : dirs.home,
       tmp: bwrap ? INSIDE_TMP : dirs.tmp,
       sessionUrl: relay && opts.session ? `${inside}/s/${encodeURIComponent(opts.session.id)}` : null,
-      exec: async (argv: string[], o: ExecOptions) => {
-        const r = await runProcess({ argv: wrap(argv), cwd: dirs.work, ...o, env: { ...o.env, ...proxyEnv }, spawner: this.spawner });
-        return bwrap ? withSpawnError(r) : r;
+      exec: async (argv: string[], { freshHome, ...o }: ExecOptions) => {
+        if (!freshHome) {
+          const r = await runProcess({ argv: wrap(argv), cwd: dirs.work, ...o, env: { ...o.env, ...proxyEnv }, spawner: this.spawner });
+          return bwrap ? withSpawnError(r) : r;
+        }
+        // Empty folders of this step's own, beside the sandbox's (never inside anything the agent
+        // wrote), at the same paths inside bubblewrap, or named in HOME and TMPDIR without it.
+        const own = await mkdtemp(path.join(dirs.base, "step-"));
+        try {
+          const home = path.join(own, "home");
+          const tmp = path.join(own, "tmp");
+          await mkdir(home);
+          await mkdir(tmp);
+          const stepDirs = { ...dirs, home, tmp };
+          const r = await runProcess({
+            argv: bwrap ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(), dirs: stepDirs, relayDir: relay?.dir ?? null }, argv) : argv,
+            cwd: dirs.work,
+            ...o,
+            env: { ...o.env, ...(bwrap ? {} : { HOME: home, TMPDIR: tmp }), ...proxyEnv },
+            spawner: this.spawner,
+          });
+          return bwrap ? withSpawnError(r) : r;
+        } finally {
+          await rm(own, { recursive: true, force: true }).catch((e: unknown) => this.cleanupFailed("step folder", own, e));
+        }
       },
       writeHomeFiles: (files) => writeFilesInside(dirs.home, files),
       // Symlink-safe: a link the agent made to a file outside the working directory reads as absent.
       readFile: (rel) => readFileInside(dirs.work, rel),
+      removeFile: (rel) => removeInside(dirs.work, rel),
       destroy: async () => {
         if (destroyed) return;
         destroyed = true;

@@ -9,6 +9,13 @@ export interface ExecOptions {
   timeoutMs: number;
   signal?: AbortSignal;
   onOutput?: (chunk: Buffer) => void;
+  /**
+   * Run with an empty HOME and TMPDIR of the step's own (same paths), not the ones the agent
+   * wrote: what the agent left there (a Python usercustomize or .pth file, a .gitconfig) cannot run
+   * inside an evaluator. The `local` runtime (with or without bubblewrap) honours it; in a
+   * container the agent owns the whole file system and it changes nothing.
+   */
+  freshHome?: boolean;
 }
 
 /**
@@ -32,6 +39,18 @@ export interface Sandbox {
   writeHomeFiles(files: Record<string, string>): Promise<void>;
   /** A file of the working directory, or null when it does not exist. */
   readFile(relPath: string): Promise<string | null>;
+  /**
+   * Removes a path of the working directory if it exists (whatever it is; a link itself, not its
+   * target): a `reward_file` evaluator clears the reward files before its command runs, so the
+   * reward it reads is the command's and never one the agent left.
+   */
+  removeFile(relPath: string): Promise<void>;
+  /**
+   * Kills whatever the steps so far left running (an agent's daemon), before the evaluator runs,
+   * so nothing of the agent's can rewrite what the evaluator reads. Runtimes whose steps cannot
+   * leave anything behind (bubblewrap: its PID namespace ends with the step) need not do anything.
+   */
+  stopLeftovers?(): Promise<void>;
   /** Removes everything (unless the task asked to keep it); always safe to call. */
   destroy(): Promise<void>;
   /** Where a kept sandbox can be found, for the logs. */

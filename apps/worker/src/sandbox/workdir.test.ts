@@ -10,7 +10,7 @@ import path from "node:path";
 import type { RuntimeSpec } from "@rollgate/protocol";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { LocalRuntime, SandboxUnavailable } from "./local-runtime.js";
-import { PathEscape, readFileInside, writeFilesInside } from "./workdir.js";
+import { PathEscape, readFileInside, removeInside, writeFilesInside } from "./workdir.js";
 
 let base: string;
 let work: string;
@@ -158,3 +158,22 @@ describe.skipIf(!canMakeImmutable())("LocalRuntime cleanup (needs chattr +i: roo
 function readdir(p: string): string[] {
   return existsSync(p) ? readdirSync(p) : [];
 }
+
+describe("removeInside", () => {
+  it("removes what is at the path (a link itself, not its target) and nothing outside the folder", async () => {
+    writeFileSync(path.join(work, "reward.json"), "{}");
+    await removeInside(work, "reward.json");
+    expect(existsSync(path.join(work, "reward.json"))).toBe(false);
+    symlinkSync(path.join(outside, "secret.txt"), path.join(work, "reward.txt"));
+    await removeInside(work, "reward.txt");
+    expect(readdirSync(work)).toEqual([]);
+    expect(readFileSync(path.join(outside, "secret.txt"), "utf8")).toBe("host secret");
+    // A folder link on the way is not followed out.
+    symlinkSync(outside, path.join(work, "out"));
+    await removeInside(work, "out/secret.txt");
+    expect(readFileSync(path.join(outside, "secret.txt"), "utf8")).toBe("host secret");
+    await removeInside(work, "missing/reward.json");
+    await expect(removeInside(work, "../outside/secret.txt")).rejects.toThrow(PathEscape);
+    expect(existsSync(path.join(outside, "secret.txt"))).toBe(true);
+  });
+});

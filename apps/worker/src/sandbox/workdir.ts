@@ -1,5 +1,5 @@
 import { constants, mkdirSync, mkdtempSync, rmdirSync } from "node:fs";
-import { lstat, mkdir, open, readFile, realpath, rm } from "node:fs/promises";
+import { lstat, mkdir, open, realpath, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 
@@ -64,9 +64,15 @@ export async function writeFilesInside(dir: string, files: Record<string, string
   }
 }
 
+/** The most of a file evaluators read: a bigger one reads as absent (a file the agent filled to exhaust the worker's memory). */
+export const MAX_READ_BYTES = 32 * 1024 * 1024;
+
 /**
  * A file of `dir` as text, or null when it does not exist or is not inside `dir` once symbolic
- * links are followed (an agent's `ln -s /etc/shadow reward.txt` reads nothing).
+ * links are followed (an agent's `ln -s /etc/shadow reward.txt` reads nothing). Only a regular file
+ * of at most MAX_READ_BYTES reads: a FIFO the agent left at the path (`mkfifo reward.txt`) would
+ * block the read, and the rollout with it, forever (opened non-blocking, checked on the open file
+ * so it cannot be swapped in between); a device or a huge file reads as absent too.
  */
 export async function readFileInside(dir: string, rel: string): Promise<string | null> {
   try {
@@ -74,10 +80,45 @@ export async function readFileInside(dir: string, rel: string): Promise<string |
     const root = await realpath(dir);
     const real = await realpath(path.resolve(root, rel));
     if (!real.startsWith(root + path.sep)) return null;
-    return await readFile(real, "utf8");
+    const fh = await open(real, constants.O_RDONLY | constants.O_NONBLOCK | constants.O_NOFOLLOW);
+    try {
+      const st = await fh.stat();
+      if (!st.isFile() || st.size > MAX_READ_BYTES) return null;
+      const buf = Buffer.alloc(st.size + 1);
+      let n = 0;
+      // It may grow while it is read: at most one byte past the limit tells.
+      while (n < buf.length) {
+        const { bytesRead } = await fh.read(buf, n, buf.length - n, n);
+        if (bytesRead === 0) break;
+        n += bytesRead;
+      }
+      if (n > MAX_READ_BYTES) return null;
+      return buf.subarray(0, n).toString("utf8");
+    } finally {
+      await fh.close();
+    }
   } catch {
     return null;
   }
+}
+
+/**
+ * Removes `rel` from `dir` if it is there, whatever it is (a file, a link, a FIFO, a folder), never
+ * anything outside `dir`: a link on the way is not followed (its parent folder's real path must be
+ * inside `dir`), a link at the path itself is removed, not its target.
+ */
+export async function removeInside(dir: string, rel: string): Promise<void> {
+  const parts = components(rel);
+  const root = await realpath(dir);
+  let parent: string;
+  try {
+    parent = await realpath(path.join(root, ...parts.slice(0, -1)));
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === "ENOENT" || (err as NodeJS.ErrnoException).code === "ENOTDIR") return;
+    throw err;
+  }
+  if (parent !== root && !parent.startsWith(root + path.sep)) return;
+  await rm(path.join(parent, parts.at(-1)!), { recursive: true, force: true });
 }
 
 /**

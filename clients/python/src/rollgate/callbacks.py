@@ -49,8 +49,9 @@ class CallbackReceiver:
     or missing one gets 401 and nothing of it is read or kept. A delivery seen before (same
     ``X-Rollgate-Delivery``, as retries carry) is acknowledged again and not counted twice.
     ``wait(task_id)`` returns a task's result, ``wait_group(group_id)`` a group's results in member
-    order; ``wait_async`` / ``wait_group_async`` are their coroutines. ``on_delivery`` is called for
-    each new delivery (an exception there answers 500, so rollgate delivers it again).
+    order; ``wait_async`` / ``wait_group_async`` are their coroutines. ``on_delivery`` is called once
+    for each new delivery (an exception there answers 500, so rollgate delivers it again; a retry
+    that arrives while it still runs, because rollgate stopped waiting after 30 s, waits for it).
 
     ``host="0.0.0.0"`` listens for workers on other hosts; give ``public_url`` when they reach this
     machine by another address.
@@ -73,6 +74,7 @@ class CallbackReceiver:
         self._on_delivery = on_delivery
         self._lock = threading.Condition()
         self._seen: Set[str] = set()
+        self._handling: Set[str] = set()  # delivery ids whose on_delivery is running
         self._tasks: Dict[str, JSON] = {}
         self._groups: Dict[str, JSON] = {}
         self._async_waiters: List[Tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]] = []
@@ -191,28 +193,41 @@ class CallbackReceiver:
             with self._lock:
                 self.rejected += 1
             return 401, b'{"error":"bad signature"}'
-        with self._lock:
-            if delivery_id and delivery_id in self._seen:
-                self.duplicates += 1
-                return 200, b'{"ok":true,"duplicate":true}'
         try:
             body = json.loads(raw.decode("utf-8"))
         except ValueError:
             return 400, b'{"error":"body is not JSON"}'
         if not isinstance(body, dict):
             return 400, b'{"error":"body is not a JSON object"}'
-        delivery = Delivery(event, delivery_id, body, raw)
-        if self._on_delivery is not None:
-            try:
-                self._on_delivery(delivery)
-            except Exception:
-                return 500, b'{"error":"the handler failed; deliver again"}'
         with self._lock:
+            # A retry that comes while the same delivery is still being handled (rollgate gave up
+            # waiting for a slow handler) waits for that one: handled once, or again if it failed.
+            while delivery_id and delivery_id in self._handling:
+                self._lock.wait()
+            if delivery_id and delivery_id in self._seen:
+                self.duplicates += 1
+                return 200, b'{"ok":true,"duplicate":true}'
             if delivery_id:
-                if delivery_id in self._seen:  # the same delivery raced in on another connection
-                    self.duplicates += 1
-                    return 200, b'{"ok":true,"duplicate":true}'
-                self._seen.add(delivery_id)
+                self._handling.add(delivery_id)
+        delivery = Delivery(event, delivery_id, body, raw)
+        handled = False
+        try:
+            if self._on_delivery is not None:
+                self._on_delivery(delivery)
+            handled = True
+        except Exception:
+            pass
+        finally:
+            # Seen in the same step as it stops being handled, so a waiting retry finds it.
+            with self._lock:
+                if delivery_id:
+                    self._handling.discard(delivery_id)
+                    if handled:
+                        self._seen.add(delivery_id)
+                    self._lock.notify_all()
+        if not handled:
+            return 500, b'{"error":"the handler failed; deliver again"}'
+        with self._lock:
             self.deliveries.append(delivery)
             if event.startswith("group.") and isinstance(body.get("group_id"), str):
                 self._groups[body["group_id"]] = body

@@ -62,12 +62,35 @@ export const PROGRAMS: Record<string, (p: Proc) => Promise<ProgramResult>> = {
     p.out(content);
     return 0;
   },
+  /** rm [-rf] [--] <path>...: removes them (absent ones too, as -f). */
+  rm: async (p) => {
+    for (const a of p.argv.slice(1).filter((x) => !x.startsWith("-"))) {
+      const target = path.posix.resolve(p.cwd, a);
+      for (const k of [...p.c.fs.keys()]) if (k === target || k.startsWith(`${target}/`)) p.c.fs.delete(k);
+    }
+    return 0;
+  },
   /** Both streams, then exit 3. */
   noisy: async (p) => {
     p.out("to stdout\n");
     p.err("to stderr\n");
     p.out("more stdout\n");
     return 3;
+  },
+  /**
+   * daemon <rel> <content>: exits 0 at once, leaving a background process that writes the file
+   * every few ms until the container is killed (an agent's `nohup sh -c 'while …' &`).
+   */
+  daemon: async (p) => {
+    const file = path.posix.resolve(p.cwd, p.argv[1]!);
+    const content = p.argv[2] ?? "";
+    const timer = setInterval(() => p.c.fs.set(file, content), 5);
+    const stop = (): void => {
+      clearInterval(timer);
+      p.c.running.delete(stop);
+    };
+    p.c.running.add(stop);
+    return 0;
   },
   /** sleep <seconds>: also "starts a child" that only a kill of the sandbox stops. */
   sleep: async (p) => {
