@@ -92,6 +92,16 @@ class AdvantagesTest(unittest.TestCase):
         self.assertIn("member 1 left out: failed: infrastructure", adv.describe())
         self.assertIn("not a finite number", grpo.advantages([1.0, float("nan")]).excluded[1])
 
+    def test_a_member_whose_grader_failed_can_be_scored_instead_of_left_out(self):
+        broke_grader = result("g-1", None, status="failed", error={"kind": "evaluator_error", "message": "no reward file"})
+        lost = result("g-2", None, status="failed", error={"kind": "infrastructure", "message": "engine unreachable"})
+        results = [result("g-0", 1.0), broke_grader, lost]
+        # By default a failed grader is left out, as any failure is.
+        self.assertEqual(grpo.group_advantages(results, method="mean").advantages, [0.0, None, None])
+        adv = grpo.group_advantages(results, method="mean", evaluator_error_reward=0.0)
+        self.assertEqual(adv.advantages, [0.5, -0.5, None])
+        self.assertEqual(sorted(adv.excluded), [2])
+
 
 class StepBatchTest(unittest.TestCase):
     def test_arrays_of_one_group_golden(self):

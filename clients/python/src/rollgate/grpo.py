@@ -121,10 +121,27 @@ def member_problem(result: Optional[Mapping[str, Any]]) -> Optional[str]:
     return None
 
 
-def group_advantages(results: Sequence[Optional[Mapping[str, Any]]], method: str = "mean_std", eps: float = 1e-6, ddof: int = 1) -> GroupAdvantages:
-    """Advantages of a group from its task results (as ``wait_group`` returns them), failed members left out and said so."""
-    excluded = {i: p for i, p in ((i, member_problem(r)) for i, r in enumerate(results)) if p is not None}
-    rewards = [None if i in excluded or r is None else r.get("reward") for i, r in enumerate(results)]
+def _grader_failed(result: Optional[Mapping[str, Any]]) -> bool:
+    return bool(result) and result.get("status") == "failed" and (result.get("error") or {}).get("kind") == "evaluator_error"
+
+
+def group_advantages(
+    results: Sequence[Optional[Mapping[str, Any]]],
+    method: str = "mean_std",
+    eps: float = 1e-6,
+    ddof: int = 1,
+    evaluator_error_reward: Optional[float] = None,
+) -> GroupAdvantages:
+    """Advantages of a group from its task results (as ``wait_group`` returns them), failed members left out and said so.
+
+    ``evaluator_error_reward``: the reward of a member whose grader failed (``evaluator_error``)
+    instead of leaving it out. An agent can break its grader (delete what it reads, ``chmod`` its
+    folder); left out, that escapes a bad score, so set it to the task's lowest reward when the
+    graders are sound and only an agent can make them fail.
+    """
+    scored = {i for i, r in enumerate(results) if evaluator_error_reward is not None and _grader_failed(r)}
+    excluded = {i: p for i, p in ((i, member_problem(r)) for i, r in enumerate(results)) if p is not None and i not in scored}
+    rewards = [evaluator_error_reward if i in scored else None if i in excluded or r is None else r.get("reward") for i, r in enumerate(results)]
     return advantages(rewards, method=method, eps=eps, ddof=ddof, excluded=excluded)
 
 
