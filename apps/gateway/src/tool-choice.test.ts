@@ -234,3 +234,41 @@ describe.each(FAMILIES.flatMap((family) => KINDS.map((kind) => [family, kind] as
     expect([...trace.prompt_ids, ...trace.response_ids]).toEqual([...lastRecord.prompt_ids, ...lastRecord.output_ids]);
   });
 });
+
+// An engine without a token-in chat route (vLLM before 0.28): a forced call needs the chat route's
+// guided decoding, so the gateway cannot send it token-in and the engine renders the history. The
+// earlier guided answer then comes back in the family's markup: the break must be named, and say why.
+describe("qwen3 on vLLM 0.27 (no token-in chat route)", () => {
+  const profile = PRESETS[PROFILE_OF_FAMILY.qwen3!]!;
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness("tc-old-vllm", { family: "qwen3", kind: "vllm", vllmVersion: "0.27.0" }, { ROLLGATE_HEALTH_INTERVAL_S: "0" });
+  }, 60_000);
+  afterAll(async () => h?.close());
+
+  it.each([["openai_chat", "required", false] as const, ["anthropic", "named", true] as const])(
+    "%s: tool_choice %s (streamed %s) twice: the second forced call breaks the trace, named as the guided answer re-rendered",
+    async (protocol, choice, stream) => {
+      const s = await h.openSession();
+      const agent = AGENTS[protocol](s, profile, choice, stream);
+      for (let k = 0; k < 2; k++) {
+        expect((await agent.call(true)).calls).toEqual([{ name: "shell", args: { command: COMMAND } }]);
+        agent.echo();
+      }
+      expect((await agent.call(false)).calls).toEqual([]);
+      const records = await h.records(s.id);
+      expect(records).toHaveLength(3);
+      const closed = await fetch(`${h.url}/v1/sessions/${s.id}/close?trajectory=prefix_merging`, { method: "POST" });
+      const { trajectory } = (await closed.json()) as { trajectory: Trajectory };
+      const breaks = trajectory.stats.breaks;
+      // The second forced call was rendered: it diverges inside the first answer's guided JSON.
+      expect(breaks.map((b) => b.record_id)).toContain(records[1]!.id);
+      const b = breaks.find((x) => x.record_id === records[1]!.id)!;
+      expect(b.reason).toBe("history_rewritten");
+      expect(b.position).toBeGreaterThanOrEqual(records[0]!.prompt_ids.length);
+      expect(b.detail).toContain(records[0]!.id);
+      expect(b.detail).toContain(`tool_choice ${choice === "required" ? '"required"' : '"shell"'}`);
+      expect(b.detail).toContain("guided");
+    },
+  );
+});
