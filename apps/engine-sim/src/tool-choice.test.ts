@@ -17,7 +17,6 @@ const NAMED = { type: "function", function: { name: "shell" } };
 const ARGS = '{"command": "ls", "n": 1.0}';
 
 function body(toolChoice: unknown, extra: Record<string, unknown> = {}, script = SCRIPT): string {
-  // Raw text so `1.0` reaches the server as written.
   const rest = JSON.stringify({ messages: [{ role: "user", content: `Go.\n${script}` }], tools: TOOLS, tool_choice: toolChoice, return_token_ids: true, ...extra });
   return rest;
 }
