@@ -115,6 +115,18 @@ function reasoningDropped(record: CompletionRecord, produced: CompletionRecord, 
   return record.request.messages.slice(at + 1).some((m) => isQuery(m, t));
 }
 
+/**
+ * The forced tool choice a record's answer was generated under, in words (`tool_choice "required"`,
+ * `tool_choice "f"`), or null. Engines answer one with guided decoding: the model writes bare JSON
+ * rather than its tool-call markup, and the template renders the echoed call in the markup.
+ */
+function forcedChoice(r: CompletionRecord): string | null {
+  const tc = r.request.tool_choice;
+  if (tc === "required") return 'tool_choice "required"';
+  if (tc !== undefined && typeof tc === "object") return `tool_choice "${tc.function.name}"`;
+  return null;
+}
+
 /** " (<profile> profile: <note>)" when the template is known to do this, else "". */
 function knownFor(t: TemplateFacts, note: string | null | undefined): string {
   return note ? ` (${t.profile ? `${t.profile} profile: ` : ""}${note})` : "";
@@ -171,6 +183,13 @@ export function classifyBreak(e: BreakEvidence, template: TemplateFacts = {}): B
       return make(
         "history_rewritten",
         `${at}: the chat template left out that turn's reasoning, now that a later user query follows it${knownFor(template, template.reasoningDropped)}`,
+      );
+    }
+    const forced = produced ? forcedChoice(produced) : null;
+    if (forced) {
+      return make(
+        "history_rewritten",
+        `${at}: that answer was generated under ${forced}, which the engine answers with guided decoding (the model writes bare JSON), and the chat template renders the echoed call in the model's own tool-call markup; this call's prompt was rendered, not continued token-in`,
       );
     }
     return make("history_rewritten", `${at} (the history was re-rendered differently)${knownFor(template, template.rerendered)}`);

@@ -7,11 +7,14 @@ import { HttpError } from "../errors.js";
 import { applyLimits } from "../limits.js";
 import type { Completion } from "../limits.js";
 import { makeToolCallId } from "../output/types.js";
-import type { Delta, ParseRequest } from "../output/types.js";
+import type { Delta, ParsedOutput, ParseRequest, StreamingParser } from "../output/types.js";
 import { continueOpenAnswer, randomOutput, scriptedOutput } from "../policy.js";
 import { renderPrompt } from "../prompt.js";
 import { parseRankHeader, sglangRank } from "../ranks.js";
 import { ScriptError, findScriptStep } from "../script.js";
+import { GuidedError, GuidedStreamer, forcedChoice, guidedCalls, guidedStep } from "../guided.js";
+import type { ForcedChoice } from "../guided.js";
+import { PyDict } from "@rollgate/pyjson";
 import { returnsRoutedExperts, sglangRoutedExperts, vllmRoutedExperts } from "./routed-experts.js";
 import type { SimState } from "../state.js";
 import { vllmHas } from "../versions.js";
@@ -88,6 +91,8 @@ interface Prepared {
   /** The answer carries routed experts (routed-experts.ts). */
   routedExperts: boolean;
   toolParsing: boolean;
+  /** tool_choice "required" or a named function: the answer is guided JSON (guided.ts), not the family's markup. */
+  forced: ForcedChoice | null;
   reasoningField: string;
   parseRequest: ParseRequest;
 }
@@ -190,6 +195,14 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
     rank = header.kind === "rank" ? header.rank : undefined;
   }
 
+  let forced: ForcedChoice | null;
+  try {
+    const harmony = sim.model.toolParser === "openai" || sim.model.reasoningParser === "openai_gptoss";
+    forced = forcedChoice(body.tool_choice, body.tools, harmony);
+  } catch (e) {
+    if (e instanceof GuidedError) throw new HttpError(400, e.message);
+    throw e;
+  }
   let found;
   try {
     found = findScriptStep(body.messages);
@@ -199,9 +212,16 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
   }
   let policy;
   try {
-    policy = found ? continueOpenAnswer(scriptedOutput(found.step, sim.model, prompt.text), promptIds, sim.model) : randomOutput(o.seed, promptIds, o.randomTokens, sim.model);
+    if (forced) {
+      // Guided decoding: the model writes the calls' JSON. Unscripted, it calls the named (else the first) tool with {}.
+      const fallback = { tool_calls: [{ name: forced.kind === "named" ? forced.name : String((body.tools![0]!.function as { name?: unknown } | undefined)?.name), arguments: new PyDict([]) }] };
+      const step = guidedStep(found ? (found.step ?? null) : fallback, forced, sglang);
+      policy = continueOpenAnswer(scriptedOutput(step, sim.model, prompt.text), promptIds, sim.model);
+    } else {
+      policy = found ? continueOpenAnswer(scriptedOutput(found.step, sim.model, prompt.text), promptIds, sim.model) : randomOutput(o.seed, promptIds, o.randomTokens, sim.model);
+    }
   } catch (e) {
-    if (e instanceof ScriptError) throw new HttpError(400, `engine-sim: ${e.message}`);
+    if (e instanceof ScriptError) throw new HttpError(400, `engine-sim: ${forced && found ? `step ${found.index}: ` : ""}${e.message}`);
     throw e;
   }
   const stop = body.stop === null || body.stop === undefined ? [] : typeof body.stop === "string" ? [body.stop] : body.stop;
@@ -239,6 +259,7 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
     sglextOutputIds: sglang && (body.return_output_ids === true || headerOn(req, "x-sglext-return-output-ids") || o.returnOutputIds),
     routedExperts: returnsRoutedExperts(sim, body, sglang),
     toolParsing,
+    forced,
     reasoningField: sglang ? "reasoning_content" : o.reasoningField,
     parseRequest: { tok: sim.tok, toolParsing, tools: body.tools ?? [], chatTemplateKwargs: body.chat_template_kwargs ?? {} },
   };
@@ -272,6 +293,21 @@ export function emitted(c: Completion, n: number): { ids: number[]; text: string
   return { ids: c.ids.slice(0, n), text: n === 0 ? "" : c.text.slice(0, c.ends[n - 1]!) };
 }
 
+/**
+ * The answer as the server reads it: the family's parsers, or under a forced tool choice the
+ * reasoning parser alone and the calls built from the guided JSON (guided.ts). `toolsCalled`: the
+ * finish is "tool_calls" (vLLM: required only, when the answer stopped; SGLang: any built call).
+ */
+function answerOf(sim: SimState, p: Prepared, out: { ids: number[]; text: string }): ParsedOutput {
+  const f = p.forced;
+  if (!f) return sim.model.parser.parse(out.text, out.ids, p.parseRequest);
+  const split = sim.model.parser.parse(out.text, out.ids, { ...p.parseRequest, toolParsing: false });
+  const calls = guidedCalls(split.content ?? "", f, p.sglang);
+  if (!calls) return { reasoning: split.reasoning, content: split.content, toolCalls: [], toolsCalled: false };
+  const toolsCalled = p.completion.finishReason === "stop" && (p.sglang || f.kind === "required");
+  return { reasoning: split.reasoning, content: p.sglang ? null : "", toolCalls: calls, toolsCalled };
+}
+
 /** Admission in the route's envelope: undefined when an error answer was sent. */
 async function admitOrFail(sim: SimState, p: Prepared, reply: FastifyReply, signal: AbortSignal): Promise<Generation | undefined> {
   try {
@@ -295,7 +331,7 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
   const aborted = g.outcome === "abort";
   const c = p.completion;
   const out = emitted(c, g.tokens.length);
-  const parsed = sim.model.parser.parse(out.text, out.ids, p.parseRequest);
+  const parsed = answerOf(sim, p, out);
   const { reasoning, content, toolsCalled } = parsed;
   const toolCalls = parsed.toolCalls.map((t) => ({ id: makeToolCallId(), type: "function" as const, function: { name: t.name, arguments: t.arguments } }));
   const finishReason = aborted ? "abort" : toolsCalled ? "tool_calls" : c.finishReason;
@@ -400,7 +436,14 @@ async function stream(sim: SimState, p: Prepared, reply: FastifyReply) {
   if (p.returnTokenIds && !sg) roleChunk.prompt_token_ids = p.promptIds;
   send(roleChunk);
 
-  const parser = sim.model.parser.stream(p.parseRequest);
+  const parser: StreamingParser = p.forced
+    ? new GuidedStreamer(sim.model.parser.stream({ ...p.parseRequest, toolParsing: false }), p.forced, p.sglang, makeToolCallId)
+    : sim.model.parser.stream(p.parseRequest);
+  // vLLM names "tool_calls" as the finish of streamed calls, except for a named function (then "stop").
+  const streamedFinish = () => {
+    if (!p.forced) return parser.toolsStreamed > 0 ? "tool_calls" : c.finishReason;
+    return parser.toolsStreamed > 0 && p.forced.kind === "required" && c.finishReason === "stop" ? "tool_calls" : c.finishReason;
+  };
   const last = c.ids.length - 1;
   try {
     for await (const t of sim.engine.run(g)) {
@@ -438,7 +481,7 @@ async function stream(sim: SimState, p: Prepared, reply: FastifyReply) {
         index: 0,
         delta: wire,
         logprobs,
-        finish_reason: isLast ? (parser.toolsStreamed > 0 ? "tool_calls" : c.finishReason) : null,
+        finish_reason: isLast ? streamedFinish() : null,
       };
       if (isLast) choice.stop_reason = c.stopReason;
       if (p.returnTokenIds) choice.token_ids = [t.id];
