@@ -185,7 +185,9 @@ export function classifyBreak(e: BreakEvidence, template: TemplateFacts = {}): B
         `${at}: the chat template left out that turn's reasoning, now that a later user query follows it${knownFor(template, template.reasoningDropped)}`,
       );
     }
-    const forced = produced ? forcedChoice(produced) : null;
+    // A profile that says how its template re-renders (gpt-oss: harmony, whose forced calls keep
+    // their own format) is told by that note; otherwise a forced choice is the likely cause.
+    const forced = produced && !template.rerendered ? forcedChoice(produced) : null;
     if (forced) {
       return make(
         "history_rewritten",
