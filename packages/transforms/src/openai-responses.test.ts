@@ -362,6 +362,24 @@ describe("toResponsesResponse", () => {
   });
 });
 
+describe("reasoning tokens of a replayed answer (its logprobs carry no token text)", () => {
+  const replayed = (usage: Partial<EngineResult["usage"]> = {}): EngineResult => {
+    const r = engineResult({ content: "\n\nHi", reasoning: "Greet.", tool_calls: [] }, ["", "", "", "", "", ""]);
+    return { ...r, usage: { ...r.usage, ...usage } };
+  };
+
+  it("reports the count its source recorded, streamed or not", () => {
+    const r = replayed({ reasoning_tokens: 3 });
+    expect(toResponsesResponse(r, ctx()).usage?.output_tokens_details.reasoning_tokens).toBe(3);
+    const events = encode(streamOf(r, [delta({ reasoning: "Greet.", content: "\n\nHi" }, ["", "", "", "", "", ""])]), ctx());
+    expect(events.at(-1)!.response).toMatchObject({ usage: { output_tokens: 6, output_tokens_details: { reasoning_tokens: 3 } } });
+  });
+
+  it("reports none rather than every token when no count was recorded (a record from before counts were kept)", () => {
+    expect(toResponsesResponse(replayed(), ctx()).usage?.output_tokens_details.reasoning_tokens).toBe(0);
+  });
+});
+
 /** Splits an engine result into the stream events an adapter would yield. */
 function streamOf(result: EngineResult, pieces: EngineStreamEvent[]): EngineStreamEvent[] {
   return [

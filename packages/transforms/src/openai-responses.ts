@@ -12,6 +12,7 @@ import type {
 import { StreamAccumulator } from "./accumulate.js";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, sealReasoning } from "./reasoning-seal.js";
+import { reasoningTokensOf } from "./reasoning-tokens.js";
 
 /**
  * OpenAI Responses API ⇄ canonical chat. What Codex CLI (Responses only), opencode and pi send.
@@ -510,11 +511,12 @@ const reasoningId = (ctx: ResponsesContext) => `rs_${idBase(ctx)}`;
 const messageId = (ctx: ResponsesContext) => `msg_${idBase(ctx)}`;
 const callItemId = (ctx: ResponsesContext, k: number) => `fc_${idBase(ctx)}_${k}`;
 
-/** Output tokens up to and including the reasoning end marker (all of them when the answer stopped inside the reasoning). */
+/**
+ * Output tokens spent reasoning (reasoningTokensOf: the count a replayed answer's usage carries, else
+ * counted from token text); 0 when not countable (no reasoning, or no token text and no count).
+ */
 function reasoningTokens(result: EngineResult, end: string | null | undefined): number {
-  if (!result.message.reasoning || !end) return 0;
-  const at = result.logprobs.findIndex((l) => l.token === end);
-  return at >= 0 ? at + 1 : result.logprobs.length;
+  return reasoningTokensOf(result, end) ?? 0;
 }
 
 export function toResponsesUsage(result: EngineResult, reasoningEnd?: string | null): ResponsesUsage {
