@@ -599,6 +599,14 @@ describe("client logprobs (include: message.output_text.logprobs)", () => {
     expect(toResponsesResponse(result, ctx()).output[1]).toMatchObject({ content: [{ logprobs: [] }] });
   });
 
+  it("finds the text's tokens when the engine spells a split character's pieces as U+FFFD (vLLM's token strings)", () => {
+    const spelled = logprobs.map((l) => ({ ...l }));
+    spelled[5] = { ...spelled[5]!, token: " \uFFFD", bytes: Array.from(Buffer.from(" \uFFFD")) };
+    spelled[6] = { ...spelled[6]!, token: "\uFFFD\uFFFD", bytes: Array.from(Buffer.from("\uFFFD\uFFFD")) };
+    const r = toResponsesResponse({ ...result, logprobs: spelled }, { ...ctx(), clientLogprobs: wanted });
+    expect((r.output[1] as { content: { logprobs: unknown[] }[] }).content[0]!.logprobs).toEqual([4, 5, 6, 7, 8].map((i) => cut(spelled[i]!)));
+  });
+
   it("streams them on the text deltas that show their text; the final response equals the non-streamed one", () => {
     const c = { ...ctx(), clientLogprobs: wanted };
     const d = (fields: Parameters<typeof delta>[0], from: number, to: number): EngineStreamEvent => ({

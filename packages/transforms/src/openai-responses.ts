@@ -53,7 +53,8 @@ import { reasoningTokensOf } from "./reasoning-tokens.js";
  *   not the reasoning's, its end marker's, the template's newlines after it (not shown), the tool
  *   calls' or the stop token's. A token that shows no text on its own (a piece of a character) is
  *   given with the text delta that shows its character; one that never shows text of the message
- *   (the stop token, markup before a call) is in no `output_text`. Without token text (a branch's
+ *   (the stop token, markup before a call) is in no `output_text`. Not streamed, the text is found
+ *   among the tokens' texts (`textTokens`; a split character's pieces spelled U+FFFD, as vLLM does). Without token text (a branch's
  *   replayed answer) the text's tokens cannot be told: `logprobs` is `[]`.
  * - `text.format` (structured output), `truncation`, `prompt_cache_key`, `metadata`, … are
  *   accepted and ignored.
@@ -578,41 +579,50 @@ function clientLogprobs(logprobs: readonly TokenLogprob[], ctx: ResponsesContext
   return logprobs.map((l) => ({ ...l, top_logprobs: l.top_logprobs.slice(0, wanted.top_logprobs) }));
 }
 
-const utf8 = new TextEncoder();
-const tokenBytes = (l: TokenLogprob): Uint8Array => (l.bytes ? Uint8Array.from(l.bytes) : utf8.encode(l.token));
+const lossy = new TextDecoder("utf-8", { fatal: false });
+/** A token's text as the engine spells it alone: a piece of a multi-byte character reads as U+FFFD (vLLM's token strings do). */
+const tokenText = (l: TokenLogprob): string => (l.bytes ? lossy.decode(Uint8Array.from(l.bytes)) : l.token);
 
-/** The first index of `needle` in `hay` at or after `from`, or -1. */
-function indexOfBytes(hay: Uint8Array, needle: Uint8Array, from: number): number {
-  return Buffer.from(hay.buffer, hay.byteOffset, hay.byteLength).indexOf(Buffer.from(needle.buffer, needle.byteOffset, needle.byteLength), from);
+/**
+ * A pattern finding `text` in the tokens' texts joined: a character outside ASCII matches itself or
+ * the U+FFFD its pieces read as when tokens split it.
+ */
+function spelledIn(text: string): RegExp {
+  let pattern = "";
+  for (const ch of text) {
+    const lit = ch.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&");
+    pattern += ch.charCodeAt(0) < 0x80 ? lit : `(?:${lit}|\uFFFD{1,4})`;
+  }
+  return new RegExp(pattern, "g");
+}
+
+/** Where `text` first appears in `joined` at or after `from`: [start, end) in UTF-16 units, or null. */
+function find(joined: string, text: string, from: number): [number, number] | null {
+  const re = spelledIn(text);
+  re.lastIndex = from;
+  const m = re.exec(joined);
+  return m ? [m.index, m.index + m[0].length] : null;
 }
 
 /**
- * The tokens of `text` (the answer's text as shown) among an answer's tokens: those whose bytes
- * overlap the text's, found after the reasoning (when there is any). Empty when the tokens carry no
- * text (a replayed answer) or the text is not found in them.
+ * The tokens of `text` (the answer's text as shown) among an answer's tokens: those whose text
+ * overlaps it, found after the reasoning (when there is any). Empty when the tokens carry no text
+ * (a replayed answer) or the text is not found in them.
  */
 export function textTokens(logprobs: readonly TokenLogprob[], reasoning: string | null, text: string): TokenLogprob[] {
   if (text === "" || logprobs.length === 0) return [];
-  const pieces = logprobs.map(tokenBytes);
+  const pieces = logprobs.map(tokenText);
   const starts: number[] = [];
-  let size = 0;
+  let joined = "";
   for (const p of pieces) {
-    starts.push(size);
-    size += p.length;
+    starts.push(joined.length);
+    joined += p;
   }
-  if (size === 0) return [];
-  const all = new Uint8Array(size);
-  pieces.forEach((p, i) => all.set(p, starts[i]!));
-  let from = 0;
-  if (reasoning) {
-    const r = utf8.encode(reasoning);
-    const at = indexOfBytes(all, r, 0);
-    if (at >= 0) from = at + r.length;
-  }
-  const t = utf8.encode(text);
-  const at = indexOfBytes(all, t, from);
-  if (at < 0) return [];
-  const end = at + t.length;
+  if (joined === "") return [];
+  const after = reasoning ? find(joined, reasoning, 0) : null;
+  const span = find(joined, text, after ? after[1] : 0);
+  if (!span) return [];
+  const [at, end] = span;
   return logprobs.filter((_, i) => starts[i]! < end && starts[i]! + pieces[i]!.length > at);
 }
 
