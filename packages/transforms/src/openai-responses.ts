@@ -54,8 +54,9 @@ import { reasoningTokensOf } from "./reasoning-tokens.js";
  *   calls' or the stop token's. A token that shows no text on its own (a piece of a character) is
  *   given with the text delta that shows its character; one that never shows text of the message
  *   (the stop token, markup before a call) is in no `output_text`. Not streamed, the text is found
- *   among the tokens' texts (`textTokens`; a split character's pieces spelled U+FFFD, as vLLM does). Without token text (a branch's
- *   replayed answer) the text's tokens cannot be told: `logprobs` is `[]`.
+ *   among the tokens' texts (`textTokens`: a split character's pieces read U+FFFD, as vLLM spells
+ *   them). Without token text (a branch's replayed answer) the text's tokens cannot be told:
+ *   `logprobs` is `[]`.
  * - `text.format` (structured output), `truncation`, `prompt_cache_key`, `metadata`, … are
  *   accepted and ignored.
  */
@@ -740,7 +741,7 @@ export class ResponsesStreamEncoder {
     else if (event.reasoning || event.tool_calls?.length) this.heldLogprobs = [];
     // A delta that shows nothing: its tokens go with the message's next text (pieces of a character),
     // or nowhere (reasoning's end marker, the stop token) unless text follows within the message.
-    else if (this.current?.kind !== "reasoning" || this.textAfterReasoning) this.heldLogprobs.push(...event.logprobs);
+    else if (this.ctx.clientLogprobs && (this.current?.kind !== "reasoning" || this.textAfterReasoning)) this.heldLogprobs.push(...event.logprobs);
     for (const d of event.tool_calls ?? []) {
       let open = this.calls.get(d.index);
       if (!open) {
