@@ -668,6 +668,70 @@ describe("client logprobs (include: message.output_text.logprobs)", () => {
   });
 });
 
+describe("property: client logprobs of random answers", () => {
+  const utf8 = new TextEncoder();
+  const lossy = new TextDecoder("utf-8", { fatal: false });
+  /** A token of these bytes, spelled as vLLM spells it (a piece of a character reads U+FFFD). */
+  const token = (bytes: Uint8Array, k: number) => {
+    const t = lossy.decode(bytes);
+    return { token: t, logprob: -k / 64, bytes: Array.from(utf8.encode(t)), top_logprobs: [] };
+  };
+  /** Cuts a string's UTF-8 bytes into pieces at the given (sorted, deduplicated) byte offsets. */
+  const cutBytes = (s: string, cuts: number[]) => {
+    const b = utf8.encode(s);
+    const at = [...new Set(cuts.map((c) => c % (b.length + 1)))].filter((c) => c > 0 && c < b.length).sort((x, y) => x - y);
+    return [0, ...at].map((from, i) => b.slice(from, at[i] ?? b.length));
+  };
+  const str = fc.string({ unit: fc.constantFrom("a", "k", ">", "<", "/", "t", " ", "\n", "\u00e9", "\u2713", "\u{1F99C}", "\u9F98"), minLength: 1, maxLength: 12 });
+
+  it("give exactly the text's tokens, streamed as an engine detokenises them, and the same not streamed", () => {
+    fc.assert(
+      fc.property(
+        fc.option(str, { nil: null }),
+        str.filter((t) => t.trim() !== "" && !t.startsWith("\n")),
+        fc.array(fc.nat(), { maxLength: 8 }),
+        (reasoning, text, cuts) => {
+          // `shown`: a piece of the text as the client sees it (the newlines after reasoning are not).
+          type Piece = { kind: "reasoning" | "text" | "none"; bytes: Uint8Array; shown?: true };
+          const pieces: Piece[] = [];
+          const special = (t: string) => pieces.push({ kind: "none", bytes: utf8.encode(t) });
+          if (reasoning !== null) {
+            special("<think>");
+            for (const b of cutBytes(reasoning, cuts)) pieces.push({ kind: "reasoning", bytes: b });
+            special("</think>");
+            pieces.push({ kind: "text", bytes: utf8.encode("\n\n") });
+          }
+          for (const b of cutBytes(text, cuts.map((c) => c * 7))) pieces.push({ kind: "text", bytes: b, shown: true });
+          special("<|im_end|>");
+          const lps = pieces.map((p, k) => token(p.bytes, k));
+          const content = reasoning !== null ? `\n\n${text}` : text;
+          const result: EngineResult = {
+            ...engineResult({ content, reasoning, tool_calls: [] }, lps.map((l) => l.token)),
+            logprobs: lps,
+          };
+          const textPieces = lps.filter((_, k) => pieces[k]!.shown);
+          // Streamed as an incremental detokeniser does: a piece of a character shows nothing until it completes.
+          const events: EngineStreamEvent[] = [];
+          const dec = { reasoning: new TextDecoder(), text: new TextDecoder() };
+          pieces.forEach((p, k) => {
+            const shown = p.kind === "none" ? "" : dec[p.kind].decode(p.bytes, { stream: true });
+            events.push({ type: "delta", ...(shown ? { [p.kind === "reasoning" ? "reasoning" : "content"]: shown } : {}), token_ids: [k], logprobs: [lps[k]!] });
+          });
+          const c = { ...ctx(), clientLogprobs: { top_logprobs: 0 } };
+          const final = toResponsesResponse(result, c);
+          const msg = final.output.find((i) => i.type === "message") as { content: { text: string; logprobs: unknown[] }[] };
+          expect(msg.content[0]!.text).toBe(text);
+          expect(msg.content[0]!.logprobs).toEqual(textPieces);
+          const streamed = encode(streamOf(result, events), c);
+          expect(streamed.filter((e) => e.type === "response.output_text.delta").flatMap((e) => e.logprobs as unknown[])).toEqual(textPieces);
+          expect(streamed.at(-1)!.response).toEqual(final);
+        },
+      ),
+      { numRuns: 300 },
+    );
+  });
+});
+
 // ---------------------------------------------------------------------------------------------
 // Property: random valid conversations survive without losing a message, a call or an argument,
 // and the engine's answers survive response → replay → canonical.

@@ -607,10 +607,11 @@ function find(joined: string, text: string, from: number): [number, number] | nu
 
 /**
  * The tokens of `text` (the answer's text as shown) among an answer's tokens: those whose text
- * overlaps it, found after the reasoning (when there is any). Empty when the tokens carry no text
- * (a replayed answer) or the text is not found in them.
+ * overlaps it, found after the reasoning and its end marker `end` (when there is any: a short text
+ * could otherwise be found inside the marker). Empty when the tokens carry no text (a replayed
+ * answer) or the text is not found in them.
  */
-export function textTokens(logprobs: readonly TokenLogprob[], reasoning: string | null, text: string): TokenLogprob[] {
+export function textTokens(logprobs: readonly TokenLogprob[], reasoning: string | null, text: string, end?: string | null): TokenLogprob[] {
   if (text === "" || logprobs.length === 0) return [];
   const pieces = logprobs.map(tokenText);
   const starts: number[] = [];
@@ -620,11 +621,17 @@ export function textTokens(logprobs: readonly TokenLogprob[], reasoning: string 
     joined += p;
   }
   if (joined === "") return [];
-  const after = reasoning ? find(joined, reasoning, 0) : null;
-  const span = find(joined, text, after ? after[1] : 0);
+  let from = 0;
+  if (reasoning !== null) {
+    const r = find(joined, reasoning, 0);
+    if (r) from = r[1];
+    const marker = end ? logprobs.findIndex((l, i) => starts[i]! >= from && l.token === end) : -1;
+    if (marker >= 0) from = starts[marker]! + pieces[marker]!.length;
+  }
+  const span = find(joined, text, from);
   if (!span) return [];
-  const [at, end] = span;
-  return logprobs.filter((_, i) => starts[i]! < end && starts[i]! + pieces[i]!.length > at);
+  const [at, to] = span;
+  return logprobs.filter((_, i) => starts[i]! < to && starts[i]! + pieces[i]!.length > at);
 }
 
 /** The output items for a finished answer, in the order the model produced them. */
@@ -634,7 +641,7 @@ export function toResponsesOutput(result: EngineResult, ctx: ResponsesContext): 
   if (m.reasoning) output.push(reasoningItem(ctx, m.reasoning));
   const text = m.content !== null && m.reasoning ? m.content.replace(/^\n+/, "") : m.content;
   if (showsText(text, m.tool_calls.length > 0)) {
-    const logprobs = ctx.clientLogprobs ? textTokens(result.logprobs, m.reasoning, text) : [];
+    const logprobs = ctx.clientLogprobs ? textTokens(result.logprobs, m.reasoning, text, ctx.reasoningEnd) : [];
     output.push(messageItem(ctx, text, isIncomplete(result.finish_reason) ? "incomplete" : "completed", logprobs));
   }
   m.tool_calls.forEach((c, k) => output.push(callItem(ctx, c, k, "completed")));
@@ -810,7 +817,7 @@ export class ResponsesStreamEncoder {
     this.heldLogprobs = [];
     // A delta of several kinds (a replayed answer comes as one): find the text among its tokens.
     const shown = this.current?.kind === "message" ? event.content! : this.leadingText(event.content!);
-    return textTokens(event.logprobs, event.reasoning ?? null, shown);
+    return textTokens(event.logprobs, event.reasoning ?? null, shown, this.ctx.reasoningEnd);
   }
 
   private textDelta(text: string, tokens: TokenLogprob[], out: ResponsesStreamEvent[]) {
