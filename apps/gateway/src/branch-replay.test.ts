@@ -115,6 +115,27 @@ describe("replaying a recorded rollout", () => {
     expect((await h.records(branch.id))[0]!.replayed_from).toBe((await h.records(src.id))[0]!.id);
   });
 
+  it("a replayed Responses answer reports the reasoning tokens its source reported, streamed or not", async () => {
+    const body = { model: "m", input: `hi\n#sim: ${JSON.stringify([{ think: "Think it over first.", text: "hello there" }])}` };
+    const src = await open(h);
+    const original = await sdk(h, src).responses.create(body);
+    const reported = original.usage!.output_tokens_details.reasoning_tokens;
+    // Some of the answer's tokens are reasoning, not all.
+    expect(reported).toBeGreaterThan(0);
+    expect(reported).toBeLessThan(original.usage!.output_tokens);
+    // The source's record keeps the count: the replay has no token text to count from.
+    expect((await h.records(src.id))[0]!.usage.reasoning_tokens).toBe(reported);
+    for (const stream of [false, true]) {
+      const branch = await open(h, { replay: { session_id: src.id, calls: 1 } });
+      let usage: OpenAI.Responses.ResponseUsage | undefined;
+      if (stream) {
+        for await (const ev of await sdk(h, branch).responses.create({ ...body, stream: true })) if (ev.type === "response.completed") usage = ev.response.usage;
+      } else usage = (await sdk(h, branch).responses.create(body)).usage;
+      expect(usage).toEqual(original.usage);
+      expect((await h.records(branch.id))[0]!.replayed_from).toBe((await h.records(src.id))[0]!.id);
+    }
+  });
+
   it("an agent's calls sent together reach the gateway in another order than in the source (a title request beside the first step): each is replayed from the call that asked it", async () => {
     const title = { model: "m", messages: [{ role: "user" as const, content: "Write a title for: build a.txt" }] };
     const src = await open(h);

@@ -255,3 +255,75 @@ describe("OpenAI Responses through the gateway", () => {
     }
   });
 });
+
+describe("OpenAI Responses logprobs (include: message.output_text.logprobs)", () => {
+  // Characters the tokenizer splits over several tokens (🦜: three, 龘: three), so the text has
+  // tokens that are not whole characters: the engine spells each piece as U+FFFD, as vLLM does.
+  const TEXT = "Done \u2713 \u{1F99C} \u9F98 out.txt holds hi.";
+  const body = {
+    model: "m",
+    input: `Say it.\n#sim: ${JSON.stringify([{ think: "Say it.", text: TEXT }])}`,
+  } as OpenAI.Responses.ResponseCreateParamsNonStreaming;
+  const asked = { ...body, include: ["message.output_text.logprobs"], top_logprobs: 2 } as OpenAI.Responses.ResponseCreateParamsNonStreaming;
+
+  /** The record's text tokens: after `</think>` and the template's newlines, before the stop token. */
+  function textSpan(rec: { output_ids: number[] }): [number, number] {
+    const tok = getTokenizer();
+    const pieces = rec.output_ids.map((id) => tok.decode([id], false));
+    let a = pieces.indexOf("</think>") + 1;
+    while (a < pieces.length && /^\n+$/.test(pieces[a]!)) a++;
+    const b = pieces.lastIndexOf("<|im_end|>");
+    expect(a).toBeGreaterThan(0);
+    expect(b).toBe(pieces.length - 1);
+    expect(tok.decode(rec.output_ids.slice(a, b), false)).toBe(TEXT);
+    return [a, b];
+  }
+
+  type Lp = OpenAI.Responses.ResponseOutputText.Logprob;
+  function expectRecords(logprobs: Lp[], rec: { output_ids: number[]; output_logprobs: number[] }) {
+    const [a, b] = textSpan(rec);
+    // One per text token, each the record's.
+    expect(logprobs.map((l) => l.logprob)).toEqual(rec.output_logprobs.slice(a, b));
+    const lossy = new TextDecoder("utf-8", { fatal: false });
+    expect(logprobs.map((l) => l.token)).toEqual(rec.output_ids.slice(a, b).map((id) => lossy.decode(getTokenizer().tokenBytes(id))));
+    expect(logprobs.map((l) => l.token).join("")).toContain("\uFFFD");
+    for (const l of logprobs) {
+      expect(l.top_logprobs).toHaveLength(2);
+      expect(l.top_logprobs[0]).toMatchObject({ token: l.token, logprob: l.logprob });
+    }
+  }
+
+  it("gives the text's logprobs, one per token, the record's (not streamed)", async () => {
+    const s = await openSession();
+    const r = await s.client.responses.create(asked);
+    const msg = r.output.find((i): i is OpenAI.Responses.ResponseOutputMessage => i.type === "message")!;
+    const part = msg.content[0] as OpenAI.Responses.ResponseOutputText;
+    expect(part.text).toBe(TEXT);
+    const [rec] = await records(s.id);
+    expectRecords(part.logprobs!, rec!);
+
+    // Without the include nothing changes.
+    const plain = await s.client.responses.create(body);
+    const plainMsg = plain.output.find((i): i is OpenAI.Responses.ResponseOutputMessage => i.type === "message")!;
+    expect(plainMsg.content).toEqual([{ type: "output_text", text: TEXT, annotations: [], logprobs: [] }]);
+  });
+
+  it("streams them on the text deltas, the record's, and the same in the final response (streamed)", async () => {
+    const s = await openSession();
+    const events: OpenAI.Responses.ResponseStreamEvent[] = [];
+    for await (const ev of await s.client.responses.create({ ...asked, stream: true })) events.push(ev);
+    const deltas = events.filter((e): e is OpenAI.Responses.ResponseTextDeltaEvent => e.type === "response.output_text.delta");
+    const streamed = deltas.flatMap((e) => e.logprobs) as Lp[];
+    const [rec] = await records(s.id);
+    expectRecords(streamed, rec!);
+    const done = events.at(-1) as OpenAI.Responses.ResponseCompletedEvent;
+    const msg = done.response.output.find((i): i is OpenAI.Responses.ResponseOutputMessage => i.type === "message")!;
+    expect((msg.content[0] as OpenAI.Responses.ResponseOutputText).logprobs).toEqual(streamed);
+
+    const plain: OpenAI.Responses.ResponseStreamEvent[] = [];
+    for await (const ev of await s.client.responses.create({ ...body, stream: true })) plain.push(ev);
+    const plainDeltas = plain.filter((e): e is OpenAI.Responses.ResponseTextDeltaEvent => e.type === "response.output_text.delta");
+    expect(plainDeltas.map((e) => e.delta).join("")).toBe(TEXT);
+    expect(plainDeltas.every((e) => e.logprobs.length === 0)).toBe(true);
+  });
+});

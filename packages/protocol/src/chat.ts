@@ -117,6 +117,13 @@ export const Usage = z.object({
   prompt_tokens: z.number().int().nonnegative(),
   completion_tokens: z.number().int().nonnegative(),
   cached_tokens: z.number().int().nonnegative(),
+  /**
+   * Output tokens spent reasoning (up to and including the model profile's reasoning end marker),
+   * as the gateway counted them from the engine's token text when the answer was recorded; absent
+   * when they could not be counted. A branch's replayed answer carries its source's count, since
+   * its record keeps no token text to count from.
+   */
+  reasoning_tokens: z.number().int().nonnegative().optional(),
 });
 export type Usage = z.infer<typeof Usage>;
 

@@ -305,6 +305,13 @@ describe("toGeminiResponse", () => {
     expect(toGeminiResponse(harmony, { ...ctx, reasoningEnd: "<|end|>" }).usageMetadata).toMatchObject({ thoughtsTokenCount: 3, candidatesTokenCount: 5 });
   });
 
+  it("gives a replayed answer (no token text) the thoughts count its source recorded, and none when none was recorded", () => {
+    const replayed: EngineResult = { ...toolResult, logprobs: toolResult.logprobs.map((l) => ({ ...l, token: "" })) };
+    expect(toGeminiResponse(replayed, ctx).usageMetadata).not.toHaveProperty("thoughtsTokenCount");
+    const counted = { ...replayed, usage: { ...replayed.usage, reasoning_tokens: 3 } };
+    expect(toGeminiResponse(counted, ctx).usageMetadata).toMatchObject({ thoughtsTokenCount: 3, candidatesTokenCount: counted.usage.completion_tokens - 3 });
+  });
+
   it("answers thought + function call with the signature on the call, usage split into thoughts", () => {
     expect(toGeminiResponse(toolResult, ctx)).toEqual({
       candidates: [

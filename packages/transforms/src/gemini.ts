@@ -3,6 +3,7 @@ import { z } from "zod";
 import type { CanonicalChatRequest, ChatMessage, ContentPart, SamplingParams, ToolCall, ToolChoice, ToolDefinition, TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, sealReasoning } from "./reasoning-seal.js";
+import { countReasoningTokens } from "./reasoning-tokens.js";
 
 /**
  * Gemini API (`generateContent` / `streamGenerateContent`) ⇄ canonical.
@@ -457,17 +458,9 @@ function functionCallPart(call: ToolCall): GeminiPart {
   return { functionCall: { ...(call.id ? { id: call.id } : {}), name: call.function.name, args: parseArgs(call.function.arguments) } };
 }
 
-/**
- * Tokens spent thinking: up to and including the first reasoning end marker, when the engine reports
- * token text. The first: the same marker may end later parts of the answer too (gpt-oss ends a
- * commentary preamble with the `<|end|>` that ended its analysis), and those are not thoughts. An
- * answer cut by max_tokens before any end marker was cut inside its reasoning: every token is a thought.
- */
-function thoughtsTokens(logprobs: readonly TokenLogprob[], reasoning: string | null, end: string | null | undefined, finishReason: string): number | undefined {
-  if (reasoning === null || !end || !logprobs.some((l) => l.token !== "")) return undefined;
-  const at = logprobs.findIndex((l) => l.token === end);
-  if (at >= 0) return at + 1;
-  return finishReason === "length" ? logprobs.length : undefined;
+/** Tokens spent thinking: the answer's reasoning tokens (countReasoningTokens), or the count its usage carries (a replayed answer's). */
+function thoughtsTokens(usage: EngineResult["usage"], logprobs: readonly TokenLogprob[], reasoning: string | null, end: string | null | undefined, finishReason: string): number | undefined {
+  return usage.reasoning_tokens ?? countReasoningTokens(logprobs, reasoning, end, finishReason);
 }
 
 function usageMetadata(usage: EngineResult["usage"], thoughts: number | undefined): GeminiUsageMetadata {
@@ -536,7 +529,7 @@ export function toGeminiResponse(result: EngineResult, ctx: GeminiResponseContex
   }
   return {
     candidates: [candidate],
-    usageMetadata: usageMetadata(result.usage, thoughtsTokens(result.logprobs, result.message.reasoning, ctx.reasoningEnd, result.finish_reason)),
+    usageMetadata: usageMetadata(result.usage, thoughtsTokens(result.usage, result.logprobs, result.message.reasoning, ctx.reasoningEnd, result.finish_reason)),
     modelVersion: ctx.model,
     responseId: ctx.responseId,
   };
@@ -599,7 +592,7 @@ export class GeminiStreamEncoder {
       this.pendingIds = [];
     }
     const out: GeminiResponse = { candidates: [candidate], modelVersion: this.ctx.model, responseId: this.ctx.responseId };
-    if (final) out.usageMetadata = usageMetadata(final.usage, thoughtsTokens(this.allLogprobs, this.reasoning !== "" ? this.reasoning : null, this.ctx.reasoningEnd, final.finishReason));
+    if (final) out.usageMetadata = usageMetadata(final.usage, thoughtsTokens(final.usage, this.allLogprobs, this.reasoning !== "" ? this.reasoning : null, this.ctx.reasoningEnd, final.finishReason));
     return out;
   }
 

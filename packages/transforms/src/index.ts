@@ -7,4 +7,5 @@ export * from "./reasoning-seal.js";
 export * from "./anthropic.js";
 export * from "./openai-responses.js";
 export * from "./gemini.js";
+export * from "./reasoning-tokens.js";
 export * from "./history-normalization.js";

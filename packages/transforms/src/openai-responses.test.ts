@@ -362,6 +362,24 @@ describe("toResponsesResponse", () => {
   });
 });
 
+describe("reasoning tokens of a replayed answer (its logprobs carry no token text)", () => {
+  const replayed = (usage: Partial<EngineResult["usage"]> = {}): EngineResult => {
+    const r = engineResult({ content: "\n\nHi", reasoning: "Greet.", tool_calls: [] }, ["", "", "", "", "", ""]);
+    return { ...r, usage: { ...r.usage, ...usage } };
+  };
+
+  it("reports the count its source recorded, streamed or not", () => {
+    const r = replayed({ reasoning_tokens: 3 });
+    expect(toResponsesResponse(r, ctx()).usage?.output_tokens_details.reasoning_tokens).toBe(3);
+    const events = encode(streamOf(r, [delta({ reasoning: "Greet.", content: "\n\nHi" }, ["", "", "", "", "", ""])]), ctx());
+    expect(events.at(-1)!.response).toMatchObject({ usage: { output_tokens: 6, output_tokens_details: { reasoning_tokens: 3 } } });
+  });
+
+  it("reports none rather than every token when no count was recorded (a record from before counts were kept)", () => {
+    expect(toResponsesResponse(replayed(), ctx()).usage?.output_tokens_details.reasoning_tokens).toBe(0);
+  });
+});
+
 /** Splits an engine result into the stream events an adapter would yield. */
 function streamOf(result: EngineResult, pieces: EngineStreamEvent[]): EngineStreamEvent[] {
   return [
@@ -528,6 +546,189 @@ describe("ResponsesStreamEncoder", () => {
       sequence_number: 2,
       response: { status: "failed", error: { code: "engine_unreachable", message: "engine went away" } },
     });
+  });
+});
+
+describe("client logprobs (include: message.output_text.logprobs)", () => {
+  /** A token with a distinct logprob and three alternatives, so each entry and the top_logprobs cut can be told apart. */
+  const tok = (token: string, k: number) => {
+    const bytes = Array.from(Buffer.from(token, "utf8"));
+    return {
+      token,
+      logprob: -k / 8,
+      bytes,
+      top_logprobs: [0, 1, 2].map((j) => ({ token: `${token}#${j}`, logprob: -(k + j) / 8, bytes: null })),
+    };
+  };
+  const lpOf = (tokens: string[]) => tokens.map((t, k) => tok(t, k));
+  /** Reasoning, the template's newlines, text with a character split over two tokens, a call, the stop token. */
+  const tokens = ["<think>", "Plan.", "</think>", "\n\n", "Hi", " \xe2", "\x9c\x93", ".", "\n", "<tool_call>", "{}", "</tool_call>", "<|im_end|>"];
+  const logprobs = lpOf(tokens);
+  // The split character: its UTF-8 bytes come in two tokens, neither of which is text alone.
+  logprobs[5]!.bytes = [0x20, 0xe2];
+  logprobs[6]!.bytes = [0x9c, 0x93];
+  const result: EngineResult = {
+    ...engineResult(
+      { content: "\n\nHi \u2713.\n", reasoning: "Plan.", tool_calls: [{ id: "call_1", type: "function", function: { name: "exec", arguments: "{}" } }] },
+      tokens,
+      "tool_calls",
+    ),
+    logprobs,
+  };
+  const wanted = { top_logprobs: 2 };
+  const cut = (l: (typeof logprobs)[number]) => ({ ...l, top_logprobs: l.top_logprobs.slice(0, 2) });
+  // The text shown is "Hi ✓.\n": its tokens are "Hi", the two halves of ✓, ".", "\n"; not the reasoning,
+  // its end marker, the newlines the template adds after it, the call's tokens or the stop token.
+  const textLogprobs = [4, 5, 6, 7, 8].map((i) => cut(logprobs[i]!));
+
+  it("asks the engine for them only when include names message.output_text.logprobs", () => {
+    const base = { input: "hi" };
+    expect(fromResponses({ ...base, include: ["message.output_text.logprobs"], top_logprobs: 3 }).canonical.client_logprobs).toEqual({ top_logprobs: 3 });
+    expect(fromResponses({ ...base, include: ["reasoning.encrypted_content", "message.output_text.logprobs"] }).canonical.client_logprobs).toEqual({ top_logprobs: 0 });
+    expect(fromResponses({ ...base, top_logprobs: 3 }).canonical.client_logprobs).toBeNull();
+    expect(fromResponses({ ...base, include: ["reasoning.encrypted_content"] }).canonical.client_logprobs).toBeNull();
+    expect(() => fromResponses({ ...base, include: ["message.output_text.logprobs"], top_logprobs: 21 })).toThrow(ZodError);
+  });
+
+  it("gives the text's tokens, one per token, with top_logprobs cut to what was asked", () => {
+    const r = toResponsesResponse(result, { ...ctx(), clientLogprobs: wanted });
+    expect(r.output[1]).toMatchObject({ type: "message", content: [{ type: "output_text", text: "Hi \u2713.\n" }] });
+    const part = (r.output[1] as { content: { logprobs: unknown[] }[] }).content[0]!;
+    expect(part.logprobs).toEqual(textLogprobs);
+    // Without the include nothing changes.
+    expect(toResponsesResponse(result, ctx()).output[1]).toMatchObject({ content: [{ logprobs: [] }] });
+  });
+
+  it("finds the text's tokens when the engine spells a split character's pieces as U+FFFD (vLLM's token strings)", () => {
+    const spelled = logprobs.map((l) => ({ ...l }));
+    spelled[5] = { ...spelled[5]!, token: " \uFFFD", bytes: Array.from(Buffer.from(" \uFFFD")) };
+    spelled[6] = { ...spelled[6]!, token: "\uFFFD\uFFFD", bytes: Array.from(Buffer.from("\uFFFD\uFFFD")) };
+    const r = toResponsesResponse({ ...result, logprobs: spelled }, { ...ctx(), clientLogprobs: wanted });
+    expect((r.output[1] as { content: { logprobs: unknown[] }[] }).content[0]!.logprobs).toEqual([4, 5, 6, 7, 8].map((i) => cut(spelled[i]!)));
+  });
+
+  it("streams them on the text deltas that show their text; the final response equals the non-streamed one", () => {
+    const c = { ...ctx(), clientLogprobs: wanted };
+    const d = (fields: Parameters<typeof delta>[0], from: number, to: number): EngineStreamEvent => ({
+      type: "delta",
+      token_ids: tokens.slice(from, to).map((_, i) => 100 + from + i),
+      logprobs: logprobs.slice(from, to),
+      ...fields,
+    });
+    const pieces = [
+      d({ reasoning: "Plan." }, 0, 2),
+      d({}, 2, 3), // </think>: the parser shows nothing
+      d({ content: "\n\n" }, 3, 4),
+      d({ content: "Hi" }, 4, 5),
+      d({ content: " " }, 5, 6), // half a character: only its space shows
+      d({ content: "\u2713" }, 6, 7),
+      d({ content: "." }, 7, 8),
+      d({ content: "\n" }, 8, 9),
+      d({ tool_calls: [{ index: 0, id: "call_1", type: "function", function: { name: "exec", arguments: "{}" } }] }, 9, 12),
+      d({}, 12, 13),
+    ];
+    const events = encode(streamOf(result, pieces), c);
+    const deltas = events.filter((e) => e.type === "response.output_text.delta");
+    expect(deltas.flatMap((e) => e.logprobs as unknown[])).toEqual(textLogprobs);
+    // One token a delta here: "Hi", " " (half of ✓), "✓" (its other half), ".", "\n".
+    expect(deltas.map((e) => [e.delta, (e.logprobs as unknown[]).length])).toEqual([["Hi", 1], [" ", 1], ["\u2713", 1], [".", 1], ["\n", 1]]);
+    expect(events.find((e) => e.type === "response.output_text.done")).toMatchObject({ logprobs: textLogprobs });
+    expect(events.at(-1)!.response).toEqual(toResponsesResponse(result, c));
+    // Without the include nothing changes.
+    const plain = encode(streamOf(result, pieces), ctx());
+    expect(plain.filter((e) => e.type === "response.output_text.delta").every((e) => (e.logprobs as unknown[]).length === 0)).toBe(true);
+    expect(plain.at(-1)!.response).toEqual(toResponsesResponse(result, ctx()));
+  });
+
+  it("gives a token that shows no text with the text it ends up in, and none for the stop token", () => {
+    // A two-token character at the start of the text: the first half shows nothing on its own.
+    const toks = ["\xe2", "\x9c\x93", "<|im_end|>"];
+    const lps = lpOf(toks);
+    lps[0]!.bytes = [0xe2];
+    lps[1]!.bytes = [0x9c, 0x93];
+    const r: EngineResult = { ...engineResult({ content: "\u2713", reasoning: null, tool_calls: [] }, toks), logprobs: lps };
+    const c = { ...ctx(), clientLogprobs: { top_logprobs: 0 } };
+    const none = (l: (typeof lps)[number]) => ({ ...l, top_logprobs: [] });
+    const events = encode(
+      streamOf(r, [
+        { type: "delta", token_ids: [1], logprobs: [lps[0]!] },
+        { type: "delta", content: "\u2713", token_ids: [2], logprobs: [lps[1]!] },
+        { type: "delta", token_ids: [3], logprobs: [lps[2]!] },
+      ]),
+      c,
+    );
+    expect(events.filter((e) => e.type === "response.output_text.delta")).toMatchObject([{ delta: "\u2713", logprobs: [none(lps[0]!), none(lps[1]!)] }]);
+    expect(events.at(-1)!.response).toEqual(toResponsesResponse(r, c));
+    expect(toResponsesResponse(r, c).output[0]).toMatchObject({ content: [{ logprobs: [none(lps[0]!), none(lps[1]!)] }] });
+  });
+
+  it("gives none when the tokens' text is unknown (a branch's replayed answer records no token text)", () => {
+    const r: EngineResult = { ...engineResult({ content: "Hi", reasoning: null, tool_calls: [] }, ["", ""]) };
+    expect(toResponsesResponse(r, { ...ctx(), clientLogprobs: { top_logprobs: 0 } }).output[0]).toMatchObject({ content: [{ text: "Hi", logprobs: [] }] });
+  });
+});
+
+describe("property: client logprobs of random answers", () => {
+  const utf8 = new TextEncoder();
+  const lossy = new TextDecoder("utf-8", { fatal: false });
+  /** A token of these bytes, spelled as vLLM spells it (a piece of a character reads U+FFFD). */
+  const token = (bytes: Uint8Array, k: number) => {
+    const t = lossy.decode(bytes);
+    return { token: t, logprob: -k / 64, bytes: Array.from(utf8.encode(t)), top_logprobs: [] };
+  };
+  /** Cuts a string's UTF-8 bytes into pieces at the given (sorted, deduplicated) byte offsets. */
+  const cutBytes = (s: string, cuts: number[]) => {
+    const b = utf8.encode(s);
+    const at = [...new Set(cuts.map((c) => c % (b.length + 1)))].filter((c) => c > 0 && c < b.length).sort((x, y) => x - y);
+    return [0, ...at].map((from, i) => b.slice(from, at[i] ?? b.length));
+  };
+  const str = fc.string({ unit: fc.constantFrom("a", "k", ">", "<", "/", "t", " ", "\n", "\u00e9", "\u2713", "\u{1F99C}", "\u9F98"), minLength: 1, maxLength: 12 });
+
+  it("give exactly the text's tokens, streamed as an engine detokenises them, and the same not streamed", () => {
+    fc.assert(
+      fc.property(
+        fc.option(str, { nil: null }),
+        str.filter((t) => t.trim() !== "" && !t.startsWith("\n")),
+        fc.array(fc.nat(), { maxLength: 8 }),
+        (reasoning, text, cuts) => {
+          // `shown`: a piece of the text as the client sees it (the newlines after reasoning are not).
+          type Piece = { kind: "reasoning" | "text" | "none"; bytes: Uint8Array; shown?: true };
+          const pieces: Piece[] = [];
+          const special = (t: string) => pieces.push({ kind: "none", bytes: utf8.encode(t) });
+          if (reasoning !== null) {
+            special("<think>");
+            for (const b of cutBytes(reasoning, cuts)) pieces.push({ kind: "reasoning", bytes: b });
+            special("</think>");
+            pieces.push({ kind: "text", bytes: utf8.encode("\n\n") });
+          }
+          for (const b of cutBytes(text, cuts.map((c) => c * 7))) pieces.push({ kind: "text", bytes: b, shown: true });
+          special("<|im_end|>");
+          const lps = pieces.map((p, k) => token(p.bytes, k));
+          const content = reasoning !== null ? `\n\n${text}` : text;
+          const result: EngineResult = {
+            ...engineResult({ content, reasoning, tool_calls: [] }, lps.map((l) => l.token)),
+            logprobs: lps,
+          };
+          const textPieces = lps.filter((_, k) => pieces[k]!.shown);
+          // Streamed as an incremental detokeniser does: a piece of a character shows nothing until it completes.
+          const events: EngineStreamEvent[] = [];
+          const dec = { reasoning: new TextDecoder(), text: new TextDecoder() };
+          pieces.forEach((p, k) => {
+            const shown = p.kind === "none" ? "" : dec[p.kind].decode(p.bytes, { stream: true });
+            events.push({ type: "delta", ...(shown ? { [p.kind === "reasoning" ? "reasoning" : "content"]: shown } : {}), token_ids: [k], logprobs: [lps[k]!] });
+          });
+          const c = { ...ctx(), clientLogprobs: { top_logprobs: 0 } };
+          const final = toResponsesResponse(result, c);
+          const msg = final.output.find((i) => i.type === "message") as { content: { text: string; logprobs: unknown[] }[] };
+          expect(msg.content[0]!.text).toBe(text);
+          expect(msg.content[0]!.logprobs).toEqual(textPieces);
+          const streamed = encode(streamOf(result, events), c);
+          expect(streamed.filter((e) => e.type === "response.output_text.delta").flatMap((e) => e.logprobs as unknown[])).toEqual(textPieces);
+          expect(streamed.at(-1)!.response).toEqual(final);
+        },
+      ),
+      { numRuns: 300 },
+    );
   });
 });
 

@@ -4,6 +4,7 @@ import type {
   ChatMessage,
   ContentPart,
   SamplingParams,
+  TokenLogprob,
   ToolCall,
   ToolChoice,
   ToolDefinition,
@@ -11,6 +12,7 @@ import type {
 import { StreamAccumulator } from "./accumulate.js";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, sealReasoning } from "./reasoning-seal.js";
+import { reasoningTokensOf } from "./reasoning-tokens.js";
 
 /**
  * OpenAI Responses API ⇄ canonical chat. What Codex CLI (Responses only), opencode and pi send.
@@ -45,8 +47,18 @@ import { openReasoning, sealReasoning } from "./reasoning-seal.js";
  *   normaliser drops it on replay anyway).
  * - `max_output_tokens` → `max_tokens`; a length stop is `status: "incomplete"` with
  *   `incomplete_details.reason: "max_output_tokens"` (`response.incomplete` when streaming).
- * - Logprobs are not offered through this protocol (`logprobs: []` on text parts); `text.format`
- *   (structured output), `truncation`, `prompt_cache_key`, `metadata`, … are accepted and ignored.
+ * - **Logprobs.** `include: ["message.output_text.logprobs"]` (with `top_logprobs` 0–20) asks the
+ *   engine for them; without that include `logprobs` stays `[]` (`top_logprobs` alone asks nothing).
+ *   An `output_text` carries the logprobs of its own tokens only, one per token, the engine's values:
+ *   not the reasoning's, its end marker's, the template's newlines after it (not shown), the tool
+ *   calls' or the stop token's. A token that shows no text on its own (a piece of a character) is
+ *   given with the text delta that shows its character; one that never shows text of the message
+ *   (the stop token, markup before a call) is in no `output_text`. Not streamed, the text is found
+ *   among the tokens' texts (`textTokens`: a split character's pieces read U+FFFD, as vLLM spells
+ *   them). Without token text (a branch's replayed answer) the text's tokens cannot be told:
+ *   `logprobs` is `[]`.
+ * - `text.format` (structured output), `truncation`, `prompt_cache_key`, `metadata`, … are
+ *   accepted and ignored.
  */
 
 // ---------------------------------------------------------------------------------------------
@@ -180,6 +192,7 @@ export const OpenAIResponsesRequest = z.looseObject({
     .nullable()
     .optional(),
   include: z.array(z.string()).nullable().optional(),
+  top_logprobs: z.number().int().min(0).max(20).nullable().optional(),
   store: z.boolean().nullable().optional(),
   previous_response_id: unsupportedState("previous_response_id"),
   conversation: unsupportedState("conversation"),
@@ -376,6 +389,9 @@ export interface FromResponsesOptions {
   reasoningKey?: string;
 }
 
+/** The `include` entry by which a client asks for its text's logprobs. */
+const OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs";
+
 /** Parses an OpenAI Responses body into the canonical request; throws a ZodError naming bad fields. */
 export function fromResponses(body: unknown, options: FromResponsesOptions = {}): ResponsesCall {
   const req = OpenAIResponsesRequest.parse(body);
@@ -396,7 +412,7 @@ export function fromResponses(body: unknown, options: FromResponsesOptions = {})
     messages,
     sampling,
     stream: req.stream === true,
-    client_logprobs: null,
+    client_logprobs: req.include?.includes(OUTPUT_TEXT_LOGPROBS) ? { top_logprobs: req.top_logprobs ?? 0 } : null,
     ...(tools.length > 0 ? { tools } : {}),
     ...(toolChoice !== undefined ? { tool_choice: toolChoice } : {}),
     ...(enableThinking !== undefined ? { enable_thinking: enableThinking } : {}),
@@ -435,7 +451,12 @@ export interface ResponsesContext {
    * `</think>` for Qwen3): reasoning tokens are counted up to it. Absent or null: not countable, 0.
    */
   reasoningEnd?: string | null;
+  /** The client asked for its text's logprobs (`include: ["message.output_text.logprobs"]`); absent or null: `logprobs: []`. */
+  clientLogprobs?: CanonicalChatRequest["client_logprobs"];
 }
+
+/** One token of an `output_text`: the engine's entry, its `top_logprobs` cut to what the client asked. */
+export type ResponsesLogprob = TokenLogprob;
 
 export interface ResponsesUsage {
   input_tokens: number;
@@ -452,7 +473,7 @@ export type ResponsesOutputItem =
       type: "message";
       status: "in_progress" | "completed" | "incomplete";
       role: "assistant";
-      content: { type: "output_text"; text: string; annotations: []; logprobs: [] }[];
+      content: { type: "output_text"; text: string; annotations: []; logprobs: ResponsesLogprob[] }[];
     }
   | {
       id: string;
@@ -492,11 +513,12 @@ const reasoningId = (ctx: ResponsesContext) => `rs_${idBase(ctx)}`;
 const messageId = (ctx: ResponsesContext) => `msg_${idBase(ctx)}`;
 const callItemId = (ctx: ResponsesContext, k: number) => `fc_${idBase(ctx)}_${k}`;
 
-/** Output tokens up to and including the reasoning end marker (all of them when the answer stopped inside the reasoning). */
+/**
+ * Output tokens spent reasoning (reasoningTokensOf: the count a replayed answer's usage carries, else
+ * counted from token text); 0 when not countable (no reasoning, or no token text and no count).
+ */
 function reasoningTokens(result: EngineResult, end: string | null | undefined): number {
-  if (!result.message.reasoning || !end) return 0;
-  const at = result.logprobs.findIndex((l) => l.token === end);
-  return at >= 0 ? at + 1 : result.logprobs.length;
+  return reasoningTokensOf(result, end) ?? 0;
 }
 
 export function toResponsesUsage(result: EngineResult, reasoningEnd?: string | null): ResponsesUsage {
@@ -541,14 +563,75 @@ function reasoningItem(ctx: ResponsesContext, text: string): ResponsesOutputItem
   };
 }
 
-function messageItem(ctx: ResponsesContext, text: string, status: "completed" | "incomplete"): ResponsesOutputItem {
+function messageItem(ctx: ResponsesContext, text: string, status: "completed" | "incomplete", logprobs: readonly TokenLogprob[]): ResponsesOutputItem {
   return {
     id: messageId(ctx),
     type: "message",
     status,
     role: "assistant",
-    content: [{ type: "output_text", text, annotations: [], logprobs: [] }],
+    content: [{ type: "output_text", text, annotations: [], logprobs: clientLogprobs(logprobs, ctx) }],
   };
+}
+
+/** The entries a client that asked for logprobs is given (none when it did not ask). */
+function clientLogprobs(logprobs: readonly TokenLogprob[], ctx: ResponsesContext): ResponsesLogprob[] {
+  const wanted = ctx.clientLogprobs;
+  if (!wanted) return [];
+  return logprobs.map((l) => ({ ...l, top_logprobs: l.top_logprobs.slice(0, wanted.top_logprobs) }));
+}
+
+const lossy = new TextDecoder("utf-8", { fatal: false });
+/** A token's text as the engine spells it alone: a piece of a multi-byte character reads as U+FFFD (vLLM's token strings do). */
+const tokenText = (l: TokenLogprob): string => (l.bytes ? lossy.decode(Uint8Array.from(l.bytes)) : l.token);
+
+/**
+ * A pattern finding `text` in the tokens' texts joined: a character outside ASCII matches itself or
+ * the U+FFFD its pieces read as when tokens split it.
+ */
+function spelledIn(text: string): RegExp {
+  let pattern = "";
+  for (const ch of text) {
+    const lit = ch.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&");
+    pattern += ch.charCodeAt(0) < 0x80 ? lit : `(?:${lit}|\uFFFD{1,4})`;
+  }
+  return new RegExp(pattern, "g");
+}
+
+/** Where `text` first appears in `joined` at or after `from`: [start, end) in UTF-16 units, or null. */
+function find(joined: string, text: string, from: number): [number, number] | null {
+  const re = spelledIn(text);
+  re.lastIndex = from;
+  const m = re.exec(joined);
+  return m ? [m.index, m.index + m[0].length] : null;
+}
+
+/**
+ * The tokens of `text` (the answer's text as shown) among an answer's tokens: those whose text
+ * overlaps it, found after the reasoning and its end marker `end` (when there is any: a short text
+ * could otherwise be found inside the marker). Empty when the tokens carry no text (a replayed
+ * answer) or the text is not found in them.
+ */
+export function textTokens(logprobs: readonly TokenLogprob[], reasoning: string | null, text: string, end?: string | null): TokenLogprob[] {
+  if (text === "" || logprobs.length === 0) return [];
+  const pieces = logprobs.map(tokenText);
+  const starts: number[] = [];
+  let joined = "";
+  for (const p of pieces) {
+    starts.push(joined.length);
+    joined += p;
+  }
+  if (joined === "") return [];
+  let from = 0;
+  if (reasoning !== null) {
+    const r = find(joined, reasoning, 0);
+    if (r) from = r[1];
+    const marker = end ? logprobs.findIndex((l, i) => starts[i]! >= from && l.token === end) : -1;
+    if (marker >= 0) from = starts[marker]! + pieces[marker]!.length;
+  }
+  const span = find(joined, text, from);
+  if (!span) return [];
+  const [at, to] = span;
+  return logprobs.filter((_, i) => starts[i]! < to && starts[i]! + pieces[i]!.length > at);
 }
 
 /** The output items for a finished answer, in the order the model produced them. */
@@ -558,12 +641,13 @@ export function toResponsesOutput(result: EngineResult, ctx: ResponsesContext): 
   if (m.reasoning) output.push(reasoningItem(ctx, m.reasoning));
   const text = m.content !== null && m.reasoning ? m.content.replace(/^\n+/, "") : m.content;
   if (showsText(text, m.tool_calls.length > 0)) {
-    output.push(messageItem(ctx, text, isIncomplete(result.finish_reason) ? "incomplete" : "completed"));
+    const logprobs = ctx.clientLogprobs ? textTokens(result.logprobs, m.reasoning, text, ctx.reasoningEnd) : [];
+    output.push(messageItem(ctx, text, isIncomplete(result.finish_reason) ? "incomplete" : "completed", logprobs));
   }
   m.tool_calls.forEach((c, k) => output.push(callItem(ctx, c, k, "completed")));
   // An empty answer is still a turn: a message with empty text, which the agent sends back, so the
   // engine renders that turn again and the next call's prompt continues this one.
-  if (output.length === 0) output.push(messageItem(ctx, text ?? "", isIncomplete(result.finish_reason) ? "incomplete" : "completed"));
+  if (output.length === 0) output.push(messageItem(ctx, text ?? "", isIncomplete(result.finish_reason) ? "incomplete" : "completed", []));
   return output;
 }
 
@@ -614,7 +698,7 @@ export type ResponsesStreamEvent = { type: string; sequence_number: number } & R
 
 type OpenItem =
   | { kind: "reasoning"; index: number; text: string }
-  | { kind: "message"; index: number; text: string }
+  | { kind: "message"; index: number; text: string; logprobs: TokenLogprob[] }
   | { kind: "call"; index: number; k: number; call: ToolCall };
 
 /**
@@ -636,6 +720,12 @@ export class ResponsesStreamEncoder {
   private readonly calls = new Map<number, OpenItem & { kind: "call" }>();
   private callCount = 0;
   private hadReasoning = false;
+  /** The tokens of `pendingText`. */
+  private pendingLogprobs: TokenLogprob[] = [];
+  /** Tokens that showed nothing since the message's last text (a piece of a character, or the stop token): given with the next text, if any. */
+  private heldLogprobs: TokenLogprob[] = [];
+  /** Text (if only the template's newlines) came after the open reasoning: what follows belongs to the text. */
+  private textAfterReasoning = false;
 
   constructor(private readonly ctx: ResponsesContext) {}
 
@@ -654,12 +744,17 @@ export class ResponsesStreamEncoder {
     if (event.type !== "delta") return [];
     const out: ResponsesStreamEvent[] = [];
     if (event.reasoning) this.reasoningDelta(event.reasoning, out);
-    if (event.content) this.textDelta(event.content, out);
+    if (event.content) this.textDelta(event.content, this.deltaTextTokens(event), out);
+    else if (event.reasoning || event.tool_calls?.length) this.heldLogprobs = [];
+    // A delta that shows nothing: its tokens go with the message's next text (pieces of a character),
+    // or nowhere (reasoning's end marker, the stop token) unless text follows within the message.
+    else if (this.ctx.clientLogprobs && (this.current?.kind !== "reasoning" || this.textAfterReasoning)) this.heldLogprobs.push(...event.logprobs);
     for (const d of event.tool_calls ?? []) {
       let open = this.calls.get(d.index);
       if (!open) {
         this.close(out);
         this.pendingText = ""; // whitespace before a tool call is not shown
+        this.pendingLogprobs = [];
         open = {
           kind: "call",
           index: this.done.length,
@@ -684,6 +779,7 @@ export class ResponsesStreamEncoder {
   }
 
   private reasoningDelta(text: string, out: ResponsesStreamEvent[]) {
+    this.textAfterReasoning = false;
     if (this.current?.kind !== "reasoning") {
       this.close(out);
       this.hadReasoning = true;
@@ -710,19 +806,48 @@ export class ResponsesStreamEncoder {
     );
   }
 
-  private textDelta(text: string, out: ResponsesStreamEvent[]) {
+  /** The tokens of a delta's text: all of them, unless the delta also carries reasoning or calls. */
+  private deltaTextTokens(event: EngineStreamEvent & { type: "delta" }): TokenLogprob[] {
+    if (!this.ctx.clientLogprobs) return [];
+    if (!event.reasoning && !event.tool_calls?.length) {
+      const tokens = [...this.heldLogprobs, ...event.logprobs];
+      this.heldLogprobs = [];
+      return tokens;
+    }
+    this.heldLogprobs = [];
+    // A delta of several kinds (a replayed answer comes as one): find the text among its tokens.
+    const shown = this.current?.kind === "message" ? event.content! : this.leadingText(event.content!);
+    return textTokens(event.logprobs, event.reasoning ?? null, shown, this.ctx.reasoningEnd);
+  }
+
+  private textDelta(text: string, tokens: TokenLogprob[], out: ResponsesStreamEvent[]) {
+    this.textAfterReasoning = true;
     if (this.current?.kind !== "message") {
       text = this.leadingText(this.pendingText + text);
       if (text.trim() === "") {
+        // Only the template's newlines after reasoning: not shown, nor their tokens.
+        if (text === "") this.pendingLogprobs = [];
+        else this.pendingLogprobs.push(...tokens);
         this.pendingText = text;
         return;
       }
+      tokens = [...this.pendingLogprobs, ...tokens];
       this.pendingText = "";
+      this.pendingLogprobs = [];
       this.openMessage(out);
     }
     const cur = this.current as OpenItem & { kind: "message" };
     cur.text += text;
-    out.push(this.ev("response.output_text.delta", { item_id: messageId(this.ctx), output_index: cur.index, content_index: 0, delta: text, logprobs: [] }));
+    cur.logprobs.push(...tokens);
+    out.push(
+      this.ev("response.output_text.delta", {
+        item_id: messageId(this.ctx),
+        output_index: cur.index,
+        content_index: 0,
+        delta: text,
+        logprobs: clientLogprobs(tokens, this.ctx),
+      }),
+    );
   }
 
   /** The start of the answer's text as shown: after reasoning, without the template's newlines. */
@@ -732,7 +857,7 @@ export class ResponsesStreamEncoder {
 
   private openMessage(out: ResponsesStreamEvent[]) {
     this.close(out);
-    this.current = { kind: "message", index: this.done.length, text: "" };
+    this.current = { kind: "message", index: this.done.length, text: "", logprobs: [] };
     const id = messageId(this.ctx);
     out.push(
       this.ev("response.output_item.added", {
@@ -765,10 +890,11 @@ export class ResponsesStreamEncoder {
       out.push(this.ev("response.output_item.done", { output_index: cur.index, item }));
     } else if (cur.kind === "message") {
       const id = messageId(this.ctx);
-      const part = { type: "output_text", text: cur.text, annotations: [], logprobs: [] };
-      out.push(this.ev("response.output_text.done", { item_id: id, output_index: cur.index, content_index: 0, text: cur.text, logprobs: [] }));
+      const logprobs = clientLogprobs(cur.logprobs, this.ctx);
+      const part = { type: "output_text", text: cur.text, annotations: [], logprobs };
+      out.push(this.ev("response.output_text.done", { item_id: id, output_index: cur.index, content_index: 0, text: cur.text, logprobs }));
       out.push(this.ev("response.content_part.done", { item_id: id, output_index: cur.index, content_index: 0, part }));
-      const item = messageItem(this.ctx, cur.text, incomplete ? "incomplete" : "completed");
+      const item = messageItem(this.ctx, cur.text, incomplete ? "incomplete" : "completed", cur.logprobs);
       this.done.push(item);
       out.push(this.ev("response.output_item.done", { output_index: cur.index, item }));
     } else {
@@ -787,11 +913,22 @@ export class ResponsesStreamEncoder {
     const incomplete = isIncomplete(result.finish_reason);
     if (this.leadingText(this.pendingText) !== "" && this.calls.size === 0) {
       const text = this.leadingText(this.pendingText);
+      const tokens = this.pendingLogprobs;
       this.pendingText = "";
+      this.pendingLogprobs = [];
       this.openMessage(out);
       const cur = this.current as unknown as OpenItem & { kind: "message" };
       cur.text = text;
-      out.push(this.ev("response.output_text.delta", { item_id: messageId(this.ctx), output_index: cur.index, content_index: 0, delta: text, logprobs: [] }));
+      cur.logprobs = tokens;
+      out.push(
+        this.ev("response.output_text.delta", {
+          item_id: messageId(this.ctx),
+          output_index: cur.index,
+          content_index: 0,
+          delta: text,
+          logprobs: clientLogprobs(tokens, this.ctx),
+        }),
+      );
     } else if (this.current === null && this.done.length === 0) {
       // An empty answer: a message with empty text, as the non-streamed output has.
       this.openMessage(out);

@@ -9,6 +9,7 @@ import {
   matchEchoedHistory,
   prefixConversationKeys,
   recordHead,
+  reasoningTokensOf,
   resultAsEvents,
   toolsText,
   type EchoedHistory,
@@ -40,6 +41,12 @@ function promptIdsTold(): { ids: Promise<number[]>; tell: (ids: number[]) => voi
   return { ids, tell };
 }
 const noIds = (): null => null;
+
+/** An answer's usage as recorded: the engine's, with its reasoning tokens when they can be counted. */
+function recordedUsage(result: EngineResult, reasoningEnd: string | null | undefined): EngineResult["usage"] {
+  const reasoning = reasoningTokensOf(result, reasoningEnd);
+  return reasoning === undefined ? result.usage : { ...result.usage, reasoning_tokens: reasoning };
+}
 
 /** How far from its own number a branch's call may find the source call it asks again (calls an agent sent together). */
 const REPLAY_REORDER = 4;
@@ -777,7 +784,8 @@ export class ChatCaller {
       output_logprobs: result.output_logprobs,
       finish_reason: result.finish_reason,
       message: result.message,
-      usage: result.usage,
+      // The reasoning count is kept with the answer: a branch replaying it has no token text to count from.
+      usage: recordedUsage(result, call.target.profile.reasoning_end),
       latency_ms: Date.now() - call.startedAt,
       ...(call.reroutedFrom ? { rerouted_from: call.reroutedFrom } : {}),
       ...(versions.output_weight_versions ? { output_weight_versions: versions.output_weight_versions } : {}),

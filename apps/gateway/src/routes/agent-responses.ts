@@ -48,6 +48,7 @@ export function responsesAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
         namespaced: call.namespaced,
         echo: call.echo,
         reasoningEnd: prepared.target.profile.reasoning_end,
+        clientLogprobs: call.canonical.client_logprobs,
       };
       if (!call.canonical.stream) return toResponsesResponse(await ctx.caller.complete(prepared), out);
 
