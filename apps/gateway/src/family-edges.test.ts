@@ -17,6 +17,7 @@ import { PRESETS, type ModelProfile } from "@rollgate/models";
 import type { CompletionRecord, Trajectory } from "@rollgate/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PROFILE_OF_FAMILY, startHarness, type Harness } from "./__fixtures__/harness.js";
+import { addToolCallDeltas } from "./__fixtures__/openai-sse.js";
 
 type Kind = "vllm" | "sglang";
 const FAMILIES = Object.keys(PROFILE_OF_FAMILY) as FamilyName[];
@@ -235,12 +236,7 @@ function openaiAgent(s: Session, o: AgentOpts): Agent {
           finish = choice.finish_reason ?? finish;
           for (const l of choice.logprobs?.content ?? []) logprobs.push(l.logprob);
           for (const [k, v] of Object.entries(choice.delta)) if (typeof v === "string" && k !== "role") text[k] = (text[k] ?? "") + v;
-          for (const t of choice.delta.tool_calls ?? []) {
-            const c = (calls[t.index] ??= { id: "", type: "function", function: { name: "", arguments: "" } });
-            if (t.id) c.id = t.id;
-            if (t.function?.name) c.function.name += t.function.name;
-            if (t.function?.arguments) c.function.arguments += t.function.arguments;
-          }
+          addToolCallDeltas(calls, choice.delta.tool_calls);
         }
         last = { role: "assistant", content: text.content ?? null, ...(calls.length ? { tool_calls: calls } : {}) };
       }

@@ -19,6 +19,7 @@ import { PRESETS, type ModelProfile } from "@rollgate/models";
 import type { CompletionRecord, Trajectory } from "@rollgate/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PROFILE_OF_FAMILY, startHarness, type Harness } from "./__fixtures__/harness.js";
+import { addToolCallDeltas } from "./__fixtures__/openai-sse.js";
 
 type Kind = "vllm" | "sglang";
 type Choice = "required" | "named";
@@ -90,12 +91,7 @@ function openaiAgent(s: Session, profile: ModelProfile, choice: Choice, stream: 
         if (!c) continue;
         finish = c.finish_reason ?? finish;
         for (const [k, v] of Object.entries(c.delta)) if (typeof v === "string" && k !== "role") text[k] = (text[k] ?? "") + v;
-        for (const t of c.delta.tool_calls ?? []) {
-          const call = (calls[t.index] ??= { id: "", type: "function", function: { name: "", arguments: "" } });
-          if (t.id) call.id = t.id;
-          if (t.function?.name) call.function.name += t.function.name;
-          if (t.function?.arguments) call.function.arguments += t.function.arguments;
-        }
+        addToolCallDeltas(calls, c.delta.tool_calls);
       }
       last = { role: "assistant", content: text.content ?? null, ...text, ...(calls.length ? { tool_calls: calls } : {}) };
       return { finish, calls: calls.map((t) => ({ name: t.function.name, args: JSON.parse(t.function.arguments) as unknown })) };
