@@ -546,7 +546,7 @@ describe("TaskStore", () => {
     await store.create(taskInput("t-new"), new Date(now));
     expect(await store.finish("t-new", resultOf("t-new", "completed"), new Date(now), 7 * 24 * 3600)).toBe(true);
     expect(await store.pruneIndex(7 * 24 * 3600, new Date(now))).toBe(1);
-    expect(await redis.zrange(`${p}:{tasks}:index`, 0, -1)).toEqual(["t-recent", "t-new"]);
+    expect(await redis.zrange(`${p}:{tasks}:index`, "0", "-1")).toEqual(["t-recent", "t-new"]);
     expect((await store.recentStates(10)).indexed).toBe(2);
   });
 
