@@ -166,8 +166,10 @@ describe("sessions and the OpenAI chat route", () => {
     const rank = ((await app.inject({ url: `/v1/sessions/${s.id}` })).json() as Session).assignment!.dp_rank;
     expect((await chat(app, s, { messages: [{ role: "user", content: "ok" }] })).statusCode).toBe(200);
     getSimState(sim).setFault({ rank, mode: "error", error_rate: 1 });
+    let failedStatus = 0;
     try {
       const failed = await chat(app, s, { messages: [{ role: "user", content: "boom" }] });
+      failedStatus = failed.statusCode;
       expect(failed.statusCode).toBeGreaterThanOrEqual(500);
       expect(failed.json().error.type).toBe("api_error");
     } finally {
@@ -176,6 +178,10 @@ describe("sessions and the OpenAI chat route", () => {
     const traj = (await app.inject({ url: `/v1/sessions/${s.id}/trajectory` })).json();
     expect(traj.stats.records).toBe(1);
     expect(traj.stats.failed_calls).toEqual([{ seq: 1, at: expect.any(String), kind: "rejected", message: expect.stringMatching(/engine/), dp_rank: rank }]);
+    // The call was lost to infrastructure: the trajectory says so, in every format, so a trainer reading it alone never takes it for a whole rollout.
+    expect(traj.stats.lost_calls).toMatchObject({ count: 1, first: { status: failedStatus } });
+    const verl = (await app.inject({ url: `/v1/sessions/${s.id}/trajectory?format=verl` })).json();
+    expect(verl.lost_calls).toEqual(traj.stats.lost_calls);
     // A call after the failure, then the close answers the same trajectory (records and notes read in the close's own step).
     expect((await chat(app, s, { messages: [{ role: "user", content: "again" }] })).statusCode).toBe(200);
     const closed = (await app.inject({ method: "POST", url: `/v1/sessions/${s.id}/close?trajectory=per_request` })).json() as { trajectory: { stats: { records: number } } };

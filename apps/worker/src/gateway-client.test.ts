@@ -134,7 +134,7 @@ describe("GatewayClient with an answer it cannot use", () => {
   });
   afterAll(() => new Promise<void>((resolve) => server.close(() => resolve())));
 
-  const stats = { records: 1, traces: 1, response_tokens: 3, trainable_tokens: 3, breaks: [], weight_versions: [], merged_records: 0, weight_changes: 0, traces_with_weight_change: 0, per_trace: [], failed_calls: [] };
+  const stats = { records: 1, traces: 1, response_tokens: 3, trainable_tokens: 3, breaks: [], weight_versions: [], merged_records: 0, weight_changes: 0, traces_with_weight_change: 0, per_trace: [], failed_calls: [], lost_calls: { count: 0, first: null } };
   const session = { id: "s-1", state: "closed", counts: { llm_calls: 1, prompt_tokens: 2, completion_tokens: 3, cached_tokens: 0 }, lost_calls: { count: 0, first: null }, replay_diverged: null };
 
   it("a body that is not JSON, or lacks or mistypes a field the worker reads, is refused as bad_response, naming the field", async () => {

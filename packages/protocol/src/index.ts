@@ -6,6 +6,7 @@ export * from "./trace-kind.js";
 export * from "./prefix-tree.js";
 export * from "./record.js";
 export * from "./routed-experts.js";
+export * from "./lost-calls.js";
 export * from "./session.js";
 export * from "./task.js";
 export * from "./readiness.js";

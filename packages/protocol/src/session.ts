@@ -2,6 +2,7 @@ import { z } from "zod";
 import { SamplingParams } from "./chat.js";
 import { ErrorBody } from "./errors.js";
 import { Id } from "./ids.js";
+import { LostCalls } from "./lost-calls.js";
 import { Trajectory } from "./trace.js";
 
 export const SessionLimits = z
@@ -51,24 +52,6 @@ export type CreateSessionResponse = z.infer<typeof CreateSessionResponse>;
 export const RankRef = z.object({ engine: z.number().int().nonnegative(), dp_rank: z.number().int().nonnegative() });
 export type RankRef = z.infer<typeof RankRef>;
 
-/**
- * The first LLM call of a session that failed for a reason outside the policy (engine unreachable
- * or 5xx, no healthy rank, served model unknown, Redis unavailable, a gateway error, missing token
- * ids or logprobs): what the agent was answered and why.
- */
-export const LostCall = z.object({
-  at: z.string(),
-  /** The failure's machine kind, e.g. `engine_unreachable`, `engine_bad_response`, `storage_unavailable`, `internal_error`, `left_during_pause`. */
-  kind: z.string(),
-  /** The HTTP status the agent got. */
-  status: z.number().int(),
-  message: z.string(),
-});
-export type LostCall = z.infer<typeof LostCall>;
-
-/** Calls a session lost to infrastructure: a rollout with any is never scored. */
-export const LostCalls = z.object({ count: z.number().int().nonnegative(), first: LostCall.nullable() });
-export type LostCalls = z.infer<typeof LostCalls>;
 
 /** A session as stored (without its token) and as `GET /v1/sessions/:id` shows it. */
 export const Session = z.object({

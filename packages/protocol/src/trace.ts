@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { WeightVersion } from "./ids.js";
+import { LostCalls } from "./lost-calls.js";
 import { PrefixTree } from "./prefix-tree.js";
 import { RoutedExperts } from "./routed-experts.js";
 import { TraceKind, TraceParent } from "./trace-kind.js";
@@ -99,6 +100,12 @@ export const TrajectoryStats = z.object({
    * have no tokens to train on, but a trainer should know the agent saw an error there.
    */
   failed_calls: z.array(z.object({ seq: z.number().int(), at: z.string(), kind: z.string(), message: z.string(), dp_rank: z.number().int() })).default([]),
+  /**
+   * The session's calls lost to infrastructure, as its `lost_calls` says when the trajectory is
+   * read: a lost call's tokens may be missing from the traces (an answer the agent got whose record
+   * never came reads as masked glue in the next call), so a trajectory with any is not a whole rollout.
+   */
+  lost_calls: LostCalls.default({ count: 0, first: null }),
 });
 export type TrajectoryStats = z.infer<typeof TrajectoryStats>;
 

@@ -35,5 +35,6 @@ export function computeStats(records: readonly CompletionRecord[], built: BuiltT
     per_trace,
     // The builder sees only successful calls; the gateway adds the session's failed ones.
     failed_calls: [],
+    lost_calls: { count: 0, first: null },
   };
 }

@@ -6,6 +6,7 @@ import {
   CreateSessionResponse,
   DecodedTrajectory,
   type ErrorBody,
+  LostCalls,
   Session,
   Trajectory,
   TrajectoryBuilderName,
@@ -32,7 +33,9 @@ const CloseQuery = z.object({
   trajectory: TrajectoryBuilderName.optional().describe("also answer the trajectory built by this builder (`trajectory`), or why it could not be built (`trajectory_error`)"),
 });
 const CompletionList = named("CompletionList", z.object({ session_id: z.string(), completions: z.array(CompletionRecord) }));
-const TrainerSamples = z.object({ builder: TrajectoryBuilderName, format: z.string(), samples: z.array(z.unknown()) }).describe("one sample per trace, in a trainer's format");
+const TrainerSamples = z
+  .object({ builder: TrajectoryBuilderName, format: z.string(), samples: z.array(z.unknown()), lost_calls: LostCalls })
+  .describe("one sample per trace, in a trainer's format; `lost_calls`: the session's, as on the session (a rollout with any is not whole)");
 const tags = ["sessions"];
 const security = TRAINER_SECURITY;
 
@@ -112,6 +115,7 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       try {
         const trajectory = buildTrajectory(records, builder, trajectoryOptions(ctx.registry, session, records));
         trajectory.stats.failed_calls = failures;
+        trajectory.stats.lost_calls = session.lost_calls;
         return { trajectory };
       } catch (err) {
         if (err instanceof TrajectoryInvariantError) return errorBody("trajectory_invalid", err.message, { record_id: err.record_id });
@@ -177,7 +181,7 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
         const builder = req.query.trajectory;
         if (!builder) return session;
         // No call is pending any more: the close took none after it, and atClose waited for those before it.
-        const built = await sessionTrajectory(id, closed.session, builder, { settled: true, final });
+        const built = await sessionTrajectory(id, session, builder, { settled: true, final });
         return "error" in built ? { ...session, trajectory_error: built.error } : { ...session, trajectory: built.trajectory };
       } finally {
         await released;
@@ -229,7 +233,8 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const { format, builder } = req.query;
       const built = await sessionTrajectory(id, session, builder);
       if ("error" in built) return reply.code(422).send({ error: built.error });
-      return format === "rollgate" ? built.trajectory : { builder, format, samples: toTrainerFormat(built.trajectory, format) };
+      if (format === "rollgate") return built.trajectory;
+      return { builder, format, samples: toTrainerFormat(built.trajectory, format), lost_calls: session.lost_calls };
     });
 
     const decodedSchema = {
