@@ -836,6 +836,11 @@ export class ResponsesStreamEncoder {
       this.pendingLogprobs = [];
       this.openMessage(out);
     }
+    this.appendText(text, tokens, out);
+  }
+
+  /** Adds text and its tokens to the open message, with the delta event that shows them. */
+  private appendText(text: string, tokens: TokenLogprob[], out: ResponsesStreamEvent[]) {
     const cur = this.current as OpenItem & { kind: "message" };
     cur.text += text;
     cur.logprobs.push(...tokens);
@@ -917,18 +922,7 @@ export class ResponsesStreamEncoder {
       this.pendingText = "";
       this.pendingLogprobs = [];
       this.openMessage(out);
-      const cur = this.current as unknown as OpenItem & { kind: "message" };
-      cur.text = text;
-      cur.logprobs = tokens;
-      out.push(
-        this.ev("response.output_text.delta", {
-          item_id: messageId(this.ctx),
-          output_index: cur.index,
-          content_index: 0,
-          delta: text,
-          logprobs: clientLogprobs(tokens, this.ctx),
-        }),
-      );
+      this.appendText(text, tokens, out);
     } else if (this.current === null && this.done.length === 0) {
       // An empty answer: a message with empty text, as the non-streamed output has.
       this.openMessage(out);
