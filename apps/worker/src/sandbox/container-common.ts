@@ -1,6 +1,7 @@
 import path from "node:path";
 import type { RunResult } from "./process.js";
 import { TailBuffer } from "./process.js";
+import { MAX_READ_BYTES } from "./workdir.js";
 
 /**
  * What the container runtimes (`docker`, `kubernetes`) share: the in-container layout, resource
@@ -81,6 +82,35 @@ export function dnsName(s: string, max: number): string {
 export function insideWorkdir(workdir: string, rel: string): string | null {
   const target = path.posix.resolve(workdir, rel);
   return target.startsWith(workdir.replace(/\/+$/, "") + "/") ? target : null;
+}
+
+/**
+ * Reads a container's file as readFileInside reads the host's: only a regular file (a FIFO the
+ * agent left at the path would block the read until the pod's deadline, `/dev/zero` behind a link
+ * would never end), and at most MAX_READ_BYTES and one more, which tells a bigger one (a sparse
+ * `truncate -s 20G` costs the agent nothing and would fill the worker's memory). `$1`: the path.
+ */
+export const READ_FILE_SCRIPT = `[ -f "$1" ] || exit 3; exec head -c ${MAX_READ_BYTES + 1} -- "$1"`;
+
+/** The bytes of a file read out of a container, kept up to MAX_READ_BYTES: past it the file reads as absent. */
+export class CappedRead {
+  private readonly chunks: Buffer[] = [];
+  private bytes = 0;
+  /** Set once more than `max` bytes came (nothing more is kept). */
+  over = false;
+  constructor(private readonly max = MAX_READ_BYTES) {}
+  push(b: Buffer): void {
+    if (this.over) return;
+    this.bytes += b.length;
+    if (this.bytes > this.max) {
+      this.over = true;
+      this.chunks.length = 0;
+    } else this.chunks.push(b);
+  }
+  /** The whole file, or null when it was bigger than the limit. */
+  result(): Buffer | null {
+    return this.over ? null : Buffer.concat(this.chunks);
+  }
 }
 
 /** Collects a step's output into the same tails and live callback as a local step. */

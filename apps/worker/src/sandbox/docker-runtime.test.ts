@@ -16,6 +16,7 @@ import { FakeDockerEngine } from "./__fixtures__/docker-engine.js";
 import { DockerRuntime, dockerFromHost } from "./docker-runtime.js";
 import { sandboxEnv } from "./environment.js";
 import { SandboxUnavailable } from "./local-runtime.js";
+import { MAX_READ_BYTES } from "./workdir.js";
 
 const WORKER_PATH = "/opt/rollgate/node/bin:/opt/rollgate/node_modules/.bin:/usr/local/bin:/usr/bin:/bin";
 const TOKEN = "rg-session-token-SECRET";
@@ -168,6 +169,15 @@ describe("docker runtime: steps", () => {
     const missing = await sb.exec(["claude"], opts());
     expect(missing.exitCode).toBeNull();
     expect(missing.spawnError).toMatch(/executable file not found/);
+    await sb.destroy();
+  });
+
+  it("readFile: a file over 32 MiB (a sparse file costs the agent nothing) reads as absent", async () => {
+    const sb = await rt.create("t-huge", spec());
+    await sb.exec(["fill", "huge.txt", String(MAX_READ_BYTES + 1)], opts());
+    await sb.exec(["fill", "fits.txt", "5"], opts());
+    expect(await sb.readFile("huge.txt")).toBeNull();
+    expect(await sb.readFile("fits.txt")).toBe("xxxxx");
     await sb.destroy();
   });
 

@@ -7,6 +7,7 @@ import { sandboxEgressPolicy } from "../egress.js";
 import {
   CONTAINER_HOME,
   CONTAINER_TMP,
+  CappedRead,
   type ContainerRuntimeOptions,
   DEFAULT_WORKDIR,
   IDLE_COMMAND,
@@ -23,6 +24,10 @@ import type { RunResult } from "./process.js";
 import { SessionRelay, egressProxyEnv } from "./relay.js";
 import { NO_LOST_CALLS, type CreateOptions, type ExecOptions, type Sandbox, type SandboxRuntime } from "./runtime.js";
 import { type TarEntry, buildTar, readTar } from "./tar.js";
+import { MAX_READ_BYTES } from "./workdir.js";
+
+/** What a one-file archive adds to the file: its headers (long names take a few blocks) and padding. */
+const TAR_OVERHEAD = 64 * 1024;
 
 /**
  * `runtime.kind: "docker"`: one container per rollout on the worker's Docker engine, through
@@ -444,11 +449,20 @@ class DockerSandbox implements Sandbox {
       if (statusOf(err) === 404) return null;
       throw err;
     }
-    const chunks: Buffer[] = [];
-    for await (const c of stream as AsyncIterable<Buffer>) chunks.push(c);
+    // The archive of one file: the file and a few headers. Read no further than a file the limit
+    // allows would need (a sparse file the agent made huge costs it nothing, and the worker its memory).
+    const read = new CappedRead(MAX_READ_BYTES + TAR_OVERHEAD);
+    for await (const c of stream as AsyncIterable<Buffer>) {
+      read.push(c);
+      if (read.over) break; // ends the archive stream
+    }
+    const tar = read.result();
+    if (!tar) return null;
     const want = path.posix.basename(abs);
-    const entry = readTar(Buffer.concat(chunks)).find((e) => e.type === "file" && e.path === want);
-    return entry ? Buffer.from(entry.content ?? "").toString("utf8") : null;
+    // Only a regular file reads (a FIFO, a device or a link archives as what it is, without content).
+    const entry = readTar(tar).find((e) => e.type === "file" && e.path === want);
+    const content = entry ? Buffer.from(entry.content ?? "") : null;
+    return content && content.length <= MAX_READ_BYTES ? content.toString("utf8") : null;
   }
 
   /**

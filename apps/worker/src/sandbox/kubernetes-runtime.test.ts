@@ -7,7 +7,7 @@
  * real `sh` here. A real run is in README "Running on Kubernetes".
  */
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync, symlinkSync, truncateSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { KubeConfig } from "@kubernetes/client-node";
@@ -18,6 +18,8 @@ import { sandboxEnv } from "./environment.js";
 import { evaluate } from "../evaluators.js";
 import { KubernetesRuntime, stepCommand, stepScript, tokenFromEnv } from "./kubernetes-runtime.js";
 import { SandboxUnavailable } from "./local-runtime.js";
+import { READ_FILE_SCRIPT } from "./container-common.js";
+import { MAX_READ_BYTES } from "./workdir.js";
 
 const WORKER_PATH = "/opt/rollgate/node/bin:/opt/rollgate/node_modules/.bin:/usr/local/bin:/usr/bin:/bin";
 const TOKEN = "rg-session-token-SECRET";
@@ -245,7 +247,18 @@ describe("kubernetes runtime: steps", () => {
     await sb.destroy();
   });
 
-  it("readFile runs cat in the pod: the file, or null when missing or outside the working directory", async () => {
+  it("readFile reads only a regular file of at most 32 MiB: a FIFO or a huge file the agent left reads as absent, and at once", async () => {
+    const rt = runtime();
+    const sb = await rt.create("t-fifo", spec(), { sessionToken: TOKEN });
+    await sb.exec(["mkfifo", "reward.txt"], opts());
+    await sb.exec(["fill", "huge.txt", String(MAX_READ_BYTES + 1)], opts());
+    // cat would wait on the FIFO for a writer until the pod's deadline, and read the whole huge file into the worker.
+    expect(await sb.readFile("reward.txt")).toBeNull();
+    expect(await sb.readFile("huge.txt")).toBeNull();
+    await sb.destroy();
+  });
+
+  it("readFile runs the read script in the pod: the file, or null when missing or outside the working directory", async () => {
     const rt = runtime();
     const sb = await rt.create("t-1", spec({ files: { "given.txt": "from the task" } }), { sessionToken: TOKEN });
     await sb.exec(["write", "answer.txt", "42"], opts());
@@ -253,10 +266,10 @@ describe("kubernetes runtime: steps", () => {
     expect(await sb.readFile("given.txt")).toBe("from the task");
     expect(await sb.readFile("missing.txt")).toBeNull();
     expect(await sb.readFile("../etc/passwd")).toBeNull();
-    expect(wsCalls().filter((c) => c.query.get("command") === "cat").map((c) => c.query.getAll("command"))).toEqual([
-      ["cat", "--", "/workspace/answer.txt"],
-      ["cat", "--", "/workspace/given.txt"],
-      ["cat", "--", "/workspace/missing.txt"],
+    expect(wsCalls().filter((c) => c.query.getAll("command")[2] === READ_FILE_SCRIPT).map((c) => c.query.getAll("command"))).toEqual([
+      ["sh", "-c", READ_FILE_SCRIPT, "sh", "/workspace/answer.txt"],
+      ["sh", "-c", READ_FILE_SCRIPT, "sh", "/workspace/given.txt"],
+      ["sh", "-c", READ_FILE_SCRIPT, "sh", "/workspace/missing.txt"],
     ]);
     await sb.destroy();
   });
@@ -300,6 +313,29 @@ describe("kubernetes runtime: the step script, run by the real sh", () => {
       const m = spawnSync(missing[0]!, missing.slice(1), { input: script, env: podEnv });
       expect(m.status).toBe(127);
       expect(m.stderr.toString()).toBe("rollgate-sandbox: cannot start no-such-agent-binary: not found\n");
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("the file read script: a regular file's bytes; a FIFO, a device behind a link and a missing file exit 3 at once; a huge file stops one byte past the limit", () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), "rg-k8s-read-"));
+    const read = (name: string) => spawnSync("sh", ["-c", READ_FILE_SCRIPT, "sh", path.join(dir, name)], { timeout: 10_000, maxBuffer: MAX_READ_BYTES + 1024 });
+    try {
+      writeFileSync(path.join(dir, "answer.txt"), "42\n");
+      expect(spawnSync("mkfifo", [path.join(dir, "fifo")]).status).toBe(0);
+      symlinkSync("/dev/zero", path.join(dir, "zero"));
+      writeFileSync(path.join(dir, "sparse"), "");
+      truncateSync(path.join(dir, "sparse"), MAX_READ_BYTES + 4096);
+      const ok = read("answer.txt");
+      expect([ok.status, ok.stdout.toString()]).toEqual([0, "42\n"]);
+      for (const name of ["fifo", "zero", "missing"]) {
+        const r = read(name);
+        expect(r.error).toBeUndefined(); // not killed by the timeout: it did not block
+        expect([name, r.status, r.stdout.length]).toEqual([name, 3, 0]);
+      }
+      const big = read("sparse");
+      expect([big.status, big.stdout.length]).toEqual([0, MAX_READ_BYTES + 1]);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

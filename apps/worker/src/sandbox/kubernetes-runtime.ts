@@ -6,6 +6,7 @@ import type { LostCalls, RuntimeSpec } from "@rollgate/protocol";
 import {
   CANNOT_START,
   CONTAINER_HOME,
+  CappedRead,
   CONTAINER_TMP,
   type ContainerRuntimeOptions,
   DEFAULT_WORKDIR,
@@ -17,6 +18,7 @@ import {
   insideWorkdir,
   labelValue,
   memoryQuantity,
+  READ_FILE_SCRIPT,
   sleep,
   stepResult,
   watchStep,
@@ -581,10 +583,11 @@ class PodSandbox implements Sandbox {
   async readFile(relPath: string): Promise<string | null> {
     const abs = insideWorkdir(this.workdir, relPath);
     if (!abs || !this.ready) return null;
-    const chunks: Buffer[] = [];
-    const end = await this.run(["cat", "--", abs], null, (b) => chunks.push(b), () => undefined);
+    const read = new CappedRead();
+    const end = await this.run(["sh", "-c", READ_FILE_SCRIPT, "sh", abs], null, (b) => read.push(b), () => undefined);
     if (!end.status) throw new Error(`the exec stream to pod ${this.podName} closed without a status`);
-    return exitOf(end.status).exitCode === 0 ? Buffer.concat(chunks).toString("utf8") : null;
+    const bytes = read.result();
+    return exitOf(end.status).exitCode === 0 && bytes ? bytes.toString("utf8") : null;
   }
 
   /**

@@ -13,10 +13,12 @@ export interface FakeContainer {
   running: Set<() => void>;
   /** Every exec that ran: argv and environment, in order. */
   execs: Array<{ argv: string[]; env: Record<string, string>; cwd: string }>;
+  /** Paths that are FIFOs (`mkfifo`): reading one blocks until something writes, which nothing does here. */
+  fifos: Set<string>;
 }
 
 export function newContainer(): FakeContainer {
-  return { fs: new Map(), running: new Set(), execs: [] };
+  return { fs: new Map(), running: new Set(), execs: [], fifos: new Set() };
 }
 
 export interface Proc {
@@ -54,6 +56,8 @@ export const PROGRAMS: Record<string, (p: Proc) => Promise<ProgramResult>> = {
   },
   cat: async (p) => {
     const file = p.argv[p.argv.length - 1]!;
+    // As the real cat: opening a FIFO waits for a writer, here until the exec is killed.
+    if (p.c.fifos.has(file)) return p.killed.then(() => "killed" as const);
     const content = p.c.fs.get(file);
     if (typeof content !== "string") {
       p.err(`cat: ${file}: No such file or directory\n`);
@@ -68,6 +72,18 @@ export const PROGRAMS: Record<string, (p: Proc) => Promise<ProgramResult>> = {
       const target = path.posix.resolve(p.cwd, a);
       for (const k of [...p.c.fs.keys()]) if (k === target || k.startsWith(`${target}/`)) p.c.fs.delete(k);
     }
+    return 0;
+  },
+  /** mkfifo <rel>: a FIFO in the working directory. */
+  mkfifo: async (p) => {
+    const file = path.posix.resolve(p.cwd, p.argv[1]!);
+    p.c.fs.delete(file);
+    p.c.fifos.add(file);
+    return 0;
+  },
+  /** fill <rel> <bytes>: a file of that many bytes (an agent's `truncate -s`). */
+  fill: async (p) => {
+    p.c.fs.set(path.posix.resolve(p.cwd, p.argv[1]!), "x".repeat(Number(p.argv[2])));
     return 0;
   },
   /** Both streams, then exit 3. */

@@ -216,6 +216,13 @@ export class FakeKubeApi {
       killAll(p);
       return ok;
     }
+    if (sh && (m = /^\[ -f "\$1" \] \|\| exit 3; exec head -c (\d+) -- "\$1"$/.exec(sh))) {
+      // A regular file's first bytes (the real sh runs this script in kubernetes-runtime.test.ts).
+      const content = p.fifos.has(command[4]!) ? undefined : p.fs.get(command[4]!);
+      if (typeof content !== "string") return exit(3);
+      send(1, content.slice(0, Number(m[1])));
+      return ok;
+    }
     if (sh && (m = /^head -c (\d+) \| tar -xf - -C \/$/.exec(sh))) {
       const tar = await ws.stdin(Number(m[1]));
       for (const e of readTar(tar)) p.fs.set(`/${e.path}`, e.type === "dir" ? null : Buffer.from(e.content ?? "").toString("utf8"));
