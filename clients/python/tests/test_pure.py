@@ -242,6 +242,16 @@ class CallsTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             rollgate.Client("ftp://nowhere")
 
+    def test_trainer_samples_keep_the_sessions_lost_calls(self):
+        lost = {"count": 1, "first": {"at": "t", "kind": "engine_rejected", "status": 502, "message": "engine answered 500"}}
+        answer = {"builder": "per_request", "format": "verl", "samples": [{"prompts": [1], "responses": [2]}], "lost_calls": lost}
+        for fmt in ("verl", "slime", "prime-rl"):
+            samples = _api.trajectory("s-1", "per_request", fmt).parse(answer)
+            self.assertEqual(samples, [{"prompts": [1], "responses": [2]}])
+            self.assertEqual((samples.lost_calls, samples.builder, samples.whole), (lost, "per_request", False))
+        whole = _api.trajectory("s-1", "per_request", "verl").parse({**answer, "lost_calls": {"count": 0, "first": None}})
+        self.assertTrue(whole.whole)
+
     def test_error_answers_carry_the_servers_type_message_and_details(self):
         call = Call("POST", "/v1/tasks")
         body = b'{"error":{"type":"invalid_request","message":"agent: Required","details":[{"path":"agent"}]}}'

@@ -8,6 +8,7 @@ import uuid
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ._http import Call, seg
+from .trainer_formats import TrainerSamples
 
 JSON = Dict[str, Any]
 
@@ -114,7 +115,8 @@ def trajectory(session_id: str, builder: str, format: str) -> Call[Any]:
         raise ValueError("builder must be one of %s, got %r" % (", ".join(BUILDERS), builder))
     if format not in TRAINER_FORMATS:
         raise ValueError("format must be one of %s, got %r" % (", ".join(TRAINER_FORMATS), format))
-    parse = (lambda v: v) if format == "rollgate" else (lambda v: v["samples"])
+    # A trainer format's samples keep the answer's lost_calls: a rollout with any is not whole.
+    parse = (lambda v: v) if format == "rollgate" else TrainerSamples.from_answer
     return Call("GET", "/v1/sessions/%s/trajectory" % seg(session_id), query={"builder": builder, "format": format}, idempotent=True, parse=parse)
 
 

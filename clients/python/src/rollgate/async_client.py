@@ -222,6 +222,7 @@ class AsyncClient:
     # ── sessions and trajectories ──────────────────────────────────────────────────────────
 
     async def trajectory(self, session_id: str, builder: str = "prefix_merging", format: str = "rollgate") -> Any:
+        """As ``Client.trajectory``: the trajectory, or a trainer format's ``TrainerSamples`` (with the session's ``lost_calls``)."""
         return await self._transport.call(_api.trajectory(session_id, builder, format))
 
     async def create_session(self, **fields: Any) -> JSON:

@@ -256,7 +256,7 @@ class Client:
     # ── sessions and trajectories ──────────────────────────────────────────────────────────
 
     def trajectory(self, session_id: str, builder: str = "prefix_merging", format: str = "rollgate") -> Any:
-        """A session's trajectory: ``rollgate`` → ``{"builder", "traces", "stats"}``; ``verl`` / ``slime`` / ``prime-rl`` → that trainer's samples (a list, one per trace)."""
+        """A session's trajectory: ``rollgate`` → ``{"builder", "traces", "stats"}``; ``verl`` / ``slime`` / ``prime-rl`` → that trainer's samples (a ``TrainerSamples`` list, one per trace, whose ``lost_calls`` / ``whole`` say whether the rollout is whole)."""
         return self._transport.call(_api.trajectory(session_id, builder, format))
 
     def create_session(self, **fields: Any) -> JSON:
