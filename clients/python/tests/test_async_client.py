@@ -120,6 +120,21 @@ class AsyncClientTest(unittest.TestCase):
         self.assertTrue(errors[0].details)
         self.assertLess(elapsed, 2.0)
 
+    def test_a_body_over_the_limit_gets_the_servers_413_not_unreachable(self):
+        async def scenario():
+            with FlakyProxy(URL) as proxy:
+                try:
+                    await rollgate.AsyncClient(proxy.url, API_KEY, backoff=0.01).submit(answer_task(id=uid("t-py-big"), runtime={"files": {"big.txt": "x" * (16 << 20)}}))
+                except rollgate.RollgateError as err:
+                    return err, proxy.connections
+            return None, proxy.connections
+
+        err, connections = self.run_async(scenario())
+        self.assertIsNotNone(err)
+        self.assertEqual((err.status, err.type, err.request), (413, "payload_too_large", "POST /v1/tasks"))
+        self.assertIn("size limit", err.message)
+        self.assertEqual(connections, 1)
+
     def test_retries_follow_the_same_rules(self):
         async def scenario():
             tid = (await rollgate.AsyncClient(URL, API_KEY).submit(answer_task()))["id"]

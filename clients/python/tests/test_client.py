@@ -183,6 +183,18 @@ class ClientTest(unittest.TestCase):
         self.assertTrue(unreachable.exception.unreachable)
         self.assertIn("cannot reach the rollgate gateway", unreachable.exception.message)
 
+    def test_a_body_over_the_limit_gets_the_servers_413_not_unreachable(self):
+        """The gateway answers 413 before reading a big body and closes: the client still reads that answer."""
+        tid = uid("t-py-big")
+        with FlakyProxy(URL) as proxy:
+            with self.assertRaises(rollgate.RollgateError) as big:
+                rollgate.Client(proxy.url, API_KEY, backoff=0.01).submit(answer_task(id=tid, runtime={"files": {"big.txt": "x" * (16 << 20)}}))
+        err = big.exception
+        self.assertEqual((err.status, err.type, err.request), (413, "payload_too_large", "POST /v1/tasks"))
+        self.assertIn("size limit", err.message)
+        # Answered, so not sent again though its id makes it safe to.
+        self.assertEqual(proxy.connections, 1)
+
     @unittest.skipUnless(API_KEY, "the cluster has no ROLLGATE_API_KEY, so no request is refused for a wrong key")
     def test_a_wrong_api_key_is_refused(self):
         with self.assertRaises(rollgate.RollgateError) as refused:
