@@ -5,7 +5,9 @@ and a handler that fails makes rollgate deliver again."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import socket
 import threading
 import unittest
 
@@ -75,6 +77,55 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
             self.assertEqual([post_raw(inbox.url, body, headers) for _ in range(3)], [500, 200, 200])
             self.assertEqual(handled, ["d-f", "d-f"])
             self.assertEqual(len(inbox.deliveries), 1)
+
+    def test_a_delivery_sent_in_chunks_is_taken_whole(self):
+        """A proxy between rollgate and the trainer may forward a callback with chunked transfer
+        coding (no Content-Length): its signature is over the whole body, and so is the check."""
+        with rollgate.CallbackReceiver("s3cret") as inbox:
+            host, port = inbox.url.split("/")[2].rsplit(":", 1)
+            conn = http.client.HTTPConnection(host, int(port), timeout=10)
+            try:
+                for k in range(2):
+                    body = json.dumps({"id": "t-chunked-%d" % k, "status": "completed", "reward": 1}).encode()
+                    headers = {"content-type": "application/json", "x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-c%d" % k, "x-rollgate-signature": rollgate.sign(body, "s3cret")}
+                    # Two requests on one connection: the first one's chunks must not be read as the second.
+                    conn.request("POST", "/rollouts", body=iter([body[:7], body[7:20], body[20:]]), headers=headers, encode_chunked=True)
+                    res = conn.getresponse()
+                    self.assertEqual((res.status, res.read()), (200, b'{"ok":true}'))
+            finally:
+                conn.close()
+            self.assertEqual([inbox.wait("t-chunked-%d" % k, timeout=1)["reward"] for k in range(2)], [1, 1])
+            self.assertEqual(inbox.rejected, 0)
+
+    def test_a_body_refused_unread_ends_its_connection(self):
+        """What follows a body the receiver did not read (over the size limit, a bad length) is
+        never taken as another request on the same connection."""
+        with rollgate.CallbackReceiver("s3cret") as inbox:
+            host, port = inbox.url.split("/")[2].rsplit(":", 1)
+            for length in (str(rollgate.callbacks.MAX_BODY + 1), "-5", "ten", "+5", "\u00b2"):
+                with socket.create_connection((host, int(port)), timeout=10) as sock:
+                    sock.sendall(("POST /rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: %s\r\n\r\n" % length).encode("latin-1") + b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n")
+                    answer = b""
+                    while True:
+                        data = sock.recv(65536)
+                        if not data:
+                            break
+                        answer += data
+                self.assertEqual(answer.count(b"HTTP/1.1 "), 1, answer)
+                self.assertIn(b"Connection: close", answer)
+
+    def test_a_sender_that_stalls_mid_body_is_let_go(self):
+        """A connection that stops sending part-way (a stalled proxy, a slow-loris) is closed after
+        ``read_timeout`` instead of holding its thread, and nothing of it is taken."""
+        with rollgate.CallbackReceiver("s3cret", read_timeout=0.5) as inbox:
+            host, port = inbox.url.split("/")[2].rsplit(":", 1)
+            body = json.dumps({"id": "t-stalled", "status": "completed", "reward": 1}).encode()
+            head = "POST /rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nX-Rollgate-Signature: %s\r\n\r\n" % (len(body), rollgate.sign(body, "s3cret"))
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                sock.sendall(head.encode() + body[:10])
+                self.assertEqual(sock.recv(65536), b"")  # closed by the receiver (the 30 s socket timeout would raise instead)
+            self.assertIsNone(inbox.result("t-stalled"))
+            self.assertEqual(inbox.deliveries, [])
 
     def test_waits_time_out_with_a_rollgate_error(self):
         with rollgate.CallbackReceiver("s") as inbox:

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -17,6 +18,9 @@ from .errors import RollgateError
 JSON = Dict[str, Any]
 V = TypeVar("V")
 MAX_BODY = 512 * 1024 * 1024
+# Lengths as HTTP writes them (int() would also take "+5", "1_0", "0x1f" and non-ASCII digits).
+DECIMAL = re.compile(r"[0-9]{1,15}")
+HEX = re.compile(rb"[0-9a-fA-F]{1,15}")
 
 
 def sign(body: bytes, secret: str) -> str:
@@ -54,7 +58,9 @@ class CallbackReceiver:
     that arrives while it still runs, because rollgate stopped waiting after 30 s, waits for it).
 
     ``host="0.0.0.0"`` listens for workers on other hosts; give ``public_url`` when they reach this
-    machine by another address.
+    machine by another address. ``read_timeout`` (seconds) ends a connection that sends nothing for
+    that long (a stalled proxy, a slow-loris), so it does not hold a thread forever; rollgate's own
+    deliveries give up after 30 s and are sent again.
     """
 
     def __init__(
@@ -64,6 +70,7 @@ class CallbackReceiver:
         port: int = 0,
         public_url: Optional[str] = None,
         on_delivery: Optional[Callable[[Delivery], None]] = None,
+        read_timeout: float = 60.0,
     ) -> None:
         if not isinstance(secret, str) or not secret:
             raise ValueError("secret must be a non-empty string (the callback.secret of your tasks)")
@@ -72,6 +79,7 @@ class CallbackReceiver:
         self._port = port
         self._public_url = public_url
         self._on_delivery = on_delivery
+        self._read_timeout = read_timeout
         self._lock = threading.Condition()
         self._seen: Set[str] = set()
         self._handling: Set[str] = set()  # delivery ids whose on_delivery is running
@@ -246,16 +254,14 @@ class CallbackReceiver:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Per socket operation (http.server sets it on the connection): a read that waits this
+            # long ends the connection instead of holding its thread.
+            timeout = receiver._read_timeout
 
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-                try:
-                    length = int(self.headers.get("content-length") or "0")
-                except ValueError:
-                    length = -1
-                if length < 0 or length > MAX_BODY:
-                    self._reply(413 if length > MAX_BODY else 400, b'{"error":"bad content-length"}')
+                raw = self._body()
+                if raw is None:
                     return
-                raw = self.rfile.read(length)
                 status, answer = receiver._accept(
                     self.headers.get("x-rollgate-event", ""),
                     self.headers.get("x-rollgate-delivery", ""),
@@ -263,6 +269,48 @@ class CallbackReceiver:
                     self.headers.get("x-rollgate-signature"),
                 )
                 self._reply(status, answer)
+
+            def _body(self) -> Optional[bytes]:
+                """The request body, whole: by Content-Length, or in chunks (a proxy on the way may
+                re-frame it so). None when it was refused: then the answer is sent and the
+                connection ends, since what is left of the body must not be read as a request."""
+                coding = (self.headers.get("transfer-encoding") or "").strip().lower()
+                if coding:
+                    if coding != "chunked":
+                        return self._refuse(501, b'{"error":"unsupported transfer-encoding"}')
+                    return self._chunked()
+                text = (self.headers.get("content-length") or "0").strip()
+                if not DECIMAL.fullmatch(text):
+                    return self._refuse(400, b'{"error":"bad content-length"}')
+                if int(text) > MAX_BODY:
+                    return self._refuse(413, b'{"error":"body over the receiver\'s limit"}')
+                return self.rfile.read(int(text))
+
+            def _chunked(self) -> Optional[bytes]:
+                parts: List[bytes] = []
+                size = 0
+                while True:
+                    digits = self.rfile.readline(1024).split(b";", 1)[0].strip()
+                    if not HEX.fullmatch(digits):
+                        return self._refuse(400, b'{"error":"bad chunk"}')
+                    n = int(digits, 16)
+                    size += n
+                    if size > MAX_BODY:
+                        return self._refuse(413, b'{"error":"body over the receiver\'s limit"}')
+                    if n == 0:
+                        break
+                    parts.append(self.rfile.read(n))
+                    if self.rfile.read(2) != b"\r\n":
+                        return self._refuse(400, b'{"error":"bad chunk"}')
+                # Trailers, then the empty line that ends the body.
+                while self.rfile.readline(8192) not in (b"\r\n", b"\n", b""):
+                    pass
+                return b"".join(parts)
+
+            def _refuse(self, status: int, body: bytes) -> None:
+                self.close_connection = True
+                self._reply(status, body, {"Connection": "close"})
+                return None
 
             def do_GET(self) -> None:  # noqa: N802
                 self._reply(405, b'{"error":"POST callbacks here"}', {"Allow": "POST"})
