@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import json
 import math
 import os
 import struct
@@ -251,6 +252,19 @@ class CallsTest(unittest.TestCase):
             self.assertEqual((samples.lost_calls, samples.builder, samples.whole), (lost, "per_request", False))
         whole = _api.trajectory("s-1", "per_request", "verl").parse({**answer, "lost_calls": {"count": 0, "first": None}})
         self.assertTrue(whole.whole)
+
+    def test_numbers_the_gateway_would_change_are_refused_before_sending(self):
+        # 2**63 + 5 would come back from the gateway (JavaScript doubles) as 9223372036854775808: a
+        # dataset row id in metadata silently pointing at another row.
+        with self.assertRaises(ValueError) as big:
+            _api.submit({"instruction": "x", "metadata": {"rows": [7, 2**63 + 5]}})
+        self.assertIn("metadata.rows[1] = 9223372036854775813", str(big.exception))
+        self.assertIn("send it as a string", str(big.exception))
+        for bad in (lambda: _api.submit_group({"metadata": {"score": float("nan")}}, 2), lambda: _api.create_session({"sampling": {"seed": -(2**60)}})):
+            with self.assertRaises(ValueError):
+                bad()
+        ok = _api.submit({"instruction": "x", "metadata": {"row": 2**53 - 1, "neg": -(2**53 - 1), "f": 1e308, "flag": True}})
+        self.assertEqual(json.loads(ok.payload())["metadata"]["row"], 2**53 - 1)
 
     def test_error_answers_carry_the_servers_type_message_and_details(self):
         call = Call("POST", "/v1/tasks")
