@@ -108,6 +108,8 @@ def main(argv: Any = None) -> int:
                 results = inbox.wait_group(group["group_id"], timeout=args.timeout)
                 adv = grpo.group_advantages(results)
                 batch.extend(grpo.step_batch(results, adv))
+                # The inbox keeps every result it received until told: one receiver for a long run would hold every trajectory.
+                inbox.forget(group["group_id"])
                 rewards = [r.get("reward") if r else None for r in results]
                 say("  %-16s rewards %s → advantages %s%s" % ("/".join(prompt["words"]), fmt(rewards), fmt(adv.advantages, signed=True), "  (%s)" % "; ".join(adv.excluded.values()) if adv.excluded else ""))
                 step_info["groups"].append({"group_id": group["group_id"], "rewards": rewards, "advantages": adv.advantages, "excluded": adv.excluded})

@@ -127,6 +127,38 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
             self.assertIsNone(inbox.result("t-stalled"))
             self.assertEqual(inbox.deliveries, [])
 
+    def test_a_group_forgotten_is_no_longer_held(self):
+        """One receiver for a whole run keeps every result it got; forget() lets a step's go, and a
+        member's callback that comes after its group was forgotten is acknowledged, not kept."""
+        handled = []
+        with rollgate.CallbackReceiver("s3cret", on_delivery=lambda d: handled.append(d.delivery_id)) as inbox:
+            members = [{"id": "g-f-%d" % k, "group_id": "g-f", "status": "completed", "reward": k} for k in range(3)]
+
+            def deliver(event: str, body: dict, delivery_id: str) -> int:
+                raw = json.dumps(body).encode()
+                return post_raw(inbox.url, raw, {"x-rollgate-event": event, "x-rollgate-delivery": delivery_id, "x-rollgate-signature": rollgate.sign(raw, "s3cret")})
+
+            self.assertEqual([deliver("task.completed", m, "d-%d" % k) for k, m in enumerate(members[:2])], [200, 200])
+            self.assertEqual(deliver("group.completed", {"group_id": "g-f", "tasks": members}, "d-g"), 200)
+            other = {"id": "t-other", "status": "completed", "reward": 1}
+            self.assertEqual(deliver("task.completed", other, "d-o"), 200)
+            self.assertEqual([r["reward"] for r in inbox.wait_group("g-f", timeout=1)], [0, 1, 2])
+            self.assertEqual(len(inbox.deliveries), 4)
+
+            inbox.forget("g-f")
+            self.assertEqual([d.delivery_id for d in inbox.deliveries], ["d-o"])
+            self.assertEqual([inbox.result(m["id"]) for m in members], [None, None, None])
+            self.assertEqual(inbox.result("t-other"), other)
+            with self.assertRaises(rollgate.RollgateError):
+                inbox.wait_group("g-f", timeout=0.1)
+            # The third member's own callback, retried after the group's: acknowledged, handled, not kept.
+            self.assertEqual(deliver("task.completed", members[2], "d-2"), 200)
+            self.assertIsNone(inbox.result("g-f-2"))
+            self.assertEqual([d.delivery_id for d in inbox.deliveries], ["d-o"])
+            self.assertEqual(handled, ["d-0", "d-1", "d-g", "d-o", "d-2"])
+            inbox.forget("t-other")
+            self.assertEqual((inbox.deliveries, inbox.result("t-other")), ([], None))
+
     def test_waits_time_out_with_a_rollgate_error(self):
         with rollgate.CallbackReceiver("s") as inbox:
             with self.assertRaises(rollgate.RollgateError) as late:

@@ -89,6 +89,7 @@ class CallbackReceiver:
         self.deliveries: List[Delivery] = []
         self.rejected = 0
         self.duplicates = 0
+        self._forgotten: Set[Tuple[str, str]] = set()  # ("task" | "group", id) dropped by forget()
         self._server: Optional[ThreadingHTTPServer] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -139,6 +140,26 @@ class CallbackReceiver:
         return {"url": self.url, "secret": self.secret}
 
     # ── results ────────────────────────────────────────────────────────────────────────────
+
+    def forget(self, task_or_group_id: str) -> None:
+        """Drops what the inbox holds for a task, or for a group: its body, its members' results and
+        the deliveries that carried them. The inbox keeps every result it received until then, so a
+        training loop that uses one receiver for many steps calls it once a group's results are in
+        its batch (else it holds every trajectory of the run). A delivery for a forgotten task or
+        group that comes later (a member's callback retried after the group's came) is acknowledged
+        and not kept, so a wait for what was forgotten times out.
+        """
+        with self._lock:
+            dropped: Set[Tuple[str, str]] = {("task", task_or_group_id)}
+            group = self._groups.pop(task_or_group_id, None)
+            if group is not None:
+                dropped.add(("group", task_or_group_id))
+                dropped.update(("task", r["id"]) for r in group.get("tasks") or [] if isinstance(r, dict) and isinstance(r.get("id"), str))
+            for kind, key in dropped:
+                if kind == "task":
+                    self._tasks.pop(key, None)
+            self._forgotten.update(dropped)
+            self.deliveries[:] = [d for d in self.deliveries if _key(d.event, d.body) not in dropped]
 
     def result(self, task_id: str) -> Optional[JSON]:
         """A task's result if its callback came, else None."""
@@ -236,11 +257,15 @@ class CallbackReceiver:
         if not handled:
             return 500, b'{"error":"the handler failed; deliver again"}'
         with self._lock:
+            key = _key(event, body)
+            if key in self._forgotten:
+                # A member's delivery that came after its group was forgotten: acknowledged, not kept.
+                return 200, b'{"ok":true}'
             self.deliveries.append(delivery)
-            if event.startswith("group.") and isinstance(body.get("group_id"), str):
-                self._groups[body["group_id"]] = body
-            elif isinstance(body.get("id"), str):
-                self._tasks[body["id"]] = body
+            if key[0] == "group":
+                self._groups[key[1]] = body
+            elif key[0] == "task":
+                self._tasks[key[1]] = body
             self._lock.notify_all()
             for get, loop, future in list(self._async_waiters):
                 value = get()
@@ -328,6 +353,13 @@ class CallbackReceiver:
                 pass
 
         return Handler
+
+
+def _key(event: str, body: JSON) -> Tuple[str, str]:
+    """What a delivery is about: ("group", group id), ("task", task id), or ("", "") for neither."""
+    if event.startswith("group."):
+        return ("group", body["group_id"]) if isinstance(body.get("group_id"), str) else ("", "")
+    return ("task", body["id"]) if isinstance(body.get("id"), str) else ("", "")
 
 
 def _settle(future: "asyncio.Future[Any]", value: Any) -> None:
