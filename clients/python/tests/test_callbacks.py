@@ -216,6 +216,33 @@ class ReceiverTest(unittest.TestCase):
             delivered = wait_for(lambda: self.client.get(tid)["callback"]["state"] == "delivered", 10)
             self.assertTrue(delivered, "the task's callback is not marked delivered")
 
+    def test_concurrent_deliveries_whose_handler_fails_at_first_are_each_handled_once(self):
+        """A group of 6 delivering at once (6 task callbacks and the group's) to a handler that fails
+        the first time it sees each delivery: rollgate sends each again, and every delivery is
+        handled to the end exactly once, none lost."""
+        lock = threading.Lock()
+        attempts: dict = {}
+        done: list = []
+
+        def handler(delivery: rollgate.Delivery) -> None:
+            with lock:
+                attempts[delivery.delivery_id] = attempts.get(delivery.delivery_id, 0) + 1
+                if attempts[delivery.delivery_id] == 1:
+                    raise RuntimeError("not yet")
+                done.append(delivery.delivery_id)
+
+        with rollgate.CallbackReceiver(uid("secret"), on_delivery=handler) as inbox:
+            group = self.client.submit_group(answer_task(callback=inbox.callback), n=6)
+            results = inbox.wait_group(group["group_id"], timeout=120)
+            self.assertEqual([r["id"] for r in results], [t["id"] for t in group["tasks"]])
+            for t in group["tasks"]:
+                inbox.wait(t["id"], timeout=60)
+            self.assertEqual(len(done), 7)
+            self.assertEqual(len(set(done)), 7)
+            self.assertEqual(sorted(attempts.values()), [2] * 7)
+            self.assertEqual(sorted(d.delivery_id for d in inbox.deliveries), sorted(done))
+            self.assertTrue(wait_for(lambda: all(self.client.get(t["id"])["callback"]["state"] == "delivered" for t in group["tasks"]), 20))
+
     def test_async_waits(self):
         async def run():
             async with rollgate.CallbackReceiver(uid("secret")) as inbox:
