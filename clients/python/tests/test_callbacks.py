@@ -31,6 +31,13 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
             self.assertEqual(post_raw(inbox.url, body, {**headers, "x-rollgate-signature": rollgate.sign(body, "s3cret")}), 200)
             self.assertEqual(inbox.wait("t-forged", timeout=1)["reward"], 1)
             self.assertEqual(post_raw(inbox.url, b"not json", {**headers, "x-rollgate-delivery": "d-2", "x-rollgate-signature": rollgate.sign(b"not json", "s3cret")}), 400)
+            # X-Rollgate-Event is not signed: a task's genuine body relabelled as its group's
+            # callback does not stand in for the group (whose wait would return no members).
+            member = json.dumps({"id": "g-x-0", "group_id": "g-x", "status": "completed", "reward": 1}).encode()
+            relabelled = {"x-rollgate-event": "group.completed", "x-rollgate-delivery": "d-3", "x-rollgate-signature": rollgate.sign(member, "s3cret")}
+            self.assertEqual(post_raw(inbox.url, member, relabelled), 400)
+            with self.assertRaises(rollgate.RollgateError):
+                inbox.wait_group("g-x", timeout=0.1)
         with self.assertRaises(ValueError):
             rollgate.CallbackReceiver("")
 

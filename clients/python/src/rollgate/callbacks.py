@@ -228,6 +228,10 @@ class CallbackReceiver:
             return 400, b'{"error":"body is not JSON"}'
         if not isinstance(body, dict):
             return 400, b'{"error":"body is not a JSON object"}'
+        if _key(event, body) == ("", "") and (event.startswith("group.") or event.startswith("task.")):
+            # X-Rollgate-Event is not signed: a task's signed body relabelled as a group's (or the
+            # reverse) must not stand in for that group's results.
+            return 400, b'{"error":"the body is not what X-Rollgate-Event says"}'
         with self._lock:
             # A retry that comes while the same delivery is still being handled (rollgate gave up
             # waiting for a slow handler) waits for that one: handled once, or again if it failed.
@@ -358,8 +362,8 @@ class CallbackReceiver:
 def _key(event: str, body: JSON) -> Tuple[str, str]:
     """What a delivery is about: ("group", group id), ("task", task id), or ("", "") for neither."""
     if event.startswith("group."):
-        return ("group", body["group_id"]) if isinstance(body.get("group_id"), str) else ("", "")
-    return ("task", body["id"]) if isinstance(body.get("id"), str) else ("", "")
+        return ("group", body["group_id"]) if isinstance(body.get("group_id"), str) and isinstance(body.get("tasks"), list) else ("", "")
+    return ("task", body["id"]) if isinstance(body.get("id"), str) and isinstance(body.get("status"), str) else ("", "")
 
 
 def _settle(future: "asyncio.Future[Any]", value: Any) -> None:
