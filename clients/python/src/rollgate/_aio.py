@@ -90,6 +90,15 @@ class _PlainConnection:
         return out
 
     def close(self) -> None:
+        # Unregistered first: a read cancelled a moment ago unregisters its fd later, and by then the
+        # number may belong to a new connection.
+        fd = self._sock.fileno()
+        if fd >= 0:
+            for remove in (self._loop.remove_reader, self._loop.remove_writer):
+                try:
+                    remove(fd)
+                except (NotImplementedError, ValueError, OSError):  # proactor loops keep no fd registrations
+                    pass
         self._sock.close()
 
 
