@@ -23,9 +23,11 @@ step's weight version, 1 otherwise, 2 when rollgate is not installed or not reac
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -89,7 +91,11 @@ def main(argv: Any = None) -> int:
         return 2
     with open(os.path.join(HERE, "agent.py"), encoding="utf-8") as f:
         agent_source = f.read()
-    checkpoints = args.checkpoints or tempfile.mkdtemp(prefix="rollgate-train-loop-")
+    checkpoints = args.checkpoints
+    if not checkpoints:
+        checkpoints = tempfile.mkdtemp(prefix="rollgate-train-loop-")
+        # Stand-in checkpoints only the engines read while loading: gone with the run.
+        atexit.register(shutil.rmtree, checkpoints, True)
     prompts = PROMPTS[: max(1, min(args.prompts, len(PROMPTS)))]
     run = secrets.token_hex(3)
     version = "run-%s-step-0" % run
