@@ -253,6 +253,15 @@ class CallsTest(unittest.TestCase):
         whole = _api.trajectory("s-1", "per_request", "verl").parse({**answer, "lost_calls": {"count": 0, "first": None}})
         self.assertTrue(whole.whole)
 
+    def test_a_2xx_that_is_not_json_is_not_taken_for_a_result(self):
+        # ROLLGATE_URL pointing at another web server: its 200 page must not come back as the task record.
+        for call in (_api.get("t-1"), _api.submit({"id": "t-1"}), _api.trajectory("s-1", "prefix_merging", "verl")):
+            with self.assertRaises(RollgateError) as wrong:
+                decode(call, 200, {"content-type": "text/html; charset=utf-8"}, b"<html>Sign in</html>")
+            self.assertEqual((wrong.exception.type, wrong.exception.status), ("invalid_response", 200))
+            self.assertIn("text/html", wrong.exception.message)
+        self.assertEqual(decode(_api.logs("t-1"), 200, {"content-type": "text/plain; charset=utf-8"}, b"agent says hi\n"), "agent says hi\n")
+
     def test_numbers_the_gateway_would_change_are_refused_before_sending(self):
         # 2**63 + 5 would come back from the gateway (JavaScript doubles) as 9223372036854775808: a
         # dataset row id in metadata silently pointing at another row.

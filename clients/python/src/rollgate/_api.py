@@ -107,7 +107,7 @@ def cancel(task_id: str) -> Call[JSON]:
 
 
 def logs(task_id: str) -> Call[str]:
-    return Call("GET", "/v1/tasks/%s/logs" % seg(task_id), idempotent=True, parse=lambda v: v or "")
+    return Call("GET", "/v1/tasks/%s/logs" % seg(task_id), idempotent=True, text=True, parse=lambda v: v or "")
 
 
 def trajectory(session_id: str, builder: str, format: str) -> Call[Any]:

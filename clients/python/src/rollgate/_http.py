@@ -39,6 +39,8 @@ class Call(Generic[T]):
     # Seconds for this call instead of the client's default (long admin calls).
     timeout: Optional[float] = None
     parse: Callable[[Any], T] = _identity
+    # The answer is text (the logs), not JSON.
+    text: bool = False
 
     @property
     def label(self) -> str:
@@ -138,6 +140,11 @@ def decode(call: Call[T], status: int, headers: Mapping[str, str], body: bytes) 
         return call.parse(None)
     ctype = headers.get("content-type", "")
     if "json" not in ctype:
+        if not call.text:
+            # Another server at this address (a web app, a proxy's login page) answering 200: not a result.
+            raise RollgateError(
+                "%s answered %s, not JSON: is this a rollgate gateway? %r" % (call.label, ctype or "no content-type", body[:200]), status, "invalid_response", None, call.label
+            )
         return call.parse(body.decode("utf-8", "replace"))
     try:
         value = json.loads(body.decode("utf-8"))
