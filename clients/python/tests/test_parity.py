@@ -22,7 +22,7 @@ from typing import Any, Dict, List
 
 import rollgate
 from rollgate import grpo
-from support import API_KEY, URL, live
+from support import API_KEY, URL, answer_task, live, uid
 
 TOOLS = [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
 LONG = " ".join("word%d" % i for i in range(40))
@@ -172,6 +172,23 @@ class TrainerFormatParityTest(unittest.TestCase):
                     self.assertEqual(sorted(seen), sorted(records))
                     self.assertEqual(set(seen.values()), {1})
 
+
+    def test_a_callbacks_trajectory_is_the_sessions_by_the_tasks_builder(self):
+        """What a task's signed callback carries is what the gateway builds for its session, so a
+        trainer's step from callbacks and one from the session's trainer format agree."""
+        c = self.client
+        with rollgate.CallbackReceiver(uid("secret")) as inbox:
+            for builder in BUILDERS:
+                with self.subTest(builder=builder):
+                    accepted = c.submit(answer_task(callback=inbox.callback, trajectory={"builder": builder}))
+                    result = inbox.wait(accepted["id"], timeout=120)
+                    self.assertEqual(result["status"], "completed")
+                    self.assertEqual(result["trajectory"], c.trajectory(result["session_id"], builder=builder))
+                    [sample] = grpo.step_batch([result], grpo.GroupAdvantages([1.0], "mean", 1.0, 0.0)).samples
+                    [verl] = c.trajectory(result["session_id"], builder=builder, format="verl")
+                    self.assertEqual(sample["input_ids"], verl["prompts"] + verl["responses"])
+                    self.assertEqual(sample["loss_mask"], [0] * len(verl["prompts"]) + verl["response_mask"])
+                    self.assertEqual(sample["old_logprobs"][len(verl["prompts"]) :], verl["rollout_log_probs"])
 
     def test_a_trainer_format_says_the_sessions_lost_calls(self):
         """An engine error mid-session is a lost call: the samples a trainer reads must say the rollout is not whole."""
