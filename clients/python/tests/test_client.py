@@ -249,6 +249,25 @@ class RetryTest(unittest.TestCase):
         self.assertIsNotNone(resumed_after)
         self.assertIn(resumed_after.group(1), expected[:2])
 
+    def test_a_wait_rides_out_a_gateway_that_stops_answering_for_a_while(self):
+        """A gateway restart during a long wait: more polls fail than one call's retries cover, and
+        the wait carries on to the result instead of ending with 'unreachable'."""
+        direct = rollgate.Client(URL, API_KEY)
+        tid = direct.submit(answer_task())["id"]
+        gid = uid("g-py-outage")
+        direct.submit_group(answer_task(), n=2, group_id=gid)
+        with FlakyProxy(URL, drop=6) as proxy:
+            result = rollgate.Client(proxy.url, API_KEY, retries=1, backoff=0.01).wait(tid, timeout=90, poll_interval=0.05)
+        self.assertEqual((result["id"], result["status"]), (tid, "completed"))
+        self.assertGreaterEqual(proxy.dropped, 6)
+        with FlakyProxy(URL, drop=6) as proxy:
+            results = rollgate.Client(proxy.url, API_KEY, retries=1, backoff=0.01).wait_group(gid, timeout=90, poll_interval=0.05)
+        self.assertEqual([r["status"] for r in results], ["completed", "completed"])
+        # Not an outage: a task that does not exist ends the wait at once.
+        with self.assertRaises(rollgate.RollgateError) as missing:
+            direct.wait(uid("t-none"), timeout=30)
+        self.assertEqual(missing.exception.status, 404)
+
     def test_retries_give_up_after_the_limit(self):
         with FlakyProxy(URL, drop=10) as proxy:
             with self.assertRaises(rollgate.RollgateError) as failed:

@@ -275,6 +275,20 @@ class CallsTest(unittest.TestCase):
         ok = _api.submit({"instruction": "x", "metadata": {"row": 2**53 - 1, "neg": -(2**53 - 1), "f": 1e308, "flag": True}})
         self.assertEqual(json.loads(ok.payload())["metadata"]["row"], 2**53 - 1)
 
+    def test_a_waits_outage_has_a_limit_and_only_outages_are_ridden_out(self):
+        down = RollgateError("cannot reach", 0, "unreachable")
+        outage = _api.Outage(grace=10)
+        outage.failed(down, 100.0)
+        outage.failed(RollgateError("busy", 503, "unavailable"), 105.0)
+        self.assertIn("busy", outage.note())
+        with self.assertRaises(RollgateError):
+            outage.failed(down, 110.0)
+        outage.answered()
+        outage.failed(down, 200.0)  # a new outage starts its own count
+        self.assertEqual(outage.note().count("cannot reach"), 1)
+        with self.assertRaises(RollgateError):
+            outage.failed(RollgateError("no such task", 404, "not_found"), 201.0)
+
     def test_error_answers_carry_the_servers_type_message_and_details(self):
         call = Call("POST", "/v1/tasks")
         body = b'{"error":{"type":"invalid_request","message":"agent: Required","details":[{"path":"agent"}]}}'

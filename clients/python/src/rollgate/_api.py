@@ -7,7 +7,8 @@ import re
 import uuid
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ._http import Call, seg
+from ._http import RETRYABLE_STATUSES, Call, seg
+from .errors import RollgateError
 from .trainer_formats import TrainerSamples
 
 JSON = Dict[str, Any]
@@ -17,6 +18,8 @@ TRAINER_FORMATS = ("rollgate", "verl", "slime", "prime-rl")
 BUILDERS = ("prefix_merging", "per_request", "prefix_tree")
 # Loading weights can take minutes on real engines: the gateway waits for every engine.
 LOAD_TIMEOUT_S = 20 * 60.0
+# A wait's polls ride out a gateway that does not answer (a restart, a deploy) for this long in a row.
+OUTAGE_GRACE_S = 120.0
 
 
 def _task_mapping(task: Any, what: str = "task") -> Mapping[str, Any]:
@@ -175,3 +178,30 @@ def group_results(group_id: str, records: List[JSON]) -> Optional[List[JSON]]:
         return None
     ordered = sorted(records, key=lambda r: member_index(group_id, r["id"]))
     return [r["result"] for r in ordered]
+
+
+class Outage:
+    """A wait's polls through a gateway outage: a poll with no answer (or 502/503/504) after its own
+    retries is not the end of a wait that may last hours (a gateway restart or deploy); polling goes
+    on until the outage lasted ``grace`` seconds in a row, then its last error is raised. Any other
+    error (404, 401, …) is raised at once."""
+
+    def __init__(self, grace: float = OUTAGE_GRACE_S) -> None:
+        self.grace = grace
+        self.since: Optional[float] = None
+        self.last: Optional[RollgateError] = None
+
+    def answered(self) -> None:
+        self.since, self.last = None, None
+
+    def failed(self, err: RollgateError, now: float) -> None:
+        if not (err.unreachable or err.status in RETRYABLE_STATUSES):
+            raise err
+        if self.since is None:
+            self.since = now
+        self.last = err
+        if now - self.since >= self.grace:
+            raise err
+
+    def note(self) -> str:
+        return " (the last poll got no answer: %s)" % self.last.message if self.last is not None else ""
