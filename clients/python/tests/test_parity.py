@@ -190,6 +190,23 @@ class TrainerFormatParityTest(unittest.TestCase):
                     self.assertEqual(sample["loss_mask"], [0] * len(verl["prompts"]) + verl["response_mask"])
                     self.assertEqual(sample["old_logprobs"][len(verl["prompts"]) :], verl["rollout_log_probs"])
 
+    def test_the_members_grpo_leaves_out_are_the_group_summarys_unscored(self):
+        """The group callback's summary (TypeScript) and group_advantages (Python) agree on which
+        members carry no reward, and why."""
+        grader = "import os,sys; t=os.environ.get('ROLLGATE_TASK_ID',''); sys.exit(3) if t.endswith('-1') else print(0.5 if t.endswith('-2') else 1.0)"
+        evaluator = {"kind": "command", "command": ["python3", "-c", grader], "reward": "last_line_float"}
+        with rollgate.CallbackReceiver(uid("secret")) as inbox:
+            group = self.client.submit_group(answer_task(evaluator=evaluator, callback=inbox.callback), n=4)
+            results = inbox.wait_group(group["group_id"], timeout=120)
+            [summary] = [d.body["summary"] for d in inbox.deliveries if d.event == "group.completed"]
+        adv = grpo.group_advantages(results)
+        self.assertEqual(summary["scored"], len(adv.included))
+        self.assertEqual([u["id"] for u in summary["unscored"]], [results[i]["id"] for i in sorted(adv.excluded)])
+        for u in summary["unscored"]:
+            member = [r["id"] for r in results].index(u["id"])
+            self.assertIn("%s: %s" % (u["error"]["kind"], u["error"]["message"]), adv.excluded[member])
+        self.assertEqual([r["reward"] for r in results], [1, None, 0.5, 1])
+
     def test_a_trainer_format_says_the_sessions_lost_calls(self):
         """An engine error mid-session is a lost call: the samples a trainer reads must say the rollout is not whole."""
         c = self.client
