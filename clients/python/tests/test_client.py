@@ -233,6 +233,36 @@ class RetryTest(unittest.TestCase):
         self.assertTrue(failed.exception.unreachable)
         self.assertEqual((proxy.connections, proxy.dropped), (1, 1))
 
+    def test_a_submit_whose_answer_was_lost_runs_once(self):
+        """The gateway took the submit but its answer never came: with an id it is sent again and
+        answered as the same task; without one it is not sent again (one task, not two)."""
+        direct = rollgate.Client(URL, API_KEY)
+        tid = uid("t-py-lost-answer")
+        with FlakyProxy(URL, lose_answers=1) as proxy:
+            accepted = self.client(proxy).submit(answer_task(id=tid))
+        self.assertEqual((accepted["id"], proxy.connections, proxy.lost), (tid, 2, 1))
+        marker = uid("once")
+        with FlakyProxy(URL, lose_answers=1) as proxy:
+            with self.assertRaises(rollgate.RollgateError) as failed:
+                self.client(proxy).submit(answer_task(metadata={"marker": marker}))
+        self.assertTrue(failed.exception.unreachable)
+        self.assertEqual(proxy.connections, 1)
+        made = [t for t in direct.list_tasks(limit=200) if (t.get("task") or {}).get("metadata", {}).get("marker") == marker]
+        self.assertEqual(len(made), 1)
+
+    def test_a_session_created_with_an_id_whose_answer_was_lost_is_not_sent_again(self):
+        """Its token comes only in that answer, and a second create is 409 'exists': sent again, the
+        caller would get a conflict for a session it never saw. It gets 'unreachable' instead."""
+        sid = uid("s-py-lost-answer")
+        with FlakyProxy(URL, lose_answers=1) as proxy:
+            with self.assertRaises(rollgate.RollgateError) as failed:
+                self.client(proxy).create_session(id=sid)
+        self.assertTrue(failed.exception.unreachable, failed.exception)
+        self.assertEqual(proxy.connections, 1)
+        direct = rollgate.Client(URL, API_KEY)
+        self.assertEqual(direct.session(sid)["id"], sid)
+        direct.close_session(sid)
+
     def test_an_event_stream_cut_mid_way_resumes_with_last_event_id(self):
         direct = rollgate.Client(URL, API_KEY)
         tid = direct.submit(answer_task())["id"]

@@ -225,6 +225,7 @@ class CallsTest(unittest.TestCase):
         self.assertTrue(policy.should_retry(_api.submit_batch([{"id": "a"}, {"id": "b"}]), 0, dropped))
         self.assertFalse(policy.should_retry(_api.submit_group({"id": "x"}, 4), 0, dropped))
         self.assertFalse(policy.should_retry(_api.pause("drain", 5), 0, dropped))
+        self.assertFalse(policy.should_retry(_api.create_session({"id": "s-1"}), 0, dropped))
         self.assertFalse(policy.should_retry(_api.set_weights("v2", {"path": "/ckpt"}), 0, dropped))
         self.assertTrue(policy.should_retry(_api.set_weights("v2", None), 0, dropped))
         self.assertTrue(policy.should_retry(_api.get("t"), 0, Failure(transport=False, status=503)))

@@ -124,7 +124,10 @@ def trajectory(session_id: str, builder: str, format: str) -> Call[Any]:
 
 
 def create_session(body: Mapping[str, Any]) -> Call[JSON]:
-    return Call("POST", "/v1/sessions", body=dict(body), has_body=True, idempotent=_has_id(body))
+    # Never sent again, even with an id: the token comes only in this answer, and a second create of
+    # the id is 409 "exists", so a retry after a lost answer would report a conflict for a session
+    # the caller never saw (it gets "unreachable" and can open another).
+    return Call("POST", "/v1/sessions", body=dict(body), has_body=True, idempotent=False)
 
 
 def session(session_id: str) -> Call[JSON]:
