@@ -141,8 +141,10 @@ def main(argv: Any = None) -> int:
             with open(os.path.join(checkpoint, "trainer_state.json"), "w") as f:
                 json.dump({"version": next_version, "samples": len(batch.samples), "trainable_tokens": batch.trainable_tokens}, f)
 
-            client.pause(mode="drain", timeout_s=60)
+            # The pause inside the try: a pause whose answer was lost may still have paused every
+            # engine call, and only resume (harmless when nothing is paused) lets the agents go on.
             try:
+                client.pause(mode="drain", timeout_s=60)
                 loaded = client.set_weights(next_version, load={"path": checkpoint})
             finally:
                 client.resume()

@@ -85,13 +85,15 @@ class FlakyProxy:
     client sees when a load balancer or the gateway dies), and forwards every later one; with
     ``cut_stream_after_events`` the first event stream it forwards is cut after that many events."""
 
-    def __init__(self, target_url: str, drop: int = 0, cut_stream_after_events: Optional[int] = None, lose_answers: int = 0) -> None:
+    def __init__(self, target_url: str, drop: int = 0, cut_stream_after_events: Optional[int] = None, lose_answers: int = 0, lose_answers_to: str = "") -> None:
         parts = urlsplit(target_url)
         self.target = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.drop = drop
         # The first `lose_answers` connections (after any dropped ones) reach the gateway, which acts
         # on them; their answer never reaches the client (reset instead): did it happen or not?
         self.lose_answers = lose_answers
+        # Only requests whose request line starts with this ("POST /admin/inference/pause") lose theirs.
+        self.lose_answers_to = lose_answers_to
         self.lost = 0
         # The first event stream is cut (the connection closed mid-chunk) right after this many events.
         self.cut_after = cut_stream_after_events
@@ -141,7 +143,7 @@ class FlakyProxy:
         upstream = socket.create_connection(self.target)
         upstream.sendall(head)
         with self._lock:
-            lose = self.lost < self.lose_answers
+            lose = self.lost < self.lose_answers and head.decode("latin-1").startswith(self.lose_answers_to)
             if lose:
                 self.lost += 1
         if lose:
