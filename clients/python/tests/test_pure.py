@@ -93,6 +93,21 @@ class AdvantagesTest(unittest.TestCase):
         self.assertIn("member 1 left out: failed: infrastructure", adv.describe())
         self.assertIn("not a finite number", grpo.advantages([1.0, float("nan")]).excluded[1])
 
+    def test_a_rollout_with_lost_calls_is_left_out(self):
+        # A result a trainer assembled from a session (the session API) whose trajectory says a call
+        # was lost: its tokens may be missing, so it is neither scored nor trained on.
+        whole = result("s-0", 1.0, traces=[trace([1], [2], [1], [-0.5], ["v"])])
+        broken = result("s-1", 0.0, traces=[trace([1], [3], [1], [-0.7], ["v"])])
+        broken["trajectory"]["stats"] = {"lost_calls": {"count": 2, "first": {"kind": "engine_rejected", "message": "engine answered 500"}}}
+        third = result("s-2", 0.5, traces=[trace([1], [4], [1], [-0.1], ["v"])])
+        third["trajectory"]["stats"] = {"lost_calls": {"count": 0, "first": None}}
+        adv = grpo.group_advantages([whole, broken, third], method="mean")
+        self.assertEqual(adv.advantages, [0.25, None, -0.25])
+        self.assertIn("lost 2 call(s) to infrastructure (first: engine_rejected: engine answered 500)", adv.excluded[1])
+        batch = grpo.step_batch([whole, broken, third], adv)
+        self.assertEqual([s["task_id"] for s in batch.samples], ["s-0", "s-2"])
+        self.assertIn("not whole", batch.skipped["s-1"])
+
     def test_a_member_whose_grader_failed_can_be_scored_instead_of_left_out(self):
         broke_grader = result("g-1", None, status="failed", error={"kind": "evaluator_error", "message": "no reward file"})
         lost = result("g-2", None, status="failed", error={"kind": "infrastructure", "message": "engine unreachable"})
