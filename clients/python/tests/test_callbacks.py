@@ -166,6 +166,23 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
             inbox.forget("t-other")
             self.assertEqual((inbox.deliveries, inbox.result("t-other")), ([], None))
 
+    def test_ipv6_hosts_listen_and_take_deliveries(self):
+        """An IPv6-only trainer network: host "::1", and "::" (every interface, IPv4 too)."""
+        try:
+            socket.socket(socket.AF_INET6).close()
+        except OSError as err:
+            self.skipTest("this machine has no IPv6 sockets: %s" % err)
+        for host, reach in (("::1", ["::1"]), ("::", ["::1", "127.0.0.1"])):
+            with rollgate.CallbackReceiver("s3cret", host=host) as inbox:
+                port = int(inbox.url.rsplit(":", 1)[1].split("/")[0])
+                self.assertTrue(inbox.url.startswith("http://[::1]:"), inbox.url)
+                for k, address in enumerate(reach):
+                    body = json.dumps({"id": "t-v6-%d" % k, "status": "completed", "reward": 1}).encode()
+                    url = "http://%s:%d/rollouts" % ("[%s]" % address if ":" in address else address, port)
+                    headers = {"x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-v6-%d" % k, "x-rollgate-signature": rollgate.sign(body, "s3cret")}
+                    self.assertEqual(post_raw(url, body, headers), 200)
+                    self.assertEqual(inbox.wait("t-v6-%d" % k, timeout=1)["reward"], 1)
+
     def test_waits_time_out_with_a_rollgate_error(self):
         with rollgate.CallbackReceiver("s") as inbox:
             with self.assertRaises(rollgate.RollgateError) as late:

@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import json
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -98,7 +99,7 @@ class CallbackReceiver:
     def start(self) -> "CallbackReceiver":
         if self._server is not None:
             return self
-        self._server = ThreadingHTTPServer((self._host, self._port), self._handler())
+        self._server = _server_class(self._host)((self._host, self._port), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="rollgate-callbacks", daemon=True)
         self._thread.start()
@@ -357,6 +358,26 @@ class CallbackReceiver:
                 pass
 
         return Handler
+
+
+def _server_class(host: str) -> type:
+    """A threading HTTP server that takes an IPv6 address as its host (http.server's is IPv4 only);
+    "::" takes IPv4 too where the system allows, as "0.0.0.0" is the IPv4 way of saying every
+    interface. Host names stay IPv4, as before ("localhost" is 127.0.0.1)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    class Server(ThreadingHTTPServer):
+        address_family = family
+
+        def server_bind(self) -> None:
+            if family == socket.AF_INET6 and host == "::" and hasattr(socket, "IPV6_V6ONLY"):
+                try:
+                    self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                except OSError:
+                    pass
+            super().server_bind()
+
+    return Server
 
 
 def _key(event: str, body: JSON) -> Tuple[str, str]:
