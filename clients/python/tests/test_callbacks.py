@@ -183,6 +183,24 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
                     self.assertEqual(post_raw(url, body, headers), 200)
                     self.assertEqual(inbox.wait("t-v6-%d" % k, timeout=1)["reward"], 1)
 
+    def test_a_body_cut_short_is_neither_answered_nor_counted_as_forged(self):
+        """The sender went away mid-body (a worker killed while delivering): nothing is taken, no
+        answer is due, and it is not a bad signature (rollgate sends the delivery again)."""
+        with rollgate.CallbackReceiver("s3cret") as inbox:
+            host, port = inbox.url.split("/")[2].rsplit(":", 1)
+            body = json.dumps({"id": "t-cut", "status": "completed", "reward": 1}).encode()
+            head = "POST /rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nX-Rollgate-Delivery: d-cut\r\nX-Rollgate-Signature: %s\r\n\r\n" % (len(body), rollgate.sign(body, "s3cret"))
+            chunked = "POST /rollouts HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nX-Rollgate-Signature: %s\r\n\r\n%x\r\n" % (rollgate.sign(body, "s3cret"), len(body))
+            for request in (head.encode() + body[:10], chunked.encode() + body[:10]):
+                with socket.create_connection((host, int(port)), timeout=30) as sock:
+                    sock.sendall(request)
+                    sock.shutdown(socket.SHUT_WR)
+                    self.assertEqual(sock.recv(65536), b"")
+            self.assertEqual((inbox.rejected, inbox.deliveries, inbox.result("t-cut")), (0, [], None))
+            # The whole delivery, sent again, is taken.
+            self.assertEqual(post_raw(inbox.url, body, {"x-rollgate-delivery": "d-cut", "x-rollgate-signature": rollgate.sign(body, "s3cret")}), 200)
+            self.assertEqual(inbox.result("t-cut")["reward"], 1)
+
     def test_waits_time_out_with_a_rollgate_error(self):
         with rollgate.CallbackReceiver("s") as inbox:
             with self.assertRaises(rollgate.RollgateError) as late:

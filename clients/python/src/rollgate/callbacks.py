@@ -302,8 +302,8 @@ class CallbackReceiver:
 
             def _body(self) -> Optional[bytes]:
                 """The request body, whole: by Content-Length, or in chunks (a proxy on the way may
-                re-frame it so). None when it was refused: then the answer is sent and the
-                connection ends, since what is left of the body must not be read as a request."""
+                re-frame it so). None when it was refused (the answer is sent and the connection
+                ends: what is left of the body must not be read as a request) or cut short."""
                 coding = (self.headers.get("transfer-encoding") or "").strip().lower()
                 if coding:
                     if coding != "chunked":
@@ -314,7 +314,16 @@ class CallbackReceiver:
                     return self._refuse(400, b'{"error":"bad content-length"}')
                 if int(text) > MAX_BODY:
                     return self._refuse(413, b'{"error":"body over the receiver\'s limit"}')
-                return self.rfile.read(int(text))
+                return self._exactly(int(text))
+
+            def _exactly(self, n: int) -> Optional[bytes]:
+                """n bytes of the body; None when the sender went away first (no one to answer, and
+                a cut body is not a forgery to count: rollgate sends the delivery again)."""
+                data = self.rfile.read(n)
+                if len(data) < n:
+                    self.close_connection = True
+                    return None
+                return data
 
             def _chunked(self) -> Optional[bytes]:
                 parts: List[bytes] = []
@@ -329,7 +338,10 @@ class CallbackReceiver:
                         return self._refuse(413, b'{"error":"body over the receiver\'s limit"}')
                     if n == 0:
                         break
-                    parts.append(self.rfile.read(n))
+                    part = self._exactly(n)
+                    if part is None:
+                        return None
+                    parts.append(part)
                     if self.rfile.read(2) != b"\r\n":
                         return self._refuse(400, b'{"error":"bad chunk"}')
                 # Trailers, then the empty line that ends the body.
