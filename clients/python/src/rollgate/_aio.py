@@ -1,4 +1,5 @@
-"""The asyncio transport: a small HTTP/1.1 client on ``asyncio.open_connection``.
+"""The asyncio transport: a small HTTP/1.1 client on the loop's socket calls (plain HTTP) or
+asyncio streams (HTTPS).
 
 Why not the blocking transport in a thread pool: event streams and long waits would each hold a
 pool thread for minutes, a cancelled coroutine could not stop its thread's blocking read, and a
