@@ -23,9 +23,11 @@ step's weight version, 1 otherwise, 2 when rollgate is not installed or not reac
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -89,7 +91,11 @@ def main(argv: Any = None) -> int:
         return 2
     with open(os.path.join(HERE, "agent.py"), encoding="utf-8") as f:
         agent_source = f.read()
-    checkpoints = args.checkpoints or tempfile.mkdtemp(prefix="rollgate-train-loop-")
+    checkpoints = args.checkpoints
+    if not checkpoints:
+        checkpoints = tempfile.mkdtemp(prefix="rollgate-train-loop-")
+        # Stand-in checkpoints only the engines read while loading: gone with the run.
+        atexit.register(shutil.rmtree, checkpoints, True)
     prompts = PROMPTS[: max(1, min(args.prompts, len(PROMPTS)))]
     run = secrets.token_hex(3)
     version = "run-%s-step-0" % run
@@ -108,6 +114,8 @@ def main(argv: Any = None) -> int:
                 results = inbox.wait_group(group["group_id"], timeout=args.timeout)
                 adv = grpo.group_advantages(results)
                 batch.extend(grpo.step_batch(results, adv))
+                # The inbox keeps every result it received until told: one receiver for a long run would hold every trajectory.
+                inbox.forget(group["group_id"])
                 rewards = [r.get("reward") if r else None for r in results]
                 say("  %-16s rewards %s → advantages %s%s" % ("/".join(prompt["words"]), fmt(rewards), fmt(adv.advantages, signed=True), "  (%s)" % "; ".join(adv.excluded.values()) if adv.excluded else ""))
                 step_info["groups"].append({"group_id": group["group_id"], "rewards": rewards, "advantages": adv.advantages, "excluded": adv.excluded})
@@ -133,8 +141,10 @@ def main(argv: Any = None) -> int:
             with open(os.path.join(checkpoint, "trainer_state.json"), "w") as f:
                 json.dump({"version": next_version, "samples": len(batch.samples), "trainable_tokens": batch.trainable_tokens}, f)
 
-            client.pause(mode="drain", timeout_s=60)
+            # The pause inside the try: a pause whose answer was lost may still have paused every
+            # engine call, and only resume (harmless when nothing is paused) lets the agents go on.
             try:
+                client.pause(mode="drain", timeout_s=60)
                 loaded = client.set_weights(next_version, load={"path": checkpoint})
             finally:
                 client.resume()

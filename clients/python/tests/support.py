@@ -85,10 +85,16 @@ class FlakyProxy:
     client sees when a load balancer or the gateway dies), and forwards every later one; with
     ``cut_stream_after_events`` the first event stream it forwards is cut after that many events."""
 
-    def __init__(self, target_url: str, drop: int = 0, cut_stream_after_events: Optional[int] = None) -> None:
+    def __init__(self, target_url: str, drop: int = 0, cut_stream_after_events: Optional[int] = None, lose_answers: int = 0, lose_answers_to: str = "") -> None:
         parts = urlsplit(target_url)
         self.target = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.drop = drop
+        # The first `lose_answers` connections (after any dropped ones) reach the gateway, which acts
+        # on them; their answer never reaches the client (reset instead): did it happen or not?
+        self.lose_answers = lose_answers
+        # Only requests whose request line starts with this ("POST /admin/inference/pause") lose theirs.
+        self.lose_answers_to = lose_answers_to
+        self.lost = 0
         # The first event stream is cut (the connection closed mid-chunk) right after this many events.
         self.cut_after = cut_stream_after_events
         self.connections = 0
@@ -136,6 +142,13 @@ class FlakyProxy:
             return
         upstream = socket.create_connection(self.target)
         upstream.sendall(head)
+        with self._lock:
+            lose = self.lost < self.lose_answers and head.decode("latin-1").startswith(self.lose_answers_to)
+            if lose:
+                self.lost += 1
+        if lose:
+            self._forward_then_reset(client, upstream, head)
+            return
 
         def pump(src: socket.socket, dst: socket.socket, cut_after: Optional[int] = None) -> None:
             seen = b""
@@ -169,6 +182,25 @@ class FlakyProxy:
         back.join(timeout=120)
         upstream.close()
         client.close()
+
+
+    def _forward_then_reset(self, client: socket.socket, upstream: socket.socket, head: bytes) -> None:
+        """Sends the whole request on, waits for the gateway's answer to begin, then resets the client."""
+        length = 0
+        for line in head.split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value.strip())
+        sent = len(head.split(b"\r\n\r\n", 1)[1])
+        while sent < length:
+            chunk = client.recv(65536)
+            if not chunk:
+                break
+            upstream.sendall(chunk)
+            sent += len(chunk)
+        upstream.recv(65536)  # the answer has begun: the gateway acted
+        upstream.close()
+        reset(client)
 
 
 def reset(sock: socket.socket) -> None:

@@ -120,6 +120,38 @@ class AsyncClientTest(unittest.TestCase):
         self.assertTrue(errors[0].details)
         self.assertLess(elapsed, 2.0)
 
+    def test_a_body_over_the_limit_gets_the_servers_413_not_unreachable(self):
+        async def scenario():
+            with FlakyProxy(URL) as proxy:
+                try:
+                    await rollgate.AsyncClient(proxy.url, API_KEY, backoff=0.01).submit(answer_task(id=uid("t-py-big"), runtime={"files": {"big.txt": "x" * (16 << 20)}}))
+                except rollgate.RollgateError as err:
+                    return err, proxy.connections
+            return None, proxy.connections
+
+        err, connections = self.run_async(scenario())
+        self.assertIsNotNone(err)
+        self.assertEqual((err.status, err.type, err.request), (413, "payload_too_large", "POST /v1/tasks"))
+        self.assertIn("size limit", err.message)
+        self.assertEqual(connections, 1)
+
+    def test_a_wait_rides_out_a_gateway_that_stops_answering_for_a_while(self):
+        async def scenario():
+            direct = rollgate.AsyncClient(URL, API_KEY)
+            tid = (await direct.submit(answer_task()))["id"]
+            gid = uid("g-py-outage")
+            await direct.submit_group(answer_task(), n=2, group_id=gid)
+            with FlakyProxy(URL, drop=6) as proxy:
+                flaky = rollgate.AsyncClient(proxy.url, API_KEY, retries=1, backoff=0.01)
+                result = await flaky.wait(tid, timeout=90, poll_interval=0.05)
+                proxy.dropped = 0
+                results = await flaky.wait_group(gid, timeout=90, poll_interval=0.05)
+                return tid, result, results
+
+        tid, result, results = self.run_async(scenario())
+        self.assertEqual((result["id"], result["status"]), (tid, "completed"))
+        self.assertEqual([r["status"] for r in results], ["completed", "completed"])
+
     def test_retries_follow_the_same_rules(self):
         async def scenario():
             tid = (await rollgate.AsyncClient(URL, API_KEY).submit(answer_task()))["id"]

@@ -5,7 +5,9 @@ and a handler that fails makes rollgate deliver again."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import socket
 import threading
 import unittest
 
@@ -29,6 +31,13 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
             self.assertEqual(post_raw(inbox.url, body, {**headers, "x-rollgate-signature": rollgate.sign(body, "s3cret")}), 200)
             self.assertEqual(inbox.wait("t-forged", timeout=1)["reward"], 1)
             self.assertEqual(post_raw(inbox.url, b"not json", {**headers, "x-rollgate-delivery": "d-2", "x-rollgate-signature": rollgate.sign(b"not json", "s3cret")}), 400)
+            # X-Rollgate-Event is not signed: a task's genuine body relabelled as its group's
+            # callback does not stand in for the group (whose wait would return no members).
+            member = json.dumps({"id": "g-x-0", "group_id": "g-x", "status": "completed", "reward": 1}).encode()
+            relabelled = {"x-rollgate-event": "group.completed", "x-rollgate-delivery": "d-3", "x-rollgate-signature": rollgate.sign(member, "s3cret")}
+            self.assertEqual(post_raw(inbox.url, member, relabelled), 400)
+            with self.assertRaises(rollgate.RollgateError):
+                inbox.wait_group("g-x", timeout=0.1)
         with self.assertRaises(ValueError):
             rollgate.CallbackReceiver("")
 
@@ -75,6 +84,122 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
             self.assertEqual([post_raw(inbox.url, body, headers) for _ in range(3)], [500, 200, 200])
             self.assertEqual(handled, ["d-f", "d-f"])
             self.assertEqual(len(inbox.deliveries), 1)
+
+    def test_a_delivery_sent_in_chunks_is_taken_whole(self):
+        """A proxy between rollgate and the trainer may forward a callback with chunked transfer
+        coding (no Content-Length): its signature is over the whole body, and so is the check."""
+        with rollgate.CallbackReceiver("s3cret") as inbox:
+            host, port = inbox.url.split("/")[2].rsplit(":", 1)
+            conn = http.client.HTTPConnection(host, int(port), timeout=10)
+            try:
+                for k in range(2):
+                    body = json.dumps({"id": "t-chunked-%d" % k, "status": "completed", "reward": 1}).encode()
+                    headers = {"content-type": "application/json", "x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-c%d" % k, "x-rollgate-signature": rollgate.sign(body, "s3cret")}
+                    # Two requests on one connection: the first one's chunks must not be read as the second.
+                    conn.request("POST", "/rollouts", body=iter([body[:7], body[7:20], body[20:]]), headers=headers, encode_chunked=True)
+                    res = conn.getresponse()
+                    self.assertEqual((res.status, res.read()), (200, b'{"ok":true}'))
+            finally:
+                conn.close()
+            self.assertEqual([inbox.wait("t-chunked-%d" % k, timeout=1)["reward"] for k in range(2)], [1, 1])
+            self.assertEqual(inbox.rejected, 0)
+
+    def test_a_body_refused_unread_ends_its_connection(self):
+        """What follows a body the receiver did not read (over the size limit, a bad length) is
+        never taken as another request on the same connection."""
+        with rollgate.CallbackReceiver("s3cret") as inbox:
+            host, port = inbox.url.split("/")[2].rsplit(":", 1)
+            for length in (str(rollgate.callbacks.MAX_BODY + 1), "-5", "ten", "+5", "\u00b2"):
+                with socket.create_connection((host, int(port)), timeout=10) as sock:
+                    sock.sendall(("POST /rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: %s\r\n\r\n" % length).encode("latin-1") + b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n")
+                    answer = b""
+                    while True:
+                        data = sock.recv(65536)
+                        if not data:
+                            break
+                        answer += data
+                self.assertEqual(answer.count(b"HTTP/1.1 "), 1, answer)
+                self.assertIn(b"Connection: close", answer)
+
+    def test_a_sender_that_stalls_mid_body_is_let_go(self):
+        """A connection that stops sending part-way (a stalled proxy, a slow-loris) is closed after
+        ``read_timeout`` instead of holding its thread, and nothing of it is taken."""
+        with rollgate.CallbackReceiver("s3cret", read_timeout=0.5) as inbox:
+            host, port = inbox.url.split("/")[2].rsplit(":", 1)
+            body = json.dumps({"id": "t-stalled", "status": "completed", "reward": 1}).encode()
+            head = "POST /rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nX-Rollgate-Signature: %s\r\n\r\n" % (len(body), rollgate.sign(body, "s3cret"))
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                sock.sendall(head.encode() + body[:10])
+                self.assertEqual(sock.recv(65536), b"")  # closed by the receiver (the 30 s socket timeout would raise instead)
+            self.assertIsNone(inbox.result("t-stalled"))
+            self.assertEqual(inbox.deliveries, [])
+
+    def test_a_group_forgotten_is_no_longer_held(self):
+        """One receiver for a whole run keeps every result it got; forget() lets a step's go, and a
+        member's callback that comes after its group was forgotten is acknowledged, not kept."""
+        handled = []
+        with rollgate.CallbackReceiver("s3cret", on_delivery=lambda d: handled.append(d.delivery_id)) as inbox:
+            members = [{"id": "g-f-%d" % k, "group_id": "g-f", "status": "completed", "reward": k} for k in range(3)]
+
+            def deliver(event: str, body: dict, delivery_id: str) -> int:
+                raw = json.dumps(body).encode()
+                return post_raw(inbox.url, raw, {"x-rollgate-event": event, "x-rollgate-delivery": delivery_id, "x-rollgate-signature": rollgate.sign(raw, "s3cret")})
+
+            self.assertEqual([deliver("task.completed", m, "d-%d" % k) for k, m in enumerate(members[:2])], [200, 200])
+            self.assertEqual(deliver("group.completed", {"group_id": "g-f", "tasks": members}, "d-g"), 200)
+            other = {"id": "t-other", "status": "completed", "reward": 1}
+            self.assertEqual(deliver("task.completed", other, "d-o"), 200)
+            self.assertEqual([r["reward"] for r in inbox.wait_group("g-f", timeout=1)], [0, 1, 2])
+            self.assertEqual(len(inbox.deliveries), 4)
+
+            inbox.forget("g-f")
+            self.assertEqual([d.delivery_id for d in inbox.deliveries], ["d-o"])
+            self.assertEqual([inbox.result(m["id"]) for m in members], [None, None, None])
+            self.assertEqual(inbox.result("t-other"), other)
+            with self.assertRaises(rollgate.RollgateError):
+                inbox.wait_group("g-f", timeout=0.1)
+            # The third member's own callback, retried after the group's: acknowledged, handled, not kept.
+            self.assertEqual(deliver("task.completed", members[2], "d-2"), 200)
+            self.assertIsNone(inbox.result("g-f-2"))
+            self.assertEqual([d.delivery_id for d in inbox.deliveries], ["d-o"])
+            self.assertEqual(handled, ["d-0", "d-1", "d-g", "d-o", "d-2"])
+            inbox.forget("t-other")
+            self.assertEqual((inbox.deliveries, inbox.result("t-other")), ([], None))
+
+    def test_ipv6_hosts_listen_and_take_deliveries(self):
+        """An IPv6-only trainer network: host "::1", and "::" (every interface, IPv4 too)."""
+        try:
+            socket.socket(socket.AF_INET6).close()
+        except OSError as err:
+            self.skipTest("this machine has no IPv6 sockets: %s" % err)
+        for host, reach in (("::1", ["::1"]), ("::", ["::1", "127.0.0.1"])):
+            with rollgate.CallbackReceiver("s3cret", host=host) as inbox:
+                port = int(inbox.url.rsplit(":", 1)[1].split("/")[0])
+                self.assertTrue(inbox.url.startswith("http://[::1]:"), inbox.url)
+                for k, address in enumerate(reach):
+                    body = json.dumps({"id": "t-v6-%d" % k, "status": "completed", "reward": 1}).encode()
+                    url = "http://%s:%d/rollouts" % ("[%s]" % address if ":" in address else address, port)
+                    headers = {"x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-v6-%d" % k, "x-rollgate-signature": rollgate.sign(body, "s3cret")}
+                    self.assertEqual(post_raw(url, body, headers), 200)
+                    self.assertEqual(inbox.wait("t-v6-%d" % k, timeout=1)["reward"], 1)
+
+    def test_a_body_cut_short_is_neither_answered_nor_counted_as_forged(self):
+        """The sender went away mid-body (a worker killed while delivering): nothing is taken, no
+        answer is due, and it is not a bad signature (rollgate sends the delivery again)."""
+        with rollgate.CallbackReceiver("s3cret") as inbox:
+            host, port = inbox.url.split("/")[2].rsplit(":", 1)
+            body = json.dumps({"id": "t-cut", "status": "completed", "reward": 1}).encode()
+            head = "POST /rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nX-Rollgate-Delivery: d-cut\r\nX-Rollgate-Signature: %s\r\n\r\n" % (len(body), rollgate.sign(body, "s3cret"))
+            chunked = "POST /rollouts HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nX-Rollgate-Signature: %s\r\n\r\n%x\r\n" % (rollgate.sign(body, "s3cret"), len(body))
+            for request in (head.encode() + body[:10], chunked.encode() + body[:10]):
+                with socket.create_connection((host, int(port)), timeout=30) as sock:
+                    sock.sendall(request)
+                    sock.shutdown(socket.SHUT_WR)
+                    self.assertEqual(sock.recv(65536), b"")
+            self.assertEqual((inbox.rejected, inbox.deliveries, inbox.result("t-cut")), (0, [], None))
+            # The whole delivery, sent again, is taken.
+            self.assertEqual(post_raw(inbox.url, body, {"x-rollgate-delivery": "d-cut", "x-rollgate-signature": rollgate.sign(body, "s3cret")}), 200)
+            self.assertEqual(inbox.result("t-cut")["reward"], 1)
 
     def test_waits_time_out_with_a_rollgate_error(self):
         with rollgate.CallbackReceiver("s") as inbox:
@@ -132,6 +257,33 @@ class ReceiverTest(unittest.TestCase):
             self.assertEqual(calls[0], calls[1])
             delivered = wait_for(lambda: self.client.get(tid)["callback"]["state"] == "delivered", 10)
             self.assertTrue(delivered, "the task's callback is not marked delivered")
+
+    def test_concurrent_deliveries_whose_handler_fails_at_first_are_each_handled_once(self):
+        """A group of 6 delivering at once (6 task callbacks and the group's) to a handler that fails
+        the first time it sees each delivery: rollgate sends each again, and every delivery is
+        handled to the end exactly once, none lost."""
+        lock = threading.Lock()
+        attempts: dict = {}
+        done: list = []
+
+        def handler(delivery: rollgate.Delivery) -> None:
+            with lock:
+                attempts[delivery.delivery_id] = attempts.get(delivery.delivery_id, 0) + 1
+                if attempts[delivery.delivery_id] == 1:
+                    raise RuntimeError("not yet")
+                done.append(delivery.delivery_id)
+
+        with rollgate.CallbackReceiver(uid("secret"), on_delivery=handler) as inbox:
+            group = self.client.submit_group(answer_task(callback=inbox.callback), n=6)
+            results = inbox.wait_group(group["group_id"], timeout=120)
+            self.assertEqual([r["id"] for r in results], [t["id"] for t in group["tasks"]])
+            for t in group["tasks"]:
+                inbox.wait(t["id"], timeout=60)
+            self.assertEqual(len(done), 7)
+            self.assertEqual(len(set(done)), 7)
+            self.assertEqual(sorted(attempts.values()), [2] * 7)
+            self.assertEqual(sorted(d.delivery_id for d in inbox.deliveries), sorted(done))
+            self.assertTrue(wait_for(lambda: all(self.client.get(t["id"])["callback"]["state"] == "delivered" for t in group["tasks"]), 20))
 
     def test_async_waits(self):
         async def run():

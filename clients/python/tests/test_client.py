@@ -183,6 +183,18 @@ class ClientTest(unittest.TestCase):
         self.assertTrue(unreachable.exception.unreachable)
         self.assertIn("cannot reach the rollgate gateway", unreachable.exception.message)
 
+    def test_a_body_over_the_limit_gets_the_servers_413_not_unreachable(self):
+        """The gateway answers 413 before reading a big body and closes: the client still reads that answer."""
+        tid = uid("t-py-big")
+        with FlakyProxy(URL) as proxy:
+            with self.assertRaises(rollgate.RollgateError) as big:
+                rollgate.Client(proxy.url, API_KEY, backoff=0.01).submit(answer_task(id=tid, runtime={"files": {"big.txt": "x" * (16 << 20)}}))
+        err = big.exception
+        self.assertEqual((err.status, err.type, err.request), (413, "payload_too_large", "POST /v1/tasks"))
+        self.assertIn("size limit", err.message)
+        # Answered, so not sent again though its id makes it safe to.
+        self.assertEqual(proxy.connections, 1)
+
     @unittest.skipUnless(API_KEY, "the cluster has no ROLLGATE_API_KEY, so no request is refused for a wrong key")
     def test_a_wrong_api_key_is_refused(self):
         with self.assertRaises(rollgate.RollgateError) as refused:
@@ -221,6 +233,36 @@ class RetryTest(unittest.TestCase):
         self.assertTrue(failed.exception.unreachable)
         self.assertEqual((proxy.connections, proxy.dropped), (1, 1))
 
+    def test_a_submit_whose_answer_was_lost_runs_once(self):
+        """The gateway took the submit but its answer never came: with an id it is sent again and
+        answered as the same task; without one it is not sent again (one task, not two)."""
+        direct = rollgate.Client(URL, API_KEY)
+        tid = uid("t-py-lost-answer")
+        with FlakyProxy(URL, lose_answers=1) as proxy:
+            accepted = self.client(proxy).submit(answer_task(id=tid))
+        self.assertEqual((accepted["id"], proxy.connections, proxy.lost), (tid, 2, 1))
+        marker = uid("once")
+        with FlakyProxy(URL, lose_answers=1) as proxy:
+            with self.assertRaises(rollgate.RollgateError) as failed:
+                self.client(proxy).submit(answer_task(metadata={"marker": marker}))
+        self.assertTrue(failed.exception.unreachable)
+        self.assertEqual(proxy.connections, 1)
+        made = [t for t in direct.list_tasks(limit=200) if (t.get("task") or {}).get("metadata", {}).get("marker") == marker]
+        self.assertEqual(len(made), 1)
+
+    def test_a_session_created_with_an_id_whose_answer_was_lost_is_not_sent_again(self):
+        """Its token comes only in that answer, and a second create is 409 'exists': sent again, the
+        caller would get a conflict for a session it never saw. It gets 'unreachable' instead."""
+        sid = uid("s-py-lost-answer")
+        with FlakyProxy(URL, lose_answers=1) as proxy:
+            with self.assertRaises(rollgate.RollgateError) as failed:
+                self.client(proxy).create_session(id=sid)
+        self.assertTrue(failed.exception.unreachable, failed.exception)
+        self.assertEqual(proxy.connections, 1)
+        direct = rollgate.Client(URL, API_KEY)
+        self.assertEqual(direct.session(sid)["id"], sid)
+        direct.close_session(sid)
+
     def test_an_event_stream_cut_mid_way_resumes_with_last_event_id(self):
         direct = rollgate.Client(URL, API_KEY)
         tid = direct.submit(answer_task())["id"]
@@ -236,6 +278,25 @@ class RetryTest(unittest.TestCase):
         resumed_after = re.search(r"Last-Event-ID: (\S+)\r\n", streams[1])
         self.assertIsNotNone(resumed_after)
         self.assertIn(resumed_after.group(1), expected[:2])
+
+    def test_a_wait_rides_out_a_gateway_that_stops_answering_for_a_while(self):
+        """A gateway restart during a long wait: more polls fail than one call's retries cover, and
+        the wait carries on to the result instead of ending with 'unreachable'."""
+        direct = rollgate.Client(URL, API_KEY)
+        tid = direct.submit(answer_task())["id"]
+        gid = uid("g-py-outage")
+        direct.submit_group(answer_task(), n=2, group_id=gid)
+        with FlakyProxy(URL, drop=6) as proxy:
+            result = rollgate.Client(proxy.url, API_KEY, retries=1, backoff=0.01).wait(tid, timeout=90, poll_interval=0.05)
+        self.assertEqual((result["id"], result["status"]), (tid, "completed"))
+        self.assertGreaterEqual(proxy.dropped, 6)
+        with FlakyProxy(URL, drop=6) as proxy:
+            results = rollgate.Client(proxy.url, API_KEY, retries=1, backoff=0.01).wait_group(gid, timeout=90, poll_interval=0.05)
+        self.assertEqual([r["status"] for r in results], ["completed", "completed"])
+        # Not an outage: a task that does not exist ends the wait at once.
+        with self.assertRaises(rollgate.RollgateError) as missing:
+            direct.wait(uid("t-none"), timeout=30)
+        self.assertEqual(missing.exception.status, 404)
 
     def test_retries_give_up_after_the_limit(self):
         with FlakyProxy(URL, drop=10) as proxy:

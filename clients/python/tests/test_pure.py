@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import json
 import math
 import os
 import struct
@@ -91,6 +92,21 @@ class AdvantagesTest(unittest.TestCase):
         self.assertIn("without a reward", adv.excluded[4])
         self.assertIn("member 1 left out: failed: infrastructure", adv.describe())
         self.assertIn("not a finite number", grpo.advantages([1.0, float("nan")]).excluded[1])
+
+    def test_a_rollout_with_lost_calls_is_left_out(self):
+        # A result a trainer assembled from a session (the session API) whose trajectory says a call
+        # was lost: its tokens may be missing, so it is neither scored nor trained on.
+        whole = result("s-0", 1.0, traces=[trace([1], [2], [1], [-0.5], ["v"])])
+        broken = result("s-1", 0.0, traces=[trace([1], [3], [1], [-0.7], ["v"])])
+        broken["trajectory"]["stats"] = {"lost_calls": {"count": 2, "first": {"kind": "engine_rejected", "message": "engine answered 500"}}}
+        third = result("s-2", 0.5, traces=[trace([1], [4], [1], [-0.1], ["v"])])
+        third["trajectory"]["stats"] = {"lost_calls": {"count": 0, "first": None}}
+        adv = grpo.group_advantages([whole, broken, third], method="mean")
+        self.assertEqual(adv.advantages, [0.25, None, -0.25])
+        self.assertIn("lost 2 call(s) to infrastructure (first: engine_rejected: engine answered 500)", adv.excluded[1])
+        batch = grpo.step_batch([whole, broken, third], adv)
+        self.assertEqual([s["task_id"] for s in batch.samples], ["s-0", "s-2"])
+        self.assertIn("not whole", batch.skipped["s-1"])
 
     def test_a_member_whose_grader_failed_can_be_scored_instead_of_left_out(self):
         broke_grader = result("g-1", None, status="failed", error={"kind": "evaluator_error", "message": "no reward file"})
@@ -224,6 +240,7 @@ class CallsTest(unittest.TestCase):
         self.assertTrue(policy.should_retry(_api.submit_batch([{"id": "a"}, {"id": "b"}]), 0, dropped))
         self.assertFalse(policy.should_retry(_api.submit_group({"id": "x"}, 4), 0, dropped))
         self.assertFalse(policy.should_retry(_api.pause("drain", 5), 0, dropped))
+        self.assertFalse(policy.should_retry(_api.create_session({"id": "s-1"}), 0, dropped))
         self.assertFalse(policy.should_retry(_api.set_weights("v2", {"path": "/ckpt"}), 0, dropped))
         self.assertTrue(policy.should_retry(_api.set_weights("v2", None), 0, dropped))
         self.assertTrue(policy.should_retry(_api.get("t"), 0, Failure(transport=False, status=503)))
@@ -241,6 +258,52 @@ class CallsTest(unittest.TestCase):
                 bad()
         with self.assertRaises(ValueError):
             rollgate.Client("ftp://nowhere")
+
+    def test_trainer_samples_keep_the_sessions_lost_calls(self):
+        lost = {"count": 1, "first": {"at": "t", "kind": "engine_rejected", "status": 502, "message": "engine answered 500"}}
+        answer = {"builder": "per_request", "format": "verl", "samples": [{"prompts": [1], "responses": [2]}], "lost_calls": lost}
+        for fmt in ("verl", "slime", "prime-rl"):
+            samples = _api.trajectory("s-1", "per_request", fmt).parse(answer)
+            self.assertEqual(samples, [{"prompts": [1], "responses": [2]}])
+            self.assertEqual((samples.lost_calls, samples.builder, samples.whole), (lost, "per_request", False))
+        whole = _api.trajectory("s-1", "per_request", "verl").parse({**answer, "lost_calls": {"count": 0, "first": None}})
+        self.assertTrue(whole.whole)
+
+    def test_a_2xx_that_is_not_json_is_not_taken_for_a_result(self):
+        # ROLLGATE_URL pointing at another web server: its 200 page must not come back as the task record.
+        for call in (_api.get("t-1"), _api.submit({"id": "t-1"}), _api.trajectory("s-1", "prefix_merging", "verl")):
+            with self.assertRaises(RollgateError) as wrong:
+                decode(call, 200, {"content-type": "text/html; charset=utf-8"}, b"<html>Sign in</html>")
+            self.assertEqual((wrong.exception.type, wrong.exception.status), ("invalid_response", 200))
+            self.assertIn("text/html", wrong.exception.message)
+        self.assertEqual(decode(_api.logs("t-1"), 200, {"content-type": "text/plain; charset=utf-8"}, b"agent says hi\n"), "agent says hi\n")
+
+    def test_numbers_the_gateway_would_change_are_refused_before_sending(self):
+        # 2**63 + 5 would come back from the gateway (JavaScript doubles) as 9223372036854775808: a
+        # dataset row id in metadata silently pointing at another row.
+        with self.assertRaises(ValueError) as big:
+            _api.submit({"instruction": "x", "metadata": {"rows": [7, 2**63 + 5]}})
+        self.assertIn("metadata.rows[1] = 9223372036854775813", str(big.exception))
+        self.assertIn("send it as a string", str(big.exception))
+        for bad in (lambda: _api.submit_group({"metadata": {"score": float("nan")}}, 2), lambda: _api.create_session({"sampling": {"seed": -(2**60)}})):
+            with self.assertRaises(ValueError):
+                bad()
+        ok = _api.submit({"instruction": "x", "metadata": {"row": 2**53 - 1, "neg": -(2**53 - 1), "f": 1e308, "flag": True}})
+        self.assertEqual(json.loads(ok.payload())["metadata"]["row"], 2**53 - 1)
+
+    def test_a_waits_outage_has_a_limit_and_only_outages_are_ridden_out(self):
+        down = RollgateError("cannot reach", 0, "unreachable")
+        outage = _api.Outage(grace=10)
+        outage.failed(down, 100.0)
+        outage.failed(RollgateError("busy", 503, "unavailable"), 105.0)
+        self.assertIn("busy", outage.note())
+        with self.assertRaises(RollgateError):
+            outage.failed(down, 110.0)
+        outage.answered()
+        outage.failed(down, 200.0)  # a new outage starts its own count
+        self.assertEqual(outage.note().count("cannot reach"), 1)
+        with self.assertRaises(RollgateError):
+            outage.failed(RollgateError("no such task", 404, "not_found"), 201.0)
 
     def test_error_answers_carry_the_servers_type_message_and_details(self):
         call = Call("POST", "/v1/tasks")
@@ -260,10 +323,17 @@ class CallsTest(unittest.TestCase):
 
 class PackageTest(unittest.TestCase):
     def test_every_module_is_python_3_9_syntax(self):
-        for name in sorted(os.listdir(PACKAGE_DIR)):
-            if name.endswith(".py"):
-                with open(os.path.join(PACKAGE_DIR, name), encoding="utf-8") as f:
-                    ast.parse(f.read(), filename=name, feature_version=(3, 9))
+        # The package, its build backend, these tests and the examples a trainer copies.
+        here = os.path.dirname(os.path.abspath(__file__))
+        folders = [PACKAGE_DIR, here, os.path.join(here, "..", "_build"), os.path.join(here, "..", "..", "..", "examples", "python")]
+        checked = 0
+        for folder in folders:
+            for name in sorted(os.listdir(folder)):
+                if name.endswith(".py"):
+                    with open(os.path.join(folder, name), encoding="utf-8") as f:
+                        ast.parse(f.read(), filename=os.path.join(folder, name), feature_version=(3, 9))
+                    checked += 1
+        self.assertGreater(checked, 15)
 
     def test_typed_and_exported(self):
         self.assertTrue(os.path.exists(os.path.join(PACKAGE_DIR, "py.typed")))

@@ -19,5 +19,6 @@ from .callbacks import CallbackReceiver, Delivery, sign, verify
 from .client import Client
 from .errors import RollgateError
 from .routing import decode_routed_experts
+from .trainer_formats import TrainerSamples
 
-__all__ = ["AsyncClient", "CallbackReceiver", "Client", "Delivery", "RollgateError", "decode_routed_experts", "grpo", "sign", "verify", "__version__"]
+__all__ = ["AsyncClient", "CallbackReceiver", "Client", "Delivery", "RollgateError", "TrainerSamples", "decode_routed_experts", "grpo", "sign", "verify", "__version__"]

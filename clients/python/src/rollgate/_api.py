@@ -7,7 +7,9 @@ import re
 import uuid
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ._http import Call, seg
+from ._http import RETRYABLE_STATUSES, Call, seg
+from .errors import RollgateError
+from .trainer_formats import TrainerSamples
 
 JSON = Dict[str, Any]
 
@@ -16,6 +18,8 @@ TRAINER_FORMATS = ("rollgate", "verl", "slime", "prime-rl")
 BUILDERS = ("prefix_merging", "per_request", "prefix_tree")
 # Loading weights can take minutes on real engines: the gateway waits for every engine.
 LOAD_TIMEOUT_S = 20 * 60.0
+# A wait's polls ride out a gateway that does not answer (a restart, a deploy) for this long in a row.
+OUTAGE_GRACE_S = 120.0
 
 
 def _task_mapping(task: Any, what: str = "task") -> Mapping[str, Any]:
@@ -106,7 +110,7 @@ def cancel(task_id: str) -> Call[JSON]:
 
 
 def logs(task_id: str) -> Call[str]:
-    return Call("GET", "/v1/tasks/%s/logs" % seg(task_id), idempotent=True, parse=lambda v: v or "")
+    return Call("GET", "/v1/tasks/%s/logs" % seg(task_id), idempotent=True, text=True, parse=lambda v: v or "")
 
 
 def trajectory(session_id: str, builder: str, format: str) -> Call[Any]:
@@ -114,12 +118,16 @@ def trajectory(session_id: str, builder: str, format: str) -> Call[Any]:
         raise ValueError("builder must be one of %s, got %r" % (", ".join(BUILDERS), builder))
     if format not in TRAINER_FORMATS:
         raise ValueError("format must be one of %s, got %r" % (", ".join(TRAINER_FORMATS), format))
-    parse = (lambda v: v) if format == "rollgate" else (lambda v: v["samples"])
+    # A trainer format's samples keep the answer's lost_calls: a rollout with any is not whole.
+    parse = (lambda v: v) if format == "rollgate" else TrainerSamples.from_answer
     return Call("GET", "/v1/sessions/%s/trajectory" % seg(session_id), query={"builder": builder, "format": format}, idempotent=True, parse=parse)
 
 
 def create_session(body: Mapping[str, Any]) -> Call[JSON]:
-    return Call("POST", "/v1/sessions", body=dict(body), has_body=True, idempotent=_has_id(body))
+    # Never sent again, even with an id: the token comes only in this answer, and a second create of
+    # the id is 409 "exists", so a retry after a lost answer would report a conflict for a session
+    # the caller never saw (it gets "unreachable" and can open another).
+    return Call("POST", "/v1/sessions", body=dict(body), has_body=True, idempotent=False)
 
 
 def session(session_id: str) -> Call[JSON]:
@@ -173,3 +181,30 @@ def group_results(group_id: str, records: List[JSON]) -> Optional[List[JSON]]:
         return None
     ordered = sorted(records, key=lambda r: member_index(group_id, r["id"]))
     return [r["result"] for r in ordered]
+
+
+class Outage:
+    """A wait's polls through a gateway outage: a poll with no answer (or 502/503/504) after its own
+    retries is not the end of a wait that may last hours (a gateway restart or deploy); polling goes
+    on until the outage lasted ``grace`` seconds in a row, then its last error is raised. Any other
+    error (404, 401, …) is raised at once."""
+
+    def __init__(self, grace: float = OUTAGE_GRACE_S) -> None:
+        self.grace = grace
+        self.since: Optional[float] = None
+        self.last: Optional[RollgateError] = None
+
+    def answered(self) -> None:
+        self.since, self.last = None, None
+
+    def failed(self, err: RollgateError, now: float) -> None:
+        if not (err.unreachable or err.status in RETRYABLE_STATUSES):
+            raise err
+        if self.since is None:
+            self.since = now
+        self.last = err
+        if now - self.since >= self.grace:
+            raise err
+
+    def note(self) -> str:
+        return " (the last poll got no answer: %s)" % self.last.message if self.last is not None else ""

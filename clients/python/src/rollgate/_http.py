@@ -4,6 +4,7 @@ RollgateError, and when a failed call may be sent again. No I/O here."""
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Generic, Mapping, Optional, Tuple, TypeVar
@@ -38,6 +39,8 @@ class Call(Generic[T]):
     # Seconds for this call instead of the client's default (long admin calls).
     timeout: Optional[float] = None
     parse: Callable[[Any], T] = _identity
+    # The answer is text (the logs), not JSON.
+    text: bool = False
 
     @property
     def label(self) -> str:
@@ -48,8 +51,46 @@ class Call(Generic[T]):
         q = {k: v for k, v in self.query.items() if v is not None and v != ""}
         return base_path + self.path + ("?" + urlencode(q) if q else "")
 
+    def __post_init__(self) -> None:
+        if self.has_body:
+            # Refused here, before anything is sent, naming the field.
+            check_json_numbers(self.body, "body of %s" % self.label)
+
     def payload(self) -> Optional[bytes]:
-        return json.dumps(self.body, separators=(",", ":")).encode("utf-8") if self.has_body else None
+        return json.dumps(self.body, separators=(",", ":"), allow_nan=False).encode("utf-8") if self.has_body else None
+
+
+# The gateway reads JSON numbers as JavaScript doubles: an integer beyond this comes back changed
+# (2**63 + 5 as 9223372036854775808), and NaN / Infinity are not JSON at all.
+MAX_SAFE_INTEGER = 2**53 - 1
+
+
+def _as_double(value: int) -> str:
+    try:
+        return "%d" % int(float(value))
+    except OverflowError:
+        return "Infinity"
+
+
+def check_json_numbers(value: Any, where: str, path: str = "") -> None:
+    """Raises ValueError naming the first number the gateway would not keep exactly."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, int):
+        if abs(value) > MAX_SAFE_INTEGER:
+            raise ValueError(
+                "%s: %s = %d is an integer beyond +-(2**53 - 1): the gateway reads JSON numbers as doubles and would keep it as %s; send it as a string"
+                % (where, path or "(the value)", value, _as_double(value))
+            )
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("%s: %s = %r is not a JSON number" % (where, path or "(the value)", value))
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            check_json_numbers(v, where, "%s.%s" % (path, k) if path else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_json_numbers(v, where, "%s[%d]" % (path, i))
 
 
 def seg(value: str) -> str:
@@ -99,6 +140,11 @@ def decode(call: Call[T], status: int, headers: Mapping[str, str], body: bytes) 
         return call.parse(None)
     ctype = headers.get("content-type", "")
     if "json" not in ctype:
+        if not call.text:
+            # Another server at this address (a web app, a proxy's login page) answering 200: not a result.
+            raise RollgateError(
+                "%s answered %s, not JSON: is this a rollgate gateway? %r" % (call.label, ctype or "no content-type", body[:200]), status, "invalid_response", None, call.label
+            )
         return call.parse(body.decode("utf-8", "replace"))
     try:
         value = json.loads(body.decode("utf-8"))

@@ -25,7 +25,15 @@ class SyncTransport(TransportBase):
     def _once(self, call: Call[Any]) -> Tuple[int, Dict[str, str], bytes]:
         conn = self.connection(call.timeout if call.timeout is not None else self.timeout)
         try:
-            conn.request(call.method, call.target(self.endpoint.base_path), body=call.payload(), headers=headers_for(call, self.endpoint, self.api_key, self.headers))
+            try:
+                conn.request(call.method, call.target(self.endpoint.base_path), body=call.payload(), headers=headers_for(call, self.endpoint, self.api_key, self.headers))
+            except OSError:
+                # The gateway may answer before the whole body is sent (413 over its size limit, 401)
+                # and close: that answer, not the broken pipe, is what the caller must get.
+                early = _answer_already_sent(conn)
+                if early is None:
+                    raise
+                return early
             res = conn.getresponse()
             body = res.read()
             return res.status, {k.lower(): v for k, v in res.getheaders()}, body
@@ -61,6 +69,17 @@ class SyncTransport(TransportBase):
             conn.close()
             raise
         return Stream(conn, res)
+
+
+def _answer_already_sent(conn: http.client.HTTPConnection) -> Optional[Tuple[int, Dict[str, str], bytes]]:
+    """The answer the server sent before the request was written whole, or None when there is none."""
+    if conn.sock is None:  # never connected (refused, no route): nothing was answered
+        return None
+    try:
+        res = conn.getresponse()
+        return res.status, {k.lower(): v for k, v in res.getheaders()}, res.read()
+    except TRANSPORT_ERRORS:
+        return None
 
 
 class Stream:

@@ -97,27 +97,40 @@ class AsyncClient:
 
     async def wait(self, task_id: str, timeout: Optional[float] = None, poll_interval: float = 1.0) -> JSON:
         deadline = None if timeout is None else time.monotonic() + timeout
+        outage = _api.Outage()
+        status = None
         while True:
-            record = await self.get(task_id)
-            result: Optional[JSON] = record.get("result")
-            if result is not None:
-                return result
+            try:
+                record = await self.get(task_id)
+                outage.answered()
+                result: Optional[JSON] = record.get("result")
+                if result is not None:
+                    return result
+                status = record.get("status")
+            except RollgateError as err:
+                outage.failed(err, time.monotonic())
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                raise RollgateError("task %s is still %s after %s s" % (task_id, record.get("status"), timeout), 0, "timeout")
+                raise RollgateError("task %s is still %s after %s s%s" % (task_id, status, timeout, outage.note()), 0, "timeout")
             await asyncio.sleep(poll_interval if left is None else max(0.0, min(poll_interval, left)))
 
     async def wait_group(self, group_id: str, timeout: Optional[float] = None, poll_interval: float = 1.0) -> List[JSON]:
         deadline = None if timeout is None else time.monotonic() + timeout
+        outage = _api.Outage()
+        records: List[JSON] = []
         while True:
-            records = [r async for r in self.list_tasks(group_id=group_id, page_size=1000)]
-            results = _api.group_results(group_id, records)
-            if results is not None:
-                return results
+            try:
+                records = [r async for r in self.list_tasks(group_id=group_id, page_size=1000)]
+                outage.answered()
+                results = _api.group_results(group_id, records)
+                if results is not None:
+                    return results
+            except RollgateError as err:
+                outage.failed(err, time.monotonic())
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 done = sum(1 for r in records if r.get("result") is not None)
-                raise RollgateError("group %s: %d of %d tasks ended after %s s" % (group_id, done, len(records), timeout), 0, "timeout")
+                raise RollgateError("group %s: %d of %d tasks ended after %s s%s" % (group_id, done, len(records), timeout, outage.note()), 0, "timeout")
             await asyncio.sleep(poll_interval if left is None else max(0.0, min(poll_interval, left)))
 
     # ── events ─────────────────────────────────────────────────────────────────────────────
@@ -222,6 +235,7 @@ class AsyncClient:
     # ── sessions and trajectories ──────────────────────────────────────────────────────────
 
     async def trajectory(self, session_id: str, builder: str = "prefix_merging", format: str = "rollgate") -> Any:
+        """As ``Client.trajectory``: the trajectory, or a trainer format's ``TrainerSamples`` (with the session's ``lost_calls``)."""
         return await self._transport.call(_api.trajectory(session_id, builder, format))
 
     async def create_session(self, **fields: Any) -> JSON:

@@ -6,6 +6,8 @@ import asyncio
 import hashlib
 import hmac
 import json
+import re
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -17,6 +19,9 @@ from .errors import RollgateError
 JSON = Dict[str, Any]
 V = TypeVar("V")
 MAX_BODY = 512 * 1024 * 1024
+# Lengths as HTTP writes them (int() would also take "+5", "1_0", "0x1f" and non-ASCII digits).
+DECIMAL = re.compile(r"[0-9]{1,15}")
+HEX = re.compile(rb"[0-9a-fA-F]{1,15}")
 
 
 def sign(body: bytes, secret: str) -> str:
@@ -54,7 +59,9 @@ class CallbackReceiver:
     that arrives while it still runs, because rollgate stopped waiting after 30 s, waits for it).
 
     ``host="0.0.0.0"`` listens for workers on other hosts; give ``public_url`` when they reach this
-    machine by another address.
+    machine by another address. ``read_timeout`` (seconds) ends a connection that sends nothing for
+    that long (a stalled proxy, a slow-loris), so it does not hold a thread forever; rollgate's own
+    deliveries give up after 30 s and are sent again.
     """
 
     def __init__(
@@ -64,6 +71,7 @@ class CallbackReceiver:
         port: int = 0,
         public_url: Optional[str] = None,
         on_delivery: Optional[Callable[[Delivery], None]] = None,
+        read_timeout: float = 60.0,
     ) -> None:
         if not isinstance(secret, str) or not secret:
             raise ValueError("secret must be a non-empty string (the callback.secret of your tasks)")
@@ -72,6 +80,7 @@ class CallbackReceiver:
         self._port = port
         self._public_url = public_url
         self._on_delivery = on_delivery
+        self._read_timeout = read_timeout
         self._lock = threading.Condition()
         self._seen: Set[str] = set()
         self._handling: Set[str] = set()  # delivery ids whose on_delivery is running
@@ -81,6 +90,7 @@ class CallbackReceiver:
         self.deliveries: List[Delivery] = []
         self.rejected = 0
         self.duplicates = 0
+        self._forgotten: Set[Tuple[str, str]] = set()  # ("task" | "group", id) dropped by forget()
         self._server: Optional[ThreadingHTTPServer] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -89,7 +99,7 @@ class CallbackReceiver:
     def start(self) -> "CallbackReceiver":
         if self._server is not None:
             return self
-        self._server = ThreadingHTTPServer((self._host, self._port), self._handler())
+        self._server = _server_class(self._host)((self._host, self._port), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="rollgate-callbacks", daemon=True)
         self._thread.start()
@@ -131,6 +141,26 @@ class CallbackReceiver:
         return {"url": self.url, "secret": self.secret}
 
     # ── results ────────────────────────────────────────────────────────────────────────────
+
+    def forget(self, task_or_group_id: str) -> None:
+        """Drops what the inbox holds for a task, or for a group: its body, its members' results and
+        the deliveries that carried them. The inbox keeps every result it received until then, so a
+        training loop that uses one receiver for many steps calls it once a group's results are in
+        its batch (else it holds every trajectory of the run). A delivery for a forgotten task or
+        group that comes later (a member's callback retried after the group's came) is acknowledged
+        and not kept, so a wait for what was forgotten times out.
+        """
+        with self._lock:
+            dropped: Set[Tuple[str, str]] = {("task", task_or_group_id)}
+            group = self._groups.pop(task_or_group_id, None)
+            if group is not None:
+                dropped.add(("group", task_or_group_id))
+                dropped.update(("task", r["id"]) for r in group.get("tasks") or [] if isinstance(r, dict) and isinstance(r.get("id"), str))
+            for kind, key in dropped:
+                if kind == "task":
+                    self._tasks.pop(key, None)
+            self._forgotten.update(dropped)
+            self.deliveries[:] = [d for d in self.deliveries if _key(d.event, d.body) not in dropped]
 
     def result(self, task_id: str) -> Optional[JSON]:
         """A task's result if its callback came, else None."""
@@ -199,6 +229,10 @@ class CallbackReceiver:
             return 400, b'{"error":"body is not JSON"}'
         if not isinstance(body, dict):
             return 400, b'{"error":"body is not a JSON object"}'
+        if _key(event, body) == ("", "") and (event.startswith("group.") or event.startswith("task.")):
+            # X-Rollgate-Event is not signed: a task's signed body relabelled as a group's (or the
+            # reverse) must not stand in for that group's results.
+            return 400, b'{"error":"the body is not what X-Rollgate-Event says"}'
         with self._lock:
             # A retry that comes while the same delivery is still being handled (rollgate gave up
             # waiting for a slow handler) waits for that one: handled once, or again if it failed.
@@ -228,11 +262,15 @@ class CallbackReceiver:
         if not handled:
             return 500, b'{"error":"the handler failed; deliver again"}'
         with self._lock:
+            key = _key(event, body)
+            if key in self._forgotten:
+                # A member's delivery that came after its group was forgotten: acknowledged, not kept.
+                return 200, b'{"ok":true}'
             self.deliveries.append(delivery)
-            if event.startswith("group.") and isinstance(body.get("group_id"), str):
-                self._groups[body["group_id"]] = body
-            elif isinstance(body.get("id"), str):
-                self._tasks[body["id"]] = body
+            if key[0] == "group":
+                self._groups[key[1]] = body
+            elif key[0] == "task":
+                self._tasks[key[1]] = body
             self._lock.notify_all()
             for get, loop, future in list(self._async_waiters):
                 value = get()
@@ -246,16 +284,14 @@ class CallbackReceiver:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Per socket operation (http.server sets it on the connection): a read that waits this
+            # long ends the connection instead of holding its thread.
+            timeout = receiver._read_timeout
 
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-                try:
-                    length = int(self.headers.get("content-length") or "0")
-                except ValueError:
-                    length = -1
-                if length < 0 or length > MAX_BODY:
-                    self._reply(413 if length > MAX_BODY else 400, b'{"error":"bad content-length"}')
+                raw = self._body()
+                if raw is None:
                     return
-                raw = self.rfile.read(length)
                 status, answer = receiver._accept(
                     self.headers.get("x-rollgate-event", ""),
                     self.headers.get("x-rollgate-delivery", ""),
@@ -263,6 +299,60 @@ class CallbackReceiver:
                     self.headers.get("x-rollgate-signature"),
                 )
                 self._reply(status, answer)
+
+            def _body(self) -> Optional[bytes]:
+                """The request body, whole: by Content-Length, or in chunks (a proxy on the way may
+                re-frame it so). None when it was refused (the answer is sent and the connection
+                ends: what is left of the body must not be read as a request) or cut short."""
+                coding = (self.headers.get("transfer-encoding") or "").strip().lower()
+                if coding:
+                    if coding != "chunked":
+                        return self._refuse(501, b'{"error":"unsupported transfer-encoding"}')
+                    return self._chunked()
+                text = (self.headers.get("content-length") or "0").strip()
+                if not DECIMAL.fullmatch(text):
+                    return self._refuse(400, b'{"error":"bad content-length"}')
+                if int(text) > MAX_BODY:
+                    return self._refuse(413, b'{"error":"body over the receiver\'s limit"}')
+                return self._exactly(int(text))
+
+            def _exactly(self, n: int) -> Optional[bytes]:
+                """n bytes of the body; None when the sender went away first (no one to answer, and
+                a cut body is not a forgery to count: rollgate sends the delivery again)."""
+                data = self.rfile.read(n)
+                if len(data) < n:
+                    self.close_connection = True
+                    return None
+                return data
+
+            def _chunked(self) -> Optional[bytes]:
+                parts: List[bytes] = []
+                size = 0
+                while True:
+                    digits = self.rfile.readline(1024).split(b";", 1)[0].strip()
+                    if not HEX.fullmatch(digits):
+                        return self._refuse(400, b'{"error":"bad chunk"}')
+                    n = int(digits, 16)
+                    size += n
+                    if size > MAX_BODY:
+                        return self._refuse(413, b'{"error":"body over the receiver\'s limit"}')
+                    if n == 0:
+                        break
+                    part = self._exactly(n)
+                    if part is None:
+                        return None
+                    parts.append(part)
+                    if self.rfile.read(2) != b"\r\n":
+                        return self._refuse(400, b'{"error":"bad chunk"}')
+                # Trailers, then the empty line that ends the body.
+                while self.rfile.readline(8192) not in (b"\r\n", b"\n", b""):
+                    pass
+                return b"".join(parts)
+
+            def _refuse(self, status: int, body: bytes) -> None:
+                self.close_connection = True
+                self._reply(status, body, {"Connection": "close"})
+                return None
 
             def do_GET(self) -> None:  # noqa: N802
                 self._reply(405, b'{"error":"POST callbacks here"}', {"Allow": "POST"})
@@ -280,6 +370,33 @@ class CallbackReceiver:
                 pass
 
         return Handler
+
+
+def _server_class(host: str) -> type:
+    """A threading HTTP server that takes an IPv6 address as its host (http.server's is IPv4 only);
+    "::" takes IPv4 too where the system allows, as "0.0.0.0" is the IPv4 way of saying every
+    interface. Host names stay IPv4, as before ("localhost" is 127.0.0.1)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    class Server(ThreadingHTTPServer):
+        address_family = family
+
+        def server_bind(self) -> None:
+            if family == socket.AF_INET6 and host == "::" and hasattr(socket, "IPV6_V6ONLY"):
+                try:
+                    self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                except OSError:
+                    pass
+            super().server_bind()
+
+    return Server
+
+
+def _key(event: str, body: JSON) -> Tuple[str, str]:
+    """What a delivery is about: ("group", group id), ("task", task id), or ("", "") for neither."""
+    if event.startswith("group."):
+        return ("group", body["group_id"]) if isinstance(body.get("group_id"), str) and isinstance(body.get("tasks"), list) else ("", "")
+    return ("task", body["id"]) if isinstance(body.get("id"), str) and isinstance(body.get("status"), str) else ("", "")
 
 
 def _settle(future: "asyncio.Future[Any]", value: Any) -> None:

@@ -123,30 +123,50 @@ class Client:
         return self._transport.call(_api.logs(task_id))
 
     def wait(self, task_id: str, timeout: Optional[float] = None, poll_interval: float = 1.0) -> JSON:
-        """Polls the task until it ends and returns its result; ``RollgateError`` type ``timeout`` after ``timeout`` s."""
+        """Polls the task until it ends and returns its result; ``RollgateError`` type ``timeout`` after ``timeout`` s.
+
+        A gateway that stops answering (a restart, a deploy: no answer or 502/503/504 after a poll's
+        own retries) is polled through for up to 120 s in a row before its error is raised.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
+        outage = _api.Outage()
+        status = None
         while True:
-            record = self.get(task_id)
-            result: Optional[JSON] = record.get("result")
-            if result is not None:
-                return result
+            try:
+                record = self.get(task_id)
+                outage.answered()
+                result: Optional[JSON] = record.get("result")
+                if result is not None:
+                    return result
+                status = record.get("status")
+            except RollgateError as err:
+                outage.failed(err, time.monotonic())
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                raise RollgateError("task %s is still %s after %s s" % (task_id, record.get("status"), timeout), 0, "timeout")
+                raise RollgateError("task %s is still %s after %s s%s" % (task_id, status, timeout, outage.note()), 0, "timeout")
             time.sleep(poll_interval if left is None else max(0.0, min(poll_interval, left)))
 
     def wait_group(self, group_id: str, timeout: Optional[float] = None, poll_interval: float = 1.0) -> List[JSON]:
-        """Polls a group until every member ended; returns their results in member order (``-0``, ``-1``, …)."""
+        """Polls a group until every member ended; returns their results in member order (``-0``, ``-1``, …).
+
+        Polls through a gateway outage as ``wait`` does.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
+        outage = _api.Outage()
+        records: List[JSON] = []
         while True:
-            records = list(self.list_tasks(group_id=group_id, page_size=1000))
-            results = _api.group_results(group_id, records)
-            if results is not None:
-                return results
+            try:
+                records = list(self.list_tasks(group_id=group_id, page_size=1000))
+                outage.answered()
+                results = _api.group_results(group_id, records)
+                if results is not None:
+                    return results
+            except RollgateError as err:
+                outage.failed(err, time.monotonic())
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 done = sum(1 for r in records if r.get("result") is not None)
-                raise RollgateError("group %s: %d of %d tasks ended after %s s" % (group_id, done, len(records), timeout), 0, "timeout")
+                raise RollgateError("group %s: %d of %d tasks ended after %s s%s" % (group_id, done, len(records), timeout, outage.note()), 0, "timeout")
             time.sleep(poll_interval if left is None else max(0.0, min(poll_interval, left)))
 
     # ── events ─────────────────────────────────────────────────────────────────────────────
@@ -256,7 +276,7 @@ class Client:
     # ── sessions and trajectories ──────────────────────────────────────────────────────────
 
     def trajectory(self, session_id: str, builder: str = "prefix_merging", format: str = "rollgate") -> Any:
-        """A session's trajectory: ``rollgate`` → ``{"builder", "traces", "stats"}``; ``verl`` / ``slime`` / ``prime-rl`` → that trainer's samples (a list, one per trace)."""
+        """A session's trajectory: ``rollgate`` → ``{"builder", "traces", "stats"}``; ``verl`` / ``slime`` / ``prime-rl`` → that trainer's samples (a ``TrainerSamples`` list, one per trace, whose ``lost_calls`` / ``whole`` say whether the rollout is whole)."""
         return self._transport.call(_api.trajectory(session_id, builder, format))
 
     def create_session(self, **fields: Any) -> JSON:

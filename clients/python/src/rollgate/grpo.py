@@ -118,7 +118,20 @@ def member_problem(result: Optional[Mapping[str, Any]]) -> Optional[str]:
         return "%s%s" % (status, detail)
     if result.get("reward") is None:
         return "completed without a reward (no evaluator?)"
+    lost = _lost_calls(result)
+    if lost:
+        # A result put together from a session (the session API): a lost call's tokens may be
+        # missing from the traces, so the rollout is not whole. Tasks never score such a rollout.
+        first = lost.get("first") or {}
+        return "lost %d call(s) to infrastructure (first: %s: %s): the trajectory is not whole" % (lost["count"], first.get("kind"), first.get("message"))
     return None
+
+
+def _lost_calls(result: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+    trajectory = result.get("trajectory")
+    stats = trajectory.get("stats") if isinstance(trajectory, Mapping) else None
+    lost = stats.get("lost_calls") if isinstance(stats, Mapping) else None
+    return lost if isinstance(lost, Mapping) and lost.get("count") else None
 
 
 def _grader_failed(result: Optional[Mapping[str, Any]]) -> bool:
