@@ -227,6 +227,9 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
     return;
   }
   if (cancel) {
+    // Cancelled while its last attempt's worker was gone (dead, or stalled past its job lock):
+    // that attempt's session would stay open, its agent free to write into it.
+    await closeLeftSession(deps, record, "closing the session of a cancelled task's orphaned attempt");
     await finishTask(deps, record, record.attempts, record.session_id, { ...failedOutcome("cancelled", cancel), status: "cancelled" }, null);
     return;
   }
@@ -275,7 +278,21 @@ export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err:
     await queueFollowUps(deps, record.task as AcceptedTask, record.callback);
     return;
   }
+  // Given up after its worker was lost again: that attempt's session was never closed.
+  await closeLeftSession(deps, record, "closing the session of an attempt given up on");
   await finishTask(deps, record, record.attempts, record.session_id, failedOutcome(kind, err.message), null);
+}
+
+/**
+ * Closes the session of a task's last attempt, which that attempt may have left open (its worker
+ * died or stalled before closing it, or died between taking an orphaned attempt back and closing
+ * its session). Earlier attempts' sessions were closed before the next attempt opened its own.
+ * Quiet: a failure is logged; closing a closed session changes nothing.
+ */
+async function closeLeftSession(deps: RolloutDeps, record: TaskRecord, why: string): Promise<void> {
+  const sid = record.session_id;
+  if (!sid) return;
+  await deps.failures.run(deps.log.child({ session_id: sid }), why, () => deps.gateway.closeSession(sid));
 }
 
 interface Attempt {
