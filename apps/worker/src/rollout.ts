@@ -179,7 +179,8 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
   if (!evaluated) return { ...base, ...checked, status: "completed", error: null };
 
   // An agent that exits non-zero is still evaluated (docs/data-model.md#outcomes): its exit code is in agent.exit_code.
-  await deps.tasks.appendEvent(task.id, "evaluating", { agent_exit_code: result.exitCode });
+  // Fenced on this attempt's session: an attempt taken over while it ran writes no event.
+  await deps.tasks.appendAttemptEvent(task.id, r.sessionId, "evaluating", { agent_exit_code: result.exitCode });
   // Nothing the agent left running may write while the evaluator reads (a daemon rewriting reward.json).
   await sandbox.stopLeftovers?.();
   const evalStart = Date.now();
@@ -359,7 +360,7 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
   const flushLogs = async () => {
     if (logs === stored) return;
     const text = logs;
-    await deps.failures.run(deps.log, "storing the agent's output", () => deps.tasks.setLogs(task.id, text));
+    await deps.failures.run(deps.log, "storing the agent's output", () => deps.tasks.setLogs(task.id, text, session.id));
     stored = text;
   };
   const onOutput = (chunk: Buffer) => {
