@@ -8,12 +8,14 @@ import { Redis } from "ioredis";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { TEST_REDIS_URL, startHarness, type Harness } from "./__fixtures__/harness.js";
 
+const RESULT_TTL_S = 3600;
 let h: Harness;
 let redis: Redis;
 let tasks: TaskStore;
 
 beforeAll(async () => {
-  h = await startHarness("task-cancel");
+  // The TTL the workers are given too (not the default): the gateway must keep what it ends as long.
+  h = await startHarness("task-cancel", {}, { ROLLGATE_RESULT_TTL_S: String(RESULT_TTL_S) });
   redis = new Redis(TEST_REDIS_URL);
   tasks = new TaskStore(redis, h.prefix);
 });
@@ -66,5 +68,14 @@ describe("DELETE /v1/tasks/:id of a task no worker runs", () => {
     const res = await fetch(`${h.url}/v1/tasks/never-started`, { method: "DELETE" });
     expect(await res.json()).toEqual({ id: "never-started", status: "cancelled" });
     expect((await tasks.get("never-started"))?.result?.session_id).toBeNull();
+  });
+
+  it("keeps what it ended for the configured ROLLGATE_RESULT_TTL_S, as the workers keep theirs, not a fixed 7 days", async () => {
+    await submit("ttl");
+    expect((await fetch(`${h.url}/v1/tasks/ttl`, { method: "DELETE" })).status).toBe(200);
+    const ttl = await redis.ttl(`${h.prefix}:{t:ttl}:task`);
+    expect(ttl).toBeGreaterThan(0);
+    expect(ttl).toBeLessThanOrEqual(RESULT_TTL_S);
+    expect(await redis.ttl(`${h.prefix}:{t:ttl}:events`)).toBeLessThanOrEqual(RESULT_TTL_S);
   });
 });

@@ -241,7 +241,7 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       if (state !== "active") {
         const task = record.task as AcceptedTask;
         const callback = task.callback ? { state: "pending" as const, delivery_id: randomUUID(), attempts: 0, last_error: null, delivered_at: null } : null;
-        const finished = await ctx.tasks.finish(id, cancelledBeforeStart(task, record.created_at, reason, now, record.attempts), now, 7 * 24 * 3600, callback);
+        const finished = await ctx.tasks.finish(id, cancelledBeforeStart(task, record.created_at, reason, now, record.attempts), now, ctx.env.ROLLGATE_RESULT_TTL_S, callback);
         if (finished) {
           // The last attempt's session may still be open: a worker that died or stalled past its
           // job lock, or an attempt that failed before closing it, left it so, and no worker will
