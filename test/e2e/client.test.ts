@@ -53,15 +53,17 @@ describe("@rollgate/client", () => {
     expect(traj.stats.records).toBe(2);
     for (const format of TRAINER_FORMATS.filter((f) => f !== "rollgate")) {
       const local = await client.getTrajectory(result.session_id!, { format });
-      // The gateway's ?format= gives the same samples.
+      // What the gateway's ?format= answers, envelope and all (as the Python client returns it).
       const res = await fetch(`${cluster.url}/v1/sessions/${result.session_id}/trajectory?format=${format}`, { headers: { authorization: `Bearer ${apiKey}` } });
       const server = (await res.json()) as { format: string; samples: unknown[] };
       expect(server.format).toBe(format);
-      expect(server.samples).toEqual(local);
+      expect(local).toEqual(server);
+      expect(local.lost_calls).toEqual({ count: 0, first: null });
     }
     const verl = await client.getTrajectory(result.session_id!, { format: "verl", builder: "per_request" });
-    expect(verl).toHaveLength(2);
-    expect(verl[0]!.response_mask.every((m) => m === 1)).toBe(true);
+    expect(verl).toMatchObject({ builder: "per_request", format: "verl" });
+    expect(verl.samples).toHaveLength(2);
+    expect(verl.samples[0]!.response_mask.every((m) => m === 1)).toBe(true);
   }, 60_000);
 
   it("a task's trajectory is built by the task's own builder, as its result's is", async () => {

@@ -329,7 +329,7 @@ describe("workers going away", () => {
     }
   }, 400_000);
 
-  it("a worker frozen mid-rollout past its lock, then thawed: its stale attempt's result never replaces the attempt that took the task over", async () => {
+  it("a worker frozen mid-rollout past its lock, then thawed: its stale attempt's result, output and events never replace the attempt that took the task over's", async () => {
     // A worker whose job lock lapsed (its event loop stalled, or Redis was away longer than
     // ROLLGATE_JOB_LOCK_MS) is not dead: BullMQ hands the job to another worker, which closes the
     // first attempt's session mid-rollout, while the first one goes on. Its result (an interrupted
@@ -347,7 +347,7 @@ describe("workers going away", () => {
     const api = apiClient(() => fleet.url);
     try {
       // Each attempt's agent says it started, then waits for the test to let its session go.
-      const agent = 'touch "$MARKS/started-$ROLLGATE_SESSION_ID"; while [ ! -e "$MARKS/go-$ROLLGATE_SESSION_ID" ]; do sleep 0.1; done';
+      const agent = 'touch "$MARKS/started-$ROLLGATE_SESSION_ID"; while [ ! -e "$MARKS/go-$ROLLGATE_SESSION_ID" ]; do sleep 0.1; done; echo "output of $ROLLGATE_SESSION_ID"';
       const id = (await api("/v1/tasks", { body: sleepyTask(0, { agent: { harness: "command", command: ["bash", "-c", agent], env: { MARKS: dir } }, evaluator: { kind: "command", command: ["true"] } }) })).body.id as string;
       const first = await running(api, id);
       const s1 = first.session_id!;
@@ -365,6 +365,8 @@ describe("workers going away", () => {
       const meanwhile = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.result !== null || dropped, 30_000);
       expect(meanwhile.result?.session_id ?? null).toBeNull();
       expect(meanwhile.status).toBe("running");
+      // Nor did its agent's output become the task's (the live attempt's agent has printed nothing yet).
+      expect(String((await api(`/v1/tasks/${id}/logs`)).body ?? "")).not.toContain(`output of ${s1}`);
 
       writeFileSync(path.join(dir, `go-${s2}`), "");
       const r = await terminal(api, id, 30_000);
@@ -372,6 +374,10 @@ describe("workers going away", () => {
       expect(r.result.session_id).toBe(s2);
       expect(r.result.worker).toBe("w-second");
       expect(r.result.attempts).toBe(2);
+      expect(String((await api(`/v1/tasks/${id}/logs`)).body)).toContain(`output of ${s2}`);
+      // One evaluation on record, the live attempt's: the stale attempt's evaluating event was refused.
+      const events = await (await fetch(`${fleet.url}/v1/tasks/${id}/events`)).text();
+      expect(events.match(/^event: evaluating$/gm)).toHaveLength(1);
     } finally {
       frozen.proc.kill("SIGCONT");
       if (second) await stopChild(second.proc, 5_000);

@@ -198,6 +198,35 @@ describe("POST /v1/chat/completions, streaming (vLLM SSE order)", () => {
     expect(toolDeltas.map((d: { function: { arguments?: string } }) => d.function.arguments ?? "").join("")).toBe('{"city": "Paris", "unit": 1.0}');
   });
 
+  it("a call's arguments stream as the model writes them, so a malformed or cut call streams the arguments it has (as vLLM's hermes parser does), not none", async () => {
+    const call = (text: string, extra: Record<string, unknown> = {}) =>
+      post(app, "/v1/chat/completions", rawBody({ stream: true, ...extra }, [{ role: "user", content: `#sim: ${JSON.stringify([{ text }])}` }]));
+    const streamedCall = (body: string) => {
+      const deltas = sseEvents(body)
+        .slice(0, -1)
+        .map((e) => JSON.parse(e) as { choices: { delta: { content?: string; tool_calls?: { index: number; function: { name?: string; arguments?: string } }[] } }[] })
+        .flatMap((c) => c.choices[0]?.delta.tool_calls ?? []);
+      return { name: deltas.map((d) => d.function.name ?? "").join(""), arguments: deltas.map((d) => d.function.arguments ?? "").join(""), pieces: deltas.filter((d) => d.function.arguments).length };
+    };
+    // The call object misses its closing brace: no call when not streamed (vLLM's content fallback),
+    // but streamed the name and the whole arguments value went out already.
+    const malformed = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": 2}\n</tool_call>';
+    const whole = (await post(app, "/v1/chat/completions", rawBody({}, [{ role: "user", content: `#sim: ${JSON.stringify([{ text: malformed }])}` }]))).json();
+    expect(whole.choices[0].message.tool_calls ?? []).toEqual([]);
+    expect(whole.choices[0].message.content).toBe(malformed);
+    const m = streamedCall((await call(malformed)).body);
+    expect(m).toMatchObject({ name: "get_weather", arguments: '{"city": "Paris", "unit": 2}' });
+    // Cut by max_tokens inside the arguments: the arguments written up to the cut.
+    const cut = streamedCall((await call('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris is a city of light", "unit": 2}}\n</tool_call>', { max_tokens: 20 })).body);
+    expect(cut.name).toBe("get_weather");
+    expect(cut.arguments).toMatch(/^\{"city": "Paris is/);
+    expect('{"city": "Paris is a city of light", "unit": 2}'.startsWith(cut.arguments)).toBe(true);
+    // A whole call streams its arguments in pieces that join to the non-streamed arguments.
+    const ok = streamedCall((await call('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": {"scale": [1, 2]}}}\n</tool_call>')).body);
+    expect(ok.arguments).toBe('{"city": "Paris", "unit": {"scale": [1, 2]}}');
+    expect(ok.pieces).toBeGreaterThan(1);
+  });
+
   it("without return_token_ids the swallowed tokens' chunks (and their logprobs) are dropped", async () => {
     const res = await post(app, "/v1/chat/completions", rawBody({ stream: true, logprobs: true }));
     const chunks = sseEvents(res.body).slice(0, -1).map((e) => JSON.parse(e));

@@ -121,6 +121,25 @@ describe("llama3_json as vLLM handles <|python_tag|> and <|eom_id|>", () => {
     expect(llama3Json.snapshot("Hello {", false, [])).toEqual({ content: "Hello {", calls: [] });
   });
 
+  it("an unfinished call streams the arguments that are sure so far (vLLM streams what its partial parse makes of them), so a cut call streams what it had", async () => {
+    // Finished pairs, and a string being written, as the finished call's arguments print them.
+    expect(llama3Json.snapshot('{"name": "a", "parameters": {"cmd": "echo \\"hi', false, []).calls).toEqual([{ name: "a", args: '{"cmd": "echo \\"hi' }]);
+    expect(llama3Json.snapshot('{"name": "a", "parameters": {"n": 1.50, "cmd": "é', false, []).calls).toEqual([{ name: "a", args: '{"n": 1.5, "cmd": "é' }]);
+    // A number not finished yet, or an escape cut in half, waits.
+    expect(llama3Json.snapshot('{"name": "a", "parameters": {"n": 1', false, []).calls).toEqual([{ name: "a", args: "" }]);
+    expect(llama3Json.snapshot('{"name": "a", "parameters": {"cmd": "a\\u00', false, []).calls).toEqual([{ name: "a", args: '{"cmd": "a' }]);
+    // Through the chat route: a call cut by max_tokens, and one missing its closing brace.
+    const streamedArgs = async (text: string, extra: Record<string, unknown> = {}) => {
+      const r = await post(app, "/v1/chat/completions", { messages: [{ role: "user", content: `#sim: ${JSON.stringify([{ text }])}` }], tools: TOOLS, stream: true, ...extra });
+      const chunks = r.body.split("\n\n").filter((l) => l.startsWith("data: {")).map((l) => JSON.parse(l.slice(6)) as { choices: { delta: { tool_calls?: { function: { arguments?: string } }[] } }[] });
+      return chunks.flatMap((c) => c.choices[0]?.delta.tool_calls ?? []).map((d) => d.function.arguments ?? "").join("");
+    };
+    const cut = await streamedArgs('{"name": "get_weather", "parameters": {"city": "Paris is a city of light"}}', { max_tokens: 18 });
+    expect(cut).toMatch(/^\{"city": "Paris/);
+    expect('{"city": "Paris is a city of light"}'.startsWith(cut)).toBe(true);
+    expect(await streamedArgs('{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}')).toBe('{"city": "Paris", "days": 2}');
+  });
+
   it("<|eom_id|> (generation_config's EOS list) stops with stop_reason 128008; <|eot_id|> with stop_reason null", () => {
     const model = getSimState(app).model;
     const ids = model.tok.encode('<|python_tag|>{"name": "a", "parameters": {}}<|eom_id|> more');

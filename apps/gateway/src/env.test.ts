@@ -6,12 +6,18 @@ describe("gateway environment", () => {
     const env = loadGatewayEnv({ ROLLGATE_ENGINES: '[{"kind":"vllm","url":"http://e:8000/"}]' });
     expect(env).toMatchObject({ PORT: 8080, REDIS_URL: "redis://127.0.0.1:6379", ROLLGATE_KEY_PREFIX: "rg", LOG_LEVEL: "info", ROLLGATE_ROUTING: "least_loaded" });
     expect(env.ROLLGATE_ENGINES).toEqual([{ kind: "vllm", url: "http://e:8000", dp_size: 1 }]);
+    // The workers' default too: what the gateway ends itself is kept as long as their results.
+    expect(env.ROLLGATE_RESULT_TTL_S).toBe(7 * 24 * 3600);
+    expect(loadGatewayEnv({ ROLLGATE_ENGINES: '[{"kind":"vllm","url":"http://e:8000/"}]', ROLLGATE_RESULT_TTL_S: "86400" }).ROLLGATE_RESULT_TTL_S).toBe(86_400);
   });
 
   it("stops on a bad value with a message naming every bad variable, never a silent default", () => {
     expect(() => loadGatewayEnv({ PORT: "eighty", ROLLGATE_ENGINES: "[" })).toThrow(/PORT[\s\S]*ROLLGATE_ENGINES: must be a JSON list/);
     expect(() => loadGatewayEnv({ ROLLGATE_ENGINES: '[{"kind":"tgi","url":"http://e"}]' })).toThrow(/ROLLGATE_ENGINES\.0\.kind/);
     expect(() => loadGatewayEnv({})).toThrow(/ROLLGATE_ENGINES/);
+    for (const bad of ["0", "-5", "1.5", "a week"]) {
+      expect(() => loadGatewayEnv({ PORT: "eighty", ROLLGATE_RESULT_TTL_S: bad, ROLLGATE_ENGINES: "[" })).toThrow(/PORT[\s\S]*ROLLGATE_ENGINES[\s\S]*ROLLGATE_RESULT_TTL_S/);
+    }
   });
 });
 

@@ -1,4 +1,4 @@
-import { KeyPrefix, LogLevel, OptionalSecret, Port, RedisUrl, parseEnv } from "@rollgate/config";
+import { KeyPrefix, LogLevel, OptionalSecret, Port, RedisUrl, ResultTtlSeconds, parseEnv } from "@rollgate/config";
 import { resolveProfile } from "@rollgate/models";
 import { z } from "zod";
 
@@ -87,6 +87,8 @@ export const GatewayEnv = z.object({
   ROLLGATE_ROLLOUT_ATTEMPTS: z.coerce.number().int().positive().default(3),
   /** Delay before a rollout's second attempt, doubled for each later one (with jitter). */
   ROLLGATE_ROLLOUT_BACKOFF_MS: z.coerce.number().int().nonnegative().default(2_000),
+  /** How long the record of a task the gateway ends itself (cancelled before it started) is kept: the workers' TTL, set the same. */
+  ROLLGATE_RESULT_TTL_S: ResultTtlSeconds,
   LOG_LEVEL: LogLevel,
 });
 export type GatewayEnv = z.infer<typeof GatewayEnv>;

@@ -29,6 +29,7 @@ Environment:
   ROLLGATE_SESSION_BURST    calls a session may make at once after being idle (default 2 x the rate, at least 1)
   ROLLGATE_ROLLOUT_ATTEMPTS the infrastructure retry budget: attempts per rollout (default 3); a rollout that lost an LLM call is retried within it
   ROLLGATE_ROLLOUT_BACKOFF_MS delay before a rollout's second attempt, doubled after (default 2000)
+  ROLLGATE_RESULT_TTL_S     how long results are kept (default 7 days); set it as the workers' is
   LOG_LEVEL                 fatal|error|warn|info|debug|trace|silent (default info)
 
 Prints "gateway ready: <url>" once listening.`;

@@ -1,4 +1,4 @@
-import { KeyPrefix, LogLevel, OptionalSecret, RedisUrl, parseEnv } from "@rollgate/config";
+import { KeyPrefix, LogLevel, OptionalSecret, RedisUrl, ResultTtlSeconds, parseEnv } from "@rollgate/config";
 import { isEgressRule } from "@rollgate/protocol";
 import { z } from "zod";
 
@@ -59,8 +59,8 @@ export const WorkerEnv = z.object({
    * PATH, its starts cheapest; else a node one); "off" forks them from the worker itself.
    */
   ROLLGATE_SANDBOX_SPAWNER: z.enum(["on", "off"]).default("on"),
-  /** How long task records and results are kept in Redis. */
-  ROLLGATE_RESULT_TTL_S: z.coerce.number().int().positive().default(7 * 24 * 3600),
+  /** How long task records and results are kept in Redis (the gateway's must be the same). */
+  ROLLGATE_RESULT_TTL_S: ResultTtlSeconds,
   ROLLGATE_CALLBACK_ATTEMPTS: z.coerce.number().int().positive().default(12),
   /** On SIGTERM: how long running rollouts may finish before they are cancelled. */
   ROLLGATE_SHUTDOWN_GRACE_S: z.coerce.number().nonnegative().default(30),

@@ -179,7 +179,8 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
   if (!evaluated) return { ...base, ...checked, status: "completed", error: null };
 
   // An agent that exits non-zero is still evaluated (docs/data-model.md#outcomes): its exit code is in agent.exit_code.
-  await deps.tasks.appendEvent(task.id, "evaluating", { agent_exit_code: result.exitCode });
+  // Fenced on this attempt's session: an attempt taken over while it ran writes no event.
+  await deps.tasks.appendAttemptEvent(task.id, r.sessionId, "evaluating", { agent_exit_code: result.exitCode });
   // Nothing the agent left running may write while the evaluator reads (a daemon rewriting reward.json).
   await sandbox.stopLeftovers?.();
   const evalStart = Date.now();
@@ -227,6 +228,9 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
     return;
   }
   if (cancel) {
+    // Cancelled while its last attempt's worker was gone (dead, or stalled past its job lock):
+    // that attempt's session would stay open, its agent free to write into it.
+    await closeLeftSession(deps, record, "closing the session of a cancelled task's orphaned attempt");
     await finishTask(deps, record, record.attempts, record.session_id, { ...failedOutcome("cancelled", cancel), status: "cancelled" }, null);
     return;
   }
@@ -275,7 +279,21 @@ export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err:
     await queueFollowUps(deps, record.task as AcceptedTask, record.callback);
     return;
   }
+  // Given up after its worker was lost again: that attempt's session was never closed.
+  await closeLeftSession(deps, record, "closing the session of an attempt given up on");
   await finishTask(deps, record, record.attempts, record.session_id, failedOutcome(kind, err.message), null);
+}
+
+/**
+ * Closes the session of a task's last attempt, which that attempt may have left open (its worker
+ * died or stalled before closing it, or died between taking an orphaned attempt back and closing
+ * its session). Earlier attempts' sessions were closed before the next attempt opened its own.
+ * Quiet: a failure is logged; closing a closed session changes nothing.
+ */
+async function closeLeftSession(deps: RolloutDeps, record: TaskRecord, why: string): Promise<void> {
+  const sid = record.session_id;
+  if (!sid) return;
+  await deps.failures.run(deps.log.child({ session_id: sid }), why, () => deps.gateway.closeSession(sid));
 }
 
 interface Attempt {
@@ -342,7 +360,7 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
   const flushLogs = async () => {
     if (logs === stored) return;
     const text = logs;
-    await deps.failures.run(deps.log, "storing the agent's output", () => deps.tasks.setLogs(task.id, text));
+    await deps.failures.run(deps.log, "storing the agent's output", () => deps.tasks.setLogs(task.id, text, session.id));
     stored = text;
   };
   const onOutput = (chunk: Buffer) => {

@@ -134,6 +134,7 @@ class StepBatchTest(unittest.TestCase):
                 "task_id": "g-0",
                 "member": 0,
                 "trace": 0,
+                "kind": "main",
                 "prompt_length": 2,
                 "input_ids": [10, 11, 20, 21, 22],
                 "loss_mask": [0, 0, 1, 0, 1],
@@ -151,6 +152,14 @@ class StepBatchTest(unittest.TestCase):
         for sample in batch.samples:
             n = len(sample["input_ids"])
             self.assertTrue(all(len(sample[k]) == n for k in ("loss_mask", "old_logprobs", "advantages", "weight_versions")))
+
+    def test_each_sample_says_its_trace_kind(self):
+        sub = dict(trace([5], [6], [1], [-0.2], ["v1"]), kind="sub_agent", parent={"trace": 0, "record_id": "r-1", "tool_call_id": "c-1"})
+        side = dict(trace([7], [8], [1], [-0.3], ["v1"]), kind="side_request", parent=None)
+        results = [result("k-0", 1.0, traces=[dict(trace([1], [2], [1], [-0.1], ["v1"]), kind="main"), sub, side]), result("k-1", 0.0, traces=[trace([1], [3], [1], [-0.1], ["v1"])])]
+        batch = grpo.step_batch(results, grpo.group_advantages(results))
+        self.assertEqual(batch.column("kind"), ["main", "sub_agent", "side_request", "main"])
+        self.assertEqual([(s["task_id"], s["trace"]) for s in batch.samples], [("k-0", 0), ("k-0", 1), ("k-0", 2), ("k-1", 0)])
 
     def test_members_without_a_result_in_two_groups_are_both_said_skipped(self):
         def group(gid):

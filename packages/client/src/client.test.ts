@@ -136,6 +136,18 @@ describe("RollgateClient against a fake gateway", () => {
     expect((f.calls[1]!.init.headers as Record<string, string>)["last-event-id"]).toBe("1-0");
   });
 
+  it("answers a trainer format as the route does: {builder, format, samples, lost_calls}, the lost calls being the session's", async () => {
+    const lost = { count: 2, first: { at: "2026-01-01T00:00:05.000Z", kind: "engine_unreachable", status: 502, message: "engine down" } };
+    const stats = { records: 0, traces: 0, response_tokens: 0, trainable_tokens: 0, breaks: [], weight_versions: [], merged_records: 0, weight_changes: 0, traces_with_weight_change: 0, per_trace: [], failed_calls: [], lost_calls: lost };
+    const trajectory = { builder: "per_request", traces: [], stats };
+    const f = fakeFetch([json(200, trajectory), json(200, trajectory)]);
+    const c = new RollgateClient({ baseUrl: "http://gw:1", fetch: f.impl });
+    expect(await c.getTrajectory("s-1", { builder: "per_request", format: "slime" })).toEqual({ builder: "per_request", format: "slime", samples: [], lost_calls: lost });
+    // `rollgate` is the trajectory itself, its lost calls in its stats.
+    expect((await c.getTrajectory("s-1", { builder: "per_request" })).stats.lost_calls).toEqual(lost);
+    expect(new URL(f.calls[0]!.url).search).toBe("?builder=per_request");
+  });
+
   it("rejects a bad base URL up front", () => {
     expect(() => new RollgateClient({ baseUrl: "not a url" })).toThrow(/not a URL|baseUrl/);
   });

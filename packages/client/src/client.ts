@@ -11,6 +11,7 @@ import {
   type BranchRequest,
   type CompletionRecord,
   type CreateSessionRequest,
+  type LostCalls,
   type TaskInput,
   type TaskResult,
   type TaskStatus,
@@ -79,6 +80,24 @@ export interface TrajectoryOptions<F extends TrainerFormat = "rollgate"> {
   /** `rollgate` (default: traces + stats), `verl`, `slime` or `prime-rl`. */
   format?: F;
 }
+
+/**
+ * A trajectory in a trainer's format, as `GET /v1/sessions/:id/trajectory?format=<name>` answers
+ * it (and the Python client returns it): one sample per trace, with the session's lost calls.
+ */
+export interface TrainerSamples<F extends TrainerFormat = TrainerFormat> {
+  builder: TrajectoryBuilderName;
+  format: F;
+  samples: TrainerFormatMap[F];
+  /**
+   * The session's calls lost to infrastructure: a lost call's tokens may be missing from the
+   * samples (read as masked glue), so samples with any are not a whole rollout.
+   */
+  lost_calls: LostCalls;
+}
+
+/** What `getTrajectory` answers for each format: the trajectory itself, or a trainer's samples in their envelope. */
+export type TrajectoryAnswerMap = { rollgate: Trajectory } & { [K in Exclude<TrainerFormat, "rollgate">]: TrainerSamples<K> };
 
 export interface PauseOptions {
   /** What to do with in-flight engine calls: let them finish (`drain`) or abort them. */
@@ -388,15 +407,21 @@ export class RollgateClient {
   }
 
   /**
-   * A session's trajectory, built by `builder` (default prefix_merging), in a trainer's format:
-   * `rollgate` (traces + stats, the default), `verl`, `slime` or `prime-rl` (one sample per trace).
+   * A session's trajectory, built by `builder` (default prefix_merging), as the trajectory route
+   * answers it: for `rollgate` (the default) the trajectory itself (traces + stats, with
+   * `stats.lost_calls`); for `verl`, `slime` or `prime-rl` `{builder, format, samples, lost_calls}`
+   * (one sample per trace, and the session's lost calls: samples with any are not a whole rollout).
    */
-  async getTrajectory<F extends TrainerFormat = "rollgate">(sessionId: string, opts: TrajectoryOptions<F> = {}): Promise<TrainerFormatMap[F]> {
+  async getTrajectory<F extends TrainerFormat = "rollgate">(sessionId: string, opts: TrajectoryOptions<F> = {}): Promise<TrajectoryAnswerMap[F]> {
     const trajectory = await this.json(Trajectory, "GET", `/v1/sessions/${encodeURIComponent(sessionId)}/trajectory`, {
       query: { builder: opts.builder },
     });
-    // Converted here with the same adapters the gateway's `?format=` uses, so any gateway version works.
-    return toTrainerFormat(trajectory, (opts.format ?? "rollgate") as F);
+    const format = opts.format ?? "rollgate";
+    if (format === "rollgate") return trajectory as TrajectoryAnswerMap[F];
+    // Converted here with the same adapters the gateway's `?format=` uses, so any gateway version
+    // works; the lost calls are the session's, which the gateway puts in the trajectory's stats.
+    const answer: TrainerSamples = { builder: trajectory.builder, format, samples: toTrainerFormat(trajectory, format), lost_calls: trajectory.stats.lost_calls };
+    return answer as TrajectoryAnswerMap[F];
   }
 
   /**
@@ -408,7 +433,7 @@ export class RollgateClient {
   }
 
   /** The trajectory of a task's session (the task must have started), by the task's own builder unless `opts.builder` says another. */
-  async getTaskTrajectory<F extends TrainerFormat = "rollgate">(taskId: string, opts: TrajectoryOptions<F> = {}): Promise<TrainerFormatMap[F]> {
+  async getTaskTrajectory<F extends TrainerFormat = "rollgate">(taskId: string, opts: TrajectoryOptions<F> = {}): Promise<TrajectoryAnswerMap[F]> {
     const task = await this.getTask(taskId);
     const sessionId = task.session_id ?? task.result?.session_id;
     if (!sessionId) throw new RollgateError(`task ${taskId} has no session yet (it is ${task.status})`, 409, "no_session");

@@ -7,6 +7,8 @@ export type {
   WaitOptions,
   StreamEventsOptions,
   TrajectoryOptions,
+  TrainerSamples,
+  TrajectoryAnswerMap,
   PauseOptions,
   CreateSessionRequest,
 } from "./client.js";

@@ -28,6 +28,11 @@ export const OptionalSecret = z
   .string()
   .optional()
   .transform((s) => (s === "" ? undefined : s));
+/**
+ * How long task records and results stay in Redis (seconds after a task ended). The gateway (for
+ * the tasks it ends itself: a cancel before start) and the workers (every other result) must agree.
+ */
+export const ResultTtlSeconds = z.coerce.number().int().positive().default(7 * 24 * 3600);
 /** Key prefix for every Redis key and BullMQ queue of one deployment (lets tests share a server). */
 export const KeyPrefix = z
   .string()

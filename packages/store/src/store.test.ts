@@ -495,6 +495,31 @@ describe("TaskStore", () => {
     expect(await store.status("t-8")).toBe("completed");
   });
 
+  it("an attempt that was taken over writes neither events nor logs; the live attempt does, until the task ends", async () => {
+    const store = new TaskStore(redis, `${prefix}-t11`);
+    await store.create(taskInput("t-11"), new Date());
+    await store.markRunning("t-11", { worker: "w1", attempt: 1, sessionId: "s-old", now: new Date() });
+    expect(await store.setLogs("t-11", "old attempt's output", "s-old")).toBe(true);
+    expect(await store.appendAttemptEvent("t-11", "s-old", "llm_call", { seq: 0 })).toBe(true);
+    // Taken back (its job lock lapsed), then run by another attempt.
+    expect(await store.requeue("t-11", "s-old", { reason: "worker_lost" })).toBe(true);
+    expect(await store.setLogs("t-11", "stale, between takeover and the new attempt", "s-old")).toBe(false);
+    await store.markRunning("t-11", { worker: "w2", attempt: 2, sessionId: "s-new", now: new Date() });
+    expect(await store.setLogs("t-11", "new attempt's output", "s-new")).toBe(true);
+    // The stalled attempt comes back: its output and its progress are not the task's.
+    expect(await store.setLogs("t-11", "stale output", "s-old")).toBe(false);
+    expect(await store.appendAttemptEvent("t-11", "s-old", "llm_call", { seq: 1 })).toBe(false);
+    expect(await store.appendAttemptEvent("t-11", "s-old", "evaluating", { agent_exit_code: 0 })).toBe(false);
+    expect(await store.logs("t-11")).toBe("new attempt's output");
+    expect(await store.appendAttemptEvent("t-11", "s-new", "llm_call", { seq: 0 })).toBe(true);
+    expect((await store.events("t-11", null)).map((e) => e.type)).toEqual(["queued", "started", "llm_call", "retrying", "started", "llm_call"]);
+    // Once ended, nobody's attempt writes (a cancel that ended the task while a worker was stalled).
+    await store.finish("t-11", resultOf("t-11", "cancelled"), new Date(), 60);
+    expect(await store.setLogs("t-11", "after the end", "s-new")).toBe(false);
+    expect(await store.appendAttemptEvent("t-11", "s-new", "llm_call", { seq: 1 })).toBe(false);
+    expect(await store.logs("t-11")).toBe("new attempt's output");
+  });
+
   it("lists newest first with filters and a cursor that neither skips nor repeats", async () => {
     const store = new TaskStore(redis, `${prefix}-t3`);
     const t0 = Date.now();

@@ -128,8 +128,35 @@ return 1
 `,
 };
 
+// What an attempt writes while it runs (its progress events, its agent's output), fenced as its
+// result is: only while the task is running that attempt's session. An attempt whose job lock
+// lapsed goes on after another took the task over (or after the task ended); its writes would
+// read as the live attempt's (events) or replace its output (logs).
+// KEYS: task, events. ARGV: the attempt's session id, "event" or "logs", event json or log text, maxlen.
+const ATTEMPT_WRITE_SCRIPT: LuaScript = {
+  name: "rollgateTaskAttemptWrite",
+  numberOfKeys: 2,
+  lua: `
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
+if redis.call('HGET', KEYS[1], 'session_id') ~= ARGV[1] then return 0 end
+if ARGV[2] == 'logs' then
+  redis.call('HSET', KEYS[1], 'logs', ARGV[3])
+else
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'e', ARGV[3])
+end
+return 1
+`,
+};
+
 const taskScripts = (redis: RedisClient) =>
-  scriptCommands(redis, { create: CREATE_SCRIPT, finish: FINISH_SCRIPT, groupFinished: GROUP_FINISHED_SCRIPT, markRunning: MARK_RUNNING_SCRIPT, requeue: REQUEUE_SCRIPT });
+  scriptCommands(redis, {
+    create: CREATE_SCRIPT,
+    finish: FINISH_SCRIPT,
+    groupFinished: GROUP_FINISHED_SCRIPT,
+    markRunning: MARK_RUNNING_SCRIPT,
+    requeue: REQUEUE_SCRIPT,
+    attemptWrite: ATTEMPT_WRITE_SCRIPT,
+  });
 
 /** A task event as its stream entry stores it. */
 function eventJson(type: TaskEventType, data: Record<string, unknown>, at: string): string {
@@ -330,9 +357,22 @@ export class TaskStore {
     return this.k.cancelChannel();
   }
 
-  /** The agent's output so far (bounded; the newest bytes are kept). */
-  async setLogs(id: string, text: string): Promise<void> {
-    await this.redis.hset(this.k.task(id), "logs", text.length > MAX_LOG_BYTES ? text.slice(-MAX_LOG_BYTES) : text);
+  /**
+   * The agent's output so far (bounded; the newest bytes are kept), written by the attempt on
+   * `sessionId`: false (nothing written) unless the task is running that attempt.
+   */
+  async setLogs(id: string, text: string, sessionId: string): Promise<boolean> {
+    const bounded = text.length > MAX_LOG_BYTES ? text.slice(-MAX_LOG_BYTES) : text;
+    return (await this.scripts.attemptWrite(this.k.task(id), this.k.taskEvents(id), sessionId, "logs", bounded, "")) === 1;
+  }
+
+  /**
+   * An event of the attempt on `sessionId` (its progress: `llm_call`, `evaluating`): false
+   * (nothing written) unless the task is running that attempt.
+   */
+  async appendAttemptEvent(id: string, sessionId: string, type: TaskEventType, data: Record<string, unknown>, now = new Date()): Promise<boolean> {
+    const res = await this.scripts.attemptWrite(this.k.task(id), this.k.taskEvents(id), sessionId, "event", eventJson(type, data, now.toISOString()), String(MAX_EVENTS));
+    return res === 1;
   }
 
   async logs(id: string): Promise<string | null> {

@@ -123,11 +123,28 @@ function sameCalls(echoed: readonly ToolCall[], recorded: readonly ToolCall[]): 
   );
 }
 
-/** The assistant message a record's answer is, as the engine generated it. */
+/**
+ * A recorded call's arguments as an engine can take them back in a history: as recorded, except
+ * arguments that are not JSON (the engine's own call cut by `max_tokens` mid-arguments, or written
+ * malformed: vLLM streams such arguments as the model wrote them) go as "". vLLM and SGLang parse a
+ * history call's arguments and refuse the request (400) when they do not parse, and render "" as
+ * `{}`; the turn's own tokens are the record's, which a token-in continuation sends instead.
+ */
+function renderableArguments(args: string): string {
+  if (args === "") return args;
+  try {
+    JSON.parse(args);
+    return args;
+  } catch {
+    return "";
+  }
+}
+
+/** The assistant message a record's answer is, as the engine generated it (arguments an engine can take back: renderableArguments). */
 export function recordedAssistantMessage(record: { message: AssistantOutput }): AssistantMessage {
   const out = record.message;
   const m: AssistantMessage = { role: "assistant", content: out.content, reasoning: out.reasoning };
-  if (out.tool_calls.length > 0) m.tool_calls = out.tool_calls.map((c) => ({ ...c, function: { ...c.function } }));
+  if (out.tool_calls.length > 0) m.tool_calls = out.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: renderableArguments(c.function.arguments) } }));
   return m;
 }
 
@@ -156,7 +173,7 @@ function restore(m: AssistantMessage, record: { message: AssistantOutput }): Ass
     restored.tool_calls = out.tool_calls.map((c, i) => ({
       id: m.tool_calls?.[i]?.id ?? c.id,
       type: "function",
-      function: { name: c.function.name, arguments: c.function.arguments },
+      function: { name: c.function.name, arguments: renderableArguments(c.function.arguments) },
     }));
   }
   return restored;

@@ -131,7 +131,9 @@ interface ShowOptions {
 
 /** Prints one session's trajectory, or returns what --json / --format print for it. */
 async function showSession(ctx: Context, sessionId: string, builder: TrajectoryBuilderName, o: ShowOptions): Promise<unknown> {
-  if (o.format) return ctx.client.getTrajectory(sessionId, { builder, format: o.format });
+  if (o.format === "rollgate") return ctx.client.getTrajectory(sessionId, { builder });
+  // A trainer's samples alone (a task that was not scored is warned about on stderr).
+  if (o.format) return (await ctx.client.getTrajectory(sessionId, { builder, format: o.format })).samples;
   const [trajectory, decoded]: [Trajectory, DecodedTrajectory | null] = await Promise.all([
     ctx.client.getTrajectory(sessionId, { builder }),
     o.decode ? ctx.client.getDecodedTrajectory(sessionId, { builder }) : null,

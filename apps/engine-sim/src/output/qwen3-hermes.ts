@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { PyDict, parsePyJson, pyDumps } from "@rollgate/pyjson";
 import type { SimTokenizer } from "../tokenizer.js";
+import { valueEnd } from "./json-extent.js";
 import type { Delta, OutputParser, ParsedCall, ParseRequest, StreamingParser } from "./types.js";
 
 /**
@@ -58,12 +59,22 @@ export function extractToolCalls(text: string): { toolsCalled: boolean; toolCall
 }
 
 const NAME_RE = /^\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"/;
+/** The call object up to where its arguments value begins. */
+const ARGS_AT_RE = /^\s*\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"arguments"\s*:\s*/;
+/** An arguments object whose first key has a value begun: vLLM's partial JSON parse first yields arguments then. */
+const ARGS_BEGUN_RE = /^\{\s*"(?:[^"\\]|\\.)*"\s*:\s*\S/;
 
 /**
  * Streaming parsers, one token at a time, as vLLM's serving_chat drives them: the reasoning parser
  * until `</think>`, then (with tools) the hermes parser on the rest. Tool-call deltas: the first
- * carries id/type/index/name once the name is complete; the arguments follow in one fragment at
- * `</tool_call>`. Text between calls goes out as content (a real vLLM streaming quirk).
+ * carries id/type/index/name once the name is complete; the arguments follow as the model writes
+ * them, from when their first key has a value begun, token by token, ending with the arguments
+ * value's own end (the call object's closing brace is not part of them). They are the model's text,
+ * not a parse: a call whose JSON is malformed, or cut by max_tokens, has streamed the arguments it
+ * had (vLLM does the same; its non-streamed answer then has no call, only content). Not kept from
+ * vLLM: it drops a `}` ending any token inside the call, so arguments ending in a nested object
+ * whose closing braces are separate tokens lose one; here they are whole. Text between calls goes
+ * out as content (a real vLLM streaming quirk).
  */
 export class StreamParser implements StreamingParser {
   private sawThinkStart = false;
@@ -73,6 +84,9 @@ export class StreamParser implements StreamingParser {
   private callText = "";
   private nameSent = false;
   private callName = "";
+  /** Where the arguments value begins in `callText` (-1: not written yet), and how much of it went out. */
+  private argsAt = -1;
+  private argsSent = 0;
   /** Tool calls whose name was streamed (vLLM's prev_tool_call_arr): finish_reason "tool_calls". */
   toolsStreamed = 0;
 
@@ -119,11 +133,18 @@ export class StreamParser implements StreamingParser {
       this.callIndex++;
       this.callText = "";
       this.nameSent = false;
+      this.argsAt = -1;
+      this.argsSent = 0;
       return null;
     }
     if (!this.inCall) return { content: delta };
     if (id === this.toolEnd) {
       this.inCall = false;
+      // The name went out: what is left of the arguments as written, whole or not (a malformed call too).
+      if (this.nameSent) {
+        const more = this.argsPiece(true);
+        return more ? { tool_calls: [{ index: this.callIndex, function: { arguments: more } }] } : null;
+      }
       let args: string | undefined;
       let name: string | undefined;
       try {
@@ -136,12 +157,10 @@ export class StreamParser implements StreamingParser {
         return null;
       }
       if (args === undefined || name === undefined) return null;
-      if (!this.nameSent) {
-        this.nameSent = true;
-        this.toolsStreamed++;
-        return { tool_calls: [{ id: makeToolCallId(), type: "function", index: this.callIndex, function: { name, arguments: args } }] };
-      }
-      return { tool_calls: [{ index: this.callIndex, function: { arguments: args } }] };
+      // The whole call came with its end: name and arguments in one delta.
+      this.nameSent = true;
+      this.toolsStreamed++;
+      return { tool_calls: [{ id: makeToolCallId(), type: "function", index: this.callIndex, function: { name, arguments: args } }] };
     }
     this.callText += delta;
     if (!this.nameSent) {
@@ -156,8 +175,29 @@ export class StreamParser implements StreamingParser {
         }
         return { tool_calls: [{ id: makeToolCallId(), type: "function", index: this.callIndex, function: { name: this.callName } }] };
       }
+      return null;
     }
-    return null;
+    const more = this.argsPiece(false);
+    return more ? { tool_calls: [{ index: this.callIndex, function: { arguments: more } }] } : null;
+  }
+
+  /**
+   * The arguments text written since the last piece: up to the end of the arguments value once it
+   * is complete, else all of it. Nothing until the first key has a value begun (or, `closing`, the
+   * call's end came), and nothing once the value is complete and sent.
+   */
+  private argsPiece(closing: boolean): string {
+    if (this.argsAt < 0) {
+      const m = ARGS_AT_RE.exec(this.callText);
+      if (!m || m[0].length >= this.callText.length) return "";
+      this.argsAt = m[0].length;
+    }
+    const end = valueEnd(this.callText, this.argsAt);
+    const written = this.callText.slice(this.argsAt, end < 0 ? undefined : end);
+    if (this.argsSent === 0 && end < 0 && !closing && !ARGS_BEGUN_RE.test(written)) return "";
+    const more = written.slice(this.argsSent);
+    this.argsSent = written.length;
+    return more;
   }
 }
 

@@ -1,5 +1,6 @@
 import { PyDict, PyFloat, PyInt, parsePyJson, pyDumps } from "@rollgate/pyjson";
 import type { PyValue } from "@rollgate/pyjson";
+import { stringEnd, valueEnd } from "./json-extent.js";
 import type { SnapshotCall } from "./snapshot.js";
 import type { ParsedCall } from "./types.js";
 
@@ -191,6 +192,66 @@ function llamaCall(obj: PyValue): ParsedCall {
   return { name, arguments: pyDumps(args) };
 }
 
+/**
+ * The arguments of an unfinished llama3_json call that later tokens cannot change, as the finished
+ * call's arguments print them (`pyDumps`): the object's finished pairs, and a string value being
+ * written so far (vLLM's llama3_json streams the JSON its partial parse makes of them, so a call cut
+ * mid-arguments has streamed what it had); "" until the first pair has a value begun.
+ */
+function unfinishedArgs(raw: string): string {
+  const entries: [string, PyValue][] = [];
+  let partial: string | null = null;
+  let closed = false;
+  let i = raw.indexOf("{") === 0 ? 1 : -1;
+  const ws = () => {
+    while (i < raw.length && /\s/.test(raw[i]!)) i++;
+  };
+  while (i > 0) {
+    ws();
+    if (raw[i] === "}") {
+      closed = true;
+      break;
+    }
+    if (raw[i] !== '"') break;
+    const keyEnd = stringEnd(raw, i);
+    if (keyEnd < 0) break;
+    const key = JSON.parse(raw.slice(i, keyEnd)) as string;
+    i = keyEnd;
+    ws();
+    if (raw[i] !== ":") break;
+    i++;
+    ws();
+    if (i >= raw.length) break;
+    const end = valueEnd(raw, i);
+    if (end < 0) {
+      // A string being written: its text so far (an escape cut in half waits for its end).
+      if (raw[i] === '"') partial = decodedPrefix(raw.slice(i + 1));
+      if (partial !== null) entries.push([key, partial]);
+      break;
+    }
+    entries.push([key, parsePyJson(raw.slice(i, end))]);
+    i = end;
+    ws();
+    if (raw[i] === ",") i++;
+  }
+  if (entries.length === 0) return "";
+  const dumped = pyDumps(new PyDict(entries));
+  if (partial !== null) return dumped.slice(0, -2);
+  return closed ? dumped : dumped.slice(0, -1);
+}
+
+/** The text of an unclosed JSON string's body written so far, without an escape cut in half or a lone high surrogate. */
+function decodedPrefix(body: string): string | null {
+  const cut = /\\(?:u[0-9a-fA-F]{0,3})?$/.exec(body.replace(/\\\\/g, "  "));
+  const whole = cut ? body.slice(0, cut.index) : body;
+  try {
+    const text = JSON.parse(`"${whole}"`) as string;
+    return /[\ud800-\udbff]$/.test(text) ? text.slice(0, -1) : text;
+  } catch {
+    return null;
+  }
+}
+
 export const llama3Json: TextToolParser = {
   emptyArgsWithName: false,
   ownIds: false,
@@ -221,9 +282,11 @@ export const llama3Json: TextToolParser = {
       try {
         d = rawDecode(text, open);
       } catch {
-        // Incomplete: the name streams once it is complete, the arguments when the object is.
+        // Incomplete: the name streams once it is complete, the arguments as far as they are sure.
         const m = /^\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"/.exec(text.slice(open));
-        calls.push({ name: m ? (JSON.parse(`"${m[1]}"`) as string) : null, args: "" });
+        const a = m ? /^\s*,\s*"(?:parameters|arguments)"\s*:\s*/.exec(text.slice(open + m[0].length)) : null;
+        const args = m && a ? unfinishedArgs(text.slice(open + m[0].length + a[0].length)) : "";
+        calls.push({ name: m ? (JSON.parse(`"${m[1]}"`) as string) : null, args });
         break;
       }
       try {

@@ -805,7 +805,8 @@ export class ChatCaller {
         if (!stored) this.deps.log.warn({ session_id: record.session_id, seq: record.seq }, "a call's session was deleted while it ran: its record is dropped");
       }),
       typeof taskId === "string"
-        ? this.deps.tasks.appendEvent(taskId, "llm_call", {
+        ? // Fenced on the session: a call of an attempt another took over (or of a task that ended) is not the task's progress.
+          this.deps.tasks.appendAttemptEvent(taskId, record.session_id, "llm_call", {
             seq: record.seq,
             prompt_tokens: record.usage.prompt_tokens,
             completion_tokens: record.usage.completion_tokens,

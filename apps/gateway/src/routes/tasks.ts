@@ -5,6 +5,7 @@ import type { ZodTypeProvider } from "fastify-type-provider-zod";
 import { z } from "zod";
 import type { GatewayContext } from "../context.js";
 import { errorBody } from "../errors.js";
+import { closeSessionSettled } from "../llm/close-session.js";
 import { IdParams, TRAINER_SECURITY, errorResponses, named, textResponse } from "./schemas.js";
 
 const TaskPage = named("TaskPage", z.object({ tasks: z.array(TaskRecord), next_cursor: z.string().nullable() }));
@@ -211,7 +212,7 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       tags,
       security,
       summary: "Cancel a task",
-      description: "A queued task never starts (200 `cancelled`); a running one has its sandbox killed (202 `cancelling`).",
+      description: "A queued task never starts (200 `cancelled`; a session its last attempt left open, its worker gone, is closed); a running one has its sandbox killed (202 `cancelling`).",
       params: IdParams,
       response: { 200: CancelAnswer, 202: CancelAnswer, ...errorResponses(400, 401, 404, 409) },
     };
@@ -240,8 +241,17 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       if (state !== "active") {
         const task = record.task as AcceptedTask;
         const callback = task.callback ? { state: "pending" as const, delivery_id: randomUUID(), attempts: 0, last_error: null, delivered_at: null } : null;
-        const finished = await ctx.tasks.finish(id, cancelledBeforeStart(task, record.created_at, reason, now, record.attempts), now, 7 * 24 * 3600, callback);
+        const finished = await ctx.tasks.finish(id, cancelledBeforeStart(task, record.created_at, reason, now, record.attempts), now, ctx.env.ROLLGATE_RESULT_TTL_S, callback);
         if (finished) {
+          // The last attempt's session may still be open: a worker that died or stalled past its
+          // job lock, or an attempt that failed before closing it, left it so, and no worker will
+          // run this task again to close it. Closed here so its agent can write no more into it.
+          const orphan = record.session_id;
+          if (orphan) {
+            await closeSessionSettled(ctx, orphan, now).catch((err: unknown) =>
+              req.log.warn({ err, task_id: id, session_id: orphan }, "cancel: closing the last attempt's session failed"),
+            );
+          }
           // Its callback and its group's are sent by a worker: the job goes back at the head of the
           // queue, and a worker that finds the task ended queues what follows (and nothing else).
           if (task.callback || task.group_id) await ctx.rollouts.add("rollout", { task_id: id }, { jobId: id, lifo: true });

@@ -166,7 +166,9 @@ class StepBatch:
     sampled, 0 on prompt, tool results and template glue), ``old_logprobs`` (the engine's logprob of
     each sampled token, 0 elsewhere), ``advantages`` (the member's advantage on every trainable token,
     0 elsewhere), ``weight_versions`` (the policy version that sampled each token, None on the
-    prompt: mask stale tokens with it), ``prompt_length``, ``task_id``, ``member``, ``trace``; and,
+    prompt: mask stale tokens with it), ``prompt_length``, ``task_id``, ``member``, ``trace``,
+    ``kind`` (the trace's kind: ``main``, ``sub_agent``, ``compaction`` or ``side_request``, to weight
+    or drop some, docs/trace-kinds.md); and,
     when the engine sent them, ``routed_experts`` (one row per input position but the last, decoded
     by ``rollgate.decode_routed_experts``) for routing replay.
     """
@@ -233,6 +235,8 @@ def step_batch(results: Sequence[Optional[Mapping[str, Any]]], adv: GroupAdvanta
                     "task_id": task_id,
                     "member": member,
                     "trace": k,
+                    # A trajectory from a gateway older than trace kinds has none: its traces are main ones.
+                    "kind": trace.get("kind", "main"),
                     "prompt_length": len(prompt),
                     "input_ids": prompt + list(trace["response_ids"]),
                     "loss_mask": pad + mask,
