@@ -91,6 +91,37 @@ describe("replaying a recorded rollout", () => {
     expect(t.stats.trainable_tokens).toBe(records[2]!.output_ids.length + records[3]!.output_ids.length);
   });
 
+  it("replayed calls are not engine calls in the metrics: the engine's calls, tokens and latency count only what it generated; replays count apart", async () => {
+    /** A metric summed over its label sets (only `kind`'s is kept apart). */
+    const scrape = async () => {
+      const text = await (await fetch(`${h.url}/metrics`)).text();
+      const sum = (name: string, kind?: string) =>
+        text
+          .split("\n")
+          .filter((l) => l.startsWith(`${name}{`) && (kind === undefined || l.includes(`kind="${kind}"`)))
+          .reduce((n, l) => n + Number(l.slice(l.lastIndexOf(" ") + 1)), 0);
+      return {
+        calls: sum("rollgate_llm_calls_total"),
+        completion: sum("rollgate_llm_tokens_total", "completion"),
+        prompt: sum("rollgate_llm_tokens_total", "prompt"),
+        latencyCount: sum("rollgate_engine_latency_seconds_count"),
+        replayed: sum("rollgate_replayed_calls_total"),
+      };
+    };
+    const before = await scrape();
+    const branch = await open(h, { replay: { session_id: source.id, calls: 3 } });
+    await runAgent(h, branch, user);
+    const records = await h.records(branch.id);
+    expect(records.map((r) => r.replayed_from !== undefined)).toEqual([true, true, true, false]);
+    const after = await scrape();
+    // Only call 3 went to the engine.
+    expect(after.calls - before.calls).toBe(1);
+    expect(after.completion - before.completion).toBe(records[3]!.usage.completion_tokens);
+    expect(after.prompt - before.prompt).toBe(records[3]!.usage.prompt_tokens);
+    expect(after.latencyCount - before.latencyCount).toBe(1);
+    expect(after.replayed - before.replayed).toBe(3);
+  });
+
   it("with train: true the replayed answers keep their logprobs and stay trainable", async () => {
     const branch = await open(h, { replay: { session_id: source.id, calls: 2, train: true } });
     await runAgent(h, branch, user);
