@@ -197,6 +197,27 @@ describe("replaying a recorded rollout", () => {
     expect((await session(h, branch.id)).replay_diverged).toEqual({ call: 2, message: expect.stringMatching(/^message 4 differs: recorded .*ok 1.*, asked .*something else/) });
   });
 
+  it("a replayed call that asks for another rendering of the same messages (thinking off, another effort, a forced tool) is refused: the recorded answer was not sampled for that prompt", async () => {
+    const first = { model: "m", messages: [{ role: "user" as const, content: user }], tools: TOOLS };
+    for (const [asked, named] of [
+      [{ chat_template_kwargs: { enable_thinking: false } }, /enable_thinking/],
+      [{ reasoning_effort: "low" }, /reasoning_effort/],
+      [{ tool_choice: "required" }, /tool_choice/],
+    ] as const) {
+      const branch = await open(h, { replay: { session_id: source.id, calls: 2 } });
+      const err = await sdk(h, branch)
+        .chat.completions.create({ ...first, ...asked } as OpenAI.ChatCompletionCreateParamsNonStreaming)
+        .then(
+          () => null,
+          (e: unknown) => e as InstanceType<typeof OpenAI.APIError>,
+        );
+      expect(err?.status).toBe(409);
+      expect(err?.message).toMatch(named);
+      expect((await session(h, branch.id)).replay_diverged).toEqual({ call: 0, message: expect.stringMatching(named) });
+      expect(await h.records(branch.id)).toEqual([]);
+    }
+  });
+
   it("a replay of a session that does not exist is refused when the session is opened", async () => {
     const res = await open(h, { replay: { session_id: "s-nope", calls: 1 } });
     expect(res.status).toBe(404);
