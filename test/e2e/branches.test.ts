@@ -161,5 +161,12 @@ describe("branching a recorded rollout", () => {
     const refused = cli("branch", id, "--at", "9");
     expect(refused.status).not.toBe(0);
     expect(refused.stderr).toMatch(/made 4 LLM calls/);
+
+    // A rollout whose session was deleted has no records to replay: said so, not "made 0 LLM calls".
+    const { session_id } = (await api(`/v1/tasks/${id}`)).body as { session_id: string };
+    expect((await api(`/v1/sessions/${session_id}`, { method: "DELETE" })).status).toBe(204);
+    const gone = await api(`/v1/tasks/${id}/branches`, { body: { at_call: 1, n: 1 } });
+    expect(gone.status).toBe(409);
+    expect(JSON.stringify(gone.body)).toMatch(new RegExp(`its session ${session_id} was deleted`));
   }, 120_000);
 });

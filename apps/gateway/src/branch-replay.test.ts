@@ -218,6 +218,14 @@ describe("replaying a recorded rollout", () => {
     }
   });
 
+  it("a replay past what the source recorded is refused when the session is opened, not left to fail as a divergence at that call", async () => {
+    const past = await fetch(`${h.url}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ replay: { session_id: source.id, calls: 5 } }) });
+    expect(past.status).toBe(409);
+    expect(((await past.json()) as { error: { type: string; message: string } }).error).toEqual({ type: "conflict", message: expect.stringMatching(/cannot be replayed to call 5: its rollout made 4 LLM calls/) });
+    // The whole recorded rollout can be replayed.
+    expect((await open(h, { replay: { session_id: source.id, calls: 4 } })).status).toBe(201);
+  });
+
   it("a replay of a session that does not exist is refused when the session is opened", async () => {
     const res = await open(h, { replay: { session_id: "s-nope", calls: 1 } });
     expect(res.status).toBe(404);

@@ -64,6 +64,18 @@ export function replayDifference(recorded: CompletionRecord["request"], asked: C
   return null;
 }
 
+/**
+ * Why a rollout with these records cannot be replayed to call `calls` (each of its first `calls`
+ * calls needs a record to answer from), or null when it can.
+ */
+export function replayGap(records: readonly Pick<CompletionRecord, "seq">[], calls: number): string | null {
+  const seqs = new Set(records.map((r) => r.seq));
+  for (let seq = 0; seq < calls; seq++) {
+    if (!seqs.has(seq)) return seq >= records.length ? `its rollout made ${records.length} LLM calls` : `its call ${seq} has no record (it failed)`;
+  }
+  return null;
+}
+
 /** The recorded answer as the engine gave it: the same tokens, logprobs, message and finish. */
 export function recordedResult(r: CompletionRecord): EngineResult {
   return {

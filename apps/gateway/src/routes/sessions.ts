@@ -19,6 +19,7 @@ import { z } from "zod";
 import type { GatewayContext } from "../context.js";
 import { EngineError } from "../engines/errors.js";
 import { errorBody } from "../errors.js";
+import { replayGap } from "../llm/replay.js";
 import { trajectoryOptions } from "../trajectory-options.js";
 import { decodeTrajectory, type TokenDecoder } from "./dashboard-decode.js";
 import { IdParams, TRAINER_SECURITY, errorResponses, named } from "./schemas.js";
@@ -55,6 +56,20 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
   return async (plain) => {
     const app = plain.withTypeProvider<ZodTypeProvider>();
 
+    /**
+     * A session's records, once the ones still being written are stored: this replica's always; a
+     * closed session's on any replica too (its close waited for them already, so this is one look).
+     * An open session's calls may still be running: what it answers is the records so far.
+     */
+    const stored = async (id: string, session: Session): Promise<void> => {
+      if (session.state === "closed") await ctx.caller.pending.settled(id);
+      else await ctx.caller.pending.local(id);
+    };
+    const recordsOf = async (id: string, session: Session): Promise<CompletionRecord[]> => {
+      await stored(id, session);
+      return ctx.sessions.records(id);
+    };
+
     const openSchema = {
       tags,
       security,
@@ -69,8 +84,14 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const id = body.id ?? `s-${randomUUID()}`;
       // An id this gateway made up is new (create's HSETNX still guards it): only a caller's own is looked up.
       if (body.id && (await ctx.sessions.get(id))) return reply.code(409).send(errorBody("conflict", `session ${id} exists`));
-      if (body.replay && !(await ctx.sessions.get(body.replay.session_id))) {
-        return reply.code(404).send(errorBody("not_found", `no session ${body.replay.session_id} to replay`));
+      if (body.replay) {
+        const { session_id: sourceId, calls } = body.replay;
+        const source = await ctx.sessions.get(sourceId);
+        if (!source) return reply.code(404).send(errorBody("not_found", `no session ${sourceId} to replay`));
+        // Each replayed call needs a record to answer from (a source still open: the ones stored so far).
+        await stored(sourceId, source);
+        const gap = replayGap(await ctx.sessions.recordHeads(sourceId), calls);
+        if (gap) return reply.code(409).send(errorBody("conflict", `session ${sourceId} cannot be replayed to call ${calls}: ${gap}`));
       }
       const healthy = ctx.registry.members().filter((m) => !ctx.health.isDown(m));
       // A branch goes to its source's rank while that rank is up: its prefix cache holds the replayed prefix.
@@ -88,17 +109,6 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const response: CreateSessionResponse = { id, token, ...sessionUrls(ctx.publicUrl(), id) };
       return reply.code(201).send(response);
     });
-
-    /**
-     * A session's records, once the ones still being written are stored: this replica's always; a
-     * closed session's on any replica too (its close waited for them already, so this is one look).
-     * An open session's calls may still be running: what it answers is the records so far.
-     */
-    const recordsOf = async (id: string, session: Session): Promise<CompletionRecord[]> => {
-      if (session.state === "closed") await ctx.caller.pending.settled(id);
-      else await ctx.caller.pending.local(id);
-      return ctx.sessions.records(id);
-    };
 
     // The trajectory built now from the session's records, or the invariant it breaks. `settled`:
     // the caller already waited for the session's pending calls (its close did).

@@ -5,6 +5,7 @@ import type { ZodTypeProvider } from "fastify-type-provider-zod";
 import { z } from "zod";
 import type { GatewayContext } from "../context.js";
 import { errorBody } from "../errors.js";
+import { replayGap } from "../llm/replay.js";
 import { IdParams, TRAINER_SECURITY, errorResponses, named, textResponse } from "./schemas.js";
 
 const TaskPage = named("TaskPage", z.object({ tasks: z.array(TaskRecord), next_cursor: z.string().nullable() }));
@@ -145,15 +146,11 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       if (!isTerminalStatus(source.status) || !source.session_id) {
         return reply.code(409).send(errorBody("conflict", `task ${source.id} is ${source.status}: a rollout can be branched once it has ended`));
       }
-      const records = await ctx.sessions.records(source.session_id);
-      const bySeq = new Map(records.map((r) => [r.seq, r]));
-      for (let seq = 0; seq < body.at_call; seq++) {
-        if (!bySeq.has(seq)) {
-          const why = seq >= records.length ? `its rollout made ${records.length} LLM calls` : `its call ${seq} has no record (it failed)`;
-          return reply.code(409).send(errorBody("conflict", `task ${source.id} cannot be replayed to call ${body.at_call}: ${why}`));
-        }
-      }
-      const last = bySeq.get(body.at_call - 1)!;
+      // A deleted session took its records with it: no rollout is left to replay.
+      const heads = (await ctx.sessions.get(source.session_id)) ? await ctx.sessions.recordHeads(source.session_id) : null;
+      const why = heads ? replayGap(heads, body.at_call) : `its session ${source.session_id} was deleted, and its records with it`;
+      if (why) return reply.code(409).send(errorBody("conflict", `task ${source.id} cannot be replayed to call ${body.at_call}: ${why}`));
+      const last = (await ctx.sessions.record(source.session_id, body.at_call - 1))!;
       const groupId = body.group_id ?? `b-${randomUUID()}`;
       const branch = { task_id: source.id, session_id: source.session_id, at_call: body.at_call, train_replayed: body.train_replayed };
       const tasks: AcceptedTask[] = Array.from({ length: body.n }, (_, k) => ({
