@@ -122,6 +122,19 @@ describe("replaying a recorded rollout", () => {
     expect(after.replayed - before.replayed).toBe(3);
   });
 
+  it("a branch sampled otherwise than its source: replayed records keep the sampling their tokens were drawn with, sampled ones have the branch's", async () => {
+    const branch = await open(h, { replay: { session_id: source.id, calls: 2 }, sampling: { temperature: 0.3, top_p: 0.9 } });
+    await runAgent(h, branch, user);
+    const records = await h.records(branch.id);
+    expect(records.map((r) => r.request.sampling)).toEqual([
+      sourceRecords[0]!.request.sampling,
+      sourceRecords[1]!.request.sampling,
+      expect.objectContaining({ temperature: 0.3, top_p: 0.9 }),
+      expect.objectContaining({ temperature: 0.3, top_p: 0.9 }),
+    ]);
+    expect(sourceRecords[0]!.request.sampling.temperature).not.toBe(0.3);
+  });
+
   it("with train: true the replayed answers keep their logprobs and stay trainable", async () => {
     const branch = await open(h, { replay: { session_id: source.id, calls: 2, train: true } });
     await runAgent(h, branch, user);

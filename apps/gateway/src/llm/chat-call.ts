@@ -772,7 +772,8 @@ export class ChatCaller {
       weight_version: versions.weight_version,
       request: {
         messages: request.messages,
-        sampling: request.sampling,
+        // A replayed answer's tokens and logprobs were drawn with its source's sampling, not this session's.
+        sampling: source ? source.request.sampling : request.sampling,
         ...(request.tools ? { tools: request.tools } : {}),
         ...(request.tool_choice ? { tool_choice: request.tool_choice } : {}),
         ...(request.enable_thinking !== undefined ? { enable_thinking: request.enable_thinking } : {}),
