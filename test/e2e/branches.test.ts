@@ -162,6 +162,21 @@ describe("branching a recorded rollout", () => {
     expect(refused.status).not.toBe(0);
     expect(refused.stderr).toMatch(/made 4 LLM calls/);
 
+    // A group id names one branch request: sent again it is the same group (a retry), used for
+    // another branch point or group it is refused, not merged into a group callback about other runs.
+    const groupId = `g-${Date.now()}`;
+    const once = await api(`/v1/tasks/${id}/branches`, { body: { at_call: 1, n: 2, group_id: groupId } });
+    expect(once.status).toBe(202);
+    const again = await api(`/v1/tasks/${id}/branches`, { body: { at_call: 1, n: 2, group_id: groupId } });
+    expect(again).toMatchObject({ status: 202, body: once.body });
+    const elsewhere = await api(`/v1/tasks/${id}/branches`, { body: { at_call: 2, n: 2, group_id: groupId } });
+    expect(elsewhere.status).toBe(409);
+    expect(JSON.stringify(elsewhere.body)).toMatch(new RegExp(`group ${groupId} exists`));
+    const grpo = `grpo-${Date.now()}`;
+    expect((await api("/v1/tasks/batch", { body: { group_id: grpo, n: 1, task: buildTask() } })).status).toBe(202);
+    expect((await api(`/v1/tasks/${id}/branches`, { body: { at_call: 1, n: 1, group_id: grpo } })).status).toBe(409);
+    for (const t of [`${groupId}-0`, `${groupId}-1`, `${grpo}-0`]) await terminal(t);
+
     // A rollout whose session was deleted has no records to replay: said so, not "made 0 LLM calls".
     const { session_id } = (await api(`/v1/tasks/${id}`)).body as { session_id: string };
     expect((await api(`/v1/sessions/${session_id}`, { method: "DELETE" })).status).toBe(204);

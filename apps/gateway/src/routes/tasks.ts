@@ -152,6 +152,15 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       if (why) return reply.code(409).send(errorBody("conflict", `task ${source.id} cannot be replayed to call ${body.at_call}: ${why}`));
       const last = (await ctx.sessions.record(source.session_id, body.at_call - 1))!;
       const groupId = body.group_id ?? `b-${randomUUID()}`;
+      // A group id names one branch request. Sent again (a retry) it is that group: kept as it was
+      // defined, its members submitted again (idempotent: only one a failed first send missed is
+      // made). Another group's id would have its callback tell this branch point with the rewards
+      // of other runs.
+      const existing = body.group_id ? await ctx.tasks.groupDefinition(groupId) : null;
+      if (existing && !(existing.branch?.task_id === source.id && existing.branch.at_call === body.at_call && existing.size === body.n)) {
+        const what = existing.branch ? `branches of task ${existing.branch.task_id} at call ${existing.branch.at_call}, n = ${existing.size}` : `a group of ${existing.size} tasks`;
+        return reply.code(409).send(errorBody("conflict", `group ${groupId} exists (${what}): give this branch request another group_id`));
+      }
       const branch = { task_id: source.id, session_id: source.session_id, at_call: body.at_call, train_replayed: body.train_replayed };
       const tasks: AcceptedTask[] = Array.from({ length: body.n }, (_, k) => ({
         ...source.task,
@@ -162,11 +171,13 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
         callback: null,
         branch,
       }));
-      await ctx.tasks.defineGroup(groupId, body.n, body.callback ?? null, {
-        task_id: source.id,
-        at_call: body.at_call,
-        shared_prefix_ids: last.prompt_ids.concat(last.output_ids),
-      });
+      if (!existing) {
+        await ctx.tasks.defineGroup(groupId, body.n, body.callback ?? null, {
+          task_id: source.id,
+          at_call: body.at_call,
+          shared_prefix_ids: last.prompt_ids.concat(last.output_ids),
+        });
+      }
       for (const t of tasks) await submit(t);
       return reply.code(202).send({ group_id: groupId, task_ids: tasks.map((t) => t.id) });
     });
