@@ -239,6 +239,32 @@ describe("replaying a recorded rollout", () => {
     expect((await open(h, { replay: { session_id: source.id, calls: 4 } })).status).toBe(201);
   });
 
+  it("a branch sampled on new weights: the masked replayed answers do not count as a weight change of its trace, trained ones do", async () => {
+    const setWeights = (version: string) => fetch(`${h.url}/admin/weights`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ version }) });
+    expect((await setWeights("step-1")).status).toBe(200);
+    const src = await open(h);
+    await runAgent(h, src, user);
+    expect((await setWeights("step-2")).status).toBe(200);
+    const stats = async (train: boolean) => {
+      const branch = await open(h, { replay: { session_id: src.id, calls: 2, train } });
+      await runAgent(h, branch, user);
+      expect((await h.records(branch.id)).map((r) => r.weight_version)).toEqual(["step-1", "step-1", "step-2", "step-2"]);
+      const t = (await (await fetch(`${h.url}/v1/sessions/${branch.id}/trajectory`)).json()) as Trajectory;
+      expect(t.traces).toHaveLength(1);
+      // The versions of the trained tokens (glue between answers and masked tokens have none).
+      return { tokens: [...new Set(t.traces[0]!.weight_versions.filter((v) => v !== null))], stats: t.stats };
+    };
+    // Masked: every trainable token was sampled by step-2, as the per-token versions say.
+    const masked = await stats(false);
+    expect(masked.tokens).toEqual(["step-2"]);
+    expect(masked.stats).toMatchObject({ weight_versions: ["step-2"], weight_changes: 0, traces_with_weight_change: 0 });
+    expect(masked.stats.per_trace[0]).toMatchObject({ weight_versions: ["step-2"], weight_changes: 0 });
+    // Trained: the replayed tokens are step-1's and are trained on too.
+    const trained = await stats(true);
+    expect(trained.tokens).toEqual(["step-1", "step-2"]);
+    expect(trained.stats).toMatchObject({ weight_versions: ["step-1", "step-2"], weight_changes: 1, traces_with_weight_change: 1 });
+  });
+
   it("a replay of a session that does not exist is refused when the session is opened", async () => {
     const res = await open(h, { replay: { session_id: "s-nope", calls: 1 } });
     expect(res.status).toBe(404);
