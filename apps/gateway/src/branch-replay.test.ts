@@ -198,6 +198,27 @@ describe("replaying a recorded rollout", () => {
     expect((await session(h, branch.id)).replay_diverged).toBeNull();
   });
 
+  it("calls that ask the same and were answered differently in the source (parallel workers with one prompt) are each given one of those answers in the branch, not the first one twice", async () => {
+    const same = { model: "m", messages: [{ role: "user" as const, content: `count to five\n#sim: ${JSON.stringify([{ text: "one two three four five" }])}` }] };
+    const other = { model: "m", messages: [{ role: "user" as const, content: "Write a title for: counting" }] };
+    const src = await open(h);
+    // Call 0 and call 2 ask the same; call 2's answer was cut by its token budget.
+    const full = await sdk(h, src).chat.completions.create({ ...same, max_tokens: 100 });
+    await sdk(h, src).chat.completions.create(other);
+    const cut = await sdk(h, src).chat.completions.create({ ...same, max_tokens: 2 });
+    expect(cut.choices[0]!.finish_reason).toBe("length");
+    const srcRecords = await h.records(src.id);
+    // The branch's workers arrive in another order: both counting calls first.
+    const branch = await open(h, { replay: { session_id: src.id, calls: 3 } });
+    const first = await sdk(h, branch).chat.completions.create({ ...same, max_tokens: 100 });
+    const second = await sdk(h, branch).chat.completions.create({ ...same, max_tokens: 2 });
+    const titled = await sdk(h, branch).chat.completions.create(other);
+    expect(first.choices[0]!.message.content).toBe(full.choices[0]!.message.content);
+    expect(second.choices[0]).toMatchObject({ finish_reason: "length", message: { content: cut.choices[0]!.message.content } });
+    expect(titled.choices[0]!.message.content).toBe(srcRecords[1]!.message.content);
+    expect((await h.records(branch.id)).map((r) => r.replayed_from)).toEqual([srcRecords[0]!.id, srcRecords[2]!.id, srcRecords[1]!.id]);
+  });
+
   it("an agent that asks something else before the branch point is refused: replay_diverged, with the call and the difference", async () => {
     const branch = await open(h, { replay: { session_id: source.id, calls: 3 } });
     // The sandbox of this run answers the second tool call differently.
