@@ -12,7 +12,7 @@ import { createHmac } from "node:crypto";
 import path from "node:path";
 import type { StartedChild } from "@rollgate/testkit";
 import { RollgateClient } from "@rollgate/client";
-import type { CompletionRecord, GroupResult, Trajectory } from "@rollgate/protocol";
+import type { CompletionRecord, GroupResult, TaskEvent, Trajectory } from "@rollgate/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
 import { REPO_ROOT } from "../support/cluster.js";
@@ -107,6 +107,10 @@ describe("branching a recorded rollout", () => {
       const leaf = await terminal(again.task_ids[0]!);
       expect(leaf.result).toMatchObject({ status: "completed", reward: 1 });
       expect((await records(leaf.session_id!)).map((r) => r.replayed_from != null)).toEqual([true, true, true, false]);
+      // Its task events say which calls were answered from records: their tokens are not the engine's work.
+      const calls: TaskEvent[] = [];
+      for await (const e of new RollgateClient({ baseUrl: gateway.ready }).streamEvents(leaf.id)) if (e.type === "llm_call") calls.push(e);
+      expect(calls.map((e) => e.data.replayed ?? false)).toEqual([true, true, true, false]);
     } finally {
       await trainer.close();
     }

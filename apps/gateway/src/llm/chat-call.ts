@@ -831,6 +831,8 @@ export class ChatCaller {
             cached_tokens: record.usage.cached_tokens,
             finish_reason: record.finish_reason,
             latency_ms: record.latency_ms,
+            // A branch's replayed call: its tokens are its source's, not the engine's work now.
+            ...(record.replayed_from ? { replayed: true } : {}),
           })
         : null,
     ]);
