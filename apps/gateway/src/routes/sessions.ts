@@ -56,20 +56,6 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
   return async (plain) => {
     const app = plain.withTypeProvider<ZodTypeProvider>();
 
-    /**
-     * A session's records, once the ones still being written are stored: this replica's always; a
-     * closed session's on any replica too (its close waited for them already, so this is one look).
-     * An open session's calls may still be running: what it answers is the records so far.
-     */
-    const stored = async (id: string, session: Session): Promise<void> => {
-      if (session.state === "closed") await ctx.caller.pending.settled(id);
-      else await ctx.caller.pending.local(id);
-    };
-    const recordsOf = async (id: string, session: Session): Promise<CompletionRecord[]> => {
-      await stored(id, session);
-      return ctx.sessions.records(id);
-    };
-
     const openSchema = {
       tags,
       security,
@@ -88,8 +74,10 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
         const { session_id: sourceId, calls } = body.replay;
         const source = await ctx.sessions.get(sourceId);
         if (!source) return reply.code(404).send(errorBody("not_found", `no session ${sourceId} to replay`));
-        // Each replayed call needs a record to answer from (a source still open: the ones stored so far).
-        await stored(sourceId, source);
+        // Each replayed call needs a record to answer from. A source still open: the records of its
+        // calls that have answered, on any replica (one that just answered may still be storing it).
+        if (source.state === "closed") await ctx.caller.pending.settled(sourceId);
+        else await ctx.caller.pending.earlierSettled(sourceId, calls);
         const gap = replayGap(await ctx.sessions.recordHeads(sourceId), calls);
         if (gap) return reply.code(409).send(errorBody("conflict", `session ${sourceId} cannot be replayed to call ${calls}: ${gap}`));
       }
@@ -109,6 +97,17 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const response: CreateSessionResponse = { id, token, ...sessionUrls(ctx.publicUrl(), id) };
       return reply.code(201).send(response);
     });
+
+    /**
+     * A session's records, once the ones still being written are stored: this replica's always; a
+     * closed session's on any replica too (its close waited for them already, so this is one look).
+     * An open session's calls may still be running: what it answers is the records so far.
+     */
+    const recordsOf = async (id: string, session: Session): Promise<CompletionRecord[]> => {
+      if (session.state === "closed") await ctx.caller.pending.settled(id);
+      else await ctx.caller.pending.local(id);
+      return ctx.sessions.records(id);
+    };
 
     // The trajectory built now from the session's records, or the invariant it breaks. `settled`:
     // the caller already waited for the session's pending calls (its close did).
