@@ -150,11 +150,6 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const heads = (await ctx.sessions.get(source.session_id)) ? await ctx.sessions.recordHeads(source.session_id) : null;
       const why = heads ? replayGap(heads, body.at_call) : `its session ${source.session_id} was deleted, and its records with it`;
       if (why) return reply.code(409).send(errorBody("conflict", `task ${source.id} cannot be replayed to call ${body.at_call}: ${why}`));
-      // No call of the rollout from at_call on: every branch would replay it whole and sample nothing.
-      const made = await ctx.sessions.numberedCalls(source.session_id);
-      if (body.at_call >= made) {
-        return reply.code(409).send(errorBody("conflict", `task ${source.id} made ${made} LLM calls: a branch at call ${body.at_call} would replay them all and sample nothing (${made > 1 ? `branch at 1…${made - 1}` : "it has no call to branch at"})`));
-      }
       const last = (await ctx.sessions.record(source.session_id, body.at_call - 1))!;
       const groupId = body.group_id ?? `b-${randomUUID()}`;
       // A group id names one branch request. Sent again (a retry) it is that group: kept as it was
