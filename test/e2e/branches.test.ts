@@ -12,7 +12,7 @@ import { createHmac } from "node:crypto";
 import path from "node:path";
 import type { StartedChild } from "@rollgate/testkit";
 import { RollgateClient } from "@rollgate/client";
-import type { CompletionRecord, GroupResult, Trajectory } from "@rollgate/protocol";
+import type { CompletionRecord, GroupResult, TaskEvent, Trajectory } from "@rollgate/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
 import { REPO_ROOT } from "../support/cluster.js";
@@ -107,6 +107,10 @@ describe("branching a recorded rollout", () => {
       const leaf = await terminal(again.task_ids[0]!);
       expect(leaf.result).toMatchObject({ status: "completed", reward: 1 });
       expect((await records(leaf.session_id!)).map((r) => r.replayed_from != null)).toEqual([true, true, true, false]);
+      // Its task events say which calls were answered from records: their tokens are not the engine's work.
+      const calls: TaskEvent[] = [];
+      for await (const e of new RollgateClient({ baseUrl: gateway.ready }).streamEvents(leaf.id)) if (e.type === "llm_call") calls.push(e);
+      expect(calls.map((e) => e.data.replayed ?? false)).toEqual([true, true, true, false]);
     } finally {
       await trainer.close();
     }
@@ -161,5 +165,27 @@ describe("branching a recorded rollout", () => {
     const refused = cli("branch", id, "--at", "9");
     expect(refused.status).not.toBe(0);
     expect(refused.stderr).toMatch(/made 4 LLM calls/);
+
+    // A group id names one branch request: sent again it is the same group (a retry), used for
+    // another branch point or group it is refused, not merged into a group callback about other runs.
+    const groupId = `g-${Date.now()}`;
+    const once = await api(`/v1/tasks/${id}/branches`, { body: { at_call: 1, n: 2, group_id: groupId } });
+    expect(once.status).toBe(202);
+    const again = await api(`/v1/tasks/${id}/branches`, { body: { at_call: 1, n: 2, group_id: groupId } });
+    expect(again).toMatchObject({ status: 202, body: once.body });
+    const elsewhere = await api(`/v1/tasks/${id}/branches`, { body: { at_call: 2, n: 2, group_id: groupId } });
+    expect(elsewhere.status).toBe(409);
+    expect(JSON.stringify(elsewhere.body)).toMatch(new RegExp(`group ${groupId} exists`));
+    const grpo = `grpo-${Date.now()}`;
+    expect((await api("/v1/tasks/batch", { body: { group_id: grpo, n: 1, task: buildTask() } })).status).toBe(202);
+    expect((await api(`/v1/tasks/${id}/branches`, { body: { at_call: 1, n: 1, group_id: grpo } })).status).toBe(409);
+    for (const t of [`${groupId}-0`, `${groupId}-1`, `${grpo}-0`]) await terminal(t);
+
+    // A rollout whose session was deleted has no records to replay: said so, not "made 0 LLM calls".
+    const { session_id } = (await api(`/v1/tasks/${id}`)).body as { session_id: string };
+    expect((await api(`/v1/sessions/${session_id}`, { method: "DELETE" })).status).toBe(204);
+    const gone = await api(`/v1/tasks/${id}/branches`, { body: { at_call: 1, n: 1 } });
+    expect(gone.status).toBe(409);
+    expect(JSON.stringify(gone.body)).toMatch(new RegExp(`its session ${session_id} was deleted`));
   }, 120_000);
 });

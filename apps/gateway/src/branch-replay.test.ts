@@ -91,6 +91,50 @@ describe("replaying a recorded rollout", () => {
     expect(t.stats.trainable_tokens).toBe(records[2]!.output_ids.length + records[3]!.output_ids.length);
   });
 
+  it("replayed calls are not engine calls in the metrics: the engine's calls, tokens and latency count only what it generated; replays count apart", async () => {
+    /** A metric summed over its label sets (only `kind`'s is kept apart). */
+    const scrape = async () => {
+      const text = await (await fetch(`${h.url}/metrics`)).text();
+      const sum = (name: string, kind?: string) =>
+        text
+          .split("\n")
+          .filter((l) => l.startsWith(`${name}{`) && (kind === undefined || l.includes(`kind="${kind}"`)))
+          .reduce((n, l) => n + Number(l.slice(l.lastIndexOf(" ") + 1)), 0);
+      return {
+        calls: sum("rollgate_llm_calls_total"),
+        completion: sum("rollgate_llm_tokens_total", "completion"),
+        prompt: sum("rollgate_llm_tokens_total", "prompt"),
+        latencyCount: sum("rollgate_engine_latency_seconds_count"),
+        replayed: sum("rollgate_replayed_calls_total"),
+      };
+    };
+    const before = await scrape();
+    const branch = await open(h, { replay: { session_id: source.id, calls: 3 } });
+    await runAgent(h, branch, user);
+    const records = await h.records(branch.id);
+    expect(records.map((r) => r.replayed_from !== undefined)).toEqual([true, true, true, false]);
+    const after = await scrape();
+    // Only call 3 went to the engine.
+    expect(after.calls - before.calls).toBe(1);
+    expect(after.completion - before.completion).toBe(records[3]!.usage.completion_tokens);
+    expect(after.prompt - before.prompt).toBe(records[3]!.usage.prompt_tokens);
+    expect(after.latencyCount - before.latencyCount).toBe(1);
+    expect(after.replayed - before.replayed).toBe(3);
+  });
+
+  it("a branch sampled otherwise than its source: replayed records keep the sampling their tokens were drawn with, sampled ones have the branch's", async () => {
+    const branch = await open(h, { replay: { session_id: source.id, calls: 2 }, sampling: { temperature: 0.3, top_p: 0.9 } });
+    await runAgent(h, branch, user);
+    const records = await h.records(branch.id);
+    expect(records.map((r) => r.request.sampling)).toEqual([
+      sourceRecords[0]!.request.sampling,
+      sourceRecords[1]!.request.sampling,
+      expect.objectContaining({ temperature: 0.3, top_p: 0.9 }),
+      expect.objectContaining({ temperature: 0.3, top_p: 0.9 }),
+    ]);
+    expect(sourceRecords[0]!.request.sampling.temperature).not.toBe(0.3);
+  });
+
   it("with train: true the replayed answers keep their logprobs and stay trainable", async () => {
     const branch = await open(h, { replay: { session_id: source.id, calls: 2, train: true } });
     await runAgent(h, branch, user);
@@ -154,6 +198,27 @@ describe("replaying a recorded rollout", () => {
     expect((await session(h, branch.id)).replay_diverged).toBeNull();
   });
 
+  it("calls that ask the same and were answered differently in the source (parallel workers with one prompt) are each given one of those answers in the branch, not the first one twice", async () => {
+    const same = { model: "m", messages: [{ role: "user" as const, content: `count to five\n#sim: ${JSON.stringify([{ text: "one two three four five" }])}` }] };
+    const other = { model: "m", messages: [{ role: "user" as const, content: "Write a title for: counting" }] };
+    const src = await open(h);
+    // Call 0 and call 2 ask the same; call 2's answer was cut by its token budget.
+    const full = await sdk(h, src).chat.completions.create({ ...same, max_tokens: 100 });
+    await sdk(h, src).chat.completions.create(other);
+    const cut = await sdk(h, src).chat.completions.create({ ...same, max_tokens: 2 });
+    expect(cut.choices[0]!.finish_reason).toBe("length");
+    const srcRecords = await h.records(src.id);
+    // The branch's workers arrive in another order: both counting calls first.
+    const branch = await open(h, { replay: { session_id: src.id, calls: 3 } });
+    const first = await sdk(h, branch).chat.completions.create({ ...same, max_tokens: 100 });
+    const second = await sdk(h, branch).chat.completions.create({ ...same, max_tokens: 2 });
+    const titled = await sdk(h, branch).chat.completions.create(other);
+    expect(first.choices[0]!.message.content).toBe(full.choices[0]!.message.content);
+    expect(second.choices[0]).toMatchObject({ finish_reason: "length", message: { content: cut.choices[0]!.message.content } });
+    expect(titled.choices[0]!.message.content).toBe(srcRecords[1]!.message.content);
+    expect((await h.records(branch.id)).map((r) => r.replayed_from)).toEqual([srcRecords[0]!.id, srcRecords[2]!.id, srcRecords[1]!.id]);
+  });
+
   it("an agent that asks something else before the branch point is refused: replay_diverged, with the call and the difference", async () => {
     const branch = await open(h, { replay: { session_id: source.id, calls: 3 } });
     // The sandbox of this run answers the second tool call differently.
@@ -164,6 +229,61 @@ describe("replaying a recorded rollout", () => {
     expect(err?.status).toBe(409);
     expect(err?.message).toMatch(/left the replayed rollout at call 2: message 4 differs/);
     expect((await session(h, branch.id)).replay_diverged).toEqual({ call: 2, message: expect.stringMatching(/^message 4 differs: recorded .*ok 1.*, asked .*something else/) });
+  });
+
+  it("a replayed call that asks for another rendering of the same messages (thinking off, another effort, a forced tool) is refused: the recorded answer was not sampled for that prompt", async () => {
+    const first = { model: "m", messages: [{ role: "user" as const, content: user }], tools: TOOLS };
+    for (const [asked, named] of [
+      [{ chat_template_kwargs: { enable_thinking: false } }, /enable_thinking/],
+      [{ reasoning_effort: "low" }, /reasoning_effort/],
+      [{ tool_choice: "required" }, /tool_choice/],
+    ] as const) {
+      const branch = await open(h, { replay: { session_id: source.id, calls: 2 } });
+      const err = await sdk(h, branch)
+        .chat.completions.create({ ...first, ...asked } as OpenAI.ChatCompletionCreateParamsNonStreaming)
+        .then(
+          () => null,
+          (e: unknown) => e as InstanceType<typeof OpenAI.APIError>,
+        );
+      expect(err?.status).toBe(409);
+      expect(err?.message).toMatch(named);
+      expect((await session(h, branch.id)).replay_diverged).toEqual({ call: 0, message: expect.stringMatching(named) });
+      expect(await h.records(branch.id)).toEqual([]);
+    }
+  });
+
+  it("a replay past what the source recorded is refused when the session is opened, not left to fail as a divergence at that call", async () => {
+    const past = await fetch(`${h.url}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ replay: { session_id: source.id, calls: 5 } }) });
+    expect(past.status).toBe(409);
+    expect(((await past.json()) as { error: { type: string; message: string } }).error).toEqual({ type: "conflict", message: expect.stringMatching(/cannot be replayed to call 5: its rollout made 4 LLM calls/) });
+    // The whole recorded rollout can be replayed.
+    expect((await open(h, { replay: { session_id: source.id, calls: 4 } })).status).toBe(201);
+  });
+
+  it("a branch sampled on new weights: the masked replayed answers do not count as a weight change of its trace, trained ones do", async () => {
+    const setWeights = (version: string) => fetch(`${h.url}/admin/weights`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ version }) });
+    expect((await setWeights("step-1")).status).toBe(200);
+    const src = await open(h);
+    await runAgent(h, src, user);
+    expect((await setWeights("step-2")).status).toBe(200);
+    const stats = async (train: boolean) => {
+      const branch = await open(h, { replay: { session_id: src.id, calls: 2, train } });
+      await runAgent(h, branch, user);
+      expect((await h.records(branch.id)).map((r) => r.weight_version)).toEqual(["step-1", "step-1", "step-2", "step-2"]);
+      const t = (await (await fetch(`${h.url}/v1/sessions/${branch.id}/trajectory`)).json()) as Trajectory;
+      expect(t.traces).toHaveLength(1);
+      // The versions of the trained tokens (glue between answers and masked tokens have none).
+      return { tokens: [...new Set(t.traces[0]!.weight_versions.filter((v) => v !== null))], stats: t.stats };
+    };
+    // Masked: every trainable token was sampled by step-2, as the per-token versions say.
+    const masked = await stats(false);
+    expect(masked.tokens).toEqual(["step-2"]);
+    expect(masked.stats).toMatchObject({ weight_versions: ["step-2"], weight_changes: 0, traces_with_weight_change: 0 });
+    expect(masked.stats.per_trace[0]).toMatchObject({ weight_versions: ["step-2"], weight_changes: 0 });
+    // Trained: the replayed tokens are step-1's and are trained on too.
+    const trained = await stats(true);
+    expect(trained.tokens).toEqual(["step-1", "step-2"]);
+    expect(trained.stats).toMatchObject({ weight_versions: ["step-1", "step-2"], weight_changes: 1, traces_with_weight_change: 1 });
   });
 
   it("a replay of a session that does not exist is refused when the session is opened", async () => {

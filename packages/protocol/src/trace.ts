@@ -74,7 +74,7 @@ export const TraceStats = z.object({
   records: z.number().int(),
   response_tokens: z.number().int(),
   trainable_tokens: z.number().int(),
-  /** Distinct weight versions of the records merged into this trace, in order of first use. */
+  /** Distinct weight versions of the records merged into this trace, in order of first use (a branch's masked replayed answers not counted: they are no sample of this run). */
   weight_versions: z.array(WeightVersion),
   /** How many times the weight version changes along this trace's generated tokens (between records, or inside one continued after a pause). */
   weight_changes: z.number().int(),

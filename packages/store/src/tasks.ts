@@ -476,6 +476,13 @@ export class TaskStore {
     });
   }
 
+  /** A defined group's size and, for a group of branches, what it shares; null when no group has the id. */
+  async groupDefinition(groupId: string): Promise<{ size: number; branch: GroupBranchSpec | null } | null> {
+    const [size, branch] = await this.redis.hmget(this.k.group(groupId), "size", "branch");
+    if (size === null) return null;
+    return { size: Number(size), branch: branch ? (JSON.parse(branch) as GroupBranchSpec) : null };
+  }
+
   /** What a group of branches shares (its rewards are added when its callback is built); null for any other group. */
   async groupBranch(groupId: string): Promise<GroupBranchSpec | null> {
     const raw = await this.redis.hget(this.k.group(groupId), "branch");

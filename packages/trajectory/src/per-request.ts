@@ -1,5 +1,5 @@
 import type { CompletionRecord } from "@rollgate/protocol";
-import { outputColumns, versionRuns } from "./records.js";
+import { outputColumns, trainedVersionRuns } from "./records.js";
 import type { BuiltTraces } from "./types.js";
 
 /** The `per_request` builder: one trace per record, its whole output trainable. */
@@ -15,7 +15,7 @@ export function perRequestTraces(records: readonly CompletionRecord[], trainRepl
     })),
     spans: records.map((r) => [{ record_id: r.id, start: 0, output_start: 0, end: r.output_ids.length }]),
     records: records.map((r) => [r]),
-    record_versions: records.map(versionRuns),
+    record_versions: records.map((r) => trainedVersionRuns(r, trainReplayed)),
     breaks: [],
   };
 }

@@ -1,7 +1,7 @@
 import type { CompletionRecord, WeightVersion } from "@rollgate/protocol";
 import { RoutingPieces } from "./routed-experts.js";
 import { classifyBreak, type BreakEvidence, type ChainView } from "./breaks.js";
-import { outputColumns, versionRuns } from "./records.js";
+import { outputColumns, trainedVersionRuns } from "./records.js";
 import {
   commonPrefix,
   EMPTY_HASH,
@@ -235,7 +235,7 @@ export function prefixMergingTraces(records: readonly CompletionRecord[], templa
     })),
     spans: m.chains.map((c) => c.spans),
     records: m.chains.map((c) => c.records),
-    record_versions: m.chains.map((c) => c.records.flatMap(versionRuns)),
+    record_versions: m.chains.map((c) => c.records.flatMap((r) => trainedVersionRuns(r, trainReplayed))),
     breaks: m.breaks,
   };
 }

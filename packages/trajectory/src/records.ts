@@ -55,6 +55,14 @@ export function trainable(r: CompletionRecord, trainReplayed = false): boolean {
   return r.replayed_from === undefined || trainReplayed;
 }
 
+/**
+ * The versions that sampled what a trace trains of this record (its versionRuns), none for a
+ * masked replayed answer: its trace's weight stats count the policies its trainable tokens came from.
+ */
+export function trainedVersionRuns(r: CompletionRecord, trainReplayed = false): WeightVersion[] {
+  return trainable(r, trainReplayed) ? versionRuns(r) : [];
+}
+
 /** A record's output columns in a trace: its logprobs, mask 1 and versions when trained, else 0 / 0 / null. */
 export function outputColumns(r: CompletionRecord, trainReplayed = false): { logprobs: number[]; mask: (0 | 1)[]; versions: WeightVersion[] } {
   if (trainable(r, trainReplayed)) return { logprobs: r.output_logprobs.slice(), mask: r.output_ids.map(() => 1 as const), versions: outputVersions(r) };

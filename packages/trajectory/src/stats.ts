@@ -1,5 +1,4 @@
 import type { CompletionRecord, WeightVersion } from "@rollgate/protocol";
-import { versionRuns } from "./records.js";
 import type { BuiltTraces, BuiltTrajectoryStats, TraceStats } from "./types.js";
 
 function distinct(versions: readonly WeightVersion[]): WeightVersion[] {
@@ -28,7 +27,8 @@ export function computeStats(records: readonly CompletionRecord[], built: BuiltT
     response_tokens: per_trace.reduce((a, s) => a + s.response_tokens, 0),
     trainable_tokens: per_trace.reduce((a, s) => a + s.trainable_tokens, 0),
     breaks: built.breaks,
-    weight_versions: distinct(records.flatMap(versionRuns)),
+    // The traces' (a masked replayed answer's version is no policy of this run's samples).
+    weight_versions: distinct(built.record_versions.flat()),
     merged_records: records.length - built.traces.length,
     weight_changes: per_trace.reduce((a, s) => a + s.weight_changes, 0),
     traces_with_weight_change: per_trace.filter((s) => s.weight_changes > 0).length,

@@ -42,7 +42,7 @@ export interface BuiltTraces {
   /** Per trace, the records it holds, in order. */
   records: CompletionRecord[][];
   spans: RecordSpan[][];
-  /** Per trace, the weight version of each merged record, in order. */
+  /** Per trace, the weight versions of each merged record it trains, in order (none for a masked replayed answer). */
   record_versions: WeightVersion[][];
   breaks: BuiltTraceBreak[];
 }

@@ -319,13 +319,31 @@ export class ChatCaller {
     const source = await this.deps.sessions.record(replay.session_id, seq);
     const difference = source ? replayDifference(source.request, request) : `the source session ${replay.session_id} has no call ${seq}`;
     if (source && !difference) return source;
+    // Two calls may ask the same and have been answered differently (parallel workers given one
+    // prompt): a source call an earlier call of this branch was answered with is not given again.
+    const used = await this.replayedEarlier(session.id, seq);
     for (let other = Math.max(0, seq - REPLAY_REORDER); other < Math.min(replay.calls, seq + REPLAY_REORDER + 1); other++) {
       if (other === seq) continue;
       const sibling = await this.deps.sessions.record(replay.session_id, other);
-      if (sibling && !replayDifference(sibling.request, request)) return sibling;
+      if (sibling && !used.has(sibling.id) && !replayDifference(sibling.request, request)) return sibling;
     }
     await this.deps.sessions.markReplayDiverged(session.id, { call: seq, message: difference! });
     throw new CallRejected(`the branch left the replayed rollout at call ${seq}: ${difference!}`, 409, "replay_diverged");
+  }
+
+  /**
+   * The source records the branch's calls before `seq` were answered with, as far back as one of
+   * them could have taken a neighbour of `seq` (once those calls are stored). Read only when a call
+   * is not its own number's: an agent's calls sent together, rare.
+   */
+  private async replayedEarlier(sid: string, seq: number): Promise<Set<string>> {
+    await this.deps.pending.earlierSettled(sid, seq);
+    const used = new Set<string>();
+    for (let earlier = Math.max(0, seq - 2 * REPLAY_REORDER); earlier < seq; earlier++) {
+      const replayedFrom = (await this.deps.sessions.record(sid, earlier))?.replayed_from;
+      if (replayedFrom) used.add(replayedFrom);
+    }
+    return used;
   }
 
   private servedModel(engine: number): Promise<string> {
@@ -772,7 +790,8 @@ export class ChatCaller {
       weight_version: versions.weight_version,
       request: {
         messages: request.messages,
-        sampling: request.sampling,
+        // A replayed answer's tokens and logprobs were drawn with its source's sampling, not this session's.
+        sampling: source ? source.request.sampling : request.sampling,
         ...(request.tools ? { tools: request.tools } : {}),
         ...(request.tool_choice ? { tool_choice: request.tool_choice } : {}),
         ...(request.enable_thinking !== undefined ? { enable_thinking: request.enable_thinking } : {}),
@@ -813,6 +832,8 @@ export class ChatCaller {
             cached_tokens: record.usage.cached_tokens,
             finish_reason: record.finish_reason,
             latency_ms: record.latency_ms,
+            // A branch's replayed call: its tokens are its source's, not the engine's work now.
+            ...(record.replayed_from ? { replayed: true } : {}),
           })
         : null,
     ]);

@@ -31,8 +31,16 @@ function differingParts(a: unknown, b: unknown): { recorded: string; asked: stri
 }
 
 /**
+ * What else shapes the answer besides the messages and tools: how the template renders them
+ * (thinking on or off, the effort, the client's template kwargs) and what decoding may emit (a
+ * forced tool). The recorded answer was sampled for the recorded request's, so they must be the same.
+ */
+const RENDERING_FIELDS = ["reasoning_effort", "chat_template_kwargs", "enable_thinking", "tool_choice"] as const;
+
+/**
  * Null when the agent's request asks what the recorded one asked (the same messages, with echoed
- * turns restored from the session's records, and the same tools); else the first difference, in words.
+ * turns restored from the session's records, the same tools, and the same rendering and tool
+ * choice); else the first difference, in words.
  */
 export function replayDifference(recorded: CompletionRecord["request"], asked: CanonicalChatRequest): string | null {
   const a = recorded.messages;
@@ -46,6 +54,24 @@ export function replayDifference(recorded: CompletionRecord["request"], asked: C
   if (a.length !== b.length) return `the recorded request has ${a.length} messages, this one ${b.length}`;
   if (canonicalJson(recorded.tools ?? []) !== canonicalJson(asked.tools ?? [])) {
     return `the tools differ: recorded ${(recorded.tools ?? []).map((t) => t.function.name).join(", ") || "none"}, asked ${(asked.tools ?? []).map((t) => t.function.name).join(", ") || "none"}`;
+  }
+  for (const field of RENDERING_FIELDS) {
+    if (canonicalJson(recorded[field]) !== canonicalJson(asked[field])) {
+      const d = differingParts(recorded[field], asked[field]);
+      return `${field} differs: recorded ${d.recorded}, asked ${d.asked}`;
+    }
+  }
+  return null;
+}
+
+/**
+ * Why a rollout with these records cannot be replayed to call `calls` (each of its first `calls`
+ * calls needs a record to answer from), or null when it can.
+ */
+export function replayGap(records: readonly Pick<CompletionRecord, "seq">[], calls: number): string | null {
+  const seqs = new Set(records.map((r) => r.seq));
+  for (let seq = 0; seq < calls; seq++) {
+    if (!seqs.has(seq)) return seq >= records.length ? `its rollout made ${records.length} LLM calls` : `its call ${seq} has no record (it failed)`;
   }
   return null;
 }

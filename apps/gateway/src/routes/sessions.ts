@@ -19,6 +19,7 @@ import { z } from "zod";
 import type { GatewayContext } from "../context.js";
 import { EngineError } from "../engines/errors.js";
 import { errorBody } from "../errors.js";
+import { replayGap } from "../llm/replay.js";
 import { trajectoryOptions } from "../trajectory-options.js";
 import { decodeTrajectory, type TokenDecoder } from "./dashboard-decode.js";
 import { IdParams, TRAINER_SECURITY, errorResponses, named } from "./schemas.js";
@@ -69,8 +70,16 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const id = body.id ?? `s-${randomUUID()}`;
       // An id this gateway made up is new (create's HSETNX still guards it): only a caller's own is looked up.
       if (body.id && (await ctx.sessions.get(id))) return reply.code(409).send(errorBody("conflict", `session ${id} exists`));
-      if (body.replay && !(await ctx.sessions.get(body.replay.session_id))) {
-        return reply.code(404).send(errorBody("not_found", `no session ${body.replay.session_id} to replay`));
+      if (body.replay) {
+        const { session_id: sourceId, calls } = body.replay;
+        const source = await ctx.sessions.get(sourceId);
+        if (!source) return reply.code(404).send(errorBody("not_found", `no session ${sourceId} to replay`));
+        // Each replayed call needs a record to answer from. A source still open: the records of its
+        // calls that have answered, on any replica (one that just answered may still be storing it).
+        if (source.state === "closed") await ctx.caller.pending.settled(sourceId);
+        else await ctx.caller.pending.earlierSettled(sourceId, calls);
+        const gap = replayGap(await ctx.sessions.recordHeads(sourceId), calls);
+        if (gap) return reply.code(409).send(errorBody("conflict", `session ${sourceId} cannot be replayed to call ${calls}: ${gap}`));
       }
       const healthy = ctx.registry.members().filter((m) => !ctx.health.isDown(m));
       // A branch goes to its source's rank while that rank is up: its prefix cache holds the replayed prefix.

@@ -6,6 +6,7 @@ import { z } from "zod";
 import type { GatewayContext } from "../context.js";
 import { errorBody } from "../errors.js";
 import { closeSessionSettled } from "../llm/close-session.js";
+import { replayGap } from "../llm/replay.js";
 import { IdParams, TRAINER_SECURITY, errorResponses, named, textResponse } from "./schemas.js";
 
 const TaskPage = named("TaskPage", z.object({ tasks: z.array(TaskRecord), next_cursor: z.string().nullable() }));
@@ -146,16 +147,21 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       if (!isTerminalStatus(source.status) || !source.session_id) {
         return reply.code(409).send(errorBody("conflict", `task ${source.id} is ${source.status}: a rollout can be branched once it has ended`));
       }
-      const records = await ctx.sessions.records(source.session_id);
-      const bySeq = new Map(records.map((r) => [r.seq, r]));
-      for (let seq = 0; seq < body.at_call; seq++) {
-        if (!bySeq.has(seq)) {
-          const why = seq >= records.length ? `its rollout made ${records.length} LLM calls` : `its call ${seq} has no record (it failed)`;
-          return reply.code(409).send(errorBody("conflict", `task ${source.id} cannot be replayed to call ${body.at_call}: ${why}`));
-        }
-      }
-      const last = bySeq.get(body.at_call - 1)!;
+      // A deleted session took its records with it: no rollout is left to replay.
+      const heads = (await ctx.sessions.get(source.session_id)) ? await ctx.sessions.recordHeads(source.session_id) : null;
+      const why = heads ? replayGap(heads, body.at_call) : `its session ${source.session_id} was deleted, and its records with it`;
+      if (why) return reply.code(409).send(errorBody("conflict", `task ${source.id} cannot be replayed to call ${body.at_call}: ${why}`));
+      const last = (await ctx.sessions.record(source.session_id, body.at_call - 1))!;
       const groupId = body.group_id ?? `b-${randomUUID()}`;
+      // A group id names one branch request. Sent again (a retry) it is that group: kept as it was
+      // defined, its members submitted again (idempotent: only one a failed first send missed is
+      // made). Another group's id would have its callback tell this branch point with the rewards
+      // of other runs.
+      const existing = body.group_id ? await ctx.tasks.groupDefinition(groupId) : null;
+      if (existing && !(existing.branch?.task_id === source.id && existing.branch.at_call === body.at_call && existing.size === body.n)) {
+        const what = existing.branch ? `branches of task ${existing.branch.task_id} at call ${existing.branch.at_call}, n = ${existing.size}` : `a group of ${existing.size} tasks`;
+        return reply.code(409).send(errorBody("conflict", `group ${groupId} exists (${what}): give this branch request another group_id`));
+      }
       const branch = { task_id: source.id, session_id: source.session_id, at_call: body.at_call, train_replayed: body.train_replayed };
       const tasks: AcceptedTask[] = Array.from({ length: body.n }, (_, k) => ({
         ...source.task,
@@ -166,11 +172,13 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
         callback: null,
         branch,
       }));
-      await ctx.tasks.defineGroup(groupId, body.n, body.callback ?? null, {
-        task_id: source.id,
-        at_call: body.at_call,
-        shared_prefix_ids: last.prompt_ids.concat(last.output_ids),
-      });
+      if (!existing) {
+        await ctx.tasks.defineGroup(groupId, body.n, body.callback ?? null, {
+          task_id: source.id,
+          at_call: body.at_call,
+          shared_prefix_ids: last.prompt_ids.concat(last.output_ids),
+        });
+      }
       for (const t of tasks) await submit(t);
       return reply.code(202).send({ group_id: groupId, task_ids: tasks.map((t) => t.id) });
     });
