@@ -28,8 +28,18 @@ export interface RelayOptions {
   sessionUrl: string;
   /** Where the agent may go besides its session; null: nowhere. */
   egress: EgressPolicy | null;
+  /** The most connections the sandbox may hold open to the relay at once (default MAX_RELAY_CONNECTIONS). */
+  maxConnections?: number;
   log?: { warn: (obj: object, msg: string) => void; debug?: (obj: object, msg: string) => void };
 }
+
+/**
+ * The most connections one sandbox holds open to its relay at once; more are closed as they come.
+ * Each is a descriptor of the worker's (and, forwarded, another to the gateway): an agent that
+ * opened connections without end would run the worker out of descriptors, and every rollout on it
+ * out of Redis, pipes and relays. Agents with many parallel calls stay far below it.
+ */
+export const MAX_RELAY_CONNECTIONS = 256;
 
 export type RelayListen = { path: string } | { host: string; port?: number };
 
@@ -39,6 +49,8 @@ export interface RelayStats {
   proxied: number;
   refused: number;
   upstreamErrors: number;
+  /** Connections closed as they came, the sandbox holding MAX_RELAY_CONNECTIONS already. */
+  dropped: number;
 }
 
 /** Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1), and ones undici sets itself. */
@@ -106,7 +118,7 @@ function refuse(res: http.ServerResponse, status: number, message: string) {
 }
 
 export class SessionRelay {
-  readonly stats: RelayStats = { forwarded: 0, proxied: 0, refused: 0, upstreamErrors: 0 };
+  readonly stats: RelayStats = { forwarded: 0, proxied: 0, refused: 0, upstreamErrors: 0, dropped: 0 };
   /** Agent calls the relay could not deliver to the gateway: infrastructure, so the rollout is not scored. */
   readonly lost: LostCalls = { count: 0, first: null };
   private readonly server: http.Server;
@@ -121,6 +133,14 @@ export class SessionRelay {
     this.server = http.createServer({ requestTimeout: 0 }, (req, res) => void this.onRequest(req, res));
     this.server.on("connect", (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => void this.onConnect(req, socket, head));
     this.server.on("clientError", (_err, socket) => socket.destroy());
+    this.server.maxConnections = o.maxConnections ?? MAX_RELAY_CONNECTIONS;
+    let dropsLogged = false;
+    this.server.on("drop", () => {
+      this.stats.dropped++;
+      if (dropsLogged) return;
+      dropsLogged = true;
+      this.o.log?.warn({ session_id: o.sessionId, max_connections: this.server.maxConnections }, "sandbox relay: the agent holds as many connections as it may; more are closed");
+    });
   }
 
   /** Starts a relay listening on a unix socket path or a TCP address. */

@@ -1,0 +1,102 @@
+/**
+ * A hostile agent in a sealed bubblewrap sandbox that goes after the worker rather than out of the
+ * sandbox: the relay it talks to is the worker's own process, so whatever it makes the relay hold
+ * (connections, and the descriptors behind them) the worker holds for every rollout it runs.
+ */
+import { mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import http from "node:http";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { RuntimeSpec } from "@rollgate/protocol";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { defaultSandboxPath } from "./environment.js";
+import { RELAY_DIR, RELAY_SOCKET, SANDBOX_GATEWAY_PORT, probeBwrap } from "./isolation.js";
+import { LocalRuntime } from "./local-runtime.js";
+import { MAX_RELAY_CONNECTIONS } from "./relay.js";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const SANDBOX_PATH = defaultSandboxPath(path.resolve(here, "../../../.."));
+const support = probeBwrap();
+
+let root: string;
+let gateway: http.Server;
+let gatewayPort = 0;
+
+beforeAll(async () => {
+  root = mkdtempSync(path.join(os.tmpdir(), "rg-hostile-"));
+  gateway = http.createServer((req, res) => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reached: req.url })));
+  await new Promise<void>((r) => gateway.listen(0, "127.0.0.1", r));
+  gatewayPort = (gateway.address() as { port: number }).port;
+});
+
+afterAll(async () => {
+  gateway.closeAllConnections();
+  await new Promise((r) => gateway.close(r));
+  rmSync(root, { recursive: true, force: true });
+});
+
+const openFds = () => readdirSync("/proc/self/fd").length;
+
+/**
+ * Opens `count` connections to the relay's socket and keeps every one the relay does not close,
+ * prints how many it holds, and waits for a `release` file before it lets go and makes one
+ * ordinary call to its session.
+ */
+const FLOOD = `
+import net from "node:net";
+import { existsSync } from "node:fs";
+const [count] = process.argv.slice(2).map(Number);
+const held = new Set();
+let settled = 0;
+await new Promise((resolve) => {
+  for (let i = 0; i < count; i++) {
+    const s = net.connect("${RELAY_DIR}/${RELAY_SOCKET}");
+    s.on("connect", () => { held.add(s); if (++settled === count) resolve(); });
+    s.on("error", () => { if (++settled === count) resolve(); });
+    s.on("close", () => held.delete(s));
+  }
+});
+await new Promise((r) => setTimeout(r, 500));
+console.log("holding " + held.size);
+while (!existsSync("release")) await new Promise((r) => setTimeout(r, 100));
+for (const s of held) s.destroy();
+const res = await fetch(process.env.OPENAI_BASE_URL + "/models");
+console.log("after " + res.status);
+`;
+
+describe.skipIf(!support.usable || !support.netns)("a hostile agent against the worker's relay", () => {
+  it("cannot make the worker hold more than a bounded number of its connections (each one a descriptor of the worker's)", async () => {
+    const rt = new LocalRuntime({ root, sandboxPath: SANDBOX_PATH, bwrap: support });
+    const sid = "s-flood";
+    const sb = await rt.create("t-flood", RuntimeSpec.parse({ kind: "local", isolation: "bwrap", files: { "flood.mjs": FLOOD } }), {
+      session: { id: sid, url: `http://127.0.0.1:${gatewayPort}/s/${sid}` },
+    });
+    try {
+      const before = openFds();
+      let out = "";
+      let during = 0;
+      const run = sb.exec(["node", "flood.mjs", String(MAX_RELAY_CONNECTIONS * 8)], {
+        env: { PATH: SANDBOX_PATH, HOME: sb.home, OPENAI_BASE_URL: `http://127.0.0.1:${SANDBOX_GATEWAY_PORT}/s/${sid}/v1` },
+        timeoutMs: 60_000,
+        onOutput: (b) => {
+          out += b.toString();
+          // While the agent holds everything it could keep, the worker's descriptors are counted.
+          if (/holding \d+/.test(out) && during === 0) {
+            during = openFds();
+            writeFileSync(path.join(sb.describe(), "work", "release"), "");
+          }
+        },
+      });
+      const r = await run;
+      expect(r.exitCode, r.logTail).toBe(0);
+      const holding = Number(/holding (\d+)/.exec(out)![1]);
+      expect(holding).toBeLessThanOrEqual(MAX_RELAY_CONNECTIONS);
+      expect(during - before).toBeLessThanOrEqual(MAX_RELAY_CONNECTIONS + 16);
+      // Its own session still answers once it lets go.
+      expect(out).toContain("after 200");
+    } finally {
+      await sb.destroy();
+    }
+  }, 90_000);
+});
