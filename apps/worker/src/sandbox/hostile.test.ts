@@ -100,3 +100,39 @@ describe.skipIf(!support.usable || !support.netns)("a hostile agent against the 
     }
   }, 90_000);
 });
+
+/**
+ * Leaves behind what a recursive removal trips on: a tree nested deeper than PATH_MAX (each folder
+ * entered before the next is made, so no path the agent uses is long), and folders it may no
+ * longer read or write into (chmod 000, 500), in its working directory and in its HOME.
+ */
+const LITTER = `
+import os
+for top in (os.getcwd(), os.environ["HOME"]):
+    os.chdir(top)
+    for i in range(300):
+        os.mkdir("d" * 40)
+        os.chdir("d" * 40)
+    open("payload", "w").write("x" * 4096)
+    os.chdir(top)
+    for name, mode in (("locked", 0o000), ("readonly", 0o500)):
+        os.makedirs(name + "/inner")
+        open(name + "/inner/file", "w").write("x")
+        os.chmod(name + "/inner", mode)
+        os.chmod(name, mode)
+print("littered")
+`;
+
+describe.skipIf(!support.usable)("a hostile agent against the worker's disk", () => {
+  it("cannot leave its sandbox on the worker's disk: a tree deeper than PATH_MAX and folders it locked are removed with it", async () => {
+    const warnings: string[] = [];
+    const rt = new LocalRuntime({ root, sandboxPath: SANDBOX_PATH, bwrap: support, log: { warn: (obj) => warnings.push(JSON.stringify(obj)) } });
+    const sb = await rt.create("t-litter", RuntimeSpec.parse({ kind: "local", isolation: "bwrap", network: "host", files: { "litter.py": LITTER } }));
+    const r = await sb.exec(["python3", "litter.py"], { env: { PATH: SANDBOX_PATH, HOME: sb.home }, timeoutMs: 60_000 });
+    expect(r.stdoutTail, r.logTail).toContain("littered");
+    await sb.destroy();
+    expect(warnings).toEqual([]);
+    expect(rt.cleanupFailures).toBe(0);
+    expect(readdirSync(root).filter((d) => d.startsWith("rollgate-t-litter-"))).toEqual([]);
+  }, 90_000);
+});

@@ -10,7 +10,7 @@ import { RELAY_SHIM_SOURCE } from "./relay-shim.js";
 import { type Spawner, sharedSpawner } from "./spawner.js";
 import { SessionRelay, egressProxyEnv } from "./relay.js";
 import { NO_LOST_CALLS, type CreateOptions, type ExecOptions, type Sandbox, type SandboxRuntime } from "./runtime.js";
-import { PathEscape, type SandboxDirs, makeSandboxDirs, readFileInside, removeInside, removeSandboxDirs, writeFilesInside } from "./workdir.js";
+import { PathEscape, type SandboxDirs, makeSandboxDirs, readFileInside, removeInside, removeSandboxDirs, removeTree, writeFilesInside } from "./workdir.js";
 
 /** The sandbox cannot be made as the task asks, here: the rollout fails (`sandbox_unavailable`), it is not retried. */
 export class SandboxUnavailable extends Error {}
@@ -177,7 +177,7 @@ export class LocalRuntime implements SandboxRuntime {
           });
           return bwrap ? withSpawnError(r) : r;
         } finally {
-          await rm(own, { recursive: true, force: true }).catch((e: unknown) => this.cleanupFailed("step folder", own, e));
+          await removeTree(own).catch((e: unknown) => this.cleanupFailed("step folder", own, e));
         }
       },
       writeHomeFiles: (files) => writeFilesInside(dirs.home, files),
