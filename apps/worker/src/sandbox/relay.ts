@@ -30,6 +30,11 @@ export interface RelayOptions {
   egress: EgressPolicy | null;
   /** The most connections the sandbox may hold open to the relay at once (default MAX_RELAY_CONNECTIONS). */
   maxConnections?: number;
+  /**
+   * The most bytes of request line and headers the gateway reads (default: this node's
+   * `http.maxHeaderSize`, 16 KiB unless `--max-http-header-size` says otherwise, as on the gateway).
+   */
+  gatewayMaxHeaderBytes?: number;
   log?: { warn: (obj: object, msg: string) => void; debug?: (obj: object, msg: string) => void };
 }
 
@@ -81,6 +86,17 @@ function forwardHeaders(h: http.IncomingHttpHeaders): Record<string, string | st
     out[k] = v;
   }
   return out;
+}
+
+/**
+ * About how many bytes of request line and headers undici sends for a forwarded request: what the
+ * gateway's HTTP parser holds against its header limit. Rounded up (undici's own `connection` and
+ * length lines) so that it is never less.
+ */
+function forwardedHeadBytes(method: string, url: URL, headers: Record<string, string | string[]>): number {
+  let n = `${method} ${url.pathname}${url.search} HTTP/1.1\r\nhost: ${url.host}\r\n`.length + 64;
+  for (const [k, v] of Object.entries(headers)) for (const one of Array.isArray(v) ? v : [v]) n += Buffer.byteLength(`${k}: ${one}\r\n`);
+  return n + 2;
 }
 
 /**
@@ -179,6 +195,18 @@ export class SessionRelay {
       this.stats.refused++;
       return refuse(res, 403, `a sandbox reaches only its own session's routes (/s/${this.o.sessionId}/…), not ${url.split("?")[0]}`);
     }
+    const target = new URL(`${this.base}${sub.path}${sub.search}`);
+    const headers = forwardHeaders(req.headers);
+    // Headers that fit the relay's limit may not fit the gateway's once the relay has added its own
+    // (the gateway's host) and encoded the path: the gateway would drop the connection without an
+    // answer, which reads as a call lost to infrastructure, and a rollout with one is set aside
+    // unscored. An agent could so escape any score it was about to get: it is refused here instead.
+    const headBytes = forwardedHeadBytes(req.method ?? "GET", target, headers);
+    const limit = this.o.gatewayMaxHeaderBytes ?? http.maxHeaderSize;
+    if (headBytes > limit) {
+      this.stats.refused++;
+      return refuse(res, 431, `the request's headers are too large for the gateway (${headBytes} bytes once forwarded; at most ${limit})`);
+    }
     this.stats.forwarded++;
     const abort = new AbortController();
     // The agent went away before the answer ended: the gateway call is cancelled with it.
@@ -187,9 +215,9 @@ export class SessionRelay {
     });
     const hasBody = req.method !== "GET" && req.method !== "HEAD";
     try {
-      const up = await request(`${this.base}${sub.path}${sub.search}`, {
+      const up = await request(target, {
         method: req.method as "GET",
-        headers: forwardHeaders(req.headers),
+        headers,
         ...(hasBody ? { body: req } : {}),
         dispatcher: this.upstream,
         signal: abort.signal,
