@@ -47,6 +47,8 @@ export const WorkerEnv = z.object({
     .default("")
     .transform((s) => s.split(",").map((p) => p.trim()).filter(Boolean))
     .refine((l) => l.every((p) => p.startsWith("/")), "must be a comma list of absolute paths"),
+  /** The most a bubblewrap sandbox's /tmp and /dev/shm each hold, in MiB: they are tmpfs, the host's memory. */
+  ROLLGATE_SANDBOX_TMPFS_MB: z.coerce.number().int().positive().default(512),
   /**
    * Destinations a sealed sandbox never reaches, whatever its task's `runtime.egress` allows
    * (same syntax as ROLLGATE_CALLBACK_DENY): name your engines and internal networks here.

@@ -40,6 +40,8 @@ Environment:
   ROLLGATE_SANDBOX_PATH        PATH given to agents (default: node's folder, rollgate's bins, system bins)
   ROLLGATE_SANDBOX_BINDS       more host paths bwrap sandboxes see read-only (comma list; they always see
                                the system folders, node, the folders on the sandbox PATH)
+  ROLLGATE_SANDBOX_TMPFS_MB    the most a bwrap sandbox's /tmp and /dev/shm each hold, in MiB (default 512;
+                               they are the host's memory)
   ROLLGATE_SANDBOX_SPAWNER     on: local sandboxes' programs are started by a helper process, off the worker's
                                event loop (default; python3 when on the PATH, else node); off: the worker
                                forks them itself
@@ -119,6 +121,7 @@ if (env.ROLLGATE_RUNTIMES.includes("local")) {
     sandboxPath,
     binds: env.ROLLGATE_SANDBOX_BINDS,
     bwrap,
+    tmpfsBytes: env.ROLLGATE_SANDBOX_TMPFS_MB * 1024 * 1024,
     egressDeny: sandboxEgressDeny,
     ...(env.ROLLGATE_SANDBOX_SPAWNER === "off" ? { spawner: null } : {}),
     log,

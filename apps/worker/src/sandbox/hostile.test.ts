@@ -136,3 +136,52 @@ describe.skipIf(!support.usable)("a hostile agent against the worker's disk", ()
     expect(readdirSync(root).filter((d) => d.startsWith("rollgate-t-litter-"))).toEqual([]);
   }, 90_000);
 });
+
+/**
+ * Writes up to `limit` bytes to a file in each folder it names, and says how much each took:
+ * tmpfs folders hold the host's memory.
+ */
+const FILL = `
+import json, os, sys
+limit = int(sys.argv[1])
+chunk = b"x" * (1 << 20)
+out = {}
+for folder in sys.argv[2:]:
+    n = 0
+    try:
+        with open(os.path.join(folder, "fill"), "wb", buffering=0) as f:
+            while n < limit:
+                n += f.write(chunk)
+    except OSError as e:
+        out[folder + ":error"] = e.strerror
+    out[folder] = n
+    try:
+        os.remove(os.path.join(folder, "fill"))
+    except OSError:
+        pass
+with open("/dev/null", "w") as f:
+    f.write("devices still work")
+print(json.dumps(out))
+`;
+
+describe.skipIf(!support.usable || !support.sizedTmpfs)("a hostile agent against the worker's memory", () => {
+  it("cannot fill the host's memory through the sandbox's tmpfs folders (/tmp, /dev/shm, /dev, its root)", async () => {
+    const cap = 16 * 1024 * 1024;
+    const rt = new LocalRuntime({ root, sandboxPath: SANDBOX_PATH, bwrap: support, tmpfsBytes: cap });
+    const sb = await rt.create("t-fill", RuntimeSpec.parse({ kind: "local", isolation: "bwrap", network: "host", files: { "fill.py": FILL } }));
+    try {
+      const r = await sb.exec(["python3", "fill.py", String(3 * cap), "/tmp", "/dev/shm", "/dev", "/", "/rollgate", sb.workdir], {
+        env: { PATH: SANDBOX_PATH, HOME: sb.home },
+        timeoutMs: 60_000,
+      });
+      expect(r.exitCode, r.logTail).toBe(0);
+      const took = JSON.parse(r.stdoutTail.trim().split("\n").at(-1)!) as Record<string, number>;
+      for (const folder of ["/tmp", "/dev/shm"]) expect(took[folder], `${folder}: ${JSON.stringify(took)}`).toBeLessThanOrEqual(cap);
+      for (const folder of ["/dev", "/", "/rollgate"]) expect(took[folder], `${folder}: ${JSON.stringify(took)}`).toBe(0);
+      // Its own folders are on the worker's disk, as they always were.
+      expect(took[sb.workdir]).toBe(3 * cap);
+    } finally {
+      await sb.destroy();
+    }
+  }, 90_000);
+});

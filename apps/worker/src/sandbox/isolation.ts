@@ -49,6 +49,8 @@ export interface BwrapSupport {
   netns: boolean;
   /** It can run the sandbox in a user namespace of its own, and forbid new ones inside (bubblewrap >= 0.8). */
   userns: "disable-nested" | "own" | "none";
+  /** It can cap a tmpfs's size (`--size`, bubblewrap >= 0.7): a sandbox's /tmp and /dev/shm are memory. */
+  sizedTmpfs?: boolean;
   /** What is missing and why, when something is. */
   reason: string | null;
 }
@@ -69,7 +71,8 @@ export function probeBwrap(bin = "bwrap"): BwrapSupport {
     : tryBwrap(bin, ["--unshare-user", "--cap-drop", "ALL"]).ok
       ? "own"
       : "none";
-  return { usable: true, netns: net.ok, userns, reason: net.ok ? null : `bubblewrap cannot create a network namespace here: ${net.err}` };
+  const sizedTmpfs = tryBwrap(bin, ["--size", "1048576", "--tmpfs", "/tmp"]).ok;
+  return { usable: true, netns: net.ok, userns, sizedTmpfs, reason: net.ok ? null : `bubblewrap cannot create a network namespace here: ${net.err}` };
 }
 
 /** What the worker says at start about local sandboxes on this host. */
@@ -80,7 +83,8 @@ export function describeBwrap(s: BwrapSupport): string {
   if (!s.netns) {
     return `sandbox: ${s.reason}. Local bwrap tasks that need runtime.network "sealed" (the default) are refused (sandbox_unavailable); "host" runs them on the worker's network.`;
   }
-  return 'sandbox: local tasks with runtime.isolation "bwrap" are sealed: own network namespace (only their session, through the worker\'s relay, and runtime.egress), only the host paths an agent needs, private /proc.';
+  const memory = s.sizedTmpfs === false ? " This bubblewrap cannot cap a tmpfs's size (--size needs 0.7 or later): a sandbox's /tmp and /dev/shm may each take half the host's memory." : "";
+  return `sandbox: local tasks with runtime.isolation "bwrap" are sealed: own network namespace (only their session, through the worker's relay, and runtime.egress), only the host paths an agent needs, private /proc.${memory}`;
 }
 
 /** Read-only from the host, when they exist: the system folders. */
@@ -234,12 +238,24 @@ export interface BwrapStep {
   relayDir: string | null;
   /** node, to run the shim (default: the worker's). */
   nodePath?: string;
+  /** The most bytes the sandbox's /tmp and its /dev/shm each hold (default DEFAULT_TMPFS_BYTES). */
+  tmpfsBytes?: number;
 }
+
+/**
+ * What a sandbox's /tmp and /dev/shm each hold at most by default. They are tmpfs: the host's
+ * memory, owned by no process, so the OOM killer cannot win it back by killing the agent that
+ * filled it (it kills the biggest process: the worker, Redis). Unbounded, each took half the
+ * host's memory.
+ */
+export const DEFAULT_TMPFS_BYTES = 512 * 1024 * 1024;
 
 /** The argv that runs `argv` as one step of a bubblewrap sandbox (see the module comment). */
 export function bwrapArgv(s: BwrapStep, argv: string[]): string[] {
   const userns = s.support.userns === "disable-nested" ? ["--unshare-user", "--disable-userns"] : s.support.userns === "own" ? ["--unshare-user"] : [];
   const network = s.relayDir ? ["--unshare-net", "--ro-bind", s.relayDir, RELAY_DIR] : [];
+  // --size where bubblewrap knows it; without it, /tmp and /dev/shm are as big as the kernel lets a tmpfs be.
+  const size = s.support.sizedTmpfs ? ["--size", String(s.tmpfsBytes ?? DEFAULT_TMPFS_BYTES)] : [];
   const program = s.relayDir
     ? [s.nodePath ?? process.execPath, `${RELAY_DIR}/${RELAY_SHIM}`, String(SANDBOX_GATEWAY_PORT), `${RELAY_DIR}/${RELAY_SOCKET}`, ...argv]
     : argv;
@@ -254,13 +270,19 @@ export function bwrapArgv(s: BwrapStep, argv: string[]): string[] {
     "--unshare-cgroup-try",
     "--die-with-parent",
     "--dev", "/dev",
+    ...size, "--tmpfs", "/dev/shm",
     "--proc", "/proc",
-    "--tmpfs", "/tmp",
+    ...size, "--tmpfs", "/tmp",
     ...s.hostMounts,
     "--bind", s.dirs.work, INSIDE_WORKDIR,
     "--bind", s.dirs.home, INSIDE_HOME,
     "--bind", s.dirs.tmp, INSIDE_TMP,
     ...network,
+    // The root bubblewrap builds and its /dev are tmpfs too, writable by the sandbox's user:
+    // read-only once every mount point is made (their own mounts, /tmp, /dev/shm, the sandbox's
+    // folders, stay writable; the devices still work).
+    "--remount-ro", "/dev",
+    "--remount-ro", "/",
     "--chdir", INSIDE_WORKDIR,
     "--",
     ...program,

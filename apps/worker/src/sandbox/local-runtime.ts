@@ -26,6 +26,8 @@ export interface LocalRuntimeOptions {
   binds?: string[];
   /** What bubblewrap can do on this host; probed on first use when not given. */
   bwrap?: BwrapSupport;
+  /** The most bytes a bubblewrap sandbox's /tmp and /dev/shm each hold (ROLLGATE_SANDBOX_TMPFS_MB; default DEFAULT_TMPFS_BYTES). */
+  tmpfsBytes?: number;
   /** Destinations no sealed sandbox reaches whatever its `runtime.egress` (the worker's infrastructure, ROLLGATE_SANDBOX_EGRESS_DENY). */
   egressDeny?: string[];
   /**
@@ -80,6 +82,10 @@ export class LocalRuntime implements SandboxRuntime {
   private hostMounts(): string[] {
     this.mounts ??= hostMountArgs({ sandboxPath: this.o.sandboxPath ?? "/usr/local/bin:/usr/bin:/bin", extra: this.o.binds ?? [] });
     return this.mounts;
+  }
+
+  private tmpfs(): { tmpfsBytes?: number } {
+    return this.o.tmpfsBytes !== undefined ? { tmpfsBytes: this.o.tmpfsBytes } : {};
   }
 
   private cleanupFailed(what: string, where: string, err: unknown) {
@@ -145,7 +151,7 @@ export class LocalRuntime implements SandboxRuntime {
     const proxyEnv = relay && runtime.egress.length > 0 ? egressProxyEnv(inside) : {};
     const wrap = (argv: string[]) =>
       bwrap
-        ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(), dirs, relayDir: relay?.dir ?? null }, argv)
+        ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(), dirs, relayDir: relay?.dir ?? null, ...this.tmpfs() }, argv)
         : argv;
     let destroyed = false;
     return {
@@ -169,7 +175,7 @@ export class LocalRuntime implements SandboxRuntime {
           await mkdir(tmp);
           const stepDirs = { ...dirs, home, tmp };
           const r = await runProcess({
-            argv: bwrap ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(), dirs: stepDirs, relayDir: relay?.dir ?? null }, argv) : argv,
+            argv: bwrap ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(), dirs: stepDirs, relayDir: relay?.dir ?? null, ...this.tmpfs() }, argv) : argv,
             cwd: dirs.work,
             ...o,
             env: { ...o.env, ...(bwrap ? {} : { HOME: home, TMPDIR: tmp }), ...proxyEnv },
