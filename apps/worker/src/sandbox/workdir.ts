@@ -120,7 +120,8 @@ export async function removeInside(dir: string, rel: string): Promise<void> {
     throw err;
   }
   if (parent !== root && !parent.startsWith(root + path.sep)) return;
-  await rm(path.join(parent, parts.at(-1)!), { recursive: true, force: true });
+  // A folder the agent nested past PATH_MAX or locked would otherwise stay (removeTree).
+  await removeTree(path.join(parent, parts.at(-1)!));
 }
 
 /**
