@@ -7,7 +7,7 @@ import { callbackQueue, createRedis } from "@rollgate/queue";
 import { TaskStore } from "@rollgate/store";
 import closeWithGrace from "close-with-grace";
 import { pino } from "pino";
-import { configureEgress, infrastructureDenials, parseEgressPolicy } from "./egress.js";
+import { configureEgress, hostAddressDenials, infrastructureDenials, parseEgressPolicy } from "./egress.js";
 import { loadWorkerEnv } from "./env.js";
 import { FailureCounter } from "./failure-counter.js";
 import { GatewayClient } from "./gateway-client.js";
@@ -111,6 +111,8 @@ const runtimes: RolloutDeps["runtimes"] = {};
 // name and address), and ROLLGATE_SANDBOX_EGRESS_DENY (loopback and metadata are built in).
 const sandboxEgressDeny = [
   ...(await infrastructureDenials([env.REDIS_URL, env.ROLLGATE_GATEWAY_URL])),
+  // The worker's host itself, by every address it has: its services may listen on all of them.
+  ...hostAddressDenials(),
   ...env.ROLLGATE_SANDBOX_EGRESS_DENY.split(",").map((r) => r.trim()).filter(Boolean),
 ];
 if (env.ROLLGATE_RUNTIMES.includes("local")) {

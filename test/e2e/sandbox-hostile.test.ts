@@ -1,11 +1,18 @@
 /**
- * A hostile agent in a sealed bubblewrap sandbox that goes after its own outcome rather than out of
- * the sandbox: real engine-sim, gateway, worker and Redis. A rollout that lost an LLM call to
- * infrastructure is never scored (it runs again, or ends `infrastructure` with no reward), so an
- * agent that could mark one of its calls lost at will could set aside every rollout it is about to
- * fail: the policy would learn to escape bad rewards instead of earning good ones.
+ * A hostile agent in a sealed bubblewrap sandbox, against real engine-sim, gateway, worker and
+ * Redis processes, going after what sandbox-escape.test.ts does not:
+ *
+ * - its own outcome. A rollout that lost an LLM call to infrastructure is never scored (it runs
+ *   again, or ends `infrastructure` with no reward), so an agent that could mark one of its calls
+ *   lost at will could set aside every rollout it is about to fail: the policy would learn to
+ *   escape bad rewards instead of earning good ones.
+ * - the worker's host through its egress proxy: a task that allows any destination
+ *   (`runtime.egress: ["*"]`) must still not reach the services of the worker's own host (Redis,
+ *   the gateway, engines listening on every address), by any of the host's addresses.
  */
 import { spawnSync } from "node:child_process";
+import http from "node:http";
+import os from "node:os";
 import type { TaskRecord } from "@rollgate/protocol";
 import type { StartedChild } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -18,9 +25,18 @@ const prefix = uniquePrefix("outcome");
 let engine: StartedChild;
 let gateway: StartedChild;
 let worker: StartedChild;
+/** A service of the worker's host that listens on every address, as Redis or a gateway often does. */
+let hostService: http.Server;
+let hostServicePort = 0;
+const hostIp = Object.values(os.networkInterfaces())
+  .flat()
+  .find((a) => a && a.family === "IPv4" && !a.internal)?.address;
 
 beforeAll(async () => {
   if (!sealable) return;
+  hostService = http.createServer((_req, res) => res.writeHead(200).end("host service"));
+  await new Promise<void>((r) => hostService.listen(0, "0.0.0.0", r));
+  hostServicePort = (hostService.address() as { port: number }).port;
   engine = await startApp("engine-sim", ["--port", "0", "--dp", "1"], {});
   gateway = await startApp("gateway", ["--port", "0"], {
     ROLLGATE_KEY_PREFIX: prefix,
@@ -31,6 +47,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await Promise.all([worker, gateway, engine].map((c) => c && stopChild(c.proc, 5_000)));
+  if (hostService) await new Promise((r) => hostService.close(r));
   await dropPrefix(prefix);
 });
 
@@ -65,6 +82,52 @@ for (let size = 16384 - 256; size <= 16384 + 64; size += 4) {
 }
 console.log("answers " + JSON.stringify(answers));
 `;
+
+async function submit(task: Record<string, unknown>): Promise<TaskRecord> {
+  const res = await fetch(`${gateway.ready}/v1/tasks`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(task) });
+  expect(res.status).toBe(202);
+  const { id } = (await res.json()) as { id: string };
+  return poll(async () => (await (await fetch(`${gateway.ready}/v1/tasks/${id}`)).json()) as TaskRecord, (r) => r.result !== null, 60_000, 200);
+}
+
+/** Asks its egress proxy for a tunnel to, and a plain GET of, each host:port in argv; prints the answers. */
+const PROXY_AGENT = `
+import net from "node:net";
+const proxy = new URL(process.env.HTTPS_PROXY);
+const ask = (request) => new Promise((resolve) => {
+  const s = net.connect(Number(proxy.port), proxy.hostname);
+  let got = "";
+  s.on("data", (d) => { got += d; if (got.includes("\\r\\n")) { s.destroy(); resolve(got.split("\\r\\n")[0]); } });
+  s.on("error", (e) => resolve("error " + e.code));
+  s.on("close", () => resolve(got || "closed"));
+  s.write(request);
+});
+const out = {};
+for (const target of process.argv.slice(2)) {
+  out["CONNECT " + target] = await ask("CONNECT " + target + " HTTP/1.1\\r\\nHost: " + target + "\\r\\n\\r\\n");
+  out["GET " + target] = await ask("GET http://" + target + "/ HTTP/1.1\\r\\nHost: " + target + "\\r\\n\\r\\n");
+}
+console.log("answers " + JSON.stringify(out));
+`;
+
+describe.skipIf(!sealable || !hostIp)("a hostile agent with runtime.egress [\"*\"] against the worker's host", () => {
+  it("reaches no service of the worker's host by the host's own addresses", async () => {
+    const target = `${hostIp}:${hostServicePort}`;
+    // The service is there, for anyone on the network.
+    expect(await (await fetch(`http://${target}/`)).text()).toBe("host service");
+    const t = await submit({
+      instruction: "look around",
+      agent: { harness: "command", command: ["node", "agent.mjs", target] },
+      runtime: { isolation: "bwrap", egress: ["*"], files: { "agent.mjs": PROXY_AGENT } },
+      evaluator: { kind: "none" },
+      limits: { timeout_s: 60 },
+    });
+    const log = t.result!.agent.log_tail;
+    const answers = JSON.parse(/answers (.*)/.exec(log)![1]!) as Record<string, string>;
+    expect(answers[`CONNECT ${target}`], log).toMatch(/^HTTP\/1\.1 403/);
+    expect(answers[`GET ${target}`], log).toMatch(/^HTTP\/1\.1 403/);
+  }, 90_000);
+});
 
 describe.skipIf(!sealable)("a hostile agent against its own outcome", () => {
   it("cannot have its rollout set aside as lost by sending its session a request the gateway drops: it is scored, on its first attempt", async () => {
