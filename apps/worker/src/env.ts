@@ -49,6 +49,8 @@ export const WorkerEnv = z.object({
     .refine((l) => l.every((p) => p.startsWith("/")), "must be a comma list of absolute paths"),
   /** The most a bubblewrap sandbox's /tmp and /dev/shm each hold, in MiB: they are tmpfs, the host's memory. */
   ROLLGATE_SANDBOX_TMPFS_MB: z.coerce.number().int().positive().default(512),
+  /** The most processes (threads included) a bubblewrap sandbox runs at once; root is exempt (RLIMIT_NPROC). */
+  ROLLGATE_SANDBOX_MAX_PROCS: z.coerce.number().int().positive().default(4096),
   /**
    * Destinations a sealed sandbox never reaches, whatever its task's `runtime.egress` allows
    * (same syntax as ROLLGATE_CALLBACK_DENY): name your engines and internal networks here.

@@ -42,6 +42,8 @@ Environment:
                                the system folders, node, the folders on the sandbox PATH)
   ROLLGATE_SANDBOX_TMPFS_MB    the most a bwrap sandbox's /tmp and /dev/shm each hold, in MiB (default 512;
                                they are the host's memory)
+  ROLLGATE_SANDBOX_MAX_PROCS   the most processes (threads included) a bwrap sandbox runs at once (default
+                               4096; a worker running as root is exempt)
   ROLLGATE_SANDBOX_SPAWNER     on: local sandboxes' programs are started by a helper process, off the worker's
                                event loop (default; python3 when on the PATH, else node); off: the worker
                                forks them itself
@@ -124,6 +126,7 @@ if (env.ROLLGATE_RUNTIMES.includes("local")) {
     binds: env.ROLLGATE_SANDBOX_BINDS,
     bwrap,
     tmpfsBytes: env.ROLLGATE_SANDBOX_TMPFS_MB * 1024 * 1024,
+    maxProcs: env.ROLLGATE_SANDBOX_MAX_PROCS,
     egressDeny: sandboxEgressDeny,
     ...(env.ROLLGATE_SANDBOX_SPAWNER === "off" ? { spawner: null } : {}),
     log,

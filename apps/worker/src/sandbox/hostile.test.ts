@@ -185,3 +185,37 @@ describe.skipIf(!support.usable || !support.sizedTmpfs)("a hostile agent against
     }
   }, 90_000);
 });
+
+/** Forks up to argv[1] children that wait, and says how many it got. */
+const FORK = `
+import os, sys, time
+kids = []
+for _ in range(int(sys.argv[1])):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    kids.append(pid)
+print("forked", len(kids))
+`;
+
+const root0 = process.getuid?.() === 0;
+describe.skipIf(!support.usable || !support.prlimit || root0)(`a hostile agent against the host's process slots${root0 ? " (skipped: root is exempt from RLIMIT_NPROC; run as another user)" : ""}`, () => {
+  it("cannot run more processes than the sandbox may (a fork bomb stops at the limit), and a missing program is still a spawn error", async () => {
+    const rt = new LocalRuntime({ root, sandboxPath: SANDBOX_PATH, bwrap: support, maxProcs: 64 });
+    const sb = await rt.create("t-fork", RuntimeSpec.parse({ kind: "local", isolation: "bwrap", network: "host", files: { "fork.py": FORK } }));
+    try {
+      const r = await sb.exec(["python3", "fork.py", "300"], { env: { PATH: SANDBOX_PATH, HOME: sb.home }, timeoutMs: 60_000 });
+      const forked = Number(/forked (\d+)/.exec(r.stdoutTail)?.[1]);
+      expect(forked, r.logTail).toBeGreaterThan(0);
+      expect(forked).toBeLessThan(64);
+      const missing = await sb.exec(["no-such-agent-here"], { env: { PATH: SANDBOX_PATH }, timeoutMs: 20_000 });
+      expect(missing.spawnError, missing.logTail).toMatch(/no-such-agent-here/);
+    } finally {
+      await sb.destroy();
+    }
+  }, 90_000);
+});

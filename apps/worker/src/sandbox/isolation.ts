@@ -1,5 +1,5 @@
 import { spawnSync } from "node:child_process";
-import { lstatSync, readdirSync, readlinkSync, realpathSync, statSync } from "node:fs";
+import { existsSync, lstatSync, readdirSync, readlinkSync, realpathSync, statSync } from "node:fs";
 import path from "node:path";
 import { CONTAINER_HOME, CONTAINER_TMP, DEFAULT_WORKDIR } from "./container-common.js";
 
@@ -51,6 +51,8 @@ export interface BwrapSupport {
   userns: "disable-nested" | "own" | "none";
   /** It can cap a tmpfs's size (`--size`, bubblewrap >= 0.7): a sandbox's /tmp and /dev/shm are memory. */
   sizedTmpfs?: boolean;
+  /** util-linux's prlimit under the system folders (seen inside every sandbox), which caps a sandbox's processes; null: none. */
+  prlimit?: string | null;
   /** What is missing and why, when something is. */
   reason: string | null;
 }
@@ -72,7 +74,8 @@ export function probeBwrap(bin = "bwrap"): BwrapSupport {
       ? "own"
       : "none";
   const sizedTmpfs = tryBwrap(bin, ["--size", "1048576", "--tmpfs", "/tmp"]).ok;
-  return { usable: true, netns: net.ok, userns, sizedTmpfs, reason: net.ok ? null : `bubblewrap cannot create a network namespace here: ${net.err}` };
+  const prlimit = ["/usr/bin/prlimit", "/bin/prlimit"].find((p) => existsSync(p)) ?? null;
+  return { usable: true, netns: net.ok, userns, sizedTmpfs, prlimit, reason: net.ok ? null : `bubblewrap cannot create a network namespace here: ${net.err}` };
 }
 
 /** What the worker says at start about local sandboxes on this host. */
@@ -240,7 +243,18 @@ export interface BwrapStep {
   nodePath?: string;
   /** The most bytes the sandbox's /tmp and its /dev/shm each hold (default DEFAULT_TMPFS_BYTES). */
   tmpfsBytes?: number;
+  /** The most processes and threads the sandbox runs at once (default DEFAULT_MAX_PROCS). */
+  maxProcs?: number;
 }
+
+/**
+ * The most processes (threads included) a sandbox runs at once by default: a fork bomb, or a
+ * runaway `make -j`, would otherwise take every process slot of the host, and the worker, Redis
+ * and every other rollout could no longer start anything. RLIMIT_NPROC, set inside the sandbox's
+ * own user namespace, so it counts the sandbox's processes only; root is exempt from it (run
+ * workers as an unprivileged user).
+ */
+export const DEFAULT_MAX_PROCS = 4096;
 
 /**
  * What a sandbox's /tmp and /dev/shm each hold at most by default. They are tmpfs: the host's
@@ -256,9 +270,11 @@ export function bwrapArgv(s: BwrapStep, argv: string[]): string[] {
   const network = s.relayDir ? ["--unshare-net", "--ro-bind", s.relayDir, RELAY_DIR] : [];
   // --size where bubblewrap knows it; without it, /tmp and /dev/shm are as big as the kernel lets a tmpfs be.
   const size = s.support.sizedTmpfs ? ["--size", String(s.tmpfsBytes ?? DEFAULT_TMPFS_BYTES)] : [];
-  const program = s.relayDir
-    ? [s.nodePath ?? process.execPath, `${RELAY_DIR}/${RELAY_SHIM}`, String(SANDBOX_GATEWAY_PORT), `${RELAY_DIR}/${RELAY_SOCKET}`, ...argv]
-    : argv;
+  const limits = s.support.prlimit ? [s.support.prlimit, `--nproc=${s.maxProcs ?? DEFAULT_MAX_PROCS}`, "--"] : [];
+  const program = [
+    ...limits,
+    ...(s.relayDir ? [s.nodePath ?? process.execPath, `${RELAY_DIR}/${RELAY_SHIM}`, String(SANDBOX_GATEWAY_PORT), `${RELAY_DIR}/${RELAY_SOCKET}`, ...argv] : argv),
+  ];
   return [
     "bwrap",
     ...userns,

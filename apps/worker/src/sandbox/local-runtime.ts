@@ -28,6 +28,8 @@ export interface LocalRuntimeOptions {
   bwrap?: BwrapSupport;
   /** The most bytes a bubblewrap sandbox's /tmp and /dev/shm each hold (ROLLGATE_SANDBOX_TMPFS_MB; default DEFAULT_TMPFS_BYTES). */
   tmpfsBytes?: number;
+  /** The most processes a bubblewrap sandbox runs at once (ROLLGATE_SANDBOX_MAX_PROCS; default DEFAULT_MAX_PROCS). */
+  maxProcs?: number;
   /** Destinations no sealed sandbox reaches whatever its `runtime.egress` (the worker's infrastructure, ROLLGATE_SANDBOX_EGRESS_DENY). */
   egressDeny?: string[];
   /**
@@ -42,13 +44,18 @@ export interface LocalRuntimeOptions {
 /**
  * A step that could not start its program reports it as `spawnError`, as without bubblewrap:
  * the relay shim says "rollgate-sandbox: cannot start …" (exit 127), bubblewrap itself
- * "bwrap: execvp …" (exit 1).
+ * "bwrap: execvp …" (exit 1), prlimit (which caps the sandbox's processes) "prlimit: failed to
+ * execute …" (exit 126 or 127).
  */
 function withSpawnError(r: RunResult): RunResult {
   if (r.spawnError || r.timedOut || r.aborted) return r;
   const lines = r.logTail.trimEnd().split("\n");
   const last = lines[lines.length - 1] ?? "";
-  if ((r.exitCode === 127 && last.startsWith(CANNOT_START)) || (r.exitCode === 1 && /^bwrap: execvp /.test(last))) {
+  if (
+    (r.exitCode === 127 && last.startsWith(CANNOT_START)) ||
+    (r.exitCode === 1 && /^bwrap: execvp /.test(last)) ||
+    ((r.exitCode === 126 || r.exitCode === 127) && /^prlimit: failed to execute /.test(last))
+  ) {
     return { ...r, exitCode: null, spawnError: last.trim() };
   }
   return r;
@@ -84,8 +91,8 @@ export class LocalRuntime implements SandboxRuntime {
     return this.mounts;
   }
 
-  private tmpfs(): { tmpfsBytes?: number } {
-    return this.o.tmpfsBytes !== undefined ? { tmpfsBytes: this.o.tmpfsBytes } : {};
+  private tmpfs(): { tmpfsBytes?: number; maxProcs?: number } {
+    return { ...(this.o.tmpfsBytes !== undefined ? { tmpfsBytes: this.o.tmpfsBytes } : {}), ...(this.o.maxProcs !== undefined ? { maxProcs: this.o.maxProcs } : {}) };
   }
 
   private cleanupFailed(what: string, where: string, err: unknown) {
