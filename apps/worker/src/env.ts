@@ -47,6 +47,12 @@ export const WorkerEnv = z.object({
     .default("")
     .transform((s) => s.split(",").map((p) => p.trim()).filter(Boolean))
     .refine((l) => l.every((p) => p.startsWith("/")), "must be a comma list of absolute paths"),
+  /** Host paths only evaluators of bubblewrap sandboxes see (read-only; hidden tests): a comma list of absolute paths. */
+  ROLLGATE_EVALUATOR_BINDS: z
+    .string()
+    .default("")
+    .transform((s) => s.split(",").map((p) => p.trim()).filter(Boolean))
+    .refine((l) => l.every((p) => p.startsWith("/")), "must be a comma list of absolute paths"),
   /** The most a bubblewrap sandbox's /tmp and /dev/shm each hold, in MiB: they are tmpfs, the host's memory. */
   ROLLGATE_SANDBOX_TMPFS_MB: z.coerce.number().int().positive().default(512),
   /** The most processes (threads included) a bubblewrap sandbox runs at once; root is exempt (RLIMIT_NPROC). */

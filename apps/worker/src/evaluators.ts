@@ -72,7 +72,8 @@ export function rewardFromOutput(mode: "exit_code" | "last_line_float" | "json",
 
 async function runCommand(argv: string[], timeoutS: number, ctx: EvalContext): Promise<RunResult> {
   // Not in the agent's HOME and TMPDIR: a usercustomize.py it left there would run inside a Python grader.
-  return ctx.sandbox.exec(argv, { env: ctx.env, timeoutMs: timeoutS * 1000, freshHome: true, ...(ctx.signal ? { signal: ctx.signal } : {}) });
+  // An evaluator's step: it sees the evaluator-only binds (hidden tests), the agent never did.
+  return ctx.sandbox.exec(argv, { env: ctx.env, timeoutMs: timeoutS * 1000, freshHome: true, evaluator: true, ...(ctx.signal ? { signal: ctx.signal } : {}) });
 }
 
 function commandFailure(r: RunResult, timeoutS: number): string | null {

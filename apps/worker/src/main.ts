@@ -40,6 +40,8 @@ Environment:
   ROLLGATE_SANDBOX_PATH        PATH given to agents (default: node's folder, rollgate's bins, system bins)
   ROLLGATE_SANDBOX_BINDS       more host paths bwrap sandboxes see read-only (comma list; they always see
                                the system folders, node, the folders on the sandbox PATH)
+  ROLLGATE_EVALUATOR_BINDS     host paths only the evaluators of bwrap sandboxes see read-only (comma list;
+                               hidden tests: the agent can read ROLLGATE_SANDBOX_BINDS)
   ROLLGATE_SANDBOX_TMPFS_MB    the most a bwrap sandbox's /tmp and /dev/shm each hold, in MiB (default 512;
                                they are the host's memory)
   ROLLGATE_SANDBOX_MAX_PROCS   the most processes (threads included) a bwrap sandbox runs at once (default
@@ -124,6 +126,7 @@ if (env.ROLLGATE_RUNTIMES.includes("local")) {
     root: env.ROLLGATE_SANDBOX_ROOT,
     sandboxPath,
     binds: env.ROLLGATE_SANDBOX_BINDS,
+    evaluatorBinds: env.ROLLGATE_EVALUATOR_BINDS,
     bwrap,
     tmpfsBytes: env.ROLLGATE_SANDBOX_TMPFS_MB * 1024 * 1024,
     maxProcs: env.ROLLGATE_SANDBOX_MAX_PROCS,

@@ -8,8 +8,9 @@ import http from "node:http";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { RuntimeSpec } from "@rollgate/protocol";
+import { EvaluatorSpec, RuntimeSpec } from "@rollgate/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { evaluate } from "../evaluators.js";
 import { defaultSandboxPath } from "./environment.js";
 import { RELAY_DIR, RELAY_SOCKET, SANDBOX_GATEWAY_PORT, probeBwrap } from "./isolation.js";
 import { LocalRuntime } from "./local-runtime.js";
@@ -218,4 +219,35 @@ describe.skipIf(!support.usable || !support.prlimit || root0)(`a hostile agent a
       await sb.destroy();
     }
   }, 90_000);
+});
+
+describe.skipIf(!support.usable)("a hostile agent against its grader's hidden files", () => {
+  it("cannot read what only its evaluator may (ROLLGATE_EVALUATOR_BINDS: hidden tests, expected answers), which the evaluator reads", async () => {
+    const hidden = mkdtempSync(path.join(os.tmpdir(), "rg-hidden-tests-"));
+    try {
+      writeFileSync(path.join(hidden, "expected.txt"), "the hidden answer\n");
+      const rt = new LocalRuntime({ root, sandboxPath: SANDBOX_PATH, bwrap: support, evaluatorBinds: [hidden] });
+      const grade = EvaluatorSpec.parse({ kind: "command", command: ["bash", "-c", `cmp -s ${hidden}/expected.txt answer.txt && echo 1 || echo 0`], reward: "last_line_float" });
+      const score = async (agent: string) => {
+        const sb = await rt.create("t-hidden", RuntimeSpec.parse({ kind: "local", isolation: "bwrap", network: "host" }));
+        try {
+          const env = { PATH: SANDBOX_PATH, HOME: sb.home };
+          const r = await sb.exec(["bash", "-c", agent], { env, timeoutMs: 20_000 });
+          const outcome = await evaluate(grade, { sandbox: sb, env, summary: () => ({}) });
+          return { agent: r, outcome };
+        } finally {
+          await sb.destroy();
+        }
+      };
+      // The cheat: copy the expected answer from where the grader keeps it.
+      const cheat = await score(`cat ${hidden}/expected.txt > answer.txt`);
+      expect(cheat.agent.logTail).toMatch(/No such file or directory/);
+      expect(cheat.outcome).toMatchObject({ kind: "scored", reward: 0 });
+      // The evaluator does see it: an agent that knows the answer scores.
+      const honest = await score("echo 'the hidden answer' > answer.txt");
+      expect(honest.outcome).toMatchObject({ kind: "scored", reward: 1 });
+    } finally {
+      rmSync(hidden, { recursive: true, force: true });
+    }
+  }, 60_000);
 });

@@ -1,3 +1,4 @@
+import { existsSync } from "node:fs";
 import { chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -24,6 +25,11 @@ export interface LocalRuntimeOptions {
   sandboxPath?: string;
   /** More host paths bubblewrap sandboxes see, read-only (ROLLGATE_SANDBOX_BINDS). */
   binds?: string[];
+  /**
+   * Host paths only evaluator steps of bubblewrap sandboxes see, read-only (ROLLGATE_EVALUATOR_BINDS):
+   * hidden tests and expected answers. ROLLGATE_SANDBOX_BINDS are the agent's to read too.
+   */
+  evaluatorBinds?: string[];
   /** What bubblewrap can do on this host; probed on first use when not given. */
   bwrap?: BwrapSupport;
   /** The most bytes a bubblewrap sandbox's /tmp and /dev/shm each hold (ROLLGATE_SANDBOX_TMPFS_MB; default DEFAULT_TMPFS_BYTES). */
@@ -70,6 +76,7 @@ function withSpawnError(r: RunResult): RunResult {
 export class LocalRuntime implements SandboxRuntime {
   private support: BwrapSupport | undefined;
   private mounts: string[] | undefined;
+  private evaluatorMounts: string[] | undefined;
   /** Sandbox folders and relays that could not be removed (each also logged). */
   cleanupFailures = 0;
 
@@ -86,9 +93,11 @@ export class LocalRuntime implements SandboxRuntime {
     return this.support;
   }
 
-  private hostMounts(): string[] {
+  private hostMounts(evaluator = false): string[] {
     this.mounts ??= hostMountArgs({ sandboxPath: this.o.sandboxPath ?? "/usr/local/bin:/usr/bin:/bin", extra: this.o.binds ?? [] });
-    return this.mounts;
+    if (!evaluator) return this.mounts;
+    this.evaluatorMounts ??= [...this.mounts, ...(this.o.evaluatorBinds ?? []).filter((p) => path.isAbsolute(p) && existsSync(p)).flatMap((p) => ["--ro-bind", p, p])];
+    return this.evaluatorMounts;
   }
 
   private tmpfs(): { tmpfsBytes?: number; maxProcs?: number } {
@@ -156,9 +165,9 @@ export class LocalRuntime implements SandboxRuntime {
     const bwrap = runtime.isolation === "bwrap";
     const inside = `http://127.0.0.1:${SANDBOX_GATEWAY_PORT}`;
     const proxyEnv = relay && runtime.egress.length > 0 ? egressProxyEnv(inside) : {};
-    const wrap = (argv: string[]) =>
+    const wrap = (argv: string[], evaluator: boolean) =>
       bwrap
-        ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(), dirs, relayDir: relay?.dir ?? null, ...this.tmpfs() }, argv)
+        ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(evaluator), dirs, relayDir: relay?.dir ?? null, ...this.tmpfs() }, argv)
         : argv;
     let destroyed = false;
     return {
@@ -167,9 +176,9 @@ export class LocalRuntime implements SandboxRuntime {
       home: bwrap ? INSIDE_HOME : dirs.home,
       tmp: bwrap ? INSIDE_TMP : dirs.tmp,
       sessionUrl: relay && opts.session ? `${inside}/s/${encodeURIComponent(opts.session.id)}` : null,
-      exec: async (argv: string[], { freshHome, ...o }: ExecOptions) => {
+      exec: async (argv: string[], { freshHome, evaluator = false, ...o }: ExecOptions) => {
         if (!freshHome) {
-          const r = await runProcess({ argv: wrap(argv), cwd: dirs.work, ...o, env: { ...o.env, ...proxyEnv }, spawner: this.spawner });
+          const r = await runProcess({ argv: wrap(argv, evaluator), cwd: dirs.work, ...o, env: { ...o.env, ...proxyEnv }, spawner: this.spawner });
           return bwrap ? withSpawnError(r) : r;
         }
         // Empty folders of this step's own, beside the sandbox's (never inside anything the agent
@@ -182,7 +191,7 @@ export class LocalRuntime implements SandboxRuntime {
           await mkdir(tmp);
           const stepDirs = { ...dirs, home, tmp };
           const r = await runProcess({
-            argv: bwrap ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(), dirs: stepDirs, relayDir: relay?.dir ?? null, ...this.tmpfs() }, argv) : argv,
+            argv: bwrap ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(evaluator), dirs: stepDirs, relayDir: relay?.dir ?? null, ...this.tmpfs() }, argv) : argv,
             cwd: dirs.work,
             ...o,
             env: { ...o.env, ...(bwrap ? {} : { HOME: home, TMPDIR: tmp }), ...proxyEnv },
