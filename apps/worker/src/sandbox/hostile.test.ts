@@ -171,13 +171,16 @@ describe.skipIf(!support.usable || !support.sizedTmpfs)("a hostile agent against
     const rt = new LocalRuntime({ root, sandboxPath: SANDBOX_PATH, bwrap: support, tmpfsBytes: cap });
     const sb = await rt.create("t-fill", RuntimeSpec.parse({ kind: "local", isolation: "bwrap", network: "host", files: { "fill.py": FILL } }));
     try {
-      const r = await sb.exec(["python3", "fill.py", String(3 * cap), "/tmp", "/dev/shm", "/dev", "/", "/rollgate", sb.workdir], {
+      const r = await sb.exec(["python3", "fill.py", String(3 * cap), "/tmp", "/var/tmp", "/dev/shm", "/dev", "/", "/rollgate", sb.workdir], {
         env: { PATH: SANDBOX_PATH, HOME: sb.home },
         timeoutMs: 60_000,
       });
       expect(r.exitCode, r.logTail).toBe(0);
       const took = JSON.parse(r.stdoutTail.trim().split("\n").at(-1)!) as Record<string, number>;
-      for (const folder of ["/tmp", "/dev/shm"]) expect(took[folder], `${folder}: ${JSON.stringify(took)}`).toBeLessThanOrEqual(cap);
+      for (const folder of ["/tmp", "/var/tmp", "/dev/shm"]) {
+        expect(took[folder], `${folder}: ${JSON.stringify(took)}`).toBeLessThanOrEqual(cap);
+        expect(took[folder], `${folder}: ${JSON.stringify(took)}`).toBeGreaterThan(0);
+      }
       for (const folder of ["/dev", "/", "/rollgate"]) expect(took[folder], `${folder}: ${JSON.stringify(took)}`).toBe(0);
       // Its own folders are on the worker's disk, as they always were.
       expect(took[sb.workdir]).toBe(3 * cap);

@@ -289,6 +289,8 @@ export function bwrapArgv(s: BwrapStep, argv: string[]): string[] {
     ...size, "--tmpfs", "/dev/shm",
     "--proc", "/proc",
     ...size, "--tmpfs", "/tmp",
+    // Where some tools keep big temporary files: the same capped /tmp (the root is read-only).
+    "--symlink", "/tmp", "/var/tmp",
     ...s.hostMounts,
     "--bind", s.dirs.work, INSIDE_WORKDIR,
     "--bind", s.dirs.home, INSIDE_HOME,
