@@ -14,7 +14,7 @@ import { evaluate } from "../evaluators.js";
 import { defaultSandboxPath } from "./environment.js";
 import { RELAY_DIR, RELAY_SOCKET, SANDBOX_GATEWAY_PORT, probeBwrap } from "./isolation.js";
 import { LocalRuntime } from "./local-runtime.js";
-import { MAX_RELAY_CONNECTIONS } from "./relay.js";
+import { MAX_RELAY_CALLS_IN_FLIGHT, MAX_RELAY_CONNECTIONS } from "./relay.js";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const SANDBOX_PATH = defaultSandboxPath(path.resolve(here, "../../../.."));
@@ -23,10 +23,21 @@ const support = probeBwrap();
 let root: string;
 let gateway: http.Server;
 let gatewayPort = 0;
+const held: http.ServerResponse[] = [];
+let heldPeak = 0;
 
 beforeAll(async () => {
   root = mkdtempSync(path.join(os.tmpdir(), "rg-hostile-"));
-  gateway = http.createServer((req, res) => res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reached: req.url })));
+  gateway = http.createServer((req, res) => {
+    if (req.url?.endsWith("/hold")) {
+      // Held until the test lets go, like a long generation: counts the calls in flight at once.
+      held.push(res);
+      heldPeak = Math.max(heldPeak, held.length);
+      req.resume();
+      return;
+    }
+    res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ reached: req.url }));
+  });
   await new Promise<void>((r) => gateway.listen(0, "127.0.0.1", r));
   gatewayPort = (gateway.address() as { port: number }).port;
 });
@@ -66,6 +77,17 @@ const res = await fetch(process.env.OPENAI_BASE_URL + "/models");
 console.log("after " + res.status);
 `;
 
+/** Makes argv[1] calls to its session at once, each with a 1 MiB body, and prints how they were answered. */
+const CALLS = `
+const n = Number(process.argv[2]);
+const body = "x".repeat(1 << 20);
+const answers = await Promise.all(Array.from({ length: n }, () =>
+  fetch(process.env.OPENAI_BASE_URL + "/hold", { method: "POST", body }).then((r) => r.status, (e) => "error " + e.cause?.code)));
+const count = {};
+for (const a of answers) count[a] = (count[a] ?? 0) + 1;
+console.log("answers " + JSON.stringify(count));
+`;
+
 describe.skipIf(!support.usable || !support.netns)("a hostile agent against the worker's relay", () => {
   it("cannot make the worker hold more than a bounded number of its connections (each one a descriptor of the worker's)", async () => {
     const rt = new LocalRuntime({ root, sandboxPath: SANDBOX_PATH, bwrap: support });
@@ -97,6 +119,38 @@ describe.skipIf(!support.usable || !support.netns)("a hostile agent against the 
       // Its own session still answers once it lets go.
       expect(out).toContain("after 200");
     } finally {
+      await sb.destroy();
+    }
+  }, 90_000);
+
+  it("cannot have more calls in flight at the gateway than MAX_RELAY_CALLS_IN_FLIGHT (each a body the gateway holds); the rest wait their turn", async () => {
+    const rt = new LocalRuntime({ root, sandboxPath: SANDBOX_PATH, bwrap: support });
+    const sid = "s-calls";
+    const sb = await rt.create("t-calls", RuntimeSpec.parse({ kind: "local", isolation: "bwrap", files: { "calls.mjs": CALLS } }), {
+      session: { id: sid, url: `http://127.0.0.1:${gatewayPort}/s/${sid}` },
+    });
+    const calls = MAX_RELAY_CALLS_IN_FLIGHT * 3;
+    try {
+      heldPeak = 0;
+      const run = sb.exec(["node", "calls.mjs", String(calls)], {
+        env: { PATH: SANDBOX_PATH, HOME: sb.home, OPENAI_BASE_URL: `http://127.0.0.1:${SANDBOX_GATEWAY_PORT}/s/${sid}/v1` },
+        timeoutMs: 60_000,
+      });
+      // The gateway answers what it holds, a few at a time, until every call has had its turn.
+      let answered = 0;
+      while (answered < calls) {
+        await new Promise((r) => setTimeout(r, 50));
+        for (const res of held.splice(0, 4)) {
+          res.writeHead(200).end("{}");
+          answered++;
+        }
+      }
+      const r = await run;
+      expect(r.stdoutTail, r.logTail).toContain(`answers {"200":${calls}}`);
+      expect(heldPeak).toBeGreaterThan(1);
+      expect(heldPeak).toBeLessThanOrEqual(MAX_RELAY_CALLS_IN_FLIGHT);
+    } finally {
+      for (const res of held.splice(0)) res.destroy();
       await sb.destroy();
     }
   }, 90_000);

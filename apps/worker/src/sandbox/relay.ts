@@ -4,6 +4,7 @@ import { pipeline } from "node:stream/promises";
 import { Agent, request } from "undici";
 import type { LostCalls } from "@rollgate/protocol";
 import { EgressDenied, type EgressPolicy, checkDestination, egressRequest } from "../egress.js";
+import { Semaphore } from "./container-common.js";
 
 /**
  * A sealed sandbox's only door to the network: an HTTP server the worker runs for one sandbox
@@ -30,6 +31,8 @@ export interface RelayOptions {
   egress: EgressPolicy | null;
   /** The most connections the sandbox may hold open to the relay at once (default MAX_RELAY_CONNECTIONS). */
   maxConnections?: number;
+  /** The most calls the sandbox has in flight at the gateway at once (default MAX_RELAY_CALLS_IN_FLIGHT). */
+  maxCallsInFlight?: number;
   /**
    * The most bytes of request line and headers the gateway reads (default: this node's
    * `http.maxHeaderSize`, 16 KiB unless `--max-http-header-size` says otherwise, as on the gateway).
@@ -45,6 +48,14 @@ export interface RelayOptions {
  * out of Redis, pipes and relays. Agents with many parallel calls stay far below it.
  */
 export const MAX_RELAY_CONNECTIONS = 256;
+
+/**
+ * The most calls one sandbox has in flight at the gateway at once; more wait their turn in the
+ * relay (their bodies unread). Each is up to 64 MiB the gateway reads and parses, or a generation
+ * an engine runs: a sandbox with hundreds at once would load the gateway and the engines for every
+ * rollout. Agents that run calls in parallel (subagents, tool fan-out) stay below it.
+ */
+export const MAX_RELAY_CALLS_IN_FLIGHT = 32;
 
 export type RelayListen = { path: string } | { host: string; port?: number };
 
@@ -140,10 +151,12 @@ export class SessionRelay {
   private readonly server: http.Server;
   private readonly upstream: Agent;
   private readonly tunnels = new Set<net.Socket>();
+  private readonly inFlight: Semaphore;
   private readonly base: string;
 
   private constructor(private readonly o: RelayOptions) {
     this.base = o.sessionUrl.replace(/\/+$/, "");
+    this.inFlight = new Semaphore(o.maxCallsInFlight ?? MAX_RELAY_CALLS_IN_FLIGHT);
     // Streams may stay open for the whole rollout: no body or headers timeout on either side.
     this.upstream = new Agent({ bodyTimeout: 0, headersTimeout: 0 });
     this.server = http.createServer({ requestTimeout: 0 }, (req, res) => void this.onRequest(req, res));
@@ -214,6 +227,9 @@ export class SessionRelay {
       if (!res.writableFinished) abort.abort();
     });
     const hasBody = req.method !== "GET" && req.method !== "HEAD";
+    // Its turn at the gateway: until then its body stays unread, in the agent's socket.
+    const release = await this.inFlight.acquire();
+    if (abort.signal.aborted) return release();
     try {
       const up = await request(target, {
         method: req.method as "GET",
@@ -234,6 +250,8 @@ export class SessionRelay {
       this.lost.first ??= { at: new Date().toISOString(), kind: "relay_unreachable", status: 502, message };
       this.o.log?.warn({ session_id: this.o.sessionId, err: (err as Error).message }, "sandbox relay: the gateway call failed");
       refuse(res, 502, message);
+    } finally {
+      release();
     }
   }
 
