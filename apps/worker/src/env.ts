@@ -40,7 +40,15 @@ export const WorkerEnv = z.object({
   /** Parent folder of the per-rollout working directories (default: the OS temp dir). */
   ROLLGATE_SANDBOX_ROOT: z.string().optional(),
   /** PATH given to sandboxed programs; default: node's folder, the install's bins, /usr/local/bin:/usr/bin:/bin. */
-  ROLLGATE_SANDBOX_PATH: z.string().optional(),
+  ROLLGATE_SANDBOX_PATH: z
+    .string()
+    .refine(
+      (p) => p.split(":").every((d) => d.startsWith("/")),
+      // An empty or relative entry is looked up from the working directory, which the agent wrote:
+      // its ./python3 would run as the grader's python3.
+      "must be a colon list of absolute folders (an empty or relative entry would find programs the agent left in its working directory)",
+    )
+    .optional(),
   /** More host paths bubblewrap sandboxes see (read-only): a comma list of absolute paths. */
   ROLLGATE_SANDBOX_BINDS: z
     .string()
