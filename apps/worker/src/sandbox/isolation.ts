@@ -11,17 +11,21 @@ import { CONTAINER_HOME, CONTAINER_TMP, DEFAULT_WORKDIR } from "./container-comm
  *   system folders (/usr, /bin, /lib…), a short list of /etc files (users, DNS, TLS roots,
  *   the dynamic linker's cache), node's installation, every folder on the sandbox PATH (a
  *   `node_modules/.bin` brings its `node_modules` and the workspace packages it links to) and
- *   ROLLGATE_SANDBOX_BINDS — and, writable, its own folders (working directory, HOME, TMPDIR)
- *   and a private /tmp. The worker's config and key files, other rollouts' folders, the
- *   Docker socket and every other unix socket of the host are simply not there.
+ *   ROLLGATE_SANDBOX_BINDS (ROLLGATE_EVALUATOR_BINDS too, in evaluator steps only) — and,
+ *   writable, its own folders (working directory, HOME, TMPDIR) and a private /tmp and
+ *   /dev/shm of capped size (they are memory); the root and /dev are read-only. The worker's
+ *   config and key files, other rollouts' folders, the Docker socket and every other unix
+ *   socket of the host are simply not there.
  * - the same paths in every sandbox: its own folders are mounted where a container has them
  *   (INSIDE_WORKDIR, INSIDE_HOME, INSIDE_TMP), not at their host paths, which hold the task id
  *   and a random suffix. An agent that writes its working directory into its prompts (every
  *   agent CLI does) so sends the same prompt in every sandbox, as a branch's replay needs
- *   (docs/data-model.md#branches), and sees nothing of the host's layout.
+ *   (docs/data-model.md#branches). (The host paths still show in /proc: bubblewrap's own
+ *   command line, the mount table.)
  * - a private PID namespace and /proc: the worker's processes (and their /proc/<pid>/environ)
  *   are not visible; no capabilities (root in the sandbox is not root), no new user namespaces
- *   where bubblewrap can forbid them, and it dies with the worker.
+ *   where bubblewrap can forbid them, at most ROLLGATE_SANDBOX_MAX_PROCS processes (prlimit; a
+ *   root worker is exempt), and it dies with the worker.
  * - with `runtime.network: "sealed"` (the default with bwrap): its own network namespace, with
  *   nothing but loopback. The worker's relay for the sandbox (relay.ts) is bind-mounted as a
  *   unix socket at RELAY_DIR, and a shim (relay-shim.ts) listening on
