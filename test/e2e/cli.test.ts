@@ -190,6 +190,32 @@ describe("the rollgate CLI", () => {
     expect(JSON.parse(json.stdout).result.reward).toBe(1);
   });
 
+  it("task --logs: an agent's terminal escape sequences are shown, not played on the operator's terminal", async () => {
+    // What a hostile agent prints to hide from (or act on) whoever reads its logs: erase the line
+    // above, set the title, write the clipboard (OSC 52), redraw with a carriage return; its grader
+    // prints one too. Only the agent's bytes can hold an ESC here: colours are off in a pipe.
+    const evil = "printf 'before\\033[1A\\033[2K\\033]0;pwned\\007\\033]52;c;cm0gLXJmIH4=\\007\\rafter\\n'";
+    const res = await fetch(`${cluster.url}/v1/tasks`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${apiKey}` },
+      body: JSON.stringify({
+        instruction: "print",
+        agent: { harness: "command", command: ["bash", "-c", evil] },
+        evaluator: { kind: "command", command: ["bash", "-c", `${evil}; echo 1`], reward: "last_line_float" },
+        limits: { timeout_s: 60 },
+      }),
+    });
+    expect(res.status).toBe(202);
+    const { id } = (await res.json()) as { id: string };
+    await poll(async () => (await rollgate(["task", id, "--json"], env)).stdout, (o) => JSON.parse(o).result !== null, 60_000, 300);
+    const human = await rollgate(["task", id, "--logs"], env);
+    expect(human.code, human.stderr).toBe(0);
+    expect(human.stdout).toContain("before");
+    expect(human.stdout).toContain("after");
+    expect(human.stdout).toContain("\u241b]52;c;cm0gLXJmIH4=");
+    expect(human.stdout).not.toMatch(/[\x00-\x08\x0b-\x1f\x7f]/); // eslint-disable-line no-control-regex
+  });
+
   it("watch: a task's events, and a whole group as NDJSON", async () => {
     const one = await rollgate(["watch", firstTask], env);
     expect(one.code, one.stderr).toBe(0);

@@ -18,6 +18,21 @@ export function prettyJson(value: unknown): string {
   return JSON.stringify(value, null, 2).replace(/\[\s*(-?[\d.eE+-]+(?:,\s*-?[\d.eE+-]+)*)\s*\]/g, (_m, inner: string) => `[${inner.replace(/\s+/g, "")}]`);
 }
 
+/**
+ * Text an agent (or its grader) wrote, made safe to print on the operator's terminal: control
+ * characters other than newline and tab are shown as their Unicode pictures (ESC as ␛), so the
+ * agent's escape sequences (erasing the lines above, setting the title, writing the clipboard with
+ * OSC 52) are seen, not played. A carriage return ends a line, as a progress bar's redraws would
+ * read in a file.
+ */
+export function printable(text: string): string {
+  // eslint-disable-next-line no-control-regex
+  return text.replace(/\r\n?/g, "\n").replace(/[\x00-\x08\x0b-\x1f\x7f-\x9f]/g, (c) => {
+    const code = c.charCodeAt(0);
+    return code < 0x20 ? String.fromCharCode(0x2400 + code) : code === 0x7f ? "\u2421" : "\ufffd";
+  });
+}
+
 export const DEFAULT_URL = "http://127.0.0.1:8080";
 
 /** Colours only on a terminal, never with NO_COLOR or --no-color. */

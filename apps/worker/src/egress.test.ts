@@ -6,7 +6,7 @@
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { EgressDenied, checkDestination, egressRequest, infrastructureDenials, parseEgressPolicy, sandboxEgressPolicy, type Resolver } from "./egress.js";
+import { EgressDenied, checkDestination, egressRequest, hostAddressDenials, infrastructureDenials, parseEgressPolicy, sandboxEgressPolicy, type Resolver } from "./egress.js";
 
 const fixed =
   (...addresses: string[]): Resolver =>
@@ -141,6 +141,25 @@ describe("a sealed sandbox's egress (runtime.egress)", () => {
       await expect(checkDestination(p, url, "runtime.egress", fixed(addr)), url).rejects.toThrow(EgressDenied);
     }
     await expect(checkDestination(p, "https://example.org/", "runtime.egress", fixed("93.184.215.14"))).resolves.toBeDefined();
+  });
+
+  it("hostAddressDenials: every address of the worker's host, so * does not reach its services by the LAN or bridge address", async () => {
+    const ifaces = {
+      lo: [{ address: "127.0.0.1", netmask: "255.0.0.0", family: "IPv4", mac: "00:00:00:00:00:00", internal: true, cidr: "127.0.0.1/8" }],
+      eth0: [
+        { address: "10.20.30.40", netmask: "255.255.0.0", family: "IPv4", mac: "02:00:00:00:00:01", internal: false, cidr: "10.20.30.40/16" },
+        { address: "2001:db8::5", netmask: "ffff:ffff:ffff:ffff::", family: "IPv6", mac: "02:00:00:00:00:01", internal: false, cidr: "2001:db8::5/64", scopeid: 0 },
+      ],
+      docker0: [{ address: "172.17.0.1", netmask: "255.255.0.0", family: "IPv4", mac: "02:00:00:00:00:02", internal: false, cidr: "172.17.0.1/16" }],
+    } as const;
+    const denied = hostAddressDenials(ifaces as unknown as Parameters<typeof hostAddressDenials>[0]);
+    expect(denied.sort()).toEqual(["10.20.30.40", "127.0.0.1", "172.17.0.1", "2001:db8::5"]);
+    const policy = sandboxEgressPolicy(["*"], denied)!;
+    const resolve: Resolver = async () => [{ address: "198.51.100.7", family: 4 }];
+    for (const host of ["10.20.30.40", "172.17.0.1", "[2001:db8::5]", "[::ffff:10.20.30.40]"]) {
+      await expect(checkDestination(policy, `http://${host}:6379/`, "runtime.egress", resolve), host).rejects.toBeInstanceOf(EgressDenied);
+    }
+    await expect(checkDestination(policy, "http://10.20.30.41:6379/", "runtime.egress", resolve)).resolves.toMatchObject({ address: "10.20.30.41" });
   });
 
   it("infrastructureDenials: the hosts of REDIS_URL and the gateway URL, by name and address", async () => {

@@ -1,5 +1,6 @@
 import { lookup } from "node:dns/promises";
 import { BlockList, isIP } from "node:net";
+import os from "node:os";
 import { Agent, request } from "undici";
 
 /**
@@ -167,6 +168,18 @@ export async function infrastructureDenials(urls: string[], resolve: Resolver = 
       // not resolvable from here: refused by name only
     }
   }
+  return [...out];
+}
+
+/**
+ * Every address of the worker's own host (each interface's, as at worker start). Its services
+ * (Redis, the gateway, an engine, the worker's ports) often listen on all addresses, so refusing
+ * only the ones their URLs name (often loopback) would let a sandbox whose task allows any
+ * destination reach them by the host's LAN or bridge address.
+ */
+export function hostAddressDenials(interfaces: ReturnType<typeof os.networkInterfaces> = os.networkInterfaces()): string[] {
+  const out = new Set<string>();
+  for (const list of Object.values(interfaces)) for (const a of list ?? []) out.add(normAddress(a.address.replace(/%.*$/, "")).address);
   return [...out];
 }
 

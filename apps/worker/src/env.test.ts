@@ -11,4 +11,11 @@ describe("worker environment", () => {
     expect(loadWorkerEnv({ REDIS_URL: "redis+cluster://10.0.0.1:7000,10.0.0.2:7001" }).REDIS_URL).toContain("cluster");
     expect(() => loadWorkerEnv({ ROLLGATE_WORKER_CONCURRENCY: "0", ROLLGATE_CALLBACK_ALLOW: "http://x" })).toThrow(/ROLLGATE_WORKER_CONCURRENCY[\s\S]*ROLLGATE_CALLBACK_ALLOW/);
   });
+
+  it("refuses a sandbox PATH with an empty or relative entry: it would find the agent's ./python3 before the grader's", () => {
+    for (const bad of ["/usr/bin:", ":/usr/bin", "/usr/bin::/bin", "/usr/bin:.", "bin:/usr/bin"]) {
+      expect(() => loadWorkerEnv({ ROLLGATE_SANDBOX_PATH: bad }), bad).toThrow(/ROLLGATE_SANDBOX_PATH: must be a colon list of absolute folders/);
+    }
+    expect(loadWorkerEnv({ ROLLGATE_SANDBOX_PATH: "/opt/agents/bin:/usr/bin:/bin" }).ROLLGATE_SANDBOX_PATH).toBe("/opt/agents/bin:/usr/bin:/bin");
+  });
 });

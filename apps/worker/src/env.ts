@@ -40,13 +40,31 @@ export const WorkerEnv = z.object({
   /** Parent folder of the per-rollout working directories (default: the OS temp dir). */
   ROLLGATE_SANDBOX_ROOT: z.string().optional(),
   /** PATH given to sandboxed programs; default: node's folder, the install's bins, /usr/local/bin:/usr/bin:/bin. */
-  ROLLGATE_SANDBOX_PATH: z.string().optional(),
+  ROLLGATE_SANDBOX_PATH: z
+    .string()
+    .refine(
+      (p) => p.split(":").every((d) => d.startsWith("/")),
+      // An empty or relative entry is looked up from the working directory, which the agent wrote:
+      // its ./python3 would run as the grader's python3.
+      "must be a colon list of absolute folders (an empty or relative entry would find programs the agent left in its working directory)",
+    )
+    .optional(),
   /** More host paths bubblewrap sandboxes see (read-only): a comma list of absolute paths. */
   ROLLGATE_SANDBOX_BINDS: z
     .string()
     .default("")
     .transform((s) => s.split(",").map((p) => p.trim()).filter(Boolean))
     .refine((l) => l.every((p) => p.startsWith("/")), "must be a comma list of absolute paths"),
+  /** Host paths only evaluators of bubblewrap sandboxes see (read-only; hidden tests): a comma list of absolute paths. */
+  ROLLGATE_EVALUATOR_BINDS: z
+    .string()
+    .default("")
+    .transform((s) => s.split(",").map((p) => p.trim()).filter(Boolean))
+    .refine((l) => l.every((p) => p.startsWith("/")), "must be a comma list of absolute paths"),
+  /** The most a bubblewrap sandbox's /tmp and /dev/shm each hold, in MiB: they are tmpfs, the host's memory. */
+  ROLLGATE_SANDBOX_TMPFS_MB: z.coerce.number().int().positive().default(512),
+  /** The most processes (threads included) a bubblewrap sandbox runs at once; root is exempt (RLIMIT_NPROC). */
+  ROLLGATE_SANDBOX_MAX_PROCS: z.coerce.number().int().positive().default(4096),
   /**
    * Destinations a sealed sandbox never reaches, whatever its task's `runtime.egress` allows
    * (same syntax as ROLLGATE_CALLBACK_DENY): name your engines and internal networks here.

@@ -120,6 +120,37 @@ describe("evaluate", () => {
     });
   });
 
+  it("reward_file with a command: reward paths the agent made folders it is hard to remove (nested past PATH_MAX, locked) are cleared, and the grader scores", async () => {
+    // Left in place, the grader could not write its reward there: the task would end
+    // evaluator_error, unscored, which the agent chose.
+    const sb = await runtime.create("t-eval-litter", RuntimeSpec.parse({ isolation: "bwrap", network: "host" }));
+    sandboxes.push(sb);
+    const e = { ...env, HOME: sb.home };
+    const litter = [
+      "import os",
+      "os.mkdir('reward.json'); os.chdir('reward.json')",
+      "for _ in range(300): os.mkdir('d' * 40); os.chdir('d' * 40)",
+      "os.chdir('/workspace'); os.makedirs('reward.txt/inner'); open('reward.txt/inner/f', 'w').close()",
+      "os.chmod('reward.txt/inner', 0); os.chmod('reward.txt', 0o500)",
+    ].join("\n");
+    expect(await sb.exec(["python3", "-c", litter], { env: e, timeoutMs: 20_000 })).toMatchObject({ exitCode: 0 });
+    expect(await evaluate(spec({ kind: "reward_file", command: ["bash", "-c", "echo 0.25 > reward.txt"] }), { ...ctx, sandbox: sb, env: e })).toMatchObject({ kind: "scored", reward: 0.25 });
+  });
+
+  it("reward_file: a reward.json the agent filled (up to the 32 MiB read limit) keeps its reward, not megabytes of details in every stored result and callback", async () => {
+    const sb = await runtime.create("t-eval-bloat", RuntimeSpec.parse({ isolation: "bwrap", network: "host" }));
+    sandboxes.push(sb);
+    const e = { ...env, HOME: sb.home };
+    const bloat = "import json; json.dump({'reward': 0.5, 'tests': ['x' * 1000] * 30000}, open('reward.json', 'w'))";
+    expect(await sb.exec(["python3", "-c", bloat], { env: e, timeoutMs: 20_000 })).toMatchObject({ exitCode: 0 });
+    const out = await evaluate(spec({ kind: "reward_file" }), { ...ctx, sandbox: sb, env: e });
+    expect(out).toMatchObject({ kind: "scored", reward: 0.5, evaluation: { details: { reward: 0.5, truncated: expect.stringMatching(/at most/) } } });
+    expect(JSON.stringify(out).length).toBeLessThan(80 * 1024);
+    // Details of a reasonable size are kept whole.
+    writeFileSync(path.join(sb.describe(), "work", "reward.json"), JSON.stringify({ reward: 1, passed: 12, failed: 0 }));
+    expect(await evaluate(spec({ kind: "reward_file" }), { ...ctx, sandbox: sb, env: e })).toMatchObject({ evaluation: { details: { reward: 1, passed: 12, failed: 0 } } });
+  });
+
   it("file and reward_file: a FIFO or a special file the agent left at the path ends the evaluation instead of hanging it", async () => {
     // Reading a FIFO blocks until someone writes to it: nobody will (the agent is gone), so the
     // rollout would never end, holding one of the worker's file-system threads for good.

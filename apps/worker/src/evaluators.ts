@@ -72,7 +72,8 @@ export function rewardFromOutput(mode: "exit_code" | "last_line_float" | "json",
 
 async function runCommand(argv: string[], timeoutS: number, ctx: EvalContext): Promise<RunResult> {
   // Not in the agent's HOME and TMPDIR: a usercustomize.py it left there would run inside a Python grader.
-  return ctx.sandbox.exec(argv, { env: ctx.env, timeoutMs: timeoutS * 1000, freshHome: true, ...(ctx.signal ? { signal: ctx.signal } : {}) });
+  // An evaluator's step: it sees the evaluator-only binds (hidden tests), the agent never did.
+  return ctx.sandbox.exec(argv, { env: ctx.env, timeoutMs: timeoutS * 1000, freshHome: true, evaluator: true, ...(ctx.signal ? { signal: ctx.signal } : {}) });
 }
 
 function commandFailure(r: RunResult, timeoutS: number): string | null {
@@ -87,6 +88,13 @@ function rewardFiles(rel: string | undefined): string[] {
   return rel ? [rel] : ["reward.json", "reward.txt"];
 }
 
+/**
+ * The largest reward file whose other fields are kept as the evaluation's details. Every stored
+ * result, its callback and every read of the task carry them: a reward.json filled up to the read
+ * limit (MAX_READ_BYTES) would put megabytes into each.
+ */
+export const MAX_DETAILS_BYTES = 64 * 1024;
+
 async function readRewardFile(sandbox: EvalContext["sandbox"], rel: string | undefined): Promise<{ reward: number; details: unknown } | string> {
   const candidates = rewardFiles(rel);
   for (const name of candidates) {
@@ -95,7 +103,15 @@ async function readRewardFile(sandbox: EvalContext["sandbox"], rel: string | und
     if (name.endsWith(".json")) {
       try {
         const parsed = RewardJson.safeParse(JSON.parse(text));
-        if (parsed.success) return { reward: parsed.data.reward, details: parsed.data };
+        if (parsed.success) {
+          const { reward } = parsed.data;
+          const bytes = Buffer.byteLength(text);
+          const details =
+            bytes <= MAX_DETAILS_BYTES
+              ? parsed.data
+              : { reward, truncated: `${name}'s other fields (${bytes} bytes) were dropped: evaluation details keep at most ${MAX_DETAILS_BYTES} bytes` };
+          return { reward, details };
+        }
       } catch {
         // fall through
       }

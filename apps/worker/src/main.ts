@@ -7,7 +7,7 @@ import { callbackQueue, createRedis } from "@rollgate/queue";
 import { TaskStore } from "@rollgate/store";
 import closeWithGrace from "close-with-grace";
 import { pino } from "pino";
-import { configureEgress, infrastructureDenials, parseEgressPolicy } from "./egress.js";
+import { configureEgress, hostAddressDenials, infrastructureDenials, parseEgressPolicy } from "./egress.js";
 import { loadWorkerEnv } from "./env.js";
 import { FailureCounter } from "./failure-counter.js";
 import { GatewayClient } from "./gateway-client.js";
@@ -40,6 +40,12 @@ Environment:
   ROLLGATE_SANDBOX_PATH        PATH given to agents (default: node's folder, rollgate's bins, system bins)
   ROLLGATE_SANDBOX_BINDS       more host paths bwrap sandboxes see read-only (comma list; they always see
                                the system folders, node, the folders on the sandbox PATH)
+  ROLLGATE_EVALUATOR_BINDS     host paths only the evaluators of bwrap sandboxes see read-only (comma list;
+                               hidden tests: the agent can read ROLLGATE_SANDBOX_BINDS)
+  ROLLGATE_SANDBOX_TMPFS_MB    the most a bwrap sandbox's /tmp and /dev/shm each hold, in MiB (default 512;
+                               they are the host's memory)
+  ROLLGATE_SANDBOX_MAX_PROCS   the most processes (threads included) a bwrap sandbox runs at once (default
+                               4096; a worker running as root is exempt)
   ROLLGATE_SANDBOX_SPAWNER     on: local sandboxes' programs are started by a helper process, off the worker's
                                event loop (default; python3 when on the PATH, else node); off: the worker
                                forks them itself
@@ -109,6 +115,8 @@ const runtimes: RolloutDeps["runtimes"] = {};
 // name and address), and ROLLGATE_SANDBOX_EGRESS_DENY (loopback and metadata are built in).
 const sandboxEgressDeny = [
   ...(await infrastructureDenials([env.REDIS_URL, env.ROLLGATE_GATEWAY_URL])),
+  // The worker's host itself, by every address it has: its services may listen on all of them.
+  ...hostAddressDenials(),
   ...env.ROLLGATE_SANDBOX_EGRESS_DENY.split(",").map((r) => r.trim()).filter(Boolean),
 ];
 if (env.ROLLGATE_RUNTIMES.includes("local")) {
@@ -118,7 +126,10 @@ if (env.ROLLGATE_RUNTIMES.includes("local")) {
     root: env.ROLLGATE_SANDBOX_ROOT,
     sandboxPath,
     binds: env.ROLLGATE_SANDBOX_BINDS,
+    evaluatorBinds: env.ROLLGATE_EVALUATOR_BINDS,
     bwrap,
+    tmpfsBytes: env.ROLLGATE_SANDBOX_TMPFS_MB * 1024 * 1024,
+    maxProcs: env.ROLLGATE_SANDBOX_MAX_PROCS,
     egressDeny: sandboxEgressDeny,
     ...(env.ROLLGATE_SANDBOX_SPAWNER === "off" ? { spawner: null } : {}),
     log,

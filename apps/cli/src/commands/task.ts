@@ -1,5 +1,5 @@
 import type { CommandSpec } from "../framework.js";
-import { EXIT, fmt, statusColor, type Context } from "../output.js";
+import { EXIT, fmt, printable, statusColor, type Context } from "../output.js";
 
 export const taskCommand: CommandSpec<Context> = {
   name: "task",
@@ -22,7 +22,7 @@ export const taskCommand: CommandSpec<Context> = {
     const rows: [string, string][] = [
       ["status", statusColor(s, t.status)],
       ["reward", r ? s.bold(fmt.reward(r.reward)) : "–"],
-      ...(r?.error ? ([["error", s.red(`${r.error.kind}: ${r.error.message}`)]] as [string, string][]) : []),
+      ...(r?.error ? ([["error", s.red(printable(`${r.error.kind}: ${r.error.message}`))]] as [string, string][]) : []),
       ["group", t.group_id ?? "–"],
       ["instruction", values.instruction ? t.task.instruction : (t.task.instruction.split("\n")[0] ?? "").slice(0, 120)],
       ["agent", t.task.agent.harness === "command" ? `command ${JSON.stringify(t.task.agent.command)}` : t.task.agent.harness],
@@ -47,11 +47,12 @@ export const taskCommand: CommandSpec<Context> = {
     const w = Math.max(...rows.map(([k]) => k.length));
     ctx.out(s.bold(t.id));
     for (const [k, v] of rows) ctx.out(`  ${s.gray(k.padEnd(w))}  ${v}`);
-    if (r?.evaluation?.stdout_tail) ctx.out(`  ${s.gray("eval output".padEnd(w))}  ${r.evaluation.stdout_tail.trim().split("\n").slice(-3).join(" ⏎ ")}`);
+    // The agent's and its grader's own bytes: shown, never played on the terminal.
+    if (r?.evaluation?.stdout_tail) ctx.out(`  ${s.gray("eval output".padEnd(w))}  ${printable(r.evaluation.stdout_tail).trim().split("\n").slice(-3).join(" ⏎ ")}`);
     if (logs !== undefined) {
       ctx.out("");
       ctx.out(s.gray("── agent output ──"));
-      ctx.out(logs.trimEnd() || s.gray("(none)"));
+      ctx.out(printable(logs).trimEnd() || s.gray("(none)"));
     }
     return EXIT.ok;
   },

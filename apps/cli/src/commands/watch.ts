@@ -1,6 +1,6 @@
 import { RollgateError, type TaskEvent, type TaskRecord } from "@rollgate/client";
 import type { CommandSpec } from "../framework.js";
-import { EXIT, fmt, statusColor, type Context, type Style } from "../output.js";
+import { EXIT, fmt, printable, statusColor, type Context, type Style } from "../output.js";
 import { memberOrder } from "../summary.js";
 
 /** One event as a line a person reads. */
@@ -21,7 +21,7 @@ export function describeEvent(s: Style, e: TaskEvent): string {
     case "terminal": {
       const err = d.error as { kind?: string; message?: string } | null | undefined;
       const reward = d.reward === null || d.reward === undefined ? "" : ` · reward ${fmt.reward(d.reward as number)}`;
-      return `${s.bold("ended")} ${statusColor(s, String(d.status))}${reward}${err ? ` · ${err.kind}: ${err.message}` : ""}`;
+      return `${s.bold("ended")} ${statusColor(s, String(d.status))}${reward}${err ? ` · ${printable(`${err.kind}: ${err.message}`)}` : ""}`;
     }
     default:
       return `${e.type}${Object.keys(d).length ? ` ${JSON.stringify(d)}` : ""}`;

@@ -1,5 +1,5 @@
 import { spawnSync } from "node:child_process";
-import { lstatSync, readdirSync, readlinkSync, realpathSync, statSync } from "node:fs";
+import { existsSync, lstatSync, readdirSync, readlinkSync, realpathSync, statSync } from "node:fs";
 import path from "node:path";
 import { CONTAINER_HOME, CONTAINER_TMP, DEFAULT_WORKDIR } from "./container-common.js";
 
@@ -11,17 +11,21 @@ import { CONTAINER_HOME, CONTAINER_TMP, DEFAULT_WORKDIR } from "./container-comm
  *   system folders (/usr, /bin, /lib…), a short list of /etc files (users, DNS, TLS roots,
  *   the dynamic linker's cache), node's installation, every folder on the sandbox PATH (a
  *   `node_modules/.bin` brings its `node_modules` and the workspace packages it links to) and
- *   ROLLGATE_SANDBOX_BINDS — and, writable, its own folders (working directory, HOME, TMPDIR)
- *   and a private /tmp. The worker's config and key files, other rollouts' folders, the
- *   Docker socket and every other unix socket of the host are simply not there.
+ *   ROLLGATE_SANDBOX_BINDS (ROLLGATE_EVALUATOR_BINDS too, in evaluator steps only) — and,
+ *   writable, its own folders (working directory, HOME, TMPDIR) and a private /tmp and
+ *   /dev/shm of capped size (they are memory); the root and /dev are read-only. The worker's
+ *   config and key files, other rollouts' folders, the Docker socket and every other unix
+ *   socket of the host are simply not there.
  * - the same paths in every sandbox: its own folders are mounted where a container has them
  *   (INSIDE_WORKDIR, INSIDE_HOME, INSIDE_TMP), not at their host paths, which hold the task id
  *   and a random suffix. An agent that writes its working directory into its prompts (every
  *   agent CLI does) so sends the same prompt in every sandbox, as a branch's replay needs
- *   (docs/data-model.md#branches), and sees nothing of the host's layout.
+ *   (docs/data-model.md#branches). (The host paths still show in /proc: bubblewrap's own
+ *   command line, the mount table.)
  * - a private PID namespace and /proc: the worker's processes (and their /proc/<pid>/environ)
  *   are not visible; no capabilities (root in the sandbox is not root), no new user namespaces
- *   where bubblewrap can forbid them, and it dies with the worker.
+ *   where bubblewrap can forbid them, at most ROLLGATE_SANDBOX_MAX_PROCS processes (prlimit; a
+ *   root worker is exempt), and it dies with the worker.
  * - with `runtime.network: "sealed"` (the default with bwrap): its own network namespace, with
  *   nothing but loopback. The worker's relay for the sandbox (relay.ts) is bind-mounted as a
  *   unix socket at RELAY_DIR, and a shim (relay-shim.ts) listening on
@@ -49,6 +53,10 @@ export interface BwrapSupport {
   netns: boolean;
   /** It can run the sandbox in a user namespace of its own, and forbid new ones inside (bubblewrap >= 0.8). */
   userns: "disable-nested" | "own" | "none";
+  /** It can cap a tmpfs's size (`--size`, bubblewrap >= 0.7): a sandbox's /tmp and /dev/shm are memory. */
+  sizedTmpfs?: boolean;
+  /** util-linux's prlimit under the system folders (seen inside every sandbox), which caps a sandbox's processes; null: none. */
+  prlimit?: string | null;
   /** What is missing and why, when something is. */
   reason: string | null;
 }
@@ -69,7 +77,9 @@ export function probeBwrap(bin = "bwrap"): BwrapSupport {
     : tryBwrap(bin, ["--unshare-user", "--cap-drop", "ALL"]).ok
       ? "own"
       : "none";
-  return { usable: true, netns: net.ok, userns, reason: net.ok ? null : `bubblewrap cannot create a network namespace here: ${net.err}` };
+  const sizedTmpfs = tryBwrap(bin, ["--size", "1048576", "--tmpfs", "/tmp"]).ok;
+  const prlimit = ["/usr/bin/prlimit", "/bin/prlimit"].find((p) => existsSync(p)) ?? null;
+  return { usable: true, netns: net.ok, userns, sizedTmpfs, prlimit, reason: net.ok ? null : `bubblewrap cannot create a network namespace here: ${net.err}` };
 }
 
 /** What the worker says at start about local sandboxes on this host. */
@@ -80,7 +90,8 @@ export function describeBwrap(s: BwrapSupport): string {
   if (!s.netns) {
     return `sandbox: ${s.reason}. Local bwrap tasks that need runtime.network "sealed" (the default) are refused (sandbox_unavailable); "host" runs them on the worker's network.`;
   }
-  return 'sandbox: local tasks with runtime.isolation "bwrap" are sealed: own network namespace (only their session, through the worker\'s relay, and runtime.egress), only the host paths an agent needs, private /proc.';
+  const memory = s.sizedTmpfs === false ? " This bubblewrap cannot cap a tmpfs's size (--size needs 0.7 or later): a sandbox's /tmp and /dev/shm may each take half the host's memory." : "";
+  return `sandbox: local tasks with runtime.isolation "bwrap" are sealed: own network namespace (only their session, through the worker's relay, and runtime.egress), only the host paths an agent needs, private /proc.${memory}`;
 }
 
 /** Read-only from the host, when they exist: the system folders. */
@@ -234,15 +245,40 @@ export interface BwrapStep {
   relayDir: string | null;
   /** node, to run the shim (default: the worker's). */
   nodePath?: string;
+  /** The most bytes the sandbox's /tmp and its /dev/shm each hold (default DEFAULT_TMPFS_BYTES). */
+  tmpfsBytes?: number;
+  /** The most processes and threads the sandbox runs at once (default DEFAULT_MAX_PROCS). */
+  maxProcs?: number;
 }
+
+/**
+ * The most processes (threads included) a sandbox runs at once by default: a fork bomb, or a
+ * runaway `make -j`, would otherwise take every process slot of the host, and the worker, Redis
+ * and every other rollout could no longer start anything. RLIMIT_NPROC, set inside the sandbox's
+ * own user namespace, so it counts the sandbox's processes only; root is exempt from it (run
+ * workers as an unprivileged user).
+ */
+export const DEFAULT_MAX_PROCS = 4096;
+
+/**
+ * What a sandbox's /tmp and /dev/shm each hold at most by default. They are tmpfs: the host's
+ * memory, owned by no process, so the OOM killer cannot win it back by killing the agent that
+ * filled it (it kills the biggest process: the worker, Redis). Unbounded, each took half the
+ * host's memory.
+ */
+export const DEFAULT_TMPFS_BYTES = 512 * 1024 * 1024;
 
 /** The argv that runs `argv` as one step of a bubblewrap sandbox (see the module comment). */
 export function bwrapArgv(s: BwrapStep, argv: string[]): string[] {
   const userns = s.support.userns === "disable-nested" ? ["--unshare-user", "--disable-userns"] : s.support.userns === "own" ? ["--unshare-user"] : [];
   const network = s.relayDir ? ["--unshare-net", "--ro-bind", s.relayDir, RELAY_DIR] : [];
-  const program = s.relayDir
-    ? [s.nodePath ?? process.execPath, `${RELAY_DIR}/${RELAY_SHIM}`, String(SANDBOX_GATEWAY_PORT), `${RELAY_DIR}/${RELAY_SOCKET}`, ...argv]
-    : argv;
+  // --size where bubblewrap knows it; without it, /tmp and /dev/shm are as big as the kernel lets a tmpfs be.
+  const size = s.support.sizedTmpfs ? ["--size", String(s.tmpfsBytes ?? DEFAULT_TMPFS_BYTES)] : [];
+  const limits = s.support.prlimit ? [s.support.prlimit, `--nproc=${s.maxProcs ?? DEFAULT_MAX_PROCS}`, "--"] : [];
+  const program = [
+    ...limits,
+    ...(s.relayDir ? [s.nodePath ?? process.execPath, `${RELAY_DIR}/${RELAY_SHIM}`, String(SANDBOX_GATEWAY_PORT), `${RELAY_DIR}/${RELAY_SOCKET}`, ...argv] : argv),
+  ];
   return [
     "bwrap",
     ...userns,
@@ -254,13 +290,21 @@ export function bwrapArgv(s: BwrapStep, argv: string[]): string[] {
     "--unshare-cgroup-try",
     "--die-with-parent",
     "--dev", "/dev",
+    ...size, "--tmpfs", "/dev/shm",
     "--proc", "/proc",
-    "--tmpfs", "/tmp",
+    ...size, "--tmpfs", "/tmp",
+    // Where some tools keep big temporary files: the same capped /tmp (the root is read-only).
+    "--symlink", "/tmp", "/var/tmp",
     ...s.hostMounts,
     "--bind", s.dirs.work, INSIDE_WORKDIR,
     "--bind", s.dirs.home, INSIDE_HOME,
     "--bind", s.dirs.tmp, INSIDE_TMP,
     ...network,
+    // The root bubblewrap builds and its /dev are tmpfs too, writable by the sandbox's user:
+    // read-only once every mount point is made (their own mounts, /tmp, /dev/shm, the sandbox's
+    // folders, stay writable; the devices still work).
+    "--remount-ro", "/dev",
+    "--remount-ro", "/",
     "--chdir", INSIDE_WORKDIR,
     "--",
     ...program,

@@ -1,3 +1,4 @@
+import { existsSync } from "node:fs";
 import { chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -10,7 +11,7 @@ import { RELAY_SHIM_SOURCE } from "./relay-shim.js";
 import { type Spawner, sharedSpawner } from "./spawner.js";
 import { SessionRelay, egressProxyEnv } from "./relay.js";
 import { NO_LOST_CALLS, type CreateOptions, type ExecOptions, type Sandbox, type SandboxRuntime } from "./runtime.js";
-import { PathEscape, type SandboxDirs, makeSandboxDirs, readFileInside, removeInside, removeSandboxDirs, writeFilesInside } from "./workdir.js";
+import { PathEscape, type SandboxDirs, makeSandboxDirs, readFileInside, removeInside, removeSandboxDirs, removeTree, writeFilesInside } from "./workdir.js";
 
 /** The sandbox cannot be made as the task asks, here: the rollout fails (`sandbox_unavailable`), it is not retried. */
 export class SandboxUnavailable extends Error {}
@@ -24,8 +25,17 @@ export interface LocalRuntimeOptions {
   sandboxPath?: string;
   /** More host paths bubblewrap sandboxes see, read-only (ROLLGATE_SANDBOX_BINDS). */
   binds?: string[];
+  /**
+   * Host paths only evaluator steps of bubblewrap sandboxes see, read-only (ROLLGATE_EVALUATOR_BINDS):
+   * hidden tests and expected answers. ROLLGATE_SANDBOX_BINDS are the agent's to read too.
+   */
+  evaluatorBinds?: string[];
   /** What bubblewrap can do on this host; probed on first use when not given. */
   bwrap?: BwrapSupport;
+  /** The most bytes a bubblewrap sandbox's /tmp and /dev/shm each hold (ROLLGATE_SANDBOX_TMPFS_MB; default DEFAULT_TMPFS_BYTES). */
+  tmpfsBytes?: number;
+  /** The most processes a bubblewrap sandbox runs at once (ROLLGATE_SANDBOX_MAX_PROCS; default DEFAULT_MAX_PROCS). */
+  maxProcs?: number;
   /** Destinations no sealed sandbox reaches whatever its `runtime.egress` (the worker's infrastructure, ROLLGATE_SANDBOX_EGRESS_DENY). */
   egressDeny?: string[];
   /**
@@ -40,13 +50,18 @@ export interface LocalRuntimeOptions {
 /**
  * A step that could not start its program reports it as `spawnError`, as without bubblewrap:
  * the relay shim says "rollgate-sandbox: cannot start …" (exit 127), bubblewrap itself
- * "bwrap: execvp …" (exit 1).
+ * "bwrap: execvp …" (exit 1), prlimit (which caps the sandbox's processes) "prlimit: failed to
+ * execute …" (exit 126 or 127).
  */
 function withSpawnError(r: RunResult): RunResult {
   if (r.spawnError || r.timedOut || r.aborted) return r;
   const lines = r.logTail.trimEnd().split("\n");
   const last = lines[lines.length - 1] ?? "";
-  if ((r.exitCode === 127 && last.startsWith(CANNOT_START)) || (r.exitCode === 1 && /^bwrap: execvp /.test(last))) {
+  if (
+    (r.exitCode === 127 && last.startsWith(CANNOT_START)) ||
+    (r.exitCode === 1 && /^bwrap: execvp /.test(last)) ||
+    ((r.exitCode === 126 || r.exitCode === 127) && /^prlimit: failed to execute /.test(last))
+  ) {
     return { ...r, exitCode: null, spawnError: last.trim() };
   }
   return r;
@@ -61,6 +76,7 @@ function withSpawnError(r: RunResult): RunResult {
 export class LocalRuntime implements SandboxRuntime {
   private support: BwrapSupport | undefined;
   private mounts: string[] | undefined;
+  private evaluatorMounts: string[] | undefined;
   /** Sandbox folders and relays that could not be removed (each also logged). */
   cleanupFailures = 0;
 
@@ -77,9 +93,15 @@ export class LocalRuntime implements SandboxRuntime {
     return this.support;
   }
 
-  private hostMounts(): string[] {
+  private hostMounts(evaluator = false): string[] {
     this.mounts ??= hostMountArgs({ sandboxPath: this.o.sandboxPath ?? "/usr/local/bin:/usr/bin:/bin", extra: this.o.binds ?? [] });
-    return this.mounts;
+    if (!evaluator) return this.mounts;
+    this.evaluatorMounts ??= [...this.mounts, ...(this.o.evaluatorBinds ?? []).filter((p) => path.isAbsolute(p) && existsSync(p)).flatMap((p) => ["--ro-bind", p, p])];
+    return this.evaluatorMounts;
+  }
+
+  private tmpfs(): { tmpfsBytes?: number; maxProcs?: number } {
+    return { ...(this.o.tmpfsBytes !== undefined ? { tmpfsBytes: this.o.tmpfsBytes } : {}), ...(this.o.maxProcs !== undefined ? { maxProcs: this.o.maxProcs } : {}) };
   }
 
   private cleanupFailed(what: string, where: string, err: unknown) {
@@ -143,9 +165,9 @@ export class LocalRuntime implements SandboxRuntime {
     const bwrap = runtime.isolation === "bwrap";
     const inside = `http://127.0.0.1:${SANDBOX_GATEWAY_PORT}`;
     const proxyEnv = relay && runtime.egress.length > 0 ? egressProxyEnv(inside) : {};
-    const wrap = (argv: string[]) =>
+    const wrap = (argv: string[], evaluator: boolean) =>
       bwrap
-        ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(), dirs, relayDir: relay?.dir ?? null }, argv)
+        ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(evaluator), dirs, relayDir: relay?.dir ?? null, ...this.tmpfs() }, argv)
         : argv;
     let destroyed = false;
     return {
@@ -154,9 +176,9 @@ export class LocalRuntime implements SandboxRuntime {
       home: bwrap ? INSIDE_HOME : dirs.home,
       tmp: bwrap ? INSIDE_TMP : dirs.tmp,
       sessionUrl: relay && opts.session ? `${inside}/s/${encodeURIComponent(opts.session.id)}` : null,
-      exec: async (argv: string[], { freshHome, ...o }: ExecOptions) => {
+      exec: async (argv: string[], { freshHome, evaluator = false, ...o }: ExecOptions) => {
         if (!freshHome) {
-          const r = await runProcess({ argv: wrap(argv), cwd: dirs.work, ...o, env: { ...o.env, ...proxyEnv }, spawner: this.spawner });
+          const r = await runProcess({ argv: wrap(argv, evaluator), cwd: dirs.work, ...o, env: { ...o.env, ...proxyEnv }, spawner: this.spawner });
           return bwrap ? withSpawnError(r) : r;
         }
         // Empty folders of this step's own, beside the sandbox's (never inside anything the agent
@@ -169,7 +191,7 @@ export class LocalRuntime implements SandboxRuntime {
           await mkdir(tmp);
           const stepDirs = { ...dirs, home, tmp };
           const r = await runProcess({
-            argv: bwrap ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(), dirs: stepDirs, relayDir: relay?.dir ?? null }, argv) : argv,
+            argv: bwrap ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(evaluator), dirs: stepDirs, relayDir: relay?.dir ?? null, ...this.tmpfs() }, argv) : argv,
             cwd: dirs.work,
             ...o,
             env: { ...o.env, ...(bwrap ? {} : { HOME: home, TMPDIR: tmp }), ...proxyEnv },
@@ -177,7 +199,7 @@ export class LocalRuntime implements SandboxRuntime {
           });
           return bwrap ? withSpawnError(r) : r;
         } finally {
-          await rm(own, { recursive: true, force: true }).catch((e: unknown) => this.cleanupFailed("step folder", own, e));
+          await removeTree(own).catch((e: unknown) => this.cleanupFailed("step folder", own, e));
         }
       },
       writeHomeFiles: (files) => writeFilesInside(dirs.home, files),

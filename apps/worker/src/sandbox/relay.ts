@@ -4,6 +4,7 @@ import { pipeline } from "node:stream/promises";
 import { Agent, request } from "undici";
 import type { LostCalls } from "@rollgate/protocol";
 import { EgressDenied, type EgressPolicy, checkDestination, egressRequest } from "../egress.js";
+import { Semaphore } from "./container-common.js";
 
 /**
  * A sealed sandbox's only door to the network: an HTTP server the worker runs for one sandbox
@@ -28,8 +29,33 @@ export interface RelayOptions {
   sessionUrl: string;
   /** Where the agent may go besides its session; null: nowhere. */
   egress: EgressPolicy | null;
+  /** The most connections the sandbox may hold open to the relay at once (default MAX_RELAY_CONNECTIONS). */
+  maxConnections?: number;
+  /** The most calls the sandbox has in flight at the gateway at once (default MAX_RELAY_CALLS_IN_FLIGHT). */
+  maxCallsInFlight?: number;
+  /**
+   * The most bytes of request line and headers the gateway reads (default: this node's
+   * `http.maxHeaderSize`, 16 KiB unless `--max-http-header-size` says otherwise, as on the gateway).
+   */
+  gatewayMaxHeaderBytes?: number;
   log?: { warn: (obj: object, msg: string) => void; debug?: (obj: object, msg: string) => void };
 }
+
+/**
+ * The most connections one sandbox holds open to its relay at once; more are closed as they come.
+ * Each is a descriptor of the worker's (and, forwarded, another to the gateway): an agent that
+ * opened connections without end would run the worker out of descriptors, and every rollout on it
+ * out of Redis, pipes and relays. Agents with many parallel calls stay far below it.
+ */
+export const MAX_RELAY_CONNECTIONS = 256;
+
+/**
+ * The most calls one sandbox has in flight at the gateway at once; more wait their turn in the
+ * relay (their bodies unread). Each is up to 64 MiB the gateway reads and parses, or a generation
+ * an engine runs: a sandbox with hundreds at once would load the gateway and the engines for every
+ * rollout. Agents that run calls in parallel (subagents, tool fan-out) stay below it.
+ */
+export const MAX_RELAY_CALLS_IN_FLIGHT = 32;
 
 export type RelayListen = { path: string } | { host: string; port?: number };
 
@@ -39,6 +65,8 @@ export interface RelayStats {
   proxied: number;
   refused: number;
   upstreamErrors: number;
+  /** Connections closed as they came, the sandbox holding MAX_RELAY_CONNECTIONS already. */
+  dropped: number;
 }
 
 /** Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1), and ones undici sets itself. */
@@ -69,6 +97,17 @@ function forwardHeaders(h: http.IncomingHttpHeaders): Record<string, string | st
     out[k] = v;
   }
   return out;
+}
+
+/**
+ * About how many bytes of request line and headers undici sends for a forwarded request: what the
+ * gateway's HTTP parser holds against its header limit. Rounded up (undici's own `connection` and
+ * length lines) so that it is never less.
+ */
+function forwardedHeadBytes(method: string, url: URL, headers: Record<string, string | string[]>): number {
+  let n = `${method} ${url.pathname}${url.search} HTTP/1.1\r\nhost: ${url.host}\r\n`.length + 64;
+  for (const [k, v] of Object.entries(headers)) for (const one of Array.isArray(v) ? v : [v]) n += Buffer.byteLength(`${k}: ${one}\r\n`);
+  return n + 2;
 }
 
 /**
@@ -106,21 +145,31 @@ function refuse(res: http.ServerResponse, status: number, message: string) {
 }
 
 export class SessionRelay {
-  readonly stats: RelayStats = { forwarded: 0, proxied: 0, refused: 0, upstreamErrors: 0 };
+  readonly stats: RelayStats = { forwarded: 0, proxied: 0, refused: 0, upstreamErrors: 0, dropped: 0 };
   /** Agent calls the relay could not deliver to the gateway: infrastructure, so the rollout is not scored. */
   readonly lost: LostCalls = { count: 0, first: null };
   private readonly server: http.Server;
   private readonly upstream: Agent;
   private readonly tunnels = new Set<net.Socket>();
+  private readonly inFlight: Semaphore;
   private readonly base: string;
 
   private constructor(private readonly o: RelayOptions) {
     this.base = o.sessionUrl.replace(/\/+$/, "");
+    this.inFlight = new Semaphore(o.maxCallsInFlight ?? MAX_RELAY_CALLS_IN_FLIGHT);
     // Streams may stay open for the whole rollout: no body or headers timeout on either side.
     this.upstream = new Agent({ bodyTimeout: 0, headersTimeout: 0 });
     this.server = http.createServer({ requestTimeout: 0 }, (req, res) => void this.onRequest(req, res));
     this.server.on("connect", (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => void this.onConnect(req, socket, head));
     this.server.on("clientError", (_err, socket) => socket.destroy());
+    this.server.maxConnections = o.maxConnections ?? MAX_RELAY_CONNECTIONS;
+    let dropsLogged = false;
+    this.server.on("drop", () => {
+      this.stats.dropped++;
+      if (dropsLogged) return;
+      dropsLogged = true;
+      this.o.log?.warn({ session_id: o.sessionId, max_connections: this.server.maxConnections }, "sandbox relay: the agent holds as many connections as it may; more are closed");
+    });
   }
 
   /** Starts a relay listening on a unix socket path or a TCP address. */
@@ -159,6 +208,18 @@ export class SessionRelay {
       this.stats.refused++;
       return refuse(res, 403, `a sandbox reaches only its own session's routes (/s/${this.o.sessionId}/…), not ${url.split("?")[0]}`);
     }
+    const target = new URL(`${this.base}${sub.path}${sub.search}`);
+    const headers = forwardHeaders(req.headers);
+    // Headers that fit the relay's limit may not fit the gateway's once the relay has added its own
+    // (the gateway's host) and encoded the path: the gateway would drop the connection without an
+    // answer, which reads as a call lost to infrastructure, and a rollout with one is set aside
+    // unscored. An agent could so escape any score it was about to get: it is refused here instead.
+    const headBytes = forwardedHeadBytes(req.method ?? "GET", target, headers);
+    const limit = this.o.gatewayMaxHeaderBytes ?? http.maxHeaderSize;
+    if (headBytes > limit) {
+      this.stats.refused++;
+      return refuse(res, 431, `the request's headers are too large for the gateway (${headBytes} bytes once forwarded; at most ${limit})`);
+    }
     this.stats.forwarded++;
     const abort = new AbortController();
     // The agent went away before the answer ended: the gateway call is cancelled with it.
@@ -166,10 +227,13 @@ export class SessionRelay {
       if (!res.writableFinished) abort.abort();
     });
     const hasBody = req.method !== "GET" && req.method !== "HEAD";
+    // Its turn at the gateway: until then its body stays unread, in the agent's socket.
+    const release = await this.inFlight.acquire();
+    if (abort.signal.aborted) return release();
     try {
-      const up = await request(`${this.base}${sub.path}${sub.search}`, {
+      const up = await request(target, {
         method: req.method as "GET",
-        headers: forwardHeaders(req.headers),
+        headers,
         ...(hasBody ? { body: req } : {}),
         dispatcher: this.upstream,
         signal: abort.signal,
@@ -186,6 +250,8 @@ export class SessionRelay {
       this.lost.first ??= { at: new Date().toISOString(), kind: "relay_unreachable", status: 502, message };
       this.o.log?.warn({ session_id: this.o.sessionId, err: (err as Error).message }, "sandbox relay: the gateway call failed");
       refuse(res, 502, message);
+    } finally {
+      release();
     }
   }
 

@@ -16,6 +16,11 @@ export interface ExecOptions {
    * container the agent owns the whole file system and it changes nothing.
    */
   freshHome?: boolean;
+  /**
+   * An evaluator's step: a bubblewrap sandbox also sees ROLLGATE_EVALUATOR_BINDS (hidden tests,
+   * expected answers), which the agent's own steps never see. Other runtimes ignore it.
+   */
+  evaluator?: boolean;
 }
 
 /**

@@ -230,6 +230,33 @@ describe("the spawner", () => {
     own.close();
   });
 
+  it.each(["node", "python"] as const)("(%s) holds little of an output flood the worker reads slower than the program writes: the program waits", async (kind) => {
+    const own = new Spawner({ kind });
+    let spawnerPid = 0;
+    let peakKb = 0;
+    const rssKb = (pid: number) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0);
+    let bytes = 0;
+    const r = await runProcess({
+      ...base,
+      spawner: own,
+      argv: ["bash", "-c", "echo $PPID; head -c 400000000 /dev/zero"],
+      timeoutMs: 120_000,
+      onOutput: (b) => {
+        bytes += b.length;
+        spawnerPid ||= Number(/^(\d+)\n/.exec(b.toString("latin1", 0, 16))?.[1] ?? 0);
+        // A worker busy with other rollouts: a millisecond per chunk.
+        const until = Date.now() + 1;
+        while (Date.now() < until);
+        if (spawnerPid) peakKb = Math.max(peakKb, rssKb(spawnerPid));
+      },
+    });
+    own.close();
+    expect(r.exitCode).toBe(0);
+    expect(bytes).toBeGreaterThan(400_000_000);
+    expect(spawnerPid).toBeGreaterThan(0);
+    expect(peakKb / 1024).toBeLessThan(150);
+  }, 180_000);
+
   it.each(["node", "python"] as const)("(%s) is the parent of the programs it starts, not the worker", async (kind) => {
     const via = kind === "node" ? spawner : pySpawner;
     const r = await runProcess({ ...base, spawner: via, argv: ["bash", "-c", "echo $PPID; echo $(tr '\\0' ' ' < /proc/$PPID/cmdline)"], timeoutMs: 10_000 });

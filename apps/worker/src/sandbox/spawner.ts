@@ -23,6 +23,26 @@ export function spawnerMain(): void {
   const send = (m: object) => {
     if (process.connected) process.send!(m);
   };
+  // Output not yet written to the worker's channel. Past OUT_HIGH messages the programs' streams
+  // pause (their pipes fill and the programs wait in write), as a pipe read by the worker itself
+  // would: a program that writes faster than a busy worker reads cannot pile its output up here.
+  const OUT_HIGH = 16;
+  let backlog = 0;
+  const paused = new Set<NodeJS.ReadableStream>();
+  const sendOut = (stream: NodeJS.ReadableStream, m: object) => {
+    if (!process.connected) return;
+    backlog++;
+    process.send!(m, undefined, {}, () => {
+      backlog--;
+      if (backlog > OUT_HIGH / 2 || paused.size === 0) return;
+      for (const s of paused) s.resume();
+      paused.clear();
+    });
+    if (backlog >= OUT_HIGH) {
+      stream.pause();
+      paused.add(stream);
+    }
+  };
   for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(sig, () => {});
   process.on("disconnect", () => process.exit(0));
   process.on("message", (req: Req) => {
@@ -37,8 +57,8 @@ export function spawnerMain(): void {
     }
     let ended = false;
     if (child.pid !== undefined) send({ op: "spawned", id, pid: child.pid });
-    child.stdout!.on("data", (b: Buffer) => send({ op: "out", id, fd: 1, data: b }));
-    child.stderr!.on("data", (b: Buffer) => send({ op: "out", id, fd: 2, data: b }));
+    child.stdout!.on("data", (b: Buffer) => sendOut(child.stdout!, { op: "out", id, fd: 1, data: b }));
+    child.stderr!.on("data", (b: Buffer) => sendOut(child.stderr!, { op: "out", id, fd: 2, data: b }));
     child.on("error", (err) => {
       if (ended) return;
       ended = true;

@@ -1,7 +1,9 @@
+import { execFile } from "node:child_process";
 import { constants, mkdirSync, mkdtempSync, rmdirSync } from "node:fs";
 import { lstat, mkdir, open, realpath, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
+import { promisify } from "node:util";
 
 /** One rollout's folders: `work` (the agent's working directory), `home` (its HOME), `tmp`. */
 export interface SandboxDirs {
@@ -118,7 +120,8 @@ export async function removeInside(dir: string, rel: string): Promise<void> {
     throw err;
   }
   if (parent !== root && !parent.startsWith(root + path.sep)) return;
-  await rm(path.join(parent, parts.at(-1)!), { recursive: true, force: true });
+  // A folder the agent nested past PATH_MAX or locked would otherwise stay (removeTree).
+  await removeTree(path.join(parent, parts.at(-1)!));
 }
 
 /**
@@ -162,6 +165,33 @@ export async function makeSandboxDirs(
   return dirs;
 }
 
+const run = promisify(execFile);
+
+/**
+ * `rm -rf` that an agent cannot defeat. Node's recursive removal walks full paths, so a tree the
+ * agent nested past PATH_MAX (mkdir and chdir in a loop: no path it used was long) fails with
+ * ENAMETOOLONG, even for root; and a folder it made unreadable or unwritable (chmod 000 or 500)
+ * fails with EACCES for a worker that is not root. The sandbox would stay on the worker's disk,
+ * one per rollout. Those go to coreutils, which walk with openat at any depth: `chmod -R u+rwx`
+ * (its own files, never through a link) and then `rm -rf`.
+ */
+export async function removeTree(p: string): Promise<void> {
+  try {
+    await rm(p, { recursive: true, force: true });
+    return;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code !== "ENAMETOOLONG" && code !== "EACCES" && code !== "EPERM" && code !== "ENOTEMPTY") throw err;
+  }
+  // What chmod cannot change (a file made immutable), rm reports.
+  await run("chmod", ["-R", "u+rwx", "--", p]).catch(() => undefined);
+  try {
+    await run("rm", ["-rf", "--", p]);
+  } catch (err) {
+    throw new Error(((err as { stderr?: string }).stderr ?? "").trim() || (err as Error).message);
+  }
+}
+
 export async function removeSandboxDirs(dirs: SandboxDirs): Promise<void> {
   // Most agents leave their folders empty: four rmdir calls instead of a recursive removal's
   // lstat, readdir and rmdir of each, synchronous as in makeSandboxDirs. Anything left inside (or
@@ -173,6 +203,6 @@ export async function removeSandboxDirs(dirs: SandboxDirs): Promise<void> {
     rmdirSync(dirs.tmp);
     rmdirSync(dirs.base);
   } catch {
-    await rm(dirs.base, { recursive: true, force: true });
+    await removeTree(dirs.base);
   }
 }
