@@ -129,7 +129,36 @@ describe.skipIf(!sealable || !hostIp)("a hostile agent with runtime.egress [\"*\
   }, 90_000);
 });
 
+/** What an agent leaves for its grader to run: one LLM call on the session, printing how it was answered. */
+const SOLUTION = `
+const base = process.env.OPENAI_BASE_URL ?? "http://127.0.0.1:47811/s/" + process.env.ROLLGATE_SESSION_ID + "/v1";
+const res = await fetch(base + "/chat/completions", {
+  method: "POST",
+  headers: { authorization: "Bearer " + (process.env.OPENAI_API_KEY ?? ""), "content-type": "application/json" },
+  body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "what is 6 times 7?" }], max_tokens: 8 }),
+}).catch((e) => ({ status: "error " + e.message }));
+console.log("called " + res.status);
+`;
+
 describe.skipIf(!sealable)("a hostile agent against its own outcome", () => {
+  it("code its grader runs makes no LLM call into the rollout: the evaluator does not hold the session's token", async () => {
+    const t = await submit({
+      instruction: "write a program that asks the model",
+      agent: { harness: "command", command: ["node", "solution.mjs"] },
+      runtime: { isolation: "bwrap", files: { "solution.mjs": SOLUTION } },
+      evaluator: { kind: "command", command: ["node", "solution.mjs"], reward: "exit_code" },
+      limits: { timeout_s: 60 },
+    });
+    expect(t.status, JSON.stringify(t.result!.error)).toBe("completed");
+    expect(t.result!.agent.log_tail).toContain("called 200");
+    // The grader's run of the same program was refused, and is not a call of the rollout.
+    expect(t.result!.evaluation).toMatchObject({ stdout_tail: expect.stringContaining("called 401") });
+    const session = (await (await fetch(`${gateway.ready}/v1/sessions/${t.result!.session_id}`)).json()) as { counts: { llm_calls: number }; lost_calls: { count: number } };
+    expect(session.counts.llm_calls).toBe(1);
+    expect(session.lost_calls.count).toBe(0);
+  }, 90_000);
+
+
   it("cannot have its rollout set aside as lost by sending its session a request the gateway drops: it is scored, on its first attempt", async () => {
     const res = await fetch(`${gateway.ready}/v1/tasks`, {
       method: "POST",

@@ -91,6 +91,17 @@ interface SandboxRun {
   signal: AbortSignal | undefined;
   onOutput: (chunk: Buffer) => void;
   sessionId: string;
+  /** The session's token: the agent's to call the engines with, never its grader's. */
+  token: string;
+}
+
+/**
+ * The evaluator's environment: the agent's, without the session's token under any name. Code the
+ * grader runs (tests of what the agent wrote) would otherwise make LLM calls into the rollout after
+ * the agent ended, recorded as its samples; without the token they are refused (401), not lost.
+ */
+function evaluatorEnv(env: Record<string, string>, token: string): Record<string, string> {
+  return Object.fromEntries(Object.entries(env).filter(([, v]) => !v.includes(token)));
 }
 
 /**
@@ -186,7 +197,7 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
   const evalStart = Date.now();
   const ev = await evaluate(task.evaluator, {
     sandbox,
-    env,
+    env: evaluatorEnv(env, r.token),
     ...(signal ? { signal } : {}),
     summary: () => ({
       id: task.id,
@@ -388,7 +399,7 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
       harnessEnv: plan.env,
       agentEnv: task.agent.env,
     });
-    outcome = await runInSandbox(deps, { task, sandbox, env, argv: plan.argv, signal, onOutput, sessionId: session.id });
+    outcome = await runInSandbox(deps, { task, sandbox, env, argv: plan.argv, signal, onOutput, sessionId: session.id, token: session.token });
   } finally {
     await flushLogs();
     if (task.runtime.keep) deps.log.info({ sandbox: sandbox.describe() }, "runtime.keep: sandbox kept");
