@@ -2,6 +2,7 @@ import { z } from "zod";
 import type { CanonicalChatRequest, ChatMessage, ContentPart, SamplingParams, ToolCall, ToolChoice, ToolDefinition } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, signReasoning, verifyReasoning } from "./reasoning-seal.js";
+import { NO_STRUCTURED_OUTPUT, never, refusedUnless } from "./unhonoured.js";
 
 /**
  * Anthropic Messages ⇄ canonical chat, both directions, streaming included.
@@ -24,7 +25,8 @@ import { openReasoning, signReasoning, verifyReasoning } from "./reasoning-seal.
  *   agents replay whatever they hold, and dropping it only means the template renders that turn
  *   without reasoning. `droppedThinking` counts them so the route can log it.
  * - `thinking.type` `enabled` / `adaptive` → `enable_thinking: true`, `disabled` → false;
- *   `budget_tokens` and `display` are ignored (thinking is always shown). Without `thinking`,
+ *   `budget_tokens` and `display` are ignored (thinking is always shown; no engine caps thinking
+ *   alone, and refusing the budget would refuse Claude Code, which always sends one). Without `thinking`,
  *   `output_config.effort` asks for thinking (`true`); without either the engine's template
  *   default holds. The effort is also kept as the canonical `reasoning_effort` (the engine's model
  *   profile decides whether it reaches the engine).
@@ -33,6 +35,9 @@ import { openReasoning, signReasoning, verifyReasoning } from "./reasoning-seal.
  *   (`web_search_20250305`, …) are accepted and not offered.
  * - `tool_result.is_error` has no canonical field: the result text is kept as is (agents already
  *   write the error into it); an empty error result becomes "Error".
+ * - Structured output (`output_config.format`, the beta `output_format`) is refused with a 400: the
+ *   gateway does not constrain decoding (unhonoured.ts). `tool_choice.disable_parallel_tool_use` is
+ *   ignored, as the OpenAI routes ignore `parallel_tool_calls`.
  * - A trailing assistant message (prefill) is passed as a complete assistant turn; the canonical
  *   request has no "continue this message".
  * - `usage.input_tokens` follows Anthropic's meaning: prompt tokens *not* read from the cache
@@ -109,7 +114,11 @@ export const AnthropicRequest = z.looseObject({
   stop_sequences: z.array(z.string()).nullable().optional(),
   stream: z.boolean().nullable().optional(),
   thinking: z.looseObject({ type: z.string(), budget_tokens: z.number().int().optional() }).nullable().optional(),
-  output_config: z.looseObject({ effort: z.string().nullable().optional() }).nullable().optional(),
+  output_config: z
+    .looseObject({ effort: z.string().nullable().optional(), format: refusedUnless(never, `output_config.format: ${NO_STRUCTURED_OUTPUT}`) })
+    .nullable()
+    .optional(),
+  output_format: refusedUnless(never, `output_format: ${NO_STRUCTURED_OUTPUT}`),
   metadata: z.looseObject({}).nullable().optional(),
   context_management: z.unknown().optional(),
 });

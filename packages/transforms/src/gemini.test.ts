@@ -218,8 +218,8 @@ describe("fromGemini", () => {
     expect(think({ thinkingLevel: "MINIMAL" })).toBe(false);
     expect(think({ includeThoughts: true })).toBeUndefined();
     expect(fromGemini({ ...base, generationConfig: { responseLogprobs: true, logprobs: 3 } }).canonical.client_logprobs).toEqual({ top_logprobs: 3 });
-    // Structured output is accepted (not enforced).
-    expect(() => fromGemini({ ...base, generationConfig: { responseMimeType: "application/json", responseJsonSchema: { type: "OBJECT" } } })).not.toThrow();
+    // Plain text output asks for nothing (structured output is refused: below).
+    expect(() => fromGemini({ ...base, generationConfig: { responseMimeType: "text/plain", responseModalities: ["TEXT"] } })).not.toThrow();
   });
 
   it("refuses what it cannot carry, naming the field", () => {
@@ -242,6 +242,11 @@ describe("fromGemini", () => {
     bad({ contents: [{ parts: [{ inlineData: { mimeType: "application/pdf", data: "AA" } }] }] }, "contents.0.parts.0.inlineData.mimeType", /image/);
     bad({ contents, cachedContent: "cachedContents/1" }, "cachedContent", /not supported/);
     bad({ contents, tools: [{ functionDeclarations: [{ name: "f", parameters: {}, parametersJsonSchema: {} }] }] }, "tools.0.functionDeclarations.0", /not both/);
+    // Structured output and non-text output: the gateway cannot constrain decoding or make media.
+    bad({ contents, generationConfig: { responseMimeType: "application/json" } }, "generationConfig.responseMimeType", /structured output is not supported/);
+    bad({ contents, generationConfig: { responseJsonSchema: { type: "object" } } }, "generationConfig.responseJsonSchema", /structured output/);
+    bad({ contents, generationConfig: { responseSchema: { type: "OBJECT" } } }, "generationConfig.responseSchema", /structured output/);
+    bad({ contents, generationConfig: { responseModalities: ["TEXT", "IMAGE"] } }, "generationConfig.responseModalities", /only TEXT/);
   });
 });
 

@@ -4,6 +4,7 @@ import type { CanonicalChatRequest, ChatMessage, ContentPart, SamplingParams, To
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, sealReasoning } from "./reasoning-seal.js";
 import { countReasoningTokens } from "./reasoning-tokens.js";
+import { NO_STRUCTURED_OUTPUT, isTextOnly, never, refusedUnless } from "./unhonoured.js";
 
 /**
  * Gemini API (`generateContent` / `streamGenerateContent`) ⇄ canonical.
@@ -39,9 +40,10 @@ import { countReasoningTokens } from "./reasoning-tokens.js";
  *   off, any other budget or level turns it on; absent, the template default holds; a positive
  *   budget is not enforced as a token cap. A `thinkingLevel` is also kept, lower-cased, as the
  *   canonical `reasoning_effort`. `includeThoughts` decides whether `thought` parts are
- *   shown (the signature is always issued). `responseMimeType`, `responseSchema`,
- *   `responseJsonSchema` are accepted and NOT enforced (the canonical request has no guided
- *   decoding field yet).
+ *   shown (the signature is always issued). Structured output (`responseMimeType` other than
+ *   `text/plain`, `responseSchema`, `responseJsonSchema`) and output modalities other than text are
+ *   refused with a 400: the gateway does not constrain decoding, and an answer that ignored the
+ *   schema must not pass for one that followed it (unhonoured.ts).
  */
 
 // ---------------------------------------------------------------------------------------------
@@ -105,9 +107,10 @@ const GenerationConfig = z.looseObject({
     .nullish(),
   responseLogprobs: z.boolean().nullish(),
   logprobs: z.number().int().min(0).max(20).nullish(),
-  responseMimeType: z.string().nullish(),
-  responseSchema: z.unknown().optional(),
-  responseJsonSchema: z.unknown().optional(),
+  responseMimeType: refusedUnless((v) => v === "text/plain", `responseMimeType: ${NO_STRUCTURED_OUTPUT}`),
+  responseSchema: refusedUnless(never, `responseSchema: ${NO_STRUCTURED_OUTPUT}`),
+  responseJsonSchema: refusedUnless(never, `responseJsonSchema: ${NO_STRUCTURED_OUTPUT}`),
+  responseModalities: refusedUnless(isTextOnly, "responseModalities: only TEXT output is supported"),
   thinkingConfig: z
     .looseObject({
       includeThoughts: z.boolean().nullish(),

@@ -13,6 +13,7 @@ import { StreamAccumulator } from "./accumulate.js";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, sealReasoning } from "./reasoning-seal.js";
 import { reasoningTokensOf } from "./reasoning-tokens.js";
+import { NO_STRUCTURED_OUTPUT, isTextFormat, refusedUnless } from "./unhonoured.js";
 
 /**
  * OpenAI Responses API ⇄ canonical chat. What Codex CLI (Responses only), opencode and pi send.
@@ -57,8 +58,12 @@ import { reasoningTokensOf } from "./reasoning-tokens.js";
  *   among the tokens' texts (`textTokens`: a split character's pieces read U+FFFD, as vLLM spells
  *   them). Without token text (a branch's replayed answer) the text's tokens cannot be told:
  *   `logprobs` is `[]`.
- * - `text.format` (structured output), `truncation`, `prompt_cache_key`, `metadata`, … are
- *   accepted and ignored.
+ * - `text.format` json_schema / json_object (structured output) is refused with a 400: the gateway
+ *   does not constrain decoding, and an answer that ignored the schema would be trained as if it had
+ *   followed it (unhonoured.ts). `{type: "text"}` is accepted.
+ * - The sampling extensions vLLM's Responses route reads (`top_k`, `min_p`, `repetition_penalty`,
+ *   `seed`, `stop`, `presence_penalty`, `frequency_penalty`) are honoured like the chat route's.
+ * - `truncation`, `prompt_cache_key`, `metadata`, `text.verbosity`, … are accepted and ignored.
  */
 
 // ---------------------------------------------------------------------------------------------
@@ -199,6 +204,18 @@ export const OpenAIResponsesRequest = z.looseObject({
   max_output_tokens: z.number().int().positive().nullable().optional(),
   temperature: z.number().min(0).max(2).nullable().optional(),
   top_p: z.number().gt(0).max(1).nullable().optional(),
+  // vLLM's sampling extensions of the Responses request.
+  top_k: z.number().int().nullable().optional(),
+  min_p: z.number().min(0).max(1).nullable().optional(),
+  repetition_penalty: z.number().nullable().optional(),
+  presence_penalty: z.number().nullable().optional(),
+  frequency_penalty: z.number().nullable().optional(),
+  seed: z.number().int().nullable().optional(),
+  stop: z.union([z.string(), z.array(z.string())]).nullable().optional(),
+  text: z
+    .looseObject({ format: refusedUnless(isTextFormat, `text.format: ${NO_STRUCTURED_OUTPUT}`) })
+    .nullable()
+    .optional(),
   stream: z.boolean().nullable().optional(),
 });
 export type OpenAIResponsesRequest = z.infer<typeof OpenAIResponsesRequest>;
@@ -402,6 +419,13 @@ export function fromResponses(body: unknown, options: FromResponsesOptions = {})
   if (req.temperature != null) sampling.temperature = req.temperature;
   if (req.top_p != null) sampling.top_p = req.top_p;
   if (req.max_output_tokens != null) sampling.max_tokens = req.max_output_tokens;
+  if (req.top_k != null) sampling.top_k = req.top_k;
+  if (req.min_p != null) sampling.min_p = req.min_p;
+  if (req.repetition_penalty != null) sampling.repetition_penalty = req.repetition_penalty;
+  if (req.presence_penalty != null) sampling.presence_penalty = req.presence_penalty;
+  if (req.frequency_penalty != null) sampling.frequency_penalty = req.frequency_penalty;
+  if (req.seed != null) sampling.seed = req.seed;
+  if (req.stop != null) sampling.stop = typeof req.stop === "string" ? [req.stop] : req.stop;
 
   const { tools, namespaced } = toCanonicalTools(req.tools ?? []);
   const toolChoice = tools.length > 0 ? toCanonicalToolChoice(req.tool_choice) : undefined;
