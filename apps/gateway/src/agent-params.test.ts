@@ -2,8 +2,8 @@
  * What agents send, seen from the engine: every sampling parameter an agent sets must reach the
  * engine as sent (the recorded logprobs then describe the request the agent made), or be refused in
  * the agent's own protocol, naming the field, before anything is sampled. The real SDKs (openai,
- * @anthropic-ai/sdk, @google/genai) against a real gateway and an in-process engine-sim whose
- * received bodies are captured.
+ * @anthropic-ai/sdk, @google/genai; raw REST for Gemini's snake_case names, which the SDK never
+ * sends) against a real gateway and an in-process engine-sim whose received bodies are captured.
  */
 import { randomUUID } from "node:crypto";
 import Anthropic from "@anthropic-ai/sdk";
@@ -195,5 +195,76 @@ describe("a parameter the gateway cannot honour is refused in the caller's proto
     expect(generations).toEqual([]);
     await gemini(s).models.generateContent({ model: "m", contents: "hi", config: { maxOutputTokens: 4, responseMimeType: "text/plain", responseModalities: ["TEXT" as never] } });
     expect(generation()).toBeDefined();
+  });
+});
+
+describe("Gemini's snake_case field names (proto3 JSON; Google's REST examples send them)", () => {
+  const post = async (s: { id: string; token: string }, body: unknown) => {
+    const res = await fetch(`${url}/s/${s.id}/v1beta/models/gemini-test:generateContent`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-goog-api-key": s.token },
+      body: JSON.stringify(body),
+    });
+    return { status: res.status, body: (await res.json()) as { error?: { code: number; message: string; status: string } } };
+  };
+  const TOOL_SCHEMA = { type: "object", properties: { file_path: { type: "string" } }, required: ["file_path"] };
+
+  it("reach the engine exactly as their camelCase forms do: system prompt, replayed call and its response, tools, sampling", async () => {
+    const camel = {
+      systemInstruction: { parts: [{ text: "You are terse." }] },
+      contents: [
+        { role: "user", parts: [{ text: "read it" }] },
+        { role: "model", parts: [{ functionCall: { name: "read_file", args: { file_path: "a.txt" } } }] },
+        { role: "user", parts: [{ functionResponse: { name: "read_file", response: { file_text: "hello" } } }] },
+      ],
+      tools: [{ functionDeclarations: [{ name: "read_file", parametersJsonSchema: TOOL_SCHEMA }] }],
+      toolConfig: { functionCallingConfig: { mode: "AUTO" } },
+      generationConfig: { maxOutputTokens: 5, topK: 3, stopSequences: ["QQQ"], thinkingConfig: { thinkingBudget: 0 } },
+    };
+    const snake = {
+      system_instruction: { parts: [{ text: "You are terse." }] },
+      contents: [
+        { role: "user", parts: [{ text: "read it" }] },
+        { role: "model", parts: [{ function_call: { name: "read_file", args: { file_path: "a.txt" } } }] },
+        { role: "user", parts: [{ function_response: { name: "read_file", response: { file_text: "hello" } } }] },
+      ],
+      tools: [{ function_declarations: [{ name: "read_file", parameters_json_schema: TOOL_SCHEMA }] }],
+      tool_config: { function_calling_config: { mode: "AUTO" } },
+      generation_config: { max_output_tokens: 5, top_k: 3, stop_sequences: ["QQQ"], thinking_config: { thinking_budget: 0 } },
+    };
+    const seen = async (body: unknown) => {
+      const s = await openSession();
+      generations.length = 0;
+      const res = await post(s, body);
+      expect(res.status).toBe(200);
+      const { messages, tools, chat_template_kwargs } = generation();
+      return { messages, tools, chat_template_kwargs, sampling: samplingOf(generation()) };
+    };
+    const fromCamel = await seen(camel);
+    expect(fromCamel.sampling).toEqual({ max_tokens: 5, top_k: 3, stop: ["QQQ"] });
+    expect((fromCamel.messages as { role: string }[]).map((m) => m.role)).toEqual(["system", "user", "assistant", "tool"]);
+    expect(await seen(snake)).toEqual(fromCamel);
+
+    // countTokens counts the same prompt, its wrapper under either name too.
+    const s = await openSession();
+    const count = async (body: unknown) => {
+      const res = await fetch(`${url}/s/${s.id}/v1beta/models/gemini-test:countTokens`, { method: "POST", headers: { "content-type": "application/json", "x-goog-api-key": s.token }, body: JSON.stringify(body) });
+      expect(res.status).toBe(200);
+      return ((await res.json()) as { totalTokens: number }).totalTokens;
+    };
+    const camelCount = await count({ generateContentRequest: camel });
+    expect(await count({ generate_content_request: snake })).toBe(camelCount);
+    expect(await count(snake)).toBe(camelCount);
+  });
+
+  it("a field under both names, or a part holding only fields the gateway does not read, is a 400 naming it", async () => {
+    const s = await openSession();
+    const both = await post(s, { contents: [{ parts: [{ text: "hi" }] }], generationConfig: { maxOutputTokens: 5, max_output_tokens: 50 } });
+    expect(both.status).toBe(400);
+    expect(both.body.error).toMatchObject({ code: 400, status: "INVALID_ARGUMENT", message: expect.stringMatching(/generationConfig\.max_output_tokens: .*same field/) });
+    const unread = await post(s, { contents: [{ parts: [{ text: "hi" }, { inlineDatas: { mimeType: "image/png", data: "AAAA" } }] }] });
+    expect(unread.status).toBe(400);
+    expect(unread.body.error?.message).toMatch(/contents\[0\]\.parts\[1\]\.inlineDatas: unsupported part field/);
+    expect(generations).toEqual([]);
   });
 });

@@ -3,6 +3,7 @@ import { z } from "zod";
 import type { CanonicalChatRequest, ChatMessage, ContentPart, SamplingParams, ToolCall, ToolChoice, ToolDefinition, TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, sealReasoning } from "./reasoning-seal.js";
+import { camelCaseGeminiFields } from "./gemini-field-names.js";
 import { countReasoningTokens } from "./reasoning-tokens.js";
 import { NO_STRUCTURED_OUTPUT, isTextOnly, never, refusedUnless } from "./unhonoured.js";
 
@@ -10,6 +11,10 @@ import { NO_STRUCTURED_OUTPUT, isTextOnly, never, refusedUnless } from "./unhono
  * Gemini API (`generateContent` / `streamGenerateContent`) ⇄ canonical.
  *
  * Request rules (where the Gemini API and the canonical form differ):
+ * - Field names: proto3's JSON mapping takes snake_case names as well as camelCase, and so does
+ *   the gateway (`system_instruction`, `inline_data`, `generation_config`, …: gemini-field-names.ts).
+ *   A part holding no data the gateway reads but some field it does not know is refused with 400
+ *   rather than left out.
  * - `contents[].role` is `user` (or the legacy `function`) or `model`; a missing role is `user`.
  *   User turns become canonical `user` messages (one text part → a string, otherwise text and
  *   image parts), their `functionResponse` parts canonical `tool` messages in part order.
@@ -74,6 +79,16 @@ const Part = z.looseObject({
   codeExecutionResult: z.unknown().optional(),
 });
 type Part = z.infer<typeof Part>;
+
+/** Part fields that carry data, or that describe a part's data without carrying any. */
+const DATA_FIELDS = ["text", "inlineData", "fileData", "functionCall", "functionResponse", "executableCode", "codeExecutionResult"] as const;
+const DESCRIBING_FIELDS = new Set(["thought", "thoughtSignature", "videoMetadata", "partMetadata", "mediaResolution"]);
+
+/** A field of a part that holds none of the data the gateway reads: its content would be left out unseen. */
+function unreadField(p: Part): string | null {
+  if (DATA_FIELDS.some((f) => p[f] !== undefined)) return null;
+  return Object.keys(p).find((k) => !DESCRIBING_FIELDS.has(k)) ?? null;
+}
 
 const Content = z.looseObject({
   role: z.enum(["user", "model", "function"]).optional(),
@@ -231,7 +246,7 @@ function trustedReasoning(parts: Part[], key: string | undefined): string | null
 
 /** Parses a Gemini request body into the canonical request; throws a ZodError naming bad fields. */
 export function fromGemini(body: unknown, opts: FromGeminiOptions = {}): GeminiCall {
-  const req = GeminiRequest.parse(body);
+  const req = GeminiRequest.parse(camelCaseGeminiFields(body));
   if (req.cachedContent !== undefined) throw invalid(["cachedContent"], "cachedContent is not supported; send the full contents");
   const messages: ChatMessage[] = [];
   if (req.systemInstruction !== undefined) {
@@ -242,6 +257,10 @@ export function fromGemini(body: unknown, opts: FromGeminiOptions = {}): GeminiC
   // Calls of earlier model turns not yet answered by a functionResponse, oldest first.
   let pending: { id: string; name: string }[] = [];
   req.contents.forEach((content, ci) => {
+    content.parts.forEach((p, pi) => {
+      const field = unreadField(p);
+      if (field !== null) throw invalid(["contents", ci, "parts", pi, field], `unsupported part field ${field}: a part holds text, inlineData, fileData, functionCall or functionResponse`);
+    });
     const role = content.role ?? "user";
     if (role === "model") {
       const text: string[] = [];
