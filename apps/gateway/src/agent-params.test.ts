@@ -198,6 +198,30 @@ describe("a parameter the gateway cannot honour is refused in the caller's proto
   });
 });
 
+describe("content the engines cannot take is refused in the caller's protocol, naming the part", () => {
+  it("OpenAI chat: audio and file parts (Responses names its part types the same way)", async () => {
+    const s = await openSession();
+    const parts = [
+      { type: "input_audio", input_audio: { data: "AAAA", format: "wav" } },
+      { type: "file", file: { file_id: "file-1" } },
+    ];
+    for (const part of parts) {
+      const err = await openai(s)
+        .chat.completions.create({ model: "m", messages: [{ role: "user", content: [{ type: "text", text: "listen" }, part] }] } as OpenAI.ChatCompletionCreateParamsNonStreaming)
+        .catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(OpenAI.BadRequestError);
+      expect((err as InstanceType<typeof OpenAI.BadRequestError>).param).toBe("messages.0.content.1.type");
+      expect((err as Error).message).toContain(`unsupported content part type "${part.type}"; expected text or image_url`);
+    }
+    const err = await openai(s)
+      .responses.create({ model: "m", input: [{ role: "user", content: [{ type: "input_file", file_id: "file-1" }] }] })
+      .catch((e: unknown) => e);
+    expect((err as InstanceType<typeof OpenAI.BadRequestError>).param).toBe("input.0.content.0.type");
+    expect((err as Error).message).toContain('unsupported content part type "input_file"');
+    expect(generations).toEqual([]);
+  });
+});
+
 describe("Gemini's snake_case field names (proto3 JSON; Google's REST examples send them)", () => {
   const post = async (s: { id: string; token: string }, body: unknown) => {
     const res = await fetch(`${url}/s/${s.id}/v1beta/models/gemini-test:generateContent`, {

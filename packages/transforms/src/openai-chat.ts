@@ -1,6 +1,7 @@
 import { z } from "zod";
 import type { CanonicalChatRequest, ChatMessage, SamplingParams, TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
+import { partError, stringOrArrayOf } from "./content-parts.js";
 import { NO_STRUCTURED_OUTPUT, isEmpty, isFalse, isOne, isTextFormat, isTextOnly, isTrue, isZero, never, notPassed, refusedUnless } from "./unhonoured.js";
 
 /**
@@ -49,9 +50,10 @@ const ImagePart = z.object({
   type: z.literal("image_url"),
   image_url: z.object({ url: z.string(), detail: z.string().optional() }),
 });
-const Part = z.union([TextPart, ImagePart]);
-const Content = z.union([z.string(), z.array(Part)]);
-const TextOnlyContent = z.union([z.string(), z.array(TextPart)]);
+// Audio, files and other parts are refused by name: the engines take text (and images on a multimodal model).
+const Part = z.discriminatedUnion("type", [TextPart, ImagePart], partError("text or image_url"));
+const Content = stringOrArrayOf(Part, "content parts");
+const TextOnlyContent = stringOrArrayOf(z.discriminatedUnion("type", [TextPart], partError("text")), "text parts");
 
 const OpenAIToolCall = z.object({
   id: z.string(),

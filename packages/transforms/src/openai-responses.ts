@@ -13,6 +13,7 @@ import { StreamAccumulator } from "./accumulate.js";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, sealReasoning } from "./reasoning-seal.js";
 import { reasoningTokensOf } from "./reasoning-tokens.js";
+import { partError, stringOrArrayOf } from "./content-parts.js";
 import { NO_STRUCTURED_OUTPUT, isTextFormat, refusedUnless } from "./unhonoured.js";
 
 /**
@@ -74,24 +75,6 @@ export function namespacedToolName(namespace: string, name: string): string {
   return `${namespace}__${name}`;
 }
 
-/**
- * A string, or an array of `item`: checked by hand rather than with z.union so that an error in
- * one element names that element's path instead of "invalid union" at the field.
- */
-function stringOrArrayOf<T extends z.ZodType>(item: T, what: string) {
-  return z.unknown().transform((v, ctx) => {
-    if (typeof v === "string") return v;
-    if (!Array.isArray(v)) {
-      ctx.addIssue({ code: "custom", message: `expected a string or an array of ${what}` });
-      return z.NEVER;
-    }
-    const r = z.array(item).safeParse(v);
-    if (r.success) return r.data;
-    for (const i of r.error.issues) ctx.addIssue({ code: "custom", message: i.message, path: i.path });
-    return z.NEVER;
-  }) as unknown as z.ZodType<string | z.output<T>[]>;
-}
-
 const TextPart = z.looseObject({ type: z.literal("input_text"), text: z.string() });
 const OutputTextPart = z.looseObject({ type: z.literal("output_text"), text: z.string() });
 const RefusalPart = z.looseObject({ type: z.literal("refusal"), refusal: z.string() });
@@ -99,9 +82,6 @@ const ImagePart = z.looseObject({
   type: z.literal("input_image"),
   image_url: z.string({ message: "only images given by image_url are supported (no file_id)" }),
   detail: z.string().nullable().optional(),
-});
-const partError = (what: string) => ({
-  error: (iss: { code?: string }) => (iss.code === "invalid_union" ? `unsupported content part type; expected ${what}` : undefined),
 });
 const InputPart = z.discriminatedUnion("type", [TextPart, ImagePart, OutputTextPart, RefusalPart], partError("input_text or input_image"));
 const ToolOutputPart = z.discriminatedUnion("type", [TextPart, ImagePart], partError("input_text or input_image"));
