@@ -109,6 +109,20 @@ describe("sampling parameters reach the engine as the agent sent them", () => {
   });
 });
 
+describe("the session's sampling and the agent's", () => {
+  it("the session's pinned values win and its max_tokens caps, while the agent's stop strings still end its answers", async () => {
+    const res = await fetch(`${url}/v1/sessions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ sampling: { temperature: 1, max_tokens: 5, stop: ["</answer>"] } }),
+    });
+    const s = (await res.json()) as { id: string; token: string };
+    // A ReAct-style agent: it stops the model before it writes the observation itself.
+    await openai(s).chat.completions.create({ model: "m", messages: [{ role: "user", content: "hi" }], temperature: 0.2, max_tokens: 50, stop: ["Observation:", "</answer>"] });
+    expect(samplingOf(generation())).toEqual({ temperature: 1, max_tokens: 5, stop: ["</answer>", "Observation:"] });
+  });
+});
+
 describe("a parameter the gateway cannot honour is refused in the caller's protocol, naming it, and nothing is sampled", () => {
   // [field, a value asking for something the gateway cannot do, the neutral value it accepts]
   const CHAT: [string, unknown, unknown][] = [
