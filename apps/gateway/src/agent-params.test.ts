@@ -236,6 +236,47 @@ describe("content the engines cannot take is refused in the caller's protocol, n
   });
 });
 
+describe("images must come inline: the engine would fetch a URL itself, and the rollout would not hold the image", () => {
+  const URL_ = "http://169.254.169.254/latest/meta-data/";
+  const INLINE = "data:image/png;base64,AAAA";
+  /** Whether the one generation the engine got carries the inline image (engine-sim, text-only, then refuses it). */
+  const engineGotInline = () => JSON.stringify(generation().messages).includes(INLINE);
+
+  it("OpenAI chat and Responses", async () => {
+    const s = await openSession();
+    const chat = (url: string) =>
+      openai(s).chat.completions.create({ model: "m", messages: [{ role: "user", content: [{ type: "text", text: "look" }, { type: "image_url", image_url: { url } }] }] });
+    const err = await chat(URL_).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(OpenAI.BadRequestError);
+    expect((err as InstanceType<typeof OpenAI.BadRequestError>).param).toBe("messages.0.content.1.image_url.url");
+    expect((err as Error).message).toMatch(/images by URL are not supported: send the image inline \(a data: URL\)/);
+    const resp = (url: string) => openai(s).responses.create({ model: "m", input: [{ role: "user", content: [{ type: "input_image", image_url: url, detail: "auto" }] }] });
+    const rerr = await resp(URL_).catch((e: unknown) => e);
+    expect((rerr as InstanceType<typeof OpenAI.BadRequestError>).param).toBe("input.0.content.0.image_url");
+    expect((rerr as Error).message).toMatch(/images by URL are not supported/);
+    expect(generations).toEqual([]);
+    await chat(INLINE).catch(() => undefined);
+    expect(engineGotInline()).toBe(true);
+  });
+
+  it("Anthropic (a url source) and Gemini (fileData)", async () => {
+    const s = await openSession();
+    const err = await anthropic(s)
+      .messages.create({ model: "m", max_tokens: 4, messages: [{ role: "user", content: [{ type: "image", source: { type: "url", url: URL_ } }] }] })
+      .catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(Anthropic.BadRequestError);
+    expect((err as Error).message).toMatch(/messages\.0\.content\.0\.source: images by URL are not supported: send the image inline \(a base64 source\)/);
+    const gerr = await gemini(s)
+      .models.generateContent({ model: "m", contents: [{ role: "user", parts: [{ text: "look" }, { fileData: { mimeType: "image/png", fileUri: URL_ } }] }] })
+      .catch((e: unknown) => e);
+    expect((gerr as ApiError).status).toBe(400);
+    expect((gerr as Error).message).toMatch(/contents\[0\]\.parts\[1\]\.fileData: images by URL are not supported: send the image inline \(inlineData\)/);
+    expect(generations).toEqual([]);
+    await gemini(s).models.generateContent({ model: "m", contents: [{ role: "user", parts: [{ inlineData: { mimeType: "image/png", data: "AAAA" } }] }] }).catch(() => undefined);
+    expect(engineGotInline()).toBe(true);
+  });
+});
+
 describe("Gemini's snake_case field names (proto3 JSON; Google's REST examples send them)", () => {
   const post = async (s: { id: string; token: string }, body: unknown) => {
     const res = await fetch(`${url}/s/${s.id}/v1beta/models/gemini-test:generateContent`, {

@@ -179,7 +179,6 @@ describe("fromAnthropic", () => {
           role: "user",
           content: [
             { type: "image", source: { type: "base64", media_type: "image/png", data: "iVBOR" } },
-            { type: "image", source: { type: "url", url: "https://example.test/a.png" } },
             { type: "document", source: { type: "text", media_type: "text/plain", data: "doc body" }, title: "Notes" },
             { type: "text", text: "look" },
           ],
@@ -201,7 +200,6 @@ describe("fromAnthropic", () => {
         role: "user",
         content: [
           { type: "image_url", image_url: { url: "data:image/png;base64,iVBOR" } },
-          { type: "image_url", image_url: { url: "https://example.test/a.png" } },
           { type: "text", text: "Notes\n\ndoc body" },
           { type: "text", text: "look" },
         ],

@@ -2,6 +2,7 @@ import { z } from "zod";
 import type { CanonicalChatRequest, ChatMessage, ContentPart, SamplingParams, ToolCall, ToolChoice, ToolDefinition } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, signReasoning, verifyReasoning } from "./reasoning-seal.js";
+import { imageByUrlRefused } from "./content-parts.js";
 import { NO_STRUCTURED_OUTPUT, never, refusedUnless } from "./unhonoured.js";
 
 /**
@@ -14,8 +15,9 @@ import { NO_STRUCTURED_OUTPUT, never, refusedUnless } from "./unhonoured.js";
  *   append-only, so every earlier prompt stays a token prefix of the later ones (merging it into
  *   the top system prompt would rewrite the start of the prompt whenever it moved or changed).
  * - Text blocks are joined with "\n" (what vLLM does with arrays of text parts); a message with an
- *   image keeps the canonical array of parts. Images (base64 and url) become `image_url` parts
- *   (base64 → a `data:` URL). Documents with a `text` or `content` source become text; PDF,
+ *   image keeps the canonical array of parts. A base64 image becomes an `image_url` part (a `data:`
+ *   URL); an image by url is refused with a 400 (content-parts.ts: the engine would fetch it, and
+ *   the rollout would not hold it). Documents with a `text` or `content` source become text; PDF,
  *   url and file documents are refused with a 400: the engines take text, and a placeholder
  *   would silently change what the policy is trained on.
  * - `thinking` blocks are the assistant's reasoning only when their `signature` is one we issued
@@ -152,10 +154,8 @@ function partsOf(blocks: Block[], path: (string | number)[]): ContentPart[] {
         parts.push({ type: "text", text: b.text });
         break;
       case "image":
-        parts.push({
-          type: "image_url",
-          image_url: { url: b.source.type === "base64" ? `data:${b.source.media_type};base64,${b.source.data}` : b.source.url },
-        });
+        if (b.source.type !== "base64") throw invalid([...path, i, "source"], imageByUrlRefused("a base64 source"));
+        parts.push({ type: "image_url", image_url: { url: `data:${b.source.media_type};base64,${b.source.data}` } });
         break;
       case "document":
         parts.push({ type: "text", text: documentText(b, [...path, i]) });

@@ -28,3 +28,13 @@ export const partError = (what: string) => ({
     return `unsupported content part type${typeof type === "string" ? ` ${JSON.stringify(type)}` : ""}; expected ${what}`;
   },
 });
+
+/**
+ * Images must come inline. An image given by URL would be fetched by the engine itself, from its
+ * own network (a sandboxed agent could make it reach addresses the sandbox cannot), and the rollout
+ * would not hold its bytes: a replay, a branch or a trainer re-reading the trajectory could see a
+ * different image than the one the tokens were sampled from.
+ */
+export const isInlineImage = (url: string) => url.startsWith("data:");
+export const imageByUrlRefused = (inline: string) =>
+  `images by URL are not supported: send the image inline (${inline}); the engine would fetch the URL from its own network, and the rollout would not hold the image it was sampled from`;

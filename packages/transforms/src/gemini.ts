@@ -3,6 +3,7 @@ import { z } from "zod";
 import type { CanonicalChatRequest, ChatMessage, ContentPart, SamplingParams, ToolCall, ToolChoice, ToolDefinition, TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, sealReasoning } from "./reasoning-seal.js";
+import { imageByUrlRefused } from "./content-parts.js";
 import { camelCaseGeminiFields } from "./gemini-field-names.js";
 import { countReasoningTokens } from "./reasoning-tokens.js";
 import { NO_STRUCTURED_OUTPUT, isTextOnly, never, refusedUnless } from "./unhonoured.js";
@@ -31,8 +32,9 @@ import { NO_STRUCTURED_OUTPUT, isTextOnly, never, refusedUnless } from "./unhono
  * - Function calls without an id get a deterministic one (`gemini-call-<turn>-<k>`); a
  *   `functionResponse` pairs with an unanswered call by id, else by name in order, else in order.
  *   Its `response` object becomes the tool message content as JSON.
- * - `inlineData` / `fileData` images become `image_url` parts (a data URL for inline bytes); other
- *   media, `executableCode` and `codeExecutionResult` parts are refused with 400 (the canonical
+ * - `inlineData` images become `image_url` parts (a data URL); `fileData` (an image by URI) is
+ *   refused with 400 (content-parts.ts: the engine would fetch it, and the rollout would not hold
+ *   it); other media, `executableCode` and `codeExecutionResult` parts are refused with 400 (the canonical
  *   form cannot carry them). `cachedContent` (server-side caches) is refused with 400.
  * - `tools[].functionDeclarations` are offered: `parameters` (Gemini's OpenAPI-style schema, upper
  *   case types, `nullable`) is converted to JSON Schema; `parametersJsonSchema` passes through.
@@ -220,11 +222,7 @@ function mediaPart(p: Part, path: (string | number)[]): ContentPart {
     }
     return { type: "image_url", image_url: { url: `data:${p.inlineData.mimeType};base64,${p.inlineData.data}` } };
   }
-  const f = p.fileData!;
-  if (f.mimeType !== undefined && !f.mimeType.startsWith("image/")) {
-    throw invalid([...path, "fileData", "mimeType"], `only image fileData is supported, got ${f.mimeType}`);
-  }
-  return { type: "image_url", image_url: { url: f.fileUri } };
+  throw invalid([...path, "fileData"], imageByUrlRefused("inlineData"));
 }
 
 function userMessage(parts: ContentPart[]): ChatMessage {

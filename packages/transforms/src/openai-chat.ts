@@ -1,7 +1,7 @@
 import { z } from "zod";
 import type { CanonicalChatRequest, ChatMessage, SamplingParams, TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
-import { partError, stringOrArrayOf } from "./content-parts.js";
+import { imageByUrlRefused, isInlineImage, partError, stringOrArrayOf } from "./content-parts.js";
 import { NO_STRUCTURED_OUTPUT, isEmpty, isFalse, isOne, isTextFormat, isTextOnly, isTrue, isZero, never, notPassed, refusedUnless } from "./unhonoured.js";
 
 /**
@@ -48,7 +48,7 @@ const UNHONOURED = {
 const TextPart = z.object({ type: z.literal("text"), text: z.string() });
 const ImagePart = z.object({
   type: z.literal("image_url"),
-  image_url: z.object({ url: z.string(), detail: z.string().optional() }),
+  image_url: z.object({ url: z.string().refine(isInlineImage, imageByUrlRefused("a data: URL")), detail: z.string().optional() }),
 });
 // Audio, files and other parts are refused by name: the engines take text (and images on a multimodal model).
 const Part = z.discriminatedUnion("type", [TextPart, ImagePart], partError("text or image_url"));

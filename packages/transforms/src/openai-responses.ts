@@ -13,7 +13,7 @@ import { StreamAccumulator } from "./accumulate.js";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, sealReasoning } from "./reasoning-seal.js";
 import { reasoningTokensOf } from "./reasoning-tokens.js";
-import { partError, stringOrArrayOf } from "./content-parts.js";
+import { imageByUrlRefused, isInlineImage, partError, stringOrArrayOf } from "./content-parts.js";
 import { NO_STRUCTURED_OUTPUT, isTextFormat, refusedUnless } from "./unhonoured.js";
 
 /**
@@ -80,7 +80,7 @@ const OutputTextPart = z.looseObject({ type: z.literal("output_text"), text: z.s
 const RefusalPart = z.looseObject({ type: z.literal("refusal"), refusal: z.string() });
 const ImagePart = z.looseObject({
   type: z.literal("input_image"),
-  image_url: z.string({ message: "only images given by image_url are supported (no file_id)" }),
+  image_url: z.string({ message: "only images given by image_url are supported (no file_id)" }).refine(isInlineImage, imageByUrlRefused("a data: URL")),
   detail: z.string().nullable().optional(),
 });
 const InputPart = z.discriminatedUnion("type", [TextPart, ImagePart, OutputTextPart, RefusalPart], partError("input_text or input_image"));
