@@ -250,6 +250,7 @@ describe("fromGemini", () => {
     // A field under both its proto names; a part whose only field the gateway does not read.
     bad({ contents, generationConfig: { maxOutputTokens: 3, max_output_tokens: 4 } }, "generationConfig.max_output_tokens", /same field/);
     bad({ contents: [{ parts: [{ text: "x" }, { video_metadata: {}, blob: "AA" }] }] }, "contents.0.parts.1.blob", /unsupported part field/);
+    bad({ contents, systemInstruction: { parts: [{ text: "be terse" }, { inlineData: { mimeType: "image/png", data: "AA" } }] } }, "systemInstruction.parts.1.inlineData", /text parts only/);
   });
 
   it("reads snake_case field names as proto3 JSON does, leaving the caller's own JSON as sent", () => {

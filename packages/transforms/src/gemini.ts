@@ -206,9 +206,14 @@ export function geminiSchemaToJsonSchema(schema: unknown): unknown {
   return out;
 }
 
+/** The system instruction's text; a part holding anything else (an image, a call) is refused, not dropped. */
 function systemText(si: NonNullable<GeminiRequest["systemInstruction"]>): string {
   if (typeof si === "string") return si;
   const parts = Array.isArray(si) ? si : si.parts;
+  parts.forEach((p, i) => {
+    const field = DATA_FIELDS.find((f) => f !== "text" && p[f] !== undefined);
+    if (field) throw invalid(["systemInstruction", ...(Array.isArray(si) ? [] : ["parts"]), i, field], `systemInstruction holds text parts only, not ${field}`);
+  });
   return parts
     .filter((p) => p.text !== undefined && !p.thought)
     .map((p) => p.text)
