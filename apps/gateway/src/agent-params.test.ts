@@ -130,6 +130,8 @@ describe("a parameter the gateway cannot honour is refused in the caller's proto
     ["response_format", { type: "json_object" }, { type: "text" }],
     ["response_format", { type: "json_schema", json_schema: { name: "x", schema: { type: "object" } } }, { type: "text" }],
     ["modalities", ["text", "audio"], ["text"]],
+    ["functions", [{ name: "read_file", parameters: { type: "object" } }], []],
+    ["function_call", "auto", null],
     ["min_tokens", 4, 0],
     ["ignore_eos", true, false],
     ["stop_token_ids", [151643], []],

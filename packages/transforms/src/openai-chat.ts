@@ -22,6 +22,9 @@ const UNHONOURED = {
   logit_bias: refusedUnless(isEmpty, notPassed("logit_bias", "a logit bias")),
   response_format: refusedUnless(isTextFormat, `response_format: ${NO_STRUCTURED_OUTPUT}`),
   modalities: refusedUnless(isTextOnly, "modalities: only text output is supported"),
+  // The legacy function-calling fields: the model would be offered no tools at all.
+  functions: refusedUnless(isEmpty, "functions is not supported: declare them as tools ({type: \"function\", function})"),
+  function_call: refusedUnless(never, "function_call is not supported: use tool_choice"),
   audio: refusedUnless(never, "audio output is not supported"),
   // vLLM's extensions of the chat request.
   min_tokens: refusedUnless(isZero, notPassed("min_tokens", "a minimum length")),
