@@ -123,6 +123,30 @@ describe("the session's sampling and the agent's", () => {
   });
 });
 
+describe("tool restrictions reach the engine", () => {
+  it("Responses allowed_tools: only the allowed functions are offered; an allowed tool never declared is a 400", async () => {
+    const s = await openSession();
+    const fn = (name: string) => ({ type: "function" as const, name, parameters: { type: "object", properties: {} }, strict: false });
+    const ask = (allowed: { type: "function"; name: string }[]) =>
+      openai(s).responses.create({
+        model: "m",
+        input: "hi",
+        max_output_tokens: 4,
+        tools: [fn("read_file"), fn("delete_everything")],
+        tool_choice: { type: "allowed_tools", mode: "required", tools: allowed },
+      });
+    await ask([{ type: "function", name: "read_file" }]).catch(() => undefined);
+    const sent = generation();
+    expect((sent.tools as { function: { name: string } }[]).map((t) => t.function.name)).toEqual(["read_file"]);
+    expect(sent.tool_choice).toBe("required");
+    generations.length = 0;
+    const err = await ask([{ type: "function", name: "write_file" }]).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(OpenAI.BadRequestError);
+    expect((err as InstanceType<typeof OpenAI.BadRequestError>).param).toBe("tool_choice.tools.0.name");
+    expect(generations).toEqual([]);
+  });
+});
+
 describe("a parameter the gateway cannot honour is refused in the caller's protocol, naming it, and nothing is sampled", () => {
   // [field, a value asking for something the gateway cannot do, the neutral value it accepts]
   const CHAT: [string, unknown, unknown][] = [

@@ -30,6 +30,8 @@ import { NO_STRUCTURED_OUTPUT, isTextFormat, refusedUnless } from "./unhonoured.
  * - **Hosted tools** (`web_search`, `file_search`, `code_interpreter`, `image_generation`, `mcp`,
  *   `custom`, …) are accepted and not offered to the engine: it cannot run them. A `tool_choice`
  *   naming one becomes the engine's default.
+ * - **allowed_tools.** A `tool_choice` of type `allowed_tools` offers only the functions it lists
+ *   (as the Gemini route offers only ANY's allowed names), with its mode (auto / required).
  * - **Thinking.** `reasoning.effort` "none" or "minimal" → `enable_thinking: false`; any other
  *   effort → true; no effort → the chat template's default. The effort itself is kept as the
  *   canonical `reasoning_effort` (forwarded where the model profile says the model reads it).
@@ -370,6 +372,27 @@ function toCanonicalTools(tools: z.infer<typeof AnyTool>[]): { tools: ToolDefini
   return { tools: out, namespaced };
 }
 
+/**
+ * The function tools an `allowed_tools` choice lets the model call: only those are offered, as the
+ * Gemini route offers only ANY's allowed names (left as declared, the model could call one the agent
+ * did not allow). An allowed tool that was never declared is a 400; hosted tools in the list allow
+ * nothing the engine can call; an empty or missing list restricts nothing.
+ */
+function allowedTools(tools: ToolDefinition[], choice: OpenAIResponsesRequest["tool_choice"]): ToolDefinition[] {
+  if (choice == null || typeof choice === "string" || choice.type !== "allowed_tools") return tools;
+  const listed = (choice as { tools?: unknown }).tools;
+  if (!Array.isArray(listed) || listed.length === 0) return tools;
+  const names = new Set<string>();
+  listed.forEach((t: unknown, i) => {
+    const fn = t as { type?: unknown; name?: unknown; namespace?: unknown };
+    if (fn?.type !== "function" || typeof fn.name !== "string") return;
+    const name = typeof fn.namespace === "string" && fn.namespace ? namespacedToolName(fn.namespace, fn.name) : fn.name;
+    if (!tools.some((d) => d.function.name === name)) zodFail(["tool_choice", "tools", i, "name"], `allowed tool ${fn.name} is not declared in tools`, fn.name);
+    names.add(name);
+  });
+  return tools.filter((d) => names.has(d.function.name));
+}
+
 function toCanonicalToolChoice(choice: OpenAIResponsesRequest["tool_choice"]): ToolChoice | undefined {
   if (choice == null) return undefined;
   if (typeof choice === "string") return choice;
@@ -407,7 +430,9 @@ export function fromResponses(body: unknown, options: FromResponsesOptions = {})
   if (req.seed != null) sampling.seed = req.seed;
   if (req.stop != null) sampling.stop = typeof req.stop === "string" ? [req.stop] : req.stop;
 
-  const { tools, namespaced } = toCanonicalTools(req.tools ?? []);
+  const declared = toCanonicalTools(req.tools ?? []);
+  const { namespaced } = declared;
+  const tools = allowedTools(declared.tools, req.tool_choice);
   const toolChoice = tools.length > 0 ? toCanonicalToolChoice(req.tool_choice) : undefined;
   const effort = req.reasoning?.effort ?? null;
   const enableThinking = effort === null ? undefined : effort !== "none" && effort !== "minimal";
