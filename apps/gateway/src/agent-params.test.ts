@@ -8,7 +8,7 @@
 import { randomUUID } from "node:crypto";
 import Anthropic from "@anthropic-ai/sdk";
 import { buildEngineSim } from "@rollgate/engine-sim";
-import { ApiError, GoogleGenAI } from "@google/genai";
+import { ApiError, FunctionCallingConfigMode, GoogleGenAI } from "@google/genai";
 import type { FastifyInstance } from "fastify";
 import OpenAI from "openai";
 import { pino } from "pino";
@@ -124,6 +124,31 @@ describe("the session's sampling and the agent's", () => {
 });
 
 describe("tool restrictions reach the engine", () => {
+  it("a forced tool call with no tool the engine can call is a 400 in every protocol, not a text answer", async () => {
+    const s = await openSession();
+    const chatErr = await openai(s).chat.completions.create({ model: "m", messages: [{ role: "user", content: "hi" }], max_tokens: 4, tool_choice: "required" }).catch((e: unknown) => e);
+    expect((chatErr as InstanceType<typeof OpenAI.BadRequestError>).param).toBe("tool_choice");
+    expect((chatErr as Error).message).toMatch(/forces a tool call, but no function tool is offered to the engine/);
+    const respErr = await openai(s)
+      .responses.create({ model: "m", input: "hi", max_output_tokens: 4, tools: [{ type: "web_search" }], tool_choice: "required" })
+      .catch((e: unknown) => e);
+    expect((respErr as InstanceType<typeof OpenAI.BadRequestError>).param).toBe("tool_choice");
+    const anthErr = await anthropic(s)
+      .messages.create({ model: "m", max_tokens: 4, messages: [{ role: "user", content: "hi" }], tools: [{ type: "web_search_20250305", name: "web_search" }], tool_choice: { type: "any" } })
+      .catch((e: unknown) => e);
+    expect(anthErr).toBeInstanceOf(Anthropic.BadRequestError);
+    expect((anthErr as Error).message).toMatch(/tool_choice: forces a tool call/);
+    const gemErr = await gemini(s)
+      .models.generateContent({ model: "m", contents: "hi", config: { tools: [{ googleSearch: {} }], toolConfig: { functionCallingConfig: { mode: FunctionCallingConfigMode.ANY } } } })
+      .catch((e: unknown) => e);
+    expect((gemErr as ApiError).status).toBe(400);
+    expect((gemErr as Error).message).toMatch(/toolConfig\.functionCallingConfig\.mode: forces a tool call/);
+    expect(generations).toEqual([]);
+    // Letting the model choose with nothing to call is no constraint: answered, and no tool_choice reaches the engine.
+    await openai(s).chat.completions.create({ model: "m", messages: [{ role: "user", content: "hi" }], max_tokens: 4, tool_choice: "auto" });
+    expect(generation()).not.toHaveProperty("tool_choice");
+  });
+
   it("Responses allowed_tools: only the allowed functions are offered; an allowed tool never declared is a 400", async () => {
     const s = await openSession();
     const fn = (name: string) => ({ type: "function" as const, name, parameters: { type: "object", properties: {} }, strict: false });

@@ -3,7 +3,7 @@ import type { CanonicalChatRequest, ChatMessage, ContentPart, SamplingParams, To
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, signReasoning, verifyReasoning } from "./reasoning-seal.js";
 import { imageByUrlRefused } from "./content-parts.js";
-import { NO_STRUCTURED_OUTPUT, never, refusedUnless } from "./unhonoured.js";
+import { NO_STRUCTURED_OUTPUT, forcesACall, never, noToolToCall, refusedUnless } from "./unhonoured.js";
 
 /**
  * Anthropic Messages ⇄ canonical chat, both directions, streaming included.
@@ -318,6 +318,7 @@ export function fromValidAnthropic(req: AnthropicRequest, opts: FromAnthropicOpt
     });
   }
 
+  if (req.tool_choice && tools.length === 0 && forcesACall(toolChoiceOf(req.tool_choice))) throw noToolToCall(["tool_choice"], req.tool_choice);
   const sampling: SamplingParams = {};
   if (req.temperature != null) sampling.temperature = req.temperature;
   if (req.top_p != null) sampling.top_p = req.top_p;

@@ -6,7 +6,7 @@ import { openReasoning, sealReasoning } from "./reasoning-seal.js";
 import { imageByUrlRefused } from "./content-parts.js";
 import { camelCaseGeminiFields } from "./gemini-field-names.js";
 import { countReasoningTokens } from "./reasoning-tokens.js";
-import { NO_STRUCTURED_OUTPUT, isTextOnly, never, refusedUnless } from "./unhonoured.js";
+import { NO_STRUCTURED_OUTPUT, forcesACall, isTextOnly, never, noToolToCall, refusedUnless } from "./unhonoured.js";
 
 /**
  * Gemini API (`generateContent` / `streamGenerateContent`) ⇄ canonical.
@@ -345,6 +345,7 @@ export function fromGemini(body: unknown, opts: FromGeminiOptions = {}): GeminiC
       if (allowed && allowed.length > 1) offered = decls.filter((d) => allowed.includes(d.name));
     }
   } else if (fcc?.mode !== undefined) toolChoice = "auto";
+  if (offered.length === 0 && forcesACall(toolChoice)) throw noToolToCall(["toolConfig", "functionCallingConfig", "mode"], mode);
   if (allowed) {
     for (const name of allowed) {
       if (!decls.some((d) => d.name === name)) {

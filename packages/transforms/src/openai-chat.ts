@@ -2,7 +2,7 @@ import { z } from "zod";
 import type { CanonicalChatRequest, ChatMessage, SamplingParams, TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { imageByUrlRefused, isInlineImage, partError, stringOrArrayOf } from "./content-parts.js";
-import { NO_STRUCTURED_OUTPUT, isEmpty, isFalse, isOne, isTextFormat, isTextOnly, isTrue, isZero, never, notPassed, refusedUnless } from "./unhonoured.js";
+import { NO_STRUCTURED_OUTPUT, forcesACall, isEmpty, isFalse, isOne, isTextFormat, isTextOnly, isTrue, isZero, never, noToolToCall, notPassed, refusedUnless } from "./unhonoured.js";
 
 /**
  * OpenAI Chat Completions ⇄ canonical. The request schema accepts what the OpenAI SDK and agents
@@ -168,6 +168,8 @@ export function fromValidOpenAIChat(req: OpenAIChatRequest): OpenAIChatCall {
       { code: "custom", path: ["top_logprobs"], message: "top_logprobs requires logprobs: true", input: req.top_logprobs },
     ]);
   }
+  const hasTools = (req.tools?.length ?? 0) > 0;
+  if (!hasTools && forcesACall(req.tool_choice ?? undefined)) throw noToolToCall(["tool_choice"], req.tool_choice);
   const sampling: SamplingParams = {};
   if (req.temperature != null) sampling.temperature = req.temperature;
   if (req.top_p != null) sampling.top_p = req.top_p;
@@ -190,7 +192,8 @@ export function fromValidOpenAIChat(req: OpenAIChatRequest): OpenAIChatCall {
     stream: req.stream === true,
     client_logprobs: req.logprobs ? { top_logprobs: req.top_logprobs ?? 0 } : null,
     ...(req.tools && req.tools.length > 0 ? { tools: req.tools } : {}),
-    ...(req.tool_choice ? { tool_choice: req.tool_choice } : {}),
+    // Without tools a choice of auto or none says nothing (and vLLM refuses tool_choice without tools).
+    ...(req.tool_choice && hasTools ? { tool_choice: req.tool_choice } : {}),
     ...(enableThinking !== undefined ? { enable_thinking: enableThinking } : {}),
     ...(req.chat_template_kwargs ? { chat_template_kwargs: req.chat_template_kwargs } : {}),
     ...(req.reasoning_effort != null ? { reasoning_effort: req.reasoning_effort } : {}),

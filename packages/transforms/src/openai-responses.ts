@@ -14,7 +14,7 @@ import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, sealReasoning } from "./reasoning-seal.js";
 import { reasoningTokensOf } from "./reasoning-tokens.js";
 import { imageByUrlRefused, isInlineImage, partError, stringOrArrayOf } from "./content-parts.js";
-import { NO_STRUCTURED_OUTPUT, isTextFormat, refusedUnless } from "./unhonoured.js";
+import { NO_STRUCTURED_OUTPUT, NO_TOOL_TO_CALL, forcesACall, isTextFormat, refusedUnless } from "./unhonoured.js";
 
 /**
  * OpenAI Responses API ⇄ canonical chat. What Codex CLI (Responses only), opencode and pi send.
@@ -29,7 +29,8 @@ import { NO_STRUCTURED_OUTPUT, isTextFormat, refusedUnless } from "./unhonoured.
  *   `namespace` maps to `N__f` again, so the engine re-renders what it generated.
  * - **Hosted tools** (`web_search`, `file_search`, `code_interpreter`, `image_generation`, `mcp`,
  *   `custom`, …) are accepted and not offered to the engine: it cannot run them. A `tool_choice`
- *   naming one becomes the engine's default.
+ *   naming one becomes the engine's default, unless no function tool is offered at all: then it,
+ *   like `required`, is a 400 (the model could only answer in text where the agent forced a call).
  * - **allowed_tools.** A `tool_choice` of type `allowed_tools` offers only the functions it lists
  *   (as the Gemini route offers only ANY's allowed names), with its mode (auto / required).
  * - **Thinking.** `reasoning.effort` "none" or "minimal" → `enable_thinking: false`; any other
@@ -393,6 +394,11 @@ function allowedTools(tools: ToolDefinition[], choice: OpenAIResponsesRequest["t
   return tools.filter((d) => names.has(d.function.name));
 }
 
+/** A tool_choice forcing a hosted tool (web_search, …): one the engine is never offered. */
+function namesHostedTool(choice: OpenAIResponsesRequest["tool_choice"]): boolean {
+  return choice != null && typeof choice !== "string" && choice.type !== "function" && choice.type !== "allowed_tools";
+}
+
 function toCanonicalToolChoice(choice: OpenAIResponsesRequest["tool_choice"]): ToolChoice | undefined {
   if (choice == null) return undefined;
   if (typeof choice === "string") return choice;
@@ -433,7 +439,9 @@ export function fromResponses(body: unknown, options: FromResponsesOptions = {})
   const declared = toCanonicalTools(req.tools ?? []);
   const { namespaced } = declared;
   const tools = allowedTools(declared.tools, req.tool_choice);
-  const toolChoice = tools.length > 0 ? toCanonicalToolChoice(req.tool_choice) : undefined;
+  const choice = toCanonicalToolChoice(req.tool_choice);
+  if (tools.length === 0 && (forcesACall(choice) || namesHostedTool(req.tool_choice))) zodFail(["tool_choice"], NO_TOOL_TO_CALL, req.tool_choice);
+  const toolChoice = tools.length > 0 ? choice : undefined;
   const effort = req.reasoning?.effort ?? null;
   const enableThinking = effort === null ? undefined : effort !== "none" && effort !== "minimal";
 

@@ -1,3 +1,4 @@
+import type { ToolChoice } from "@rollgate/protocol";
 import { z } from "zod";
 
 /**
@@ -36,3 +37,17 @@ export const NO_STRUCTURED_OUTPUT =
 
 /** The message for a sampling or prompt field the gateway does not pass to the engine. */
 export const notPassed = (field: string, what: string) => `${field} is not supported: the gateway does not pass ${what} to the engine; remove it`;
+
+/** Whether a tool choice forces a call (required, or a named function). */
+export const forcesACall = (choice: ToolChoice | undefined) => choice === "required" || (typeof choice === "object" && choice !== null);
+
+/**
+ * A forced tool call with no tool the engine can call (none declared, or only hosted / server tools,
+ * which are never offered): the model would answer in text where the agent required a call.
+ */
+export const NO_TOOL_TO_CALL =
+  "forces a tool call, but no function tool is offered to the engine (hosted and server tools are not); declare one, or let the model choose";
+
+export function noToolToCall(path: PropertyKey[], input: unknown): z.ZodError {
+  return new z.ZodError([{ code: "custom", path, message: NO_TOOL_TO_CALL, input }]);
+}
