@@ -179,7 +179,6 @@ describe("fromAnthropic", () => {
           role: "user",
           content: [
             { type: "image", source: { type: "base64", media_type: "image/png", data: "iVBOR" } },
-            { type: "image", source: { type: "url", url: "https://example.test/a.png" } },
             { type: "document", source: { type: "text", media_type: "text/plain", data: "doc body" }, title: "Notes" },
             { type: "text", text: "look" },
           ],
@@ -201,7 +200,6 @@ describe("fromAnthropic", () => {
         role: "user",
         content: [
           { type: "image_url", image_url: { url: "data:image/png;base64,iVBOR" } },
-          { type: "image_url", image_url: { url: "https://example.test/a.png" } },
           { type: "text", text: "Notes\n\ndoc body" },
           { type: "text", text: "look" },
         ],
@@ -256,10 +254,12 @@ describe("fromAnthropic", () => {
     expect(thinking({ thinking: { type: "disabled" }, output_config: { effort: "high" } })).toBe(false);
     expect(thinking({ output_config: { effort: "low" } })).toBe(true);
     expect(thinking({})).toBeUndefined();
-    // A typed server tool alone offers nothing, so no tool_choice either.
-    const server = fromAnthropic({ messages: base.messages, tools: [{ type: "web_search_20250305", name: "web_search" }], tool_choice: { type: "any" } });
-    expect(server.canonical.tools).toBeUndefined();
-    expect(server.canonical.tool_choice).toBeUndefined();
+    // A typed server tool alone offers nothing, so no tool_choice either; forcing a call then is a 400.
+    const server = (tool_choice: unknown) => fromAnthropic({ messages: base.messages, tools: [{ type: "web_search_20250305", name: "web_search" }], tool_choice });
+    expect(server({ type: "auto" }).canonical.tools).toBeUndefined();
+    expect(server({ type: "auto" }).canonical.tool_choice).toBeUndefined();
+    expect(() => server({ type: "any" })).toThrow(/forces a tool call, but no function tool is offered/);
+    expect(() => fromAnthropic({ messages: base.messages, tool_choice: { type: "tool", name: "f" } })).toThrow(/no function tool is offered/);
   });
 
   it("names the bad field", () => {

@@ -2,6 +2,8 @@ import { z } from "zod";
 import type { CanonicalChatRequest, ChatMessage, ContentPart, SamplingParams, ToolCall, ToolChoice, ToolDefinition } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, signReasoning, verifyReasoning } from "./reasoning-seal.js";
+import { imageByUrlRefused } from "./content-parts.js";
+import { NO_STRUCTURED_OUTPUT, forcesACall, never, noToolToCall, refusedUnless } from "./unhonoured.js";
 
 /**
  * Anthropic Messages ⇄ canonical chat, both directions, streaming included.
@@ -13,8 +15,9 @@ import { openReasoning, signReasoning, verifyReasoning } from "./reasoning-seal.
  *   append-only, so every earlier prompt stays a token prefix of the later ones (merging it into
  *   the top system prompt would rewrite the start of the prompt whenever it moved or changed).
  * - Text blocks are joined with "\n" (what vLLM does with arrays of text parts); a message with an
- *   image keeps the canonical array of parts. Images (base64 and url) become `image_url` parts
- *   (base64 → a `data:` URL). Documents with a `text` or `content` source become text; PDF,
+ *   image keeps the canonical array of parts. A base64 image becomes an `image_url` part (a `data:`
+ *   URL); an image by url is refused with a 400 (content-parts.ts: the engine would fetch it, and
+ *   the rollout would not hold it). Documents with a `text` or `content` source become text; PDF,
  *   url and file documents are refused with a 400: the engines take text, and a placeholder
  *   would silently change what the policy is trained on.
  * - `thinking` blocks are the assistant's reasoning only when their `signature` is one we issued
@@ -24,7 +27,8 @@ import { openReasoning, signReasoning, verifyReasoning } from "./reasoning-seal.
  *   agents replay whatever they hold, and dropping it only means the template renders that turn
  *   without reasoning. `droppedThinking` counts them so the route can log it.
  * - `thinking.type` `enabled` / `adaptive` → `enable_thinking: true`, `disabled` → false;
- *   `budget_tokens` and `display` are ignored (thinking is always shown). Without `thinking`,
+ *   `budget_tokens` and `display` are ignored (thinking is always shown; no engine caps thinking
+ *   alone, and refusing the budget would refuse Claude Code, which always sends one). Without `thinking`,
  *   `output_config.effort` asks for thinking (`true`); without either the engine's template
  *   default holds. The effort is also kept as the canonical `reasoning_effort` (the engine's model
  *   profile decides whether it reaches the engine).
@@ -33,6 +37,9 @@ import { openReasoning, signReasoning, verifyReasoning } from "./reasoning-seal.
  *   (`web_search_20250305`, …) are accepted and not offered.
  * - `tool_result.is_error` has no canonical field: the result text is kept as is (agents already
  *   write the error into it); an empty error result becomes "Error".
+ * - Structured output (`output_config.format`, the beta `output_format`) is refused with a 400: the
+ *   gateway does not constrain decoding (unhonoured.ts). `tool_choice.disable_parallel_tool_use` is
+ *   ignored, as the OpenAI routes ignore `parallel_tool_calls`.
  * - A trailing assistant message (prefill) is passed as a complete assistant turn; the canonical
  *   request has no "continue this message".
  * - `usage.input_tokens` follows Anthropic's meaning: prompt tokens *not* read from the cache
@@ -109,7 +116,11 @@ export const AnthropicRequest = z.looseObject({
   stop_sequences: z.array(z.string()).nullable().optional(),
   stream: z.boolean().nullable().optional(),
   thinking: z.looseObject({ type: z.string(), budget_tokens: z.number().int().optional() }).nullable().optional(),
-  output_config: z.looseObject({ effort: z.string().nullable().optional() }).nullable().optional(),
+  output_config: z
+    .looseObject({ effort: z.string().nullable().optional(), format: refusedUnless(never, `output_config.format: ${NO_STRUCTURED_OUTPUT}`) })
+    .nullable()
+    .optional(),
+  output_format: refusedUnless(never, `output_format: ${NO_STRUCTURED_OUTPUT}`),
   metadata: z.looseObject({}).nullable().optional(),
   context_management: z.unknown().optional(),
 });
@@ -143,10 +154,8 @@ function partsOf(blocks: Block[], path: (string | number)[]): ContentPart[] {
         parts.push({ type: "text", text: b.text });
         break;
       case "image":
-        parts.push({
-          type: "image_url",
-          image_url: { url: b.source.type === "base64" ? `data:${b.source.media_type};base64,${b.source.data}` : b.source.url },
-        });
+        if (b.source.type !== "base64") throw invalid([...path, i, "source"], imageByUrlRefused("a base64 source"));
+        parts.push({ type: "image_url", image_url: { url: `data:${b.source.media_type};base64,${b.source.data}` } });
         break;
       case "document":
         parts.push({ type: "text", text: documentText(b, [...path, i]) });
@@ -309,6 +318,7 @@ export function fromValidAnthropic(req: AnthropicRequest, opts: FromAnthropicOpt
     });
   }
 
+  if (req.tool_choice && tools.length === 0 && forcesACall(toolChoiceOf(req.tool_choice))) throw noToolToCall(["tool_choice"], req.tool_choice);
   const sampling: SamplingParams = {};
   if (req.temperature != null) sampling.temperature = req.temperature;
   if (req.top_p != null) sampling.top_p = req.top_p;

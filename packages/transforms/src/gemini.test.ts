@@ -218,8 +218,8 @@ describe("fromGemini", () => {
     expect(think({ thinkingLevel: "MINIMAL" })).toBe(false);
     expect(think({ includeThoughts: true })).toBeUndefined();
     expect(fromGemini({ ...base, generationConfig: { responseLogprobs: true, logprobs: 3 } }).canonical.client_logprobs).toEqual({ top_logprobs: 3 });
-    // Structured output is accepted (not enforced).
-    expect(() => fromGemini({ ...base, generationConfig: { responseMimeType: "application/json", responseJsonSchema: { type: "OBJECT" } } })).not.toThrow();
+    // Plain text output asks for nothing (structured output is refused: below).
+    expect(() => fromGemini({ ...base, generationConfig: { responseMimeType: "text/plain", responseModalities: ["TEXT"] } })).not.toThrow();
   });
 
   it("refuses what it cannot carry, naming the field", () => {
@@ -242,6 +242,45 @@ describe("fromGemini", () => {
     bad({ contents: [{ parts: [{ inlineData: { mimeType: "application/pdf", data: "AA" } }] }] }, "contents.0.parts.0.inlineData.mimeType", /image/);
     bad({ contents, cachedContent: "cachedContents/1" }, "cachedContent", /not supported/);
     bad({ contents, tools: [{ functionDeclarations: [{ name: "f", parameters: {}, parametersJsonSchema: {} }] }] }, "tools.0.functionDeclarations.0", /not both/);
+    // Structured output and non-text output: the gateway cannot constrain decoding or make media.
+    bad({ contents, generationConfig: { responseMimeType: "application/json" } }, "generationConfig.responseMimeType", /structured output is not supported/);
+    bad({ contents, generationConfig: { responseJsonSchema: { type: "object" } } }, "generationConfig.responseJsonSchema", /structured output/);
+    bad({ contents, generationConfig: { responseSchema: { type: "OBJECT" } } }, "generationConfig.responseSchema", /structured output/);
+    bad({ contents, generationConfig: { responseModalities: ["TEXT", "IMAGE"] } }, "generationConfig.responseModalities", /only TEXT/);
+    // A field under both its proto names; a part whose only field the gateway does not read.
+    bad({ contents, generationConfig: { maxOutputTokens: 3, max_output_tokens: 4 } }, "generationConfig.max_output_tokens", /same field/);
+    bad({ contents: [{ parts: [{ text: "x" }, { video_metadata: {}, blob: "AA" }] }] }, "contents.0.parts.1.blob", /unsupported part field/);
+    bad({ contents, systemInstruction: { parts: [{ text: "be terse" }, { inlineData: { mimeType: "image/png", data: "AA" } }] } }, "systemInstruction.parts.1.inlineData", /text parts only/);
+  });
+
+  it("reads snake_case field names as proto3 JSON does, leaving the caller's own JSON as sent", () => {
+    const camel = {
+      systemInstruction: { parts: [{ text: "be terse" }] },
+      contents: [
+        { role: "user", parts: [{ text: "look" }, { inlineData: { mimeType: "image/png", data: "AAAA" } }] },
+        { role: "model", parts: [{ functionCall: { name: "f", args: { snake_key: 1 } } }] },
+        { role: "user", parts: [{ functionResponse: { name: "f", response: { exit_code: 0 } } }] },
+      ],
+      tools: [{ functionDeclarations: [{ name: "f", parametersJsonSchema: { type: "object", properties: { snake_key: { type: "integer" } } } }] }],
+      toolConfig: { functionCallingConfig: { mode: "ANY", allowedFunctionNames: ["f"] } },
+      generationConfig: { maxOutputTokens: 3, stopSequences: ["END"], topK: 2, thinkingConfig: { thinkingBudget: 0 } },
+    };
+    const snake = {
+      system_instruction: { parts: [{ text: "be terse" }] },
+      contents: [
+        { role: "user", parts: [{ text: "look" }, { inline_data: { mime_type: "image/png", data: "AAAA" } }] },
+        { role: "model", parts: [{ function_call: { name: "f", args: { snake_key: 1 } } }] },
+        { role: "user", parts: [{ function_response: { name: "f", response: { exit_code: 0 } } }] },
+      ],
+      tools: [{ function_declarations: [{ name: "f", parameters_json_schema: { type: "object", properties: { snake_key: { type: "integer" } } } }] }],
+      tool_config: { function_calling_config: { mode: "ANY", allowed_function_names: ["f"] } },
+      generation_config: { max_output_tokens: 3, stop_sequences: ["END"], top_k: 2, thinking_config: { thinking_budget: 0 } },
+    };
+    const fromCamel = fromGemini(camel).canonical;
+    expect(fromGemini(snake).canonical).toEqual(fromCamel);
+    expect(fromCamel.sampling).toEqual({ max_tokens: 3, stop: ["END"], top_k: 2 });
+    expect(JSON.stringify(fromCamel.messages)).toContain('"arguments":"{\\"snake_key\\":1}"');
+    expect(JSON.stringify(fromCamel.messages)).toContain("exit_code");
   });
 });
 

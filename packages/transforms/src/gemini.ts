@@ -3,12 +3,19 @@ import { z } from "zod";
 import type { CanonicalChatRequest, ChatMessage, ContentPart, SamplingParams, ToolCall, ToolChoice, ToolDefinition, TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, sealReasoning } from "./reasoning-seal.js";
+import { imageByUrlRefused } from "./content-parts.js";
+import { camelCaseGeminiFields } from "./gemini-field-names.js";
 import { countReasoningTokens } from "./reasoning-tokens.js";
+import { NO_STRUCTURED_OUTPUT, forcesACall, isTextOnly, never, noToolToCall, refusedUnless } from "./unhonoured.js";
 
 /**
  * Gemini API (`generateContent` / `streamGenerateContent`) ⇄ canonical.
  *
  * Request rules (where the Gemini API and the canonical form differ):
+ * - Field names: proto3's JSON mapping takes snake_case names as well as camelCase, and so does
+ *   the gateway (`system_instruction`, `inline_data`, `generation_config`, …: gemini-field-names.ts).
+ *   A part holding no data the gateway reads but some field it does not know is refused with 400
+ *   rather than left out.
  * - `contents[].role` is `user` (or the legacy `function`) or `model`; a missing role is `user`.
  *   User turns become canonical `user` messages (one text part → a string, otherwise text and
  *   image parts), their `functionResponse` parts canonical `tool` messages in part order.
@@ -25,8 +32,9 @@ import { countReasoningTokens } from "./reasoning-tokens.js";
  * - Function calls without an id get a deterministic one (`gemini-call-<turn>-<k>`); a
  *   `functionResponse` pairs with an unanswered call by id, else by name in order, else in order.
  *   Its `response` object becomes the tool message content as JSON.
- * - `inlineData` / `fileData` images become `image_url` parts (a data URL for inline bytes); other
- *   media, `executableCode` and `codeExecutionResult` parts are refused with 400 (the canonical
+ * - `inlineData` images become `image_url` parts (a data URL); `fileData` (an image by URI) is
+ *   refused with 400 (content-parts.ts: the engine would fetch it, and the rollout would not hold
+ *   it); other media, `executableCode` and `codeExecutionResult` parts are refused with 400 (the canonical
  *   form cannot carry them). `cachedContent` (server-side caches) is refused with 400.
  * - `tools[].functionDeclarations` are offered: `parameters` (Gemini's OpenAPI-style schema, upper
  *   case types, `nullable`) is converted to JSON Schema; `parametersJsonSchema` passes through.
@@ -39,9 +47,10 @@ import { countReasoningTokens } from "./reasoning-tokens.js";
  *   off, any other budget or level turns it on; absent, the template default holds; a positive
  *   budget is not enforced as a token cap. A `thinkingLevel` is also kept, lower-cased, as the
  *   canonical `reasoning_effort`. `includeThoughts` decides whether `thought` parts are
- *   shown (the signature is always issued). `responseMimeType`, `responseSchema`,
- *   `responseJsonSchema` are accepted and NOT enforced (the canonical request has no guided
- *   decoding field yet).
+ *   shown (the signature is always issued). Structured output (`responseMimeType` other than
+ *   `text/plain`, `responseSchema`, `responseJsonSchema`) and output modalities other than text are
+ *   refused with a 400: the gateway does not constrain decoding, and an answer that ignored the
+ *   schema must not pass for one that followed it (unhonoured.ts).
  */
 
 // ---------------------------------------------------------------------------------------------
@@ -72,6 +81,16 @@ const Part = z.looseObject({
   codeExecutionResult: z.unknown().optional(),
 });
 type Part = z.infer<typeof Part>;
+
+/** Part fields that carry data, or that describe a part's data without carrying any. */
+const DATA_FIELDS = ["text", "inlineData", "fileData", "functionCall", "functionResponse", "executableCode", "codeExecutionResult"] as const;
+const DESCRIBING_FIELDS = new Set(["thought", "thoughtSignature", "videoMetadata", "partMetadata", "mediaResolution"]);
+
+/** A field of a part that holds none of the data the gateway reads: its content would be left out unseen. */
+function unreadField(p: Part): string | null {
+  if (DATA_FIELDS.some((f) => p[f] !== undefined)) return null;
+  return Object.keys(p).find((k) => !DESCRIBING_FIELDS.has(k)) ?? null;
+}
 
 const Content = z.looseObject({
   role: z.enum(["user", "model", "function"]).optional(),
@@ -105,9 +124,10 @@ const GenerationConfig = z.looseObject({
     .nullish(),
   responseLogprobs: z.boolean().nullish(),
   logprobs: z.number().int().min(0).max(20).nullish(),
-  responseMimeType: z.string().nullish(),
-  responseSchema: z.unknown().optional(),
-  responseJsonSchema: z.unknown().optional(),
+  responseMimeType: refusedUnless((v) => v === "text/plain", `responseMimeType: ${NO_STRUCTURED_OUTPUT}`),
+  responseSchema: refusedUnless(never, `responseSchema: ${NO_STRUCTURED_OUTPUT}`),
+  responseJsonSchema: refusedUnless(never, `responseJsonSchema: ${NO_STRUCTURED_OUTPUT}`),
+  responseModalities: refusedUnless(isTextOnly, "responseModalities: only TEXT output is supported"),
   thinkingConfig: z
     .looseObject({
       includeThoughts: z.boolean().nullish(),
@@ -186,9 +206,14 @@ export function geminiSchemaToJsonSchema(schema: unknown): unknown {
   return out;
 }
 
+/** The system instruction's text; a part holding anything else (an image, a call) is refused, not dropped. */
 function systemText(si: NonNullable<GeminiRequest["systemInstruction"]>): string {
   if (typeof si === "string") return si;
   const parts = Array.isArray(si) ? si : si.parts;
+  parts.forEach((p, i) => {
+    const field = DATA_FIELDS.find((f) => f !== "text" && p[f] !== undefined);
+    if (field) throw invalid(["systemInstruction", ...(Array.isArray(si) ? [] : ["parts"]), i, field], `systemInstruction holds text parts only, not ${field}`);
+  });
   return parts
     .filter((p) => p.text !== undefined && !p.thought)
     .map((p) => p.text)
@@ -202,11 +227,7 @@ function mediaPart(p: Part, path: (string | number)[]): ContentPart {
     }
     return { type: "image_url", image_url: { url: `data:${p.inlineData.mimeType};base64,${p.inlineData.data}` } };
   }
-  const f = p.fileData!;
-  if (f.mimeType !== undefined && !f.mimeType.startsWith("image/")) {
-    throw invalid([...path, "fileData", "mimeType"], `only image fileData is supported, got ${f.mimeType}`);
-  }
-  return { type: "image_url", image_url: { url: f.fileUri } };
+  throw invalid([...path, "fileData"], imageByUrlRefused("inlineData"));
 }
 
 function userMessage(parts: ContentPart[]): ChatMessage {
@@ -228,7 +249,7 @@ function trustedReasoning(parts: Part[], key: string | undefined): string | null
 
 /** Parses a Gemini request body into the canonical request; throws a ZodError naming bad fields. */
 export function fromGemini(body: unknown, opts: FromGeminiOptions = {}): GeminiCall {
-  const req = GeminiRequest.parse(body);
+  const req = GeminiRequest.parse(camelCaseGeminiFields(body));
   if (req.cachedContent !== undefined) throw invalid(["cachedContent"], "cachedContent is not supported; send the full contents");
   const messages: ChatMessage[] = [];
   if (req.systemInstruction !== undefined) {
@@ -239,6 +260,10 @@ export function fromGemini(body: unknown, opts: FromGeminiOptions = {}): GeminiC
   // Calls of earlier model turns not yet answered by a functionResponse, oldest first.
   let pending: { id: string; name: string }[] = [];
   req.contents.forEach((content, ci) => {
+    content.parts.forEach((p, pi) => {
+      const field = unreadField(p);
+      if (field !== null) throw invalid(["contents", ci, "parts", pi, field], `unsupported part field ${field}: a part holds text, inlineData, fileData, functionCall or functionResponse`);
+    });
     const role = content.role ?? "user";
     if (role === "model") {
       const text: string[] = [];
@@ -320,6 +345,7 @@ export function fromGemini(body: unknown, opts: FromGeminiOptions = {}): GeminiC
       if (allowed && allowed.length > 1) offered = decls.filter((d) => allowed.includes(d.name));
     }
   } else if (fcc?.mode !== undefined) toolChoice = "auto";
+  if (offered.length === 0 && forcesACall(toolChoice)) throw noToolToCall(["toolConfig", "functionCallingConfig", "mode"], mode);
   if (allowed) {
     for (const name of allowed) {
       if (!decls.some((d) => d.name === name)) {

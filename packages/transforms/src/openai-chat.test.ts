@@ -251,6 +251,12 @@ describe("applySessionSampling", () => {
     });
     expect(applySessionSampling({ max_tokens: 100 }, { max_tokens: 4096 }).max_tokens).toBe(100);
   });
+
+  it("keeps the agent's stop strings beside the session's (each once)", () => {
+    expect(applySessionSampling({ stop: ["Observation:", "END"] }, { stop: ["END"] }).stop).toEqual(["END", "Observation:"]);
+    expect(applySessionSampling({ stop: ["Observation:"] }, {}).stop).toEqual(["Observation:"]);
+    expect(applySessionSampling({}, { stop: ["END"] }).stop).toEqual(["END"]);
+  });
 });
 
 describe("fromOpenAIChat round trip (property)", () => {

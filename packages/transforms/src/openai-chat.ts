@@ -1,21 +1,62 @@
 import { z } from "zod";
 import type { CanonicalChatRequest, ChatMessage, SamplingParams, TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
+import { imageByUrlRefused, isInlineImage, partError, stringOrArrayOf } from "./content-parts.js";
+import { NO_STRUCTURED_OUTPUT, forcesACall, isEmpty, isFalse, isOne, isTextFormat, isTextOnly, isTrue, isZero, never, noToolToCall, notPassed, refusedUnless } from "./unhonoured.js";
 
 /**
  * OpenAI Chat Completions ⇄ canonical. The request schema accepts what the OpenAI SDK and agents
- * built on it send; fields we do not act on (user, parallel_tool_calls, metadata, …) pass
- * through the loose object and are ignored, as vLLM ignores them.
+ * built on it send; fields that change neither the prompt nor the sampling (user, metadata, store,
+ * service_tier, prediction, …) pass through the loose object and are ignored. `parallel_tool_calls`
+ * is ignored too: the model decides, and vLLM's way of honouring `false` (dropping every call after
+ * the first from the answer) would give the agent a turn whose tokens say otherwise.
+ *
+ * Fields that change the prompt or the sampling and that the canonical request cannot carry
+ * (`logit_bias`, structured output, vLLM's `min_tokens`, `stop_token_ids`, guided decoding, …) are
+ * refused unless neutral (unhonoured.ts); vLLM's `repetition_penalty`, `top_k` and `min_p`
+ * extensions are honoured.
  */
+
+/** Fields the gateway cannot honour: accepted only neutral, else a 400 naming them. */
+const UNHONOURED = {
+  logit_bias: refusedUnless(isEmpty, notPassed("logit_bias", "a logit bias")),
+  response_format: refusedUnless(isTextFormat, `response_format: ${NO_STRUCTURED_OUTPUT}`),
+  modalities: refusedUnless(isTextOnly, "modalities: only text output is supported"),
+  // The legacy function-calling fields: the model would be offered no tools at all.
+  functions: refusedUnless(isEmpty, "functions is not supported: declare them as tools ({type: \"function\", function})"),
+  function_call: refusedUnless(never, "function_call is not supported: use tool_choice"),
+  audio: refusedUnless(never, "audio output is not supported"),
+  // vLLM's extensions of the chat request.
+  min_tokens: refusedUnless(isZero, notPassed("min_tokens", "a minimum length")),
+  ignore_eos: refusedUnless(isFalse, notPassed("ignore_eos", "ignore_eos")),
+  stop_token_ids: refusedUnless(isEmpty, notPassed("stop_token_ids", "stop token ids")),
+  bad_words: refusedUnless(isEmpty, notPassed("bad_words", "banned words")),
+  allowed_token_ids: refusedUnless(never, notPassed("allowed_token_ids", "a token allow-list")),
+  logits_processors: refusedUnless(isEmpty, notPassed("logits_processors", "logits processors")),
+  guided_json: refusedUnless(never, `guided_json: ${NO_STRUCTURED_OUTPUT}`),
+  guided_regex: refusedUnless(never, `guided_regex: ${NO_STRUCTURED_OUTPUT}`),
+  guided_choice: refusedUnless(never, `guided_choice: ${NO_STRUCTURED_OUTPUT}`),
+  guided_grammar: refusedUnless(never, `guided_grammar: ${NO_STRUCTURED_OUTPUT}`),
+  structured_outputs: refusedUnless(never, `structured_outputs: ${NO_STRUCTURED_OUTPUT}`),
+  best_of: refusedUnless(isOne, "only best_of=1 is supported; send separate requests"),
+  use_beam_search: refusedUnless(isFalse, "beam search is not supported"),
+  echo: refusedUnless(isFalse, "echo is not supported"),
+  // The gateway renders the prompt itself, as the engine's chat template and its model profile say.
+  chat_template: refusedUnless(never, "chat_template is not supported: the gateway renders the engine's own chat template"),
+  add_generation_prompt: refusedUnless(isTrue, "add_generation_prompt: false is not supported: every call asks for a new assistant turn"),
+  continue_final_message: refusedUnless(isFalse, "continue_final_message is not supported: every call asks for a new assistant turn"),
+  truncate_prompt_tokens: refusedUnless(never, "truncate_prompt_tokens is not supported: the prompt is sent whole"),
+};
 
 const TextPart = z.object({ type: z.literal("text"), text: z.string() });
 const ImagePart = z.object({
   type: z.literal("image_url"),
-  image_url: z.object({ url: z.string(), detail: z.string().optional() }),
+  image_url: z.object({ url: z.string().refine(isInlineImage, imageByUrlRefused("a data: URL")), detail: z.string().optional() }),
 });
-const Part = z.union([TextPart, ImagePart]);
-const Content = z.union([z.string(), z.array(Part)]);
-const TextOnlyContent = z.union([z.string(), z.array(TextPart)]);
+// Audio, files and other parts are refused by name: the engines take text (and images on a multimodal model).
+const Part = z.discriminatedUnion("type", [TextPart, ImagePart], partError("text or image_url"));
+const Content = stringOrArrayOf(Part, "content parts");
+const TextOnlyContent = stringOrArrayOf(z.discriminatedUnion("type", [TextPart], partError("text")), "text parts");
 
 const OpenAIToolCall = z.object({
   id: z.string(),
@@ -67,6 +108,7 @@ export const OpenAIChatRequest = z.looseObject({
   seed: z.number().int().nullable().optional(),
   presence_penalty: z.number().nullable().optional(),
   frequency_penalty: z.number().nullable().optional(),
+  repetition_penalty: z.number().nullable().optional(),
   n: z.literal(1, { message: "only n=1 is supported; send n separate requests" }).nullable().optional(),
   stream: z.boolean().nullable().optional(),
   stream_options: z.object({ include_usage: z.boolean().optional() }).nullable().optional(),
@@ -74,6 +116,7 @@ export const OpenAIChatRequest = z.looseObject({
   top_logprobs: z.number().int().min(0).max(20).nullable().optional(),
   reasoning_effort: z.string().nullable().optional(),
   chat_template_kwargs: z.looseObject({ enable_thinking: z.boolean().optional() }).nullable().optional(),
+  ...UNHONOURED,
 });
 export type OpenAIChatRequest = z.infer<typeof OpenAIChatRequest>;
 
@@ -125,6 +168,8 @@ export function fromValidOpenAIChat(req: OpenAIChatRequest): OpenAIChatCall {
       { code: "custom", path: ["top_logprobs"], message: "top_logprobs requires logprobs: true", input: req.top_logprobs },
     ]);
   }
+  const hasTools = (req.tools?.length ?? 0) > 0;
+  if (!hasTools && forcesACall(req.tool_choice ?? undefined)) throw noToolToCall(["tool_choice"], req.tool_choice);
   const sampling: SamplingParams = {};
   if (req.temperature != null) sampling.temperature = req.temperature;
   if (req.top_p != null) sampling.top_p = req.top_p;
@@ -136,6 +181,7 @@ export function fromValidOpenAIChat(req: OpenAIChatRequest): OpenAIChatCall {
   if (req.seed != null) sampling.seed = req.seed;
   if (req.presence_penalty != null) sampling.presence_penalty = req.presence_penalty;
   if (req.frequency_penalty != null) sampling.frequency_penalty = req.frequency_penalty;
+  if (req.repetition_penalty != null) sampling.repetition_penalty = req.repetition_penalty;
 
   let enableThinking = req.chat_template_kwargs?.enable_thinking;
   if (enableThinking === undefined && req.reasoning_effort != null) enableThinking = req.reasoning_effort !== "none";
@@ -146,7 +192,8 @@ export function fromValidOpenAIChat(req: OpenAIChatRequest): OpenAIChatCall {
     stream: req.stream === true,
     client_logprobs: req.logprobs ? { top_logprobs: req.top_logprobs ?? 0 } : null,
     ...(req.tools && req.tools.length > 0 ? { tools: req.tools } : {}),
-    ...(req.tool_choice ? { tool_choice: req.tool_choice } : {}),
+    // Without tools a choice of auto or none says nothing (and vLLM refuses tool_choice without tools).
+    ...(req.tool_choice && hasTools ? { tool_choice: req.tool_choice } : {}),
     ...(enableThinking !== undefined ? { enable_thinking: enableThinking } : {}),
     ...(req.chat_template_kwargs ? { chat_template_kwargs: req.chat_template_kwargs } : {}),
     ...(req.reasoning_effort != null ? { reasoning_effort: req.reasoning_effort } : {}),

@@ -213,10 +213,12 @@ describe("fromResponses", () => {
     expect(choice({ type: "function", name: "g", namespace: "n" })).toEqual({ type: "function", function: { name: "n__g" } });
     expect(choice({ type: "allowed_tools", mode: "required", tools: [] })).toBe("required");
     expect(choice({ type: "web_search" })).toBeUndefined();
-    // Only hosted tools: nothing offered, no tool_choice.
-    const hosted = fromResponses({ input: "hi", tools: [{ type: "web_search" }, { type: "file_search", vector_store_ids: [] }], tool_choice: "required" });
-    expect(hosted.canonical).not.toHaveProperty("tools");
-    expect(hosted.canonical).not.toHaveProperty("tool_choice");
+    // Only hosted tools: nothing offered, no tool_choice; forcing a call then is a 400.
+    const hosted = (tool_choice: unknown) => fromResponses({ input: "hi", tools: [{ type: "web_search" }, { type: "file_search", vector_store_ids: [] }], tool_choice });
+    expect(hosted("auto").canonical).not.toHaveProperty("tools");
+    expect(hosted("auto").canonical).not.toHaveProperty("tool_choice");
+    expect(() => hosted("required")).toThrow(/forces a tool call, but no function tool is offered/);
+    expect(() => hosted({ type: "web_search" })).toThrow(/no function tool is offered/);
   });
 
   it("names the bad field, and refuses previous_response_id with a clear message", () => {

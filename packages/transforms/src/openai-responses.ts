@@ -13,6 +13,8 @@ import { StreamAccumulator } from "./accumulate.js";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, sealReasoning } from "./reasoning-seal.js";
 import { reasoningTokensOf } from "./reasoning-tokens.js";
+import { imageByUrlRefused, isInlineImage, partError, stringOrArrayOf } from "./content-parts.js";
+import { NO_STRUCTURED_OUTPUT, NO_TOOL_TO_CALL, forcesACall, isTextFormat, refusedUnless } from "./unhonoured.js";
 
 /**
  * OpenAI Responses API ⇄ canonical chat. What Codex CLI (Responses only), opencode and pi send.
@@ -27,7 +29,10 @@ import { reasoningTokensOf } from "./reasoning-tokens.js";
  *   `namespace` maps to `N__f` again, so the engine re-renders what it generated.
  * - **Hosted tools** (`web_search`, `file_search`, `code_interpreter`, `image_generation`, `mcp`,
  *   `custom`, …) are accepted and not offered to the engine: it cannot run them. A `tool_choice`
- *   naming one becomes the engine's default.
+ *   naming one becomes the engine's default, unless no function tool is offered at all: then it,
+ *   like `required`, is a 400 (the model could only answer in text where the agent forced a call).
+ * - **allowed_tools.** A `tool_choice` of type `allowed_tools` offers only the functions it lists
+ *   (as the Gemini route offers only ANY's allowed names), with its mode (auto / required).
  * - **Thinking.** `reasoning.effort` "none" or "minimal" → `enable_thinking: false`; any other
  *   effort → true; no effort → the chat template's default. The effort itself is kept as the
  *   canonical `reasoning_effort` (forwarded where the model profile says the model reads it).
@@ -57,8 +62,12 @@ import { reasoningTokensOf } from "./reasoning-tokens.js";
  *   among the tokens' texts (`textTokens`: a split character's pieces read U+FFFD, as vLLM spells
  *   them). Without token text (a branch's replayed answer) the text's tokens cannot be told:
  *   `logprobs` is `[]`.
- * - `text.format` (structured output), `truncation`, `prompt_cache_key`, `metadata`, … are
- *   accepted and ignored.
+ * - `text.format` json_schema / json_object (structured output) is refused with a 400: the gateway
+ *   does not constrain decoding, and an answer that ignored the schema would be trained as if it had
+ *   followed it (unhonoured.ts). `{type: "text"}` is accepted.
+ * - The sampling extensions vLLM's Responses route reads (`top_k`, `min_p`, `repetition_penalty`,
+ *   `seed`, `stop`, `presence_penalty`, `frequency_penalty`) are honoured like the chat route's.
+ * - `truncation`, `prompt_cache_key`, `metadata`, `text.verbosity`, … are accepted and ignored.
  */
 
 // ---------------------------------------------------------------------------------------------
@@ -69,34 +78,13 @@ export function namespacedToolName(namespace: string, name: string): string {
   return `${namespace}__${name}`;
 }
 
-/**
- * A string, or an array of `item`: checked by hand rather than with z.union so that an error in
- * one element names that element's path instead of "invalid union" at the field.
- */
-function stringOrArrayOf<T extends z.ZodType>(item: T, what: string) {
-  return z.unknown().transform((v, ctx) => {
-    if (typeof v === "string") return v;
-    if (!Array.isArray(v)) {
-      ctx.addIssue({ code: "custom", message: `expected a string or an array of ${what}` });
-      return z.NEVER;
-    }
-    const r = z.array(item).safeParse(v);
-    if (r.success) return r.data;
-    for (const i of r.error.issues) ctx.addIssue({ code: "custom", message: i.message, path: i.path });
-    return z.NEVER;
-  }) as unknown as z.ZodType<string | z.output<T>[]>;
-}
-
 const TextPart = z.looseObject({ type: z.literal("input_text"), text: z.string() });
 const OutputTextPart = z.looseObject({ type: z.literal("output_text"), text: z.string() });
 const RefusalPart = z.looseObject({ type: z.literal("refusal"), refusal: z.string() });
 const ImagePart = z.looseObject({
   type: z.literal("input_image"),
-  image_url: z.string({ message: "only images given by image_url are supported (no file_id)" }),
+  image_url: z.string({ message: "only images given by image_url are supported (no file_id)" }).refine(isInlineImage, imageByUrlRefused("a data: URL")),
   detail: z.string().nullable().optional(),
-});
-const partError = (what: string) => ({
-  error: (iss: { code?: string }) => (iss.code === "invalid_union" ? `unsupported content part type; expected ${what}` : undefined),
 });
 const InputPart = z.discriminatedUnion("type", [TextPart, ImagePart, OutputTextPart, RefusalPart], partError("input_text or input_image"));
 const ToolOutputPart = z.discriminatedUnion("type", [TextPart, ImagePart], partError("input_text or input_image"));
@@ -199,6 +187,18 @@ export const OpenAIResponsesRequest = z.looseObject({
   max_output_tokens: z.number().int().positive().nullable().optional(),
   temperature: z.number().min(0).max(2).nullable().optional(),
   top_p: z.number().gt(0).max(1).nullable().optional(),
+  // vLLM's sampling extensions of the Responses request.
+  top_k: z.number().int().nullable().optional(),
+  min_p: z.number().min(0).max(1).nullable().optional(),
+  repetition_penalty: z.number().nullable().optional(),
+  presence_penalty: z.number().nullable().optional(),
+  frequency_penalty: z.number().nullable().optional(),
+  seed: z.number().int().nullable().optional(),
+  stop: z.union([z.string(), z.array(z.string())]).nullable().optional(),
+  text: z
+    .looseObject({ format: refusedUnless(isTextFormat, `text.format: ${NO_STRUCTURED_OUTPUT}`) })
+    .nullable()
+    .optional(),
   stream: z.boolean().nullable().optional(),
 });
 export type OpenAIResponsesRequest = z.infer<typeof OpenAIResponsesRequest>;
@@ -373,6 +373,32 @@ function toCanonicalTools(tools: z.infer<typeof AnyTool>[]): { tools: ToolDefini
   return { tools: out, namespaced };
 }
 
+/**
+ * The function tools an `allowed_tools` choice lets the model call: only those are offered, as the
+ * Gemini route offers only ANY's allowed names (left as declared, the model could call one the agent
+ * did not allow). An allowed tool that was never declared is a 400; hosted tools in the list allow
+ * nothing the engine can call; an empty or missing list restricts nothing.
+ */
+function allowedTools(tools: ToolDefinition[], choice: OpenAIResponsesRequest["tool_choice"]): ToolDefinition[] {
+  if (choice == null || typeof choice === "string" || choice.type !== "allowed_tools") return tools;
+  const listed = (choice as { tools?: unknown }).tools;
+  if (!Array.isArray(listed) || listed.length === 0) return tools;
+  const names = new Set<string>();
+  listed.forEach((t: unknown, i) => {
+    const fn = t as { type?: unknown; name?: unknown; namespace?: unknown };
+    if (fn?.type !== "function" || typeof fn.name !== "string") return;
+    const name = typeof fn.namespace === "string" && fn.namespace ? namespacedToolName(fn.namespace, fn.name) : fn.name;
+    if (!tools.some((d) => d.function.name === name)) zodFail(["tool_choice", "tools", i, "name"], `allowed tool ${fn.name} is not declared in tools`, fn.name);
+    names.add(name);
+  });
+  return tools.filter((d) => names.has(d.function.name));
+}
+
+/** A tool_choice forcing a hosted tool (web_search, …): one the engine is never offered. */
+function namesHostedTool(choice: OpenAIResponsesRequest["tool_choice"]): boolean {
+  return choice != null && typeof choice !== "string" && choice.type !== "function" && choice.type !== "allowed_tools";
+}
+
 function toCanonicalToolChoice(choice: OpenAIResponsesRequest["tool_choice"]): ToolChoice | undefined {
   if (choice == null) return undefined;
   if (typeof choice === "string") return choice;
@@ -402,9 +428,20 @@ export function fromResponses(body: unknown, options: FromResponsesOptions = {})
   if (req.temperature != null) sampling.temperature = req.temperature;
   if (req.top_p != null) sampling.top_p = req.top_p;
   if (req.max_output_tokens != null) sampling.max_tokens = req.max_output_tokens;
+  if (req.top_k != null) sampling.top_k = req.top_k;
+  if (req.min_p != null) sampling.min_p = req.min_p;
+  if (req.repetition_penalty != null) sampling.repetition_penalty = req.repetition_penalty;
+  if (req.presence_penalty != null) sampling.presence_penalty = req.presence_penalty;
+  if (req.frequency_penalty != null) sampling.frequency_penalty = req.frequency_penalty;
+  if (req.seed != null) sampling.seed = req.seed;
+  if (req.stop != null) sampling.stop = typeof req.stop === "string" ? [req.stop] : req.stop;
 
-  const { tools, namespaced } = toCanonicalTools(req.tools ?? []);
-  const toolChoice = tools.length > 0 ? toCanonicalToolChoice(req.tool_choice) : undefined;
+  const declared = toCanonicalTools(req.tools ?? []);
+  const { namespaced } = declared;
+  const tools = allowedTools(declared.tools, req.tool_choice);
+  const choice = toCanonicalToolChoice(req.tool_choice);
+  if (tools.length === 0 && (forcesACall(choice) || namesHostedTool(req.tool_choice))) zodFail(["tool_choice"], NO_TOOL_TO_CALL, req.tool_choice);
+  const toolChoice = tools.length > 0 ? choice : undefined;
   const effort = req.reasoning?.effort ?? null;
   const enableThinking = effort === null ? undefined : effort !== "none" && effort !== "minimal";
 

@@ -140,7 +140,7 @@ export function geminiAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
 
       if (target.action === "countTokens") {
         const body = (req.body ?? {}) as Record<string, unknown>;
-        const inner = body.generateContentRequest ?? body;
+        const inner = body.generateContentRequest ?? body.generate_content_request ?? body;
         const call = fromGemini(inner, { key: auth.tokenHash });
         return { totalTokens: await ctx.caller.countTokens(auth.session, call.canonical, signal) };
       }
