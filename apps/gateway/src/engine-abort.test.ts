@@ -29,9 +29,24 @@ afterAll(() => h?.close());
 const TEXT = `go\n#sim: ${JSON.stringify([{ think: "look around first", tool_calls: [{ name: "ls", arguments: { path: "." } }], tokens: 80 }])}`;
 const engine = (path: string) => fetch(`${simUrl}${path}`, { method: "POST" });
 
+/**
+ * Resolves once an engine-sim runs a generation (its /sim/stats), and a little after, so the call
+ * is under way: a fixed wait let a slow machine pause the engine before the call reached it.
+ */
+async function generating(url: string): Promise<void> {
+  const deadline = Date.now() + 20_000;
+  for (;;) {
+    const stats = (await (await fetch(`${url}/sim/stats`)).json()) as { ranks: { running: number }[] };
+    if (stats.ranks.some((r) => r.running > 0)) break;
+    if (Date.now() > deadline) throw new Error("the engine never ran the call");
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  await new Promise((r) => setTimeout(r, 50));
+}
+
 /** Pauses the engine itself (abort mode) once the call is under way, then resumes it. */
 async function engineAbortsMidCall() {
-  await new Promise((r) => setTimeout(r, 200));
+  await generating(simUrl);
   expect((await engine("/pause?mode=abort")).status).toBe(200);
   await new Promise((r) => setTimeout(r, 50));
   expect((await engine("/resume")).status).toBe(200);
@@ -85,7 +100,7 @@ describe("the same on a family with no gateway parser (Llama 3.1: a pause could 
       .stream({ model: "m", messages: [{ role: "user", content: text }] })
       .finalChatCompletion()
       .then((answer) => ({ answer }), (error: unknown) => ({ error }));
-    await new Promise((r) => setTimeout(r, 200));
+    await generating(url);
     await fetch(`${url}/pause?mode=abort`, { method: "POST" });
     await fetch(`${url}/resume`, { method: "POST" });
     const got = await call;
@@ -145,7 +160,8 @@ describe("a drain-mode pause that outlives its timeout, on a vLLM from before pa
     const call = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 }).chat.completions
       .create({ model: "m", messages: [{ role: "user", content: text }] })
       .then((answer) => ({ answer }), (error: unknown) => ({ error }));
-    await new Promise((r) => setTimeout(r, 150));
+    const addr = l.sim.server.address();
+    await generating(`http://127.0.0.1:${typeof addr === "object" && addr ? addr.port : 0}`);
     const paused = await admin("/admin/inference/pause", { mode: "drain", timeout_s: 0.1 });
     expect(paused).toMatchObject({ mode: "drain", drained: false });
     await admin("/admin/weights", { version: "w2" });
@@ -179,7 +195,7 @@ describe("a drain-mode pause that outlives its timeout on an SGLang whose calls 
     const call = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 }).chat.completions
       .create({ model: "m", messages: [{ role: "user", content: text }] })
       .then((answer) => ({ answer }), (error: unknown) => ({ error }));
-    await new Promise((r) => setTimeout(r, 200));
+    await generating(url);
     await post(`${g.url}/admin/inference/pause`, { mode: "drain", timeout_s: 0.1 });
     await post(`${g.url}/admin/weights`, { version: "b" });
     await post(`${url}/sim/weights`, { version: "b" });

@@ -26,10 +26,13 @@ export function spawnerMain(): void {
   // Output not yet written to the worker's channel. Past OUT_HIGH messages the programs' streams
   // pause (their pipes fill and the programs wait in write), as a pipe read by the worker itself
   // would: a program that writes faster than a busy worker reads cannot pile its output up here.
+  // Both streams of the program pause together, the one that filled the backlog first, and resume
+  // in that order: a line it prints on stdout once its stderr flood is written must not overtake
+  // the flood's end, still in the paused pipe (the tail would lose its last line).
   const OUT_HIGH = 16;
   let backlog = 0;
   const paused = new Set<NodeJS.ReadableStream>();
-  const sendOut = (stream: NodeJS.ReadableStream, m: object) => {
+  const sendOut = (stream: NodeJS.ReadableStream, other: NodeJS.ReadableStream, m: object) => {
     if (!process.connected) return;
     backlog++;
     process.send!(m, undefined, {}, () => {
@@ -39,8 +42,10 @@ export function spawnerMain(): void {
       paused.clear();
     });
     if (backlog >= OUT_HIGH) {
-      stream.pause();
-      paused.add(stream);
+      for (const s of [stream, other]) {
+        s.pause();
+        paused.add(s);
+      }
     }
   };
   for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(sig, () => {});
@@ -57,8 +62,8 @@ export function spawnerMain(): void {
     }
     let ended = false;
     if (child.pid !== undefined) send({ op: "spawned", id, pid: child.pid });
-    child.stdout!.on("data", (b: Buffer) => sendOut(child.stdout!, { op: "out", id, fd: 1, data: b }));
-    child.stderr!.on("data", (b: Buffer) => sendOut(child.stderr!, { op: "out", id, fd: 2, data: b }));
+    child.stdout!.on("data", (b: Buffer) => sendOut(child.stdout!, child.stderr!, { op: "out", id, fd: 1, data: b }));
+    child.stderr!.on("data", (b: Buffer) => sendOut(child.stderr!, child.stdout!, { op: "out", id, fd: 2, data: b }));
     child.on("error", (err) => {
       if (ended) return;
       ended = true;
