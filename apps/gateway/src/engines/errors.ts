@@ -20,6 +20,15 @@ export class EngineError extends Error {
 }
 
 /**
+ * An engine that sends more of an answer after it said the answer ended (text, tokens or another
+ * finish after its finish): what came after is no part of the policy's turn, and the agent may
+ * already have taken the turn as ended, so the answer is broken, not longer.
+ */
+export function outputAfterFinish(): EngineError {
+  return new EngineError("the engine sent more of its answer after its finish", 502, "bad_response");
+}
+
+/**
  * What a failed request to an engine becomes: the error itself when `signal` (the agent's) aborted
  * it, else the engine is unreachable (502, so the call counts as lost and another rank may serve).
  */

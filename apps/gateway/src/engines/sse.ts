@@ -8,7 +8,7 @@ const HIGH_WATER = 256;
 
 /**
  * The JSON payloads of an engine's SSE stream (vLLM's OpenAI routes), in order. `[DONE]` ends
- * nothing by itself (the body does); an in-stream `{"error": {...}}` (how vLLM reports failures
+ * nothing by itself (the body does), but a payload after it is an EngineError; an in-stream `{"error": {...}}` (how vLLM reports failures
  * after the headers went out) and a payload that is not JSON are EngineErrors, after the payloads
  * before them. The reader leaving early destroys the body (the engine's connection is closed).
  *
@@ -42,6 +42,8 @@ class SsePayloads {
   // streaming decode was several µs per engine read). The BOM TextDecoder dropped is dropped below.
   private readonly decoder = new StringDecoder("utf8");
   private first = true;
+  /** `[DONE]` came: the stream is over, and a payload after it is the engine's fault. */
+  private done = false;
 
   constructor(
     private readonly body: Readable,
@@ -70,7 +72,15 @@ class SsePayloads {
   }
 
   private onData(data: string): void {
-    if (this.closed || data === "[DONE]") return;
+    if (this.closed) return;
+    if (this.done) {
+      this.fail(new EngineError(`engine sent data after [DONE]: ${data.slice(0, 200)}`, 502, "bad_response"));
+      return;
+    }
+    if (data === "[DONE]") {
+      this.done = true;
+      return;
+    }
     let json: unknown;
     try {
       json = JSON.parse(data);

@@ -3,7 +3,7 @@ import { definedSampling, type CanonicalChatRequest, type ChatMessage } from "@r
 import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
-import { EngineError, unreachable } from "../errors.js";
+import { EngineError, outputAfterFinish, unreachable } from "../errors.js";
 import { ChatLogprob, checkedChunk, OpenAIUsage, isIntArray, isLogprob, isObj, isUsage, nullishInt, nullishIntArray, nullishStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
 import { postForStream, type StreamedResponse } from "../stream-request.js";
@@ -293,6 +293,8 @@ export async function* sglangChatStream(call: EngineCall): AsyncGenerator<Engine
     if (choice) {
       const d = choice.delta;
       const lps = (choice.logprobs?.content ?? []).map(toTokenLogprob);
+      // After the finish only the ids (sglext) and usage chunks, with no choice, may come.
+      if (finish && (lps.length > 0 || d?.content || d?.reasoning_content || (d?.tool_calls?.length ?? 0) > 0 || choice.finish_reason)) throw outputAfterFinish();
       logprobCount += lps.length;
       if (call.stamp && lps.length > 0) {
         const version = call.stamp();

@@ -2,7 +2,7 @@ import { makeToolCallId, parseWhole, type ParsedDelta } from "@rollgate/models";
 import { definedSampling, type AssistantOutput, type TokenLogprob } from "@rollgate/protocol";
 import { StreamAccumulator, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { z } from "zod";
-import { EngineError } from "../errors.js";
+import { EngineError, outputAfterFinish } from "../errors.js";
 import { sglangPost } from "./chat.js";
 import { sseJson } from "../sse.js";
 import { chatFinishReason, parsesTools, profileParser } from "../chat-route-rules.js";
@@ -214,6 +214,7 @@ async function* generateStream(call: TokenInCall, parsing: Parsing): AsyncGenera
     const fresh = cumulative ? ev.output_ids.slice(ids.length) : ev.output_ids;
     const logprobs = toTokenLogprobs(ev.meta_info, cumulative ? ids.length : 0, fresh.length);
     const text = cumulative ? ev.text.slice(textSoFar) : ev.text;
+    if (finished && (fresh.length > 0 || text !== "")) throw outputAfterFinish();
     textSoFar += text.length;
     for (const id of fresh) ids.push(id); // not push(...fresh): one event may hold a whole long answer
     const delta = deltaEvent(text ? parser.push(text) : null, fresh, logprobs, call.stamp);

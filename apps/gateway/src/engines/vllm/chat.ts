@@ -3,7 +3,7 @@ import { definedSampling, type CanonicalChatRequest, type ChatMessage, type Toke
 import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
-import { EngineError, unreachable } from "../errors.js";
+import { EngineError, outputAfterFinish, unreachable } from "../errors.js";
 import { ChatLogprob, checkedChunk, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseEach, sseJson } from "../sse.js";
 import { engineUrl, promptIdsFields, type EngineCall } from "../call.js";
@@ -255,6 +255,7 @@ export async function vllmChat(call: EngineCall): Promise<EngineResult> {
  */
 class VllmStreamReader {
   private started = false;
+  private finished = false;
   private tokens = 0;
   private logprobCount = 0;
 
@@ -283,6 +284,8 @@ class VllmStreamReader {
       const d = choice.delta;
       const reasoning = d?.reasoning ?? d?.reasoning_content ?? undefined;
       const hasText = (d?.content ?? "") !== "" || (reasoning ?? "") !== "" || (d?.tool_calls?.length ?? 0) > 0;
+      // After the finish only the usage chunk (no choice) may come.
+      if (this.finished && (ids.length > 0 || lps.length > 0 || hasText || choice.finish_reason)) throw outputAfterFinish();
       if (ids.length > 0 || hasText) {
         // Built field by field, in the order the event always had, rather than from spreads of
         // `cond ? {...} : {}` (an object made and copied per field per token).
@@ -310,6 +313,7 @@ class VllmStreamReader {
         out.push(event);
       }
       if (choice.finish_reason) {
+        this.finished = true;
         out.push({ type: "finish", finish_reason: cutFinishReason(choice.finish_reason, this.tokens, this.maxTokens), stop_reason: choice.stop_reason ?? null });
       }
     }

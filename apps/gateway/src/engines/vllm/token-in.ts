@@ -3,7 +3,7 @@ import { definedSampling, type TokenLogprob } from "@rollgate/protocol";
 import { StreamAccumulator, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
-import { EngineError, unreachable } from "../errors.js";
+import { EngineError, outputAfterFinish, unreachable } from "../errors.js";
 import { chatFinishReason, parsesTools, profileParser } from "../chat-route-rules.js";
 import type { TokenInCall } from "../token-in.js";
 import type { TokenizeCall } from "../tokenizer.js";
@@ -196,6 +196,7 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
       if (!choice.token_ids && choice.text !== "") throw new EngineError(MISSING_TOKENS, 502, "bad_response");
       const ids = choice.token_ids ?? [];
       const lps = toTokenLogprobs(choice.logprobs, topK);
+      if (finished && (ids.length > 0 || lps.length > 0 || choice.text !== "" || choice.finish_reason)) throw outputAfterFinish();
       tokens += ids.length;
       logprobCount += lps.length;
       const ev = deltaEvent(choice.text ? parser.push(choice.text) : null, ids, lps, stamp);

@@ -1,0 +1,140 @@
+/**
+ * What engines send back, attacked on the wire: a real engine-sim generates each answer and a
+ * misbehaving engine in front of it (__fixtures__/wire-engine.ts, a real HTTP server) rewrites the
+ * bytes the gateway gets. Whatever it sends, the gateway must either record the answer the policy
+ * really sampled (the ids and logprobs the agent's text came from) or fail the call: the agent
+ * gets an error in its protocol (here the real OpenAI SDK), the session counts a lost call (the
+ * rollout is not scored) and nothing is recorded as the call's answer.
+ */
+import { randomUUID } from "node:crypto";
+import { buildEngineSim, type EngineSimOptions } from "@rollgate/engine-sim";
+import type { CompletionRecord, Session } from "@rollgate/protocol";
+import type { FastifyInstance } from "fastify";
+import OpenAI from "openai";
+import { pino } from "pino";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { buildGateway } from "./app.js";
+import { GatewayEnv } from "./env.js";
+import { dropPrefixes, listenLocal, TEST_REDIS_URL } from "./__fixtures__/harness.js";
+import { ssePayloads, sseText, startWireEngine, type WireEngine, type WireFault } from "./__fixtures__/wire-engine.js";
+
+interface Stack {
+  sim: FastifyInstance;
+  wire: WireEngine;
+  gateway: FastifyInstance;
+  url: string;
+  prefix: string;
+}
+
+/** engine-sim (2 ranks) behind the misbehaving engine, behind a listening gateway on the qwen3 profile. */
+async function startStack(name: string, sim: EngineSimOptions): Promise<Stack> {
+  const engine = buildEngineSim({ dpSize: 2, ...sim });
+  const wire = await startWireEngine(await listenLocal(engine));
+  const prefix = `test-wire-${name}-${randomUUID().slice(0, 8)}`;
+  const env = GatewayEnv.parse({
+    REDIS_URL: TEST_REDIS_URL,
+    ROLLGATE_KEY_PREFIX: prefix,
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: sim.kind ?? "vllm", url: wire.url, dp_size: 2, profile: "qwen3" }]),
+    ROLLGATE_HEALTH_INTERVAL_S: "0",
+    // An engine that stops sending mid-answer is given up on after this long.
+    ROLLGATE_ENGINE_TIMEOUT_S: "2",
+  });
+  const gateway = await buildGateway({ env, logger: pino({ level: "silent" }) });
+  return { sim: engine, wire, gateway, url: await listenLocal(gateway), prefix };
+}
+
+async function stopStack(s: Stack | undefined): Promise<void> {
+  if (!s) return;
+  await s.gateway.close();
+  await s.wire.close();
+  await s.sim.close();
+  await dropPrefixes([s.prefix]);
+}
+
+interface Outcome {
+  /** What the agent's SDK threw, if it threw. */
+  error: (Error & { status?: number }) | null;
+  /** The assembled answer's text, when the SDK gave one. */
+  text: string | null;
+  session: Session;
+  records: CompletionRecord[];
+}
+
+/** One agent call through the OpenAI SDK, with `fault` on the engine's answer; what the agent and the session got. */
+async function callThrough(stack: Stack, fault: WireFault, stream: boolean): Promise<Outcome> {
+  const opened = await fetch(`${stack.url}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+  const s = (await opened.json()) as { id: string; token: string; urls: { openai: string } };
+  const client = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 });
+  const params = { model: "m", messages: [{ role: "user" as const, content: "hi" }] };
+  stack.wire.fault = fault;
+  let error: Outcome["error"] = null;
+  let text: string | null = null;
+  try {
+    const answer = stream ? await client.chat.completions.stream(params).finalChatCompletion() : await client.chat.completions.create(params);
+    text = answer.choices[0]?.message.content ?? null;
+  } catch (err) {
+    error = err as Outcome["error"];
+  } finally {
+    stack.wire.fault = null;
+  }
+  // The session's word on the call: read once its record (if any) is written.
+  const closed = await fetch(`${stack.url}/v1/sessions/${s.id}/close`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+  expect(closed.status).toBe(200);
+  const session = (await (await fetch(`${stack.url}/v1/sessions/${s.id}`)).json()) as Session;
+  const records = ((await (await fetch(`${stack.url}/v1/sessions/${s.id}/completions`)).json()) as { completions: CompletionRecord[] }).completions;
+  return { error, text, session, records };
+}
+
+/** The call failed cleanly: the agent got an error, the session a lost call of `kind`, and no record. */
+function expectLost(o: Outcome, kind: string, message: RegExp): void {
+  expect(o.error, `the agent got an answer: ${o.text}`).not.toBeNull();
+  expect(o.records).toEqual([]);
+  expect(o.session.lost_calls.count).toBe(1);
+  expect(o.session.lost_calls.first).toMatchObject({ kind, message: expect.stringMatching(message) });
+}
+
+const CONTENT_CHUNK = /"delta":\{[^}]*"content":"[^"]/;
+const FINISH_CHUNK = /"finish_reason":"[a-z_]+"/;
+
+/**
+ * The engine's stream with one of its content chunks sent again after its finish (`where`: right
+ * after the finish chunk, or after `[DONE]`). SGLang tells the answer's ids once, at the end: they
+ * get the repeated chunk's id too, so the ids still count one per logprob (a self-consistent lie).
+ */
+function lateChunk(where: "after the finish" | "after [DONE]"): WireFault {
+  return (up) => {
+    const p = ssePayloads(up.text);
+    const first = p.findIndex((x) => CONTENT_CHUNK.test(x));
+    const late = p[first]!;
+    const out = p.map((x) => {
+      const ext = /"output_ids":\[\[(\d+)/.exec(x);
+      return ext ? x.replace(/\]\]\}/, `,${ext[1]}]]}`) : x;
+    });
+    if (where === "after [DONE]") out.push(late);
+    else out.splice(out.findIndex((x) => FINISH_CHUNK.test(x)) + 1, 0, late);
+    return { pieces: [sseText(out)] };
+  };
+}
+
+const STACKS: [string, EngineSimOptions][] = [
+  ["vLLM", { kind: "vllm" }],
+  ["SGLang", { kind: "sglang" }],
+];
+
+describe.each(STACKS)("%s answers that go on after their end", (name, sim) => {
+  let stack: Stack;
+  beforeAll(async () => {
+    stack = await startStack(name.toLowerCase(), sim);
+  });
+  afterAll(() => stopStack(stack));
+
+  it.each([
+    ["after the finish", false],
+    ["after the finish", true],
+    ["after [DONE]", false],
+    ["after [DONE]", true],
+  ] as const)("a chunk of text and tokens %s (streamed %s): an error, a lost call, no record with tokens past the end", async (where, stream) => {
+    const o = await callThrough(stack, lateChunk(where), stream);
+    expectLost(o, "engine_bad_response", where === "after [DONE]" ? /after \[DONE\]/ : /after its finish/);
+  });
+});
