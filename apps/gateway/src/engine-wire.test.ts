@@ -138,3 +138,36 @@ describe.each(STACKS)("%s answers that go on after their end", (name, sim) => {
     expectLost(o, "engine_bad_response", where === "after [DONE]" ? /after \[DONE\]/ : /after its finish/);
   });
 });
+
+/** The engine's answer with `pattern`'s first match (or every match) replaced: the same bytes otherwise, streamed or whole. */
+const rewrite =
+  (pattern: RegExp, by: string): WireFault =>
+  (up) => ({ pieces: [up.text.replace(pattern, by)] });
+
+const WHOLE_ANSWERS: [string, EngineSimOptions] = ["vLLM 0.15 (whole answers)", { kind: "vllm", vllmVersion: "0.15.1" }];
+
+describe.each([...STACKS, WHOLE_ANSWERS])("%s answers that cannot be the policy's sample", (name, sim) => {
+  let stack: Stack;
+  beforeAll(async () => {
+    stack = await startStack(name.replace(/\W+/g, "-").toLowerCase(), sim);
+  });
+  afterAll(() => stopStack(stack));
+
+  // Output ids: vLLM's choice `token_ids`, SGLang's `sglext.output_ids`; the prompt's: `prompt_token_ids`, `sglext.input_ids`.
+  const firstOutputId = sim.kind === "sglang" ? /"output_ids":\[\[\d+/ : /"token_ids":\[\d+/;
+  const outputIdsStart = sim.kind === "sglang" ? '"output_ids":[[' : '"token_ids":[';
+  const promptIds = sim.kind === "sglang" ? /"input_ids":\[[\d,]*\]/ : /"prompt_token_ids":\[[\d,]*\]/g;
+  const CASES: [string, WireFault, RegExp][] = [
+    // vLLM's `--logprobs-mode raw_logits` sends logits where the logprobs go.
+    ["a logprob above 0 (a logit sent as a logprob)", rewrite(/"logprob":-[\d.e-]+/, '"logprob":3.5'), /logprob 3\.5, not a log-probability/],
+    ["a negative token id", rewrite(firstOutputId, `${outputIdsStart}-5`), /= -5 is not a token id/],
+    ["an id beyond the profile's vocabulary (Qwen3: 151,936)", rewrite(firstOutputId, `${outputIdsStart}151936`), /= 151936 is not a token id in \[0, 151936\)/],
+    ["a prompt of no token ids", rewrite(promptIds, sim.kind === "sglang" ? '"input_ids":[]' : '"prompt_token_ids":[]'), /prompt has no token ids/],
+  ];
+  it.each(CASES.flatMap(([what, fault, message]) => [false, true].map((stream) => [what, stream, fault, message] as const)))(
+    "%s (streamed %s): an error, a lost call, nothing recorded",
+    async (_what, stream, fault, message) => {
+      expectLost(await callThrough(stack, fault, stream), "engine_bad_response", message);
+    },
+  );
+});

@@ -19,6 +19,7 @@ import {
 } from "@rollgate/transforms";
 import type { Logger } from "pino";
 import { pausePlan } from "../engines/capabilities.js";
+import { checkAnswer, checkOutputPiece } from "../engines/answer-check.js";
 import { EngineError } from "../engines/errors.js";
 import type { EngineRegistry, RankTarget } from "../engines/registry.js";
 import type { GateSlot, PauseGate } from "../ops/pause-gate.js";
@@ -634,20 +635,30 @@ export class ChatCaller {
         return null;
       }
     }
+    // Whatever the engine sent is checked before the agent is shown any of it (answer-check.ts).
+    const vocabSize = call.target.profile.vocab_size;
     if (!streamed) {
       const result = next ? await next.route.generate(next.call) : await this.send(call, signal, false, onPromptIds);
+      checkAnswer(result, vocabSize);
       yield* resultAsEvents(result);
       return result;
     }
     const piece = new StreamAccumulator();
+    let logprobsSoFar = 0;
     // A continuation's parser is primed with the text the agent already has.
     const events = next && cut ? next.route.generateStream({ ...next.call, primeText: await engineTokenizer.detokenize(next.call, cut.outputIds) }) : this.send(call, signal, true, onPromptIds);
     for await (const event of events) {
+      if (event.type === "delta") {
+        checkOutputPiece(event.token_ids, event.logprobs, vocabSize, logprobsSoFar);
+        logprobsSoFar += event.logprobs.length;
+      }
       piece.push(event);
       yield event;
     }
     if (!piece.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
-    return piece.result();
+    const result = piece.result();
+    checkAnswer(result, vocabSize);
+    return result;
   }
 
   /**
