@@ -171,3 +171,33 @@ describe.each([...STACKS, WHOLE_ANSWERS])("%s answers that cannot be the policy'
     },
   );
 });
+
+describe.each([...STACKS, WHOLE_ANSWERS])("%s answers that break off after their headers", (name, sim) => {
+  let stack: Stack;
+  beforeAll(async () => {
+    stack = await startStack(`broke-${name.replace(/\W+/g, "-").toLowerCase()}`, sim);
+  });
+  afterAll(() => stopStack(stack));
+
+  const half = (text: string) => text.slice(0, Math.floor(text.length / 2));
+  const CASES: [string, WireFault][] = [
+    ["the connection is reset halfway through", (up) => ({ pieces: [half(up.text)], end: "destroy" })],
+    ["the engine goes silent halfway through (past the engine timeout)", (up) => ({ pieces: [half(up.text)], end: "hang" })],
+  ];
+  it.each(CASES.flatMap(([what, fault]) => [false, true].map((stream) => [what, stream, fault] as const)))(
+    "%s (streamed %s): the engine is unreachable (502, a lost call), not an internal error; the agent is not told its address",
+    async (_what, stream, fault) => {
+      const o = await callThrough(stack, fault, stream);
+      expectLost(o, "engine_unreachable", /broke off its answer/);
+      expect(o.session.lost_calls.first?.status).toBe(502);
+      expect(o.error?.message).toMatch(/the engine broke off its answer/);
+      expect(o.error?.message).not.toContain("127.0.0.1");
+    },
+  );
+
+  it.each([false, true])("a body cut short that ends cleanly (streamed %s): a bad response (502, a lost call), not an internal error", async (stream) => {
+    const o = await callThrough(stack, (up) => ({ pieces: [half(up.text)] }), stream);
+    expectLost(o, "engine_bad_response", /./);
+    expect(o.session.lost_calls.first?.status).toBe(502);
+  });
+});

@@ -4,6 +4,7 @@ import { StreamAccumulator, type EngineResult, type EngineStreamEvent } from "@r
 import { z } from "zod";
 import { EngineError, outputAfterFinish } from "../errors.js";
 import { sglangPost } from "./chat.js";
+import { engineJson } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
 import { chatFinishReason, parsesTools, profileParser } from "../chat-route-rules.js";
 import type { TokenInCall } from "../token-in.js";
@@ -115,7 +116,7 @@ export async function parseWithEngine(call: TokenInCall, text: string): Promise<
   let reasoning: string | null = null;
   if (names.reasoning_parser) {
     const res = await sglangPost(call, "/separate_reasoning", { text, reasoning_parser: names.reasoning_parser });
-    const r = SeparatedReasoning.safeParse(await res.body.json());
+    const r = SeparatedReasoning.safeParse(await engineJson(res, call.target.engine.url, call.signal));
     if (!r.success) throw new EngineError("engine /separate_reasoning answer is malformed", 502, "bad_response");
     content = r.data.text;
     reasoning = r.data.reasoning_text ? r.data.reasoning_text : null;
@@ -123,7 +124,7 @@ export async function parseWithEngine(call: TokenInCall, text: string): Promise<
   const calls: AssistantOutput["tool_calls"] = [];
   if (parsesTools(call) && names.tool_call_parser) {
     const res = await sglangPost(call, "/parse_function_call", { text: content, tools: call.request.tools, tool_call_parser: names.tool_call_parser });
-    const r = ParsedCalls.safeParse(await res.body.json());
+    const r = ParsedCalls.safeParse(await engineJson(res, call.target.engine.url, call.signal));
     if (!r.success) throw new EngineError("engine /parse_function_call answer is malformed", 502, "bad_response");
     content = r.data.normal_text;
     for (const c of r.data.calls) calls.push({ id: makeToolCallId(), type: "function", function: { name: c.name ?? "", arguments: c.parameters ?? "" } });
@@ -157,7 +158,7 @@ function engineTextParser(call: TokenInCall): TextParser {
 async function generate(call: TokenInCall, parsing: Parsing): Promise<EngineResult> {
   if (call.stamp) return generateStamped(call, parsing);
   const res = await sglangPost(call, "/generate", buildSglangGenerateBody({ ...call, request: { ...call.request, stream: false } }, parsing === "engine"));
-  const parsed = GenerateOut.safeParse(await res.body.json());
+  const parsed = GenerateOut.safeParse(await engineJson(res, call.target.engine.url, call.signal));
   if (!parsed.success) throw new EngineError(`engine /generate answer is malformed: ${parsed.error.message}`, 502, "bad_response");
   const out: GenerateOut = parsed.data;
   const logprobs = toTokenLogprobs(out.meta_info, 0, out.output_ids.length);
@@ -204,7 +205,7 @@ async function* generateStream(call: TokenInCall, parsing: Parsing): AsyncGenera
   let cumulative: boolean | null = null;
   let finished = false;
   yield { type: "start", prompt_ids: call.tokenIds };
-  for await (const json of sseJson(res.body)) {
+  for await (const json of sseJson(res.body, { url: call.target.engine.url, signal: call.signal })) {
     const parsed = GenerateOut.safeParse(json);
     if (!parsed.success) throw new EngineError(`engine sent a malformed /generate event: ${parsed.error.message}`, 502, "bad_response");
     const ev = parsed.data;

@@ -4,7 +4,7 @@ import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStream
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { EngineError, outputAfterFinish, unreachable } from "../errors.js";
-import { ChatLogprob, checkedChunk, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
+import { ChatLogprob, checkedChunk, engineJson, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseEach, sseJson } from "../sse.js";
 import { engineUrl, promptIdsFields, type EngineCall } from "../call.js";
 import { postForStream, type StreamedResponse } from "../stream-request.js";
@@ -206,7 +206,7 @@ export async function vllmChat(call: EngineCall): Promise<EngineResult> {
     await rejectUnlessOk(res, call.target.engine.url);
     const reader = new VllmStreamReader(call.stamp, call.onPromptIds, call.request.sampling.max_tokens);
     const acc = new StreamAccumulator();
-    await sseEach(res.body, (json) => reader.read(json, acc));
+    await sseEach(res.body, (json) => reader.read(json, acc), { url: call.target.engine.url, signal: call.signal });
     reader.end();
     if (!acc.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
     return acc.result();
@@ -215,7 +215,7 @@ export async function vllmChat(call: EngineCall): Promise<EngineResult> {
   const stamp = call.stamp ? wholeAnswerStamp(call.stamp) : undefined;
   const res = await post({ ...call, request: { ...call.request, stream: false } });
   await rejectUnlessOk(res, call.target.engine.url);
-  const parsed = VllmChatResponse.safeParse(await res.body.json());
+  const parsed = VllmChatResponse.safeParse(await engineJson(res, call.target.engine.url, call.signal));
   if (!parsed.success) throw new EngineError(`engine response is not a chat completion: ${parsed.error.message}`, 502, "bad_response");
   const body = parsed.data;
   const choice = body.choices[0]!;
@@ -342,7 +342,7 @@ export async function* vllmChatStream(call: EngineCall): AsyncGenerator<EngineSt
   await rejectUnlessOk(res, call.target.engine.url);
   const reader = new VllmStreamReader(call.stamp, call.onPromptIds, call.request.sampling.max_tokens);
   const events: EngineStreamEvent[] = [];
-  for await (const json of sseJson(res.body)) {
+  for await (const json of sseJson(res.body, { url: call.target.engine.url, signal: call.signal })) {
     reader.read(json, events);
     for (const event of events) yield event;
     events.length = 0;
@@ -375,7 +375,7 @@ export async function vllmCountTokens(call: Omit<EngineCall, "requestId">): Prom
     throw unreachable(target.engine.url, err, call.signal);
   }
   await rejectUnlessOk(res, target.engine.url);
-  const parsed = VllmTokenizeResponse.safeParse(await res.body.json());
+  const parsed = VllmTokenizeResponse.safeParse(await engineJson(res, target.engine.url, call.signal));
   if (!parsed.success) throw new EngineError("engine /tokenize answer has no count", 502, "bad_response");
   return parsed.data.count;
 }

@@ -10,7 +10,7 @@ import type { TokenizeCall } from "../tokenizer.js";
 import { engineUrl } from "../call.js";
 import { sseJson } from "../sse.js";
 import { MISSING_TOKENS } from "./chat.js";
-import { OpenAIUsage, rejectUnlessOk, usageOf } from "../openai-wire.js";
+import { engineJson, OpenAIUsage, rejectUnlessOk, usageOf } from "../openai-wire.js";
 import { wantsRoutedExperts, wholeAnswerStamp } from "../routed-experts.js";
 import { fromVllm } from "./routed-experts.js";
 
@@ -108,7 +108,7 @@ async function generate(call: TokenInCall): Promise<EngineResult> {
   if (call.stamp) return generateStamped(call);
   const res = await postCompletion({ ...call, request: { ...call.request, stream: false } });
   await rejectUnlessOk(res, call.target.engine.url);
-  const parsed = CompletionResponse.safeParse(await res.body.json());
+  const parsed = CompletionResponse.safeParse(await engineJson(res, call.target.engine.url, call.signal));
   if (!parsed.success) throw new EngineError(`engine response is not a completion: ${parsed.error.message}`, 502, "bad_response");
   const body = parsed.data;
   const choice = body.choices[0]!;
@@ -155,12 +155,12 @@ async function* completionChunks(call: TokenInCall): AsyncGenerator<CompletionCh
   const res = await postCompletion(whole ? { ...call, request: { ...call.request, stream: false } } : call);
   await rejectUnlessOk(res, call.target.engine.url);
   if (whole) {
-    const parsed = CompletionResponse.safeParse(await res.body.json());
+    const parsed = CompletionResponse.safeParse(await engineJson(res, call.target.engine.url, call.signal));
     if (!parsed.success) throw new EngineError(`engine response is not a completion: ${parsed.error.message}`, 502, "bad_response");
     yield parsed.data;
     return;
   }
-  for await (const json of sseJson(res.body)) {
+  for await (const json of sseJson(res.body, { url: call.target.engine.url, signal: call.signal })) {
     const parsed = CompletionChunk.safeParse(json);
     if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
     yield parsed.data;
