@@ -201,3 +201,21 @@ describe.each([...STACKS, WHOLE_ANSWERS])("%s answers that break off after their
     expect(o.session.lost_calls.first?.status).toBe(502);
   });
 });
+
+describe.each([...STACKS, WHOLE_ANSWERS])("%s usage counts that disagree with its ids", (name, sim) => {
+  let stack: Stack;
+  beforeAll(async () => {
+    stack = await startStack(`usage-${name.replace(/\W+/g, "-").toLowerCase()}`, sim);
+  });
+  afterAll(() => stopStack(stack));
+
+  it.each([false, true])("the record and the session count the ids recorded, not the engine's counts (streamed %s)", async (stream) => {
+    const o = await callThrough(stack, (up) => ({ pieces: [up.text.replace(/"prompt_tokens":\d+/g, '"prompt_tokens":1').replace(/"completion_tokens":\d+/g, '"completion_tokens":3')] }), stream);
+    expect(o.error).toBeNull();
+    expect(o.records).toHaveLength(1);
+    const [r] = o.records;
+    expect(r!.output_ids.length).toBeGreaterThan(3);
+    expect(r!.usage).toMatchObject({ prompt_tokens: r!.prompt_ids.length, completion_tokens: r!.output_ids.length });
+    expect(o.session.counts).toMatchObject({ prompt_tokens: r!.prompt_ids.length, completion_tokens: r!.output_ids.length });
+  });
+});

@@ -43,10 +43,15 @@ function promptIdsTold(): { ids: Promise<number[]>; tell: (ids: number[]) => voi
 }
 const noIds = (): null => null;
 
-/** An answer's usage as recorded: the engine's, with its reasoning tokens when they can be counted. */
+/**
+ * An answer's usage as recorded: the counts of the ids recorded (an engine's own counts that
+ * disagree with its ids are not taken: the session's token limits and the task's events read
+ * these), its cache hits, and its reasoning tokens when they can be counted.
+ */
 function recordedUsage(result: EngineResult, reasoningEnd: string | null | undefined): EngineResult["usage"] {
+  const usage = { ...result.usage, prompt_tokens: result.prompt_ids.length, completion_tokens: result.output_ids.length };
   const reasoning = reasoningTokensOf(result, reasoningEnd);
-  return reasoning === undefined ? result.usage : { ...result.usage, reasoning_tokens: reasoning };
+  return reasoning === undefined ? usage : { ...usage, reasoning_tokens: reasoning };
 }
 
 /** How far from its own number a branch's call may find the source call it asks again (calls an agent sent together). */
