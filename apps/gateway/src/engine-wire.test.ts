@@ -163,6 +163,18 @@ describe.each([...STACKS, WHOLE_ANSWERS])("%s answers that cannot be the policy'
     ["a negative token id", rewrite(firstOutputId, `${outputIdsStart}-5`), /= -5 is not a token id/],
     ["an id beyond the profile's vocabulary (Qwen3: 151,936)", rewrite(firstOutputId, `${outputIdsStart}151936`), /= 151936 is not a token id in \[0, 151936\)/],
     ["a prompt of no token ids", rewrite(promptIds, sim.kind === "sglang" ? '"input_ids":[]' : '"prompt_token_ids":[]'), /prompt has no token ids/],
+    [
+      "text with no token ids or logprobs at all",
+      (up) => ({
+        pieces: [
+          up.text
+            .replace(/"token_ids":\[[\d,]*\]/g, '"token_ids":[]')
+            .replace(/"output_ids":\[\[[\d,]*\]\]/g, '"output_ids":[[]]')
+            .replace(/"logprobs":\{"content":\[.*?\]\}(?=,"finish_reason")/g, '"logprobs":null'),
+        ],
+      }),
+      /text came with no token ids/,
+    ],
   ];
   it.each(CASES.flatMap(([what, fault, message]) => [false, true].map((stream) => [what, stream, fault, message] as const)))(
     "%s (streamed %s): an error, a lost call, nothing recorded",

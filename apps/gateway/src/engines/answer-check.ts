@@ -6,7 +6,7 @@ import { EngineError } from "./errors.js";
  * or recorded: each id a token of the model's vocabulary (an integer in [0, vocab_size), any
  * non-negative integer when the profile does not say), each logprob a log-probability (finite and
  * at most 0: a positive one is a logit, as vLLM's `--logprobs-mode raw_logits` sends), one logprob
- * per output token and a prompt of at least one token. An answer that is not fails the call (a lost
+ * per output token, a prompt of at least one token, and no text without any token. An answer that is not fails the call (a lost
  * call) rather than being recorded: the trajectory's checks would refuse it only later, after the
  * rollout it belongs to was scored, and a positive logprob would pass them.
  */
@@ -35,6 +35,10 @@ export function checkOutputPiece(ids: readonly number[], logprobs: readonly { lo
 /** A whole answer, as it is about to be shown whole or recorded. */
 export function checkAnswer(result: EngineResult, vocabSize: number | null): void {
   if (result.prompt_ids.length === 0) throw badAnswer("its prompt has no token ids");
+  // Text comes from tokens: an engine may send text after the tokens it came from (a parser that
+  // held it), never text with none at all.
+  const m = result.message;
+  if (result.output_ids.length === 0 && (m.content || m.reasoning || m.tool_calls.length > 0)) throw badAnswer("its text came with no token ids");
   if (result.output_logprobs.length !== result.output_ids.length) {
     throw badAnswer(`${result.output_ids.length} output ids but ${result.output_logprobs.length} logprobs`);
   }
