@@ -26,10 +26,14 @@ interface Stack {
   prefix: string;
 }
 
-/** engine-sim (2 ranks) behind the misbehaving engine, behind a listening gateway on the qwen3 profile. */
-async function startStack(name: string, sim: EngineSimOptions): Promise<Stack> {
+/**
+ * engine-sim (2 ranks) behind the misbehaving engine, behind a listening gateway on the qwen3
+ * profile; `probeFault` rewrites the answers to the gateway's capability probes.
+ */
+async function startStack(name: string, sim: EngineSimOptions, probeFault: WireFault | null = null): Promise<Stack> {
   const engine = buildEngineSim({ dpSize: 2, ...sim });
   const wire = await startWireEngine(await listenLocal(engine));
+  wire.probeFault = probeFault;
   const prefix = `test-wire-${name}-${randomUUID().slice(0, 8)}`;
   const env = GatewayEnv.parse({
     REDIS_URL: TEST_REDIS_URL,
@@ -61,11 +65,11 @@ interface Outcome {
 }
 
 /** One agent call through the OpenAI SDK, with `fault` on the engine's answer; what the agent and the session got. */
-async function callThrough(stack: Stack, fault: WireFault, stream: boolean): Promise<Outcome> {
+async function callThrough(stack: Stack, fault: WireFault | null, stream: boolean, content = "hi"): Promise<Outcome> {
   const opened = await fetch(`${stack.url}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
   const s = (await opened.json()) as { id: string; token: string; urls: { openai: string } };
   const client = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 });
-  const params = { model: "m", messages: [{ role: "user" as const, content: "hi" }] };
+  const params = { model: "m", messages: [{ role: "user" as const, content }] };
   stack.wire.fault = fault;
   let error: Outcome["error"] = null;
   let text: string | null = null;
@@ -229,5 +233,31 @@ describe.each([...STACKS, WHOLE_ANSWERS])("%s usage counts that disagree with it
     expect(r!.output_ids.length).toBeGreaterThan(3);
     expect(r!.usage).toMatchObject({ prompt_tokens: r!.prompt_ids.length, completion_tokens: r!.output_ids.length });
     expect(o.session.counts).toMatchObject({ prompt_tokens: r!.prompt_ids.length, completion_tokens: r!.output_ids.length });
+  });
+});
+
+describe("SGLang /generate with --incremental-streaming-output (an SGLang whose chat stream has no ids: every call goes through /generate)", () => {
+  let stack: Stack;
+  beforeAll(async () => {
+    // The streamed-ids probe finds no sglext: the gateway reads each call from /generate instead.
+    const noStreamedIds: WireFault = (up) => ({ pieces: [up.text.replaceAll('"sglext"', '"not_sglext"')] });
+    stack = await startStack("sglang-incremental", { kind: "sglang", incrementalStreamingOutput: true }, noStreamedIds);
+  });
+  afterAll(() => stopStack(stack));
+
+  // Qwen3 spells digits one token each: "11" is the same id twice, so the second event's ids are
+  // the first's again, as a cumulative stream's would be.
+  it.each([false, true])("an answer whose second token repeats its first is recorded whole (streamed %s)", async (stream) => {
+    const o = await callThrough(stack, null, stream, `count\n#sim: ${JSON.stringify([{ text: "11 apples and 22 pears" }])}`);
+    expect(stack.wire.seen.at(-1)?.path).toBe("/generate");
+    expect(o.error).toBeNull();
+    expect(o.text).toBe("11 apples and 22 pears");
+    expect(o.records).toHaveLength(1);
+    const [r] = o.records;
+    expect(r!.message.content).toBe("11 apples and 22 pears");
+    // The digits, the words and the end of turn: every id the engine generated, one logprob each.
+    expect(r!.output_ids.slice(0, 2)).toEqual([16, 16]);
+    expect(r!.output_ids.length).toBeGreaterThan(8);
+    expect(r!.output_logprobs).toHaveLength(r!.output_ids.length);
   });
 });

@@ -38,7 +38,9 @@ export interface WireEngine {
   url: string;
   /** The fault applied to the next generation answers (null: pass through). */
   fault: WireFault | null;
-  /** The upstream answers the fault saw, in order. */
+  /** The fault applied to the gateway's capability probes on the generation routes (null: pass through). */
+  probeFault: WireFault | null;
+  /** The engine-sim's answers to the gateway's generation calls (not its probes), in order. */
   seen: Upstream[];
   close(): Promise<void>;
 }
@@ -56,7 +58,7 @@ const tick = () => new Promise((r) => setImmediate(r));
 
 export async function startWireEngine(simUrl: string): Promise<WireEngine> {
   const hung = new Set<ServerResponse>();
-  const engine: WireEngine = { url: "", fault: null, seen: [], close: async () => undefined };
+  const engine: WireEngine = { url: "", fault: null, probeFault: null, seen: [], close: async () => undefined };
   const server: Server = createServer((req, res) => {
     void (async () => {
       const body = await readBody(req);
@@ -66,14 +68,16 @@ export async function startWireEngine(simUrl: string): Promise<WireEngine> {
       const text = await up.text();
       const path = (req.url ?? "").split("?")[0]!;
       const json = body.length && (req.headers["content-type"] ?? "").includes("json") ? (JSON.parse(body.toString("utf8")) as Record<string, unknown>) : {};
-      const fault = engine.fault;
-      if (!fault || req.method !== "POST" || !GENERATION.has(path) || isProbe(json)) {
-        res.writeHead(up.status, { "content-type": up.headers.get("content-type") ?? "application/json" });
+      const generation = req.method === "POST" && GENERATION.has(path);
+      const probe = isProbe(json);
+      const upstream: Upstream = { path, request: json, status: up.status, contentType: up.headers.get("content-type") ?? "application/json", text };
+      if (generation && !probe) engine.seen.push(upstream);
+      const fault = !generation ? null : probe ? engine.probeFault : engine.fault;
+      if (!fault) {
+        res.writeHead(up.status, { "content-type": upstream.contentType });
         res.end(text);
         return;
       }
-      const upstream: Upstream = { path, request: json, status: up.status, contentType: up.headers.get("content-type") ?? "application/json", text };
-      engine.seen.push(upstream);
       const answer = fault(upstream);
       res.writeHead(answer.status ?? 200, { "content-type": answer.contentType ?? upstream.contentType });
       for (const piece of answer.pieces) {

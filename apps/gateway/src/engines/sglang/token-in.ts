@@ -195,7 +195,10 @@ async function generateStamped(call: TokenInCall, parsing: Parsing): Promise<Eng
 /**
  * A streamed /generate as canonical events. SGLang sends cumulative text / ids / logprobs per
  * event by default and deltas with `--incremental-streaming-output`; which one is read off the
- * events (a later event that repeats every id so far is cumulative).
+ * first event after ids came: a cumulative one holds as many ids as its `completion_tokens` (the
+ * count so far, in both modes) and repeats every id so far. Repeating them alone says nothing: a
+ * delta whose tokens happen to be the first ones again ("11": one digit token twice) would be
+ * taken for the whole answer so far, and every later token dropped.
  */
 async function* generateStream(call: TokenInCall, parsing: Parsing): AsyncGenerator<EngineStreamEvent> {
   const res = await sglangPost(call, "/generate", buildSglangGenerateBody({ ...call, request: { ...call.request, stream: true } }, parsing === "engine"));
@@ -210,7 +213,8 @@ async function* generateStream(call: TokenInCall, parsing: Parsing): AsyncGenera
     if (!parsed.success) throw new EngineError(`engine sent a malformed /generate event: ${parsed.error.message}`, 502, "bad_response");
     const ev = parsed.data;
     if (cumulative === null && ids.length > 0 && ev.output_ids.length > 0) {
-      cumulative = ev.output_ids.length >= ids.length && ids.every((id, i) => ev.output_ids[i] === id);
+      const n = ev.output_ids.length;
+      cumulative = n === ev.meta_info.completion_tokens && n >= ids.length && ids.every((id, i) => ev.output_ids[i] === id);
     }
     const fresh = cumulative ? ev.output_ids.slice(ids.length) : ev.output_ids;
     const logprobs = toTokenLogprobs(ev.meta_info, cumulative ? ids.length : 0, fresh.length);
