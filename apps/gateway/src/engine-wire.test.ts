@@ -260,4 +260,11 @@ describe("SGLang /generate with --incremental-streaming-output (an SGLang whose 
     expect(r!.output_ids.length).toBeGreaterThan(8);
     expect(r!.output_logprobs).toHaveLength(r!.output_ids.length);
   });
+
+  // /generate's logprobs are [logprob, id, text] triples: one for another id than the output's at
+  // its place is another token's logprob (a shifted or reordered list), not this one's.
+  it.each([false, true])("a logprob triple whose id is not the output id at its place: an error, a lost call, nothing recorded (streamed %s)", async (stream) => {
+    const shifted: WireFault = (up) => ({ pieces: [up.text.replace(/("output_token_logprobs":\[\[-?[\d.e-]+,)(\d+)/, "$17")] });
+    expectLost(await callThrough(stack, shifted, stream), "engine_bad_response", /logprob for token 0 is the logprob of id 7/);
+  });
 });

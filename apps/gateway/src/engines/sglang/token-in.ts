@@ -62,12 +62,19 @@ type GenerateOut = z.infer<typeof GenerateOut>;
 
 const utf8 = new TextEncoder();
 
-function toTokenLogprobs(meta: z.infer<typeof Meta>, from: number, count: number): TokenLogprob[] {
+/**
+ * The logprobs of `ids` (the answer's tokens from `position` on), read from the event's triples
+ * from `from` on. Each triple names the id it is the logprob of: one that names another is another
+ * token's logprob (a list shifted or out of order), not this one's.
+ */
+function toTokenLogprobs(meta: z.infer<typeof Meta>, from: number, ids: readonly number[], position: number): TokenLogprob[] {
+  const count = ids.length;
   const lps = (meta.output_token_logprobs ?? []).slice(from, from + count);
   if (lps.length !== count) throw new EngineError(`engine returned ${count} token ids but ${lps.length} logprobs`, 502, "bad_response");
   const tops = meta.output_top_logprobs ?? [];
-  return lps.map(([lp, , text], i) => {
-    if (lp === null) throw new EngineError(`engine returned no logprob for generated token ${from + i}`, 502, "bad_response");
+  return lps.map(([lp, id, text], i) => {
+    if (lp === null) throw new EngineError(`engine returned no logprob for generated token ${position + i}`, 502, "bad_response");
+    if (id !== ids[i]) throw new EngineError(`engine's logprob for token ${position + i} is the logprob of id ${id}, not of its id ${ids[i]}`, 502, "bad_response");
     const token = text ?? "";
     return {
       token,
@@ -161,7 +168,7 @@ async function generate(call: TokenInCall, parsing: Parsing): Promise<EngineResu
   const parsed = GenerateOut.safeParse(await engineJson(res, call.target.engine.url, call.signal));
   if (!parsed.success) throw new EngineError(`engine /generate answer is malformed: ${parsed.error.message}`, 502, "bad_response");
   const out: GenerateOut = parsed.data;
-  const logprobs = toTokenLogprobs(out.meta_info, 0, out.output_ids.length);
+  const logprobs = toTokenLogprobs(out.meta_info, 0, out.output_ids, 0);
   const finish = finishOf(out.meta_info) ?? { reason: "stop", stop: null };
   const message = parsing === "gateway" ? parseWhole(profileParser(call).create(parsesTools(call)), out.text) : await parseWithEngine(call, out.text);
   const routed = fromSglang(call.target, out.meta_info.routed_experts, call.tokenIds.length, out.output_ids.length);
@@ -217,7 +224,7 @@ async function* generateStream(call: TokenInCall, parsing: Parsing): AsyncGenera
       cumulative = n === ev.meta_info.completion_tokens && n >= ids.length && ids.every((id, i) => ev.output_ids[i] === id);
     }
     const fresh = cumulative ? ev.output_ids.slice(ids.length) : ev.output_ids;
-    const logprobs = toTokenLogprobs(ev.meta_info, cumulative ? ids.length : 0, fresh.length);
+    const logprobs = toTokenLogprobs(ev.meta_info, cumulative ? ids.length : 0, fresh, ids.length);
     const text = cumulative ? ev.text.slice(textSoFar) : ev.text;
     if (finished && (fresh.length > 0 || text !== "")) throw outputAfterFinish();
     textSoFar += text.length;
