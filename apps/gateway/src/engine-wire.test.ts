@@ -28,9 +28,10 @@ interface Stack {
 
 /**
  * engine-sim (2 ranks) behind the misbehaving engine, behind a listening gateway on the qwen3
- * profile; `probeFault` rewrites the answers to the gateway's capability probes.
+ * profile; `probeFault` rewrites the answers to the gateway's capability probes, `extraEnv` adds
+ * to the gateway's environment.
  */
-async function startStack(name: string, sim: EngineSimOptions, probeFault: WireFault | null = null): Promise<Stack> {
+async function startStack(name: string, sim: EngineSimOptions, probeFault: WireFault | null = null, extraEnv: Record<string, string> = {}): Promise<Stack> {
   const engine = buildEngineSim({ dpSize: 2, ...sim });
   const wire = await startWireEngine(await listenLocal(engine));
   wire.probeFault = probeFault;
@@ -42,6 +43,7 @@ async function startStack(name: string, sim: EngineSimOptions, probeFault: WireF
     ROLLGATE_HEALTH_INTERVAL_S: "0",
     // An engine that stops sending mid-answer is given up on after this long.
     ROLLGATE_ENGINE_TIMEOUT_S: "2",
+    ...extraEnv,
   });
   const gateway = await buildGateway({ env, logger: pino({ level: "silent" }) });
   return { sim: engine, wire, gateway, url: await listenLocal(gateway), prefix };
@@ -266,5 +268,42 @@ describe("SGLang /generate with --incremental-streaming-output (an SGLang whose 
   it.each([false, true])("a logprob triple whose id is not the output id at its place: an error, a lost call, nothing recorded (streamed %s)", async (stream) => {
     const shifted: WireFault = (up) => ({ pieces: [up.text.replace(/("output_token_logprobs":\[\[-?[\d.e-]+,)(\d+)/, "$17")] });
     expectLost(await callThrough(stack, shifted, stream), "engine_bad_response", /logprob for token 0 is the logprob of id 7/);
+  });
+});
+
+describe("vLLM /v1/completions (a continued call sent token-in, its output read by the profile's gateway parser)", () => {
+  let stack: Stack;
+  beforeAll(async () => {
+    // The token-in probe finds the chat route ignoring prompt_token_ids: continued calls go to /v1/completions.
+    const chatIgnoresIds: WireFault = (up) => ({ pieces: [up.text.replace(/"prompt_token_ids":\[[\d,]*\]/g, '"prompt_token_ids":null')] });
+    stack = await startStack("completions", { kind: "vllm" }, chatIgnoresIds, { ROLLGATE_CONTINUATION: "token_in" });
+  });
+  afterAll(() => stopStack(stack));
+
+  it.each([false, true])("a chunk of text and tokens after the finish (streamed %s): an error, a lost call; the first call's record stands alone", async (stream) => {
+    const opened = await fetch(`${stack.url}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+    const s = (await opened.json()) as { id: string; token: string; urls: { openai: string } };
+    const client = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 });
+    const first = await client.chat.completions.create({ model: "m", messages: [{ role: "user", content: "hi" }] });
+    const messages = [
+      { role: "user" as const, content: "hi" },
+      { role: "assistant" as const, content: first.choices[0]!.message.content },
+      { role: "user" as const, content: "and then?" },
+    ];
+    stack.wire.fault = (up) => {
+      const p = ssePayloads(up.text);
+      const late = p.find((x) => /"text":"[^"]/.test(x))!;
+      p.splice(p.findIndex((x) => FINISH_CHUNK.test(x)) + 1, 0, late);
+      return { pieces: [sseText(p)] };
+    };
+    const second = stream ? client.chat.completions.stream({ model: "m", messages }).finalChatCompletion() : client.chat.completions.create({ model: "m", messages });
+    await expect(second).rejects.toThrow(/after its finish/);
+    stack.wire.fault = null;
+    expect(stack.wire.seen.at(-1)?.path).toBe("/v1/completions");
+    await fetch(`${stack.url}/v1/sessions/${s.id}/close`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+    const session = (await (await fetch(`${stack.url}/v1/sessions/${s.id}`)).json()) as Session;
+    expect(session.lost_calls).toMatchObject({ count: 1, first: { kind: "engine_bad_response" } });
+    const records = ((await (await fetch(`${stack.url}/v1/sessions/${s.id}/completions`)).json()) as { completions: CompletionRecord[] }).completions;
+    expect(records.map((r) => r.seq)).toEqual([0]);
   });
 });
