@@ -213,6 +213,17 @@ describe.each([...STACKS, WHOLE_ANSWERS])("%s answers that break off after their
     },
   );
 
+  it.each([
+    [503, "engine_rejected", 502],
+    [429, "engine_rejected", 429],
+  ] as const)("an error status (%i) whose body breaks off: the engine's refusal (%s, %i, a lost call), not an internal error", async (status, kind, told) => {
+    for (const stream of [false, true]) {
+      const o = await callThrough(stack, () => ({ status, pieces: ['{"error": {"message": "over'], end: "destroy" }), stream);
+      expectLost(o, kind, new RegExp(`answered ${status}`));
+      expect(o.session.lost_calls.first?.status).toBe(told);
+    }
+  });
+
   it.each([false, true])("a body cut short that ends cleanly (streamed %s): a bad response (502, a lost call), not an internal error", async (stream) => {
     const o = await callThrough(stack, (up) => ({ pieces: [half(up.text)] }), stream);
     expectLost(o, "engine_bad_response", /./);

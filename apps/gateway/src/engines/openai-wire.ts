@@ -109,10 +109,22 @@ export async function engineJson(res: { body: { text(): Promise<string> } }, url
   }
 }
 
+/**
+ * An error answer's message: its body's, or a word that its body broke off (the status alone says
+ * what the engine answered; reading its body is no reason to fail otherwise).
+ */
+export async function errorBodyMessage(res: { body: { text(): Promise<string> } }): Promise<string> {
+  try {
+    return engineErrorMessage(await res.body.text());
+  } catch {
+    return "(its error body broke off)";
+  }
+}
+
 /** A non-200 answer as an EngineError with the engine's own message (4xx passed on, else 502). */
 export async function rejectUnlessOk(res: { statusCode: number; body: { text(): Promise<string> } }, url: string): Promise<void> {
   if (res.statusCode === 200) return;
-  const message = engineErrorMessage(await res.body.text());
+  const message = await errorBodyMessage(res);
   const status = res.statusCode >= 400 && res.statusCode < 500 ? res.statusCode : 502;
   throw new EngineError(`engine ${url} answered ${res.statusCode}: ${message}`, status, "rejected", `the engine answered ${res.statusCode}: ${message}`);
 }
