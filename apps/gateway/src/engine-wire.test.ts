@@ -10,6 +10,8 @@ import { randomUUID } from "node:crypto";
 import { buildEngineSim, type EngineSimOptions } from "@rollgate/engine-sim";
 import type { CompletionRecord, Session } from "@rollgate/protocol";
 import type { FastifyInstance } from "fastify";
+import Anthropic from "@anthropic-ai/sdk";
+import { GoogleGenAI } from "@google/genai";
 import OpenAI from "openai";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -316,5 +318,60 @@ describe("vLLM /v1/completions (a continued call sent token-in, its output read 
     expect(session.lost_calls).toMatchObject({ count: 1, first: { kind: "engine_bad_response" } });
     const records = ((await (await fetch(`${stack.url}/v1/sessions/${s.id}/completions`)).json()) as { completions: CompletionRecord[] }).completions;
     expect(records.map((r) => r.seq)).toEqual([0]);
+  });
+});
+
+describe("every agent SDK gets an error in its own protocol, and the call is lost (vLLM)", () => {
+  let stack: Stack;
+  beforeAll(async () => {
+    stack = await startStack("sdks", { kind: "vllm" });
+  });
+  afterAll(() => stopStack(stack));
+
+  type Opened = { id: string; token: string; urls: { openai: string; anthropic: string } };
+  const messages = [{ role: "user" as const, content: "hi" }];
+  const contents = [{ role: "user", parts: [{ text: "hi" }] }];
+  const openai = (s: Opened) => new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 });
+  const anthropic = (s: Opened) => new Anthropic({ apiKey: s.token, baseURL: s.urls.anthropic, maxRetries: 0 });
+  const gemini = (s: Opened) => new GoogleGenAI({ apiKey: s.token, httpOptions: { baseUrl: `${stack.url}/s/${s.id}` } });
+  /** An SDK call that returned an answer (not one saying it failed). */
+  const answered = async (call: Promise<unknown>) => {
+    await call;
+    return { failed: false };
+  };
+  /** Each SDK's call; what it returns when it does not throw: whether it says the answer failed. */
+  const SDKS: Record<string, (s: Opened) => Promise<{ failed: boolean }>> = {
+    "openai chat": (s) => answered(openai(s).chat.completions.create({ model: "m", messages })),
+    "openai chat, streamed": (s) => answered(openai(s).chat.completions.stream({ model: "m", messages }).finalChatCompletion()),
+    anthropic: (s) => answered(anthropic(s).messages.create({ model: "c", max_tokens: 500, messages })),
+    "anthropic, streamed": (s) => answered(anthropic(s).messages.stream({ model: "c", max_tokens: 500, messages }).finalMessage()),
+    gemini: (s) => answered(gemini(s).models.generateContent({ model: "m", contents })),
+    "gemini, streamed": async (s) => {
+      for await (const chunk of await gemini(s).models.generateContentStream({ model: "m", contents })) void chunk;
+      return { failed: false };
+    },
+    responses: (s) => answered(openai(s).responses.create({ model: "m", input: "hi" })),
+    // The Responses stream says a failure with its own event: the response ends "failed".
+    "responses, streamed": async (s) => ({ failed: (await openai(s).responses.stream({ model: "m", input: "hi" }).finalResponse()).status === "failed" }),
+  };
+  const FAULTS: [string, WireFault, string][] = [
+    ["text after the finish", lateChunk("after the finish"), "engine_bad_response"],
+    ["a logprob above 0", rewrite(/"logprob":-[\d.e-]+/, '"logprob":3.5'), "engine_bad_response"],
+    ["a connection reset halfway", (up) => ({ pieces: [up.text.slice(0, up.text.length >> 1)], end: "destroy" }), "engine_unreachable"],
+  ];
+  it.each(FAULTS)("%s", async (_what, fault, kind) => {
+    for (const [sdk, run] of Object.entries(SDKS)) {
+      const opened = await fetch(`${stack.url}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+      const s = (await opened.json()) as Opened;
+      stack.wire.fault = fault;
+      const outcome = await run(s).catch(() => ({ failed: true }));
+      stack.wire.fault = null;
+      expect(outcome.failed, `${sdk} was given an answer`).toBe(true);
+      await fetch(`${stack.url}/v1/sessions/${s.id}/close`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+      const session = (await (await fetch(`${stack.url}/v1/sessions/${s.id}`)).json()) as Session;
+      expect(session.lost_calls, sdk).toMatchObject({ count: 1, first: { kind } });
+      const records = ((await (await fetch(`${stack.url}/v1/sessions/${s.id}/completions`)).json()) as { completions: CompletionRecord[] }).completions;
+      expect(records, sdk).toEqual([]);
+    }
   });
 });
