@@ -6,9 +6,10 @@ import { EngineError } from "./errors.js";
  * or recorded: each id a token of the model's vocabulary (an integer in [0, vocab_size), any
  * non-negative integer when the profile does not say), each logprob a log-probability (finite and
  * at most 0: a positive one is a logit, as vLLM's `--logprobs-mode raw_logits` sends), one logprob
- * per output token, a prompt of at least one token, and no text without any token. An answer that is not fails the call (a lost
- * call) rather than being recorded: the trajectory's checks would refuse it only later, after the
- * rollout it belongs to was scored, and a positive logprob would pass them.
+ * per output token, a prompt of at least one token, and no text without any token. An answer that
+ * is not fails the call (a lost call) rather than being recorded: the trajectory's checks would
+ * refuse it only later, after the rollout it belongs to was scored, and a positive logprob would
+ * pass them.
  */
 
 const badAnswer = (what: string) => new EngineError(`the engine's answer is not a sample of the model: ${what}`, 502, "bad_response");

@@ -8,9 +8,10 @@ const HIGH_WATER = 256;
 
 /**
  * The JSON payloads of an engine's SSE stream (vLLM's OpenAI routes), in order. `[DONE]` ends
- * nothing by itself (the body does), but a payload after it is an EngineError; an in-stream `{"error": {...}}` (how vLLM reports failures
- * after the headers went out) and a payload that is not JSON are EngineErrors, after the payloads
- * before them. The reader leaving early destroys the body (the engine's connection is closed).
+ * nothing by itself (the body does), but a payload after it is an EngineError; so are an in-stream
+ * `{"error": {...}}` (how vLLM reports failures after the headers went out) and a payload that is
+ * not JSON, after the payloads before them. The reader leaving early destroys the body (the
+ * engine's connection is closed).
  *
  * The body is read off its 'data' events, not with a for-await over the stream: every engine chunk
  * is its own event-loop turn (a token each 20 ms or so), and the stream's async iterator plus a
