@@ -1,8 +1,10 @@
 /**
  * The vocabulary bound of trajectories comes from the engine's model profile: gpt-oss's ids (its
  * `<|start|>` is 200006) build a valid trajectory on the gpt-oss profile, and an engine entry's
- * declared `vocab_size` still rejects ids beyond it (422, naming the record).
+ * declared `vocab_size` refuses an answer with ids beyond it: the call fails, nothing is recorded
+ * (a stored record beyond it still fails its trajectory: packages/trajectory's invariants).
  */
+import type { Session } from "@rollgate/protocol";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startHarness, type Harness } from "./__fixtures__/harness.js";
@@ -38,19 +40,17 @@ describe("gpt-oss on its profile (vocabulary 201,088)", () => {
 describe("a declared vocabulary (ROLLGATE_ENGINES[].profile with vocab_size)", () => {
   let h: Harness;
   beforeAll(async () => {
-    // Qwen3 ids against a bound far below them: every trajectory must be refused, not mis-built.
+    // Qwen3 ids against a bound far below them: no call may be recorded with them.
     h = await startHarness("vocab-bound", {}, {}, undefined, { extends: "qwen3", vocab_size: 1000 });
   });
   afterAll(async () => h?.close());
 
-  it("rejects ids beyond it with 422 trajectory_invalid naming the record", async () => {
-    const sid = await oneCall(h);
-    const [rec] = await h.records(sid);
-    const res = await fetch(`${h.url}/v1/sessions/${sid}/trajectory`);
-    expect(res.status).toBe(422);
-    const body = (await res.json()) as { error: { type: string; message: string; details: { record_id: string } } };
-    expect(body.error.type).toBe("trajectory_invalid");
-    expect(body.error.message).toMatch(/is not a token id in \[0, 1000\)/);
-    expect(body.error.details.record_id).toBe(rec!.id);
+  it("an answer with ids beyond it fails the call (502, a lost call naming the id) and nothing is recorded", async () => {
+    const s = await h.openSession();
+    const call = sdk(h, s).chat.completions.create({ model: "m", messages: [{ role: "user", content: `hi\n${SCRIPT}` }] });
+    await expect(call).rejects.toMatchObject({ status: 502 });
+    expect(await h.records(s.id)).toEqual([]);
+    const session = (await (await fetch(`${h.url}/v1/sessions/${s.id}`)).json()) as Session;
+    expect(session.lost_calls).toMatchObject({ count: 1, first: { kind: "engine_bad_response", message: expect.stringMatching(/is not a token id in \[0, 1000\)/) } });
   });
 });

@@ -20,6 +20,28 @@ export class EngineError extends Error {
 }
 
 /**
+ * An engine that sends more of an answer after it said the answer ended (text, tokens or another
+ * finish after its finish): what came after is no part of the policy's turn, and the agent may
+ * already have taken the turn as ended, so the answer is broken, not longer.
+ */
+export function outputAfterFinish(): EngineError {
+  return new EngineError("the engine sent more of its answer after its finish", 502, "bad_response");
+}
+
+/**
+ * What an engine's answer that broke off after its headers becomes (its connection closed or reset,
+ * or nothing came for the engine timeout): the error itself when `signal` (the agent's, or a pause's)
+ * ended it, else the engine is unreachable, as if it had never answered (502, a lost call, and a
+ * call a pause cut may go on on another rank). Not an internal error of the gateway.
+ */
+export function brokeOff(url: string, err: unknown, signal?: AbortSignal): unknown {
+  if (err instanceof EngineError || signal?.aborted) return err;
+  const e = err as { message?: string; code?: unknown };
+  const code = typeof e.code === "string" ? ` (${e.code})` : "";
+  return new EngineError(`engine ${url} broke off its answer: ${e.message}`, 502, "unreachable", `the engine broke off its answer${code}`);
+}
+
+/**
  * What a failed request to an engine becomes: the error itself when `signal` (the agent's) aborted
  * it, else the engine is unreachable (502, so the call counts as lost and another rank may serve).
  */

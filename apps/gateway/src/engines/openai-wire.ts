@@ -1,6 +1,6 @@
 import type { TokenLogprob, Usage } from "@rollgate/protocol";
 import { z } from "zod";
-import { EngineError } from "./errors.js";
+import { brokeOff, EngineError } from "./errors.js";
 
 /**
  * What vLLM's and SGLang's OpenAI-compatible routes send alike: the chat route's per-token
@@ -90,10 +90,41 @@ export function engineErrorMessage(text: string): string {
   return text.slice(0, 2_000);
 }
 
+/**
+ * A whole answer's JSON body (undici's `body.json()` threw its own errors: a body cut short or not
+ * JSON reached the agent as the gateway's internal error). A body that breaks off is brokeOff's; one
+ * that is not JSON is a bad response.
+ */
+export async function engineJson(res: { body: { text(): Promise<string> } }, url: string, signal?: AbortSignal): Promise<unknown> {
+  let text: string;
+  try {
+    text = await res.body.text();
+  } catch (err) {
+    throw brokeOff(url, err, signal);
+  }
+  try {
+    return JSON.parse(text) as unknown;
+  } catch {
+    throw new EngineError(`engine ${url} answered with a body that is not JSON: ${text.slice(0, 200)}`, 502, "bad_response", "the engine answered with a body that is not JSON");
+  }
+}
+
+/**
+ * An error answer's message: its body's, or a word that its body broke off (the status alone says
+ * what the engine answered; reading its body is no reason to fail otherwise).
+ */
+export async function errorBodyMessage(res: { body: { text(): Promise<string> } }): Promise<string> {
+  try {
+    return engineErrorMessage(await res.body.text());
+  } catch {
+    return "(its error body broke off)";
+  }
+}
+
 /** A non-200 answer as an EngineError with the engine's own message (4xx passed on, else 502). */
 export async function rejectUnlessOk(res: { statusCode: number; body: { text(): Promise<string> } }, url: string): Promise<void> {
   if (res.statusCode === 200) return;
-  const message = engineErrorMessage(await res.body.text());
+  const message = await errorBodyMessage(res);
   const status = res.statusCode >= 400 && res.statusCode < 500 ? res.statusCode : 502;
   throw new EngineError(`engine ${url} answered ${res.statusCode}: ${message}`, status, "rejected", `the engine answered ${res.statusCode}: ${message}`);
 }

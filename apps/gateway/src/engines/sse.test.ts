@@ -38,6 +38,8 @@ beforeAll(async () => {
       void send(res, [bytes.subarray(0, 2), bytes.subarray(2, emoji + 2), bytes.subarray(emoji + 2)]);
     }
     if (req.url === "/garbage") void send(res, ['data: {"n":1}\n\ndata: {oops\n\n']);
+    // Comments and keep-alives are no payloads; a payload after [DONE] is the engine's fault.
+    if (req.url === "/after-done") void send(res, [': ping\r\n\r\ndata: {"n":1}\r\n\r\ndata: [DONE]\n\n: ping\n\n', 'data: {"n":2}\n\n']);
     if (req.url === "/endless") {
       res.writeHead(200, { "content-type": "text/event-stream" });
       const timer = setInterval(() => res.write('data: {"n":1}\n\n'), 5);
@@ -91,6 +93,12 @@ describe("sseJson", () => {
     const { payloads, error } = await read("/garbage");
     expect(payloads).toEqual([{ n: 1 }]);
     expect(error).toMatchObject({ status: 502, kind: "bad_response", message: expect.stringContaining("not JSON") });
+  });
+
+  it("fails on a payload after [DONE], after the payloads before it (comments and CRLF framing are no payloads)", async () => {
+    const { payloads, error } = await read("/after-done");
+    expect(payloads).toEqual([{ n: 1 }]);
+    expect(error).toMatchObject({ status: 502, kind: "bad_response", message: expect.stringContaining("after [DONE]") });
   });
 
   it("fails when the body is destroyed before its end, without an error of its own", async () => {

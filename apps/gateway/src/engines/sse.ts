@@ -1,23 +1,33 @@
 import type { Readable } from "node:stream";
 import { StringDecoder } from "node:string_decoder";
 import { createParser, type EventSourceParser } from "eventsource-parser";
-import { EngineError } from "./errors.js";
+import { brokeOff, EngineError } from "./errors.js";
 
 /** Payloads parsed ahead of the reader before the engine's body is paused (a reader that stalls). */
 const HIGH_WATER = 256;
 
 /**
  * The JSON payloads of an engine's SSE stream (vLLM's OpenAI routes), in order. `[DONE]` ends
- * nothing by itself (the body does); an in-stream `{"error": {...}}` (how vLLM reports failures
- * after the headers went out) and a payload that is not JSON are EngineErrors, after the payloads
- * before them. The reader leaving early destroys the body (the engine's connection is closed).
+ * nothing by itself (the body does), but a payload after it is an EngineError; so are an in-stream
+ * `{"error": {...}}` (how vLLM reports failures after the headers went out) and a payload that is
+ * not JSON, after the payloads before them. The reader leaving early destroys the body (the
+ * engine's connection is closed).
  *
  * The body is read off its 'data' events, not with a for-await over the stream: every engine chunk
  * is its own event-loop turn (a token each 20 ms or so), and the stream's async iterator plus a
  * generator around it were several promises and microtasks per chunk; this is one.
  */
-export function sseJson(body: Readable): AsyncIterableIterator<unknown> {
-  return new SseJsonReader(body);
+export function sseJson(body: Readable, from?: EngineSource): AsyncIterableIterator<unknown> {
+  return new SseJsonReader(body, from);
+}
+
+/**
+ * Where a body comes from: a body that breaks off (reset, closed before its end, the engine timeout)
+ * is then the engine's failure (errors.ts brokeOff), unless `signal` ended it.
+ */
+export interface EngineSource {
+  url: string;
+  signal?: AbortSignal;
 }
 
 /**
@@ -26,9 +36,9 @@ export function sseJson(body: Readable): AsyncIterableIterator<unknown> {
  * body's end; rejects on the first error (the stream's or an EngineError as above, or what `onJson`
  * threw), after the payloads before it, and the body is destroyed.
  */
-export function sseEach(body: Readable, onJson: (json: unknown) => void): Promise<void> {
+export function sseEach(body: Readable, onJson: (json: unknown) => void, from?: EngineSource): Promise<void> {
   return new Promise((resolve, reject) => {
-    new SsePayloads(body, onJson, (error) => (error ? reject(error) : resolve()));
+    new SsePayloads(body, onJson, (error) => (error ? reject(error) : resolve()), from);
   });
 }
 
@@ -42,21 +52,24 @@ class SsePayloads {
   // streaming decode was several µs per engine read). The BOM TextDecoder dropped is dropped below.
   private readonly decoder = new StringDecoder("utf8");
   private first = true;
+  /** `[DONE]` came: the stream is over, and a payload after it is the engine's fault. */
+  private done = false;
 
   constructor(
     private readonly body: Readable,
     private readonly deliver: (json: unknown) => void,
     private readonly onClose: (error: unknown) => void,
+    private readonly from?: EngineSource,
   ) {
     this.parser = createParser({ onEvent: (e) => this.onData(e.data) });
     // The error listener stays for the body's life: an error after the reader left is not thrown.
-    body.on("error", (err) => this.close(err));
+    body.on("error", (err) => this.close(this.broke(err)));
     body.on("end", () => this.close(null));
     // Destroyed without an error and before its end (what a for-await over the body would throw).
     // The error is made only then: every body closes after its end too, and an Error's stack
     // capture on each engine call was 1.6% of the gateway's CPU samples.
     body.on("close", () => {
-      if (!this.closed) this.close(Object.assign(new Error("Premature close"), { code: "ERR_STREAM_PREMATURE_CLOSE" }));
+      if (!this.closed) this.close(this.broke(Object.assign(new Error("Premature close"), { code: "ERR_STREAM_PREMATURE_CLOSE" })));
     });
     body.on("data", (piece: Buffer) => {
       if (this.closed) return;
@@ -70,7 +83,15 @@ class SsePayloads {
   }
 
   private onData(data: string): void {
-    if (this.closed || data === "[DONE]") return;
+    if (this.closed) return;
+    if (this.done) {
+      this.fail(new EngineError(`engine sent data after [DONE]: ${data.slice(0, 200)}`, 502, "bad_response"));
+      return;
+    }
+    if (data === "[DONE]") {
+      this.done = true;
+      return;
+    }
     let json: unknown;
     try {
       json = JSON.parse(data);
@@ -88,6 +109,11 @@ class SsePayloads {
     } catch (error) {
       this.fail(error);
     }
+  }
+
+  /** The body's own failure: the engine's, when it is known where the body comes from. */
+  private broke(err: unknown): unknown {
+    return this.from ? brokeOff(this.from.url, err, this.from.signal) : err;
   }
 
   /** A bad payload ends the stream: the reader has had the payloads before it, then the error. */
@@ -111,11 +137,15 @@ class SseJsonReader implements AsyncIterableIterator<unknown> {
   private waiting: { resolve: (r: IteratorResult<unknown>) => void; reject: (err: unknown) => void } | null = null;
   private readonly payloads: SsePayloads;
 
-  constructor(private readonly body: Readable) {
+  constructor(
+    private readonly body: Readable,
+    from?: EngineSource,
+  ) {
     this.payloads = new SsePayloads(
       body,
       (json) => this.onJson(json),
       (error) => this.close(error),
+      from,
     );
   }
 

@@ -4,7 +4,7 @@ import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { detokenize } from "./detokenize.js";
 import { EngineError, unreachable } from "./errors.js";
-import { engineErrorMessage } from "./openai-wire.js";
+import { engineJson, errorBodyMessage } from "./openai-wire.js";
 import type { EngineCall } from "./call.js";
 import type { EngineConfig } from "../env.js";
 
@@ -47,13 +47,12 @@ async function tokenize(call: TokenizeCall, body: Record<string, unknown>): Prom
   } catch (err) {
     throw unreachable(url, err, call.signal);
   }
-  const text = await res.body.text();
   if (res.statusCode !== 200) {
     const status = res.statusCode >= 400 && res.statusCode < 500 ? res.statusCode : 502;
-    const message = engineErrorMessage(text);
+    const message = await errorBodyMessage(res);
     throw new EngineError(`engine ${url} /tokenize answered ${res.statusCode}: ${message}`, status, "rejected", `the engine's /tokenize answered ${res.statusCode}: ${message}`);
   }
-  const parsed = TokenizeResponse.safeParse(JSON.parse(text));
+  const parsed = TokenizeResponse.safeParse(await engineJson(res, url, call.signal));
   if (!parsed.success) throw new EngineError("engine /tokenize answer has no tokens", 502, "bad_response");
   return parsed.data;
 }

@@ -19,6 +19,7 @@ import {
 } from "@rollgate/transforms";
 import type { Logger } from "pino";
 import { pausePlan } from "../engines/capabilities.js";
+import { checkAnswer, checkOutputPiece } from "../engines/answer-check.js";
 import { EngineError } from "../engines/errors.js";
 import type { EngineRegistry, RankTarget } from "../engines/registry.js";
 import type { GateSlot, PauseGate } from "../ops/pause-gate.js";
@@ -42,10 +43,15 @@ function promptIdsTold(): { ids: Promise<number[]>; tell: (ids: number[]) => voi
 }
 const noIds = (): null => null;
 
-/** An answer's usage as recorded: the engine's, with its reasoning tokens when they can be counted. */
+/**
+ * An answer's usage as recorded: the counts of the ids recorded (an engine's own counts that
+ * disagree with its ids are not taken: the session's token limits and the task's events read
+ * these), its cache hits, and its reasoning tokens when they can be counted.
+ */
 function recordedUsage(result: EngineResult, reasoningEnd: string | null | undefined): EngineResult["usage"] {
+  const usage = { ...result.usage, prompt_tokens: result.prompt_ids.length, completion_tokens: result.output_ids.length };
   const reasoning = reasoningTokensOf(result, reasoningEnd);
-  return reasoning === undefined ? result.usage : { ...result.usage, reasoning_tokens: reasoning };
+  return reasoning === undefined ? usage : { ...usage, reasoning_tokens: reasoning };
 }
 
 /** How far from its own number a branch's call may find the source call it asks again (calls an agent sent together). */
@@ -652,20 +658,30 @@ export class ChatCaller {
         return null;
       }
     }
+    // Whatever the engine sent is checked before the agent is shown any of it (answer-check.ts).
+    const vocabSize = call.target.profile.vocab_size;
     if (!streamed) {
       const result = next ? await next.route.generate(next.call) : await this.send(call, signal, false, onPromptIds);
+      checkAnswer(result, vocabSize);
       yield* resultAsEvents(result);
       return result;
     }
     const piece = new StreamAccumulator();
+    let logprobsSoFar = 0;
     // A continuation's parser is primed with the text the agent already has.
     const events = next && cut ? next.route.generateStream({ ...next.call, primeText: await engineTokenizer.detokenize(next.call, cut.outputIds) }) : this.send(call, signal, true, onPromptIds);
     for await (const event of events) {
+      if (event.type === "delta") {
+        checkOutputPiece(event.token_ids, event.logprobs, vocabSize, logprobsSoFar);
+        logprobsSoFar += event.logprobs.length;
+      }
       piece.push(event);
       yield event;
     }
     if (!piece.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
-    return piece.result();
+    const result = piece.result();
+    checkAnswer(result, vocabSize);
+    return result;
   }
 
   /**

@@ -3,8 +3,8 @@ import { definedSampling, type CanonicalChatRequest, type ChatMessage } from "@r
 import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
-import { EngineError, unreachable } from "../errors.js";
-import { ChatLogprob, checkedChunk, OpenAIUsage, isIntArray, isLogprob, isObj, isUsage, nullishInt, nullishIntArray, nullishStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
+import { EngineError, outputAfterFinish, unreachable } from "../errors.js";
+import { ChatLogprob, checkedChunk, engineJson, OpenAIUsage, isIntArray, isLogprob, isObj, isUsage, nullishInt, nullishIntArray, nullishStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
 import { postForStream, type StreamedResponse } from "../stream-request.js";
 import { engineUrl, promptIdsFields, type EngineCall } from "../call.js";
@@ -222,7 +222,7 @@ export async function sglangChat(call: EngineCall): Promise<EngineResult> {
     return acc.result();
   }
   const res = await sglangPost(call, "/v1/chat/completions", buildSglangChatBody(call.model, call.request, call.target.dpRank, call.target.profile, call.promptIds, call.target.engine.routed_experts === true));
-  const parsed = SglangChatResponse.safeParse(await res.body.json());
+  const parsed = SglangChatResponse.safeParse(await engineJson(res, call.target.engine.url, call.signal));
   if (!parsed.success) throw new EngineError(`engine response is not a chat completion: ${parsed.error.message}`, 502, "bad_response");
   const choice = parsed.data.choices[0]!;
   const promptIds = choice.prompt_token_ids ?? parsed.data.sglext?.input_ids;
@@ -283,7 +283,7 @@ export async function* sglangChatStream(call: EngineCall): AsyncGenerator<Engine
   let usage: z.infer<typeof OpenAIUsage> | null = null;
   let inputIds: number[] | null = null;
   let outputIds: number[] | null = null;
-  for await (const json of sseJson(res.body)) {
+  for await (const json of sseJson(res.body, { url: call.target.engine.url, signal: call.signal })) {
     const c = readSglangChunk(json);
     if (!started) {
       started = true;
@@ -293,6 +293,8 @@ export async function* sglangChatStream(call: EngineCall): AsyncGenerator<Engine
     if (choice) {
       const d = choice.delta;
       const lps = (choice.logprobs?.content ?? []).map(toTokenLogprob);
+      // After the finish only the ids (sglext) and usage chunks, with no choice, may come.
+      if (finish && (lps.length > 0 || d?.content || d?.reasoning_content || (d?.tool_calls?.length ?? 0) > 0 || choice.finish_reason)) throw outputAfterFinish();
       logprobCount += lps.length;
       if (call.stamp && lps.length > 0) {
         const version = call.stamp();
@@ -341,7 +343,7 @@ export async function sglangCountTokens(call: Omit<EngineCall, "requestId">): Pr
     ...(req.tools ? { tools: req.tools } : {}),
     ...templateFields(call.target.profile, req),
   });
-  const parsed = SglangTokenizeResponse.safeParse(await res.body.json());
+  const parsed = SglangTokenizeResponse.safeParse(await engineJson(res, call.target.engine.url, call.signal));
   if (!parsed.success) throw new EngineError("engine /tokenize answer has no count", 502, "bad_response");
   return parsed.data.count;
 }

@@ -2,8 +2,9 @@ import { makeToolCallId, parseWhole, type ParsedDelta } from "@rollgate/models";
 import { definedSampling, type AssistantOutput, type TokenLogprob } from "@rollgate/protocol";
 import { StreamAccumulator, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { z } from "zod";
-import { EngineError } from "../errors.js";
+import { EngineError, outputAfterFinish } from "../errors.js";
 import { sglangPost } from "./chat.js";
+import { engineJson } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
 import { chatFinishReason, parsesTools, profileParser } from "../chat-route-rules.js";
 import type { TokenInCall } from "../token-in.js";
@@ -61,12 +62,19 @@ type GenerateOut = z.infer<typeof GenerateOut>;
 
 const utf8 = new TextEncoder();
 
-function toTokenLogprobs(meta: z.infer<typeof Meta>, from: number, count: number): TokenLogprob[] {
+/**
+ * The logprobs of `ids` (the answer's tokens from `position` on), read from the event's triples
+ * from `from` on. Each triple names the id it is the logprob of: one that names another is another
+ * token's logprob (a list shifted or out of order), not this one's.
+ */
+function toTokenLogprobs(meta: z.infer<typeof Meta>, from: number, ids: readonly number[], position: number): TokenLogprob[] {
+  const count = ids.length;
   const lps = (meta.output_token_logprobs ?? []).slice(from, from + count);
   if (lps.length !== count) throw new EngineError(`engine returned ${count} token ids but ${lps.length} logprobs`, 502, "bad_response");
   const tops = meta.output_top_logprobs ?? [];
-  return lps.map(([lp, , text], i) => {
-    if (lp === null) throw new EngineError(`engine returned no logprob for generated token ${from + i}`, 502, "bad_response");
+  return lps.map(([lp, id, text], i) => {
+    if (lp === null) throw new EngineError(`engine returned no logprob for generated token ${position + i}`, 502, "bad_response");
+    if (id !== ids[i]) throw new EngineError(`engine's logprob for token ${position + i} is the logprob of id ${id}, not of its id ${ids[i]}`, 502, "bad_response");
     const token = text ?? "";
     return {
       token,
@@ -115,7 +123,7 @@ export async function parseWithEngine(call: TokenInCall, text: string): Promise<
   let reasoning: string | null = null;
   if (names.reasoning_parser) {
     const res = await sglangPost(call, "/separate_reasoning", { text, reasoning_parser: names.reasoning_parser });
-    const r = SeparatedReasoning.safeParse(await res.body.json());
+    const r = SeparatedReasoning.safeParse(await engineJson(res, call.target.engine.url, call.signal));
     if (!r.success) throw new EngineError("engine /separate_reasoning answer is malformed", 502, "bad_response");
     content = r.data.text;
     reasoning = r.data.reasoning_text ? r.data.reasoning_text : null;
@@ -123,7 +131,7 @@ export async function parseWithEngine(call: TokenInCall, text: string): Promise<
   const calls: AssistantOutput["tool_calls"] = [];
   if (parsesTools(call) && names.tool_call_parser) {
     const res = await sglangPost(call, "/parse_function_call", { text: content, tools: call.request.tools, tool_call_parser: names.tool_call_parser });
-    const r = ParsedCalls.safeParse(await res.body.json());
+    const r = ParsedCalls.safeParse(await engineJson(res, call.target.engine.url, call.signal));
     if (!r.success) throw new EngineError("engine /parse_function_call answer is malformed", 502, "bad_response");
     content = r.data.normal_text;
     for (const c of r.data.calls) calls.push({ id: makeToolCallId(), type: "function", function: { name: c.name ?? "", arguments: c.parameters ?? "" } });
@@ -157,10 +165,10 @@ function engineTextParser(call: TokenInCall): TextParser {
 async function generate(call: TokenInCall, parsing: Parsing): Promise<EngineResult> {
   if (call.stamp) return generateStamped(call, parsing);
   const res = await sglangPost(call, "/generate", buildSglangGenerateBody({ ...call, request: { ...call.request, stream: false } }, parsing === "engine"));
-  const parsed = GenerateOut.safeParse(await res.body.json());
+  const parsed = GenerateOut.safeParse(await engineJson(res, call.target.engine.url, call.signal));
   if (!parsed.success) throw new EngineError(`engine /generate answer is malformed: ${parsed.error.message}`, 502, "bad_response");
   const out: GenerateOut = parsed.data;
-  const logprobs = toTokenLogprobs(out.meta_info, 0, out.output_ids.length);
+  const logprobs = toTokenLogprobs(out.meta_info, 0, out.output_ids, 0);
   const finish = finishOf(out.meta_info) ?? { reason: "stop", stop: null };
   const message = parsing === "gateway" ? parseWhole(profileParser(call).create(parsesTools(call)), out.text) : await parseWithEngine(call, out.text);
   const routed = fromSglang(call.target, out.meta_info.routed_experts, call.tokenIds.length, out.output_ids.length);
@@ -194,7 +202,10 @@ async function generateStamped(call: TokenInCall, parsing: Parsing): Promise<Eng
 /**
  * A streamed /generate as canonical events. SGLang sends cumulative text / ids / logprobs per
  * event by default and deltas with `--incremental-streaming-output`; which one is read off the
- * events (a later event that repeats every id so far is cumulative).
+ * first event after ids came: a cumulative one holds as many ids as its `completion_tokens` (the
+ * count so far, in both modes) and repeats every id so far. Repeating them alone says nothing: a
+ * delta whose tokens happen to be the first ones again ("11": one digit token twice) would be
+ * taken for the whole answer so far, and every later token dropped.
  */
 async function* generateStream(call: TokenInCall, parsing: Parsing): AsyncGenerator<EngineStreamEvent> {
   const res = await sglangPost(call, "/generate", buildSglangGenerateBody({ ...call, request: { ...call.request, stream: true } }, parsing === "engine"));
@@ -204,16 +215,18 @@ async function* generateStream(call: TokenInCall, parsing: Parsing): AsyncGenera
   let cumulative: boolean | null = null;
   let finished = false;
   yield { type: "start", prompt_ids: call.tokenIds };
-  for await (const json of sseJson(res.body)) {
+  for await (const json of sseJson(res.body, { url: call.target.engine.url, signal: call.signal })) {
     const parsed = GenerateOut.safeParse(json);
     if (!parsed.success) throw new EngineError(`engine sent a malformed /generate event: ${parsed.error.message}`, 502, "bad_response");
     const ev = parsed.data;
     if (cumulative === null && ids.length > 0 && ev.output_ids.length > 0) {
-      cumulative = ev.output_ids.length >= ids.length && ids.every((id, i) => ev.output_ids[i] === id);
+      const n = ev.output_ids.length;
+      cumulative = n === ev.meta_info.completion_tokens && n >= ids.length && ids.every((id, i) => ev.output_ids[i] === id);
     }
     const fresh = cumulative ? ev.output_ids.slice(ids.length) : ev.output_ids;
-    const logprobs = toTokenLogprobs(ev.meta_info, cumulative ? ids.length : 0, fresh.length);
+    const logprobs = toTokenLogprobs(ev.meta_info, cumulative ? ids.length : 0, fresh, ids.length);
     const text = cumulative ? ev.text.slice(textSoFar) : ev.text;
+    if (finished && (fresh.length > 0 || text !== "")) throw outputAfterFinish();
     textSoFar += text.length;
     for (const id of fresh) ids.push(id); // not push(...fresh): one event may hold a whole long answer
     const delta = deltaEvent(text ? parser.push(text) : null, fresh, logprobs, call.stamp);

@@ -3,8 +3,8 @@ import { definedSampling, type CanonicalChatRequest, type ChatMessage, type Toke
 import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
-import { EngineError, unreachable } from "../errors.js";
-import { ChatLogprob, checkedChunk, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
+import { EngineError, outputAfterFinish, unreachable } from "../errors.js";
+import { ChatLogprob, checkedChunk, engineJson, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseEach, sseJson } from "../sse.js";
 import { engineUrl, promptIdsFields, type EngineCall } from "../call.js";
 import { postForStream, type StreamedResponse } from "../stream-request.js";
@@ -206,7 +206,7 @@ export async function vllmChat(call: EngineCall): Promise<EngineResult> {
     await rejectUnlessOk(res, call.target.engine.url);
     const reader = new VllmStreamReader(call.stamp, call.onPromptIds, call.request.sampling.max_tokens);
     const acc = new StreamAccumulator();
-    await sseEach(res.body, (json) => reader.read(json, acc));
+    await sseEach(res.body, (json) => reader.read(json, acc), { url: call.target.engine.url, signal: call.signal });
     reader.end();
     if (!acc.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
     return acc.result();
@@ -215,7 +215,7 @@ export async function vllmChat(call: EngineCall): Promise<EngineResult> {
   const stamp = call.stamp ? wholeAnswerStamp(call.stamp) : undefined;
   const res = await post({ ...call, request: { ...call.request, stream: false } });
   await rejectUnlessOk(res, call.target.engine.url);
-  const parsed = VllmChatResponse.safeParse(await res.body.json());
+  const parsed = VllmChatResponse.safeParse(await engineJson(res, call.target.engine.url, call.signal));
   if (!parsed.success) throw new EngineError(`engine response is not a chat completion: ${parsed.error.message}`, 502, "bad_response");
   const body = parsed.data;
   const choice = body.choices[0]!;
@@ -255,6 +255,7 @@ export async function vllmChat(call: EngineCall): Promise<EngineResult> {
  */
 class VllmStreamReader {
   private started = false;
+  private finished = false;
   private tokens = 0;
   private logprobCount = 0;
 
@@ -283,6 +284,8 @@ class VllmStreamReader {
       const d = choice.delta;
       const reasoning = d?.reasoning ?? d?.reasoning_content ?? undefined;
       const hasText = (d?.content ?? "") !== "" || (reasoning ?? "") !== "" || (d?.tool_calls?.length ?? 0) > 0;
+      // After the finish only the usage chunk (no choice) may come.
+      if (this.finished && (ids.length > 0 || lps.length > 0 || hasText || choice.finish_reason)) throw outputAfterFinish();
       if (ids.length > 0 || hasText) {
         // Built field by field, in the order the event always had, rather than from spreads of
         // `cond ? {...} : {}` (an object made and copied per field per token).
@@ -310,6 +313,7 @@ class VllmStreamReader {
         out.push(event);
       }
       if (choice.finish_reason) {
+        this.finished = true;
         out.push({ type: "finish", finish_reason: cutFinishReason(choice.finish_reason, this.tokens, this.maxTokens), stop_reason: choice.stop_reason ?? null });
       }
     }
@@ -338,7 +342,7 @@ export async function* vllmChatStream(call: EngineCall): AsyncGenerator<EngineSt
   await rejectUnlessOk(res, call.target.engine.url);
   const reader = new VllmStreamReader(call.stamp, call.onPromptIds, call.request.sampling.max_tokens);
   const events: EngineStreamEvent[] = [];
-  for await (const json of sseJson(res.body)) {
+  for await (const json of sseJson(res.body, { url: call.target.engine.url, signal: call.signal })) {
     reader.read(json, events);
     for (const event of events) yield event;
     events.length = 0;
@@ -371,7 +375,7 @@ export async function vllmCountTokens(call: Omit<EngineCall, "requestId">): Prom
     throw unreachable(target.engine.url, err, call.signal);
   }
   await rejectUnlessOk(res, target.engine.url);
-  const parsed = VllmTokenizeResponse.safeParse(await res.body.json());
+  const parsed = VllmTokenizeResponse.safeParse(await engineJson(res, target.engine.url, call.signal));
   if (!parsed.success) throw new EngineError("engine /tokenize answer has no count", 502, "bad_response");
   return parsed.data.count;
 }

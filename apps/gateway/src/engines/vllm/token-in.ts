@@ -3,14 +3,14 @@ import { definedSampling, type TokenLogprob } from "@rollgate/protocol";
 import { StreamAccumulator, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
-import { EngineError, unreachable } from "../errors.js";
+import { EngineError, outputAfterFinish, unreachable } from "../errors.js";
 import { chatFinishReason, parsesTools, profileParser } from "../chat-route-rules.js";
 import type { TokenInCall } from "../token-in.js";
 import type { TokenizeCall } from "../tokenizer.js";
 import { engineUrl } from "../call.js";
 import { sseJson } from "../sse.js";
 import { MISSING_TOKENS } from "./chat.js";
-import { OpenAIUsage, rejectUnlessOk, usageOf } from "../openai-wire.js";
+import { engineJson, OpenAIUsage, rejectUnlessOk, usageOf } from "../openai-wire.js";
 import { wantsRoutedExperts, wholeAnswerStamp } from "../routed-experts.js";
 import { fromVllm } from "./routed-experts.js";
 
@@ -108,7 +108,7 @@ async function generate(call: TokenInCall): Promise<EngineResult> {
   if (call.stamp) return generateStamped(call);
   const res = await postCompletion({ ...call, request: { ...call.request, stream: false } });
   await rejectUnlessOk(res, call.target.engine.url);
-  const parsed = CompletionResponse.safeParse(await res.body.json());
+  const parsed = CompletionResponse.safeParse(await engineJson(res, call.target.engine.url, call.signal));
   if (!parsed.success) throw new EngineError(`engine response is not a completion: ${parsed.error.message}`, 502, "bad_response");
   const body = parsed.data;
   const choice = body.choices[0]!;
@@ -155,12 +155,12 @@ async function* completionChunks(call: TokenInCall): AsyncGenerator<CompletionCh
   const res = await postCompletion(whole ? { ...call, request: { ...call.request, stream: false } } : call);
   await rejectUnlessOk(res, call.target.engine.url);
   if (whole) {
-    const parsed = CompletionResponse.safeParse(await res.body.json());
+    const parsed = CompletionResponse.safeParse(await engineJson(res, call.target.engine.url, call.signal));
     if (!parsed.success) throw new EngineError(`engine response is not a completion: ${parsed.error.message}`, 502, "bad_response");
     yield parsed.data;
     return;
   }
-  for await (const json of sseJson(res.body)) {
+  for await (const json of sseJson(res.body, { url: call.target.engine.url, signal: call.signal })) {
     const parsed = CompletionChunk.safeParse(json);
     if (!parsed.success) throw new EngineError(`engine sent a malformed chunk: ${parsed.error.message}`, 502, "bad_response");
     yield parsed.data;
@@ -196,6 +196,7 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
       if (!choice.token_ids && choice.text !== "") throw new EngineError(MISSING_TOKENS, 502, "bad_response");
       const ids = choice.token_ids ?? [];
       const lps = toTokenLogprobs(choice.logprobs, topK);
+      if (finished && (ids.length > 0 || lps.length > 0 || choice.text !== "" || choice.finish_reason)) throw outputAfterFinish();
       tokens += ids.length;
       logprobCount += lps.length;
       const ev = deltaEvent(choice.text ? parser.push(choice.text) : null, ids, lps, stamp);

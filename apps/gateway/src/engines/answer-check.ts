@@ -1,0 +1,49 @@
+import type { EngineResult } from "@rollgate/transforms";
+import { EngineError } from "./errors.js";
+
+/**
+ * What an engine's answer must be to be a sample of the policy, checked before any of it is shown
+ * or recorded: each id a token of the model's vocabulary (an integer in [0, vocab_size), any
+ * non-negative integer when the profile does not say), each logprob a log-probability (finite and
+ * at most 0: a positive one is a logit, as vLLM's `--logprobs-mode raw_logits` sends), one logprob
+ * per output token, a prompt of at least one token, and no text without any token. An answer that
+ * is not fails the call (a lost call) rather than being recorded: the trajectory's checks would
+ * refuse it only later, after the rollout it belongs to was scored, and a positive logprob would
+ * pass them.
+ */
+
+const badAnswer = (what: string) => new EngineError(`the engine's answer is not a sample of the model: ${what}`, 502, "bad_response");
+
+function checkIds(ids: readonly number[], vocabSize: number | null, what: string): void {
+  for (let i = 0; i < ids.length; i++) {
+    const id = ids[i]!;
+    if (!Number.isInteger(id) || id < 0 || (vocabSize !== null && id >= vocabSize)) {
+      throw badAnswer(`${what}[${i}] = ${id} is not a token id in [0, ${vocabSize ?? "∞"})`);
+    }
+  }
+}
+
+function checkLogprob(lp: number, position: number): void {
+  if (!Number.isFinite(lp) || lp > 0) throw badAnswer(`output token ${position} has logprob ${lp}, not a log-probability`);
+}
+
+/** One streamed piece of an answer: its output ids and their logprobs (`from`: how many tokens came before it). */
+export function checkOutputPiece(ids: readonly number[], logprobs: readonly { logprob: number }[], vocabSize: number | null, from: number): void {
+  checkIds(ids, vocabSize, "output_ids");
+  for (let i = 0; i < logprobs.length; i++) checkLogprob(logprobs[i]!.logprob, from + i);
+}
+
+/** A whole answer, as it is about to be shown whole or recorded. */
+export function checkAnswer(result: EngineResult, vocabSize: number | null): void {
+  if (result.prompt_ids.length === 0) throw badAnswer("its prompt has no token ids");
+  // Text comes from tokens: an engine may send text after the tokens it came from (a parser that
+  // held it), never text with none at all.
+  const m = result.message;
+  if (result.output_ids.length === 0 && (m.content || m.reasoning || m.tool_calls.length > 0)) throw badAnswer("its text came with no token ids");
+  if (result.output_logprobs.length !== result.output_ids.length) {
+    throw badAnswer(`${result.output_ids.length} output ids but ${result.output_logprobs.length} logprobs`);
+  }
+  checkIds(result.prompt_ids, vocabSize, "prompt_ids");
+  checkIds(result.output_ids, vocabSize, "output_ids");
+  for (let i = 0; i < result.output_logprobs.length; i++) checkLogprob(result.output_logprobs[i]!, i);
+}
