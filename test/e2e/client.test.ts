@@ -2,10 +2,24 @@
  * The TypeScript SDK (@rollgate/client) against a real cluster with an API key: submit, batch,
  * groups, polling and callback waits, event streams with resume, trajectories in every format.
  */
-import { RollgateClient, RollgateError, TRAINER_FORMATS, signBody, startCallbackServer, type TaskEvent } from "@rollgate/client";
+import http from "node:http";
+import { RollgateClient, RollgateError, TRAINER_FORMATS, signBody, signDelivery, startCallbackServer, verifyDelivery, type TaskEvent } from "@rollgate/client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startCluster, type RunningCluster } from "../support/cluster.js";
 import { dropPrefix, uniquePrefix } from "../support/redis.js";
+import { startTrainer } from "../support/trainer.js";
+
+/** POSTs a body with exactly these headers; the status. */
+function postRaw(url: string, body: string, headers: http.OutgoingHttpHeaders): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const req = http.request(url, { method: "POST", headers }, (res) => {
+      res.resume();
+      res.on("end", () => resolve(res.statusCode ?? 0));
+    });
+    req.on("error", reject);
+    req.end(body);
+  });
+}
 
 const task = (text: string, extra: Record<string, unknown> = {}) => ({
   instruction: `Create hello.txt.\n#sim: [{"tool_calls": [{"name": "shell", "arguments": {"command": "echo hello > hello.txt"}}]}, {"text": "${text}"}]`,
@@ -98,7 +112,10 @@ describe("@rollgate/client", () => {
 
       // A forgery is refused with 401 and never reaches the waiters.
       const body = JSON.stringify({ ...results[0], reward: 99 });
-      const forged = await fetch(server.url, { method: "POST", headers: { "x-rollgate-signature": signBody(body, "wrong"), "x-rollgate-event": "task.completed" }, body });
+      const timestamp = Math.floor(Date.now() / 1000);
+      const forgedHeaders = { "x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-forged", "x-rollgate-timestamp": String(timestamp) };
+      const forgedSignature = signDelivery({ deliveryId: "d-forged", event: "task.completed", timestamp, body }, "wrong");
+      const forged = await fetch(server.url, { method: "POST", headers: { ...forgedHeaders, "x-rollgate-signature-v2": forgedSignature }, body });
       expect(forged.status).toBe(401);
       expect(server.rejected()).toBe(1);
 
@@ -109,6 +126,42 @@ describe("@rollgate/client", () => {
       expect(polled.map((r) => r.id)).toEqual(accepted.map((a) => a.id));
     } finally {
       await server.close();
+    }
+  }, 90_000);
+
+  it("a worker's real delivery is taken as sent, and refused re-sent under a fresh delivery id, another event or with only its body-only signature", async () => {
+    const secret = "replay-secret";
+    const capture = await startTrainer();
+    const server = await startCallbackServer({ secret });
+    try {
+      const [accepted] = await client.submitBatch([task("captured", { callback: { url: capture.url, secret } })]);
+      const [got] = await capture.waitFor(1, 60_000);
+      expect(JSON.parse(got!.rawBody).id).toBe(accepted!.id);
+      const h = got!.headers;
+      expect(h["x-rollgate-timestamp"]).toMatch(/^[0-9]+$/);
+      expect(Math.abs(Number(h["x-rollgate-timestamp"]) - Date.now() / 1000)).toBeLessThan(300);
+      expect(verifyDelivery(got!.rawBody, h, secret)).toBeNull();
+      // The previous release's header is still sent, for receivers not yet upgraded.
+      expect(h["x-rollgate-signature"]).toBe(signBody(got!.rawBody, secret));
+
+      const sent = {
+        "content-type": "application/json",
+        "x-rollgate-event": h["x-rollgate-event"],
+        "x-rollgate-delivery": h["x-rollgate-delivery"],
+        "x-rollgate-timestamp": h["x-rollgate-timestamp"],
+        "x-rollgate-signature-v2": h["x-rollgate-signature-v2"],
+        "x-rollgate-signature": h["x-rollgate-signature"],
+      };
+      expect(await postRaw(server.url, got!.rawBody, sent)).toBe(200);
+      expect(await postRaw(server.url, got!.rawBody, { ...sent, "x-rollgate-delivery": "d-fresh" })).toBe(401);
+      expect(await postRaw(server.url, got!.rawBody, { ...sent, "x-rollgate-event": "task.failed" })).toBe(401);
+      const { "x-rollgate-signature-v2": _v2, "x-rollgate-timestamp": _ts, ...legacyOnly } = sent;
+      expect(await postRaw(server.url, got!.rawBody, { ...legacyOnly, "x-rollgate-delivery": "d-legacy" })).toBe(401);
+      expect(server.deliveries.map((d) => d.deliveryId)).toEqual([h["x-rollgate-delivery"]]);
+      expect(server.rejected()).toBe(3);
+    } finally {
+      await server.close();
+      await capture.close();
     }
   }, 90_000);
 

@@ -91,6 +91,11 @@ describe("walking skeleton", () => {
     expect(delivery!.headers["x-rollgate-signature"]).toBe(expectedSig);
     expect(delivery!.headers["x-rollgate-delivery"]).toMatch(/[0-9a-f-]{36}/);
     expect(delivery!.headers["x-rollgate-event"]).toBe("task.completed");
+    // docs/http-api.md#callbacks: v2,<base64 HMAC-SHA256 of "<delivery>.<timestamp>.<event>.<raw body>">.
+    const { "x-rollgate-delivery": deliveryId, "x-rollgate-timestamp": timestamp, "x-rollgate-event": event } = delivery!.headers;
+    expect(timestamp).toMatch(/^[0-9]+$/);
+    const signedContent = `${String(deliveryId)}.${String(timestamp)}.${String(event)}.${delivery!.rawBody}`;
+    expect(delivery!.headers["x-rollgate-signature-v2"]).toBe(`v2,${createHmac("sha256", secret).update(signedContent).digest("base64")}`);
 
     const result = JSON.parse(delivery!.rawBody) as TaskResult;
     expect(result.status, JSON.stringify(result.error)).toBe("completed");

@@ -1,4 +1,4 @@
-import { signBody } from "@rollgate/client";
+import { signBody, signDelivery } from "@rollgate/client";
 import { TaskResult, summarizeGroup, type CallbackState, type GroupResult } from "@rollgate/protocol";
 import type { CallbackJob } from "@rollgate/queue";
 import type { TaskStore } from "@rollgate/store";
@@ -27,6 +27,8 @@ interface Delivery {
  */
 async function post(d: Delivery, deliveryId: string, timeoutMs: number, egress?: EgressPolicy): Promise<{ error: string | null; denied?: boolean }> {
   let close: (() => Promise<void>) | undefined;
+  // Signed at each attempt: a retry carries a fresh timestamp (and the same delivery id).
+  const timestamp = Math.floor(Date.now() / 1000);
   try {
     const sent = await egressRequest(d.url, "callback.url", {
       method: "POST",
@@ -35,6 +37,10 @@ async function post(d: Delivery, deliveryId: string, timeoutMs: number, egress?:
         "user-agent": "rollgate-callback/1",
         "x-rollgate-event": d.event,
         "x-rollgate-delivery": deliveryId,
+        "x-rollgate-timestamp": String(timestamp),
+        "x-rollgate-signature-v2": signDelivery({ deliveryId, event: d.event, timestamp, body: d.body }, d.secret),
+        // Body-only, for receivers of the previous release during a rolling upgrade; current
+        // receivers ignore it and refuse a delivery that has only this one.
         "x-rollgate-signature": signBody(d.body, d.secret),
       },
       body: d.body,
@@ -83,7 +89,7 @@ async function deliveryFor(deps: CallbackDeps, data: CallbackJob): Promise<Deliv
 
 /**
  * Delivers one callback. The body is the stored bytes, so the signature a trainer checks is over
- * what it receives; the delivery id is the same on every retry. A non-2xx answer or a network
+ * what it receives; the delivery id is the same on every retry, the timestamp is each attempt's. A non-2xx answer or a network
  * error throws, and BullMQ retries with exponential backoff and jitter.
  */
 export async function deliverCallback(deps: CallbackDeps, job: Job<CallbackJob>): Promise<void> {

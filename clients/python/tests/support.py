@@ -212,6 +212,22 @@ def reset(sock: socket.socket) -> None:
         pass
 
 
+def signed(body: bytes, secret: str, event: str = "task.completed", delivery_id: str = "d-1", timestamp: Optional[int] = None) -> Dict[str, str]:
+    """The headers a worker sends with a delivery signed at ``timestamp`` (Unix seconds; default now)."""
+    import time
+
+    import rollgate
+
+    ts = int(time.time()) if timestamp is None else timestamp
+    return {
+        "x-rollgate-event": event,
+        "x-rollgate-delivery": delivery_id,
+        "x-rollgate-timestamp": str(ts),
+        "x-rollgate-signature-v2": rollgate.sign_delivery(delivery_id, ts, event, body, secret),
+        "x-rollgate-signature": rollgate.sign(body, secret),
+    }
+
+
 def post_raw(url: str, body: bytes, headers: Dict[str, str]) -> int:
     """POSTs bytes as they are (a forged or replayed callback); returns the status."""
     import http.client

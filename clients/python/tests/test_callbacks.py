@@ -9,11 +9,12 @@ import http.client
 import json
 import socket
 import threading
+import time
 import unittest
 
 import rollgate
 from rollgate import grpo
-from support import API_KEY, URL, answer_task, live, post_raw, uid, wait_for
+from support import API_KEY, URL, answer_task, live, post_raw, signed, uid, wait_for
 
 
 class ReceiverWithoutClusterTest(unittest.TestCase):
@@ -21,25 +22,51 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
         with rollgate.CallbackReceiver("s3cret") as inbox:
             body = json.dumps({"id": "t-forged", "status": "completed", "reward": 1}).encode()
             headers = {"x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-1"}
-            self.assertEqual(post_raw(inbox.url, body, {**headers, "x-rollgate-signature": rollgate.sign(body, "not-the-secret")}), 401)
+            self.assertEqual(post_raw(inbox.url, body, signed(body, "not-the-secret")), 401)
             self.assertEqual(post_raw(inbox.url, body, headers), 401)
-            self.assertEqual(post_raw(inbox.url, body, {**headers, "x-rollgate-signature": rollgate.sign(body + b" ", "s3cret")}), 401)
+            self.assertEqual(post_raw(inbox.url, body, {**signed(body + b" ", "s3cret")}), 401)
             self.assertEqual(inbox.rejected, 3)
             self.assertEqual(inbox.deliveries, [])
             self.assertIsNone(inbox.result("t-forged"))
             # The same delivery signed right is taken: the refusals kept nothing, not even its id.
-            self.assertEqual(post_raw(inbox.url, body, {**headers, "x-rollgate-signature": rollgate.sign(body, "s3cret")}), 200)
+            self.assertEqual(post_raw(inbox.url, body, signed(body, "s3cret")), 200)
             self.assertEqual(inbox.wait("t-forged", timeout=1)["reward"], 1)
-            self.assertEqual(post_raw(inbox.url, b"not json", {**headers, "x-rollgate-delivery": "d-2", "x-rollgate-signature": rollgate.sign(b"not json", "s3cret")}), 400)
-            # X-Rollgate-Event is not signed: a task's genuine body relabelled as its group's
-            # callback does not stand in for the group (whose wait would return no members).
+            self.assertEqual(post_raw(inbox.url, b"not json", signed(b"not json", "s3cret", delivery_id="d-2")), 400)
+            # A task's genuine body signed as its group's callback does not stand in for the group
+            # (whose wait would return no members).
             member = json.dumps({"id": "g-x-0", "group_id": "g-x", "status": "completed", "reward": 1}).encode()
-            relabelled = {"x-rollgate-event": "group.completed", "x-rollgate-delivery": "d-3", "x-rollgate-signature": rollgate.sign(member, "s3cret")}
-            self.assertEqual(post_raw(inbox.url, member, relabelled), 400)
+            self.assertEqual(post_raw(inbox.url, member, signed(member, "s3cret", "group.completed", "d-3")), 400)
             with self.assertRaises(rollgate.RollgateError):
                 inbox.wait_group("g-x", timeout=0.1)
         with self.assertRaises(ValueError):
             rollgate.CallbackReceiver("")
+
+    def test_a_captured_delivery_replayed_relabelled_or_old_is_refused(self):
+        """The signature covers the delivery id, the event and a timestamp: a captured delivery
+        re-sent under a fresh delivery id (which deduplication would not catch), under another
+        event, or long after, is refused; so is one with only the legacy body-only signature."""
+        handled = []
+        with rollgate.CallbackReceiver("s3cret", on_delivery=lambda d: handled.append((d.event, d.delivery_id))) as inbox:
+            body = json.dumps({"id": "t-r", "status": "completed", "reward": 1}).encode()
+            good = signed(body, "s3cret", "task.completed", "d-1")
+            self.assertEqual(post_raw(inbox.url, body, good), 200)
+            self.assertEqual(post_raw(inbox.url, body, {**good, "x-rollgate-delivery": "d-2"}), 401)
+            self.assertEqual(post_raw(inbox.url, body, {**good, "x-rollgate-event": "task.failed"}), 401)
+            old = int(time.time()) - 301
+            self.assertEqual(post_raw(inbox.url, body, signed(body, "s3cret", "task.completed", "d-3", old)), 401)
+            self.assertEqual(post_raw(inbox.url, body, signed(body, "s3cret", "task.completed", "d-4", old + 602)), 401)
+            legacy = {"x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-5", "x-rollgate-signature": rollgate.sign(body, "s3cret")}
+            self.assertEqual(post_raw(inbox.url, body, legacy), 401)
+            self.assertEqual(post_raw(inbox.url, body, {**good, "x-rollgate-timestamp": good["x-rollgate-timestamp"] + ".0"}), 401)
+            self.assertEqual(inbox.rejected, 6)
+            self.assertEqual(handled, [("task.completed", "d-1")])
+            # A retry of the genuine one (a new timestamp, the same id): acknowledged, not handled again.
+            self.assertEqual(post_raw(inbox.url, body, signed(body, "s3cret", "task.completed", "d-1")), 200)
+            self.assertEqual((handled, inbox.duplicates), ([("task.completed", "d-1")], 1))
+        with rollgate.CallbackReceiver("s3cret", tolerance=3600) as patient:
+            half_an_hour_ago = int(time.time()) - 1800
+            self.assertEqual(post_raw(patient.url, body, signed(body, "s3cret", "task.completed", "d-6", half_an_hour_ago)), 200)
+            self.assertEqual(post_raw(patient.url, body, signed(body, "s3cret", "task.completed", "d-7", half_an_hour_ago - 3600)), 401)
 
     def test_a_retry_arriving_while_the_first_delivery_is_handled_is_not_handled_twice(self):
         # A trainer whose handler takes longer than the worker waits (30 s): the worker gives up on
@@ -58,7 +85,7 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
 
         with rollgate.CallbackReceiver("s3cret", on_delivery=handler) as inbox:
             body = json.dumps({"id": "t-slow", "status": "completed", "reward": 1}).encode()
-            headers = {"x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-slow", "x-rollgate-signature": rollgate.sign(body, "s3cret")}
+            headers = signed(body, "s3cret", "task.completed", "d-slow")
             statuses = []
             first = threading.Thread(target=lambda: statuses.append(post_raw(inbox.url, body, headers)))
             first.start()
@@ -80,7 +107,7 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
 
         with rollgate.CallbackReceiver("s3cret", on_delivery=handler) as inbox:
             body = json.dumps({"id": "t-f", "status": "completed", "reward": 1}).encode()
-            headers = {"x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-f", "x-rollgate-signature": rollgate.sign(body, "s3cret")}
+            headers = signed(body, "s3cret", "task.completed", "d-f")
             self.assertEqual([post_raw(inbox.url, body, headers) for _ in range(3)], [500, 200, 200])
             self.assertEqual(handled, ["d-f", "d-f"])
             self.assertEqual(len(inbox.deliveries), 1)
@@ -94,7 +121,7 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
             try:
                 for k in range(2):
                     body = json.dumps({"id": "t-chunked-%d" % k, "status": "completed", "reward": 1}).encode()
-                    headers = {"content-type": "application/json", "x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-c%d" % k, "x-rollgate-signature": rollgate.sign(body, "s3cret")}
+                    headers = {"content-type": "application/json", **signed(body, "s3cret", "task.completed", "d-c%d" % k)}
                     # Two requests on one connection: the first one's chunks must not be read as the second.
                     conn.request("POST", "/rollouts", body=iter([body[:7], body[7:20], body[20:]]), headers=headers, encode_chunked=True)
                     res = conn.getresponse()
@@ -127,7 +154,7 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
         with rollgate.CallbackReceiver("s3cret", read_timeout=0.5) as inbox:
             host, port = inbox.url.split("/")[2].rsplit(":", 1)
             body = json.dumps({"id": "t-stalled", "status": "completed", "reward": 1}).encode()
-            head = "POST /rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nX-Rollgate-Signature: %s\r\n\r\n" % (len(body), rollgate.sign(body, "s3cret"))
+            head = "POST /rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n" % (len(body), "".join("%s: %s\r\n" % h for h in signed(body, "s3cret", delivery_id="d-stalled").items()))
             with socket.create_connection((host, int(port)), timeout=30) as sock:
                 sock.sendall(head.encode() + body[:10])
                 self.assertEqual(sock.recv(65536), b"")  # closed by the receiver (the 30 s socket timeout would raise instead)
@@ -143,7 +170,7 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
 
             def deliver(event: str, body: dict, delivery_id: str) -> int:
                 raw = json.dumps(body).encode()
-                return post_raw(inbox.url, raw, {"x-rollgate-event": event, "x-rollgate-delivery": delivery_id, "x-rollgate-signature": rollgate.sign(raw, "s3cret")})
+                return post_raw(inbox.url, raw, signed(raw, "s3cret", event, delivery_id))
 
             self.assertEqual([deliver("task.completed", m, "d-%d" % k) for k, m in enumerate(members[:2])], [200, 200])
             self.assertEqual(deliver("group.completed", {"group_id": "g-f", "tasks": members}, "d-g"), 200)
@@ -179,7 +206,7 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
                 for k, address in enumerate(reach):
                     body = json.dumps({"id": "t-v6-%d" % k, "status": "completed", "reward": 1}).encode()
                     url = "http://%s:%d/rollouts" % ("[%s]" % address if ":" in address else address, port)
-                    headers = {"x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-v6-%d" % k, "x-rollgate-signature": rollgate.sign(body, "s3cret")}
+                    headers = signed(body, "s3cret", "task.completed", "d-v6-%d" % k)
                     self.assertEqual(post_raw(url, body, headers), 200)
                     self.assertEqual(inbox.wait("t-v6-%d" % k, timeout=1)["reward"], 1)
 
@@ -189,8 +216,9 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
         with rollgate.CallbackReceiver("s3cret") as inbox:
             host, port = inbox.url.split("/")[2].rsplit(":", 1)
             body = json.dumps({"id": "t-cut", "status": "completed", "reward": 1}).encode()
-            head = "POST /rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nX-Rollgate-Delivery: d-cut\r\nX-Rollgate-Signature: %s\r\n\r\n" % (len(body), rollgate.sign(body, "s3cret"))
-            chunked = "POST /rollouts HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nX-Rollgate-Signature: %s\r\n\r\n%x\r\n" % (rollgate.sign(body, "s3cret"), len(body))
+            headers = "".join("%s: %s\r\n" % h for h in signed(body, "s3cret", delivery_id="d-cut").items())
+            head = "POST /rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n" % (len(body), headers)
+            chunked = "POST /rollouts HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n%s\r\n%x\r\n" % (headers, len(body))
             for request in (head.encode() + body[:10], chunked.encode() + body[:10]):
                 with socket.create_connection((host, int(port)), timeout=30) as sock:
                     sock.sendall(request)
@@ -198,7 +226,7 @@ class ReceiverWithoutClusterTest(unittest.TestCase):
                     self.assertEqual(sock.recv(65536), b"")
             self.assertEqual((inbox.rejected, inbox.deliveries, inbox.result("t-cut")), (0, [], None))
             # The whole delivery, sent again, is taken.
-            self.assertEqual(post_raw(inbox.url, body, {"x-rollgate-delivery": "d-cut", "x-rollgate-signature": rollgate.sign(body, "s3cret")}), 200)
+            self.assertEqual(post_raw(inbox.url, body, signed(body, "s3cret", delivery_id="d-cut")), 200)
             self.assertEqual(inbox.result("t-cut")["reward"], 1)
 
     def test_waits_time_out_with_a_rollgate_error(self):
@@ -233,11 +261,16 @@ class ReceiverTest(unittest.TestCase):
 
             # Redeliver one exactly as rollgate sent it (its acknowledgement was lost, say): 200, not counted again.
             first = inbox.deliveries[0]
-            status = post_raw(inbox.url, first.raw, {"x-rollgate-event": first.event, "x-rollgate-delivery": first.delivery_id, "x-rollgate-signature": rollgate.sign(first.raw, secret)})
+            status = post_raw(inbox.url, first.raw, signed(first.raw, secret, first.event, first.delivery_id))
             self.assertEqual(status, 200)
             self.assertEqual(inbox.duplicates, 1)
             self.assertEqual(len(inbox.deliveries), 4)
             self.assertEqual(inbox.rejected, 0)
+            # The same body under a fresh delivery id, with only the body-only signature the worker
+            # still sends for older receivers: refused, not taken as a new delivery.
+            replay = {"x-rollgate-event": first.event, "x-rollgate-delivery": uid("d"), "x-rollgate-signature": rollgate.sign(first.raw, secret)}
+            self.assertEqual(post_raw(inbox.url, first.raw, replay), 401)
+            self.assertEqual((len(inbox.deliveries), inbox.rejected), (4, 1))
 
     def test_a_failing_handler_gets_the_delivery_again(self):
         calls = []

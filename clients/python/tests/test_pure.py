@@ -221,6 +221,32 @@ class SignatureTest(unittest.TestCase):
         self.assertFalse(rollgate.verify(body, sig[7:], "s3cret"))
         self.assertFalse(rollgate.verify(body, "sha256=zz", "s3cret"))
 
+    def test_a_delivery_is_signed_over_id_timestamp_event_and_body(self):
+        import base64
+        import hmac
+
+        body = b'{"id":"t-1","reward":1}'
+        sig = rollgate.sign_delivery("d-1", 1700000000, "task.completed", body, "s3cret")
+        # Known answer (docs/http-api.md#callbacks), the same as the TypeScript signDelivery.
+        mac = hmac.new(b"s3cret", b"d-1.1700000000.task.completed." + body, "sha256").digest()
+        self.assertEqual(sig, "v2," + base64.b64encode(mac).decode())
+
+        def check(delivery_id="d-1", event="task.completed", ts="1700000000", signature=sig, secret="s3cret", now=1700000000.0, **kw):
+            return rollgate.verify_delivery(body, delivery_id, event, ts, signature, secret, now=now, **kw)
+
+        self.assertIsNone(check())
+        self.assertIsNone(check(now=1700000300.0))
+        self.assertIsNone(check(signature="v2,AAAA " + sig))  # one of several (a rotation) is enough
+        self.assertEqual(check(now=1700000301.0), "stale timestamp")
+        self.assertEqual(check(now=1699999699.0), "stale timestamp")
+        self.assertIsNone(check(now=1700001000.0, tolerance=1000))
+        self.assertEqual(check(delivery_id="d-2"), "bad signature")
+        self.assertEqual(check(event="task.failed"), "bad signature")
+        self.assertEqual(check(ts="1700000001"), "bad signature")
+        self.assertEqual(check(secret="other"), "bad signature")
+        self.assertEqual(check(signature=rollgate.sign(body, "s3cret")), "missing signature")
+        self.assertEqual(check(ts=None), "bad timestamp")
+
 
 class SSEParserTest(unittest.TestCase):
     def test_events_split_anywhere_with_any_line_ends(self):

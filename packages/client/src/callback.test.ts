@@ -5,7 +5,18 @@
 import http from "node:http";
 import { describe, expect, it } from "vitest";
 import { startCallbackServer, type CallbackDelivery } from "./callback.js";
-import { signBody } from "./signature.js";
+import { signBody, signDelivery } from "./signature.js";
+
+/** The headers a worker sends with a delivery signed at `timestamp` (Unix seconds; default now). */
+function signedHeaders(body: string, secret: string, event: string, deliveryId: string, timestamp = Math.floor(Date.now() / 1000)): Record<string, string> {
+  return {
+    "x-rollgate-event": event,
+    "x-rollgate-delivery": deliveryId,
+    "x-rollgate-timestamp": String(timestamp),
+    "x-rollgate-signature-v2": signDelivery({ deliveryId, event, timestamp, body }, secret),
+    "x-rollgate-signature": signBody(body, secret),
+  };
+}
 
 function post(url: string, body: string, headers: Record<string, string>): Promise<number> {
   return new Promise((resolve, reject) => {
@@ -19,6 +30,52 @@ function post(url: string, body: string, headers: Record<string, string>): Promi
 }
 
 describe("startCallbackServer", () => {
+  it("takes a signed delivery and refuses its replays: a fresh delivery id, another event, an old timestamp, only the body-only signature", async () => {
+    const secret = "s3cret";
+    const handled: string[] = [];
+    const server = await startCallbackServer({ secret, onDelivery: (d) => void handled.push(`${d.event} ${d.deliveryId}`) });
+    try {
+      const body = JSON.stringify({ id: "t-r", status: "completed", reward: 1 });
+      const good = signedHeaders(body, secret, "task.completed", "d-1");
+      expect(await post(server.url, body, good)).toBe(200);
+      expect(server.deliveries.map((d) => d.body)).toEqual([{ id: "t-r", status: "completed", reward: 1 }]);
+      // The captured delivery re-sent under a fresh delivery id: the receiver would not see it as a duplicate.
+      expect(await post(server.url, body, { ...good, "x-rollgate-delivery": "d-2" })).toBe(401);
+      // The event header changed.
+      expect(await post(server.url, body, { ...good, "x-rollgate-event": "task.failed" })).toBe(401);
+      // Signed right, but long ago (or far ahead): a replay of an old capture.
+      const old = Math.floor(Date.now() / 1000) - 301;
+      expect(await post(server.url, body, signedHeaders(body, secret, "task.completed", "d-3", old))).toBe(401);
+      expect(await post(server.url, body, signedHeaders(body, secret, "task.completed", "d-4", old + 602))).toBe(401);
+      // Only the previous release's body-only signature: no downgrade.
+      expect(await post(server.url, body, { "x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-5", "x-rollgate-signature": signBody(body, secret) })).toBe(401);
+      // The wrong secret, a changed body, a timestamp not in seconds.
+      expect(await post(server.url, body, signedHeaders(body, "other", "task.completed", "d-6"))).toBe(401);
+      expect(await post(server.url, `${body} `, { ...good, "x-rollgate-delivery": "d-1" })).toBe(401);
+      expect(await post(server.url, body, { ...good, "x-rollgate-timestamp": `${good["x-rollgate-timestamp"]}.0` })).toBe(401);
+      expect(server.rejected()).toBe(8);
+      expect(handled).toEqual(["task.completed d-1"]);
+      // A retry of the genuine delivery (a new timestamp, the same id) is acknowledged, not handled again.
+      expect(await post(server.url, body, signedHeaders(body, secret, "task.completed", "d-1"))).toBe(200);
+      expect(handled).toEqual(["task.completed d-1"]);
+    } finally {
+      await server.close();
+    }
+  });
+
+  it("the timestamp tolerance is configurable", async () => {
+    const secret = "s3cret";
+    const server = await startCallbackServer({ secret, toleranceSeconds: 3600 });
+    try {
+      const body = JSON.stringify({ id: "t-tol", status: "completed", reward: 0 });
+      const anHourAgo = Math.floor(Date.now() / 1000) - 1800;
+      expect(await post(server.url, body, signedHeaders(body, secret, "task.completed", "d-tol", anHourAgo))).toBe(200);
+      expect(await post(server.url, body, signedHeaders(body, secret, "task.completed", "d-tol2", anHourAgo - 3600))).toBe(401);
+    } finally {
+      await server.close();
+    }
+  });
+
   it("a retry that arrives while the first delivery's handler still runs is not handled twice", async () => {
     // A trainer whose handler takes longer than the worker waits (30 s): the worker gives up on
     // the first POST and sends the same delivery again while the handler is still on it.
@@ -39,7 +96,7 @@ describe("startCallbackServer", () => {
     });
     try {
       const body = JSON.stringify({ id: "t-slow", status: "completed", reward: 1 });
-      const headers = { "x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-slow", "x-rollgate-signature": signBody(body, secret) };
+      const headers = signedHeaders(body, secret, "task.completed", "d-slow");
       const first = post(server.url, body, headers);
       await new Promise<void>((resolve) => {
         const check = () => (handled.length > 0 ? resolve() : setTimeout(check, 10));
@@ -66,7 +123,7 @@ describe("startCallbackServer", () => {
     });
     try {
       const body = JSON.stringify({ id: "t-f", status: "completed", reward: 1 });
-      const headers = { "x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-f", "x-rollgate-signature": signBody(body, secret) };
+      const headers = signedHeaders(body, secret, "task.completed", "d-f");
       expect(await post(server.url, body, headers)).toBe(500);
       expect(await post(server.url, body, headers)).toBe(200);
       expect(await post(server.url, body, headers)).toBe(200);

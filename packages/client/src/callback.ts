@@ -2,7 +2,7 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { TaskResult, type GroupResult } from "@rollgate/protocol";
 import { RollgateError } from "./errors.js";
-import { verifySignature } from "./signature.js";
+import { DEFAULT_SIGNATURE_TOLERANCE_SECONDS, verifyDelivery } from "./signature.js";
 
 /** One verified callback delivery. */
 export interface CallbackDelivery {
@@ -20,6 +20,11 @@ export type GroupCallbackBody = GroupResult;
 export interface CallbackServerOptions {
   /** The `callback.secret` the tasks were submitted with: deliveries with a bad signature get 401. */
   secret: string;
+  /**
+   * How far (seconds, either way) a delivery's `X-Rollgate-Timestamp` may be from this machine's
+   * clock; one further is refused (401) as a possible replay. Default 300 (5 minutes).
+   */
+  toleranceSeconds?: number;
   /** Default 0 (a free port). */
   port?: number;
   /** Default 127.0.0.1; use 0.0.0.0 when the workers run on other hosts. */
@@ -39,7 +44,7 @@ export interface CallbackServer {
   url: string;
   /** Every verified delivery so far, in arrival order. */
   deliveries: CallbackDelivery[];
-  /** How many deliveries were refused for a bad signature. */
+  /** How many deliveries were refused for a bad or missing signature or a stale timestamp. */
   rejected: () => number;
   /** The result of task `id`, once its callback arrives. */
   waitForResult: (id: string, opts?: { timeoutMs?: number; signal?: AbortSignal }) => Promise<TaskResult>;
@@ -49,8 +54,11 @@ export interface CallbackServer {
 }
 
 /**
- * A small HTTP server that receives rollgate callbacks: it checks `X-Rollgate-Signature`
- * (HMAC-SHA256 of the raw body with `secret`), answers 401 to a forgery and 200 to the rest,
+ * A small HTTP server that receives rollgate callbacks: it checks `X-Rollgate-Signature-V2`
+ * (HMAC-SHA256 with `secret` over the delivery id, the timestamp, the event and the raw body) and
+ * that the timestamp is within `toleranceSeconds` of now, answers 401 to a forgery, a replay under
+ * another delivery id or event, a stale delivery or one with only the legacy body-only
+ * `X-Rollgate-Signature`, and 200 to the rest,
  * de-duplicates retries by `X-Rollgate-Delivery`, and lets you await a task's or a group's result.
  */
 export async function startCallbackServer(opts: CallbackServerOptions): Promise<CallbackServer> {
@@ -73,9 +81,10 @@ export async function startCallbackServer(opts: CallbackServerOptions): Promise<
     req.on("end", () => {
       void (async () => {
         const raw = Buffer.concat(chunks);
-        if (!verifySignature(raw, req.headers["x-rollgate-signature"], opts.secret)) {
+        const refused = verifyDelivery(raw, req.headers, opts.secret, { toleranceSeconds: opts.toleranceSeconds ?? DEFAULT_SIGNATURE_TOLERANCE_SECONDS });
+        if (refused) {
           rejected++;
-          res.writeHead(401, { "content-type": "application/json" }).end(JSON.stringify({ error: "bad signature" }));
+          res.writeHead(401, { "content-type": "application/json" }).end(JSON.stringify({ error: refused }));
           return;
         }
         const deliveryId = String(req.headers["x-rollgate-delivery"] ?? "");

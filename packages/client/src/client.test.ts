@@ -2,7 +2,7 @@ import { createHmac } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import { RollgateClient } from "./client.js";
 import { RollgateError } from "./errors.js";
-import { signBody, verifySignature } from "./signature.js";
+import { signBody, signDelivery, verifyDelivery, verifySignature } from "./signature.js";
 import { SseParser } from "./sse.js";
 
 type FetchCall = { url: string; init: RequestInit };
@@ -67,6 +67,29 @@ describe("signatures", () => {
     expect(verifySignature(body, sig, "other")).toBe(false);
     expect(verifySignature(body, undefined, "s3cret")).toBe(false);
     expect(verifySignature(body, "sha256=00", "s3cret")).toBe(false);
+  });
+
+  it("signs a delivery over id, timestamp, event and body (v2) and verifies it with a time tolerance", () => {
+    const body = '{"id":"t-1","reward":1}';
+    const d = { deliveryId: "d-1", event: "task.completed", timestamp: 1_700_000_000, body };
+    const sig = signDelivery(d, "s3cret");
+    // docs/http-api.md#callbacks: v2,<base64 HMAC-SHA256 of "<delivery>.<timestamp>.<event>.<body>">.
+    expect(sig).toBe(`v2,${createHmac("sha256", "s3cret").update(`d-1.1700000000.task.completed.${body}`).digest("base64")}`);
+    const headers = { "x-rollgate-delivery": "d-1", "x-rollgate-event": "task.completed", "x-rollgate-timestamp": "1700000000", "x-rollgate-signature-v2": sig };
+    const at = (s: number) => ({ now: () => s * 1000 });
+    expect(verifyDelivery(body, headers, "s3cret", at(1_700_000_000))).toBeNull();
+    expect(verifyDelivery(Buffer.from(body), headers, "s3cret", at(1_700_000_300))).toBeNull();
+    // Several signatures (a rotation): one that matches is enough.
+    expect(verifyDelivery(body, { ...headers, "x-rollgate-signature-v2": `v2,AAAA ${sig}` }, "s3cret", at(1_700_000_000))).toBeNull();
+    expect(verifyDelivery(body, headers, "s3cret", at(1_700_000_301))).toBe("stale timestamp");
+    expect(verifyDelivery(body, headers, "s3cret", at(1_699_999_699))).toBe("stale timestamp");
+    expect(verifyDelivery(body, headers, "s3cret", { ...at(1_700_001_000), toleranceSeconds: 1_000 })).toBeNull();
+    expect(verifyDelivery(body, { ...headers, "x-rollgate-delivery": "d-2" }, "s3cret", at(1_700_000_000))).toBe("bad signature");
+    expect(verifyDelivery(body, { ...headers, "x-rollgate-event": "task.failed" }, "s3cret", at(1_700_000_000))).toBe("bad signature");
+    expect(verifyDelivery(body, { ...headers, "x-rollgate-timestamp": "1700000001" }, "s3cret", at(1_700_000_000))).toBe("bad signature");
+    expect(verifyDelivery(body, headers, "other", at(1_700_000_000))).toBe("bad signature");
+    expect(verifyDelivery(body, { ...headers, "x-rollgate-signature-v2": undefined, "x-rollgate-signature": signBody(body, "s3cret") }, "s3cret", at(1_700_000_000))).toBe("missing signature");
+    expect(verifyDelivery(body, { ...headers, "x-rollgate-timestamp": undefined }, "s3cret", at(1_700_000_000))).toBe("bad timestamp");
   });
 });
 

@@ -15,10 +15,10 @@ Standard library only (Python >= 3.9). ``AsyncClient`` is the same API as corout
 from . import grpo
 from ._http import __version__
 from .async_client import AsyncClient
-from .callbacks import CallbackReceiver, Delivery, sign, verify
+from .callbacks import CallbackReceiver, Delivery, sign, sign_delivery, verify, verify_delivery
 from .client import Client
 from .errors import RollgateError
 from .routing import decode_routed_experts
 from .trainer_formats import TrainerSamples
 
-__all__ = ["AsyncClient", "CallbackReceiver", "Client", "Delivery", "RollgateError", "TrainerSamples", "decode_routed_experts", "grpo", "sign", "verify", "__version__"]
+__all__ = ["AsyncClient", "CallbackReceiver", "Client", "Delivery", "RollgateError", "TrainerSamples", "decode_routed_experts", "grpo", "sign", "sign_delivery", "verify", "verify_delivery", "__version__"]

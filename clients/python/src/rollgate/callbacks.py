@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import json
@@ -12,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar, cast
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar, Union, cast
 
 from .errors import RollgateError
 
@@ -24,13 +25,66 @@ DECIMAL = re.compile(r"[0-9]{1,15}")
 HEX = re.compile(rb"[0-9a-fA-F]{1,15}")
 
 
+# How far (seconds, either way) a delivery's X-Rollgate-Timestamp may be from now, by default.
+DEFAULT_TOLERANCE = 300.0
+TIMESTAMP = re.compile(r"[0-9]{1,15}")
+# Rollgate's events are task.<status> and group.completed: never a "{", so in the signed content
+# the event cannot be shifted into the body (a JSON object) nor the reverse.
+EVENT = re.compile(r"[a-z]+(\.[a-z_]+)*")
+
+
+def sign_delivery(delivery_id: str, timestamp: Union[int, str], event: str, body: bytes, secret: str) -> str:
+    """The ``X-Rollgate-Signature-V2`` of a delivery:
+    ``v2,<base64 HMAC-SHA256(secret, "<delivery id>.<timestamp>.<event>.<body>")>``."""
+    head = ("%s.%s.%s." % (delivery_id, timestamp, event)).encode("utf-8")
+    return "v2," + base64.b64encode(hmac.new(secret.encode("utf-8"), head + body, hashlib.sha256).digest()).decode("ascii")
+
+
+def verify_delivery(
+    body: bytes,
+    delivery_id: Optional[str],
+    event: Optional[str],
+    timestamp: Optional[str],
+    signature: Optional[str],
+    secret: str,
+    tolerance: float = DEFAULT_TOLERANCE,
+    now: Optional[float] = None,
+) -> Optional[str]:
+    """Why a delivery is refused, or None when it is authentic and fresh: ``signature`` (the
+    ``X-Rollgate-Signature-V2`` header, one or more space-separated ``v2,`` entries) must sign
+    these headers and exactly these body bytes (constant-time), and ``timestamp`` be within
+    ``tolerance`` seconds of ``now`` (default: the clock) either way. The legacy body-only
+    ``X-Rollgate-Signature`` is not accepted instead (no downgrade)."""
+    entries = [e for e in (signature or "").split() if e.startswith("v2,")]
+    delivery_id, event, timestamp = (delivery_id or "").strip(), (event or "").strip(), (timestamp or "").strip()
+    if not entries or not delivery_id:
+        return "missing signature"
+    if not TIMESTAMP.fullmatch(timestamp):
+        return "bad timestamp"
+    if not EVENT.fullmatch(event):
+        return "bad signature"
+    expected = sign_delivery(delivery_id, timestamp, event, body, secret).encode("ascii")
+    ok = False
+    for entry in entries:  # every entry compared, each in constant time
+        ok = hmac.compare_digest(expected, entry.encode("utf-8", "replace")) or ok
+    if not ok:
+        return "bad signature"
+    if abs((time.time() if now is None else now) - int(timestamp)) > tolerance:
+        return "stale timestamp"
+    return None
+
+
 def sign(body: bytes, secret: str) -> str:
-    """The ``X-Rollgate-Signature`` of a body: ``sha256=<hex HMAC-SHA256(body, secret)>``."""
+    """The legacy body-only ``X-Rollgate-Signature``: ``sha256=<hex HMAC-SHA256(body, secret)>``.
+    Workers still send it beside ``X-Rollgate-Signature-V2`` for receivers of the previous release;
+    it covers neither the delivery id, the event nor a time."""
     return "sha256=" + hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
 
 
 def verify(body: bytes, signature: Optional[str], secret: str) -> bool:
-    """Whether ``signature`` signs exactly these body bytes; constant-time."""
+    """Whether the legacy ``signature`` signs exactly these body bytes; constant-time.
+    Deprecated: a body that passes it can be replayed under a fresh delivery id, another event, or
+    forever; use ``verify_delivery``."""
     if not signature or not signature.startswith("sha256="):
         return False
     return hmac.compare_digest(sign(body, secret).encode("ascii"), signature.strip().encode("utf-8", "replace"))
@@ -50,8 +104,11 @@ class CallbackReceiver:
     """An HTTP server for rollgate's callbacks, as a context manager (``with`` or ``async with``).
 
     Put ``receiver.callback`` (``{"url", "secret"}``) in tasks, or ``receiver.url`` with your secret.
-    Every delivery's ``X-Rollgate-Signature`` is checked over the raw body (constant-time): a bad
-    or missing one gets 401 and nothing of it is read or kept. A delivery seen before (same
+    Every delivery's ``X-Rollgate-Signature-V2`` is checked over its delivery id, timestamp, event
+    and raw body (constant-time), and its ``X-Rollgate-Timestamp`` must be within ``tolerance``
+    seconds of now (default 300, either way): a bad or missing signature (the legacy body-only
+    ``X-Rollgate-Signature`` alone is not enough) or a stale timestamp gets 401 and nothing of it
+    is read or kept. A delivery seen before (same
     ``X-Rollgate-Delivery``, as retries carry) is acknowledged again and not counted twice.
     ``wait(task_id)`` returns a task's result, ``wait_group(group_id)`` a group's results in member
     order; ``wait_async`` / ``wait_group_async`` are their coroutines. ``on_delivery`` is called once
@@ -72,6 +129,7 @@ class CallbackReceiver:
         public_url: Optional[str] = None,
         on_delivery: Optional[Callable[[Delivery], None]] = None,
         read_timeout: float = 60.0,
+        tolerance: float = DEFAULT_TOLERANCE,
     ) -> None:
         if not isinstance(secret, str) or not secret:
             raise ValueError("secret must be a non-empty string (the callback.secret of your tasks)")
@@ -81,6 +139,7 @@ class CallbackReceiver:
         self._public_url = public_url
         self._on_delivery = on_delivery
         self._read_timeout = read_timeout
+        self._tolerance = tolerance
         self._lock = threading.Condition()
         self._seen: Set[str] = set()
         self._handling: Set[str] = set()  # delivery ids whose on_delivery is running
@@ -217,12 +276,13 @@ class CallbackReceiver:
 
     # ── the HTTP side ──────────────────────────────────────────────────────────────────────
 
-    def _accept(self, event: str, delivery_id: str, raw: bytes, signature: Optional[str]) -> Tuple[int, bytes]:
+    def _accept(self, event: str, delivery_id: str, raw: bytes, timestamp: Optional[str], signature: Optional[str]) -> Tuple[int, bytes]:
         """What to answer a delivery; records it when it is new and genuine."""
-        if not verify(raw, signature, self.secret):
+        refused = verify_delivery(raw, delivery_id, event, timestamp, signature, self.secret, self._tolerance)
+        if refused is not None:
             with self._lock:
                 self.rejected += 1
-            return 401, b'{"error":"bad signature"}'
+            return 401, json.dumps({"error": refused}).encode()
         try:
             body = json.loads(raw.decode("utf-8"))
         except ValueError:
@@ -230,8 +290,8 @@ class CallbackReceiver:
         if not isinstance(body, dict):
             return 400, b'{"error":"body is not a JSON object"}'
         if _key(event, body) == ("", "") and (event.startswith("group.") or event.startswith("task.")):
-            # X-Rollgate-Event is not signed: a task's signed body relabelled as a group's (or the
-            # reverse) must not stand in for that group's results.
+            # A task's body under a group's event (or the reverse) must not stand in for that
+            # group's results, even when signed so.
             return 400, b'{"error":"the body is not what X-Rollgate-Event says"}'
         with self._lock:
             # A retry that comes while the same delivery is still being handled (rollgate gave up
@@ -296,7 +356,8 @@ class CallbackReceiver:
                     self.headers.get("x-rollgate-event", ""),
                     self.headers.get("x-rollgate-delivery", ""),
                     raw,
-                    self.headers.get("x-rollgate-signature"),
+                    self.headers.get("x-rollgate-timestamp"),
+                    self.headers.get("x-rollgate-signature-v2"),
                 )
                 self._reply(status, answer)
 
