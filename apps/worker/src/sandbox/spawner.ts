@@ -23,13 +23,14 @@ export function spawnerMain(): void {
   const send = (m: object) => {
     if (process.connected) process.send!(m);
   };
-  // Output not yet written to the worker's channel. Past OUT_HIGH messages the programs' streams
-  // pause (their pipes fill and the programs wait in write), as a pipe read by the worker itself
-  // would: a program that writes faster than a busy worker reads cannot pile its output up here.
-  // Both streams of the program pause together, the one that filled the backlog first, and resume
-  // in that order: a line it prints on stdout once its stderr flood is written must not overtake
-  // the flood's end, still in the paused pipe (the tail would lose its last line).
-  const OUT_HIGH = 16;
+  // Output not yet written to the worker's channel. Past OUT_HIGH messages (about 16 MiB of 64 KiB
+  // reads) the programs' streams pause (their pipes fill and the programs wait in write), as a pipe
+  // read by the worker itself would: a program that writes faster than a busy worker reads cannot
+  // pile its output up here. High, because a pause leaves output in the pipe, and a line the
+  // program prints on its other stream meanwhile may then be read first (the tail of an ordinary
+  // flood must end with what was printed last); both streams pause together and resume in the order
+  // they filled the backlog, which keeps that order most of the time, not always.
+  const OUT_HIGH = 256;
   let backlog = 0;
   const paused = new Set<NodeJS.ReadableStream>();
   const sendOut = (stream: NodeJS.ReadableStream, other: NodeJS.ReadableStream, m: object) => {
