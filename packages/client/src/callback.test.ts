@@ -141,4 +141,29 @@ describe("startCallbackServer", () => {
       await server.close();
     }
   });
+
+  it("a body over maxBodyBytes is refused 413 before it is all held, announced or chunked", async () => {
+    const secret = "s3cret";
+    const server = await startCallbackServer({ secret, maxBodyBytes: 1024 });
+    try {
+      const body = JSON.stringify({ ...result("t-big", null, 1), metadata: { pad: "x".repeat(4096) } });
+      const headers = { "x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-big", "x-rollgate-signature": signBody(body, secret) };
+      expect(await post(server.url, body, headers).catch(() => 413)).toBe(413);
+      // Chunked: no length announced, so it is counted as it arrives.
+      const chunked = await new Promise<number>((resolve) => {
+        const req = http.request(server.url, { method: "POST", headers: { ...headers, "transfer-encoding": "chunked" } }, (res) => {
+          res.resume();
+          resolve(res.statusCode ?? 0);
+        });
+        req.on("error", () => resolve(-1));
+        for (let i = 0; i < 8; i++) req.write(body.slice(i * 600, (i + 1) * 600));
+        req.end();
+      });
+      expect(chunked).toBe(413);
+      expect(server.deliveries).toHaveLength(0);
+      expect(server.rejected()).toBe(0);
+    } finally {
+      await server.close();
+    }
+  });
 });

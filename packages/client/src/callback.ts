@@ -32,6 +32,12 @@ export interface CallbackServerOptions {
    * waits for it; a handler that throws answers 500, and the retry calls it again.
    */
   onDelivery?: (delivery: CallbackDelivery) => void | Promise<void>;
+  /**
+   * Bodies larger than this are refused (413) before they are all held in memory: the signature is
+   * checked only once the body is whole, so anyone who can reach the port could otherwise make
+   * the trainer hold a body of any size. Default 512 MiB (a trajectory with routed experts is large).
+   */
+  maxBodyBytes?: number;
 }
 
 export interface CallbackServer {
@@ -52,6 +58,11 @@ export interface CallbackServer {
    */
   forget: (taskOrGroupId: string) => void;
   close: () => Promise<void>;
+}
+
+/** Answers 413 and ends the connection: the rest of the body is not read, so it must not be parsed as a request. */
+function refuseTooLarge(res: http.ServerResponse): void {
+  if (!res.headersSent) res.writeHead(413, { connection: "close" }).end("body too large");
 }
 
 const isTaskBody = (b: unknown): boolean => typeof b === "object" && b !== null && typeof (b as { id?: unknown }).id === "string" && typeof (b as { status?: unknown }).status === "string";
@@ -77,8 +88,20 @@ export async function startCallbackServer(opts: CallbackServerOptions): Promise<
       res.writeHead(405, { allow: "POST" }).end();
       return;
     }
+    const limit = opts.maxBodyBytes ?? 512 * 1024 * 1024;
+    if (Number(req.headers["content-length"] ?? 0) > limit) return void refuseTooLarge(res);
     const chunks: Buffer[] = [];
-    req.on("data", (c: Buffer) => chunks.push(c));
+    let size = 0;
+    req.on("data", (c: Buffer) => {
+      size += c.length;
+      if (size > limit) {
+        chunks.length = 0;
+        refuseTooLarge(res);
+        req.destroy();
+        return;
+      }
+      chunks.push(c);
+    });
     req.on("end", () => {
       void (async () => {
         const raw = Buffer.concat(chunks);
