@@ -3,6 +3,8 @@
  * stdout and stderr pipes (not a terminal), output and exit codes checked.
  */
 import { spawn } from "node:child_process";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -11,6 +13,7 @@ import { freePort } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { REPO_ROOT, startCluster, type RunningCluster } from "../support/cluster.js";
 import { startApp, stopChild } from "../support/apps.js";
+import { startOutageProxy } from "../support/outage-proxy.js";
 import { poll } from "../support/poll.js";
 import { TEST_REDIS_URL, dropPrefix, uniquePrefix } from "../support/redis.js";
 
@@ -347,6 +350,56 @@ describe("the rollgate CLI", () => {
       const r = await rollgate(args, env);
       expect(r.code, args.join(" ")).toBe(2);
       expect(r.stderr).toMatch(/rollgate: .*\n {2}See: rollgate /);
+    }
+  });
+
+  it("submit: a gateway lost mid-submission says which tasks were submitted and which lines were not (human and --json)", async () => {
+    const file = path.join(dir, "partial.jsonl");
+    writeFileSync(file, [quick("p1"), quick("p2"), quick("p3")].map((t) => JSON.stringify(t)).join("\n"));
+    for (const json of [false, true]) {
+      // The gateway goes away after the second batch: the third never reaches it.
+      const proxy = await startOutageProxy(cluster.url, { downAfter: { request: "POST /v1/tasks/batch", after: 2 } });
+      try {
+        const run = await rollgate(["submit", file, "--chunk", "1", "--no-wait", ...(json ? ["--json"] : [])], { ...env, ROLLGATE_URL: proxy.url });
+        expect(run.code, run.stderr).toBe(3);
+        expect(run.stderr).toContain(`partial submission: 2 of 3 task line(s) of ${file} were submitted (2 task(s)); line 3 were not`);
+        if (json) {
+          const out = JSON.parse(run.stdout) as { error: { type: string; details: { partial_submission: { task_ids: string[]; not_submitted_lines: number[] } } } };
+          expect(out.error.type).toBe("unreachable");
+          expect(out.error.details.partial_submission.not_submitted_lines).toEqual([3]);
+          const submitted = out.error.details.partial_submission.task_ids;
+          expect(submitted).toHaveLength(2);
+          // They are real tasks on the cluster.
+          for (const id of submitted) expect((await rollgate(["task", id, "--json"], env)).code).not.toBe(4);
+        }
+      } finally {
+        await proxy.close();
+      }
+    }
+  });
+
+  it("submit -n: two lines naming the same group are refused (the second would be answered with the first's tasks and never run)", async () => {
+    const file = path.join(dir, "same-group.jsonl");
+    const g = `g-same-${prefix.slice(-8)}`;
+    writeFileSync(file, [quick("a", { group_id: g }), quick("b", { group_id: g })].map((t) => JSON.stringify(t)).join("\n"));
+    const run = await rollgate(["submit", file, "-n", "2", "--no-wait"], env);
+    expect(run.code).toBe(2);
+    expect(run.stderr).toContain(`lines 1 and 2 are both group ${g}`);
+    expect((await rollgate(["task", `${g}-0`], env)).code).toBe(4);
+  });
+
+  it("a URL where another web server answers is a gateway error (exit 4), in JSON too", async () => {
+    const other = http.createServer((_req, res) => res.writeHead(200, { "content-type": "text/html" }).end("<html>welcome</html>"));
+    await new Promise<void>((r) => other.listen(0, "127.0.0.1", r));
+    try {
+      const url = `http://127.0.0.1:${(other.address() as AddressInfo).port}`;
+      for (const args of [["pause"], ["task", "t-1"]]) {
+        const run = await rollgate([...args, "--json"], { ROLLGATE_URL: url });
+        expect(run.code, args.join(" ")).toBe(4);
+        expect(JSON.parse(run.stdout)).toMatchObject({ error: { type: "invalid_response" } });
+      }
+    } finally {
+      await new Promise((r) => other.close(r));
     }
   });
 

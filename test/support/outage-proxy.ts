@@ -12,10 +12,16 @@ export interface OutageProxy {
   close: () => Promise<void>;
 }
 
-export async function startOutageProxy(target: string): Promise<OutageProxy> {
+export interface OutageProxyOptions {
+  /** Go down on its own when a request line starting with `request` (e.g. "POST /v1/tasks/batch") comes for the (`after` + 1)th time: that request never reaches the gateway. */
+  downAfter?: { request: string; after: number };
+}
+
+export async function startOutageProxy(target: string, opts: OutageProxyOptions = {}): Promise<OutageProxy> {
   const { hostname, port } = new URL(target);
   const open = new Set<net.Socket>();
   let isDown = false;
+  let seen = 0;
   const server = net.createServer((client) => {
     if (isDown) return void client.resetAndDestroy();
     const upstream = net.connect(Number(port), hostname);
@@ -26,15 +32,25 @@ export async function startOutageProxy(target: string): Promise<OutageProxy> {
     }
     client.on("close", () => upstream.destroy());
     upstream.on("close", () => client.destroy());
-    client.pipe(upstream).pipe(client);
+    client.on("data", (chunk: Buffer) => {
+      const watched = opts.downAfter;
+      if (watched) seen += chunk.toString("latin1").split(`${watched.request} `).length - 1;
+      if (watched && seen > watched.after) {
+        down();
+        return;
+      }
+      upstream.write(chunk);
+    });
+    upstream.pipe(client);
   });
+  function down() {
+    isDown = true;
+    for (const s of open) s.resetAndDestroy();
+  }
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
-    down: () => {
-      isDown = true;
-      for (const s of open) s.resetAndDestroy();
-    },
+    down,
     up: () => {
       isDown = false;
     },
