@@ -90,6 +90,12 @@ describe("tasks files", () => {
     }
     expect(() => readTasksFile("t.jsonl", `${JSON.stringify({ ...ok, id: "a" })}\n${JSON.stringify({ ...ok, id: "a" })}`)).toThrow(/task id a appears on lines 1 and 2/);
     expect(() => readTasksFile("t.jsonl", "\n# nothing\n")).toThrow(/holds no tasks/);
+    // A 64-bit row id would reach the task changed (9223372036854775813 → …776000): refused, named.
+    const big = JSON.stringify({ ...ok, metadata: { rows: [1, "X"] } }).replace('"X"', "9223372036854775813");
+    expect(() => readTasksFile("t.jsonl", big)).toThrow(/line 1: metadata\.rows\[1\] = 9223372036854775813 cannot be held exactly .* arrive as 9223372036854776000\): write it as a string/);
+    // Exact ones (2^53 − 1, 2^60), floats and digits in strings are fine.
+    const fine = JSON.stringify({ ...ok, metadata: { a: 9007199254740991, b: 1.5e300, c: "9223372036854775813" } }).replace("1.5e+300", "1152921504606846976");
+    expect(readTasksFile("t.jsonl", fine)).toHaveLength(1);
   });
 });
 
