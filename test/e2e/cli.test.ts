@@ -9,6 +9,7 @@ import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "n
 import os from "node:os";
 import path from "node:path";
 import readline from "node:readline";
+import { RollgateClient } from "@rollgate/client";
 import { freePort } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { REPO_ROOT, startCluster, type RunningCluster } from "../support/cluster.js";
@@ -376,6 +377,37 @@ describe("the rollgate CLI", () => {
         await proxy.close();
       }
     }
+  });
+
+  it("submit: Ctrl-C while submitting stops after the request in flight and says what was and was not submitted", async () => {
+    const file = path.join(dir, "interrupted.jsonl");
+    const tag = `int-${prefix.slice(-8)}`;
+    const task = { instruction: "x", agent: { harness: "command", command: ["true"] }, evaluator: { kind: "none" }, metadata: { tag } };
+    writeFileSync(file, Array.from({ length: 300 }, () => JSON.stringify(task)).join("\n"));
+    const proc = spawn(process.execPath, [BIN, "submit", file, "--chunk", "1", "--json"], { cwd: dir, env: { ...process.env, NO_COLOR: "", ...env }, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    proc.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
+    proc.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+    const exited = new Promise<number | null>((resolve) => proc.on("exit", (code) => resolve(code)));
+    // Interrupted once the gateway has some of them.
+    const client = new RollgateClient({ baseUrl: cluster.url, apiKey });
+    await poll(
+      async () => (await client.listTasksPage({ limit: 1000 })).tasks.filter((t) => (t.task.metadata as { tag?: string }).tag === tag).length,
+      (n) => n > 0,
+      30_000,
+      20,
+    );
+    proc.kill("SIGINT");
+    expect(await exited, stderr).toBe(130);
+    const out = JSON.parse(stdout) as { interrupted: boolean; submitted: number; task_ids: string[]; not_submitted_lines: number[] };
+    expect(out.interrupted).toBe(true);
+    expect(out.submitted).toBeGreaterThan(0);
+    expect(out.submitted + out.not_submitted_lines.length).toBe(300);
+    expect(out.not_submitted_lines[0]).toBe(out.submitted + 1);
+    expect(stderr).toContain(`interrupted: ${out.submitted} of 300 task line(s) of ${file} were submitted`);
+    const onCluster = (await client.listTasksPage({ limit: 1000 })).tasks.filter((t) => (t.task.metadata as { tag?: string }).tag === tag).map((t) => t.id);
+    expect(onCluster.sort()).toEqual([...out.task_ids].sort());
   });
 
   it("submit -n: two lines naming the same group are refused (the second would be answered with the first's tasks and never run)", async () => {
