@@ -10,6 +10,7 @@ import os from "node:os";
 import path from "node:path";
 import readline from "node:readline";
 import { RollgateClient } from "@rollgate/client";
+import { Redis } from "ioredis";
 import { freePort } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { REPO_ROOT, startCluster, type RunningCluster } from "../support/cluster.js";
@@ -409,6 +410,48 @@ describe("the rollgate CLI", () => {
     const onCluster = (await client.listTasksPage({ limit: 1000 })).tasks.filter((t) => (t.task.metadata as { tag?: string }).tag === tag).map((t) => t.id);
     expect(onCluster.sort()).toEqual([...out.task_ids].sort());
   });
+
+  it("submit: follows through a gateway outage, saying so, and stops following a task the gateway no longer has (no endless wait)", async () => {
+    const sleeper = (id: string, s: number) => ({ id, instruction: "x", agent: { harness: "command", command: ["bash", "-c", `sleep ${s}`] }, evaluator: { kind: "none" }, limits: { timeout_s: 60 } });
+    const tag = prefix.slice(-8);
+    // An outage while the tasks run: the follow rides it out and says so.
+    const file = path.join(dir, "outage.jsonl");
+    writeFileSync(file, JSON.stringify(sleeper(`cli-out-${tag}`, 4)));
+    const proxy = await startOutageProxy(cluster.url);
+    try {
+      const run = rollgate(["submit", file, "--interval", "0.2", "--progress-every", "0.5"], { ...env, ROLLGATE_URL: proxy.url });
+      const client = new RollgateClient({ baseUrl: cluster.url, apiKey });
+      await poll(async () => (await client.getTask(`cli-out-${tag}`).catch(() => null))?.status, (st) => st === "running", 20_000, 50);
+      proxy.down();
+      await new Promise((r) => setTimeout(r, 2_000));
+      proxy.up();
+      const done = await run;
+      expect(done.code, done.stderr).toBe(0);
+      expect(done.stderr).toContain("warning: the gateway is not answering");
+      expect(done.stderr).toContain("the gateway answers again");
+    } finally {
+      await proxy.close();
+    }
+
+    // A task whose record is gone (expired, the store emptied) answers 404 on every poll.
+    const goneId = `cli-gone-${tag}`;
+    const goneFile = path.join(dir, "gone.jsonl");
+    writeFileSync(goneFile, JSON.stringify(sleeper(goneId, 20)));
+    const run = rollgate(["submit", goneFile, "--interval", "0.2", "--json"], env, 30_000);
+    const client = new RollgateClient({ baseUrl: cluster.url, apiKey });
+    await poll(async () => (await client.getTask(goneId).catch(() => null))?.status, (st) => st === "running", 20_000, 50);
+    const redis = new Redis(TEST_REDIS_URL);
+    try {
+      expect(await redis.del(`${prefix}:{t:${goneId}}:task`)).toBe(1);
+    } finally {
+      redis.disconnect();
+    }
+    const done = await run;
+    expect(done.code, done.stderr).toBe(4);
+    expect(done.stderr).toContain(`1 task(s) could not be followed: the gateway answered 404 not_found: no task ${goneId}`);
+    expect((JSON.parse(done.stdout) as { not_followed: { id: string; status: number }[] }).not_followed).toEqual([expect.objectContaining({ id: goneId, status: 404 })]);
+    await client.cancelTask(goneId).catch(() => undefined);
+  }, 90_000);
 
   it("submit -n: two lines naming the same group are refused (the second would be answered with the first's tasks and never run)", async () => {
     const file = path.join(dir, "same-group.jsonl");

@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { closeSync, openSync, writeSync } from "node:fs";
 import path from "node:path";
-import { RollgateError, isTerminal, type TaskResult } from "@rollgate/client";
+import { RollgateError, isOutage, isTerminal, type TaskResult } from "@rollgate/client";
 import { TerminalStatus, type TaskInput, type TaskStatus } from "@rollgate/protocol";
 import { UsageError, numberOption, type CommandSpec } from "../framework.js";
 import { EXIT, fmt, reportError, statusColor, type Context } from "../output.js";
@@ -210,9 +210,13 @@ timed out or were cancelled.`,
     };
     const deadline = timeoutS !== undefined ? startedAt + timeoutS * 1000 : Infinity;
     let lastError: unknown = null;
+    /** Tasks the gateway answered an error for (a 404: the record is gone): no longer followed. */
+    const gone = new Map<string, RollgateError>();
+    let inOutage = false;
+    const note = (line: string) => void (!values.quiet && progress.log(line));
     try {
       while (!interrupted) {
-        const pending = [...tracked.values()].filter((t) => !t.result);
+        const pending = [...tracked.values()].filter((t) => !t.result && !gone.has(t.id));
         if (pending.length === 0) break;
         await pool(pending, 16, async (t) => {
           try {
@@ -230,12 +234,18 @@ timed out or were cancelled.`,
             }
             lastError = null;
           } catch (err) {
-            lastError = err; // a blip: retried on the next sweep
+            // The gateway away (a restart, a deploy): retried on the next sweep. Any other answer
+            // would be the same on every sweep: following that task would never end.
+            if (isOutage(err) || !(err instanceof RollgateError)) lastError = err;
+            else gone.set(t.id, err);
           }
         });
+        if (lastError && !inOutage) note(`${ctx.errStyle.yellow("warning:")} the gateway is not answering (${(lastError as Error).message}); still following: the tasks keep running on the cluster`);
+        else if (!lastError && inOutage) note("the gateway answers again");
+        inOutage = lastError !== null;
         recount();
         if (!values.quiet) progress.update(counts);
-        if (!tracked.size || [...tracked.values()].every((t) => t.result)) break;
+        if (!tracked.size || [...tracked.values()].every((t) => t.result || gone.has(t.id))) break;
         if (Date.now() >= deadline) break;
         await new Promise((r) => setTimeout(r, intervalMs));
       }
@@ -249,6 +259,10 @@ timed out or were cancelled.`,
     const results = [...tracked.values()].flatMap((t) => (t.result ? [t.result] : []));
     const unfinished = ids.length - results.length;
     if (unfinished && lastError) ctx.err(`${ctx.errStyle.yellow("warning:")} last status poll failed: ${(lastError as Error).message}`);
+    if (gone.size) {
+      const [first] = gone.values();
+      ctx.err(`${ctx.errStyle.red("rollgate:")} ${gone.size} task(s) could not be followed: the gateway answered ${first!.status} ${first!.type}: ${first!.message} (${listIds([...gone.keys()])})`);
+    }
 
     // ── summary ──
     const rows = statusRows(results);
@@ -265,6 +279,7 @@ timed out or were cancelled.`,
       ended: results.length,
       unfinished,
       interrupted,
+      not_followed: [...gone.entries()].map(([id, e]) => ({ id, error: e.toJSON().error, status: e.status })),
       by_status: Object.fromEntries(TerminalStatus.options.map((st) => [st, rows.find((r) => r.status === st)?.tasks ?? 0])),
       statuses: rows,
       mean_reward: mean(rewards),
@@ -310,15 +325,16 @@ timed out or were cancelled.`,
         if (groupRows.length > shown.length) say(`… and ${groupRows.length - shown.length} more groups`);
       }
       say(`${summary.tokens_per_s.toFixed(1)} tok/s over ${fmt.ms(elapsedMs)}${resultsToStdout ? "" : `; results appended to ${outPath}`}`);
-      if (interrupted || unfinished) {
+      if ((interrupted || unfinished) && unfinished > gone.size) {
         say(
           s.yellow(
-            `${unfinished} task(s) had not ended when we stopped ${interrupted ? "(interrupted)" : "(timeout)"}; they keep running on the cluster: rollgate watch <id> follows one.`,
+            `${unfinished - gone.size} task(s) had not ended when we stopped ${interrupted ? "(interrupted)" : "(timeout)"}; they keep running on the cluster: rollgate watch <id> follows one.`,
           ),
         );
       }
     }
     if (interrupted) return 130;
+    if (gone.size) return EXIT.api;
     return unfinished || results.some((r) => r.status !== "completed") ? EXIT.failed : EXIT.ok;
   },
 };
