@@ -348,10 +348,15 @@ describe("the rollgate CLI", () => {
     const rejected = await rollgate(["submit", path.join(dir, "tasks.jsonl"), "--url", cluster.url, "--api-key", "wrong"]);
     expect(rejected.code).toBe(4);
 
-    for (const args of [["frobnicate"], ["submit"], ["task", "a", "b"], ["trajectory", "x", "--format", "nope"], ["watch", "x", "--bogus"], ["trajectory", "x", "--decode", "--format", "verl"]]) {
+    const usageMistakes = [["frobnicate"], ["submit"], ["task", "a", "b"], ["trajectory", "x", "--format", "nope"], ["watch", "x", "--bogus"], ["trajectory", "x", "--decode", "--format", "verl"], ["weights", "v1", "--lora", "x"]];
+    for (const args of usageMistakes) {
       const r = await rollgate(args, env);
       expect(r.code, args.join(" ")).toBe(2);
       expect(r.stderr).toMatch(/rollgate: .*\n {2}See: rollgate /);
+      // --json: the error on stdout as JSON too, whichever check found it.
+      const j = await rollgate([...args, "--json"], env);
+      expect(j.code, args.join(" ")).toBe(2);
+      expect(JSON.parse(j.stdout), args.join(" ")).toMatchObject({ error: { type: "usage" } });
     }
   });
 
