@@ -452,8 +452,8 @@ export class RollgateClient {
         if (opts.signal?.aborted) return;
         // A 4xx is final; a dropped connection or a 5xx is retried below.
         if (err instanceof RollgateError && err.status >= 400 && err.status < 500) throw err;
-        // A dropped connection mid-stream is an outage too (it is not a RollgateError).
-        const failure = err instanceof RollgateError ? err : new RollgateError(`event stream of task ${id} dropped`, 0, "unreachable", undefined, undefined, { cause: err });
+        // A dropped connection mid-stream (not a RollgateError) and any 5xx are retried like an outage.
+        const failure = err instanceof RollgateError && err.status < 500 ? err : new RollgateError(`event stream of task ${id} dropped`, 0, "unreachable", undefined, undefined, { cause: err });
         if (reconnects >= max || !outage.rideOut(failure)) throw err;
       }
       if (opts.signal?.aborted) return;
