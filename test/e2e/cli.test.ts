@@ -458,6 +458,30 @@ describe("the rollgate CLI", () => {
     await client.cancelTask(goneId).catch(() => undefined);
   }, 90_000);
 
+  it("watch: rides out a gateway outage, saying so on stderr, and ends with the task", async () => {
+    const id = `cli-watch-out-${prefix.slice(-8)}`;
+    const file = path.join(dir, "watch-outage.jsonl");
+    writeFileSync(file, JSON.stringify({ id, instruction: "x", agent: { harness: "command", command: ["bash", "-c", "sleep 4"] }, evaluator: { kind: "none" }, limits: { timeout_s: 60 } }));
+    expect((await rollgate(["submit", file, "--no-wait"], env)).code).toBe(0);
+    const proxy = await startOutageProxy(cluster.url);
+    try {
+      const run = rollgate(["watch", id], { ...env, ROLLGATE_URL: proxy.url });
+      const client = new RollgateClient({ baseUrl: cluster.url, apiKey });
+      await poll(async () => (await client.getTask(id)).status, (st) => st === "running", 20_000, 50);
+      await new Promise((r) => setTimeout(r, 300)); // the stream is open
+      proxy.down();
+      await new Promise((r) => setTimeout(r, 2_000));
+      proxy.up();
+      const done = await run;
+      expect(done.code, done.stderr).toBe(0);
+      expect(done.stderr).toContain("warning: lost the gateway");
+      expect(done.stderr).toMatch(/reconnected after /);
+      expect(done.stdout).toContain("ended completed");
+    } finally {
+      await proxy.close();
+    }
+  }, 60_000);
+
   it("submit -n: two lines naming the same group are refused (the second would be answered with the first's tasks and never run)", async () => {
     const file = path.join(dir, "same-group.jsonl");
     const g = `g-same-${prefix.slice(-8)}`;

@@ -83,6 +83,8 @@ export interface StreamEventsOptions {
   maxReconnects?: number;
   /** With no `maxReconnects`: how long a gateway outage is ridden out; default 120 000 ms. */
   outageMs?: number;
+  /** Called before each reconnection, with what ended the stream (so a caller can say it is waiting). */
+  onReconnect?: (cause: unknown, attempt: number) => void;
 }
 
 export interface TrajectoryOptions<F extends TrainerFormat = "rollgate"> {
@@ -410,6 +412,7 @@ export class RollgateClient {
     // A count when asked for; otherwise as long as an outage lasts less than outageMs.
     const max = opts.maxReconnects ?? Infinity;
     const outage = new OutageClock(opts.outageMs ?? DEFAULT_OUTAGE_MS);
+    let cause: unknown = null;
     for (;;) {
       let ended = false;
       try {
@@ -455,12 +458,15 @@ export class RollgateClient {
         // A dropped connection mid-stream (not a RollgateError) and any 5xx are retried like an outage.
         const failure = err instanceof RollgateError && err.status < 500 ? err : new RollgateError(`event stream of task ${id} dropped`, 0, "unreachable", undefined, undefined, { cause: err });
         if (reconnects >= max || !outage.rideOut(failure)) throw err;
+        cause = err;
       }
       if (opts.signal?.aborted) return;
       if (reconnects >= max || !outage.rideOut(new RollgateError("", 0, "unreachable"))) {
         throw new RollgateError(`event stream of task ${id} kept closing before the task ended`, 0, "stream_closed");
       }
       reconnects++;
+      opts.onReconnect?.(cause ?? new RollgateError(`event stream of task ${id} closed before the task ended`, 0, "stream_closed"), reconnects);
+      cause = null;
       await sleep(Math.min(200 * 2 ** reconnects, 5_000), opts.signal).catch(() => undefined);
     }
   }
