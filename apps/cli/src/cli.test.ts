@@ -3,7 +3,7 @@ import { describe, expect, it } from "vitest";
 import { GLOBAL_OPTIONS } from "./cli.js";
 import { allCommands } from "./commands/index.js";
 import { UsageError, findCommand, parseCommand } from "./framework.js";
-import { makeStyle, prettyJson } from "./output.js";
+import { clip, makeStyle, prettyJson } from "./output.js";
 import { ProgressView, emptyCounts } from "./progress.js";
 import { ago } from "./commands/tasks.js";
 import { describeCounts, describeExits, listIds, mean, memberOrder, nonzeroExit, statusRows, std } from "./summary.js";
@@ -169,5 +169,16 @@ describe("the submit summary", () => {
     expect(ago("2026-01-01T21:00:00Z", now)).toBe("3h");
     expect(ago("2025-12-30T00:00:00Z", now)).toBe("3d");
     expect(ago(null, now)).toBe("–");
+  });
+});
+
+describe("clip", () => {
+  it("cuts long text (an agent's error in the tasks table) without splitting an emoji or a CJK character", () => {
+    const note = `${"a".repeat(78)}😀 tail`;
+    const cut = clip(note, 80);
+    expect(cut).toBe(`${"a".repeat(78)}😀…`);
+    // A lone surrogate half would not survive UTF-8 (it prints as �).
+    expect(Buffer.from(cut, "utf8").toString("utf8")).toBe(cut);
+    expect(clip("短い", 80)).toBe("短い");
   });
 });

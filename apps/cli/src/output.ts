@@ -33,6 +33,12 @@ export function printable(text: string): string {
   });
 }
 
+/** `text` cut to at most `max` characters with an ellipsis, never through the middle of one (an emoji is two UTF-16 units). */
+export function clip(text: string, max: number): string {
+  const chars = Array.from(text);
+  return chars.length > max ? `${chars.slice(0, max - 1).join("")}…` : text;
+}
+
 export const DEFAULT_URL = "http://127.0.0.1:8080";
 
 /** Colours only on a terminal, never with NO_COLOR or --no-color. */
