@@ -172,4 +172,11 @@ describe("RollgateClient against a fake gateway", () => {
     expect([err.status, err.type]).toEqual([200, "invalid_response"]);
     expect(err.message).toContain("text/html");
   });
+
+  it("says a port fetch refuses is refused by fetch, not that the gateway is down", async () => {
+    // Real fetch: it refuses port 6000 (X11) before connecting, even with a gateway listening there.
+    const err = (await new RollgateClient({ baseUrl: "http://127.0.0.1:6000" }).getTask("t").catch((e: unknown) => e)) as RollgateError;
+    expect(err.type).toBe("unreachable");
+    expect(err.message).toContain('fetch never connects to port 6000 (a WHATWG "bad port"): run the gateway on another port');
+  });
 });

@@ -178,9 +178,12 @@ function unsendable(value: unknown, path = ""): string | null {
   return null;
 }
 
-function describeNetworkError(err: unknown): string {
+function describeNetworkError(err: unknown, url: URL): string {
   const e = err as { cause?: { code?: string; message?: string }; message?: string; name?: string };
   if (e?.name === "TimeoutError") return "timed out";
+  // fetch refuses some ports outright (the WHATWG "bad ports": 6000, 6665-6669, 10080, …), whether
+  // or not a gateway listens there: say so, it is not a network problem.
+  if (e?.cause?.message === "bad port") return `fetch never connects to port ${url.port} (a WHATWG "bad port"): run the gateway on another port`;
   return e?.cause?.code ?? e?.cause?.message ?? e?.message ?? String(err);
 }
 
@@ -247,7 +250,7 @@ export class RollgateClient {
     } catch (err) {
       if (init.signal?.aborted) throw new RollgateError(`${label}: aborted`, 0, "aborted", undefined, label, { cause: err });
       throw new RollgateError(
-        `cannot reach the rollgate gateway at ${this.baseUrl} (${describeNetworkError(err)})`,
+        `cannot reach the rollgate gateway at ${this.baseUrl} (${describeNetworkError(err, url)})`,
         0,
         "unreachable",
         undefined,
