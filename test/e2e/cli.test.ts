@@ -3,14 +3,19 @@
  * stdout and stderr pipes (not a terminal), output and exit codes checked.
  */
 import { spawn } from "node:child_process";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import readline from "node:readline";
+import { RollgateClient } from "@rollgate/client";
+import { Redis } from "ioredis";
 import { freePort } from "@rollgate/testkit";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { REPO_ROOT, startCluster, type RunningCluster } from "../support/cluster.js";
 import { startApp, stopChild } from "../support/apps.js";
+import { startOutageProxy } from "../support/outage-proxy.js";
 import { poll } from "../support/poll.js";
 import { TEST_REDIS_URL, dropPrefix, uniquePrefix } from "../support/redis.js";
 
@@ -343,10 +348,162 @@ describe("the rollgate CLI", () => {
     const rejected = await rollgate(["submit", path.join(dir, "tasks.jsonl"), "--url", cluster.url, "--api-key", "wrong"]);
     expect(rejected.code).toBe(4);
 
-    for (const args of [["frobnicate"], ["submit"], ["task", "a", "b"], ["trajectory", "x", "--format", "nope"], ["watch", "x", "--bogus"], ["trajectory", "x", "--decode", "--format", "verl"]]) {
+    const usageMistakes = [["frobnicate"], ["submit"], ["task", "a", "b"], ["trajectory", "x", "--format", "nope"], ["watch", "x", "--bogus"], ["trajectory", "x", "--decode", "--format", "verl"], ["weights", "v1", "--lora", "x"]];
+    for (const args of usageMistakes) {
       const r = await rollgate(args, env);
       expect(r.code, args.join(" ")).toBe(2);
       expect(r.stderr).toMatch(/rollgate: .*\n {2}See: rollgate /);
+      // --json: the error on stdout as JSON too, whichever check found it.
+      const j = await rollgate([...args, "--json"], env);
+      expect(j.code, args.join(" ")).toBe(2);
+      expect(JSON.parse(j.stdout), args.join(" ")).toMatchObject({ error: { type: "usage" } });
+    }
+  });
+
+  it("submit: a gateway lost mid-submission says which tasks were submitted and which lines were not (human and --json)", async () => {
+    const file = path.join(dir, "partial.jsonl");
+    writeFileSync(file, [quick("p1"), quick("p2"), quick("p3")].map((t) => JSON.stringify(t)).join("\n"));
+    for (const json of [false, true]) {
+      // The gateway goes away after the second batch: the third never reaches it.
+      const proxy = await startOutageProxy(cluster.url, { downAfter: { request: "POST /v1/tasks/batch", after: 2 } });
+      try {
+        const run = await rollgate(["submit", file, "--chunk", "1", "--no-wait", ...(json ? ["--json"] : [])], { ...env, ROLLGATE_URL: proxy.url });
+        expect(run.code, run.stderr).toBe(3);
+        expect(run.stderr).toContain(`partial submission: 2 of 3 task line(s) of ${file} were submitted (2 task(s)); line 3 were not`);
+        if (json) {
+          const out = JSON.parse(run.stdout) as { error: { type: string; details: { partial_submission: { task_ids: string[]; not_submitted_lines: number[] } } } };
+          expect(out.error.type).toBe("unreachable");
+          expect(out.error.details.partial_submission.not_submitted_lines).toEqual([3]);
+          const submitted = out.error.details.partial_submission.task_ids;
+          expect(submitted).toHaveLength(2);
+          // They are real tasks on the cluster.
+          for (const id of submitted) expect((await rollgate(["task", id, "--json"], env)).code).not.toBe(4);
+        }
+      } finally {
+        await proxy.close();
+      }
+    }
+  });
+
+  it("submit: Ctrl-C while submitting stops after the request in flight and says what was and was not submitted", async () => {
+    const file = path.join(dir, "interrupted.jsonl");
+    const tag = `int-${prefix.slice(-8)}`;
+    const task = { instruction: "x", agent: { harness: "command", command: ["true"] }, evaluator: { kind: "none" }, metadata: { tag } };
+    writeFileSync(file, Array.from({ length: 300 }, () => JSON.stringify(task)).join("\n"));
+    const proc = spawn(process.execPath, [BIN, "submit", file, "--chunk", "1", "--json"], { cwd: dir, env: { ...process.env, NO_COLOR: "", ...env }, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    proc.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
+    proc.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+    const exited = new Promise<number | null>((resolve) => proc.on("exit", (code) => resolve(code)));
+    // Interrupted once the gateway has some of them.
+    const client = new RollgateClient({ baseUrl: cluster.url, apiKey });
+    await poll(
+      async () => (await client.listTasksPage({ limit: 1000 })).tasks.filter((t) => (t.task.metadata as { tag?: string }).tag === tag).length,
+      (n) => n > 0,
+      30_000,
+      20,
+    );
+    proc.kill("SIGINT");
+    expect(await exited, stderr).toBe(130);
+    const out = JSON.parse(stdout) as { interrupted: boolean; submitted: number; task_ids: string[]; not_submitted_lines: number[] };
+    expect(out.interrupted).toBe(true);
+    expect(out.submitted).toBeGreaterThan(0);
+    expect(out.submitted + out.not_submitted_lines.length).toBe(300);
+    expect(out.not_submitted_lines[0]).toBe(out.submitted + 1);
+    expect(stderr).toContain(`interrupted: ${out.submitted} of 300 task line(s) of ${file} were submitted`);
+    const onCluster = (await client.listTasksPage({ limit: 1000 })).tasks.filter((t) => (t.task.metadata as { tag?: string }).tag === tag).map((t) => t.id);
+    expect(onCluster.sort()).toEqual([...out.task_ids].sort());
+  });
+
+  it("submit: follows through a gateway outage, saying so, and stops following a task the gateway no longer has (no endless wait)", async () => {
+    const sleeper = (id: string, s: number) => ({ id, instruction: "x", agent: { harness: "command", command: ["bash", "-c", `sleep ${s}`] }, evaluator: { kind: "none" }, limits: { timeout_s: 60 } });
+    const tag = prefix.slice(-8);
+    // An outage while the tasks run: the follow rides it out and says so.
+    const file = path.join(dir, "outage.jsonl");
+    writeFileSync(file, JSON.stringify(sleeper(`cli-out-${tag}`, 4)));
+    const proxy = await startOutageProxy(cluster.url);
+    try {
+      const run = rollgate(["submit", file, "--interval", "0.2", "--progress-every", "0.5"], { ...env, ROLLGATE_URL: proxy.url });
+      const client = new RollgateClient({ baseUrl: cluster.url, apiKey });
+      await poll(async () => (await client.getTask(`cli-out-${tag}`).catch(() => null))?.status, (st) => st === "running", 20_000, 50);
+      proxy.down();
+      await new Promise((r) => setTimeout(r, 2_000));
+      proxy.up();
+      const done = await run;
+      expect(done.code, done.stderr).toBe(0);
+      expect(done.stderr).toContain("warning: the gateway is not answering");
+      expect(done.stderr).toContain("the gateway answers again");
+    } finally {
+      await proxy.close();
+    }
+
+    // A task whose record is gone (expired, the store emptied) answers 404 on every poll.
+    const goneId = `cli-gone-${tag}`;
+    const goneFile = path.join(dir, "gone.jsonl");
+    writeFileSync(goneFile, JSON.stringify(sleeper(goneId, 20)));
+    const run = rollgate(["submit", goneFile, "--interval", "0.2", "--json"], env, 30_000);
+    const client = new RollgateClient({ baseUrl: cluster.url, apiKey });
+    await poll(async () => (await client.getTask(goneId).catch(() => null))?.status, (st) => st === "running", 20_000, 50);
+    const redis = new Redis(TEST_REDIS_URL);
+    try {
+      expect(await redis.del(`${prefix}:{t:${goneId}}:task`)).toBe(1);
+    } finally {
+      redis.disconnect();
+    }
+    const done = await run;
+    expect(done.code, done.stderr).toBe(4);
+    expect(done.stderr).toContain(`1 task(s) could not be followed: the gateway answered 404 not_found: no task ${goneId}`);
+    expect((JSON.parse(done.stdout) as { not_followed: { id: string; status: number }[] }).not_followed).toEqual([expect.objectContaining({ id: goneId, status: 404 })]);
+    await client.cancelTask(goneId).catch(() => undefined);
+  }, 90_000);
+
+  it("watch: rides out a gateway outage, saying so on stderr, and ends with the task", async () => {
+    const id = `cli-watch-out-${prefix.slice(-8)}`;
+    const file = path.join(dir, "watch-outage.jsonl");
+    writeFileSync(file, JSON.stringify({ id, instruction: "x", agent: { harness: "command", command: ["bash", "-c", "sleep 4"] }, evaluator: { kind: "none" }, limits: { timeout_s: 60 } }));
+    expect((await rollgate(["submit", file, "--no-wait"], env)).code).toBe(0);
+    const proxy = await startOutageProxy(cluster.url);
+    try {
+      const run = rollgate(["watch", id], { ...env, ROLLGATE_URL: proxy.url });
+      const client = new RollgateClient({ baseUrl: cluster.url, apiKey });
+      await poll(async () => (await client.getTask(id)).status, (st) => st === "running", 20_000, 50);
+      await new Promise((r) => setTimeout(r, 300)); // the stream is open
+      proxy.down();
+      await new Promise((r) => setTimeout(r, 2_000));
+      proxy.up();
+      const done = await run;
+      expect(done.code, done.stderr).toBe(0);
+      expect(done.stderr).toContain("warning: lost the gateway");
+      expect(done.stderr).toMatch(/reconnected after /);
+      expect(done.stdout).toContain("ended completed");
+    } finally {
+      await proxy.close();
+    }
+  }, 60_000);
+
+  it("submit -n: two lines naming the same group are refused (the second would be answered with the first's tasks and never run)", async () => {
+    const file = path.join(dir, "same-group.jsonl");
+    const g = `g-same-${prefix.slice(-8)}`;
+    writeFileSync(file, [quick("a", { group_id: g }), quick("b", { group_id: g })].map((t) => JSON.stringify(t)).join("\n"));
+    const run = await rollgate(["submit", file, "-n", "2", "--no-wait"], env);
+    expect(run.code).toBe(2);
+    expect(run.stderr).toContain(`lines 1 and 2 are both group ${g}`);
+    expect((await rollgate(["task", `${g}-0`], env)).code).toBe(4);
+  });
+
+  it("a URL where another web server answers is a gateway error (exit 4), in JSON too", async () => {
+    const other = http.createServer((_req, res) => res.writeHead(200, { "content-type": "text/html" }).end("<html>welcome</html>"));
+    await new Promise<void>((r) => other.listen(0, "127.0.0.1", r));
+    try {
+      const url = `http://127.0.0.1:${(other.address() as AddressInfo).port}`;
+      for (const args of [["pause"], ["task", "t-1"]]) {
+        const run = await rollgate([...args, "--json"], { ROLLGATE_URL: url });
+        expect(run.code, args.join(" ")).toBe(4);
+        expect(JSON.parse(run.stdout)).toMatchObject({ error: { type: "invalid_response" } });
+      }
+    } finally {
+      await new Promise((r) => other.close(r));
     }
   });
 

@@ -6,6 +6,7 @@ import http from "node:http";
 import { RollgateClient, RollgateError, TRAINER_FORMATS, signBody, signDelivery, startCallbackServer, verifyDelivery, type TaskEvent } from "@rollgate/client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startCluster, type RunningCluster } from "../support/cluster.js";
+import { startOutageProxy } from "../support/outage-proxy.js";
 import { dropPrefix, uniquePrefix } from "../support/redis.js";
 import { startTrainer } from "../support/trainer.js";
 
@@ -190,5 +191,40 @@ describe("@rollgate/client", () => {
 
     const down = (await new RollgateClient({ baseUrl: "http://127.0.0.1:9" }).getTask("x").catch((e: unknown) => e)) as RollgateError;
     expect(down.unreachable).toBe(true);
+  }, 60_000);
+
+  it("a wait and an event stream ride out a gateway that stops answering for a while", async () => {
+    // A gateway restart or deploy while a trainer waits for its rollouts: the polls (and the
+    // stream) find nothing answering for longer than a stream's old five reconnects (~11 s).
+    const proxy = await startOutageProxy(cluster.url);
+    try {
+      const viaProxy = new RollgateClient({ baseUrl: proxy.url, apiKey });
+      const [accepted] = await viaProxy.submitBatch([
+        { instruction: "wait", agent: { harness: "command", command: ["bash", "-c", "sleep 3"] }, evaluator: { kind: "none" }, limits: { timeout_s: 60 } },
+      ]);
+      const id = accepted!.id;
+      const events: TaskEvent[] = [];
+      let firstEvent!: () => void;
+      const gotFirst = new Promise<void>((r) => (firstEvent = r));
+      const streamed = (async () => {
+        for await (const e of viaProxy.streamEvents(id)) {
+          events.push(e);
+          firstEvent();
+        }
+      })();
+      const waited = viaProxy.waitForResult(id, { intervalMs: 100 });
+      await gotFirst;
+      proxy.down();
+      await new Promise((r) => setTimeout(r, 14_000));
+      proxy.up();
+      expect((await waited).status).toBe("completed");
+      await streamed;
+      expect(events.at(-1)!.type).toBe("terminal");
+      expect(new Set(events.map((e) => e.id)).size).toBe(events.length);
+      // Errors that are not an outage still end a wait at once.
+      await expect(viaProxy.waitForResult("no-such-task", { intervalMs: 100 })).rejects.toMatchObject({ status: 404 });
+    } finally {
+      await proxy.close();
+    }
   }, 60_000);
 });

@@ -3,7 +3,7 @@ import { describe, expect, it } from "vitest";
 import { GLOBAL_OPTIONS } from "./cli.js";
 import { allCommands } from "./commands/index.js";
 import { UsageError, findCommand, parseCommand } from "./framework.js";
-import { makeStyle, prettyJson } from "./output.js";
+import { clip, makeStyle, prettyJson } from "./output.js";
 import { ProgressView, emptyCounts } from "./progress.js";
 import { ago } from "./commands/tasks.js";
 import { describeCounts, describeExits, listIds, mean, memberOrder, nonzeroExit, statusRows, std } from "./summary.js";
@@ -90,6 +90,12 @@ describe("tasks files", () => {
     }
     expect(() => readTasksFile("t.jsonl", `${JSON.stringify({ ...ok, id: "a" })}\n${JSON.stringify({ ...ok, id: "a" })}`)).toThrow(/task id a appears on lines 1 and 2/);
     expect(() => readTasksFile("t.jsonl", "\n# nothing\n")).toThrow(/holds no tasks/);
+    // A 64-bit row id would reach the task changed (9223372036854775813 → …776000): refused, named.
+    const big = JSON.stringify({ ...ok, metadata: { rows: [1, "X"] } }).replace('"X"', "9223372036854775813");
+    expect(() => readTasksFile("t.jsonl", big)).toThrow(/line 1: metadata\.rows\[1\] = 9223372036854775813 cannot be held exactly .* arrive as 9223372036854776000\): write it as a string/);
+    // Exact ones (2^53 − 1, 2^60), floats and digits in strings are fine.
+    const fine = JSON.stringify({ ...ok, metadata: { a: 9007199254740991, b: 1.5e300, c: "9223372036854775813" } }).replace("1.5e+300", "1152921504606846976");
+    expect(readTasksFile("t.jsonl", fine)).toHaveLength(1);
   });
 });
 
@@ -163,5 +169,16 @@ describe("the submit summary", () => {
     expect(ago("2026-01-01T21:00:00Z", now)).toBe("3h");
     expect(ago("2025-12-30T00:00:00Z", now)).toBe("3d");
     expect(ago(null, now)).toBe("–");
+  });
+});
+
+describe("clip", () => {
+  it("cuts long text (an agent's error in the tasks table) without splitting an emoji or a CJK character", () => {
+    const note = `${"a".repeat(78)}😀 tail`;
+    const cut = clip(note, 80);
+    expect(cut).toBe(`${"a".repeat(78)}😀…`);
+    // A lone surrogate half would not survive UTF-8 (it prints as �).
+    expect(Buffer.from(cut, "utf8").toString("utf8")).toBe(cut);
+    expect(clip("短い", 80)).toBe("短い");
   });
 });

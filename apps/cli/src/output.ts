@@ -33,6 +33,12 @@ export function printable(text: string): string {
   });
 }
 
+/** `text` cut to at most `max` characters with an ellipsis, never through the middle of one (an emoji is two UTF-16 units). */
+export function clip(text: string, max: number): string {
+  const chars = Array.from(text);
+  return chars.length > max ? `${chars.slice(0, max - 1).join("")}…` : text;
+}
+
 export const DEFAULT_URL = "http://127.0.0.1:8080";
 
 /** Colours only on a terminal, never with NO_COLOR or --no-color. */
@@ -111,7 +117,9 @@ export function reportError(ctx: Pick<Context, "json" | "err" | "errStyle" | "ur
       ctx.err(`  ${JSON.stringify(err.details)}`);
     }
     if (err.status === 401) ctx.err("  The gateway needs an API key: pass --api-key or set ROLLGATE_API_KEY.");
-    return err.status >= 400 ? EXIT.api : EXIT.failed;
+    // Any answer from the server that is not the call's success (a 4xx/5xx, or a 2xx that is not
+    // the gateway's JSON: another server at this URL) is a gateway error.
+    return err.status > 0 ? EXIT.api : EXIT.failed;
   }
   const message = err instanceof Error ? err.message : String(err);
   if (ctx.json) ctx.printJson({ error: { type: "cli_error", message } });

@@ -9,6 +9,34 @@ export interface TasksFileLine {
 /** Thrown with every bad line listed, so a user fixes a file in one go. */
 export class TasksFileError extends Error {}
 
+const LONG_INTEGER = /(?<![\w.])-?\d{16,}(?![\d.eE])/g;
+
+/**
+ * An integer the file wrote that a JSON number (a double, here and at the gateway) cannot hold: a
+ * 64-bit row id or seed would reach the task, and its results, silently changed. Names the field.
+ */
+function changedInteger(text: string, value: unknown): string | null {
+  for (const [literal] of text.matchAll(LONG_INTEGER)) {
+    const parsed = Number(literal);
+    if (BigInt(literal) === BigInt(parsed)) continue;
+    const field = fieldHolding(value, parsed);
+    // Not found: the digits were inside a string, which keeps them.
+    if (field !== null) return `${field || "the task"} = ${literal} cannot be held exactly by a JSON number (it would arrive as ${parsed}): write it as a string`;
+  }
+  return null;
+}
+
+function fieldHolding(value: unknown, n: number, path = ""): string | null {
+  if (value === n) return path;
+  if (value === null || typeof value !== "object") return null;
+  const entries: [string, unknown][] = Array.isArray(value) ? value.map((v, i) => [`${path}[${i}]`, v]) : Object.entries(value).map(([k, v]) => [path ? `${path}.${k}` : k, v]);
+  for (const [p, v] of entries) {
+    const found = fieldHolding(v, n, p);
+    if (found !== null) return found;
+  }
+  return null;
+}
+
 /**
  * Reads tasks: JSONL (one task per line; blank lines and lines starting with `#` or `//` are
  * skipped), or — for a `.json` file — one task object or an array of them. Every task is checked
@@ -21,13 +49,13 @@ export function readTasksFile(file: string, text?: string): TasksFileLine[] {
   } catch (err) {
     throw new TasksFileError(`cannot read ${file}: ${(err as NodeJS.ErrnoException).code === "ENOENT" ? "no such file" : (err as Error).message}`);
   }
-  const raw: { line: number; value: unknown }[] = [];
+  const raw: { line: number; value: unknown; text: string }[] = [];
   const problems: { line: number; text: string }[] = [];
   const trimmed = content.trim();
   if (file.endsWith(".json") || (trimmed.startsWith("[") && trimmed.endsWith("]"))) {
     try {
       const v = JSON.parse(content) as unknown;
-      (Array.isArray(v) ? v : [v]).forEach((value, i) => raw.push({ line: i + 1, value }));
+      (Array.isArray(v) ? v : [v]).forEach((value, i) => raw.push({ line: i + 1, value, text: content }));
     } catch (err) {
       throw new TasksFileError(`${file} is not valid JSON: ${(err as Error).message}`);
     }
@@ -36,14 +64,19 @@ export function readTasksFile(file: string, text?: string): TasksFileLine[] {
       const s = l.trim();
       if (!s || s.startsWith("#") || s.startsWith("//")) return;
       try {
-        raw.push({ line: i + 1, value: JSON.parse(s) });
+        raw.push({ line: i + 1, value: JSON.parse(s), text: s });
       } catch (err) {
         problems.push({ line: i + 1, text: `line ${i + 1}: not JSON (${(err as Error).message})` });
       }
     });
   }
   const out: TasksFileLine[] = [];
-  for (const { line, value } of raw) {
+  for (const { line, value, text } of raw) {
+    const inexact = changedInteger(text, value);
+    if (inexact) {
+      problems.push({ line, text: `${file.endsWith(".json") ? "task" : "line"} ${line}: ${inexact}` });
+      continue;
+    }
     const parsed = Task.safeParse(value);
     if (parsed.success) out.push({ line, task: value as TaskInput });
     else problems.push({ line, text: `${file.endsWith(".json") ? "task" : "line"} ${line}: ${issuesMessage(parsed.error)}` });

@@ -29,6 +29,24 @@ function post(url: string, body: string, headers: Record<string, string>): Promi
   });
 }
 
+/** A whole TaskResult, as the worker delivers one. */
+const result = (id: string, group_id: string | null, reward: number) => ({
+  id,
+  group_id,
+  status: "completed",
+  reward,
+  evaluation: null,
+  error: null,
+  session_id: null,
+  trajectory: null,
+  usage: { llm_calls: 0, prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0 },
+  timings: { queued_ms: 0, run_ms: 0, eval_ms: 0, total_ms: 0 },
+  attempts: 1,
+  worker: "w",
+  agent: { exit_code: 0, signal: null, log_tail: "" },
+  metadata: {},
+});
+
 describe("startCallbackServer", () => {
   it("takes a signed delivery and refuses its replays: a fresh delivery id, another event, an old timestamp, only the body-only signature", async () => {
     const secret = "s3cret";
@@ -129,6 +147,78 @@ describe("startCallbackServer", () => {
       expect(await post(server.url, body, headers)).toBe(200);
       expect(handled).toEqual(["d-f", "d-f"]);
       expect(server.deliveries).toHaveLength(1);
+    } finally {
+      await server.close();
+    }
+  });
+
+  it("a task's signed body re-sent as group.completed is refused, not filed as its group", async () => {
+    const secret = "s3cret";
+    const server = await startCallbackServer({ secret });
+    try {
+      // A genuine task result carries its group_id: only the body is signed, not the event header.
+      const body = JSON.stringify(result("g-1-0", "g-1", 1));
+      const sig = signBody(body, secret);
+      expect(await post(server.url, body, { "x-rollgate-event": "group.completed", "x-rollgate-delivery": "d-x", "x-rollgate-signature": sig })).toBe(400);
+      await expect(server.waitForGroup("g-1", { timeoutMs: 50 })).rejects.toMatchObject({ type: "timeout" });
+      // Sent as what it is, it is taken.
+      expect(await post(server.url, body, { "x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-t", "x-rollgate-signature": sig })).toBe(200);
+      expect((await server.waitForResult("g-1-0", { timeoutMs: 1000 })).reward).toBe(1);
+    } finally {
+      await server.close();
+    }
+  });
+
+  it("forget lets go of a group, its members' results and their deliveries; a retry after it is acknowledged, not kept", async () => {
+    const secret = "s3cret";
+    const server = await startCallbackServer({ secret });
+    try {
+      const member = (k: number) => result(`g-2-${k}`, "g-2", k);
+      const send = (event: string, delivery: string, b: unknown) => {
+        const body = JSON.stringify(b);
+        return post(server.url, body, { "x-rollgate-event": event, "x-rollgate-delivery": delivery, "x-rollgate-signature": signBody(body, secret) });
+      };
+      const other = result("t-other", null, 0);
+      for (const k of [0, 1]) expect(await send("task.completed", `d-${k}`, member(k))).toBe(200);
+      expect(await send("task.completed", "d-o", other)).toBe(200);
+      const group = { group_id: "g-2", tasks: [member(0), member(1)], summary: {} };
+      expect(await send("group.completed", "d-g", group)).toBe(200);
+      expect(server.deliveries).toHaveLength(4);
+
+      server.forget("g-2");
+      expect(server.deliveries.map((d) => d.deliveryId)).toEqual(["d-o"]);
+      await expect(server.waitForGroup("g-2", { timeoutMs: 50 })).rejects.toMatchObject({ type: "timeout" });
+      await expect(server.waitForResult("g-2-0", { timeoutMs: 50 })).rejects.toMatchObject({ type: "timeout" });
+      expect((await server.waitForResult("t-other", { timeoutMs: 50 })).id).toBe("t-other");
+      expect(await send("task.completed", "d-0", member(0))).toBe(200);
+      expect(server.deliveries).toHaveLength(1);
+      server.forget("t-other");
+      expect(server.deliveries).toHaveLength(0);
+    } finally {
+      await server.close();
+    }
+  });
+
+  it("a body over maxBodyBytes is refused 413 before it is all held, announced or chunked", async () => {
+    const secret = "s3cret";
+    const server = await startCallbackServer({ secret, maxBodyBytes: 1024 });
+    try {
+      const body = JSON.stringify({ ...result("t-big", null, 1), metadata: { pad: "x".repeat(4096) } });
+      const headers = { "x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-big", "x-rollgate-signature": signBody(body, secret) };
+      expect(await post(server.url, body, headers).catch(() => 413)).toBe(413);
+      // Chunked: no length announced, so it is counted as it arrives.
+      const chunked = await new Promise<number>((resolve) => {
+        const req = http.request(server.url, { method: "POST", headers: { ...headers, "transfer-encoding": "chunked" } }, (res) => {
+          res.resume();
+          resolve(res.statusCode ?? 0);
+        });
+        req.on("error", () => resolve(-1));
+        for (let i = 0; i < 8; i++) req.write(body.slice(i * 600, (i + 1) * 600));
+        req.end();
+      });
+      expect(chunked).toBe(413);
+      expect(server.deliveries).toHaveLength(0);
+      expect(server.rejected()).toBe(0);
     } finally {
       await server.close();
     }

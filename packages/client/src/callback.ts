@@ -37,6 +37,12 @@ export interface CallbackServerOptions {
    * waits for it; a handler that throws answers 500, and the retry calls it again.
    */
   onDelivery?: (delivery: CallbackDelivery) => void | Promise<void>;
+  /**
+   * Bodies larger than this are refused (413) before they are all held in memory: the signature is
+   * checked only once the body is whole, so anyone who can reach the port could otherwise make
+   * the trainer hold a body of any size. Default 512 MiB (a trajectory with routed experts is large).
+   */
+  maxBodyBytes?: number;
 }
 
 export interface CallbackServer {
@@ -50,8 +56,22 @@ export interface CallbackServer {
   waitForResult: (id: string, opts?: { timeoutMs?: number; signal?: AbortSignal }) => Promise<TaskResult>;
   /** A group's results, once its group callback arrives. */
   waitForGroup: (groupId: string, opts?: { timeoutMs?: number; signal?: AbortSignal }) => Promise<GroupCallbackBody>;
+  /**
+   * Lets go of what is held for a task or a group (a group: its members' results too, and their
+   * deliveries): a long run keeps one server, and every result it holds would stay in memory.
+   * Delivery ids are still remembered, so a retry is still acknowledged without being kept.
+   */
+  forget: (taskOrGroupId: string) => void;
   close: () => Promise<void>;
 }
+
+/** Answers 413 and ends the connection: the rest of the body is not read, so it must not be parsed as a request. */
+function refuseTooLarge(res: http.ServerResponse): void {
+  if (!res.headersSent) res.writeHead(413, { connection: "close" }).end("body too large");
+}
+
+const isTaskBody = (b: unknown): boolean => typeof b === "object" && b !== null && typeof (b as { id?: unknown }).id === "string" && typeof (b as { status?: unknown }).status === "string";
+const isGroupBody = (b: unknown): boolean => typeof b === "object" && b !== null && typeof (b as { group_id?: unknown }).group_id === "string" && Array.isArray((b as { tasks?: unknown }).tasks);
 
 /**
  * A small HTTP server that receives rollgate callbacks: it checks `X-Rollgate-Signature-V2`
@@ -76,8 +96,20 @@ export async function startCallbackServer(opts: CallbackServerOptions): Promise<
       res.writeHead(405, { allow: "POST" }).end();
       return;
     }
+    const limit = opts.maxBodyBytes ?? 512 * 1024 * 1024;
+    if (Number(req.headers["content-length"] ?? 0) > limit) return void refuseTooLarge(res);
     const chunks: Buffer[] = [];
-    req.on("data", (c: Buffer) => chunks.push(c));
+    let size = 0;
+    req.on("data", (c: Buffer) => {
+      size += c.length;
+      if (size > limit) {
+        chunks.length = 0;
+        refuseTooLarge(res);
+        req.destroy();
+        return;
+      }
+      chunks.push(c);
+    });
     req.on("end", () => {
       void (async () => {
         const raw = Buffer.concat(chunks);
@@ -102,6 +134,13 @@ export async function startCallbackServer(opts: CallbackServerOptions): Promise<
           res.writeHead(400).end("not JSON");
           return;
         }
+        // Only the body is signed, not X-Rollgate-Event: a task's genuine body re-sent as
+        // `group.completed` must not be filed as its group (its waiter would get no members).
+        const isGroup = String(req.headers["x-rollgate-event"] ?? "").startsWith("group.");
+        if (!(isGroup ? isGroupBody(body) : isTaskBody(body))) {
+          res.writeHead(400).end(`the body is not a ${isGroup ? "group" : "task"} result`);
+          return;
+        }
         const delivery: CallbackDelivery = { event: String(req.headers["x-rollgate-event"] ?? ""), deliveryId, rawBody: raw.toString("utf8"), body };
         let handled!: () => void;
         if (deliveryId) inflight.set(deliveryId, new Promise<void>((r) => (handled = r)));
@@ -123,7 +162,7 @@ export async function startCallbackServer(opts: CallbackServerOptions): Promise<
         deliveries.push(delivery);
         if (delivery.event.startsWith("group.")) {
           const g = body as GroupCallbackBody;
-          if (g && typeof g.group_id === "string") groups.set(g.group_id, g);
+          groups.set(g.group_id, g);
         } else {
           const r = TaskResult.safeParse(body);
           if (r.success) taskResults.set(r.data.id, r.data);
@@ -140,6 +179,18 @@ export async function startCallbackServer(opts: CallbackServerOptions): Promise<
   const addr = server.address() as AddressInfo;
   const host = opts.host && opts.host !== "0.0.0.0" && opts.host !== "::" ? opts.host : "127.0.0.1";
   const url = opts.publicUrl ?? `http://${host.includes(":") ? `[${host}]` : host}:${addr.port}/rollouts`;
+
+  function forget(id: string): void {
+    const group = groups.get(id);
+    const members = new Set<string>([id, ...(group?.tasks ?? []).flatMap((t) => (t && typeof t.id === "string" ? [t.id] : []))]);
+    groups.delete(id);
+    for (const m of members) taskResults.delete(m);
+    for (let i = deliveries.length - 1; i >= 0; i--) {
+      const b = deliveries[i]!.body as { id?: unknown; group_id?: unknown };
+      const isGroupDelivery = deliveries[i]!.event.startsWith("group.");
+      if ((isGroupDelivery && b.group_id === id) || (!isGroupDelivery && members.has(String(b.id)))) deliveries.splice(i, 1);
+    }
+  }
 
   function waitFor<T>(get: () => T | undefined, what: string, o: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<T> {
     return new Promise((resolve, reject) => {
@@ -179,6 +230,7 @@ export async function startCallbackServer(opts: CallbackServerOptions): Promise<
     rejected: () => rejected,
     waitForResult: (id, o) => waitFor(() => taskResults.get(id), `task ${id}`, o),
     waitForGroup: (groupId, o) => waitFor(() => groups.get(groupId), `group ${groupId}`, o),
+    forget,
     close: () =>
       new Promise((resolve) => {
         server.closeAllConnections?.();

@@ -174,4 +174,32 @@ describe("RollgateClient against a fake gateway", () => {
   it("rejects a bad base URL up front", () => {
     expect(() => new RollgateClient({ baseUrl: "not a url" })).toThrow(/not a URL|baseUrl/);
   });
+
+  it("refuses a body JSON cannot carry before sending, naming the field (not 'cannot reach the gateway')", async () => {
+    const f = fakeFetch([]);
+    const c = new RollgateClient({ baseUrl: "http://gw:1", fetch: f.impl });
+    const task = (metadata: unknown) => ({ instruction: "x", agent: { harness: "command" as const, command: ["true"] }, metadata }) as never;
+    const big = (await c.submitTask(task({ rows: [1, 2n ** 63n] })).catch((e: unknown) => e)) as RollgateError;
+    expect([big.type, big.unreachable]).toEqual(["invalid_request", true]);
+    expect(big.message).toContain("metadata.rows[1] = 9223372036854775808n is a BigInt");
+    const nan = (await c.submitTask(task({ score: NaN })).catch((e: unknown) => e)) as RollgateError;
+    expect(nan.message).toContain("metadata.score = NaN is not a JSON number");
+    expect(f.calls).toHaveLength(0);
+  });
+
+  it("a 2xx that is not JSON (another server at the URL) is an invalid_response, not the call's value", async () => {
+    const f = fakeFetch([() => new Response("<html>welcome to nginx</html>", { status: 200, headers: { "content-type": "text/html" } })]);
+    const c = new RollgateClient({ baseUrl: "http://gw:1", fetch: f.impl });
+    const err = (await c.pause().catch((e: unknown) => e)) as RollgateError;
+    expect(err).toBeInstanceOf(RollgateError);
+    expect([err.status, err.type]).toEqual([200, "invalid_response"]);
+    expect(err.message).toContain("text/html");
+  });
+
+  it("says a port fetch refuses is refused by fetch, not that the gateway is down", async () => {
+    // Real fetch: it refuses port 6000 (X11) before connecting, even with a gateway listening there.
+    const err = (await new RollgateClient({ baseUrl: "http://127.0.0.1:6000" }).getTask("t").catch((e: unknown) => e)) as RollgateError;
+    expect(err.type).toBe("unreachable");
+    expect(err.message).toContain('fetch never connects to port 6000 (a WHATWG "bad port"): run the gateway on another port');
+  });
 });

@@ -65,14 +65,26 @@ export interface WaitOptions {
   /** Give up (RollgateError type "timeout") after this long; default: wait forever. */
   timeoutMs?: number;
   signal?: AbortSignal;
+  /**
+   * How long polls ride out a gateway that does not answer (or answers 502/503/504: a restart, a
+   * deploy) before the wait ends with that error; default 120 000 ms. Other errors end it at once.
+   */
+  outageMs?: number;
 }
 
 export interface StreamEventsOptions {
   /** Resume after this event id (as `Last-Event-ID`). */
   lastEventId?: string;
   signal?: AbortSignal;
-  /** Reconnections allowed after a dropped stream before giving up; default 5. */
+  /**
+   * Reconnections allowed after a dropped stream before giving up. Default: reconnect as long as
+   * the gateway has been unreachable (or dropping the stream) for less than `outageMs`.
+   */
   maxReconnects?: number;
+  /** With no `maxReconnects`: how long a gateway outage is ridden out; default 120 000 ms. */
+  outageMs?: number;
+  /** Called before each reconnection, with what ended the stream (so a caller can say it is waiting). */
+  onReconnect?: (cause: unknown, attempt: number) => void;
 }
 
 export interface TrajectoryOptions<F extends TrainerFormat = "rollgate"> {
@@ -121,9 +133,57 @@ const sleep = (ms: number, signal?: AbortSignal) =>
     signal?.addEventListener("abort", onAbort, { once: true });
   });
 
-function describeNetworkError(err: unknown): string {
+const DEFAULT_OUTAGE_MS = 120_000;
+
+/** What a gateway restart or deploy looks like from here: nothing answers, or a proxy's 502/503/504. */
+export function isOutage(err: unknown): boolean {
+  return err instanceof RollgateError && (err.type === "unreachable" || err.status === 502 || err.status === 503 || err.status === 504);
+}
+
+/** Times an outage: since when calls have been failing, reset by a call that succeeds. */
+class OutageClock {
+  private since: number | null = null;
+  constructor(private readonly limitMs: number) {}
+  ok(): void {
+    this.since = null;
+  }
+  /** Records a failure; true while it may be ridden out (an outage within the limit). */
+  rideOut(err: unknown): boolean {
+    if (!isOutage(err)) return false;
+    this.since ??= Date.now();
+    return Date.now() - this.since < this.limitMs;
+  }
+}
+
+/**
+ * A request body's values that JSON cannot carry unchanged: a BigInt (JSON.stringify throws), NaN
+ * and ±Infinity (sent as null). Names the first one's field, so the caller knows what to fix.
+ */
+function unsendable(value: unknown, path = ""): string | null {
+  if (typeof value === "bigint") return `${path || "the body"} = ${value}n is a BigInt, which JSON cannot carry: send it as a string`;
+  if (typeof value === "number" && !Number.isFinite(value)) return `${path || "the body"} = ${value} is not a JSON number (it would be sent as null)`;
+  if (value === null || typeof value !== "object") return null;
+  if (typeof (value as { toJSON?: unknown }).toJSON === "function") return null;
+  if (Array.isArray(value)) {
+    for (let i = 0; i < value.length; i++) {
+      const found = unsendable(value[i], `${path}[${i}]`);
+      if (found) return found;
+    }
+    return null;
+  }
+  for (const [k, v] of Object.entries(value)) {
+    const found = unsendable(v, path ? `${path}.${k}` : k);
+    if (found) return found;
+  }
+  return null;
+}
+
+function describeNetworkError(err: unknown, url: URL): string {
   const e = err as { cause?: { code?: string; message?: string }; message?: string; name?: string };
   if (e?.name === "TimeoutError") return "timed out";
+  // fetch refuses some ports outright (the WHATWG "bad ports": 6000, 6665-6669, 10080, …), whether
+  // or not a gateway listens there: say so, it is not a network problem.
+  if (e?.cause?.message === "bad port") return `fetch never connects to port ${url.port} (a WHATWG "bad port"): run the gateway on another port`;
   return e?.cause?.code ?? e?.cause?.message ?? e?.message ?? String(err);
 }
 
@@ -172,6 +232,10 @@ export class RollgateClient {
     const url = new URL(this.baseUrl + path);
     for (const [k, v] of Object.entries(init.query ?? {})) if (v !== undefined && v !== "") url.searchParams.set(k, String(v));
     const label = `${method} ${url.pathname}`;
+    // Checked before sending: such a value would otherwise read as "cannot reach the gateway" (a
+    // BigInt) or reach the gateway silently changed (NaN, Infinity).
+    const bad = init.body === undefined ? null : unsendable(init.body);
+    if (bad) throw new RollgateError(`${label}: ${bad}`, 0, "invalid_request", undefined, label);
     const signals = [init.signal, init.timeoutMs === null ? undefined : AbortSignal.timeout(init.timeoutMs ?? this.timeoutMs)].filter(
       (s): s is AbortSignal => s !== undefined,
     );
@@ -186,7 +250,7 @@ export class RollgateClient {
     } catch (err) {
       if (init.signal?.aborted) throw new RollgateError(`${label}: aborted`, 0, "aborted", undefined, label, { cause: err });
       throw new RollgateError(
-        `cannot reach the rollgate gateway at ${this.baseUrl} (${describeNetworkError(err)})`,
+        `cannot reach the rollgate gateway at ${this.baseUrl} (${describeNetworkError(err, url)})`,
         0,
         "unreachable",
         undefined,
@@ -223,7 +287,12 @@ export class RollgateClient {
     try {
       return text ? JSON.parse(text) : null;
     } catch {
-      return text;
+      // Not the gateway's answer (every route answers JSON): another server at this URL, say.
+      throw new RollgateError(
+        `${method} ${path} answered non-JSON (${res.headers.get("content-type") ?? "no content type"}): ${text.slice(0, 200)}`,
+        res.status,
+        "invalid_response",
+      );
     }
   }
 
@@ -293,33 +362,45 @@ export class RollgateClient {
     return res.text();
   }
 
-  /** Polls `GET /v1/tasks/:id` until the task ends; resolves to its result. */
+  /** Polls `GET /v1/tasks/:id` until the task ends; resolves to its result. A gateway outage is ridden out (`outageMs`). */
   async waitForResult(id: string, opts: WaitOptions = {}): Promise<TaskResult> {
-    const deadline = opts.timeoutMs !== undefined ? Date.now() + opts.timeoutMs : Infinity;
-    for (;;) {
-      const record = await this.getTask(id, opts.signal ? { signal: opts.signal } : {});
-      if (record.result) return record.result;
-      if (Date.now() >= deadline) throw new RollgateError(`task ${id} is still ${record.status} after ${opts.timeoutMs} ms`, 0, "timeout");
-      await sleep(Math.min(opts.intervalMs ?? 1000, Math.max(0, deadline - Date.now())), opts.signal);
-    }
+    const [result] = await this.waitForResults([id], opts);
+    return result!;
   }
 
-  /** Waits for several tasks (polling each until it ends); results in the order of `ids`. */
+  /** Waits for several tasks (polling each until it ends); results in the order of `ids`. A gateway outage is ridden out (`outageMs`). */
   async waitForResults(ids: string[], opts: WaitOptions & { onResult?: (r: TaskResult) => void } = {}): Promise<TaskResult[]> {
     const results = new Map<string, TaskResult>();
     const deadline = opts.timeoutMs !== undefined ? Date.now() + opts.timeoutMs : Infinity;
+    const outage = new OutageClock(opts.outageMs ?? DEFAULT_OUTAGE_MS);
+    let lastStatus = "queued";
+    let lastFailure: RollgateError | null = null;
     while (results.size < ids.length) {
       const pending = ids.filter((id) => !results.has(id));
       for (const id of pending) {
-        const record = await this.getTask(id, opts.signal ? { signal: opts.signal } : {});
+        let record: TaskRecord;
+        try {
+          record = await this.getTask(id, opts.signal ? { signal: opts.signal } : {});
+          outage.ok();
+          lastFailure = null;
+        } catch (err) {
+          if (opts.signal?.aborted || !outage.rideOut(err)) throw err;
+          lastFailure = err as RollgateError;
+          break; // the gateway is down: wait, then poll again
+        }
+        lastStatus = record.status;
         if (record.result) {
           results.set(id, record.result);
           opts.onResult?.(record.result);
         }
       }
       if (results.size === ids.length) break;
-      if (Date.now() >= deadline) throw new RollgateError(`${ids.length - results.size} of ${ids.length} tasks still running after ${opts.timeoutMs} ms`, 0, "timeout");
-      await sleep(opts.intervalMs ?? 1000, opts.signal);
+      if (Date.now() >= deadline) {
+        const what = ids.length === 1 ? `task ${ids[0]} is still ${lastStatus}` : `${ids.length - results.size} of ${ids.length} tasks still running`;
+        const why = lastFailure ? ` (the last poll got no answer: ${lastFailure.message})` : "";
+        throw new RollgateError(`${what} after ${opts.timeoutMs} ms${why}`, 0, "timeout");
+      }
+      await sleep(Math.min(opts.intervalMs ?? 1000, Math.max(0, deadline - Date.now())), opts.signal);
     }
     return ids.map((id) => results.get(id)!);
   }
@@ -331,7 +412,10 @@ export class RollgateClient {
   async *streamEvents(id: string, opts: StreamEventsOptions = {}): AsyncGenerator<TaskEvent> {
     let lastId = opts.lastEventId ?? null;
     let reconnects = 0;
-    const max = opts.maxReconnects ?? 5;
+    // A count when asked for; otherwise as long as an outage lasts less than outageMs.
+    const max = opts.maxReconnects ?? Infinity;
+    const outage = new OutageClock(opts.outageMs ?? DEFAULT_OUTAGE_MS);
+    let cause: unknown = null;
     for (;;) {
       let ended = false;
       try {
@@ -359,6 +443,7 @@ export class RollgateClient {
               if (!event.success) continue;
               lastId = event.data.id;
               reconnects = 0;
+              outage.ok();
               yield event.data;
               if (event.data.type === "terminal") {
                 ended = true;
@@ -373,11 +458,18 @@ export class RollgateClient {
         if (opts.signal?.aborted) return;
         // A 4xx is final; a dropped connection or a 5xx is retried below.
         if (err instanceof RollgateError && err.status >= 400 && err.status < 500) throw err;
-        if (reconnects >= max) throw err;
+        // A dropped connection mid-stream (not a RollgateError) and any 5xx are retried like an outage.
+        const failure = err instanceof RollgateError && err.status < 500 ? err : new RollgateError(`event stream of task ${id} dropped`, 0, "unreachable", undefined, undefined, { cause: err });
+        if (reconnects >= max || !outage.rideOut(failure)) throw err;
+        cause = err;
       }
       if (opts.signal?.aborted) return;
-      if (reconnects >= max) throw new RollgateError(`event stream of task ${id} kept closing before the task ended`, 0, "stream_closed");
+      if (reconnects >= max || !outage.rideOut(new RollgateError("", 0, "unreachable"))) {
+        throw new RollgateError(`event stream of task ${id} kept closing before the task ended`, 0, "stream_closed");
+      }
       reconnects++;
+      opts.onReconnect?.(cause ?? new RollgateError(`event stream of task ${id} closed before the task ended`, 0, "stream_closed"), reconnects);
+      cause = null;
       await sleep(Math.min(200 * 2 ** reconnects, 5_000), opts.signal).catch(() => undefined);
     }
   }

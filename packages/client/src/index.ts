@@ -1,4 +1,4 @@
-export { RollgateClient, isTerminal, type WeightLoad } from "./client.js";
+export { RollgateClient, isOutage, isTerminal, type WeightLoad } from "./client.js";
 export type {
   RollgateClientOptions,
   GroupRequest,

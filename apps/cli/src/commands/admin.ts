@@ -1,4 +1,4 @@
-import type { CommandSpec } from "../framework.js";
+import { UsageError, type CommandSpec } from "../framework.js";
 import { EXIT, type Context } from "../output.js";
 
 function show(ctx: Context, what: string, answer: unknown) {
@@ -41,10 +41,8 @@ export const weightsCommand: CommandSpec<Context> = {
   async run(ctx, [version], values) {
     const path = values.load as string | undefined;
     const lora = values.lora as string | undefined;
-    if (lora && !path) {
-      ctx.err("--lora names the adapter that --load <path> loads: give both");
-      return EXIT.usage;
-    }
+    // A usage error (not a bare line on stderr): --json gets its {error} on stdout too.
+    if (lora && !path) throw new UsageError("--lora names the adapter that --load <path> loads: give both", "weights");
     if (!path) {
       show(ctx, `weight version set to ${version}`, await ctx.client.setWeightVersion(version!));
       return EXIT.ok;

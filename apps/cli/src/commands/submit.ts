@@ -1,10 +1,10 @@
 import { randomUUID } from "node:crypto";
 import { closeSync, openSync, writeSync } from "node:fs";
 import path from "node:path";
-import { isTerminal, type TaskResult } from "@rollgate/client";
+import { RollgateError, isOutage, isTerminal, type TaskResult } from "@rollgate/client";
 import { TerminalStatus, type TaskInput, type TaskStatus } from "@rollgate/protocol";
 import { UsageError, numberOption, type CommandSpec } from "../framework.js";
-import { EXIT, fmt, statusColor, type Context } from "../output.js";
+import { EXIT, fmt, reportError, statusColor, type Context } from "../output.js";
 import { ProgressView, emptyCounts, type ProgressCounts } from "../progress.js";
 import { describeCounts, describeExits, listIds, mean, statusRows, std } from "../summary.js";
 import { renderTable } from "../table.js";
@@ -30,6 +30,42 @@ async function pool<T>(items: T[], limit: number, work: (item: T) => Promise<voi
       while (next < items.length) await work(items[next++]!);
     }),
   );
+}
+
+/**
+ * Some lines were submitted and then the submission stopped (an error, Ctrl-C): the tasks already
+ * submitted run on the cluster, so say which, and which lines were not, before exiting.
+ */
+function reportPartial(
+  ctx: Context,
+  err: unknown,
+  p: { file: string; lines: number[]; linesDone: number; ids: string[]; groups: { group_id: string; task_ids: string[] }[] },
+): number {
+  const notSubmitted = p.lines.slice(p.linesDone);
+  const partial = {
+    submitted: p.ids.length,
+    task_ids: p.ids,
+    group_ids: p.groups.map((g) => g.group_id),
+    not_submitted_lines: notSubmitted,
+  };
+  const lineRange = notSubmitted.length === 1 ? `line ${notSubmitted[0]}` : `lines ${notSubmitted[0]}–${notSubmitted.at(-1)}`;
+  const what = `${p.linesDone} of ${p.lines.length} task line(s) of ${p.file} were submitted (${p.ids.length} task(s)); ${lineRange} were not`;
+  if (err === null) {
+    if (ctx.json) ctx.printJson({ interrupted: true, ...partial });
+    ctx.err(`${ctx.errStyle.yellow("interrupted:")} ${what}.`);
+  } else {
+    const code = reportError({ ...ctx, json: false }, err);
+    if (ctx.json) {
+      const e = err instanceof RollgateError ? err.toJSON().error : { type: "cli_error", message: String((err as Error)?.message ?? err) };
+      ctx.printJson({ error: { ...e, details: { ...(e.details !== undefined ? { error: e.details } : {}), partial_submission: partial } } });
+    }
+    ctx.err(`${ctx.errStyle.yellow("partial submission:")} ${what}.`);
+    if (err instanceof RollgateError && err.unreachable) ctx.err(`  The request for line ${notSubmitted[0]} got no answer: the gateway may have taken it (rollgate tasks shows what it has).`);
+    ctx.err(`  The submitted tasks run on the cluster (${listIds(p.ids)}); a re-run of the whole file submits tasks without an id again.`);
+    return code;
+  }
+  ctx.err(`  The submitted tasks run on the cluster (${listIds(p.ids)}); a re-run of the whole file submits tasks without an id again.`);
+  return 130;
 }
 
 export const submitCommand: CommandSpec<Context> = {
@@ -86,21 +122,52 @@ timed out or were cancelled.`,
     const ids: string[] = [];
     const groups: { group_id: string; task_ids: string[] }[] = [];
     const startedAt = Date.now();
+    const runTag = randomUUID().slice(0, 8);
+    const groupIdOf = (l: (typeof lines)[number]) => l.task.group_id ?? l.task.id ?? `g-${runTag}-${l.line}`;
     if (groupSize) {
-      const runTag = randomUUID().slice(0, 8);
-      for (const { line, task } of lines) {
-        const groupId = task.group_id ?? task.id ?? `g-${runTag}-${line}`;
-        const { id: _id, group_id: _gid, ...rest } = task;
-        const accepted = await ctx.client.submitGroup({ group_id: groupId, n: groupSize, task: rest as TaskInput });
-        ids.push(...accepted.map((a) => a.id));
-        groups.push({ group_id: groupId, task_ids: accepted.map((a) => a.id) });
-      }
-    } else {
-      for (let i = 0; i < lines.length; i += chunk) {
-        const accepted = await ctx.client.submitBatch(lines.slice(i, i + chunk).map((l) => l.task));
-        ids.push(...accepted.map((a) => a.id));
+      // The group's task ids are <group_id>-<k>, and a submit is idempotent on them: a second line
+      // naming the same group would be answered with the first line's tasks and never run.
+      const seen = new Map<string, number>();
+      for (const l of lines) {
+        const g = groupIdOf(l);
+        if (seen.has(g)) throw new UsageError(`${file}: lines ${seen.get(g)} and ${l.line} are both group ${g} (with -n each line is its own group: give them distinct group_id or id)`, "submit");
+        seen.set(g, l.line);
       }
     }
+    // Ctrl-C while submitting stops after the request in flight: what was submitted is said, never
+    // left unknown (tasks without an id would be submitted again by a re-run).
+    let stopSubmitting = false;
+    const onSigintWhileSubmitting = () => {
+      if (stopSubmitting) process.exit(130);
+      stopSubmitting = true;
+    };
+    process.on("SIGINT", onSigintWhileSubmitting);
+    let linesDone = 0;
+    try {
+      if (groupSize) {
+        for (const l of lines) {
+          if (stopSubmitting) break;
+          const { id: _id, group_id: _gid, ...rest } = l.task;
+          const groupId = groupIdOf(l);
+          const accepted = await ctx.client.submitGroup({ group_id: groupId, n: groupSize, task: rest as TaskInput });
+          ids.push(...accepted.map((a) => a.id));
+          groups.push({ group_id: groupId, task_ids: accepted.map((a) => a.id) });
+          linesDone++;
+        }
+      } else {
+        for (let i = 0; i < lines.length && !stopSubmitting; i += chunk) {
+          const accepted = await ctx.client.submitBatch(lines.slice(i, i + chunk).map((l) => l.task));
+          ids.push(...accepted.map((a) => a.id));
+          linesDone = Math.min(lines.length, i + chunk);
+        }
+      }
+    } catch (err) {
+      if (linesDone === 0) throw err;
+      return reportPartial(ctx, err, { file: file!, lines: lines.map((l) => l.line), linesDone, ids, groups });
+    } finally {
+      process.off("SIGINT", onSigintWhileSubmitting);
+    }
+    if (stopSubmitting) return reportPartial(ctx, null, { file: file!, lines: lines.map((l) => l.line), linesDone, ids, groups });
     if (values.wait === false) {
       // stdout holds only the ids (one per line), for scripts.
       if (!values.quiet && !ctx.json) ctx.err(`submitted ${ids.length} task(s) from ${file} to ${ctx.url}${groups.length ? ` in ${groups.length} group(s): ${listIds(groups.map((g) => g.group_id))}` : ""}`);
@@ -143,9 +210,13 @@ timed out or were cancelled.`,
     };
     const deadline = timeoutS !== undefined ? startedAt + timeoutS * 1000 : Infinity;
     let lastError: unknown = null;
+    /** Tasks the gateway answered an error for (a 404: the record is gone): no longer followed. */
+    const gone = new Map<string, RollgateError>();
+    let inOutage = false;
+    const note = (line: string) => void (!values.quiet && progress.log(line));
     try {
       while (!interrupted) {
-        const pending = [...tracked.values()].filter((t) => !t.result);
+        const pending = [...tracked.values()].filter((t) => !t.result && !gone.has(t.id));
         if (pending.length === 0) break;
         await pool(pending, 16, async (t) => {
           try {
@@ -163,12 +234,18 @@ timed out or were cancelled.`,
             }
             lastError = null;
           } catch (err) {
-            lastError = err; // a blip: retried on the next sweep
+            // The gateway away (a restart, a deploy): retried on the next sweep. Any other answer
+            // would be the same on every sweep: following that task would never end.
+            if (isOutage(err) || !(err instanceof RollgateError)) lastError = err;
+            else gone.set(t.id, err);
           }
         });
+        if (lastError && !inOutage) note(`${ctx.errStyle.yellow("warning:")} the gateway is not answering (${(lastError as Error).message}); still following: the tasks keep running on the cluster`);
+        else if (!lastError && inOutage) note("the gateway answers again");
+        inOutage = lastError !== null;
         recount();
         if (!values.quiet) progress.update(counts);
-        if (!tracked.size || [...tracked.values()].every((t) => t.result)) break;
+        if (!tracked.size || [...tracked.values()].every((t) => t.result || gone.has(t.id))) break;
         if (Date.now() >= deadline) break;
         await new Promise((r) => setTimeout(r, intervalMs));
       }
@@ -182,6 +259,10 @@ timed out or were cancelled.`,
     const results = [...tracked.values()].flatMap((t) => (t.result ? [t.result] : []));
     const unfinished = ids.length - results.length;
     if (unfinished && lastError) ctx.err(`${ctx.errStyle.yellow("warning:")} last status poll failed: ${(lastError as Error).message}`);
+    if (gone.size) {
+      const [first] = gone.values();
+      ctx.err(`${ctx.errStyle.red("rollgate:")} ${gone.size} task(s) could not be followed: the gateway answered ${first!.status} ${first!.type}: ${first!.message} (${listIds([...gone.keys()])})`);
+    }
 
     // ── summary ──
     const rows = statusRows(results);
@@ -198,6 +279,7 @@ timed out or were cancelled.`,
       ended: results.length,
       unfinished,
       interrupted,
+      not_followed: [...gone.entries()].map(([id, e]) => ({ id, error: e.toJSON().error, status: e.status })),
       by_status: Object.fromEntries(TerminalStatus.options.map((st) => [st, rows.find((r) => r.status === st)?.tasks ?? 0])),
       statuses: rows,
       mean_reward: mean(rewards),
@@ -243,15 +325,16 @@ timed out or were cancelled.`,
         if (groupRows.length > shown.length) say(`… and ${groupRows.length - shown.length} more groups`);
       }
       say(`${summary.tokens_per_s.toFixed(1)} tok/s over ${fmt.ms(elapsedMs)}${resultsToStdout ? "" : `; results appended to ${outPath}`}`);
-      if (interrupted || unfinished) {
+      if ((interrupted || unfinished) && unfinished > gone.size) {
         say(
           s.yellow(
-            `${unfinished} task(s) had not ended when we stopped ${interrupted ? "(interrupted)" : "(timeout)"}; they keep running on the cluster: rollgate watch <id> follows one.`,
+            `${unfinished - gone.size} task(s) had not ended when we stopped ${interrupted ? "(interrupted)" : "(timeout)"}; they keep running on the cluster: rollgate watch <id> follows one.`,
           ),
         );
       }
     }
     if (interrupted) return 130;
+    if (gone.size) return EXIT.api;
     return unfinished || results.some((r) => r.status !== "completed") ? EXIT.failed : EXIT.ok;
   },
 };

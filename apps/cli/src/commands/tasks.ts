@@ -3,7 +3,7 @@ import { TaskStatus } from "@rollgate/protocol";
 import { numberOption, type CommandSpec } from "../framework.js";
 import { nonzeroExit } from "../summary.js";
 import { renderTable } from "../table.js";
-import { EXIT, fmt, printable, statusColor, type Context } from "../output.js";
+import { EXIT, clip, fmt, printable, statusColor, type Context } from "../output.js";
 
 const STATUSES = TaskStatus.options;
 
@@ -57,7 +57,7 @@ records (TaskRecord) as one JSON array.`,
       const r = t.result;
       const exit = r ? nonzeroExit(r.agent) : null;
       const note = [r?.error ? printable(`${r.error.kind}: ${r.error.message}`) : "", exit ? `agent exit ${exit}` : ""].filter(Boolean).join(" · ");
-      return [t.id, statusColor(s, t.status), t.group_id ?? "–", ago(since(t), now), String(t.attempts), r ? fmt.reward(r.reward) : "–", note.length > 80 ? `${note.slice(0, 79)}…` : note || "–"];
+      return [t.id, statusColor(s, t.status), t.group_id ?? "–", ago(since(t), now), String(t.attempts), r ? fmt.reward(r.reward) : "–", clip(note, 80) || "–"];
     });
     ctx.out(renderTable(["id", "status", "group", "since", "attempts", "reward", "error"], rows, { right: [3, 4, 5], ascii: !s.enabled && !process.env.LANG?.includes("UTF") }));
     ctx.out(s.gray(`${tasks.length} task(s)${filters ? ` (${filters})` : ""}, newest first${tasks.length === limit ? `; --limit shows more` : ""} · rollgate watch <id> follows one`));

@@ -56,9 +56,20 @@ each with its task_id). Exit code 0 when everything watched completed, 1 otherwi
     }
     const width = Math.max(...ids.map((i) => i.length));
     const ended = new Map<string, { status: string; reward: number | null }>();
+    // Said once per outage (every stream of a group sees the same one), on stderr: stdout stays events.
+    let waitingSince: number | null = null;
     await Promise.all(
       ids.map(async (taskId) => {
-        for await (const e of ctx.client.streamEvents(taskId)) {
+        const onReconnect = (cause: unknown) => {
+          if (waitingSince !== null) return;
+          waitingSince = Date.now();
+          ctx.err(`${ctx.errStyle.yellow("warning:")} lost the gateway (${cause instanceof Error ? cause.message : String(cause)}); reconnecting, the task keeps running`);
+        };
+        for await (const e of ctx.client.streamEvents(taskId, { onReconnect })) {
+          if (waitingSince !== null) {
+            ctx.err(`reconnected after ${fmt.ms(Date.now() - waitingSince)}`);
+            waitingSince = null;
+          }
           if (ctx.json) ctx.printJson({ task_id: taskId, ...e }, true);
           else ctx.out(`${s.gray(fmt.time(e.at))} ${isGroup ? `${s.cyan(taskId.padEnd(width))} ` : ""}${describeEvent(s, e)}`);
           if (e.type === "terminal") ended.set(taskId, { status: String(e.data.status), reward: (e.data.reward as number | null | undefined) ?? null });

@@ -1,0 +1,63 @@
+import net from "node:net";
+import type { AddressInfo } from "node:net";
+
+/**
+ * A TCP proxy in front of a gateway that can be taken down and brought back: down, it resets
+ * every open connection and every new one (a gateway restart or deploy, as a client sees it).
+ */
+export interface OutageProxy {
+  url: string;
+  down: () => void;
+  up: () => void;
+  close: () => Promise<void>;
+}
+
+export interface OutageProxyOptions {
+  /** Go down on its own when a request line starting with `request` (e.g. "POST /v1/tasks/batch") comes for the (`after` + 1)th time: that request never reaches the gateway. */
+  downAfter?: { request: string; after: number };
+}
+
+export async function startOutageProxy(target: string, opts: OutageProxyOptions = {}): Promise<OutageProxy> {
+  const { hostname, port } = new URL(target);
+  const open = new Set<net.Socket>();
+  let isDown = false;
+  let seen = 0;
+  const server = net.createServer((client) => {
+    if (isDown) return void client.resetAndDestroy();
+    const upstream = net.connect(Number(port), hostname);
+    for (const s of [client, upstream]) {
+      open.add(s);
+      s.on("close", () => open.delete(s));
+      s.on("error", () => undefined);
+    }
+    client.on("close", () => upstream.destroy());
+    upstream.on("close", () => client.destroy());
+    client.on("data", (chunk: Buffer) => {
+      const watched = opts.downAfter;
+      if (watched) seen += chunk.toString("latin1").split(`${watched.request} `).length - 1;
+      if (watched && seen > watched.after) {
+        down();
+        return;
+      }
+      upstream.write(chunk);
+    });
+    upstream.pipe(client);
+  });
+  function down() {
+    isDown = true;
+    for (const s of open) s.resetAndDestroy();
+  }
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    down,
+    up: () => {
+      isDown = false;
+    },
+    close: () =>
+      new Promise((resolve) => {
+        for (const s of open) s.destroy();
+        server.close(() => resolve());
+      }),
+  };
+}
