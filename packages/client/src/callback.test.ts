@@ -156,13 +156,16 @@ describe("startCallbackServer", () => {
     const secret = "s3cret";
     const server = await startCallbackServer({ secret });
     try {
-      // A genuine task result carries its group_id: only the body is signed, not the event header.
+      // A genuine task result carries its group_id.
       const body = JSON.stringify(result("g-1-0", "g-1", 1));
-      const sig = signBody(body, secret);
-      expect(await post(server.url, body, { "x-rollgate-event": "group.completed", "x-rollgate-delivery": "d-x", "x-rollgate-signature": sig })).toBe(400);
+      const asTask = signedHeaders(body, secret, "task.completed", "d-x");
+      // Relabelled on the way: the event is signed.
+      expect(await post(server.url, body, { ...asTask, "x-rollgate-event": "group.completed" })).toBe(401);
+      // Signed as a group's by a sender that mixed them up: the body is not a group's.
+      expect(await post(server.url, body, signedHeaders(body, secret, "group.completed", "d-y"))).toBe(400);
       await expect(server.waitForGroup("g-1", { timeoutMs: 50 })).rejects.toMatchObject({ type: "timeout" });
       // Sent as what it is, it is taken.
-      expect(await post(server.url, body, { "x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-t", "x-rollgate-signature": sig })).toBe(200);
+      expect(await post(server.url, body, signedHeaders(body, secret, "task.completed", "d-t"))).toBe(200);
       expect((await server.waitForResult("g-1-0", { timeoutMs: 1000 })).reward).toBe(1);
     } finally {
       await server.close();
@@ -176,7 +179,7 @@ describe("startCallbackServer", () => {
       const member = (k: number) => result(`g-2-${k}`, "g-2", k);
       const send = (event: string, delivery: string, b: unknown) => {
         const body = JSON.stringify(b);
-        return post(server.url, body, { "x-rollgate-event": event, "x-rollgate-delivery": delivery, "x-rollgate-signature": signBody(body, secret) });
+        return post(server.url, body, signedHeaders(body, secret, event, delivery));
       };
       const other = result("t-other", null, 0);
       for (const k of [0, 1]) expect(await send("task.completed", `d-${k}`, member(k))).toBe(200);
@@ -204,7 +207,7 @@ describe("startCallbackServer", () => {
     const server = await startCallbackServer({ secret, maxBodyBytes: 1024 });
     try {
       const body = JSON.stringify({ ...result("t-big", null, 1), metadata: { pad: "x".repeat(4096) } });
-      const headers = { "x-rollgate-event": "task.completed", "x-rollgate-delivery": "d-big", "x-rollgate-signature": signBody(body, secret) };
+      const headers = signedHeaders(body, secret, "task.completed", "d-big");
       expect(await post(server.url, body, headers).catch(() => 413)).toBe(413);
       // Chunked: no length announced, so it is counted as it arrives.
       const chunked = await new Promise<number>((resolve) => {
