@@ -240,6 +240,40 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
     await api("/admin/inference/resume", { body: {} });
   });
 
+  it("a load some ranks took and one did not: resume is refused (the loaded ranks would sample on new weights stamped with the old version) until a load succeeds", async () => {
+    await sglangApi("/sim/load_faults", { body: { rank: 1, message: "disk full" } });
+    await api("/admin/inference/pause", { body: { mode: "drain", timeout_s: 5 } });
+    const failed = await api("/admin/inference/weights", { body: { version: "v2.1", load: { path: "/ckpt/v2.1" } } });
+    expect(failed.status).toBe(502);
+    expect(failed.body.error.message).toContain("resume is refused until a load succeeds");
+    // The vLLM engine and SGLang rank 0 now run v2.1; the policy version is still v2.
+    expect((await vllmApi("/weight_info")).body).toEqual({ weight_version: "v2.1" });
+    expect((await api("/admin/weights")).body.version).toBe("v2");
+
+    // The trainer's `finally: resume()`: refused, inference stays paused, nothing samples mixed weights.
+    const refused = await api("/admin/inference/resume", { body: {} });
+    expect(refused.status).toBe(409);
+    expect(refused.body.error.type).toBe("weights_mixed");
+    expect(refused.body.error.message).toContain(`engine 0 (vllm ${vllm.ready}): ranks 0, 1`);
+    expect(refused.body.error.message).toContain(`engine 1 (sglang ${sglang.ready}): rank 0`);
+    expect((await api("/admin/inference")).body.paused).not.toBeNull();
+
+    // Fixed and loaded again: resume goes through and the next call's tokens carry the loaded version.
+    await sglangApi("/sim/load_faults", { body: { rank: 1, clear: true } });
+    expect((await api("/admin/inference/weights", { body: { version: "v2.1", load: { path: "/ckpt/v2.1" } } })).status).toBe(200);
+    expect((await api("/admin/inference/resume", { body: {} })).status).toBe(200);
+    const created = (await api("/v1/sessions", { body: {} })).body as { id: string; token: string };
+    const call = await fetch(`${gw.ready}/s/${created.id}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${created.token}` },
+      body: JSON.stringify({ model: "m", messages: [{ role: "user", content: PROMPT }] }),
+    });
+    expect(call.status).toBe(200);
+    const [record] = (await api(`/v1/sessions/${created.id}/completions`)).body.completions as CompletionRecord[];
+    expect(record!.weight_version).toBe("v2.1");
+    expect(record!.output_logprobs).toEqual(record!.output_ids.map((id, k) => simLogprob("v2.1", [...record!.prompt_ids, ...record!.output_ids.slice(0, k)], id)));
+  });
+
   it("LoRA adapters load on both kinds, and loading the same name again replaces it", async () => {
     await api("/admin/inference/pause", { body: {} });
     for (const version of ["v3", "v4"]) {

@@ -80,6 +80,20 @@ export class AdminStore {
     return state;
   }
 
+  /**
+   * Which ranks run weights the policy version does not name (a load some ranks took and others
+   * did not), as a sentence; null when every rank runs the policy version's weights. Resume is
+   * refused while it is set: those ranks' tokens would be stamped with the wrong version.
+   */
+  async mixedWeights(): Promise<string | null> {
+    return this.redis.get(this.k.mixedWeights());
+  }
+
+  async setMixedWeights(description: string | null): Promise<void> {
+    if (description === null) await this.redis.del(this.k.mixedWeights());
+    else await this.redis.set(this.k.mixedWeights(), description);
+  }
+
   async publish(msg: AdminMessage): Promise<void> {
     await this.redis.publish(this.k.adminChannel(), JSON.stringify(msg));
   }

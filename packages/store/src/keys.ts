@@ -21,6 +21,7 @@ export function keys(prefix: string) {
     roundRobin: () => `${prefix}:{routing}:rr`,
     weightVersion: () => `${prefix}:{admin}:weight_version`,
     pause: () => `${prefix}:{admin}:pause`,
+    mixedWeights: () => `${prefix}:{admin}:mixed_weights`,
     replicas: () => `${prefix}:{admin}:replicas`,
     replicaInflight: (replica: string) => `${prefix}:{admin}:inflight:${replica}`,
     adminChannel: () => `${prefix}:admin`,

@@ -185,3 +185,16 @@ export function describeLoadFailures(loads: EngineLoad[]): string {
     })
     .join(". ");
 }
+
+/**
+ * The ranks a load that failed elsewhere did confirm, one clause per engine ("engine 0 (vllm
+ * URL): ranks 0, 1"); null when none did. Those ranks now run weights the policy version does not
+ * name (a rank that failed is taken to keep its old ones: SGLang rolls back, vLLM fails as one).
+ */
+export function describeLoadedRanks(loads: EngineLoad[]): string | null {
+  const clauses = loads.flatMap((l) => {
+    const loaded = l.ranks.filter((r) => r.loaded).map((r) => r.dp_rank);
+    return loaded.length ? [`engine ${l.index} (${l.kind} ${l.url}): rank${loaded.length === 1 ? "" : "s"} ${loaded.join(", ")}`] : [];
+  });
+  return clauses.length ? clauses.join("; ") : null;
+}

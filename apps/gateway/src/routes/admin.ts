@@ -8,7 +8,7 @@ import type { GatewayContext } from "../context.js";
 import { errorBody } from "../errors.js";
 import { pausePlan, type AbortPauseMode } from "../engines/capabilities.js";
 import { pauseEngine, resumeEngine, type EnginePauseMode } from "../ops/engine-control.js";
-import { WeightLoad, describeLoadFailures, loadEngineWeights } from "../ops/weight-loading.js";
+import { WeightLoad, describeLoadFailures, describeLoadedRanks, loadEngineWeights } from "../ops/weight-loading.js";
 import { TRAINER_SECURITY, errorResponses, named } from "./schemas.js";
 
 /** How each per-engine pause plan drives the engine's own pause route. */
@@ -213,8 +213,29 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       };
     });
 
-    const resumeSchema = { tags, security, summary: "Resume inference", response: { 200: ResumeAnswer, ...errorResponses(401) } };
-    app.post("/admin/inference/resume", { schema: resumeSchema }, async () => {
+    const resumeSchema = {
+      tags,
+      security,
+      summary: "Resume inference",
+      description:
+        "409 `weights_mixed` after a weight load some ranks confirmed and others did not: those ranks run weights the policy version does not name, and their tokens would be stamped with it. A load that succeeds (or `POST /admin/weights` declaring the version every engine now runs) lifts it.",
+      response: { 200: ResumeAnswer, ...errorResponses(401, 409) },
+    };
+    app.post("/admin/inference/resume", { schema: resumeSchema }, async (req, reply) => {
+      // The trainer's `finally: resume()` after a half-done load would let the loaded ranks sample
+      // on new weights under the old version: every record of theirs would lie about its version.
+      const mixed = await ctx.admin.mixedWeights();
+      if (mixed !== null) {
+        const version = await ctx.weights.get();
+        return reply
+          .code(409)
+          .send(
+            errorBody(
+              "weights_mixed",
+              `inference stays paused: a weight load failed part way and ${mixed} run the new weights while the weight version is ${version ?? "unset"}; their tokens would be stamped with the wrong version. Load the weights again (POST /admin/inference/weights with load, after fixing the cause, or the previous checkpoint), then resume.`,
+            ),
+          );
+      }
       const engines = await Promise.all(ctx.registry.engines.map((e) => resumeEngine(ctx.registry.dispatcher, e)));
       const was = await ctx.admin.resume();
       return { paused: false as const, was_paused: was !== null, engines };
@@ -226,6 +247,8 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
     /** The version stamped on every engine call from now on, on every replica. */
     const setVersion = async (version: string) => {
       await ctx.weights.set(version);
+      // The caller says every engine runs `version` now (a load confirmed it, or it pushed them itself).
+      await ctx.admin.setMixedWeights(null);
       // This replica hears its own message before the answer goes out (see PauseGate.heardWeights).
       const heard = ctx.pause.heardWeights(version);
       await ctx.admin.publish({ type: "weights", version });
@@ -276,7 +299,11 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       }
       const engines = await Promise.all(ctx.registry.engines.map((e, i) => loadEngineWeights(ctx.registry.dispatcher, i, e, load, version)));
       if (engines.some((e) => !e.ok)) {
-        const message = `weights not loaded: ${describeLoadFailures(engines)}. The weight version stays ${previous ?? "unset"} and inference stays paused.`;
+        // Ranks that did load run weights the version does not name: resume waits for a load that succeeds.
+        const loaded = describeLoadedRanks(engines);
+        if (loaded !== null) await ctx.admin.setMixedWeights(loaded);
+        const mixed = loaded === null ? "" : ` ${loaded} did load: resume is refused until a load succeeds (their tokens would be stamped ${previous ?? "unset"}).`;
+        const message = `weights not loaded: ${describeLoadFailures(engines)}. The weight version stays ${previous ?? "unset"} and inference stays paused.${mixed}`;
         req.log.error({ version, engines }, "weight load failed");
         return reply.code(502).send(errorBody("weights_load_failed", message, { version, previous_version: previous, load, engines }));
       }
