@@ -274,6 +274,35 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
     expect(record!.output_logprobs).toEqual(record!.output_ids.map((id, k) => simLogprob("v2.1", [...record!.prompt_ids, ...record!.output_ids.slice(0, k)], id)));
   });
 
+  it("while a load runs: resume and a second load are refused (409 weights_loading), then both go through once it answered", async () => {
+    await api("/admin/inference/pause", { body: { mode: "drain", timeout_s: 5 } });
+    await sglangApi("/sim/load_delay", { body: { ms: 3_000 } });
+    try {
+      const loading = api("/admin/inference/weights", { body: { version: "v2.2", load: { path: "/ckpt/v2.2" } } });
+      // The vLLM engine has loaded; the SGLang engine is still loading.
+      await expect.poll(async () => (await vllmApi("/weight_info")).body.weight_version, { timeout: 2_500, interval: 50 }).toBe("v2.2");
+
+      // A trainer whose load request timed out resumes in its `finally`: the engines would sample
+      // (mid-load) while every token is stamped v2.1.
+      const resumed = await api("/admin/inference/resume", { body: {} });
+      expect(resumed.status).toBe(409);
+      expect(resumed.body.error.type).toBe("weights_loading");
+      expect(resumed.body.error.message).toContain("v2.2");
+      // Two loads at once interleave on the engines: the version set last need not be the weights loaded last.
+      const second = await api("/admin/inference/weights", { body: { version: "v2.3", load: { path: "/ckpt/v2.3" } } });
+      expect(second.status).toBe(409);
+      expect(second.body.error.type).toBe("weights_loading");
+      expect((await api("/admin/inference")).body.paused).not.toBeNull();
+
+      const loaded = await loading;
+      expect(loaded.status, JSON.stringify(loaded.body)).toBe(200);
+    } finally {
+      await sglangApi("/sim/load_delay", { body: { ms: 0 } });
+    }
+    expect((await api("/admin/weights")).body.version).toBe("v2.2");
+    expect((await api("/admin/inference/resume", { body: {} })).status).toBe(200);
+  });
+
   it("LoRA adapters load on both kinds, and loading the same name again replaces it", async () => {
     await api("/admin/inference/pause", { body: {} });
     for (const version of ["v3", "v4"]) {

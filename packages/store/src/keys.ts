@@ -22,6 +22,7 @@ export function keys(prefix: string) {
     weightVersion: () => `${prefix}:{admin}:weight_version`,
     pause: () => `${prefix}:{admin}:pause`,
     mixedWeights: () => `${prefix}:{admin}:mixed_weights`,
+    weightLoad: () => `${prefix}:{admin}:weight_load`,
     replicas: () => `${prefix}:{admin}:replicas`,
     replicaInflight: (replica: string) => `${prefix}:{admin}:inflight:${replica}`,
     adminChannel: () => `${prefix}:admin`,

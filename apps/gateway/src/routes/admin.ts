@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { parseRankMember } from "@rollgate/store";
 import { Preflight } from "@rollgate/protocol";
-import type { FastifyPluginAsync } from "fastify";
+import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from "fastify";
 import type { ZodTypeProvider } from "fastify-type-provider-zod";
 import { z } from "zod";
 import type { GatewayContext } from "../context.js";
@@ -16,6 +16,9 @@ const ENGINE_MODE: Record<AbortPauseMode, EnginePauseMode> = { keep: "freeze", i
 /** How long a freeze-in-place pause waits for tokens already generated to reach the gateway. */
 const FROZEN_SETTLE_MS = 250;
 const FROZEN = new Set<string>(["keep", "in_place"]);
+/** The weight-load mark outlives a replica that died mid-load by at most this long. */
+const LOAD_MARK_TTL_S = 30;
+const LOAD_MARK_REFRESH_MS = 10_000;
 
 const PauseBody = named(
   "PauseRequest",
@@ -224,6 +227,17 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
     app.post("/admin/inference/resume", { schema: resumeSchema }, async (req, reply) => {
       // The trainer's `finally: resume()` after a half-done load would let the loaded ranks sample
       // on new weights under the old version: every record of theirs would lie about its version.
+      const loading = await ctx.admin.weightLoad();
+      if (loading !== null) {
+        return reply
+          .code(409)
+          .send(
+            errorBody(
+              "weights_loading",
+              `inference stays paused: the engines are loading weights ${loading.version} (since ${loading.since}); resumed now, they would sample on half-loaded weights stamped with the old version. Resume once POST /admin/inference/weights has answered.`,
+            ),
+          );
+      }
       const mixed = await ctx.admin.mixedWeights();
       if (mixed !== null) {
         const version = await ctx.weights.get();
@@ -292,6 +306,26 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
         await setVersion(version);
         return { version, previous_version: previous, load: null, engines: [] };
       }
+      // One load at a time on every replica: two interleave on the engines (the version set last
+      // need not be the weights loaded last), and resume waits for it (see the resume route).
+      const mark = { version, since: new Date().toISOString(), token: randomUUID() };
+      if (!(await ctx.admin.beginWeightLoad(mark, LOAD_MARK_TTL_S))) {
+        const running = await ctx.admin.weightLoad();
+        return reply
+          .code(409)
+          .send(errorBody("weights_loading", `another weight load is under way (${running ? `version ${running.version}, since ${running.since}` : "just ended"}): call again once it has answered`));
+      }
+      const refresh = setInterval(() => void ctx.admin.refreshWeightLoad(mark.token, LOAD_MARK_TTL_S).catch(() => undefined), LOAD_MARK_REFRESH_MS);
+      try {
+        return await loadWhilePaused(version, load, previous, req, reply);
+      } finally {
+        clearInterval(refresh);
+        await ctx.admin.endWeightLoad(mark.token).catch(() => undefined);
+      }
+    });
+
+    /** The load itself, run under the load mark: paused is read after the mark is set, so a resume cannot slip between. */
+    const loadWhilePaused = async (version: string, load: WeightLoad, previous: string | null, req: FastifyRequest, reply: FastifyReply) => {
       if (!(await ctx.admin.pauseState())) {
         return reply
           .code(409)
@@ -309,7 +343,7 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       }
       await setVersion(version);
       return { version, previous_version: previous, load, engines };
-    });
+    };
 
     const getWeightsSchema = { tags, security, summary: "The policy weight version", response: { 200: WeightsAnswer, ...errorResponses(401) } };
     app.get("/admin/weights", { schema: getWeightsSchema }, async () => ({ version: await ctx.weights.get() }));
