@@ -368,3 +368,59 @@ describe("an engine started without its weight routes", () => {
     }
   });
 });
+
+describe("an engine that restarts on its old weights after a load", () => {
+  const prefix = uniquePrefix("weights-restart");
+  let vllm: StartedChild;
+  let sglang: StartedChild;
+  let gw: StartedChild;
+  const api = apiClient(() => gw.ready);
+
+  beforeAll(async () => {
+    [vllm, sglang] = await Promise.all([
+      startApp("engine-sim", ["--port", "0", "--dp", "2", "--weight-version", "v0"], {}),
+      startApp("engine-sim", ["--port", "0", "--dp", "2", "--kind", "sglang", "--weight-version", "v0"], {}),
+    ]);
+    gw = await startApp("gateway", ["--port", "0"], {
+      ROLLGATE_KEY_PREFIX: prefix,
+      ROLLGATE_HEALTH_INTERVAL_S: "1",
+      ROLLGATE_ENGINES: JSON.stringify([
+        { kind: "vllm", url: vllm.ready, dp_size: 2 },
+        { kind: "sglang", url: sglang.ready, dp_size: 2 },
+      ]),
+    });
+    await api("/admin/weights", { body: { version: "v0" } });
+  }, 60_000);
+
+  afterAll(async () => {
+    await Promise.all([gw, vllm, sglang].map((p) => p && stopChild(p.proc)));
+    await dropPrefix(prefix);
+  });
+
+  type Rank = { dp_rank: number; healthy: boolean; detail: string | null };
+  const ranksOf = async (engine: number) => ((await api("/admin/engines")).body.engines[engine].ranks as Rank[]).map((r) => [r.healthy, r.detail]);
+
+  it("its ranks are drained (their tokens would be stamped with the version it lost) until it loads the weights again", async () => {
+    await api("/admin/inference/pause", { body: { timeout_s: 5 } });
+    expect((await api("/admin/inference/weights", { body: { version: "v1", load: { path: "/ckpt/v1" } } })).status).toBe(200);
+    await api("/admin/inference/resume", { body: {} });
+
+    // The vLLM engine restarts (same address) on the weights it was started with.
+    const port = new URL(vllm.ready).port;
+    await stopChild(vllm.proc);
+    vllm = await startApp("engine-sim", ["--port", port, "--dp", "2", "--weight-version", "v0"], {});
+
+    const stale = "the engine reports weight version v0, not v1 which it loaded";
+    await expect.poll(() => ranksOf(0), { timeout: 20_000, interval: 200 }).toEqual([
+      [false, expect.stringContaining(stale)],
+      [false, expect.stringContaining(stale)],
+    ]);
+    expect((await ranksOf(1)).map(([healthy]) => healthy)).toEqual([true, true]);
+
+    // Loaded again: back in service.
+    await api("/admin/inference/pause", { body: { timeout_s: 5 } });
+    expect((await api("/admin/inference/weights", { body: { version: "v2", load: { path: "/ckpt/v2" } } })).status).toBe(200);
+    await api("/admin/inference/resume", { body: {} });
+    await expect.poll(async () => (await ranksOf(0)).map(([healthy]) => healthy), { timeout: 20_000, interval: 200 }).toEqual([true, true]);
+  }, 60_000);
+});

@@ -21,6 +21,10 @@ export const AdminMessage = z.discriminatedUnion("type", [
 ]);
 export type AdminMessage = z.infer<typeof AdminMessage>;
 
+/** Which engines reported `version` as their own when a load of it succeeded. */
+export const LoadedEngines = z.object({ version: z.string(), engines: z.array(z.number().int().nonnegative()) });
+export type LoadedEngines = z.infer<typeof LoadedEngines>;
+
 /** A weight load under way: which version, since when, and the token of the route running it. */
 export const WeightLoadMark = z.object({ version: z.string(), since: z.string(), token: z.string() });
 export type WeightLoadMark = z.infer<typeof WeightLoadMark>;
@@ -133,6 +137,27 @@ export class AdminStore {
     } catch {
       return null;
     }
+  }
+
+  /**
+   * The engines the last successful load confirmed by their own reported version (`version`): such
+   * an engine reporting another one later restarted on its old weights. Null after a version set
+   * without a load (the engines' own versions then say nothing).
+   */
+  async loadedEngines(): Promise<LoadedEngines | null> {
+    const raw = await this.redis.get(this.k.loadedEngines());
+    if (!raw) return null;
+    try {
+      const parsed = LoadedEngines.safeParse(JSON.parse(raw));
+      return parsed.success ? parsed.data : null;
+    } catch {
+      return null;
+    }
+  }
+
+  async setLoadedEngines(loaded: LoadedEngines | null): Promise<void> {
+    if (loaded === null) await this.redis.del(this.k.loadedEngines());
+    else await this.redis.set(this.k.loadedEngines(), JSON.stringify(loaded));
   }
 
   async publish(msg: AdminMessage): Promise<void> {

@@ -23,6 +23,7 @@ export function keys(prefix: string) {
     pause: () => `${prefix}:{admin}:pause`,
     mixedWeights: () => `${prefix}:{admin}:mixed_weights`,
     weightLoad: () => `${prefix}:{admin}:weight_load`,
+    loadedEngines: () => `${prefix}:{admin}:loaded_engines`,
     replicas: () => `${prefix}:{admin}:replicas`,
     replicaInflight: (replica: string) => `${prefix}:{admin}:inflight:${replica}`,
     adminChannel: () => `${prefix}:admin`,

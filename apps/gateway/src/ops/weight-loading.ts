@@ -198,3 +198,11 @@ export function describeLoadedRanks(loads: EngineLoad[]): string | null {
   });
   return clauses.length ? clauses.join("; ") : null;
 }
+
+/** The weight version an engine reports as its own now (vLLM `/weight_info`, SGLang `/model_info`); null when it cannot say. */
+export async function engineWeightVersion(dispatcher: Dispatcher, e: EngineConfig): Promise<string | null> {
+  const a = await call(dispatcher, e.url, "GET", e.kind === "vllm" ? "/weight_info" : "/model_info", undefined, SMALL_TIMEOUT_MS);
+  if (!ok2xx(a)) return null;
+  const info = json(a.text) as { weight_version?: unknown } | undefined;
+  return typeof info?.weight_version === "string" ? info.weight_version : null;
+}

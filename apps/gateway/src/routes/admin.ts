@@ -280,6 +280,7 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
     app.post("/admin/weights", { schema: setWeightsSchema }, async (req) => {
       const version = String(req.body.version);
       await setVersion(version);
+      await ctx.admin.setLoadedEngines(null);
       return { version };
     });
 
@@ -304,6 +305,7 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const previous = await ctx.weights.get();
       if (!load) {
         await setVersion(version);
+        await ctx.admin.setLoadedEngines(null);
         return { version, previous_version: previous, load: null, engines: [] };
       }
       // One load at a time on every replica: two interleave on the engines (the version set last
@@ -341,6 +343,8 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
         req.log.error({ version, engines }, "weight load failed");
         return reply.code(502).send(errorBody("weights_load_failed", message, { version, previous_version: previous, load, engines }));
       }
+      // Set before the version moves, so a probe never compares the engines with a version their record predates.
+      await ctx.admin.setLoadedEngines({ version, engines: engines.flatMap((e) => (e.engine_weight_version === version ? [e.index] : [])) });
       await setVersion(version);
       return { version, previous_version: previous, load, engines };
     };
