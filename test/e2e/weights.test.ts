@@ -317,6 +317,22 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
     await api("/admin/inference/resume", { body: {} });
   });
 
+  it("an SGLang LoRA load that fails after the old adapter was unloaded: the 502 says the engine now serves none, and resume is refused", async () => {
+    await sglangApi("/sim/load_faults", { body: { message: "adapter shard missing" } });
+    await api("/admin/inference/pause", { body: {} });
+    const failed = await api("/admin/inference/weights", { body: { version: "v4.1", load: { lora: { name: "policy", path: "/ckpt/v4.1/adapter" } } } });
+    expect(failed.status).toBe(502);
+    expect(failed.body.error.message).toContain("adapter 'policy' was unloaded before the load failed: the engine serves no adapter under that name now");
+    const refused = await api("/admin/inference/resume", { body: {} });
+    expect(refused.status).toBe(409);
+    expect(refused.body.error.type).toBe("weights_mixed");
+    expect(refused.body.error.message).toContain(`engine 1 (sglang ${sglang.ready}): adapter 'policy' unloaded`);
+
+    await sglangApi("/sim/load_faults", { body: { clear: true } });
+    expect((await api("/admin/inference/weights", { body: { version: "v4.1", load: { lora: { name: "policy", path: "/ckpt/v4.1/adapter" } } } })).status).toBe(200);
+    expect((await api("/admin/inference/resume", { body: {} })).status).toBe(200);
+  });
+
   it("the rollgate CLI loads weights: pause, weights --load, resume; --lora needs --load; loading unpaused is refused", async () => {
     const cli = (...args: string[]) => runCli(["--url", gw.ready, ...args]);
     const refused = await cli("weights", "v6", "--load", "/ckpt/v6");

@@ -246,7 +246,7 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
           .send(
             errorBody(
               "weights_mixed",
-              `inference stays paused: a weight load failed part way and ${mixed} run the new weights while the weight version is ${version ?? "unset"}; their tokens would be stamped with the wrong version. Load the weights again (POST /admin/inference/weights with load, after fixing the cause, or the previous checkpoint), then resume.`,
+              `inference stays paused: a weight load failed part way and left ${mixed} off the weights of the version ${version ?? "unset"}; their tokens would be stamped with the wrong version (or their calls fail). Load the weights again (POST /admin/inference/weights with load, after fixing the cause, or the previous checkpoint), then resume.`,
             ),
           );
       }
@@ -336,9 +336,9 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const engines = await Promise.all(ctx.registry.engines.map((e, i) => loadEngineWeights(ctx.registry.dispatcher, i, e, load, version)));
       if (engines.some((e) => !e.ok)) {
         // Ranks that did load run weights the version does not name: resume waits for a load that succeeds.
-        const loaded = describeLoadedRanks(engines);
+        const loaded = describeLoadedRanks(engines, load);
         if (loaded !== null) await ctx.admin.setMixedWeights(loaded);
-        const mixed = loaded === null ? "" : ` ${loaded} did load: resume is refused until a load succeeds (their tokens would be stamped ${previous ?? "unset"}).`;
+        const mixed = loaded === null ? "" : ` Not on the weights of ${previous ?? "unset"} any more: ${loaded}; resume is refused until a load succeeds.`;
         const message = `weights not loaded: ${describeLoadFailures(engines)}. The weight version stays ${previous ?? "unset"} and inference stays paused.${mixed}`;
         req.log.error({ version, engines }, "weight load failed");
         return reply.code(502).send(errorBody("weights_load_failed", message, { version, previous_version: previous, load, engines }));
