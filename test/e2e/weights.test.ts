@@ -333,6 +333,33 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
     expect((await api("/admin/inference/resume", { body: {} })).status).toBe(200);
   });
 
+  it("a resume while a drain-mode pause still waits: the pause does not pause the engines after it (they would hold every call), and says so", async () => {
+    const slow = { mode: "slow", delay_ms: 150 };
+    await Promise.all([vllmApi("/sim/faults", { body: slow }), sglangApi("/sim/faults", { body: slow })]);
+    try {
+      const created = (await api("/v1/sessions", { body: {} })).body as { id: string; token: string };
+      const long = `hello\n#sim: [{"text": "${"word ".repeat(40).trim()}"}]`;
+      const inflight = fetch(`${gw.ready}/s/${created.id}/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json", authorization: `Bearer ${created.token}` },
+        body: JSON.stringify({ model: "m", messages: [{ role: "user", content: long }] }),
+      });
+      await expect.poll(async () => (await api("/admin/inference")).body.inflight, { timeout: 5_000, interval: 20 }).toBeGreaterThan(0);
+      // The trainer's pause call is cut (client timeout, Ctrl-C) and its `finally` resumes.
+      const pausing = api("/admin/inference/pause", { body: { mode: "drain", timeout_s: 1 } });
+      await expect.poll(async () => (await api("/admin/inference")).body.paused, { timeout: 5_000, interval: 20 }).not.toBeNull();
+      expect((await api("/admin/inference/resume", { body: {} })).status).toBe(200);
+
+      const paused = await pausing;
+      expect((await vllmApi("/is_paused")).body).toEqual({ is_paused: false });
+      expect(paused.status).toBe(409);
+      expect(paused.body.error.type).toBe("resumed_during_pause");
+      expect((await inflight).status).toBe(200);
+    } finally {
+      await Promise.all([vllmApi("/sim/faults", { body: { mode: "none" } }), sglangApi("/sim/faults", { body: { mode: "none" } })]);
+    }
+  });
+
   it("the rollgate CLI loads weights: pause, weights --load, resume; --lora needs --load; loading unpaused is refused", async () => {
     const cli = (...args: string[]) => runCli(["--url", gw.ready, ...args]);
     const refused = await cli("weights", "v6", "--load", "/ckpt/v6");

@@ -148,11 +148,11 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       security,
       summary: "Pause inference on every replica",
       description:
-        "New engine calls wait (agents are not failed). drain: in-flight calls finish, then the engines' own pause routes are called. abort: the engines are paused at once, cutting in-flight calls, which the gateway continues from their tokens after resume (one answer per call; records keep each token's weight version). The body may be left out.",
+        "New engine calls wait (agents are not failed). drain: in-flight calls finish, then the engines' own pause routes are called. abort: the engines are paused at once, cutting in-flight calls, which the gateway continues from their tokens after resume (one answer per call; records keep each token's weight version). 409 resumed_during_pause: a resume came while it waited for calls in flight, and the engines were left running. The body may be left out.",
       body: PauseBody.prefault({}),
-      response: { 200: PauseAnswer, ...errorResponses(400, 401) },
+      response: { 200: PauseAnswer, ...errorResponses(400, 401, 409) },
     };
-    app.post("/admin/inference/pause", { schema: pauseSchema }, async (req) => {
+    app.post("/admin/inference/pause", { schema: pauseSchema }, async (req, reply) => {
       const { mode, timeout_s } = req.body;
       const state = { mode, since: new Date().toISOString(), id: randomUUID() };
       // Replicas report their in-flight count within a few ms of every call start and end.
@@ -202,7 +202,20 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
         await new Promise((r) => setTimeout(r, 100));
         remaining = onDrained(await ctx.admin.inflightByRank());
       }
+      // A resume that came while this pause waited (its caller gave up on it and resumed) ends it:
+      // the engines paused now would hold every call of a gateway that no longer holds any. Read
+      // again after pausing them too, and resumed again, for a resume that came in between.
+      const resumedMeanwhile = async () => (await ctx.admin.pauseState()) === null;
+      const resumedAnswer = () =>
+        reply
+          .code(409)
+          .send(errorBody("resumed_during_pause", "inference was resumed while this pause waited for calls in flight: it ended there and the engines run (pause again if that resume was not meant)"));
+      if (await resumedMeanwhile()) return resumedAnswer();
       for (const [k, r] of (await Promise.all(later.map(pauseOne))).entries()) results[later[k]!] = r;
+      if (await resumedMeanwhile()) {
+        await Promise.all(later.map((i) => resumeEngine(ctx.registry.dispatcher, ctx.registry.engines[i]!)));
+        return resumedAnswer();
+      }
       const frozen = Object.entries(await ctx.admin.inflightByRank()).reduce((n, [member, count]) => (FROZEN.has(plans[parseRankMember(member).engine]?.mode ?? "") ? n + count : n), 0);
       return {
         paused: true as const,
