@@ -185,7 +185,22 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const engineMode = (i: number): EnginePauseMode => (plans[i]!.mode === "drain" && !stampedInPlace[i] ? "abort" : ENGINE_MODE[plans[i]!.mode]);
       const pauseOne = (i: number) => pauseEngine(ctx.registry.dispatcher, ctx.registry.engines[i]!, engineMode(i));
       const results: Awaited<ReturnType<typeof pauseOne>>[] = [];
-      for (const [k, r] of (await Promise.all(now.map(pauseOne))).entries()) results[now[k]!] = r;
+      // A resume that came while this pause waited (its caller gave up on it and resumed) ends it:
+      // the engines paused now would hold every call of a gateway that no longer holds any. Read
+      // again after pausing them too, and resumed again, for a resume that came in between.
+      const resumedMeanwhile = async () => (await ctx.admin.pauseState()) === null;
+      const resumedAnswer = () =>
+        reply
+          .code(409)
+          .send(errorBody("resumed_during_pause", "inference was resumed while this pause was under way (waiting for calls in flight): it ended there and the engines run (pause again if that resume was not meant)"));
+      const pauseUnlessResumed = async (engines: number[]) => {
+        if (await resumedMeanwhile()) return false;
+        for (const [k, r] of (await Promise.all(engines.map(pauseOne))).entries()) results[engines[k]!] = r;
+        if (!(await resumedMeanwhile())) return true;
+        await Promise.all(engines.map((i) => resumeEngine(ctx.registry.dispatcher, ctx.registry.engines[i]!)));
+        return false;
+      };
+      if (!(await pauseUnlessResumed(now))) return resumedAnswer();
       // Tokens a frozen engine generated before it froze may still be on their way to the replicas
       // stamping them: let them arrive before the caller can move the weight version, or the last
       // ones would be stamped with the new version (a real engine streams its output after its
@@ -202,20 +217,7 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
         await new Promise((r) => setTimeout(r, 100));
         remaining = onDrained(await ctx.admin.inflightByRank());
       }
-      // A resume that came while this pause waited (its caller gave up on it and resumed) ends it:
-      // the engines paused now would hold every call of a gateway that no longer holds any. Read
-      // again after pausing them too, and resumed again, for a resume that came in between.
-      const resumedMeanwhile = async () => (await ctx.admin.pauseState()) === null;
-      const resumedAnswer = () =>
-        reply
-          .code(409)
-          .send(errorBody("resumed_during_pause", "inference was resumed while this pause waited for calls in flight: it ended there and the engines run (pause again if that resume was not meant)"));
-      if (await resumedMeanwhile()) return resumedAnswer();
-      for (const [k, r] of (await Promise.all(later.map(pauseOne))).entries()) results[later[k]!] = r;
-      if (await resumedMeanwhile()) {
-        await Promise.all(later.map((i) => resumeEngine(ctx.registry.dispatcher, ctx.registry.engines[i]!)));
-        return resumedAnswer();
-      }
+      if (!(await pauseUnlessResumed(later))) return resumedAnswer();
       const frozen = Object.entries(await ctx.admin.inflightByRank()).reduce((n, [member, count]) => (FROZEN.has(plans[parseRankMember(member).engine]?.mode ?? "") ? n + count : n), 0);
       return {
         paused: true as const,
