@@ -240,6 +240,69 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
     await api("/admin/inference/resume", { body: {} });
   });
 
+  it("a load some ranks took and one did not: resume is refused (the loaded ranks would sample on new weights stamped with the old version) until a load succeeds", async () => {
+    await sglangApi("/sim/load_faults", { body: { rank: 1, message: "disk full" } });
+    await api("/admin/inference/pause", { body: { mode: "drain", timeout_s: 5 } });
+    const failed = await api("/admin/inference/weights", { body: { version: "v2.1", load: { path: "/ckpt/v2.1" } } });
+    expect(failed.status).toBe(502);
+    expect(failed.body.error.message).toContain("resume is refused until a load succeeds");
+    // The vLLM engine and SGLang rank 0 now run v2.1; the policy version is still v2.
+    expect((await vllmApi("/weight_info")).body).toEqual({ weight_version: "v2.1" });
+    expect((await api("/admin/weights")).body.version).toBe("v2");
+
+    // The trainer's `finally: resume()`: refused, inference stays paused, nothing samples mixed weights.
+    const refused = await api("/admin/inference/resume", { body: {} });
+    expect(refused.status).toBe(409);
+    expect(refused.body.error.type).toBe("weights_mixed");
+    expect(refused.body.error.message).toContain(`engine 0 (vllm ${vllm.ready}): ranks 0, 1`);
+    expect(refused.body.error.message).toContain(`engine 1 (sglang ${sglang.ready}): rank 0`);
+    expect((await api("/admin/inference")).body.paused).not.toBeNull();
+
+    // Fixed and loaded again: resume goes through and the next call's tokens carry the loaded version.
+    await sglangApi("/sim/load_faults", { body: { rank: 1, clear: true } });
+    expect((await api("/admin/inference/weights", { body: { version: "v2.1", load: { path: "/ckpt/v2.1" } } })).status).toBe(200);
+    expect((await api("/admin/inference/resume", { body: {} })).status).toBe(200);
+    const created = (await api("/v1/sessions", { body: {} })).body as { id: string; token: string };
+    const call = await fetch(`${gw.ready}/s/${created.id}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${created.token}` },
+      body: JSON.stringify({ model: "m", messages: [{ role: "user", content: PROMPT }] }),
+    });
+    expect(call.status).toBe(200);
+    const [record] = (await api(`/v1/sessions/${created.id}/completions`)).body.completions as CompletionRecord[];
+    expect(record!.weight_version).toBe("v2.1");
+    expect(record!.output_logprobs).toEqual(record!.output_ids.map((id, k) => simLogprob("v2.1", [...record!.prompt_ids, ...record!.output_ids.slice(0, k)], id)));
+  });
+
+  it("while a load runs: resume and a second load are refused (409 weights_loading), then both go through once it answered", async () => {
+    await api("/admin/inference/pause", { body: { mode: "drain", timeout_s: 5 } });
+    await sglangApi("/sim/load_delay", { body: { ms: 3_000 } });
+    try {
+      const loading = api("/admin/inference/weights", { body: { version: "v2.2", load: { path: "/ckpt/v2.2" } } });
+      // The vLLM engine has loaded; the SGLang engine is still loading.
+      await expect.poll(async () => (await vllmApi("/weight_info")).body.weight_version, { timeout: 2_500, interval: 50 }).toBe("v2.2");
+
+      // A trainer whose load request timed out resumes in its `finally`: the engines would sample
+      // (mid-load) while every token is stamped v2.1.
+      const resumed = await api("/admin/inference/resume", { body: {} });
+      expect(resumed.status).toBe(409);
+      expect(resumed.body.error.type).toBe("weights_loading");
+      expect(resumed.body.error.message).toContain("v2.2");
+      // Two loads at once interleave on the engines: the version set last need not be the weights loaded last.
+      const second = await api("/admin/inference/weights", { body: { version: "v2.3", load: { path: "/ckpt/v2.3" } } });
+      expect(second.status).toBe(409);
+      expect(second.body.error.type).toBe("weights_loading");
+      expect((await api("/admin/inference")).body.paused).not.toBeNull();
+
+      const loaded = await loading;
+      expect(loaded.status, JSON.stringify(loaded.body)).toBe(200);
+    } finally {
+      await sglangApi("/sim/load_delay", { body: { ms: 0 } });
+    }
+    expect((await api("/admin/weights")).body.version).toBe("v2.2");
+    expect((await api("/admin/inference/resume", { body: {} })).status).toBe(200);
+  });
+
   it("LoRA adapters load on both kinds, and loading the same name again replaces it", async () => {
     await api("/admin/inference/pause", { body: {} });
     for (const version of ["v3", "v4"]) {
@@ -252,6 +315,49 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
     }
     expect(((await api("/admin/inference/weights", { body: { version: "v5", load: { lora: { name: "policy" } } } })).status)).toBe(400);
     await api("/admin/inference/resume", { body: {} });
+  });
+
+  it("an SGLang LoRA load that fails after the old adapter was unloaded: the 502 says the engine now serves none, and resume is refused", async () => {
+    await sglangApi("/sim/load_faults", { body: { message: "adapter shard missing" } });
+    await api("/admin/inference/pause", { body: {} });
+    const failed = await api("/admin/inference/weights", { body: { version: "v4.1", load: { lora: { name: "policy", path: "/ckpt/v4.1/adapter" } } } });
+    expect(failed.status).toBe(502);
+    expect(failed.body.error.message).toContain("adapter 'policy' was unloaded before the load failed: the engine serves no adapter under that name now");
+    const refused = await api("/admin/inference/resume", { body: {} });
+    expect(refused.status).toBe(409);
+    expect(refused.body.error.type).toBe("weights_mixed");
+    expect(refused.body.error.message).toContain(`engine 1 (sglang ${sglang.ready}): adapter 'policy' unloaded`);
+
+    await sglangApi("/sim/load_faults", { body: { clear: true } });
+    expect((await api("/admin/inference/weights", { body: { version: "v4.1", load: { lora: { name: "policy", path: "/ckpt/v4.1/adapter" } } } })).status).toBe(200);
+    expect((await api("/admin/inference/resume", { body: {} })).status).toBe(200);
+  });
+
+  it("a resume while a drain-mode pause still waits: the pause does not pause the engines after it (they would hold every call), and says so", async () => {
+    const slow = { mode: "slow", delay_ms: 150 };
+    await Promise.all([vllmApi("/sim/faults", { body: slow }), sglangApi("/sim/faults", { body: slow })]);
+    try {
+      const created = (await api("/v1/sessions", { body: {} })).body as { id: string; token: string };
+      const long = `hello\n#sim: [{"text": "${"word ".repeat(40).trim()}"}]`;
+      const inflight = fetch(`${gw.ready}/s/${created.id}/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json", authorization: `Bearer ${created.token}` },
+        body: JSON.stringify({ model: "m", messages: [{ role: "user", content: long }] }),
+      });
+      await expect.poll(async () => (await api("/admin/inference")).body.inflight, { timeout: 5_000, interval: 20 }).toBeGreaterThan(0);
+      // The trainer's pause call is cut (client timeout, Ctrl-C) and its `finally` resumes.
+      const pausing = api("/admin/inference/pause", { body: { mode: "drain", timeout_s: 1 } });
+      await expect.poll(async () => (await api("/admin/inference")).body.paused, { timeout: 5_000, interval: 20 }).not.toBeNull();
+      expect((await api("/admin/inference/resume", { body: {} })).status).toBe(200);
+
+      const paused = await pausing;
+      expect((await vllmApi("/is_paused")).body).toEqual({ is_paused: false });
+      expect(paused.status).toBe(409);
+      expect(paused.body.error.type).toBe("resumed_during_pause");
+      expect((await inflight).status).toBe(200);
+    } finally {
+      await Promise.all([vllmApi("/sim/faults", { body: { mode: "none" } }), sglangApi("/sim/faults", { body: { mode: "none" } })]);
+    }
   });
 
   it("the rollgate CLI loads weights: pause, weights --load, resume; --lora needs --load; loading unpaused is refused", async () => {
@@ -304,4 +410,60 @@ describe("an engine started without its weight routes", () => {
       await dropPrefix(prefix);
     }
   });
+});
+
+describe("an engine that restarts on its old weights after a load", () => {
+  const prefix = uniquePrefix("weights-restart");
+  let vllm: StartedChild;
+  let sglang: StartedChild;
+  let gw: StartedChild;
+  const api = apiClient(() => gw.ready);
+
+  beforeAll(async () => {
+    [vllm, sglang] = await Promise.all([
+      startApp("engine-sim", ["--port", "0", "--dp", "2", "--weight-version", "v0"], {}),
+      startApp("engine-sim", ["--port", "0", "--dp", "2", "--kind", "sglang", "--weight-version", "v0"], {}),
+    ]);
+    gw = await startApp("gateway", ["--port", "0"], {
+      ROLLGATE_KEY_PREFIX: prefix,
+      ROLLGATE_HEALTH_INTERVAL_S: "1",
+      ROLLGATE_ENGINES: JSON.stringify([
+        { kind: "vllm", url: vllm.ready, dp_size: 2 },
+        { kind: "sglang", url: sglang.ready, dp_size: 2 },
+      ]),
+    });
+    await api("/admin/weights", { body: { version: "v0" } });
+  }, 60_000);
+
+  afterAll(async () => {
+    await Promise.all([gw, vllm, sglang].map((p) => p && stopChild(p.proc)));
+    await dropPrefix(prefix);
+  });
+
+  type Rank = { dp_rank: number; healthy: boolean; detail: string | null };
+  const ranksOf = async (engine: number) => ((await api("/admin/engines")).body.engines[engine].ranks as Rank[]).map((r) => [r.healthy, r.detail]);
+
+  it("its ranks are drained (their tokens would be stamped with the version it lost) until it loads the weights again", async () => {
+    await api("/admin/inference/pause", { body: { timeout_s: 5 } });
+    expect((await api("/admin/inference/weights", { body: { version: "v1", load: { path: "/ckpt/v1" } } })).status).toBe(200);
+    await api("/admin/inference/resume", { body: {} });
+
+    // The vLLM engine restarts (same address) on the weights it was started with.
+    const port = new URL(vllm.ready).port;
+    await stopChild(vllm.proc);
+    vllm = await startApp("engine-sim", ["--port", port, "--dp", "2", "--weight-version", "v0"], {});
+
+    const stale = "the engine reports weight version v0, not v1 which it loaded";
+    await expect.poll(() => ranksOf(0), { timeout: 20_000, interval: 200 }).toEqual([
+      [false, expect.stringContaining(stale)],
+      [false, expect.stringContaining(stale)],
+    ]);
+    expect((await ranksOf(1)).map(([healthy]) => healthy)).toEqual([true, true]);
+
+    // Loaded again: back in service.
+    await api("/admin/inference/pause", { body: { timeout_s: 5 } });
+    expect((await api("/admin/inference/weights", { body: { version: "v2", load: { path: "/ckpt/v2" } } })).status).toBe(200);
+    await api("/admin/inference/resume", { body: {} });
+    await expect.poll(async () => (await ranksOf(0)).map(([healthy]) => healthy), { timeout: 20_000, interval: 200 }).toEqual([true, true]);
+  }, 60_000);
 });

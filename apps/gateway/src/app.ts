@@ -20,6 +20,7 @@ import { RankHealthBus } from "./ops/rank-health.js";
 import { SessionRateLimiter, retryAfterHeader } from "./ops/rate-limit.js";
 import { Rerouter } from "./ops/reroute.js";
 import { unusedConnectionsCloser } from "./ops/unused-connections.js";
+import { engineWeightVersion } from "./ops/weight-loading.js";
 import { anthropicAgentRoutes } from "./routes/agent-anthropic.js";
 import { dashboardRoutes } from "./routes/dashboard.js";
 import { registerDocs } from "./routes/docs.js";
@@ -130,6 +131,14 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
     log,
     (member, down) => rankHealth.announce(member, down),
     () => pause.paused !== null,
+    async (engine) => {
+      const [loaded, policy] = await Promise.all([admin.loadedEngines(), weights.get()]);
+      if (!loaded || loaded.version !== policy || !loaded.engines.includes(engine)) return null;
+      const reported = await engineWeightVersion(registry.dispatcher, registry.engines[engine]!);
+      return reported !== null && reported !== policy
+        ? `the engine reports weight version ${reported}, not ${policy} which it loaded: it restarted on other weights (pause, load the weights again, resume)`
+        : null;
+    },
   );
   rankHealth.onChange((member, down) => health.heard(member, down));
   await rankHealth.start();

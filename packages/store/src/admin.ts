@@ -21,6 +21,23 @@ export const AdminMessage = z.discriminatedUnion("type", [
 ]);
 export type AdminMessage = z.infer<typeof AdminMessage>;
 
+/** Which engines reported `version` as their own when a load of it succeeded. */
+export const LoadedEngines = z.object({ version: z.string(), engines: z.array(z.number().int().nonnegative()) });
+export type LoadedEngines = z.infer<typeof LoadedEngines>;
+
+/** A weight load under way: which version, since when, and the token of the route running it. */
+export const WeightLoadMark = z.object({ version: z.string(), since: z.string(), token: z.string() });
+export type WeightLoadMark = z.infer<typeof WeightLoadMark>;
+
+// Expires or deletes the weight-load mark only when it is still the caller's. KEYS: the mark.
+// ARGV: token, "expire" or "del", TTL in seconds.
+const IF_OWNER = `
+local raw = redis.call('GET', KEYS[1])
+if not raw or cjson.decode(raw).token ~= ARGV[1] then return 0 end
+if ARGV[2] == 'del' then return redis.call('DEL', KEYS[1]) end
+return redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+`;
+
 const INFLIGHT_TTL_S = 15;
 
 // A replica's in-flight report, in one command (it is written every few ms under load; a MULTI of
@@ -78,6 +95,69 @@ export class AdminStore {
     await this.redis.del(this.k.pause());
     if (state) await this.publish({ type: "resume", id: state.id });
     return state;
+  }
+
+  /**
+   * Which ranks run weights the policy version does not name (a load some ranks took and others
+   * did not), as a sentence; null when every rank runs the policy version's weights. Resume is
+   * refused while it is set: those ranks' tokens would be stamped with the wrong version.
+   */
+  async mixedWeights(): Promise<string | null> {
+    return this.redis.get(this.k.mixedWeights());
+  }
+
+  async setMixedWeights(description: string | null): Promise<void> {
+    if (description === null) await this.redis.del(this.k.mixedWeights());
+    else await this.redis.set(this.k.mixedWeights(), description);
+  }
+
+  /**
+   * Marks a weight load as running (one at a time on every replica): false when another runs.
+   * The mark lives `ttlS` unless refreshed, so a replica that dies mid-load does not hold it.
+   */
+  async beginWeightLoad(load: WeightLoadMark, ttlS: number): Promise<boolean> {
+    return (await this.redis.set(this.k.weightLoad(), JSON.stringify(load), "EX", ttlS, "NX")) === "OK";
+  }
+
+  async refreshWeightLoad(token: string, ttlS: number): Promise<void> {
+    await this.redis.eval(IF_OWNER, 1, this.k.weightLoad(), token, "expire", String(ttlS));
+  }
+
+  async endWeightLoad(token: string): Promise<void> {
+    await this.redis.eval(IF_OWNER, 1, this.k.weightLoad(), token, "del", "");
+  }
+
+  /** The weight load running now, if any. */
+  async weightLoad(): Promise<WeightLoadMark | null> {
+    const raw = await this.redis.get(this.k.weightLoad());
+    if (!raw) return null;
+    try {
+      const parsed = WeightLoadMark.safeParse(JSON.parse(raw));
+      return parsed.success ? parsed.data : null;
+    } catch {
+      return null;
+    }
+  }
+
+  /**
+   * The engines the last successful load confirmed by their own reported version (`version`): such
+   * an engine reporting another one later restarted on its old weights. Null after a version set
+   * without a load (the engines' own versions then say nothing).
+   */
+  async loadedEngines(): Promise<LoadedEngines | null> {
+    const raw = await this.redis.get(this.k.loadedEngines());
+    if (!raw) return null;
+    try {
+      const parsed = LoadedEngines.safeParse(JSON.parse(raw));
+      return parsed.success ? parsed.data : null;
+    } catch {
+      return null;
+    }
+  }
+
+  async setLoadedEngines(loaded: LoadedEngines | null): Promise<void> {
+    if (loaded === null) await this.redis.del(this.k.loadedEngines());
+    else await this.redis.set(this.k.loadedEngines(), JSON.stringify(loaded));
   }
 
   async publish(msg: AdminMessage): Promise<void> {

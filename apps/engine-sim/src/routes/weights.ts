@@ -33,6 +33,8 @@ import { formatZodError } from "./common.js";
  * Sim-only (both kinds):
  *   POST /sim/load_faults {rank?, message?, clear?} → {"load_faults": [{rank, message}]}: the rank (no
  *     rank: every rank) fails every load from now on with `message`, until cleared; GET /sim/load_faults.
+ *   POST /sim/load_delay {ms} → {"load_delay_ms": ms}: every weight load (vLLM `reload_weights`, SGLang
+ *     `/update_weights_from_disk`) takes `ms` before it answers, as a real checkpoint load takes minutes.
  */
 
 const CollectiveRpc = z.object({
@@ -55,6 +57,7 @@ const SglangFromDisk = z.object({
 });
 const SglangLoadLora = z.object({ lora_name: z.string().min(1), lora_path: z.string().min(1), pinned: z.boolean().nullish() });
 const SglangUnloadLora = z.object({ lora_name: z.string().min(1) });
+const LoadDelay = z.object({ ms: z.number().int().nonnegative().max(600_000) });
 const LoadFault = z.object({ rank: z.number().int().nonnegative().nullish(), message: z.string().min(1).nullish(), clear: z.boolean().nullish() });
 
 const SGLANG_OK = "Succeeded to update model weights.";
@@ -65,6 +68,9 @@ export function registerWeightRoutes(app: FastifyInstance, sim: SimState): void 
   /** Loaded LoRA adapters by name. */
   const adapters = new Map<string, { path: string; pinned: boolean }>();
   let modelPath = sim.opts.model;
+  /** How long each weight load takes (sim-only). */
+  let loadDelayMs = 0;
+  const loading = () => (loadDelayMs > 0 ? new Promise((r) => setTimeout(r, loadDelayMs)) : Promise.resolve());
 
   const failing = () => sim.ranks.ranks.filter((r) => loadFaults.has(r.index));
   const faultList = () => ({ load_faults: [...loadFaults].sort(([a], [b]) => a - b).map(([rank, message]) => ({ rank, message })) });
@@ -72,6 +78,12 @@ export function registerWeightRoutes(app: FastifyInstance, sim: SimState): void 
     sim.weightVersion = version ?? sim.nextWeightVersion();
   };
 
+  app.post("/sim/load_delay", async (req, reply) => {
+    const parsed = LoadDelay.safeParse(req.body ?? {});
+    if (!parsed.success) return reply.code(400).send({ error: formatZodError(parsed.error) });
+    loadDelayMs = parsed.data.ms;
+    return { load_delay_ms: loadDelayMs };
+  });
   app.get("/sim/load_faults", async () => faultList());
   app.post("/sim/load_faults", async (req, reply) => {
     const parsed = LoadFault.safeParse(req.body ?? {});
@@ -102,6 +114,7 @@ export function registerWeightRoutes(app: FastifyInstance, sim: SimState): void 
         return { results: [null] };
       }
       if (method === "reload_weights") {
+        await loading();
         const bad = failing();
         if (bad.length > 0) return fail(bad.map((r) => `dp rank ${r.index}: ${loadFaults.get(r.index)} (loading ${modelPath})`).join("; "));
         newWeights();
@@ -140,6 +153,7 @@ export function registerWeightRoutes(app: FastifyInstance, sim: SimState): void 
     if (!parsed.success) return reply.code(400).send(sglangError(formatZodError(parsed.error)));
     const { model_path, weight_version, abort_all_requests } = parsed.data;
     if (abort_all_requests) for (const g of [...sim.engine.active]) sim.engine.stop(g, "abort");
+    await loading();
     // One message per DP rank, in rank order, as the tokenizer manager joins them.
     const perRank = sim.ranks.ranks.map((r) => {
       const why = loadFaults.get(r.index);

@@ -49,6 +49,12 @@ export class EngineHealth {
      * holds until resume, so a weight update longer than the probe timeout would drain every rank.
      */
     private readonly paused: () => boolean = () => false,
+    /**
+     * Why an engine's weights are not the policy version's it loaded (it restarted on its old
+     * ones), or null: such an engine's ranks are drained at once, or its tokens would be stamped
+     * with a version that did not sample them.
+     */
+    private readonly staleWeights: (engine: number) => Promise<string | null> = async () => null,
   ) {
     for (const m of registry.members()) {
       this.state.set(m, { member: m, healthy: true, consecutiveFailures: 0, lastLatencyMs: null, lastCheck: null, detail: "not probed yet" });
@@ -162,6 +168,11 @@ export class EngineHealth {
     if (this.running || this.paused()) return;
     this.running = true;
     try {
+      const stale = new Map<number, Promise<string | null>>();
+      const staleOf = (engine: number) => {
+        if (!stale.has(engine)) stale.set(engine, this.staleWeights(engine).catch(() => null));
+        return stale.get(engine)!;
+      };
       await Promise.all(
         (only ?? this.registry.members()).map(async (member) => {
           const { engine, dpRank } = parseRankMember(member);
@@ -177,6 +188,8 @@ export class EngineHealth {
             },
           );
           const probe = await probeRank(this.registry.dispatcher, cfg, model, dpRank);
+          const staleWhy = probe.ok ? await staleOf(engine) : null;
+          if (staleWhy !== null) Object.assign(probe, { ok: false, detail: staleWhy });
           const h = this.state.get(member)!;
           h.lastCheck = new Date().toISOString();
           h.lastLatencyMs = probe.latencyMs;
@@ -191,7 +204,8 @@ export class EngineHealth {
             if (this.down.delete(member)) await this.announce(member, false);
           } else if (drain) {
             h.consecutiveFailures++;
-            if (h.consecutiveFailures >= this.failures && h.healthy) {
+            // Stale weights are not a passing fault: drained at the first probe that sees them.
+            if ((h.consecutiveFailures >= this.failures || staleWhy !== null) && h.healthy) {
               h.healthy = false;
               this.log.warn({ rank: member, detail: probe.detail }, "engine rank failing health checks: drained");
               // Announced first, so a replica has heard it by the time the shared set shows it.

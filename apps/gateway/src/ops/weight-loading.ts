@@ -159,10 +159,12 @@ export async function loadEngineWeights(dispatcher: Dispatcher, index: number, e
         ? perRank.map((m, dp_rank) => ({ dp_rank, loaded: ok || m.startsWith("Succeeded"), detail: m.slice(0, 500) }))
         : ranks(ok, ok ? "loaded" : `not confirmed: ${message.slice(0, 500)}`);
   } else {
-    await step("POST", "/unload_lora_adapter", { lora_name: load.lora.name });
+    const unloaded = ok2xx(await step("POST", "/unload_lora_adapter", { lora_name: load.lora.name }));
     const a = await step("POST", "/load_lora_adapter", { lora_name: load.lora.name, lora_path: load.lora.path }, LOAD_TIMEOUT_MS);
     ok = ok2xx(a) && (json(a.text) as { success?: unknown } | undefined)?.success === true;
-    rankLoads = ranks(ok, ok ? "loaded" : `not confirmed: the engine's load failed: ${engineMessage(a)}`);
+    // SGLang has no in-place replace: the old adapter is gone once the unload answered.
+    const gone = unloaded ? `; adapter '${load.lora.name}' was unloaded before the load failed: the engine serves no adapter under that name now` : "";
+    rankLoads = ranks(ok, ok ? "loaded" : `not confirmed: the engine's load failed: ${engineMessage(a)}${gone}`);
     if (ok) {
       await step("POST", "/flush_cache");
       await step("POST", "/update_weight_version", { new_version: version });
@@ -184,4 +186,30 @@ export function describeLoadFailures(loads: EngineLoad[]): string {
       return `engine ${l.index} (${l.kind} ${l.url}): rank${failed.length === 1 ? "" : "s"} ${failed.map((r) => r.dp_rank).join(", ")} did not load (${why})${confirmed.length ? `; rank${confirmed.length === 1 ? "" : "s"} ${confirmed.join(", ")} did` : ""}`;
     })
     .join(". ");
+}
+
+/**
+ * The ranks a load that failed elsewhere did confirm, one clause per engine ("engine 0 (vllm
+ * URL): ranks 0, 1"), and the engines whose old LoRA adapter was unloaded by a load that then
+ * failed; null when none. Those ranks now run weights the policy version does not
+ * name (a rank that failed is taken to keep its old ones: SGLang rolls back, vLLM fails as one).
+ */
+export function describeLoadedRanks(loads: EngineLoad[], load: WeightLoad): string | null {
+  const clauses = loads.flatMap((l) => {
+    const loaded = l.ranks.filter((r) => r.loaded).map((r) => r.dp_rank);
+    if (loaded.length) return [`engine ${l.index} (${l.kind} ${l.url}): rank${loaded.length === 1 ? "" : "s"} ${loaded.join(", ")}`];
+    // An SGLang LoRA load unloads the old adapter first: failed after, the engine serves neither.
+    const unload = l.steps.find((s) => s.route === "POST /unload_lora_adapter");
+    const unloaded = unload?.status !== null && unload?.status !== undefined && unload.status >= 200 && unload.status < 300;
+    return !l.ok && unloaded && "lora" in load ? [`engine ${l.index} (${l.kind} ${l.url}): adapter '${load.lora.name}' unloaded`] : [];
+  });
+  return clauses.length ? clauses.join("; ") : null;
+}
+
+/** The weight version an engine reports as its own now (vLLM `/weight_info`, SGLang `/model_info`); null when it cannot say. */
+export async function engineWeightVersion(dispatcher: Dispatcher, e: EngineConfig): Promise<string | null> {
+  const a = await call(dispatcher, e.url, "GET", e.kind === "vllm" ? "/weight_info" : "/model_info", undefined, SMALL_TIMEOUT_MS);
+  if (!ok2xx(a)) return null;
+  const info = json(a.text) as { weight_version?: unknown } | undefined;
+  return typeof info?.weight_version === "string" ? info.weight_version : null;
 }

@@ -1,14 +1,14 @@
 import { randomUUID } from "node:crypto";
 import { parseRankMember } from "@rollgate/store";
 import { Preflight } from "@rollgate/protocol";
-import type { FastifyPluginAsync } from "fastify";
+import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from "fastify";
 import type { ZodTypeProvider } from "fastify-type-provider-zod";
 import { z } from "zod";
 import type { GatewayContext } from "../context.js";
 import { errorBody } from "../errors.js";
 import { pausePlan, type AbortPauseMode } from "../engines/capabilities.js";
 import { pauseEngine, resumeEngine, type EnginePauseMode } from "../ops/engine-control.js";
-import { WeightLoad, describeLoadFailures, loadEngineWeights } from "../ops/weight-loading.js";
+import { WeightLoad, describeLoadFailures, describeLoadedRanks, loadEngineWeights } from "../ops/weight-loading.js";
 import { TRAINER_SECURITY, errorResponses, named } from "./schemas.js";
 
 /** How each per-engine pause plan drives the engine's own pause route. */
@@ -16,6 +16,9 @@ const ENGINE_MODE: Record<AbortPauseMode, EnginePauseMode> = { keep: "freeze", i
 /** How long a freeze-in-place pause waits for tokens already generated to reach the gateway. */
 const FROZEN_SETTLE_MS = 250;
 const FROZEN = new Set<string>(["keep", "in_place"]);
+/** The weight-load mark outlives a replica that died mid-load by at most this long. */
+const LOAD_MARK_TTL_S = 30;
+const LOAD_MARK_REFRESH_MS = 10_000;
 
 const PauseBody = named(
   "PauseRequest",
@@ -145,11 +148,11 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       security,
       summary: "Pause inference on every replica",
       description:
-        "New engine calls wait (agents are not failed). drain: in-flight calls finish, then the engines' own pause routes are called. abort: the engines are paused at once, cutting in-flight calls, which the gateway continues from their tokens after resume (one answer per call; records keep each token's weight version). The body may be left out.",
+        "New engine calls wait (agents are not failed). drain: in-flight calls finish, then the engines' own pause routes are called. abort: the engines are paused at once, cutting in-flight calls, which the gateway continues from their tokens after resume (one answer per call; records keep each token's weight version). 409 resumed_during_pause: a resume came while it waited for calls in flight, and the engines were left running. The body may be left out.",
       body: PauseBody.prefault({}),
-      response: { 200: PauseAnswer, ...errorResponses(400, 401) },
+      response: { 200: PauseAnswer, ...errorResponses(400, 401, 409) },
     };
-    app.post("/admin/inference/pause", { schema: pauseSchema }, async (req) => {
+    app.post("/admin/inference/pause", { schema: pauseSchema }, async (req, reply) => {
       const { mode, timeout_s } = req.body;
       const state = { mode, since: new Date().toISOString(), id: randomUUID() };
       // Replicas report their in-flight count within a few ms of every call start and end.
@@ -182,7 +185,22 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const engineMode = (i: number): EnginePauseMode => (plans[i]!.mode === "drain" && !stampedInPlace[i] ? "abort" : ENGINE_MODE[plans[i]!.mode]);
       const pauseOne = (i: number) => pauseEngine(ctx.registry.dispatcher, ctx.registry.engines[i]!, engineMode(i));
       const results: Awaited<ReturnType<typeof pauseOne>>[] = [];
-      for (const [k, r] of (await Promise.all(now.map(pauseOne))).entries()) results[now[k]!] = r;
+      // A resume that came while this pause waited (its caller gave up on it and resumed) ends it:
+      // the engines paused now would hold every call of a gateway that no longer holds any. Read
+      // again after pausing them too, and resumed again, for a resume that came in between.
+      const resumedMeanwhile = async () => (await ctx.admin.pauseState()) === null;
+      const resumedAnswer = () =>
+        reply
+          .code(409)
+          .send(errorBody("resumed_during_pause", "inference was resumed while this pause was under way (waiting for calls in flight): it ended there and the engines run (pause again if that resume was not meant)"));
+      const pauseUnlessResumed = async (engines: number[]) => {
+        if (await resumedMeanwhile()) return false;
+        for (const [k, r] of (await Promise.all(engines.map(pauseOne))).entries()) results[engines[k]!] = r;
+        if (!(await resumedMeanwhile())) return true;
+        await Promise.all(engines.map((i) => resumeEngine(ctx.registry.dispatcher, ctx.registry.engines[i]!)));
+        return false;
+      };
+      if (!(await pauseUnlessResumed(now))) return resumedAnswer();
       // Tokens a frozen engine generated before it froze may still be on their way to the replicas
       // stamping them: let them arrive before the caller can move the weight version, or the last
       // ones would be stamped with the new version (a real engine streams its output after its
@@ -199,7 +217,7 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
         await new Promise((r) => setTimeout(r, 100));
         remaining = onDrained(await ctx.admin.inflightByRank());
       }
-      for (const [k, r] of (await Promise.all(later.map(pauseOne))).entries()) results[later[k]!] = r;
+      if (!(await pauseUnlessResumed(later))) return resumedAnswer();
       const frozen = Object.entries(await ctx.admin.inflightByRank()).reduce((n, [member, count]) => (FROZEN.has(plans[parseRankMember(member).engine]?.mode ?? "") ? n + count : n), 0);
       return {
         paused: true as const,
@@ -213,8 +231,40 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       };
     });
 
-    const resumeSchema = { tags, security, summary: "Resume inference", response: { 200: ResumeAnswer, ...errorResponses(401) } };
-    app.post("/admin/inference/resume", { schema: resumeSchema }, async () => {
+    const resumeSchema = {
+      tags,
+      security,
+      summary: "Resume inference",
+      description:
+        "409 `weights_mixed` after a weight load some ranks confirmed and others did not: those ranks run weights the policy version does not name, and their tokens would be stamped with it. A load that succeeds (or `POST /admin/weights` declaring the version every engine now runs) lifts it.",
+      response: { 200: ResumeAnswer, ...errorResponses(401, 409) },
+    };
+    app.post("/admin/inference/resume", { schema: resumeSchema }, async (req, reply) => {
+      // The trainer's `finally: resume()` after a half-done load would let the loaded ranks sample
+      // on new weights under the old version: every record of theirs would lie about its version.
+      const loading = await ctx.admin.weightLoad();
+      if (loading !== null) {
+        return reply
+          .code(409)
+          .send(
+            errorBody(
+              "weights_loading",
+              `inference stays paused: the engines are loading weights ${loading.version} (since ${loading.since}); resumed now, they would sample on half-loaded weights stamped with the old version. Resume once POST /admin/inference/weights has answered.`,
+            ),
+          );
+      }
+      const mixed = await ctx.admin.mixedWeights();
+      if (mixed !== null) {
+        const version = await ctx.weights.get();
+        return reply
+          .code(409)
+          .send(
+            errorBody(
+              "weights_mixed",
+              `inference stays paused: a weight load failed part way and left ${mixed} off the weights of the version ${version ?? "unset"}; their tokens would be stamped with the wrong version (or their calls fail). Load the weights again (POST /admin/inference/weights with load, after fixing the cause, or the previous checkpoint), then resume.`,
+            ),
+          );
+      }
       const engines = await Promise.all(ctx.registry.engines.map((e) => resumeEngine(ctx.registry.dispatcher, e)));
       const was = await ctx.admin.resume();
       return { paused: false as const, was_paused: was !== null, engines };
@@ -226,6 +276,8 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
     /** The version stamped on every engine call from now on, on every replica. */
     const setVersion = async (version: string) => {
       await ctx.weights.set(version);
+      // The caller says every engine runs `version` now (a load confirmed it, or it pushed them itself).
+      await ctx.admin.setMixedWeights(null);
       // This replica hears its own message before the answer goes out (see PauseGate.heardWeights).
       const heard = ctx.pause.heardWeights(version);
       await ctx.admin.publish({ type: "weights", version });
@@ -243,6 +295,7 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
     app.post("/admin/weights", { schema: setWeightsSchema }, async (req) => {
       const version = String(req.body.version);
       await setVersion(version);
+      await ctx.admin.setLoadedEngines(null);
       return { version };
     });
 
@@ -267,8 +320,29 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const previous = await ctx.weights.get();
       if (!load) {
         await setVersion(version);
+        await ctx.admin.setLoadedEngines(null);
         return { version, previous_version: previous, load: null, engines: [] };
       }
+      // One load at a time on every replica: two interleave on the engines (the version set last
+      // need not be the weights loaded last), and resume waits for it (see the resume route).
+      const mark = { version, since: new Date().toISOString(), token: randomUUID() };
+      if (!(await ctx.admin.beginWeightLoad(mark, LOAD_MARK_TTL_S))) {
+        const running = await ctx.admin.weightLoad();
+        return reply
+          .code(409)
+          .send(errorBody("weights_loading", `another weight load is under way (${running ? `version ${running.version}, since ${running.since}` : "just ended"}): call again once it has answered`));
+      }
+      const refresh = setInterval(() => void ctx.admin.refreshWeightLoad(mark.token, LOAD_MARK_TTL_S).catch(() => undefined), LOAD_MARK_REFRESH_MS);
+      try {
+        return await loadWhilePaused(version, load, previous, req, reply);
+      } finally {
+        clearInterval(refresh);
+        await ctx.admin.endWeightLoad(mark.token).catch(() => undefined);
+      }
+    });
+
+    /** The load itself, run under the load mark: paused is read after the mark is set, so a resume cannot slip between. */
+    const loadWhilePaused = async (version: string, load: WeightLoad, previous: string | null, req: FastifyRequest, reply: FastifyReply) => {
       if (!(await ctx.admin.pauseState())) {
         return reply
           .code(409)
@@ -276,13 +350,19 @@ export function adminRoutes(ctx: GatewayContext): FastifyPluginAsync {
       }
       const engines = await Promise.all(ctx.registry.engines.map((e, i) => loadEngineWeights(ctx.registry.dispatcher, i, e, load, version)));
       if (engines.some((e) => !e.ok)) {
-        const message = `weights not loaded: ${describeLoadFailures(engines)}. The weight version stays ${previous ?? "unset"} and inference stays paused.`;
+        // Ranks that did load run weights the version does not name: resume waits for a load that succeeds.
+        const loaded = describeLoadedRanks(engines, load);
+        if (loaded !== null) await ctx.admin.setMixedWeights(loaded);
+        const mixed = loaded === null ? "" : ` Not on the weights of ${previous ?? "unset"} any more: ${loaded}; resume is refused until a load succeeds.`;
+        const message = `weights not loaded: ${describeLoadFailures(engines)}. The weight version stays ${previous ?? "unset"} and inference stays paused.${mixed}`;
         req.log.error({ version, engines }, "weight load failed");
         return reply.code(502).send(errorBody("weights_load_failed", message, { version, previous_version: previous, load, engines }));
       }
+      // Set before the version moves, so a probe never compares the engines with a version their record predates.
+      await ctx.admin.setLoadedEngines({ version, engines: engines.flatMap((e) => (e.engine_weight_version === version ? [e.index] : [])) });
       await setVersion(version);
       return { version, previous_version: previous, load, engines };
-    });
+    };
 
     const getWeightsSchema = { tags, security, summary: "The policy weight version", response: { 200: WeightsAnswer, ...errorResponses(401) } };
     app.get("/admin/weights", { schema: getWeightsSchema }, async () => ({ version: await ctx.weights.get() }));

@@ -300,6 +300,8 @@ class Client:
         return self._transport.call(_api.pause(mode, timeout_s))
 
     def resume(self) -> JSON:
+        """Releases held calls and resumes the engines. ``RollgateError`` 409 ``weights_loading`` while a
+        weight load runs, ``weights_mixed`` after a load only some ranks took (load again first)."""
         return self._transport.call(_api.resume())
 
     def inference(self) -> JSON:
