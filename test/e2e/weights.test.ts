@@ -38,6 +38,35 @@ function runCli(args: string[]): Promise<{ code: number | null; stdout: string; 
 
 const PROMPT = "hello\n#sim: [{\"text\": \"fine\"}]";
 
+/**
+ * A vLLM and an SGLang engine-sim (two ranks each, weights "v0") behind one gateway whose weight
+ * version is "v0", started before the describe block's tests and stopped after them.
+ */
+function weightsCluster(name: string, gatewayEnv: Record<string, string> = {}) {
+  const prefix = uniquePrefix(name);
+  const c = {} as { vllm: StartedChild; sglang: StartedChild; gw: StartedChild };
+  beforeAll(async () => {
+    [c.vllm, c.sglang] = await Promise.all([
+      startApp("engine-sim", ["--port", "0", "--dp", "2", "--weight-version", "v0"], {}),
+      startApp("engine-sim", ["--port", "0", "--dp", "2", "--kind", "sglang", "--weight-version", "v0"], {}),
+    ]);
+    c.gw = await startApp("gateway", ["--port", "0"], {
+      ROLLGATE_KEY_PREFIX: prefix,
+      ...gatewayEnv,
+      ROLLGATE_ENGINES: JSON.stringify([
+        { kind: "vllm", url: c.vllm.ready, dp_size: 2 },
+        { kind: "sglang", url: c.sglang.ready, dp_size: 2 },
+      ]),
+    });
+    await apiClient(() => c.gw.ready)("/admin/weights", { body: { version: "v0" } });
+  }, 60_000);
+  afterAll(async () => {
+    await Promise.all([c.gw, c.vllm, c.sglang].map((p) => p && stopChild(p.proc)));
+    await dropPrefix(prefix);
+  });
+  return c;
+}
+
 describe("engine-sim weight routes", () => {
   it("vLLM: update_config + reload_weights moves the version and the logprobs; a failing rank fails the call and changes nothing", async () => {
     const sim = buildEngineSim({ kind: "vllm", dpSize: 2, weightVersion: "v0" });
@@ -115,34 +144,11 @@ describe("engine-sim weight routes", () => {
 });
 
 describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () => {
-  const prefix = uniquePrefix("weights");
-  let vllm: StartedChild;
-  let sglang: StartedChild;
-  let gw: StartedChild;
-  const api = apiClient(() => gw.ready);
+  const c = weightsCluster("weights");
+  const api = apiClient(() => c.gw.ready);
   const engineApi = (e: () => StartedChild) => apiClient(() => e().ready);
-  const vllmApi = engineApi(() => vllm);
-  const sglangApi = engineApi(() => sglang);
-
-  beforeAll(async () => {
-    [vllm, sglang] = await Promise.all([
-      startApp("engine-sim", ["--port", "0", "--dp", "2", "--weight-version", "v0"], {}),
-      startApp("engine-sim", ["--port", "0", "--dp", "2", "--kind", "sglang", "--weight-version", "v0"], {}),
-    ]);
-    gw = await startApp("gateway", ["--port", "0"], {
-      ROLLGATE_KEY_PREFIX: prefix,
-      ROLLGATE_ENGINES: JSON.stringify([
-        { kind: "vllm", url: vllm.ready, dp_size: 2 },
-        { kind: "sglang", url: sglang.ready, dp_size: 2 },
-      ]),
-    });
-    await api("/admin/weights", { body: { version: "v0" } });
-  }, 60_000);
-
-  afterAll(async () => {
-    await Promise.all([gw, vllm, sglang].map((p) => p && stopChild(p.proc)));
-    await dropPrefix(prefix);
-  });
+  const vllmApi = engineApi(() => c.vllm);
+  const sglangApi = engineApi(() => c.sglang);
 
   it("refuses to load while inference runs (409), and without load only sets the version", async () => {
     const refused = await api("/admin/inference/weights", { body: { version: "v1", load: { path: "/ckpt/v1" } } });
@@ -191,7 +197,7 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
       const engine = (await api(`/v1/sessions/${created.id}`)).body.assignment.engine as number;
       if (seen.has(engine)) continue;
       seen.set(engine, created.id);
-      const call = await fetch(`${gw.ready}/s/${created.id}/v1/chat/completions`, {
+      const call = await fetch(`${c.gw.ready}/s/${created.id}/v1/chat/completions`, {
         method: "POST",
         headers: { "content-type": "application/json", authorization: `Bearer ${created.token}` },
         body: JSON.stringify({ model: "m", messages: [{ role: "user", content: PROMPT }] }),
@@ -211,7 +217,7 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
     const res = await api("/admin/inference/weights", { body: { version: "v2", load: { path: "/ckpt/v2" } } });
     expect(res.status).toBe(502);
     expect(res.body.error.type).toBe("weights_load_failed");
-    expect(res.body.error.message).toContain(`engine 1 (sglang ${sglang.ready}): rank 1 did not load`);
+    expect(res.body.error.message).toContain(`engine 1 (sglang ${c.sglang.ready}): rank 1 did not load`);
     expect(res.body.error.message).toContain("disk full");
     expect(res.body.error.message).toContain("rank 0 did");
     expect(res.body.error.message).toContain("The weight version stays v1 and inference stays paused.");
@@ -231,7 +237,7 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
     const vllmLoad = again.body.error.details.engines[0];
     expect(vllmLoad.ranks.map((r: { loaded: boolean }) => r.loaded)).toEqual([false, false]);
     expect(vllmLoad.ranks[0].detail).toContain("dp rank 0: bad shard");
-    expect(again.body.error.message).toContain(`engine 0 (vllm ${vllm.ready}): ranks 0, 1 did not load`);
+    expect(again.body.error.message).toContain(`engine 0 (vllm ${c.vllm.ready}): ranks 0, 1 did not load`);
 
     await vllmApi("/sim/load_faults", { body: { clear: true } });
     const retried = await api("/admin/inference/weights", { body: { version: "v2", load: { path: "/ckpt/v2" } } });
@@ -254,8 +260,8 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
     const refused = await api("/admin/inference/resume", { body: {} });
     expect(refused.status).toBe(409);
     expect(refused.body.error.type).toBe("weights_mixed");
-    expect(refused.body.error.message).toContain(`engine 0 (vllm ${vllm.ready}): ranks 0, 1`);
-    expect(refused.body.error.message).toContain(`engine 1 (sglang ${sglang.ready}): rank 0`);
+    expect(refused.body.error.message).toContain(`engine 0 (vllm ${c.vllm.ready}): ranks 0, 1`);
+    expect(refused.body.error.message).toContain(`engine 1 (sglang ${c.sglang.ready}): rank 0`);
     expect((await api("/admin/inference")).body.paused).not.toBeNull();
 
     // Fixed and loaded again: resume goes through and the next call's tokens carry the loaded version.
@@ -263,7 +269,7 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
     expect((await api("/admin/inference/weights", { body: { version: "v2.1", load: { path: "/ckpt/v2.1" } } })).status).toBe(200);
     expect((await api("/admin/inference/resume", { body: {} })).status).toBe(200);
     const created = (await api("/v1/sessions", { body: {} })).body as { id: string; token: string };
-    const call = await fetch(`${gw.ready}/s/${created.id}/v1/chat/completions`, {
+    const call = await fetch(`${c.gw.ready}/s/${created.id}/v1/chat/completions`, {
       method: "POST",
       headers: { "content-type": "application/json", authorization: `Bearer ${created.token}` },
       body: JSON.stringify({ model: "m", messages: [{ role: "user", content: PROMPT }] }),
@@ -326,7 +332,7 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
     const refused = await api("/admin/inference/resume", { body: {} });
     expect(refused.status).toBe(409);
     expect(refused.body.error.type).toBe("weights_mixed");
-    expect(refused.body.error.message).toContain(`engine 1 (sglang ${sglang.ready}): adapter 'policy' unloaded`);
+    expect(refused.body.error.message).toContain(`engine 1 (sglang ${c.sglang.ready}): adapter 'policy' unloaded`);
 
     await sglangApi("/sim/load_faults", { body: { clear: true } });
     expect((await api("/admin/inference/weights", { body: { version: "v4.1", load: { lora: { name: "policy", path: "/ckpt/v4.1/adapter" } } } })).status).toBe(200);
@@ -339,7 +345,7 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
     try {
       const created = (await api("/v1/sessions", { body: {} })).body as { id: string; token: string };
       const long = `hello\n#sim: [{"text": "${"word ".repeat(40).trim()}"}]`;
-      const inflight = fetch(`${gw.ready}/s/${created.id}/v1/chat/completions`, {
+      const inflight = fetch(`${c.gw.ready}/s/${created.id}/v1/chat/completions`, {
         method: "POST",
         headers: { "content-type": "application/json", authorization: `Bearer ${created.token}` },
         body: JSON.stringify({ model: "m", messages: [{ role: "user", content: long }] }),
@@ -361,7 +367,7 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
   });
 
   it("the rollgate CLI loads weights: pause, weights --load, resume; --lora needs --load; loading unpaused is refused", async () => {
-    const cli = (...args: string[]) => runCli(["--url", gw.ready, ...args]);
+    const cli = (...args: string[]) => runCli(["--url", c.gw.ready, ...args]);
     const refused = await cli("weights", "v6", "--load", "/ckpt/v6");
     expect(refused.code).not.toBe(0);
     expect(refused.stderr).toContain("not_paused");
@@ -413,32 +419,8 @@ describe("an engine started without its weight routes", () => {
 });
 
 describe("an engine that restarts on its old weights after a load", () => {
-  const prefix = uniquePrefix("weights-restart");
-  let vllm: StartedChild;
-  let sglang: StartedChild;
-  let gw: StartedChild;
-  const api = apiClient(() => gw.ready);
-
-  beforeAll(async () => {
-    [vllm, sglang] = await Promise.all([
-      startApp("engine-sim", ["--port", "0", "--dp", "2", "--weight-version", "v0"], {}),
-      startApp("engine-sim", ["--port", "0", "--dp", "2", "--kind", "sglang", "--weight-version", "v0"], {}),
-    ]);
-    gw = await startApp("gateway", ["--port", "0"], {
-      ROLLGATE_KEY_PREFIX: prefix,
-      ROLLGATE_HEALTH_INTERVAL_S: "1",
-      ROLLGATE_ENGINES: JSON.stringify([
-        { kind: "vllm", url: vllm.ready, dp_size: 2 },
-        { kind: "sglang", url: sglang.ready, dp_size: 2 },
-      ]),
-    });
-    await api("/admin/weights", { body: { version: "v0" } });
-  }, 60_000);
-
-  afterAll(async () => {
-    await Promise.all([gw, vllm, sglang].map((p) => p && stopChild(p.proc)));
-    await dropPrefix(prefix);
-  });
+  const c = weightsCluster("weights-restart", { ROLLGATE_HEALTH_INTERVAL_S: "1" });
+  const api = apiClient(() => c.gw.ready);
 
   type Rank = { dp_rank: number; healthy: boolean; detail: string | null };
   const ranksOf = async (engine: number) => ((await api("/admin/engines")).body.engines[engine].ranks as Rank[]).map((r) => [r.healthy, r.detail]);
@@ -449,9 +431,9 @@ describe("an engine that restarts on its old weights after a load", () => {
     await api("/admin/inference/resume", { body: {} });
 
     // The vLLM engine restarts (same address) on the weights it was started with.
-    const port = new URL(vllm.ready).port;
-    await stopChild(vllm.proc);
-    vllm = await startApp("engine-sim", ["--port", port, "--dp", "2", "--weight-version", "v0"], {});
+    const port = new URL(c.vllm.ready).port;
+    await stopChild(c.vllm.proc);
+    c.vllm = await startApp("engine-sim", ["--port", port, "--dp", "2", "--weight-version", "v0"], {});
 
     const stale = "the engine reports weight version v0, not v1 which it loaded";
     await expect.poll(() => ranksOf(0), { timeout: 20_000, interval: 200 }).toEqual([
