@@ -33,8 +33,11 @@ export function checkOutputPiece(ids: readonly number[], logprobs: readonly { lo
   for (let i = 0; i < logprobs.length; i++) checkLogprob(logprobs[i]!.logprob, from + i);
 }
 
-/** A whole answer, as it is about to be shown whole or recorded. */
-export function checkAnswer(result: EngineResult, vocabSize: number | null): void {
+/**
+ * A whole answer, as it is about to be shown whole or recorded. `piecesChecked`: its output came
+ * as streamed pieces, each already checked (checkOutputPiece); only the rest is checked here.
+ */
+export function checkAnswer(result: EngineResult, vocabSize: number | null, piecesChecked = false): void {
   if (result.prompt_ids.length === 0) throw badAnswer("its prompt has no token ids");
   // Text comes from tokens: an engine may send text after the tokens it came from (a parser that
   // held it), never text with none at all.
@@ -44,6 +47,7 @@ export function checkAnswer(result: EngineResult, vocabSize: number | null): voi
     throw badAnswer(`${result.output_ids.length} output ids but ${result.output_logprobs.length} logprobs`);
   }
   checkIds(result.prompt_ids, vocabSize, "prompt_ids");
+  if (piecesChecked) return;
   checkIds(result.output_ids, vocabSize, "output_ids");
   for (let i = 0; i < result.output_logprobs.length; i++) checkLogprob(result.output_logprobs[i]!, i);
 }

@@ -680,7 +680,7 @@ export class ChatCaller {
     }
     if (!piece.isFinished) throw new EngineError("the engine stream ended without a finish reason", 502, "bad_response");
     const result = piece.result();
-    checkAnswer(result, vocabSize);
+    checkAnswer(result, vocabSize, true);
     return result;
   }
 
