@@ -149,6 +149,17 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
   const engineApi = (e: () => StartedChild) => apiClient(() => e().ready);
   const vllmApi = engineApi(() => c.vllm);
   const sglangApi = engineApi(() => c.sglang);
+  /** One agent call on the session, answered 200; its record. */
+  const oneCall = async (session: { id: string; token: string }): Promise<CompletionRecord> => {
+    const call = await fetch(`${c.gw.ready}/s/${session.id}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${session.token}` },
+      body: JSON.stringify({ model: "m", messages: [{ role: "user", content: PROMPT }] }),
+    });
+    expect(call.status).toBe(200);
+    const [record] = (await api(`/v1/sessions/${session.id}/completions`)).body.completions as CompletionRecord[];
+    return record!;
+  };
 
   it("refuses to load while inference runs (409), and without load only sets the version", async () => {
     const refused = await api("/admin/inference/weights", { body: { version: "v1", load: { path: "/ckpt/v1" } } });
@@ -197,16 +208,10 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
       const engine = (await api(`/v1/sessions/${created.id}`)).body.assignment.engine as number;
       if (seen.has(engine)) continue;
       seen.set(engine, created.id);
-      const call = await fetch(`${c.gw.ready}/s/${created.id}/v1/chat/completions`, {
-        method: "POST",
-        headers: { "content-type": "application/json", authorization: `Bearer ${created.token}` },
-        body: JSON.stringify({ model: "m", messages: [{ role: "user", content: PROMPT }] }),
-      });
-      expect(call.status).toBe(200);
-      const [record] = (await api(`/v1/sessions/${created.id}/completions`)).body.completions as CompletionRecord[];
-      expect(record!.weight_version).toBe("v1");
-      const expected = record!.output_ids.map((id, k) => simLogprob("v1", [...record!.prompt_ids, ...record!.output_ids.slice(0, k)], id));
-      expect(record!.output_logprobs).toEqual(expected);
+      const record = await oneCall(created);
+      expect(record.weight_version).toBe("v1");
+      const expected = record.output_ids.map((id, k) => simLogprob("v1", [...record.prompt_ids, ...record.output_ids.slice(0, k)], id));
+      expect(record.output_logprobs).toEqual(expected);
     }
     expect([...seen.keys()].sort()).toEqual([0, 1]);
   });
@@ -268,16 +273,9 @@ describe("POST /admin/inference/weights over a vLLM and an SGLang engine", () =>
     await sglangApi("/sim/load_faults", { body: { rank: 1, clear: true } });
     expect((await api("/admin/inference/weights", { body: { version: "v2.1", load: { path: "/ckpt/v2.1" } } })).status).toBe(200);
     expect((await api("/admin/inference/resume", { body: {} })).status).toBe(200);
-    const created = (await api("/v1/sessions", { body: {} })).body as { id: string; token: string };
-    const call = await fetch(`${c.gw.ready}/s/${created.id}/v1/chat/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json", authorization: `Bearer ${created.token}` },
-      body: JSON.stringify({ model: "m", messages: [{ role: "user", content: PROMPT }] }),
-    });
-    expect(call.status).toBe(200);
-    const [record] = (await api(`/v1/sessions/${created.id}/completions`)).body.completions as CompletionRecord[];
-    expect(record!.weight_version).toBe("v2.1");
-    expect(record!.output_logprobs).toEqual(record!.output_ids.map((id, k) => simLogprob("v2.1", [...record!.prompt_ids, ...record!.output_ids.slice(0, k)], id)));
+    const record = await oneCall((await api("/v1/sessions", { body: {} })).body as { id: string; token: string });
+    expect(record.weight_version).toBe("v2.1");
+    expect(record.output_logprobs).toEqual(record.output_ids.map((id, k) => simLogprob("v2.1", [...record.prompt_ids, ...record.output_ids.slice(0, k)], id)));
   });
 
   it("while a load runs: resume and a second load are refused (409 weights_loading), then both go through once it answered", async () => {
