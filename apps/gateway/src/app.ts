@@ -2,6 +2,7 @@ import { createRedis, rolloutQueue } from "@rollgate/queue";
 import { AdminStore, RankRouter, SessionStore, TaskStore, WeightStore, rankMember } from "@rollgate/store";
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type RouteOptions } from "fastify";
 import { serializerCompiler } from "fastify-type-provider-zod";
+import { getHeapStatistics } from "node:v8";
 import { pino, type Logger } from "pino";
 import type { GatewayContext } from "./context.js";
 import { EngineRegistry } from "./engines/registry.js";
@@ -13,6 +14,7 @@ import { RedactingLogController, SessionTaskCache, redactingLogger, requestChild
 import { GatewayMetrics } from "./observability/metrics.js";
 import { requestObservability } from "./observability/request-hooks.js";
 import { AdminChannel } from "./ops/admin-channel.js";
+import { BodyBudget } from "./ops/body-budget.js";
 import { EngineHealth } from "./ops/engine-health.js";
 import { PauseGate } from "./ops/pause-gate.js";
 import { PreflightReports } from "./ops/preflight.js";
@@ -21,6 +23,7 @@ import { SessionRateLimiter, retryAfterHeader } from "./ops/rate-limit.js";
 import { Rerouter } from "./ops/reroute.js";
 import { unusedConnectionsCloser } from "./ops/unused-connections.js";
 import { engineWeightVersion } from "./ops/weight-loading.js";
+import { AGENT_BODY_LIMIT } from "./routes/agent-common.js";
 import { anthropicAgentRoutes } from "./routes/agent-anthropic.js";
 import { dashboardRoutes } from "./routes/dashboard.js";
 import { registerDocs } from "./routes/docs.js";
@@ -95,6 +98,9 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
   });
   // A query string that is not valid percent-encoding: 400 naming the parameter, on every route.
   app.addHook("onRequest", queryGuard);
+  // Agent bodies held at once over every sandbox: past the budget a call waits, its body unread.
+  const bodyBudget = new BodyBudget(bodyBudgetBytes(env), AGENT_BODY_LIMIT, env.ROLLGATE_AGENT_BODY_TIMEOUT_S * 1000, () => metrics.bodyTimedOut());
+  app.addHook("onRequest", (req, reply, done) => (req.url.startsWith("/s/") ? bodyBudget.hook(req, reply, done) : done()));
   // One onSend hook for every answer, callback-style (an async hook is a promise and a microtask
   // turn per request): a 413 keeps reading the rest of the body, so the client reads the answer
   // instead of a reset; a call refused by the session rate limit answers `retry-after` (whatever
@@ -177,6 +183,7 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
     preflight: new PreflightReports(registry, log),
     rollouts,
     rateLimit: new SessionRateLimiter(redis, prefix, env.ROLLGATE_SESSION_RATE, env.ROLLGATE_SESSION_BURST ?? Math.max(1, 2 * env.ROLLGATE_SESSION_RATE)),
+    bodyBudget,
     publicUrl: () => publicUrl ?? `http://127.0.0.1:${env.PORT}`,
   };
 
@@ -202,6 +209,7 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
   });
   app.addHook("onClose", async () => {
     health.stop();
+    bodyBudget.close();
     // Answered calls whose records are still being written: stored (or marked lost) before Redis goes.
     await ctx.caller.pending.drain();
     await lostCalls.close();
@@ -214,4 +222,13 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
   });
   // The instance is typed with pino's Logger; callers only need the default Fastify shape.
   return app as unknown as FastifyInstance;
+}
+
+/**
+ * ROLLGATE_AGENT_BODY_BUDGET_MB, or a quarter of the V8 heap limit: a body is parsed into the heap
+ * and lives there for its call, and a heap that reaches its limit ends the process.
+ */
+function bodyBudgetBytes(env: GatewayEnv): number {
+  if (env.ROLLGATE_AGENT_BODY_BUDGET_MB !== undefined) return env.ROLLGATE_AGENT_BODY_BUDGET_MB * 2 ** 20;
+  return Math.max(AGENT_BODY_LIMIT, Math.floor(getHeapStatistics().heap_size_limit / 4));
 }

@@ -5,6 +5,7 @@ import type { Logger } from "pino";
 import type { EngineRegistry } from "./engines/registry.js";
 import type { ChatCaller } from "./llm/chat-call.js";
 import type { LostCallLedger } from "./llm/lost-calls.js";
+import type { BodyBudget } from "./ops/body-budget.js";
 import type { EngineHealth } from "./ops/engine-health.js";
 import type { PauseGate } from "./ops/pause-gate.js";
 import type { PreflightReports } from "./ops/preflight.js";
@@ -38,6 +39,8 @@ export interface GatewayContext {
   rollouts: Queue<RolloutJob>;
   /** ROLLGATE_SESSION_RATE: agent calls per second per session (off when absent or rate 0). */
   rateLimit?: SessionRateLimiter;
+  /** The bytes of agent request bodies held at once (ROLLGATE_AGENT_BODY_BUDGET_MB). */
+  bodyBudget: BodyBudget;
   /** How sandboxes reach this gateway; set once the server listens. */
   publicUrl: () => string;
 }

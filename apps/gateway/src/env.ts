@@ -81,6 +81,14 @@ export const GatewayEnv = z.object({
   /** The bucket: calls a session may make at once after being idle (default: twice the rate, at least 1). */
   ROLLGATE_SESSION_BURST: z.coerce.number().positive().optional(),
   /**
+   * MiB of agent request bodies held at once over every session (ops/body-budget.ts); calls past it
+   * wait, their bodies unread. Default: a quarter of the process's V8 heap limit. At least 64 (the
+   * largest body).
+   */
+  ROLLGATE_AGENT_BODY_BUDGET_MB: z.coerce.number().int().min(64).optional(),
+  /** Seconds an agent request's body may take to arrive once it may be read; past it the connection is closed. */
+  ROLLGATE_AGENT_BODY_TIMEOUT_S: z.coerce.number().positive().default(60),
+  /**
    * The infrastructure retry budget of a rollout: attempts in all (the gateway unreachable or
    * failing for the worker, a session that lost an LLM call). Set on each rollout job when it is queued.
    */

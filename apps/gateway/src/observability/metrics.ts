@@ -40,6 +40,8 @@ export interface MetricSources {
   members: () => string[];
   paused: () => boolean;
   inflight: () => number;
+  /** Agent body bytes held and calls waiting for them (ops/body-budget.ts). */
+  bodyBudget: () => { inUse: number; queued: number };
   weightVersion: () => Promise<string | null>;
   queues: Queue[];
 }
@@ -92,6 +94,9 @@ export class GatewayMetrics {
   private readonly rankUp: Gauge<"engine" | "dp_rank">;
   private readonly paused: Gauge;
   private readonly inflight: Gauge;
+  private readonly bodyBytes: Gauge;
+  private readonly bodyWaiting: Gauge;
+  private readonly bodyTimeouts: Counter;
   private readonly weightVersion: Gauge<"version">;
 
   constructor(opts: GatewayMetricsOptions = {}) {
@@ -206,6 +211,13 @@ export class GatewayMetrics {
     this.rankUp = new Gauge({ name: "rollgate_engine_rank_up", help: "1 when an engine rank is healthy, 0 when health checks marked it down.", labelNames: ["engine", "dp_rank"], registers });
     this.paused = new Gauge({ name: "rollgate_inference_paused", help: "1 while inference is paused (POST /admin/inference/pause), as this replica sees it.", registers });
     this.inflight = new Gauge({ name: "rollgate_inflight_calls", help: "Engine calls in flight on this replica.", registers });
+    this.bodyBytes = new Gauge({ name: "rollgate_agent_body_bytes", help: "Bytes of agent request bodies this replica holds (ROLLGATE_AGENT_BODY_BUDGET_MB caps them).", registers });
+    this.bodyWaiting = new Gauge({ name: "rollgate_agent_calls_waiting_for_body_budget", help: "Agent calls waiting, their bodies unread, for earlier bodies to be done with.", registers });
+    this.bodyTimeouts = new Counter({
+      name: "rollgate_agent_body_timeouts_total",
+      help: "Agent connections closed because a body did not arrive within ROLLGATE_AGENT_BODY_TIMEOUT_S.",
+      registers,
+    });
     this.weightVersion = new Gauge({
       name: "rollgate_weight_version_info",
       help: "The policy weight version stamped on new completions (value 1, the version is the label; absent when none is set).",
@@ -268,6 +280,11 @@ export class GatewayMetrics {
     this.storeErrors.inc({ what });
   }
 
+  /** An agent connection closed because its body did not arrive in time (ops/body-budget.ts). */
+  bodyTimedOut(): void {
+    this.bodyTimeouts.inc();
+  }
+
   /** A background write failed (the caller logged it). */
   backgroundError(operation: string): void {
     this.backgroundErrors.inc({ operation });
@@ -295,6 +312,9 @@ export class GatewayMetrics {
       });
     this.paused.set(src.paused() ? 1 : 0);
     this.inflight.set(src.inflight());
+    const body = src.bodyBudget();
+    this.bodyBytes.set(body.inUse);
+    this.bodyWaiting.set(body.queued);
     await Promise.all([
       guard("queues", this.refreshQueues(src.queues)),
       guard("tasks", this.refreshTasks(src.tasks)),

@@ -35,6 +35,7 @@ export function metricsRoutes(ctx: GatewayContext, metrics: GatewayMetrics): Fas
         members: () => ctx.registry.members(),
         paused: () => ctx.pause.paused !== null,
         inflight: () => ctx.pause.inflightCount,
+        bodyBudget: () => ctx.bodyBudget,
         weightVersion: () => ctx.weights.get(),
         queues: [ctx.rollouts, callbacks],
       });
