@@ -63,8 +63,14 @@ export const WorkerEnv = z.object({
     .refine((l) => l.every((p) => p.startsWith("/")), "must be a comma list of absolute paths"),
   /** The most a bubblewrap sandbox's /tmp and /dev/shm each hold, in MiB: they are tmpfs, the host's memory. */
   ROLLGATE_SANDBOX_TMPFS_MB: z.coerce.number().int().positive().default(512),
-  /** The most processes (threads included) a bubblewrap sandbox runs at once; root is exempt (RLIMIT_NPROC). */
+  /**
+   * The most processes (threads included) a bubblewrap sandbox runs at once (RLIMIT_NPROC, which
+   * root ignores: a root worker runs its sandboxes as ROLLGATE_SANDBOX_UID).
+   */
   ROLLGATE_SANDBOX_MAX_PROCS: z.coerce.number().int().positive().default(4096),
+  /** The unprivileged user and group a root worker runs its bubblewrap sandboxes as (default nobody / nogroup, 65534). */
+  ROLLGATE_SANDBOX_UID: z.coerce.number().int().positive().max(4294967294).default(65534),
+  ROLLGATE_SANDBOX_GID: z.coerce.number().int().positive().max(4294967294).default(65534),
   /**
    * Destinations a sealed sandbox never reaches, whatever its task's `runtime.egress` allows
    * (same syntax as ROLLGATE_CALLBACK_DENY): name your engines and internal networks here.

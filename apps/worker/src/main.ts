@@ -45,7 +45,9 @@ Environment:
   ROLLGATE_SANDBOX_TMPFS_MB    the most a bwrap sandbox's /tmp and /dev/shm each hold, in MiB (default 512;
                                they are the host's memory)
   ROLLGATE_SANDBOX_MAX_PROCS   the most processes (threads included) a bwrap sandbox runs at once (default
-                               4096; a worker running as root is exempt)
+                               4096)
+  ROLLGATE_SANDBOX_UID, _GID   the unprivileged user and group a root worker runs bwrap sandboxes as, so the
+                               process limit binds them (default 65534, nobody / nogroup)
   ROLLGATE_SANDBOX_SPAWNER     on: local sandboxes' programs are started by a helper process, off the worker's
                                event loop (default; python3 when on the PATH, else node); off: the worker
                                forks them itself
@@ -120,7 +122,7 @@ const sandboxEgressDeny = [
   ...env.ROLLGATE_SANDBOX_EGRESS_DENY.split(",").map((r) => r.trim()).filter(Boolean),
 ];
 if (env.ROLLGATE_RUNTIMES.includes("local")) {
-  const bwrap = probeBwrap();
+  const bwrap = probeBwrap("bwrap", { uid: env.ROLLGATE_SANDBOX_UID, gid: env.ROLLGATE_SANDBOX_GID });
   console.log(describeBwrap(bwrap));
   runtimes.local = new LocalRuntime({
     root: env.ROLLGATE_SANDBOX_ROOT,

@@ -3,8 +3,9 @@
  * sandbox: the relay it talks to is the worker's own process, so whatever it makes the relay hold
  * (connections, and the descriptors behind them) the worker holds for every rollout it runs.
  */
-import { mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import http from "node:http";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -28,6 +29,8 @@ let heldPeak = 0;
 
 beforeAll(async () => {
   root = mkdtempSync(path.join(os.tmpdir(), "rg-hostile-"));
+  // A root worker's sandboxes run as an unprivileged user, who must pass through it (as through /tmp).
+  chmodSync(root, 0o711);
   gateway = http.createServer((req, res) => {
     if (req.url?.endsWith("/hold")) {
       // Held until the test lets go, like a long generation: counts the calls in flight at once.
@@ -257,11 +260,15 @@ for _ in range(int(sys.argv[1])):
         time.sleep(30)
         os._exit(0)
     kids.append(pid)
-print("forked", len(kids))
+print("forked", len(kids), flush=True)
+if len(sys.argv) > 2:
+    # Holds its processes until the test says every sandbox holds its own (a barrier on loopback).
+    import socket
+    with socket.create_connection(("127.0.0.1", int(sys.argv[2]))) as s:
+        s.recv(1)
 `;
 
-const root0 = process.getuid?.() === 0;
-describe.skipIf(!support.usable || !support.prlimit || root0)(`a hostile agent against the host's process slots${root0 ? " (skipped: root is exempt from RLIMIT_NPROC; run as another user)" : ""}`, () => {
+describe.skipIf(!support.usable || !support.prlimit)("a hostile agent against the host's process slots", () => {
   it("cannot run more processes than the sandbox may (a fork bomb stops at the limit), and a missing program is still a spawn error", async () => {
     const rt = new LocalRuntime({ root, sandboxPath: SANDBOX_PATH, bwrap: support, maxProcs: 64 });
     const sb = await rt.create("t-fork", RuntimeSpec.parse({ kind: "local", isolation: "bwrap", network: "host", files: { "fork.py": FORK } }));
@@ -276,11 +283,46 @@ describe.skipIf(!support.usable || !support.prlimit || root0)(`a hostile agent a
       await sb.destroy();
     }
   }, 90_000);
+
+  it("a root worker's sandboxes run as its unprivileged user, and two of them (the same user) each have their own limit", async () => {
+    const rt = new LocalRuntime({ root, sandboxPath: SANDBOX_PATH, bwrap: support, maxProcs: 64 });
+    const a = await rt.create("t-fork-a", RuntimeSpec.parse({ kind: "local", isolation: "bwrap", network: "host", files: { "fork.py": FORK } }));
+    const b = await rt.create("t-fork-b", RuntimeSpec.parse({ kind: "local", isolation: "bwrap", network: "host", files: { "fork.py": FORK } }));
+    try {
+      const env = { PATH: SANDBOX_PATH, HOME: a.home };
+      // Each holds its 40 processes until both have forked theirs: they are counted at the same time.
+      const waiting: net.Socket[] = [];
+      const barrier = net.createServer((c) => {
+        waiting.push(c);
+        if (waiting.length === 2) for (const w of waiting) w.end("g");
+      });
+      await new Promise<void>((r) => barrier.listen(0, "127.0.0.1", r));
+      const port = String((barrier.address() as net.AddressInfo).port);
+      const [ra, rb] = await Promise.all([a.exec(["python3", "fork.py", "40", port], { env, timeoutMs: 60_000 }), b.exec(["python3", "fork.py", "40", port], { env, timeoutMs: 60_000 })]);
+      barrier.close();
+      expect(waiting).toHaveLength(2);
+      expect(ra.stdoutTail, ra.logTail).toContain("forked 40");
+      expect(rb.stdoutTail, rb.logTail).toContain("forked 40");
+      // Its files are its own (it may change what the task gave it), and never root's.
+      const who = await a.exec(["bash", "-c", "id -u; echo changed >> fork.py && echo ok"], { env, timeoutMs: 20_000 });
+      const uid = Number(who.stdoutTail.trim().split("\n")[0]);
+      expect(who.stdoutTail, who.logTail).toContain("ok");
+      if (process.getuid?.() === 0) expect(uid).toBe(support.user?.uid);
+      else expect(uid).toBe(process.getuid?.());
+      expect(await a.readFile("fork.py")).toContain("changed");
+    } finally {
+      await a.destroy();
+      await b.destroy();
+    }
+    expect(rt.cleanupFailures).toBe(0);
+  }, 120_000);
 });
 
 describe.skipIf(!support.usable)("a hostile agent against its grader's hidden files", () => {
   it("cannot read what only its evaluator may (ROLLGATE_EVALUATOR_BINDS: hidden tests, expected answers), which the evaluator reads", async () => {
     const hidden = mkdtempSync(path.join(os.tmpdir(), "rg-hidden-tests-"));
+    // Readable by the user a root worker's sandboxes (and so their evaluators) run as.
+    chmodSync(hidden, 0o755);
     try {
       writeFileSync(path.join(hidden, "expected.txt"), "the hidden answer\n");
       const rt = new LocalRuntime({ root, sandboxPath: SANDBOX_PATH, bwrap: support, evaluatorBinds: [hidden] });

@@ -1,6 +1,6 @@
 import { execFile } from "node:child_process";
 import { constants, mkdirSync, mkdtempSync, rmdirSync } from "node:fs";
-import { lstat, mkdir, open, realpath, rm } from "node:fs/promises";
+import { lchown, lstat, mkdir, open, readdir, realpath, rm, stat } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
@@ -204,5 +204,33 @@ export async function removeSandboxDirs(dirs: SandboxDirs): Promise<void> {
     rmdirSync(dirs.base);
   } catch {
     await removeTree(dirs.base);
+  }
+}
+
+/**
+ * Gives a tree the worker wrote (the task's files, the harness's HOME files, fresh folders) to the
+ * user its sandbox runs as, so the agent may change and remove them as a non-root worker's agent
+ * may. Links are changed themselves, never followed.
+ */
+export async function giveTree(p: string, uid: number, gid: number): Promise<void> {
+  await lchown(p, uid, gid);
+  const st = await lstat(p);
+  if (!st.isDirectory()) return;
+  for (const e of await readdir(p, { withFileTypes: true })) await giveTree(path.join(p, e.name), uid, gid);
+}
+
+/**
+ * The first folder of `dir`'s path (itself included) that the user `uid`/`gid` cannot pass through,
+ * or null: bubblewrap, started as that user, must reach the sandbox's folders to mount them.
+ */
+export async function firstUntraversable(dir: string, uid: number, gid: number): Promise<string | null> {
+  let at = path.resolve(dir);
+  for (;;) {
+    const st = await stat(at);
+    const bit = st.uid === uid ? 0o100 : st.gid === gid ? 0o010 : 0o001;
+    if ((st.mode & bit) === 0) return at;
+    const up = path.dirname(at);
+    if (up === at) return null;
+    at = up;
   }
 }
