@@ -68,6 +68,11 @@ export const WorkerEnv = z.object({
    * root ignores: a root worker runs its sandboxes as ROLLGATE_SANDBOX_UID).
    */
   ROLLGATE_SANDBOX_MAX_PROCS: z.coerce.number().int().positive().default(4096),
+  /**
+   * The most memory each process of a bubblewrap sandbox may take, in MiB (RLIMIT_DATA: address
+   * space only reserved does not count); 0: no limit.
+   */
+  ROLLGATE_SANDBOX_PROCESS_MEMORY_MB: z.coerce.number().int().nonnegative().default(8192),
   /** The unprivileged user and group a root worker runs its bubblewrap sandboxes as (default nobody / nogroup, 65534). */
   ROLLGATE_SANDBOX_UID: z.coerce.number().int().positive().max(4294967294).default(65534),
   ROLLGATE_SANDBOX_GID: z.coerce.number().int().positive().max(4294967294).default(65534),

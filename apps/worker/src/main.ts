@@ -46,6 +46,8 @@ Environment:
                                they are the host's memory)
   ROLLGATE_SANDBOX_MAX_PROCS   the most processes (threads included) a bwrap sandbox runs at once (default
                                4096)
+  ROLLGATE_SANDBOX_PROCESS_MEMORY_MB the most memory each process of a bwrap sandbox may take, in MiB
+                               (default 8192; 0: no limit; RLIMIT_DATA)
   ROLLGATE_SANDBOX_UID, _GID   the unprivileged user and group a root worker runs bwrap sandboxes as, so the
                                process limit binds them (default 65534, nobody / nogroup)
   ROLLGATE_SANDBOX_SPAWNER     on: local sandboxes' programs are started by a helper process, off the worker's
@@ -132,6 +134,7 @@ if (env.ROLLGATE_RUNTIMES.includes("local")) {
     bwrap,
     tmpfsBytes: env.ROLLGATE_SANDBOX_TMPFS_MB * 1024 * 1024,
     maxProcs: env.ROLLGATE_SANDBOX_MAX_PROCS,
+    processMemoryBytes: env.ROLLGATE_SANDBOX_PROCESS_MEMORY_MB * 1024 * 1024,
     egressDeny: sandboxEgressDeny,
     ...(env.ROLLGATE_SANDBOX_SPAWNER === "off" ? { spawner: null } : {}),
     log,

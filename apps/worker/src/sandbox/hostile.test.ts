@@ -247,6 +247,54 @@ describe.skipIf(!support.usable || !support.sizedTmpfs)("a hostile agent against
   }, 90_000);
 });
 
+/**
+ * Takes memory 16 MiB at a time (touched, so it is really the host's) up to argv[1] MiB, says how
+ * much it got, and tries to make itself a worse choice for the out-of-memory killer.
+ */
+const HOG = `
+import sys
+chunks = []
+try:
+    while len(chunks) * 16 < int(sys.argv[1]):
+        chunks.append(bytearray(16 << 20))
+    print("took", len(chunks) * 16, flush=True)
+except MemoryError:
+    print("refused at", len(chunks) * 16, flush=True)
+with open("/proc/self/oom_score_adj") as f:
+    print("oom_score_adj", f.read().strip())
+try:
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("-1000")
+    print("lowered")
+except OSError as e:
+    print("cannot lower:", e.strerror)
+sys.exit(0 if chunks and len(chunks) * 16 >= int(sys.argv[1]) else 3)
+`;
+
+describe.skipIf(!support.usable || !support.prlimit)("a hostile agent against the worker's memory, with its processes", () => {
+  it("a memory hog has its allocations refused at the per-process limit, is the OOM killer's first choice, and the sandbox goes on", async () => {
+    const rt = new LocalRuntime({ root, sandboxPath: SANDBOX_PATH, bwrap: support, processMemoryBytes: 128 * 1024 * 1024 });
+    const sb = await rt.create("t-hog", RuntimeSpec.parse({ kind: "local", isolation: "bwrap", network: "host", files: { "hog.py": HOG } }));
+    try {
+      const env = { PATH: SANDBOX_PATH, HOME: sb.home };
+      const hog = await sb.exec(["python3", "hog.py", "1024"], { env, timeoutMs: 60_000 });
+      const refusedAt = Number(/refused at (\d+)/.exec(hog.stdoutTail)?.[1]);
+      expect(refusedAt, hog.logTail).toBeLessThan(128);
+      expect(hog.exitCode).toBe(3);
+      if (support.choom) {
+        expect(hog.stdoutTail).toContain("oom_score_adj 1000");
+        expect(hog.stdoutTail).toMatch(/cannot lower: Permission denied/);
+      }
+      // Within the limit, the next step of the same sandbox runs as before.
+      const small = await sb.exec(["python3", "hog.py", "64"], { env, timeoutMs: 60_000 });
+      expect(small.stdoutTail, small.logTail).toContain("took 64");
+      expect(small.exitCode).toBe(0);
+    } finally {
+      await sb.destroy();
+    }
+  }, 90_000);
+});
+
 /** Forks up to argv[1] children that wait, and says how many it got. */
 const FORK = `
 import os, sys, time

@@ -56,8 +56,10 @@ export interface BwrapSupport {
   userns: "disable-nested" | "own" | "none";
   /** It can cap a tmpfs's size (`--size`, bubblewrap >= 0.7): a sandbox's /tmp and /dev/shm are memory. */
   sizedTmpfs?: boolean;
-  /** util-linux's prlimit under the system folders (seen inside every sandbox), which caps a sandbox's processes; null: none. */
+  /** util-linux's prlimit under the system folders (seen inside every sandbox), which caps a sandbox's processes and their memory; null: none. */
   prlimit?: string | null;
+  /** util-linux's choom, which makes a sandbox the out-of-memory killer's first choice; null: none. */
+  choom?: string | null;
   /**
    * A worker running as root runs bubblewrap, and so the sandbox, as this unprivileged user
    * (util-linux's setpriv drops to it): root is exempt from RLIMIT_NPROC, the user is not. Null
@@ -133,7 +135,9 @@ export function probeBwrap(bin = "bwrap", o: ProbeOptions = {}): BwrapSupport {
       : "none";
   const sizedTmpfs = tryBwrap(bin, ["--size", "1048576", "--tmpfs", "/tmp"], user).ok;
   const prlimit = ["/usr/bin/prlimit", "/bin/prlimit"].find((p) => existsSync(p)) ?? null;
+  const choom = ["/usr/bin/choom", "/bin/choom"].find((p) => existsSync(p)) ?? null;
   return {
+    choom,
     usable: true,
     netns: net.ok,
     userns,
@@ -317,7 +321,26 @@ export interface BwrapStep {
   tmpfsBytes?: number;
   /** The most processes and threads the sandbox runs at once (default DEFAULT_MAX_PROCS). */
   maxProcs?: number;
+  /** The most memory each of the sandbox's processes may take (RLIMIT_DATA; default DEFAULT_PROCESS_MEMORY_BYTES; 0: no limit). */
+  processMemoryBytes?: number;
 }
+
+/**
+ * The most memory one process of a sandbox may take by default (RLIMIT_DATA: its heap and private
+ * writable mappings; address space merely reserved, as V8, Go and the JVM do, does not count). A
+ * memory hog gets its allocation refused (Python's MemoryError, node's "out of memory") instead of
+ * taking the host's memory. Per process: many processes together are bounded by the process limit
+ * only, and beyond that by the out-of-memory killer, whose first choice is a sandbox
+ * (SANDBOX_OOM_SCORE_ADJ), or by a cgroup the worker runs in.
+ */
+export const DEFAULT_PROCESS_MEMORY_BYTES = 8 * 1024 * 1024 * 1024;
+
+/**
+ * A sandbox's oom_score_adj: the highest, so when memory runs out the kernel kills a sandbox's
+ * process before the worker, Redis or anything else of the host's. The sandbox cannot lower it
+ * (that needs CAP_SYS_RESOURCE), and its children inherit it.
+ */
+export const SANDBOX_OOM_SCORE_ADJ = 1000;
 
 /**
  * The most processes (threads included) a sandbox runs at once by default: a fork bomb, or a
@@ -342,12 +365,15 @@ export function bwrapArgv(s: BwrapStep, argv: string[]): string[] {
   const network = s.relayDir ? ["--unshare-net", "--ro-bind", s.relayDir, RELAY_DIR] : [];
   // --size where bubblewrap knows it; without it, /tmp and /dev/shm are as big as the kernel lets a tmpfs be.
   const size = s.support.sizedTmpfs ? ["--size", String(s.tmpfsBytes ?? DEFAULT_TMPFS_BYTES)] : [];
-  const limits = s.support.prlimit ? [s.support.prlimit, `--nproc=${s.maxProcs ?? DEFAULT_MAX_PROCS}`, "--"] : [];
+  const memory = s.processMemoryBytes ?? DEFAULT_PROCESS_MEMORY_BYTES;
+  const limits = s.support.prlimit ? [s.support.prlimit, `--nproc=${s.maxProcs ?? DEFAULT_MAX_PROCS}`, ...(memory > 0 ? [`--data=${memory}`] : []), "--"] : [];
   const program = [
     ...limits,
     ...(s.relayDir ? [s.nodePath ?? process.execPath, `${RELAY_DIR}/${RELAY_SHIM}`, String(SANDBOX_GATEWAY_PORT), `${RELAY_DIR}/${RELAY_SOCKET}`, ...argv] : argv),
   ];
   return [
+    // Outside, so bubblewrap's own processes are the OOM killer's first choice too.
+    ...(s.support.choom ? [s.support.choom, "-n", String(SANDBOX_OOM_SCORE_ADJ), "--"] : []),
     ...dropTo(s.support.user),
     "bwrap",
     ...userns,

@@ -47,6 +47,8 @@ export interface LocalRuntimeOptions {
   tmpfsBytes?: number;
   /** The most processes a bubblewrap sandbox runs at once (ROLLGATE_SANDBOX_MAX_PROCS; default DEFAULT_MAX_PROCS). */
   maxProcs?: number;
+  /** The most memory each process of a bubblewrap sandbox takes (ROLLGATE_SANDBOX_PROCESS_MEMORY_MB; default DEFAULT_PROCESS_MEMORY_BYTES; 0: no limit). */
+  processMemoryBytes?: number;
   /** Destinations no sealed sandbox reaches whatever its `runtime.egress` (the worker's infrastructure, ROLLGATE_SANDBOX_EGRESS_DENY). */
   egressDeny?: string[];
   /**
@@ -111,8 +113,12 @@ export class LocalRuntime implements SandboxRuntime {
     return this.evaluatorMounts;
   }
 
-  private tmpfs(): { tmpfsBytes?: number; maxProcs?: number } {
-    return { ...(this.o.tmpfsBytes !== undefined ? { tmpfsBytes: this.o.tmpfsBytes } : {}), ...(this.o.maxProcs !== undefined ? { maxProcs: this.o.maxProcs } : {}) };
+  private tmpfs(): { tmpfsBytes?: number; maxProcs?: number; processMemoryBytes?: number } {
+    return {
+      ...(this.o.tmpfsBytes !== undefined ? { tmpfsBytes: this.o.tmpfsBytes } : {}),
+      ...(this.o.maxProcs !== undefined ? { maxProcs: this.o.maxProcs } : {}),
+      ...(this.o.processMemoryBytes !== undefined ? { processMemoryBytes: this.o.processMemoryBytes } : {}),
+    };
   }
 
   private cleanupFailed(what: string, where: string, err: unknown) {
