@@ -73,6 +73,14 @@ export const WorkerEnv = z.object({
    * space only reserved does not count); 0: no limit.
    */
   ROLLGATE_SANDBOX_PROCESS_MEMORY_MB: z.coerce.number().int().nonnegative().default(8192),
+  /**
+   * The most a sandbox keeps in its own folders (working directory, HOME, TMPDIR), in MiB: they
+   * then live on a tmpfs of that size mounted by the worker (root only). 0: no cap (folders of
+   * ROLLGATE_SANDBOX_ROOT).
+   */
+  ROLLGATE_SANDBOX_DISK_MB: z.coerce.number().int().nonnegative().default(0),
+  /** With ROLLGATE_SANDBOX_DISK_MB: the most files and folders (inodes) a sandbox's folders hold. */
+  ROLLGATE_SANDBOX_INODES: z.coerce.number().int().positive().default(131072),
   /** The unprivileged user and group a root worker runs its bubblewrap sandboxes as (default nobody / nogroup, 65534). */
   ROLLGATE_SANDBOX_UID: z.coerce.number().int().positive().max(4294967294).default(65534),
   ROLLGATE_SANDBOX_GID: z.coerce.number().int().positive().max(4294967294).default(65534),

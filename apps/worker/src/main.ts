@@ -48,6 +48,9 @@ Environment:
                                4096)
   ROLLGATE_SANDBOX_PROCESS_MEMORY_MB the most memory each process of a bwrap sandbox may take, in MiB
                                (default 8192; 0: no limit; RLIMIT_DATA)
+  ROLLGATE_SANDBOX_DISK_MB     the most a local sandbox keeps in its folders, in MiB: they then live on a
+                               tmpfs of that size the worker mounts (root only; default 0: no cap)
+  ROLLGATE_SANDBOX_INODES      with ROLLGATE_SANDBOX_DISK_MB: the most files and folders (default 131072)
   ROLLGATE_SANDBOX_UID, _GID   the unprivileged user and group a root worker runs bwrap sandboxes as, so the
                                process limit binds them (default 65534, nobody / nogroup)
   ROLLGATE_SANDBOX_SPAWNER     on: local sandboxes' programs are started by a helper process, off the worker's
@@ -135,6 +138,7 @@ if (env.ROLLGATE_RUNTIMES.includes("local")) {
     tmpfsBytes: env.ROLLGATE_SANDBOX_TMPFS_MB * 1024 * 1024,
     maxProcs: env.ROLLGATE_SANDBOX_MAX_PROCS,
     processMemoryBytes: env.ROLLGATE_SANDBOX_PROCESS_MEMORY_MB * 1024 * 1024,
+    ...(env.ROLLGATE_SANDBOX_DISK_MB > 0 ? { diskQuota: { bytes: env.ROLLGATE_SANDBOX_DISK_MB * 1024 * 1024, inodes: env.ROLLGATE_SANDBOX_INODES } } : {}),
     egressDeny: sandboxEgressDeny,
     ...(env.ROLLGATE_SANDBOX_SPAWNER === "off" ? { spawner: null } : {}),
     log,

@@ -3,7 +3,7 @@
  * sandbox: the relay it talks to is the worker's own process, so whatever it makes the relay hold
  * (connections, and the descriptors behind them) the worker holds for every rollout it runs.
  */
-import { chmodSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import net from "node:net";
 import os from "node:os";
@@ -193,6 +193,81 @@ describe.skipIf(!support.usable)("a hostile agent against the worker's disk", ()
     expect(rt.cleanupFailures).toBe(0);
     expect(readdirSync(root).filter((d) => d.startsWith("rollgate-t-litter-"))).toEqual([]);
   }, 90_000);
+});
+
+/**
+ * Writes its answer, then fills its folders: bytes into one file of the working directory and one
+ * of HOME, then empty files until no more can be made; says what each took and why it stopped.
+ */
+const FILLER = `
+import json, os
+out = {}
+with open("answer.txt", "w") as f:
+    f.write("0.75\\n")
+chunk = b"x" * (1 << 20)
+for name, folder in (("work", "."), ("home", os.environ["HOME"])):
+    n = 0
+    try:
+        with open(os.path.join(folder, "fill"), "wb", buffering=0) as f:
+            while n < (256 << 20):
+                n += f.write(chunk)
+    except OSError as e:
+        out[name + "_error"] = e.strerror
+    out[name] = n
+for name in ("fill",):
+    os.remove(name)
+os.mkdir("many")
+files = 0
+try:
+    while files < 100000:
+        open("many/%d" % files, "w").close()
+        files += 1
+except OSError as e:
+    out["files_error"] = e.strerror
+out["files"] = files
+print(json.dumps(out))
+`;
+
+const root0 = process.getuid?.() === 0;
+describe.skipIf(!support.usable || !root0)(`a hostile agent against the worker's disk, with a disk quota${root0 ? "" : " (skipped: the capped tmpfs is mounted by a root worker only)"}`, () => {
+  it("cannot fill the worker's disk or its inodes: its writes fail in the sandbox, the evaluator scores what it left, another rollout writes on", async () => {
+    const quota = { bytes: 16 * 1024 * 1024, inodes: 500 };
+    const rt = new LocalRuntime({ root, sandboxPath: SANDBOX_PATH, bwrap: support, diskQuota: quota });
+    const spec = RuntimeSpec.parse({ kind: "local", isolation: "bwrap", network: "host", files: { "filler.py": FILLER } });
+    const sb = await rt.create("t-quota", spec);
+    const other = await rt.create("t-quota-other", spec);
+    const bases = [sb.describe(), other.describe()];
+    try {
+      const env = { PATH: SANDBOX_PATH, HOME: sb.home };
+      const r = await sb.exec(["python3", "filler.py"], { env, timeoutMs: 60_000 });
+      expect(r.exitCode, r.logTail).toBe(0);
+      const took = JSON.parse(r.stdoutTail.trim().split("\n").at(-1)!) as Record<string, number | string>;
+      // The working directory and HOME share the cap; a write past it fails in the sandbox.
+      expect(took.work_error, JSON.stringify(took)).toBe("No space left on device");
+      expect(Number(took.work) + Number(took.home)).toBeLessThanOrEqual(quota.bytes);
+      expect(took.files_error, JSON.stringify(took)).toBe("No space left on device");
+      expect(took.files).toBeLessThan(quota.inodes);
+      // The worker reads what it left, and its evaluator runs (its fresh folders are not in the full tmpfs).
+      expect(await sb.readFile("answer.txt")).toBe("0.75\n");
+      const grade = EvaluatorSpec.parse({ kind: "command", command: ["bash", "-c", "cat answer.txt"], reward: "last_line_float" });
+      expect(await evaluate(grade, { sandbox: sb, env, summary: () => ({}) })).toMatchObject({ kind: "scored", reward: 0.75 });
+      // Another rollout's folders are its own: it fills its own cap, as much as the first did.
+      const o = await other.exec(["python3", "filler.py"], { env: { PATH: SANDBOX_PATH, HOME: other.home }, timeoutMs: 60_000 });
+      const tookOther = JSON.parse(o.stdoutTail.trim().split("\n").at(-1)!) as Record<string, number | string>;
+      expect(Number(tookOther.work) + Number(tookOther.home)).toBeGreaterThan(quota.bytes / 2);
+      expect(tookOther.files).toBe(took.files);
+    } finally {
+      await sb.destroy();
+      await other.destroy();
+    }
+    expect(rt.cleanupFailures).toBe(0);
+    // Unmounted and removed: nothing stays in the worker's memory or on its disk.
+    const mounts = readFileSync("/proc/self/mounts", "utf8");
+    for (const base of bases) {
+      expect(mounts).not.toContain(base);
+      expect(existsSync(base)).toBe(false);
+    }
+  }, 120_000);
 });
 
 /**

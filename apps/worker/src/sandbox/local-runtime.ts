@@ -7,6 +7,7 @@ import { sandboxEgressPolicy } from "../egress.js";
 import { CANNOT_START } from "./container-common.js";
 import { type BwrapSupport, type SandboxUser, INSIDE_HOME, INSIDE_TMP, INSIDE_WORKDIR, RELAY_SHIM, RELAY_SOCKET, SANDBOX_GATEWAY_PORT, bwrapArgv, hostMountArgs, probeBwrap } from "./isolation.js";
 import { type RunResult, runProcess } from "./process.js";
+import { type DiskQuota, QuotaUnavailable } from "./quota.js";
 import { RELAY_SHIM_SOURCE } from "./relay-shim.js";
 import { type Spawner, sharedSpawner } from "./spawner.js";
 import { SessionRelay, egressProxyEnv } from "./relay.js";
@@ -49,6 +50,11 @@ export interface LocalRuntimeOptions {
   maxProcs?: number;
   /** The most memory each process of a bubblewrap sandbox takes (ROLLGATE_SANDBOX_PROCESS_MEMORY_MB; default DEFAULT_PROCESS_MEMORY_BYTES; 0: no limit). */
   processMemoryBytes?: number;
+  /**
+   * Caps what each sandbox keeps in its folders, bytes and files (ROLLGATE_SANDBOX_DISK_MB,
+   * ROLLGATE_SANDBOX_INODES): they live on a tmpfs of that size (quota.ts; the worker must be root).
+   */
+  diskQuota?: DiskQuota;
   /** Destinations no sealed sandbox reaches whatever its `runtime.egress` (the worker's infrastructure, ROLLGATE_SANDBOX_EGRESS_DENY). */
   egressDeny?: string[];
   /**
@@ -147,7 +153,8 @@ export class LocalRuntime implements SandboxRuntime {
     }
 
     // A file path that would land outside the working directory fails the rollout (not retried).
-    const dirs = await makeSandboxDirs(this.o.root, taskId, runtime.files, (p, err) => this.cleanupFailed("sandbox folder", p, err)).catch((err: unknown) => {
+    const dirs = await makeSandboxDirs(this.o.root, taskId, runtime.files, (p, err) => this.cleanupFailed("sandbox folder", p, err), this.o.diskQuota).catch((err: unknown) => {
+      if (err instanceof QuotaUnavailable) throw new SandboxUnavailable(err.message);
       throw err instanceof PathEscape ? new SandboxUnavailable(`runtime.files: ${err.message}`) : err;
     });
     let relay: { dir: string; server: SessionRelay } | null = null;

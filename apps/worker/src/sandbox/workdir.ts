@@ -4,6 +4,7 @@ import { lchown, lstat, mkdir, open, readdir, realpath, rm, stat } from "node:fs
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
+import { type DiskQuota, mountQuota, unmountQuota } from "./quota.js";
 
 /** One rollout's folders: `work` (the agent's working directory), `home` (its HOME), `tmp`. */
 export interface SandboxDirs {
@@ -11,6 +12,8 @@ export interface SandboxDirs {
   work: string;
   home: string;
   tmp: string;
+  /** Where the capped tmpfs that holds `work`, `home` and `tmp` is mounted (quota.ts), when there is one. */
+  quotaMount?: string;
 }
 
 export class PathEscape extends Error {}
@@ -133,6 +136,7 @@ export async function makeSandboxDirs(
   taskId: string,
   files: Record<string, string>,
   onCleanupError: (path: string, err: unknown) => void,
+  quota?: DiskQuota,
 ): Promise<SandboxDirs> {
   const parent = root ?? os.tmpdir();
   const prefix = path.join(parent, `rollgate-${taskId.slice(0, 40)}-`);
@@ -147,19 +151,22 @@ export async function makeSandboxDirs(
     await mkdir(parent, { recursive: true });
     base = mkdtempSync(prefix);
   }
-  const dirs = { base, work: path.join(base, "work"), home: path.join(base, "home"), tmp: path.join(base, "tmp") };
+  // With a quota, the folders live on a capped tmpfs one level down: the base stays on the worker's
+  // disk, for the evaluator's fresh folders (never inside what the agent filled).
+  const data = quota ? path.join(base, "data") : base;
+  const dirs: SandboxDirs = { base, work: path.join(data, "work"), home: path.join(data, "home"), tmp: path.join(data, "tmp") };
   try {
+    if (quota) {
+      mkdirSync(data);
+      await mountQuota(data, quota);
+      dirs.quotaMount = data;
+    }
     mkdirSync(dirs.work);
     mkdirSync(dirs.home);
     mkdirSync(dirs.tmp);
-  } catch (err) {
-    await rm(base, { recursive: true, force: true }).catch((e: unknown) => onCleanupError(base, e));
-    throw err;
-  }
-  try {
     await writeFilesInside(dirs.work, files);
   } catch (err) {
-    await rm(base, { recursive: true, force: true }).catch((e: unknown) => onCleanupError(base, e));
+    await removeSandboxDirs(dirs).catch((e: unknown) => onCleanupError(base, e));
     throw err;
   }
   return dirs;
@@ -193,6 +200,12 @@ export async function removeTree(p: string): Promise<void> {
 }
 
 export async function removeSandboxDirs(dirs: SandboxDirs): Promise<void> {
+  if (dirs.quotaMount) {
+    // Its contents go with the tmpfs.
+    await unmountQuota(dirs.quotaMount);
+    await removeTree(dirs.base);
+    return;
+  }
   // Most agents leave their folders empty: four rmdir calls instead of a recursive removal's
   // lstat, readdir and rmdir of each, synchronous as in makeSandboxDirs. Anything left inside (or
   // a folder swapped for a link, which rmdir refuses) goes the recursive way, which never follows
