@@ -247,6 +247,9 @@ describe.skipIf(!support.usable || !root0)(`a hostile agent against the worker's
       expect(Number(took.work) + Number(took.home)).toBeLessThanOrEqual(quota.bytes);
       expect(took.files_error, JSON.stringify(took)).toBe("No space left on device");
       expect(took.files).toBeLessThan(quota.inodes);
+      // Its files fill the cap (its big files it removed again): the rollout's outcome says so.
+      expect(await sb.limitsReached!()).toEqual(["inodes"]);
+      expect(await other.limitsReached!()).toEqual([]);
       // The worker reads what it left, and its evaluator runs (its fresh folders are not in the full tmpfs).
       expect(await sb.readFile("answer.txt")).toBe("0.75\n");
       const grade = EvaluatorSpec.parse({ kind: "command", command: ["bash", "-c", "cat answer.txt"], reward: "last_line_float" });

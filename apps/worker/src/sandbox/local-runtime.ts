@@ -1,5 +1,5 @@
 import { existsSync } from "node:fs";
-import { chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, rm, statfs, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { type RuntimeSpec, runtimeNetwork } from "@rollgate/protocol";
@@ -273,6 +273,12 @@ export class LocalRuntime implements SandboxRuntime {
         if (!runtime.keep) await removeSandboxDirs(dirs).catch((e: unknown) => this.cleanupFailed("sandbox folder", dirs.base, e));
       },
       describe: () => dirs.base,
+      limitsReached: async () => {
+        if (!dirs.quotaMount) return [];
+        const fs = await statfs(dirs.quotaMount).catch(() => null);
+        if (!fs) return [];
+        return [...(fs.bavail === 0 ? (["disk"] as const) : []), ...(fs.ffree === 0 ? (["inodes"] as const) : [])];
+      },
       lostCalls: () => relay?.server.lost ?? NO_LOST_CALLS,
     };
   }
