@@ -444,6 +444,40 @@ describe.skipIf(!support.usable || !support.prlimit)("a hostile agent against th
   }, 120_000);
 });
 
+/** Makes each system call named in argv (x86_64 numbers) with zero arguments, and prints how the kernel answered. */
+const SYSCALLS = `
+import ctypes, errno, json, sys
+NR = {"io_uring_setup": 425, "io_uring_enter": 426, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323, "keyctl": 250, "add_key": 248, "getpid": 39, "getcwd": 79}
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+for name in sys.argv[1:]:
+    ctypes.set_errno(0)
+    r = libc.syscall(NR[name], 0, 0, 0, 0, 0)
+    out[name] = "ok" if r >= 0 else errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+print(json.dumps(out))
+`;
+
+describe.skipIf(!support.usable || !support.seccomp || process.arch !== "x64")(`a hostile agent against the kernel${support.seccomp ? "" : " (skipped: this bubblewrap cannot load a seccomp filter)"}`, () => {
+  it("finds io_uring, bpf, perf_event_open, userfaultfd and the key calls missing (ENOSYS), while ordinary calls and programs work", async () => {
+    const rt = new LocalRuntime({ root, sandboxPath: SANDBOX_PATH, bwrap: support });
+    const sb = await rt.create("t-seccomp", RuntimeSpec.parse({ kind: "local", isolation: "bwrap", network: "host", files: { "calls.py": SYSCALLS } }));
+    try {
+      const denied = ["io_uring_setup", "io_uring_enter", "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key"];
+      const r = await sb.exec(["python3", "calls.py", ...denied, "getpid", "getcwd"], { env: { PATH: SANDBOX_PATH, HOME: sb.home }, timeoutMs: 30_000 });
+      expect(r.exitCode, r.logTail).toBe(0);
+      const answers = JSON.parse(r.stdoutTail.trim().split("\n").at(-1)!) as Record<string, string>;
+      for (const name of denied) expect(answers[name], JSON.stringify(answers)).toBe("ENOSYS");
+      expect(answers.getpid).toBe("ok");
+      // node (libuv probes io_uring) still runs.
+      const node = await sb.exec(["node", "-e", "require('fs').writeFileSync('n.txt', 'node ran')"], { env: { PATH: SANDBOX_PATH, HOME: sb.home }, timeoutMs: 30_000 });
+      expect(node.exitCode, node.logTail).toBe(0);
+      expect(await sb.readFile("n.txt")).toBe("node ran");
+    } finally {
+      await sb.destroy();
+    }
+  }, 60_000);
+});
+
 describe.skipIf(!support.usable)("a hostile agent against its grader's hidden files", () => {
   it("cannot read what only its evaluator may (ROLLGATE_EVALUATOR_BINDS: hidden tests, expected answers), which the evaluator reads", async () => {
     const hidden = mkdtempSync(path.join(os.tmpdir(), "rg-hidden-tests-"));

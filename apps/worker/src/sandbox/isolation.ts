@@ -1,7 +1,8 @@
 import { spawnSync } from "node:child_process";
-import { existsSync, lstatSync, readdirSync, readlinkSync, realpathSync, statSync } from "node:fs";
+import { closeSync, existsSync, lstatSync, openSync, readdirSync, readlinkSync, realpathSync, statSync } from "node:fs";
 import path from "node:path";
 import { CONTAINER_HOME, CONTAINER_TMP, DEFAULT_WORKDIR } from "./container-common.js";
+import { seccompFilterFile } from "./seccomp.js";
 
 /**
  * `runtime.isolation: "bwrap"`: every step of a local sandbox runs inside bubblewrap, which
@@ -25,8 +26,9 @@ import { CONTAINER_HOME, CONTAINER_TMP, DEFAULT_WORKDIR } from "./container-comm
  * - a private PID namespace and /proc: the worker's processes (and their /proc/<pid>/environ)
  *   are not visible; no capabilities (root in the sandbox is not root), no new user namespaces
  *   where bubblewrap can forbid them, at most ROLLGATE_SANDBOX_MAX_PROCS processes (prlimit; a
- *   root worker runs bubblewrap as an unprivileged user, whom the limit binds), and it dies with
- *   the worker.
+ *   root worker runs bubblewrap as an unprivileged user, whom the limit binds), at most
+ *   ROLLGATE_SANDBOX_PROCESS_MEMORY_MB of memory per process, the OOM killer's first choice, a
+ *   seccomp filter (seccomp.ts), and it dies with the worker.
  * - with `runtime.network: "sealed"` (the default with bwrap): its own network namespace, with
  *   nothing but loopback. The worker's relay for the sandbox (relay.ts) is bind-mounted as a
  *   unix socket at RELAY_DIR, and a shim (relay-shim.ts) listening on
@@ -58,6 +60,8 @@ export interface BwrapSupport {
   sizedTmpfs?: boolean;
   /** util-linux's prlimit under the system folders (seen inside every sandbox), which caps a sandbox's processes and their memory; null: none. */
   prlimit?: string | null;
+  /** It can load a seccomp filter (`--seccomp FD`) as this user: the sandbox gets seccomp.ts's. */
+  seccomp?: boolean;
   /** util-linux's choom, which makes a sandbox the out-of-memory killer's first choice; null: none. */
   choom?: string | null;
   /**
@@ -94,11 +98,27 @@ export function dropTo(user: SandboxUser | null | undefined): string[] {
   return user ? [user.setpriv, `--reuid=${user.uid}`, `--regid=${user.gid}`, "--clear-groups", "--"] : [];
 }
 
-function tryBwrap(bin: string, args: string[], user?: SandboxUser | null): { ok: boolean; err: string } {
+function tryBwrap(bin: string, args: string[], user?: SandboxUser | null, fd9?: number): { ok: boolean; err: string } {
   const argv = [...dropTo(user), bin];
-  const r = spawnSync(argv[0]!, [...argv.slice(1), ...args, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "true"], { encoding: "utf8", timeout: 10_000 });
+  const r = spawnSync(argv[0]!, [...argv.slice(1), ...args, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "true"], {
+    encoding: "utf8",
+    timeout: 10_000,
+    ...(fd9 !== undefined ? { stdio: ["ignore", "pipe", "pipe", "ignore", "ignore", "ignore", "ignore", "ignore", "ignore", fd9] } : {}),
+  });
   if (r.error) return { ok: false, err: r.error.message };
   return { ok: r.status === 0, err: (r.stderr ?? "").trim().split("\n").pop() ?? `exit ${r.status}` };
+}
+
+/** Whether bubblewrap loads seccomp.ts's filter here (from descriptor 9, as bwrapArgv passes it). */
+function probeSeccomp(bin: string, user: SandboxUser | null): boolean {
+  const file = seccompFilterFile();
+  if (!file || !existsSync("/bin/sh")) return false;
+  const fd = openSync(file, "r");
+  try {
+    return tryBwrap(bin, ["--seccomp", "9"], user, fd).ok;
+  } finally {
+    closeSync(fd);
+  }
 }
 
 export interface ProbeOptions {
@@ -136,8 +156,10 @@ export function probeBwrap(bin = "bwrap", o: ProbeOptions = {}): BwrapSupport {
   const sizedTmpfs = tryBwrap(bin, ["--size", "1048576", "--tmpfs", "/tmp"], user).ok;
   const prlimit = ["/usr/bin/prlimit", "/bin/prlimit"].find((p) => existsSync(p)) ?? null;
   const choom = ["/usr/bin/choom", "/bin/choom"].find((p) => existsSync(p)) ?? null;
+  const seccomp = probeSeccomp(bin, user);
   return {
     choom,
+    seccomp,
     usable: true,
     netns: net.ok,
     userns,
@@ -163,7 +185,8 @@ export function describeBwrap(s: BwrapSupport): string {
     : s.userReason
       ? ` The worker is root and its sandboxes run as root (${s.userReason}): their process limit does not bind.`
       : "";
-  return `sandbox: local tasks with runtime.isolation "bwrap" are sealed: own network namespace (only their session, through the worker's relay, and runtime.egress), only the host paths an agent needs, private /proc.${memory}${user}`;
+  const seccomp = s.seccomp ? " A seccomp filter denies io_uring, bpf, perf_event_open, userfaultfd and the key calls." : " No seccomp filter (this bubblewrap cannot load one, or this architecture has no table).";
+  return `sandbox: local tasks with runtime.isolation "bwrap" are sealed: own network namespace (only their session, through the worker's relay, and runtime.egress), only the host paths an agent needs, private /proc.${memory}${user}${seccomp}`;
 }
 
 /** Read-only from the host, when they exist: the system folders. */
@@ -323,6 +346,8 @@ export interface BwrapStep {
   maxProcs?: number;
   /** The most memory each of the sandbox's processes may take (RLIMIT_DATA; default DEFAULT_PROCESS_MEMORY_BYTES; 0: no limit). */
   processMemoryBytes?: number;
+  /** seccomp.ts's filter as a file (where `support.seccomp`): opened as descriptor 9 for bubblewrap's `--seccomp 9`. */
+  seccompFile?: string | null;
 }
 
 /**
@@ -371,7 +396,10 @@ export function bwrapArgv(s: BwrapStep, argv: string[]): string[] {
     ...limits,
     ...(s.relayDir ? [s.nodePath ?? process.execPath, `${RELAY_DIR}/${RELAY_SHIM}`, String(SANDBOX_GATEWAY_PORT), `${RELAY_DIR}/${RELAY_SOCKET}`, ...argv] : argv),
   ];
+  const seccomp = s.support.seccomp && s.seccompFile;
   return [
+    // The filter reaches bubblewrap as descriptor 9, opened by a shell that then becomes the step.
+    ...(seccomp ? ["/bin/sh", "-c", 'exec "$@" 9<"$0"', s.seccompFile!] : []),
     // Outside, so bubblewrap's own processes are the OOM killer's first choice too.
     ...(s.support.choom ? [s.support.choom, "-n", String(SANDBOX_OOM_SCORE_ADJ), "--"] : []),
     ...dropTo(s.support.user),
@@ -384,6 +412,7 @@ export function bwrapArgv(s: BwrapStep, argv: string[]): string[] {
     "--hostname", "sandbox",
     "--unshare-cgroup-try",
     "--die-with-parent",
+    ...(seccomp ? ["--seccomp", "9"] : []),
     "--dev", "/dev",
     ...size, "--tmpfs", "/dev/shm",
     "--proc", "/proc",

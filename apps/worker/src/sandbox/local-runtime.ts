@@ -9,6 +9,7 @@ import { type BwrapSupport, type SandboxUser, INSIDE_HOME, INSIDE_TMP, INSIDE_WO
 import { type RunResult, runProcess } from "./process.js";
 import { type DiskQuota, QuotaUnavailable } from "./quota.js";
 import { RELAY_SHIM_SOURCE } from "./relay-shim.js";
+import { seccompFilterFile } from "./seccomp.js";
 import { type Spawner, sharedSpawner } from "./spawner.js";
 import { SessionRelay, egressProxyEnv } from "./relay.js";
 import { NO_LOST_CALLS, type CreateOptions, type ExecOptions, type Sandbox, type SandboxRuntime } from "./runtime.js";
@@ -119,8 +120,9 @@ export class LocalRuntime implements SandboxRuntime {
     return this.evaluatorMounts;
   }
 
-  private tmpfs(): { tmpfsBytes?: number; maxProcs?: number; processMemoryBytes?: number } {
+  private tmpfs(): { tmpfsBytes?: number; maxProcs?: number; processMemoryBytes?: number; seccompFile?: string | null } {
     return {
+      seccompFile: this.bwrapSupport().seccomp ? seccompFilterFile() : null,
       ...(this.o.tmpfsBytes !== undefined ? { tmpfsBytes: this.o.tmpfsBytes } : {}),
       ...(this.o.maxProcs !== undefined ? { maxProcs: this.o.maxProcs } : {}),
       ...(this.o.processMemoryBytes !== undefined ? { processMemoryBytes: this.o.processMemoryBytes } : {}),
