@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { lstatSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
@@ -109,6 +109,28 @@ export function seccompFilter(arch: string = process.arch): Buffer | null {
 
 let written: string | null | undefined;
 
+/** The filter folders of this user's processes that are gone (killed before they could remove theirs). */
+function removeDeadWorkersFilters() {
+  const uid = process.getuid?.();
+  let names: string[];
+  try {
+    names = readdirSync(os.tmpdir());
+  } catch {
+    return;
+  }
+  for (const name of names) {
+    const pid = Number(/^rollgate-seccomp-(\d+)-/.exec(name)?.[1]);
+    if (!pid) continue;
+    const dir = path.join(os.tmpdir(), name);
+    try {
+      if (lstatSync(dir).uid !== uid) continue;
+      process.kill(pid, 0);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ESRCH") rmSync(dir, { recursive: true, force: true });
+    }
+  }
+}
+
 /**
  * The filter as a file the worker opens for each bubblewrap step (bwrap reads it from a
  * descriptor), written once per worker process into a folder of its own (not a name in the shared
@@ -118,7 +140,8 @@ export function seccompFilterFile(): string | null {
   if (written !== undefined) return written;
   const filter = seccompFilter();
   if (!filter) return (written = null);
-  const dir = mkdtempSync(path.join(os.tmpdir(), "rollgate-seccomp-"));
+  removeDeadWorkersFilters();
+  const dir = mkdtempSync(path.join(os.tmpdir(), `rollgate-seccomp-${process.pid}-`));
   const file = path.join(dir, "filter.bpf");
   writeFileSync(file, filter, { mode: 0o444 });
   process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
