@@ -13,7 +13,7 @@
  */
 import { spawnSync } from "node:child_process";
 import { randomUUID } from "node:crypto";
-import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { startChild, type StartedChild } from "@rollgate/testkit";
@@ -31,6 +31,8 @@ const WHY_NOT = "bubblewrap with network namespaces is not available on this mac
 const prefix = uniquePrefix("escape");
 const WORKER_SECRET = `worker-secret-${randomUUID()}`;
 const sandboxRoot = mkdtempSync(path.join(os.tmpdir(), "rg-escape-sandboxes-"));
+// A root worker's sandboxes run as an unprivileged user, who must pass through it (as through /tmp).
+chmodSync(sandboxRoot, 0o711);
 // The worker's configuration: a key file and an env file beside it, where a worker keeps them.
 const configDir = mkdtempSync("/var/tmp/rg-escape-worker-config-");
 const keyFile = path.join(configDir, "worker.key");

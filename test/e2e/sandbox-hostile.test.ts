@@ -20,6 +20,7 @@ import { startApp, stopChild } from "../support/apps.js";
 import { poll } from "../support/poll.js";
 import { dropPrefix, uniquePrefix } from "../support/redis.js";
 
+const root0 = process.getuid?.() === 0;
 const sealable = spawnSync("bwrap", ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--unshare-net", "true"]).status === 0;
 const prefix = uniquePrefix("outcome");
 let engine: StartedChild;
@@ -42,7 +43,16 @@ beforeAll(async () => {
     ROLLGATE_KEY_PREFIX: prefix,
     ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 1, profile: "qwen3" }]),
   });
-  worker = await startApp("worker", [], { ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_GATEWAY_URL: gateway.ready, ROLLGATE_WORKER_NAME: "outcome-w" });
+  worker = await startApp("worker", [], {
+    ROLLGATE_KEY_PREFIX: prefix,
+    ROLLGATE_GATEWAY_URL: gateway.ready,
+    ROLLGATE_WORKER_NAME: "outcome-w",
+    // Small caps, which the ordinary agents here stay well within and the hog below runs into.
+    ROLLGATE_SANDBOX_MAX_PROCS: "64",
+    ROLLGATE_SANDBOX_PROCESS_MEMORY_MB: "256",
+    // The capped tmpfs is a root worker's only (quota.ts).
+    ...(root0 ? { ROLLGATE_SANDBOX_DISK_MB: "32", ROLLGATE_SANDBOX_INODES: "1000" } : {}),
+  });
 }, 90_000);
 
 afterAll(async () => {
@@ -185,4 +195,86 @@ describe.skipIf(!sealable)("a hostile agent against its own outcome", () => {
     expect(t.result!.reward).toBe(0);
     expect(t.attempts).toBe(1);
   }, 90_000);
+});
+
+/**
+ * Writes its answer, then goes after the worker's resources one after the other: memory, process
+ * slots, disk bytes, inodes. Prints how far each got and why it stopped, and exits 1 (it failed).
+ */
+const HOG_AGENT = `
+import json, os, time
+out = {}
+with open("answer.txt", "w") as f:
+    f.write("0.5\\n")
+chunks = []
+try:
+    while len(chunks) < 256:
+        chunks.append(bytearray(16 << 20))
+except MemoryError:
+    out["memory"] = "MemoryError at %d MiB" % (len(chunks) * 16)
+chunks = None
+kids = []
+try:
+    while len(kids) < 1000:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        kids.append(pid)
+except OSError as e:
+    out["processes"] = "%s at %d" % (e.strerror, len(kids))
+n = 0
+try:
+    with open("fill", "wb", buffering=0) as f:
+        while n < (1 << 30):
+            n += f.write(b"x" * (1 << 20))
+except OSError as e:
+    out["disk"] = "%s at %d MiB" % (e.strerror, n >> 20)
+os.mkdir("many")
+files = 0
+try:
+    while files < 100000:
+        open("many/%d" % files, "w").close()
+        files += 1
+except OSError as e:
+    out["inodes"] = "%s at %d" % (e.strerror, files)
+print("limits " + json.dumps(out), flush=True)
+os._exit(1)
+`;
+
+describe.skipIf(!sealable)("a hostile agent against the worker's resources", () => {
+  it(`a memory hog, a fork bomb${root0 ? ", a disk filler and an inode filler" : " (the disk and inode caps need a root worker)"} end in its sandbox: it is scored on what it left, the outcome says what it ran into, and the worker runs the next rollout`, async () => {
+    const t = await submit({
+      instruction: "write 0.5 to answer.txt, then take everything",
+      agent: { harness: "command", command: ["python3", "hog.py"] },
+      runtime: { isolation: "bwrap", network: "host", files: { "hog.py": HOG_AGENT } },
+      evaluator: { kind: "command", command: ["bash", "-c", "cat answer.txt"], reward: "last_line_float" },
+      limits: { timeout_s: 60 },
+    });
+    const log = t.result!.agent.log_tail;
+    const hit = JSON.parse(/limits (.*)/.exec(log)?.[1] ?? "{}") as Record<string, string>;
+    expect(hit.memory, log).toMatch(/^MemoryError at \d+ MiB$/);
+    expect(hit.processes, log).toMatch(/^Resource temporarily unavailable at \d+$/);
+    if (root0) {
+      expect(hit.disk, log).toMatch(/^No space left on device at \d+ MiB$/);
+      expect(hit.inodes, log).toMatch(/^No space left on device at \d+$/);
+      expect(t.result!.agent.limits_reached).toEqual(["disk", "inodes"]);
+    }
+    // Scored on what it left, and its failure is its own: not a lost rollout, not run again.
+    expect(t.status, JSON.stringify(t.result!.error)).toBe("completed");
+    expect(t.result!.reward).toBe(0.5);
+    expect(t.result!.agent.exit_code).toBe(1);
+    expect(t.attempts).toBe(1);
+    // The worker goes on.
+    const next = await submit({
+      instruction: "write 1",
+      agent: { harness: "command", command: ["bash", "-c", "echo 1 > answer.txt"] },
+      runtime: { isolation: "bwrap", network: "host" },
+      evaluator: { kind: "command", command: ["bash", "-c", "cat answer.txt"], reward: "last_line_float" },
+      limits: { timeout_s: 60 },
+    });
+    expect(next.status, JSON.stringify(next.result!.error)).toBe("completed");
+    expect(next.result!.reward).toBe(1);
+    expect(next.result!.agent.limits_reached).toBeUndefined();
+  }, 120_000);
 });

@@ -10,6 +10,11 @@ describe("worker environment", () => {
     expect(() => loadWorkerEnv({ REDIS_URL: "localhost:6379" })).toThrow(/REDIS_URL: must be redis:\/\//);
     expect(loadWorkerEnv({ REDIS_URL: "redis+cluster://10.0.0.1:7000,10.0.0.2:7001" }).REDIS_URL).toContain("cluster");
     expect(() => loadWorkerEnv({ ROLLGATE_WORKER_CONCURRENCY: "0", ROLLGATE_CALLBACK_ALLOW: "http://x" })).toThrow(/ROLLGATE_WORKER_CONCURRENCY[\s\S]*ROLLGATE_CALLBACK_ALLOW/);
+    // Root is no sandbox user: RLIMIT_NPROC would not bind it.
+    expect(() => loadWorkerEnv({ ROLLGATE_SANDBOX_UID: "0", ROLLGATE_SANDBOX_GID: "nogroup", ROLLGATE_SANDBOX_PROCESS_MEMORY_MB: "-1" })).toThrow(
+      /ROLLGATE_SANDBOX_PROCESS_MEMORY_MB[\s\S]*ROLLGATE_SANDBOX_UID[\s\S]*ROLLGATE_SANDBOX_GID/,
+    );
+    expect(loadWorkerEnv({})).toMatchObject({ ROLLGATE_SANDBOX_UID: 65534, ROLLGATE_SANDBOX_GID: 65534, ROLLGATE_SANDBOX_PROCESS_MEMORY_MB: 8192 });
   });
 
   it("refuses a sandbox PATH with an empty or relative entry: it would find the agent's ./python3 before the grader's", () => {

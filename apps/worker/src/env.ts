@@ -63,8 +63,27 @@ export const WorkerEnv = z.object({
     .refine((l) => l.every((p) => p.startsWith("/")), "must be a comma list of absolute paths"),
   /** The most a bubblewrap sandbox's /tmp and /dev/shm each hold, in MiB: they are tmpfs, the host's memory. */
   ROLLGATE_SANDBOX_TMPFS_MB: z.coerce.number().int().positive().default(512),
-  /** The most processes (threads included) a bubblewrap sandbox runs at once; root is exempt (RLIMIT_NPROC). */
+  /**
+   * The most processes (threads included) a bubblewrap sandbox runs at once (RLIMIT_NPROC, which
+   * root ignores: a root worker runs its sandboxes as ROLLGATE_SANDBOX_UID).
+   */
   ROLLGATE_SANDBOX_MAX_PROCS: z.coerce.number().int().positive().default(4096),
+  /**
+   * The most memory each process of a bubblewrap sandbox may take, in MiB (RLIMIT_DATA: address
+   * space only reserved does not count); 0: no limit.
+   */
+  ROLLGATE_SANDBOX_PROCESS_MEMORY_MB: z.coerce.number().int().nonnegative().default(8192),
+  /**
+   * The most a sandbox keeps in its own folders (working directory, HOME, TMPDIR), in MiB: they
+   * then live on a tmpfs of that size mounted by the worker (root only). 0: no cap (folders of
+   * ROLLGATE_SANDBOX_ROOT).
+   */
+  ROLLGATE_SANDBOX_DISK_MB: z.coerce.number().int().nonnegative().default(0),
+  /** With ROLLGATE_SANDBOX_DISK_MB: the most files and folders (inodes) a sandbox's folders hold. */
+  ROLLGATE_SANDBOX_INODES: z.coerce.number().int().positive().default(131072),
+  /** The unprivileged user and group a root worker runs its bubblewrap sandboxes as (default nobody / nogroup, 65534). */
+  ROLLGATE_SANDBOX_UID: z.coerce.number().int().positive().max(4294967294).default(65534),
+  ROLLGATE_SANDBOX_GID: z.coerce.number().int().positive().max(4294967294).default(65534),
   /**
    * Destinations a sealed sandbox never reaches, whatever its task's `runtime.egress` allows
    * (same syntax as ROLLGATE_CALLBACK_DENY): name your engines and internal networks here.

@@ -45,7 +45,14 @@ Environment:
   ROLLGATE_SANDBOX_TMPFS_MB    the most a bwrap sandbox's /tmp and /dev/shm each hold, in MiB (default 512;
                                they are the host's memory)
   ROLLGATE_SANDBOX_MAX_PROCS   the most processes (threads included) a bwrap sandbox runs at once (default
-                               4096; a worker running as root is exempt)
+                               4096)
+  ROLLGATE_SANDBOX_PROCESS_MEMORY_MB the most memory each process of a bwrap sandbox may take, in MiB
+                               (default 8192; 0: no limit; RLIMIT_DATA)
+  ROLLGATE_SANDBOX_DISK_MB     the most a local sandbox keeps in its folders, in MiB: they then live on a
+                               tmpfs of that size the worker mounts (root only; default 0: no cap)
+  ROLLGATE_SANDBOX_INODES      with ROLLGATE_SANDBOX_DISK_MB: the most files and folders (default 131072)
+  ROLLGATE_SANDBOX_UID, _GID   the unprivileged user and group a root worker runs bwrap sandboxes as, so the
+                               process limit binds them (default 65534, nobody / nogroup)
   ROLLGATE_SANDBOX_SPAWNER     on: local sandboxes' programs are started by a helper process, off the worker's
                                event loop (default; python3 when on the PATH, else node); off: the worker
                                forks them itself
@@ -120,7 +127,7 @@ const sandboxEgressDeny = [
   ...env.ROLLGATE_SANDBOX_EGRESS_DENY.split(",").map((r) => r.trim()).filter(Boolean),
 ];
 if (env.ROLLGATE_RUNTIMES.includes("local")) {
-  const bwrap = probeBwrap();
+  const bwrap = probeBwrap("bwrap", { uid: env.ROLLGATE_SANDBOX_UID, gid: env.ROLLGATE_SANDBOX_GID });
   console.log(describeBwrap(bwrap));
   runtimes.local = new LocalRuntime({
     root: env.ROLLGATE_SANDBOX_ROOT,
@@ -130,6 +137,8 @@ if (env.ROLLGATE_RUNTIMES.includes("local")) {
     bwrap,
     tmpfsBytes: env.ROLLGATE_SANDBOX_TMPFS_MB * 1024 * 1024,
     maxProcs: env.ROLLGATE_SANDBOX_MAX_PROCS,
+    processMemoryBytes: env.ROLLGATE_SANDBOX_PROCESS_MEMORY_MB * 1024 * 1024,
+    ...(env.ROLLGATE_SANDBOX_DISK_MB > 0 ? { diskQuota: { bytes: env.ROLLGATE_SANDBOX_DISK_MB * 1024 * 1024, inodes: env.ROLLGATE_SANDBOX_INODES } } : {}),
     egressDeny: sandboxEgressDeny,
     ...(env.ROLLGATE_SANDBOX_SPAWNER === "off" ? { spawner: null } : {}),
     log,

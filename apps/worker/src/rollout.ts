@@ -165,7 +165,9 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
   const result = last!;
   const runMs = Date.now() - started;
   const unseen = unseenLoss(deps, sandbox, unansweredBefore);
-  const base = { agent: agentInfo(result), runMs, evalMs: 0, evaluation: null, reward: null, ...(unseen.count > 0 ? { unseen } : {}) };
+  const limits = (await sandbox.limitsReached?.().catch(() => [])) ?? [];
+  const agent = limits.length > 0 ? { ...agentInfo(result), limits_reached: limits } : agentInfo(result);
+  const base = { agent, runMs, evalMs: 0, evaluation: null, reward: null, ...(unseen.count > 0 ? { unseen } : {}) };
   if (result.aborted) return { ...base, status: "cancelled", error: { kind: "cancelled", message: cancelReason(signal) } };
   const evaluated = task.evaluator !== null && task.evaluator.kind !== "none";
   const checked = stage === "harness" && !evaluated ? ({ checkAtClose: true } as const) : {};

@@ -296,7 +296,16 @@ export const TaskResult = z.object({
   }),
   attempts: z.number().int(),
   worker: z.string(),
-  agent: z.object({ exit_code: z.number().int().nullable(), signal: z.string().nullable(), log_tail: z.string() }),
+  agent: z.object({
+    exit_code: z.number().int().nullable(),
+    signal: z.string().nullable(),
+    log_tail: z.string(),
+    /**
+     * The sandbox's caps the agent's run ended against (a local sandbox with ROLLGATE_SANDBOX_DISK_MB:
+     * its folders were full of bytes, or of files, when its last step ended). Absent: none.
+     */
+    limits_reached: z.array(z.enum(["disk", "inodes"])).optional(),
+  }),
   metadata: z.record(z.string(), z.unknown()),
 });
 export type TaskResult = z.infer<typeof TaskResult>;

@@ -1,7 +1,8 @@
 import { spawnSync } from "node:child_process";
-import { existsSync, lstatSync, readdirSync, readlinkSync, realpathSync, statSync } from "node:fs";
+import { closeSync, existsSync, lstatSync, openSync, readdirSync, readlinkSync, realpathSync, statSync } from "node:fs";
 import path from "node:path";
 import { CONTAINER_HOME, CONTAINER_TMP, DEFAULT_WORKDIR } from "./container-common.js";
+import { seccompFilterFile } from "./seccomp.js";
 
 /**
  * `runtime.isolation: "bwrap"`: every step of a local sandbox runs inside bubblewrap, which
@@ -25,7 +26,9 @@ import { CONTAINER_HOME, CONTAINER_TMP, DEFAULT_WORKDIR } from "./container-comm
  * - a private PID namespace and /proc: the worker's processes (and their /proc/<pid>/environ)
  *   are not visible; no capabilities (root in the sandbox is not root), no new user namespaces
  *   where bubblewrap can forbid them, at most ROLLGATE_SANDBOX_MAX_PROCS processes (prlimit; a
- *   root worker is exempt), and it dies with the worker.
+ *   root worker runs bubblewrap as an unprivileged user, whom the limit binds), at most
+ *   ROLLGATE_SANDBOX_PROCESS_MEMORY_MB of memory per process, the OOM killer's first choice, a
+ *   seccomp filter (seccomp.ts), and it dies with the worker.
  * - with `runtime.network: "sealed"` (the default with bwrap): its own network namespace, with
  *   nothing but loopback. The worker's relay for the sandbox (relay.ts) is bind-mounted as a
  *   unix socket at RELAY_DIR, and a shim (relay-shim.ts) listening on
@@ -55,31 +58,117 @@ export interface BwrapSupport {
   userns: "disable-nested" | "own" | "none";
   /** It can cap a tmpfs's size (`--size`, bubblewrap >= 0.7): a sandbox's /tmp and /dev/shm are memory. */
   sizedTmpfs?: boolean;
-  /** util-linux's prlimit under the system folders (seen inside every sandbox), which caps a sandbox's processes; null: none. */
+  /** util-linux's prlimit under the system folders (seen inside every sandbox), which caps a sandbox's processes and their memory; null: none. */
   prlimit?: string | null;
+  /** It can load a seccomp filter (`--seccomp FD`) as this user: the sandbox gets seccomp.ts's. */
+  seccomp?: boolean;
+  /** util-linux's choom, which makes a sandbox the out-of-memory killer's first choice; null: none. */
+  choom?: string | null;
+  /**
+   * A worker running as root runs bubblewrap, and so the sandbox, as this unprivileged user
+   * (util-linux's setpriv drops to it): root is exempt from RLIMIT_NPROC, the user is not. Null
+   * or absent: the sandbox runs as the worker's own user (a worker that is not root, or a root
+   * worker whose host does not let bubblewrap start as that user: see `userReason`).
+   */
+  user?: SandboxUser | null;
+  /** Why a root worker's sandboxes run as root after all (no process limit binds them). */
+  userReason?: string | null;
   /** What is missing and why, when something is. */
   reason: string | null;
 }
 
-function tryBwrap(bin: string, args: string[]): { ok: boolean; err: string } {
-  const r = spawnSync(bin, [...args, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "true"], { encoding: "utf8", timeout: 10_000 });
+/** The unprivileged user a root worker's sandboxes run as (ROLLGATE_SANDBOX_UID / ROLLGATE_SANDBOX_GID). */
+export interface SandboxUser {
+  uid: number;
+  gid: number;
+  /** util-linux's setpriv, which drops to it before bubblewrap starts. */
+  setpriv: string;
+}
+
+/**
+ * Who a root worker's sandboxes run as by default: nobody/nogroup. It has a passwd entry (tools
+ * that look the user up work), owns nothing the sandbox sees, and RLIMIT_NPROC binds it; its count
+ * is kept per user namespace (Linux 5.14 and later), so sandboxes sharing it do not share the limit.
+ */
+export const DEFAULT_SANDBOX_UID = 65534;
+export const DEFAULT_SANDBOX_GID = 65534;
+
+/** The argv prefix that runs a program as `user`, with no supplementary groups (the worker's are root's). */
+export function dropTo(user: SandboxUser | null | undefined): string[] {
+  return user ? [user.setpriv, `--reuid=${user.uid}`, `--regid=${user.gid}`, "--clear-groups", "--"] : [];
+}
+
+function tryBwrap(bin: string, args: string[], user?: SandboxUser | null, fd9?: number): { ok: boolean; err: string } {
+  const argv = [...dropTo(user), bin];
+  const r = spawnSync(argv[0]!, [...argv.slice(1), ...args, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "true"], {
+    encoding: "utf8",
+    timeout: 10_000,
+    ...(fd9 !== undefined ? { stdio: ["ignore", "pipe", "pipe", "ignore", "ignore", "ignore", "ignore", "ignore", "ignore", fd9] } : {}),
+  });
   if (r.error) return { ok: false, err: r.error.message };
   return { ok: r.status === 0, err: (r.stderr ?? "").trim().split("\n").pop() ?? `exit ${r.status}` };
 }
 
-/** Finds out what bubblewrap can do here, by running it. */
-export function probeBwrap(bin = "bwrap"): BwrapSupport {
-  const base = tryBwrap(bin, []);
+/** Whether bubblewrap loads seccomp.ts's filter here (from descriptor 9, as bwrapArgv passes it). */
+function probeSeccomp(bin: string, user: SandboxUser | null): boolean {
+  const file = seccompFilterFile();
+  if (!file || !existsSync("/bin/sh")) return false;
+  const fd = openSync(file, "r");
+  try {
+    return tryBwrap(bin, ["--seccomp", "9"], user, fd).ok;
+  } finally {
+    closeSync(fd);
+  }
+}
+
+export interface ProbeOptions {
+  /** Who a root worker's sandboxes run as (default DEFAULT_SANDBOX_UID / GID); ignored when the worker is not root. */
+  uid?: number;
+  gid?: number;
+  /** Whether the worker is root (default: its effective uid is 0). */
+  root?: boolean;
+}
+
+/** The unprivileged user a root worker's sandboxes can run as here, or why none. */
+function probeUser(bin: string, o: ProbeOptions): { user: SandboxUser | null; userReason: string | null } {
+  if (!(o.root ?? process.geteuid?.() === 0)) return { user: null, userReason: null };
+  const setpriv = ["/usr/bin/setpriv", "/bin/setpriv"].find((p) => existsSync(p));
+  if (!setpriv) return { user: null, userReason: "util-linux's setpriv is not installed" };
+  const user = { uid: o.uid ?? DEFAULT_SANDBOX_UID, gid: o.gid ?? DEFAULT_SANDBOX_GID, setpriv };
+  const r = tryBwrap(bin, [], user);
+  return r.ok ? { user, userReason: null } : { user: null, userReason: `bubblewrap cannot start as uid ${user.uid}: ${r.err}` };
+}
+
+/**
+ * Finds out what bubblewrap can do here, by running it: as the user the sandboxes will run as (a
+ * root worker's: an unprivileged one, when bubblewrap starts as it).
+ */
+export function probeBwrap(bin = "bwrap", o: ProbeOptions = {}): BwrapSupport {
+  const { user, userReason } = probeUser(bin, o);
+  const base = tryBwrap(bin, [], user);
   if (!base.ok) return { usable: false, netns: false, userns: "none", reason: `bubblewrap cannot start a sandbox here: ${base.err}` };
-  const net = tryBwrap(bin, ["--unshare-net"]);
-  const userns = tryBwrap(bin, ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]).ok
+  const net = tryBwrap(bin, ["--unshare-net"], user);
+  const userns = tryBwrap(bin, ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"], user).ok
     ? "disable-nested"
-    : tryBwrap(bin, ["--unshare-user", "--cap-drop", "ALL"]).ok
+    : tryBwrap(bin, ["--unshare-user", "--cap-drop", "ALL"], user).ok
       ? "own"
       : "none";
-  const sizedTmpfs = tryBwrap(bin, ["--size", "1048576", "--tmpfs", "/tmp"]).ok;
+  const sizedTmpfs = tryBwrap(bin, ["--size", "1048576", "--tmpfs", "/tmp"], user).ok;
   const prlimit = ["/usr/bin/prlimit", "/bin/prlimit"].find((p) => existsSync(p)) ?? null;
-  return { usable: true, netns: net.ok, userns, sizedTmpfs, prlimit, reason: net.ok ? null : `bubblewrap cannot create a network namespace here: ${net.err}` };
+  const choom = ["/usr/bin/choom", "/bin/choom"].find((p) => existsSync(p)) ?? null;
+  const seccomp = probeSeccomp(bin, user);
+  return {
+    choom,
+    seccomp,
+    usable: true,
+    netns: net.ok,
+    userns,
+    sizedTmpfs,
+    prlimit,
+    user,
+    userReason,
+    reason: net.ok ? null : `bubblewrap cannot create a network namespace here: ${net.err}`,
+  };
 }
 
 /** What the worker says at start about local sandboxes on this host. */
@@ -91,7 +180,13 @@ export function describeBwrap(s: BwrapSupport): string {
     return `sandbox: ${s.reason}. Local bwrap tasks that need runtime.network "sealed" (the default) are refused (sandbox_unavailable); "host" runs them on the worker's network.`;
   }
   const memory = s.sizedTmpfs === false ? " This bubblewrap cannot cap a tmpfs's size (--size needs 0.7 or later): a sandbox's /tmp and /dev/shm may each take half the host's memory." : "";
-  return `sandbox: local tasks with runtime.isolation "bwrap" are sealed: own network namespace (only their session, through the worker's relay, and runtime.egress), only the host paths an agent needs, private /proc.${memory}`;
+  const user = s.user
+    ? ` The worker is root: sandboxes run as uid ${s.user.uid}, gid ${s.user.gid} (ROLLGATE_SANDBOX_ROOT and the binds must be readable by it).`
+    : s.userReason
+      ? ` The worker is root and its sandboxes run as root (${s.userReason}): their process limit does not bind.`
+      : "";
+  const seccomp = s.seccomp ? " A seccomp filter denies io_uring, bpf, perf_event_open, userfaultfd and the key calls." : " No seccomp filter (this bubblewrap cannot load one, or this architecture has no table).";
+  return `sandbox: local tasks with runtime.isolation "bwrap" are sealed: own network namespace (only their session, through the worker's relay, and runtime.egress), only the host paths an agent needs, private /proc.${memory}${user}${seccomp}`;
 }
 
 /** Read-only from the host, when they exist: the system folders. */
@@ -249,7 +344,28 @@ export interface BwrapStep {
   tmpfsBytes?: number;
   /** The most processes and threads the sandbox runs at once (default DEFAULT_MAX_PROCS). */
   maxProcs?: number;
+  /** The most memory each of the sandbox's processes may take (RLIMIT_DATA; default DEFAULT_PROCESS_MEMORY_BYTES; 0: no limit). */
+  processMemoryBytes?: number;
+  /** seccomp.ts's filter as a file (where `support.seccomp`): opened as descriptor 9 for bubblewrap's `--seccomp 9`. */
+  seccompFile?: string | null;
 }
+
+/**
+ * The most memory one process of a sandbox may take by default (RLIMIT_DATA: its heap and private
+ * writable mappings; address space merely reserved, as V8, Go and the JVM do, does not count). A
+ * memory hog gets its allocation refused (Python's MemoryError, node's "out of memory") instead of
+ * taking the host's memory. Per process: many processes together are bounded by the process limit
+ * only, and beyond that by the out-of-memory killer, whose first choice is a sandbox
+ * (SANDBOX_OOM_SCORE_ADJ), or by a cgroup the worker runs in.
+ */
+export const DEFAULT_PROCESS_MEMORY_BYTES = 8 * 1024 * 1024 * 1024;
+
+/**
+ * A sandbox's oom_score_adj: the highest, so when memory runs out the kernel kills a sandbox's
+ * process before the worker, Redis or anything else of the host's. The sandbox cannot lower it
+ * (that needs CAP_SYS_RESOURCE), and its children inherit it.
+ */
+export const SANDBOX_OOM_SCORE_ADJ = 1000;
 
 /**
  * The most processes (threads included) a sandbox runs at once by default: a fork bomb, or a
@@ -274,12 +390,19 @@ export function bwrapArgv(s: BwrapStep, argv: string[]): string[] {
   const network = s.relayDir ? ["--unshare-net", "--ro-bind", s.relayDir, RELAY_DIR] : [];
   // --size where bubblewrap knows it; without it, /tmp and /dev/shm are as big as the kernel lets a tmpfs be.
   const size = s.support.sizedTmpfs ? ["--size", String(s.tmpfsBytes ?? DEFAULT_TMPFS_BYTES)] : [];
-  const limits = s.support.prlimit ? [s.support.prlimit, `--nproc=${s.maxProcs ?? DEFAULT_MAX_PROCS}`, "--"] : [];
+  const memory = s.processMemoryBytes ?? DEFAULT_PROCESS_MEMORY_BYTES;
+  const limits = s.support.prlimit ? [s.support.prlimit, `--nproc=${s.maxProcs ?? DEFAULT_MAX_PROCS}`, ...(memory > 0 ? [`--data=${memory}`] : []), "--"] : [];
   const program = [
     ...limits,
     ...(s.relayDir ? [s.nodePath ?? process.execPath, `${RELAY_DIR}/${RELAY_SHIM}`, String(SANDBOX_GATEWAY_PORT), `${RELAY_DIR}/${RELAY_SOCKET}`, ...argv] : argv),
   ];
+  const seccomp = s.support.seccomp && s.seccompFile;
   return [
+    // The filter reaches bubblewrap as descriptor 9, opened by a shell that then becomes the step.
+    ...(seccomp ? ["/bin/sh", "-c", 'exec "$@" 9<"$0"', s.seccompFile!] : []),
+    // Outside, so bubblewrap's own processes are the OOM killer's first choice too.
+    ...(s.support.choom ? [s.support.choom, "-n", String(SANDBOX_OOM_SCORE_ADJ), "--"] : []),
+    ...dropTo(s.support.user),
     "bwrap",
     ...userns,
     "--cap-drop", "ALL",
@@ -289,6 +412,7 @@ export function bwrapArgv(s: BwrapStep, argv: string[]): string[] {
     "--hostname", "sandbox",
     "--unshare-cgroup-try",
     "--die-with-parent",
+    ...(seccomp ? ["--seccomp", "9"] : []),
     "--dev", "/dev",
     ...size, "--tmpfs", "/dev/shm",
     "--proc", "/proc",

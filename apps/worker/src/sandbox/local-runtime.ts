@@ -1,17 +1,30 @@
 import { existsSync } from "node:fs";
-import { chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, rm, statfs, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { type RuntimeSpec, runtimeNetwork } from "@rollgate/protocol";
 import { sandboxEgressPolicy } from "../egress.js";
 import { CANNOT_START } from "./container-common.js";
-import { type BwrapSupport, INSIDE_HOME, INSIDE_TMP, INSIDE_WORKDIR, RELAY_SHIM, RELAY_SOCKET, SANDBOX_GATEWAY_PORT, bwrapArgv, hostMountArgs, probeBwrap } from "./isolation.js";
+import { type BwrapSupport, type SandboxUser, INSIDE_HOME, INSIDE_TMP, INSIDE_WORKDIR, RELAY_SHIM, RELAY_SOCKET, SANDBOX_GATEWAY_PORT, bwrapArgv, hostMountArgs, probeBwrap } from "./isolation.js";
 import { type RunResult, runProcess } from "./process.js";
+import { type DiskQuota, QuotaUnavailable } from "./quota.js";
 import { RELAY_SHIM_SOURCE } from "./relay-shim.js";
+import { seccompFilterFile } from "./seccomp.js";
 import { type Spawner, sharedSpawner } from "./spawner.js";
 import { SessionRelay, egressProxyEnv } from "./relay.js";
 import { NO_LOST_CALLS, type CreateOptions, type ExecOptions, type Sandbox, type SandboxRuntime } from "./runtime.js";
-import { PathEscape, type SandboxDirs, makeSandboxDirs, readFileInside, removeInside, removeSandboxDirs, removeTree, writeFilesInside } from "./workdir.js";
+import {
+  PathEscape,
+  type SandboxDirs,
+  firstUntraversable,
+  giveTree,
+  makeSandboxDirs,
+  readFileInside,
+  removeInside,
+  removeSandboxDirs,
+  removeTree,
+  writeFilesInside,
+} from "./workdir.js";
 
 /** The sandbox cannot be made as the task asks, here: the rollout fails (`sandbox_unavailable`), it is not retried. */
 export class SandboxUnavailable extends Error {}
@@ -36,6 +49,13 @@ export interface LocalRuntimeOptions {
   tmpfsBytes?: number;
   /** The most processes a bubblewrap sandbox runs at once (ROLLGATE_SANDBOX_MAX_PROCS; default DEFAULT_MAX_PROCS). */
   maxProcs?: number;
+  /** The most memory each process of a bubblewrap sandbox takes (ROLLGATE_SANDBOX_PROCESS_MEMORY_MB; default DEFAULT_PROCESS_MEMORY_BYTES; 0: no limit). */
+  processMemoryBytes?: number;
+  /**
+   * Caps what each sandbox keeps in its folders, bytes and files (ROLLGATE_SANDBOX_DISK_MB,
+   * ROLLGATE_SANDBOX_INODES): they live on a tmpfs of that size (quota.ts; the worker must be root).
+   */
+  diskQuota?: DiskQuota;
   /** Destinations no sealed sandbox reaches whatever its `runtime.egress` (the worker's infrastructure, ROLLGATE_SANDBOX_EGRESS_DENY). */
   egressDeny?: string[];
   /**
@@ -100,8 +120,13 @@ export class LocalRuntime implements SandboxRuntime {
     return this.evaluatorMounts;
   }
 
-  private tmpfs(): { tmpfsBytes?: number; maxProcs?: number } {
-    return { ...(this.o.tmpfsBytes !== undefined ? { tmpfsBytes: this.o.tmpfsBytes } : {}), ...(this.o.maxProcs !== undefined ? { maxProcs: this.o.maxProcs } : {}) };
+  private tmpfs(): { tmpfsBytes?: number; maxProcs?: number; processMemoryBytes?: number; seccompFile?: string | null } {
+    return {
+      seccompFile: this.bwrapSupport().seccomp ? seccompFilterFile() : null,
+      ...(this.o.tmpfsBytes !== undefined ? { tmpfsBytes: this.o.tmpfsBytes } : {}),
+      ...(this.o.maxProcs !== undefined ? { maxProcs: this.o.maxProcs } : {}),
+      ...(this.o.processMemoryBytes !== undefined ? { processMemoryBytes: this.o.processMemoryBytes } : {}),
+    };
   }
 
   private cleanupFailed(what: string, where: string, err: unknown) {
@@ -121,15 +146,31 @@ export class LocalRuntime implements SandboxRuntime {
     }
     const sealed = bwrap && network === "sealed";
     if (sealed && !opts.session) throw new Error("a sealed sandbox needs its session (CreateOptions.session)");
+    const user = bwrap ? this.bwrapSupport().user : null;
+    if (user) {
+      // bubblewrap starts as the sandbox's user: it must reach the folders it mounts.
+      const parent = this.o.root ?? os.tmpdir();
+      const closed = await firstUntraversable(parent, user.uid, user.gid).catch(() => null);
+      if (closed) throw new SandboxUnavailable(`the sandbox user (uid ${user.uid}) cannot enter ${closed} (ROLLGATE_SANDBOX_ROOT): chmod o+x it`);
+    }
 
     // A file path that would land outside the working directory fails the rollout (not retried).
-    const dirs = await makeSandboxDirs(this.o.root, taskId, runtime.files, (p, err) => this.cleanupFailed("sandbox folder", p, err)).catch((err: unknown) => {
+    const dirs = await makeSandboxDirs(this.o.root, taskId, runtime.files, (p, err) => this.cleanupFailed("sandbox folder", p, err), this.o.diskQuota).catch((err: unknown) => {
+      if (err instanceof QuotaUnavailable) throw new SandboxUnavailable(err.message);
       throw err instanceof PathEscape ? new SandboxUnavailable(`runtime.files: ${err.message}`) : err;
     });
     let relay: { dir: string; server: SessionRelay } | null = null;
+    if (user) {
+      try {
+        await this.giveDirs(dirs, user);
+      } catch (err) {
+        await removeSandboxDirs(dirs).catch((e: unknown) => this.cleanupFailed("sandbox folder", dirs.base, e));
+        throw err;
+      }
+    }
     if (sealed) {
       try {
-        relay = await this.startRelay(taskId, runtime, opts.session!);
+        relay = await this.startRelay(taskId, runtime, opts.session!, user !== null && user !== undefined);
       } catch (err) {
         await removeSandboxDirs(dirs).catch((e: unknown) => this.cleanupFailed("sandbox folder", dirs.base, e));
         throw err;
@@ -138,9 +179,20 @@ export class LocalRuntime implements SandboxRuntime {
     return this.sandbox(dirs, runtime, relay, opts);
   }
 
-  private async startRelay(taskId: string, runtime: RuntimeSpec, session: NonNullable<CreateOptions["session"]>) {
+  /**
+   * A root worker's sandbox runs as an unprivileged user (isolation.ts): its folders become that
+   * user's, as a non-root worker's are its own; the base folder (root's) only lets it pass.
+   */
+  private async giveDirs(dirs: Pick<SandboxDirs, "base" | "home" | "tmp"> & { work?: string }, user: SandboxUser) {
+    await chmod(dirs.base, 0o711);
+    for (const d of [dirs.work, dirs.home, dirs.tmp]) if (d) await giveTree(d, user.uid, user.gid);
+  }
+
+  private async startRelay(taskId: string, runtime: RuntimeSpec, session: NonNullable<CreateOptions["session"]>, otherUser: boolean) {
     const dir = await mkdtemp(path.join(this.o.root ?? os.tmpdir(), `rollgate-relay-${taskId.slice(0, 40)}-`));
     try {
+      // The sandbox's user (not the worker's, when it is root) passes into it to reach the shim and the socket.
+      if (otherUser) await chmod(dir, 0o711);
       await writeFile(path.join(dir, RELAY_SHIM), RELAY_SHIM_SOURCE, { mode: 0o444 });
       const sessionHost = new URL(session.url).hostname;
       const server = await SessionRelay.listen(
@@ -190,6 +242,8 @@ export class LocalRuntime implements SandboxRuntime {
           await mkdir(home);
           await mkdir(tmp);
           const stepDirs = { ...dirs, home, tmp };
+          const user = bwrap ? this.bwrapSupport().user : null;
+          if (user) await this.giveDirs({ base: own, home, tmp }, user);
           const r = await runProcess({
             argv: bwrap ? bwrapArgv({ support: this.bwrapSupport(), hostMounts: this.hostMounts(evaluator), dirs: stepDirs, relayDir: relay?.dir ?? null, ...this.tmpfs() }, argv) : argv,
             cwd: dirs.work,
@@ -202,7 +256,11 @@ export class LocalRuntime implements SandboxRuntime {
           await removeTree(own).catch((e: unknown) => this.cleanupFailed("step folder", own, e));
         }
       },
-      writeHomeFiles: (files) => writeFilesInside(dirs.home, files),
+      writeHomeFiles: async (files) => {
+        await writeFilesInside(dirs.home, files);
+        const user = bwrap ? this.bwrapSupport().user : null;
+        if (user) await giveTree(dirs.home, user.uid, user.gid);
+      },
       // Symlink-safe: a link the agent made to a file outside the working directory reads as absent.
       readFile: (rel) => readFileInside(dirs.work, rel),
       removeFile: (rel) => removeInside(dirs.work, rel),
@@ -217,6 +275,12 @@ export class LocalRuntime implements SandboxRuntime {
         if (!runtime.keep) await removeSandboxDirs(dirs).catch((e: unknown) => this.cleanupFailed("sandbox folder", dirs.base, e));
       },
       describe: () => dirs.base,
+      limitsReached: async () => {
+        if (!dirs.quotaMount) return [];
+        const fs = await statfs(dirs.quotaMount).catch(() => null);
+        if (!fs) return [];
+        return [...(fs.bavail === 0 ? (["disk"] as const) : []), ...(fs.ffree === 0 ? (["inodes"] as const) : [])];
+      },
       lostCalls: () => relay?.server.lost ?? NO_LOST_CALLS,
     };
   }

@@ -56,6 +56,12 @@ export interface Sandbox {
    * leave anything behind (bubblewrap: its PID namespace ends with the step) need not do anything.
    */
   stopLeftovers?(): Promise<void>;
+  /**
+   * Which of the sandbox's caps are reached now (its folders full of bytes or of files), for the
+   * rollout's outcome: what the agent ran into is told, not only its exit code. Runtimes without
+   * such caps need not answer.
+   */
+  limitsReached?(): Promise<("disk" | "inodes")[]>;
   /** Removes everything (unless the task asked to keep it); always safe to call. */
   destroy(): Promise<void>;
   /** Where a kept sandbox can be found, for the logs. */

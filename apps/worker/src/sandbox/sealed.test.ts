@@ -11,7 +11,7 @@
  * against the real gateway, engine-sim and worker processes.
  */
 import { randomUUID } from "node:crypto";
-import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import net from "node:net";
 import os from "node:os";
@@ -63,6 +63,8 @@ function listen(server: net.Server, at: number | string, host?: string): Promise
 
 beforeAll(async () => {
   root = mkdtempSync(path.join(os.tmpdir(), "rg-sealed-"));
+  // A root worker's sandboxes run as an unprivileged user, who must pass through it (as through /tmp).
+  chmodSync(root, 0o711);
   hostDir = mkdtempSync("/var/tmp/rg-worker-config-");
   writeFileSync(path.join(hostDir, "worker.key"), `-----BEGIN KEY----- ${SECRET}`);
   process.env.ROLLGATE_TEST_WORKER_SECRET = SECRET;

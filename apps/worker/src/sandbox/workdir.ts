@@ -1,9 +1,10 @@
 import { execFile } from "node:child_process";
 import { constants, mkdirSync, mkdtempSync, rmdirSync } from "node:fs";
-import { lstat, mkdir, open, realpath, rm } from "node:fs/promises";
+import { lchown, lstat, mkdir, open, readdir, realpath, rm, stat } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
+import { type DiskQuota, mountQuota, unmountQuota } from "./quota.js";
 
 /** One rollout's folders: `work` (the agent's working directory), `home` (its HOME), `tmp`. */
 export interface SandboxDirs {
@@ -11,6 +12,8 @@ export interface SandboxDirs {
   work: string;
   home: string;
   tmp: string;
+  /** Where the capped tmpfs that holds `work`, `home` and `tmp` is mounted (quota.ts), when there is one. */
+  quotaMount?: string;
 }
 
 export class PathEscape extends Error {}
@@ -133,6 +136,7 @@ export async function makeSandboxDirs(
   taskId: string,
   files: Record<string, string>,
   onCleanupError: (path: string, err: unknown) => void,
+  quota?: DiskQuota,
 ): Promise<SandboxDirs> {
   const parent = root ?? os.tmpdir();
   const prefix = path.join(parent, `rollgate-${taskId.slice(0, 40)}-`);
@@ -147,19 +151,22 @@ export async function makeSandboxDirs(
     await mkdir(parent, { recursive: true });
     base = mkdtempSync(prefix);
   }
-  const dirs = { base, work: path.join(base, "work"), home: path.join(base, "home"), tmp: path.join(base, "tmp") };
+  // With a quota, the folders live on a capped tmpfs one level down: the base stays on the worker's
+  // disk, for the evaluator's fresh folders (never inside what the agent filled).
+  const data = quota ? path.join(base, "data") : base;
+  const dirs: SandboxDirs = { base, work: path.join(data, "work"), home: path.join(data, "home"), tmp: path.join(data, "tmp") };
   try {
+    if (quota) {
+      mkdirSync(data);
+      await mountQuota(data, quota);
+      dirs.quotaMount = data;
+    }
     mkdirSync(dirs.work);
     mkdirSync(dirs.home);
     mkdirSync(dirs.tmp);
-  } catch (err) {
-    await rm(base, { recursive: true, force: true }).catch((e: unknown) => onCleanupError(base, e));
-    throw err;
-  }
-  try {
     await writeFilesInside(dirs.work, files);
   } catch (err) {
-    await rm(base, { recursive: true, force: true }).catch((e: unknown) => onCleanupError(base, e));
+    await removeSandboxDirs(dirs).catch((e: unknown) => onCleanupError(base, e));
     throw err;
   }
   return dirs;
@@ -193,6 +200,12 @@ export async function removeTree(p: string): Promise<void> {
 }
 
 export async function removeSandboxDirs(dirs: SandboxDirs): Promise<void> {
+  if (dirs.quotaMount) {
+    // Its contents go with the tmpfs.
+    await unmountQuota(dirs.quotaMount);
+    await removeTree(dirs.base);
+    return;
+  }
   // Most agents leave their folders empty: four rmdir calls instead of a recursive removal's
   // lstat, readdir and rmdir of each, synchronous as in makeSandboxDirs. Anything left inside (or
   // a folder swapped for a link, which rmdir refuses) goes the recursive way, which never follows
@@ -204,5 +217,33 @@ export async function removeSandboxDirs(dirs: SandboxDirs): Promise<void> {
     rmdirSync(dirs.base);
   } catch {
     await removeTree(dirs.base);
+  }
+}
+
+/**
+ * Gives a tree the worker wrote (the task's files, the harness's HOME files, fresh folders) to the
+ * user its sandbox runs as, so the agent may change and remove them as a non-root worker's agent
+ * may. Links are changed themselves, never followed.
+ */
+export async function giveTree(p: string, uid: number, gid: number): Promise<void> {
+  await lchown(p, uid, gid);
+  const st = await lstat(p);
+  if (!st.isDirectory()) return;
+  for (const e of await readdir(p, { withFileTypes: true })) await giveTree(path.join(p, e.name), uid, gid);
+}
+
+/**
+ * The first folder of `dir`'s path (itself included) that the user `uid`/`gid` cannot pass through,
+ * or null: bubblewrap, started as that user, must reach the sandbox's folders to mount them.
+ */
+export async function firstUntraversable(dir: string, uid: number, gid: number): Promise<string | null> {
+  let at = path.resolve(dir);
+  for (;;) {
+    const st = await stat(at);
+    const bit = st.uid === uid ? 0o100 : st.gid === gid ? 0o010 : 0o001;
+    if ((st.mode & bit) === 0) return at;
+    const up = path.dirname(at);
+    if (up === at) return null;
+    at = up;
   }
 }
