@@ -21,11 +21,12 @@ async function limited(h: Harness, maxTotalTokens: number) {
 
 const used = (records: CompletionRecord[]) => records.reduce((n, r) => n + r.prompt_ids.length + r.output_ids.length, 0);
 
-for (const kind of ["vllm", "sglang"] as const) {
-  describe(`max_total_tokens on ${kind}`, () => {
+// Continuation `token_in`: a call that echoes the session's answers goes token-in, its prompt counted before it is sent.
+for (const [kind, continuation] of [["vllm", "auto"], ["sglang", "auto"], ["vllm", "token_in"], ["sglang", "token_in"]] as const) {
+  describe(`max_total_tokens on ${kind}, continuation ${continuation}`, () => {
     let h: Harness;
     beforeAll(async () => {
-      h = await startHarness(`toklim-${kind}`, { dpSize: 1, kind });
+      h = await startHarness(`toklim-${kind}`, { dpSize: 1, kind }, { ROLLGATE_CONTINUATION: continuation });
     });
     afterAll(() => h?.close());
 
@@ -65,6 +66,24 @@ for (const kind of ["vllm", "sglang"] as const) {
       expect(((third as InstanceType<typeof Anthropic.BadRequestError>).error as { error: { type: string } }).error.type).toBe("invalid_request_error");
       expect((third as Error).message).toMatch(/max_total_tokens/);
       expect(await h.records(s.id)).toHaveLength(2);
+    });
+
+    it("a call whose prompt alone is more than what is left is refused before the engine is asked", async () => {
+      const ask = (client: OpenAI, messages: OpenAI.ChatCompletionMessageParam[]) => client.chat.completions.create({ model: "m", messages, max_tokens: 50 });
+      const first: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: `Short.\n#sim: ${JSON.stringify([{ text: "Fine." }, { text: "Again." }])}` }];
+      // The first call's tokens, measured on a session without a limit.
+      const probe = await h.openSession();
+      await ask(new OpenAI({ apiKey: probe.token, baseURL: probe.urls.openai, maxRetries: 0 }), first);
+      const firstUse = used(await h.records(probe.id));
+      const s = await limited(h, firstUse + 3);
+      const client = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 });
+      const answer = await ask(client, first);
+      expect(answer.choices[0]!.finish_reason).toBe("stop");
+      const refused = await ask(client, [...first, { role: "assistant", content: answer.choices[0]!.message.content }, { role: "user", content: "more" }]).catch((e: unknown) => e);
+      expect(refused).toBeInstanceOf(OpenAI.BadRequestError);
+      expect((refused as InstanceType<typeof OpenAI.BadRequestError>).code).toBe("session_token_limit");
+      expect((refused as Error).message).toMatch(/prompt \(\d+ tokens\) does not fit .* 3 tokens/);
+      expect(used(await h.records(s.id))).toBe(firstUse);
     });
 
     it("parallel calls share what is left: together they never overshoot it", async () => {

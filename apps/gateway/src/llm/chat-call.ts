@@ -19,7 +19,7 @@ import {
 } from "@rollgate/transforms";
 import type { Logger } from "pino";
 import { pausePlan } from "../engines/capabilities.js";
-import { checkAnswer, checkOutputPiece } from "../engines/answer-check.js";
+import { checkAnswer, checkFinish, checkOutputPiece } from "../engines/answer-check.js";
 import { EngineError } from "../engines/errors.js";
 import type { EngineRegistry, RankTarget } from "../engines/registry.js";
 import type { GateSlot, PauseGate } from "../ops/pause-gate.js";
@@ -677,9 +677,9 @@ export class ChatCaller {
             // shutting down): the tokens so far are not the policy's answer, and every protocol
             // would show them as a finished turn. The call fails as the engine's (a lost call).
             else throw new EngineError(ABORTED, 502, "rejected");
-          } else if (event.type === "finish" && event.finish_reason === "error") {
-            // The engine failed the request part way (vLLM's FINISHED_ERROR): not an answer either.
-            throw new EngineError('the engine ended the call with finish_reason "error": its answer is incomplete', 502, "rejected");
+          } else if (event.type === "finish") {
+            // vLLM's "error" (the request failed part way) or any reason that is not the end of an answer.
+            checkFinish(event.finish_reason);
           }
           // The agent already has its start; usage is told once, for the whole answer.
           if ((event.type === "start" && cut) || (event.type === "usage" && (heldFinish || cut)) || heldFinish) continue;
