@@ -8,7 +8,8 @@ import Anthropic from "@anthropic-ai/sdk";
 import type { CompletionRecord } from "@rollgate/protocol";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startHarness, type Harness } from "./__fixtures__/harness.js";
+import Fastify from "fastify";
+import { listenLocal, startHarness, startSimFleet, type Harness } from "./__fixtures__/harness.js";
 
 // An answer far longer than any limit below.
 const LONG = `Tell me a story.\n#sim: ${JSON.stringify([{ text: "Once", tokens: 400 }, { text: "More", tokens: 400 }])}`;
@@ -97,3 +98,38 @@ for (const [kind, continuation] of [["vllm", "auto"], ["sglang", "auto"], ["vllm
     });
   });
 }
+
+describe("an engine whose prompt cannot be counted (no /tokenize)", () => {
+  it("the call still goes, its answer capped at what the session has left", async () => {
+    const asked: unknown[] = [];
+    const engine = Fastify();
+    engine.get("/v1/models", async () => ({ data: [{ id: "m" }] }));
+    engine.post("/v1/chat/completions", async (req) => {
+      asked.push((req.body as { max_tokens?: unknown }).max_tokens);
+      return {
+        prompt_token_ids: [1, 2, 3],
+        choices: [{ message: { content: "ab" }, finish_reason: "length", token_ids: [7, 8], logprobs: { content: [{ token: "a", logprob: -1 }, { token: "b", logprob: -1 }] } }],
+        usage: { prompt_tokens: 3, completion_tokens: 2 },
+      };
+    });
+    const url = await listenLocal(engine);
+    const fleet = await startSimFleet("toklim-notokenize");
+    const gw = await fleet.gateway({ engines: [{ kind: "vllm", url, dp_size: 1 }], env: { ROLLGATE_HEALTH_INTERVAL_S: "0" } });
+    try {
+      const s = (await gw.inject({ method: "POST", url: "/v1/sessions", payload: { limits: { max_total_tokens: 40 } } })).json() as { id: string; token: string };
+      const res = await gw.inject({
+        method: "POST",
+        url: `/s/${s.id}/v1/chat/completions`,
+        headers: { authorization: `Bearer ${s.token}`, "content-type": "application/json" },
+        payload: { model: "m", messages: [{ role: "user", content: "hi" }], max_tokens: 500 },
+      });
+      expect(res.statusCode).toBe(200);
+      // (The gateway's capability probe asks for one token first.)
+      expect(asked.at(-1)).toBe(40);
+    } finally {
+      await gw.close();
+      await fleet.close();
+      await engine.close();
+    }
+  });
+});

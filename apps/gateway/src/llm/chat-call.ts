@@ -361,7 +361,15 @@ export class ChatCaller {
         }
         if (fit.why === "prompt_unknown") {
           if (!render) return false;
-          promptLength = (await engineTokenizer.renderChat(call, call.request.messages)).ids.length;
+          promptLength = await engineTokenizer.renderChat(call, call.request.messages).then(
+            (rendered) => rendered.ids.length,
+            (err: unknown) => {
+              call.signal.throwIfAborted();
+              // No render (an engine without /tokenize): the answer alone is capped at what is left.
+              this.deps.log.warn({ session: sid, seq, err: (err as Error).message }, "cannot count the call's prompt: only its answer is capped at what the session has left");
+              return 0;
+            },
+          );
           continue;
         }
         if (!this.holds.othersHold(sid, seq) && fitting.released() === 0) {
