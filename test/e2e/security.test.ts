@@ -228,14 +228,15 @@ describe("session limits stop a real agent", () => {
     expect(r.result!.trajectory!.traces.flatMap((t) => t.completion_ids)).toHaveLength(2);
   });
 
-  it("max_total_tokens: once used up, the next call is refused", async () => {
-    const id = await submit({
-      instruction: `loop\n#sim: ${steps(5)}`,
-      agent: { harness: "command", command: ["rollgate-example-agent"] },
-      limits: { timeout_s: 60, max_total_tokens: 1 },
-    });
-    const r = await terminal(id);
+  it("max_total_tokens: a call whose prompt does not fit in what is left is refused; the session never passes the limit", async () => {
+    const task = (limits: Record<string, number>) =>
+      submit({ instruction: `loop\n#sim: ${steps(5)}`, agent: { harness: "command", command: ["rollgate-example-agent"] }, limits: { timeout_s: 60, ...limits } });
+    // What the first call uses, measured on a run stopped after it.
+    const probe = (await terminal(await task({ max_llm_calls: 1 }))).result!.usage;
+    const first = probe.prompt_tokens + probe.completion_tokens;
+    const r = await terminal(await task({ max_total_tokens: first + 5 }));
     expect(r.result!.usage.llm_calls).toBe(1);
+    expect(r.result!.usage.prompt_tokens + r.result!.usage.completion_tokens).toBe(first);
     expect(r.result!.agent.log_tail).toMatch(/max_total_tokens/);
   });
 });

@@ -317,4 +317,22 @@ describe("fault injection (sim-only POST /sim/faults, GET /sim/faults)", () => {
     expect(text).not.toContain("[DONE]");
     await sim.close();
   });
+
+  it("finish: the generation ends after N tokens with the given finish reason, on every route (SGLang: {type})", async () => {
+    const vllm = buildEngineSim();
+    expect((await post(vllm, "/sim/faults", { mode: "finish", finish_reason: "repetition", after_tokens: 3 })).json().faults[0]).toMatchObject({ mode: "finish", after_tokens: 3, finish_reason: "repetition" });
+    const chat = (await post(vllm, "/v1/chat/completions", { messages: [{ role: "user", content: LONG }], return_token_ids: true })).json();
+    expect(chat.choices[0]).toMatchObject({ finish_reason: "repetition" });
+    expect(chat.choices[0].token_ids).toHaveLength(3);
+    const streamed = (await post(vllm, "/v1/completions", { prompt: LONG, stream: true, max_tokens: 30 })).body;
+    expect(streamed).toMatch(/"finish_reason":"repetition"/);
+    await post(vllm, "/sim/faults", { mode: "none" });
+    expect((await post(vllm, "/v1/completions", { prompt: LONG, max_tokens: 30 })).json().choices[0].finish_reason).toBe("stop");
+    await vllm.close();
+    const sglang = buildEngineSim({ kind: "sglang" });
+    await post(sglang, "/sim/faults", { mode: "finish", after_tokens: 2 });
+    const gen = (await post(sglang, "/generate", { text: LONG })).json();
+    expect(gen.meta_info).toMatchObject({ finish_reason: { type: "error" }, completion_tokens: 2 });
+    await sglang.close();
+  });
 });

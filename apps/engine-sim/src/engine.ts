@@ -18,7 +18,10 @@ import type { Rank, Ranks } from "./ranks.js";
  */
 
 export type PauseMode = "abort" | "wait" | "keep" | "in_place" | "retract";
-/** finished: all planned tokens out; abort: ended by a pause or abort route; client: the client left; disconnect: a fault cut it. */
+/**
+ * finished: all planned tokens out; abort: ended by a pause or abort route (or by a `finish` fault,
+ * whose reason the generation's `finishAs` holds); client: the client left; disconnect: a fault cut it.
+ */
 export type Outcome = "finished" | "abort" | "client" | "disconnect";
 
 export interface GenToken {
@@ -69,6 +72,8 @@ export class Generation {
   cached = 0;
   retractions = 0;
   outcome: Outcome | null = null;
+  /** The finish reason an "abort" outcome is told with: "abort" unless a `finish` fault ended it. */
+  finishAs = "abort";
   readonly tokens: GenToken[] = [];
   readonly startedAt = performance.now();
   /** Set when the pause/abort machinery ends the request; wakes any sleep. */
@@ -213,6 +218,11 @@ export class Engine {
       g.promptVersion = version;
       let h = contextHash(version, req.promptIds);
       for (let i = 0; i < req.ids.length; i++) {
+        if (rank.fault.mode === "finish" && i >= rank.fault.afterTokens) {
+          g.outcome = "abort";
+          g.finishAs = rank.fault.finishReason;
+          return;
+        }
         if (rank.fault.mode === "disconnect" && i >= rank.fault.afterTokens) {
           g.outcome = "disconnect";
           return;

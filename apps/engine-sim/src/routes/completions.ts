@@ -180,7 +180,7 @@ function usage(p: Prepared, gens: Generation[], includeDetails: boolean) {
 }
 
 function finishOf(sim: SimState, j: PromptJob, g: Generation): { finish: string; stopReason: string | number | null; matched: string | number | null } {
-  if (g.outcome === "abort") return { finish: "abort", stopReason: null, matched: null };
+  if (g.outcome === "abort") return { finish: g.finishAs, stopReason: null, matched: null };
   const c = j.completion;
   return { finish: c.finishReason, stopReason: c.stopReason, matched: c.finishReason === "stop" ? (c.stopReason ?? sim.model.eosId) : null };
 }

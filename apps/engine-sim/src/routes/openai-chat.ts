@@ -334,7 +334,7 @@ async function respond(sim: SimState, p: Prepared, reply: FastifyReply) {
   const parsed = answerOf(sim, p, out);
   const { reasoning, content, toolsCalled } = parsed;
   const toolCalls = parsed.toolCalls.map((t) => ({ id: makeToolCallId(), type: "function" as const, function: { name: t.name, arguments: t.arguments } }));
-  const finishReason = aborted ? "abort" : toolsCalled ? "tool_calls" : c.finishReason;
+  const finishReason = aborted ? g.finishAs : toolsCalled ? "tool_calls" : c.finishReason;
   const logprobs = p.wantLogprobs ? { content: g.tokens.map((t) => chatLogprobEntry(sim.tok, t, p.asTokenIds, p.sglang)) } : null;
   reply.header("x-sim-dp-rank", String(g.rank.index));
   if (p.sglang) {
@@ -503,7 +503,7 @@ async function stream(sim: SimState, p: Prepared, reply: FastifyReply) {
   }
   const n = g.tokens.length;
   if (sg) {
-    const fr = g.outcome === "abort" ? "abort" : parser.toolsStreamed > 0 && c.finishReason === "stop" ? "tool_calls" : c.finishReason;
+    const fr = g.outcome === "abort" ? g.finishAs : parser.toolsStreamed > 0 && c.finishReason === "stop" ? "tool_calls" : c.finishReason;
     const finish: Record<string, unknown> = { index: 0, delta: sglangDelta({}), logprobs: null, finish_reason: fr, matched_stop: matchedStop(c, g.outcome ?? "", sim.model.eosId) };
     // The routing is known once the request is done: it rides on the finishing chunk.
     if (p.routedExperts) finish.sgl_ext = { routed_experts: sglangRoutedExperts(sim, g, p.promptIds) };
@@ -513,7 +513,7 @@ async function stream(sim: SimState, p: Prepared, reply: FastifyReply) {
     if (ext) send({ ...base, choices: [], usage: null, sglext: ext });
   } else if (g.outcome === "abort") {
     // vLLM: the abort output carries no new token; its chunk has an empty delta and finish_reason "abort".
-    const choice: Record<string, unknown> = { index: 0, delta: {}, logprobs: null, finish_reason: "abort", stop_reason: null };
+    const choice: Record<string, unknown> = { index: 0, delta: {}, logprobs: null, finish_reason: g.finishAs, stop_reason: null };
     if (p.returnTokenIds) choice.token_ids = [];
     send({ ...base, choices: [choice] });
   }

@@ -70,7 +70,7 @@ interface Item {
 
 /** SGLang's finish_reason object. */
 function finishReason(sim: SimState, it: Item, g: Generation, message: string): Record<string, unknown> {
-  if (g.outcome === "abort") return { type: "abort", message };
+  if (g.outcome === "abort") return g.finishAs === "abort" ? { type: "abort", message } : { type: g.finishAs };
   const c = it.completion;
   if (c.finishReason === "length") return { type: "length", length: it.maxNew };
   return { type: "stop", matched: c.stopReason ?? sim.model.eosId };

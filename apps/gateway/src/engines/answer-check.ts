@@ -51,3 +51,25 @@ export function checkAnswer(result: EngineResult, vocabSize: number | null, piec
   checkIds(result.output_ids, vocabSize, "output_ids");
   for (let i = 0; i < result.output_logprobs.length; i++) checkLogprob(result.output_logprobs[i]!, i);
 }
+
+/**
+ * The finish reasons that end an answer of the model: its own end of turn ("stop", and the chat
+ * route's "tool_calls") or a limit on its length ("length"). vLLM's "repetition" (its opt-in
+ * `repetition_detection` cut a looping answer) is a length limit too: it comes here as "length"
+ * (engineFinish). Anything else is not an answer: "abort" (handled apart: a pause's cut is
+ * continued), vLLM's "error" (a request-level failure, retryable), SGLang's `{type: "abort"}` with
+ * an error, or a reason a newer engine added. Shown to an agent, such an answer would be a finished
+ * turn the reward scores; it fails the call instead (502, a lost call the agent may retry).
+ */
+const ANSWER_FINISHES: ReadonlySet<string> = new Set(["stop", "length", "tool_calls"]);
+
+/** An engine's finish reason as the gateway tells it: vLLM's "repetition" is a cut by a limit, as "length". */
+export function engineFinish(reason: string): string {
+  return reason === "repetition" ? "length" : reason;
+}
+
+/** Fails the call unless `reason` ends an answer of the model (ANSWER_FINISHES). */
+export function checkFinish(reason: string): void {
+  if (ANSWER_FINISHES.has(reason)) return;
+  throw new EngineError(`the engine ended the call with finish_reason ${JSON.stringify(reason)}, which does not end an answer of the model: its answer is not recorded`, 502, "rejected");
+}

@@ -1,4 +1,5 @@
 import { gatewayParser, type GatewayParser } from "@rollgate/models";
+import { engineFinish } from "./answer-check.js";
 import { EngineError } from "./errors.js";
 import type { TokenInCall } from "./token-in.js";
 
@@ -18,7 +19,8 @@ export function parsesTools(call: Pick<TokenInCall, "request">): boolean {
  * a call cut by max_tokens too: see vllm/chat.ts cutFinishReason).
  */
 export function chatFinishReason(engine: string, toolCalls: number): string {
-  return toolCalls > 0 && engine === "stop" ? "tool_calls" : engine;
+  const reason = engineFinish(engine);
+  return toolCalls > 0 && reason === "stop" ? "tool_calls" : reason;
 }
 
 /**

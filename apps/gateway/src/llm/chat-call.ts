@@ -19,7 +19,7 @@ import {
 } from "@rollgate/transforms";
 import type { Logger } from "pino";
 import { pausePlan } from "../engines/capabilities.js";
-import { checkAnswer, checkOutputPiece } from "../engines/answer-check.js";
+import { checkAnswer, checkFinish, checkOutputPiece } from "../engines/answer-check.js";
 import { EngineError } from "../engines/errors.js";
 import type { EngineRegistry, RankTarget } from "../engines/registry.js";
 import type { GateSlot, PauseGate } from "../ops/pause-gate.js";
@@ -34,6 +34,7 @@ import type { PendingCalls } from "./pending-calls.js";
 import { LeftWhileHeld } from "./lost-calls.js";
 import { addCut, continuationPrompt, continuationRequest, joinContinuation, type CutGeneration } from "./pause-continuation.js";
 import { recordedResult, replayDifference } from "./replay.js";
+import { TokenHolds, fitCall } from "./token-budget.js";
 
 /** A promise of the engine's prompt ids and the callback an adapter tells them with. */
 function promptIdsTold(): { ids: Promise<number[]>; tell: (ids: number[]) => void } {
@@ -198,7 +199,10 @@ export class ChatCaller {
     } catch (err) {
       // Refused or failed before the engine: the call will have no record (its number may still be on its way).
       taken.seq?.then(
-        (seq) => this.deps.pending.settle(given.id, seq, auth.tokenHash),
+        (seq) => {
+          this.deps.pending.settle(given.id, seq, auth.tokenHash);
+          this.holds.release(given.id, seq);
+        },
         () => undefined,
       );
       throw err;
@@ -284,7 +288,13 @@ export class ChatCaller {
     if (pauseMode === "keep" || viaGenerate || chatStamps) engineCall.stamp = () => this.deps.pause.weights;
     if (caps?.streamedIds) engineCall.streamedIds = true;
     const replayed = !!session.replay && seq < session.replay.calls;
-    const planned = history ? await this.restoreAndPlan(engineCall, history, tools, session.id, seq, caps, !replayed && !viaGenerate) : null;
+    let planned = history ? await this.restoreAndPlan(engineCall, history, tools, session.id, seq, caps, !replayed && !viaGenerate) : null;
+    // A branch's replayed call asks no engine: its tokens are its source's.
+    const tokenLimit = replayed ? undefined : limits.max_total_tokens;
+    if (planned && "planning" in planned) {
+      // Near the session's token limit the plan is made first: the call's prompt must be known to fit it.
+      if (tokenLimit !== undefined && !(await this.fitBudget(session.id, seq, engineCall, null, tokenLimit, false))) planned = await planned.planning(null);
+    }
     if (planned && "planning" in planned) {
       return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), toolsText: tools, engineCall, tokenIn: null, planning: planned.planning };
     }
@@ -298,7 +308,84 @@ export class ChatCaller {
       const rendered = await engineTokenizer.renderChat(engineCall, engineCall.request.messages);
       tokenIn = { route: SGLANG_GENERATE_ENGINE_PARSED, promptIds: rendered.ids, maxModelLen: rendered.maxModelLen, base: null };
     }
+    if (tokenLimit !== undefined) await this.fitBudget(session.id, seq, engineCall, tokenIn?.promptIds ?? null, tokenLimit);
     return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), toolsText: tools, engineCall, tokenIn };
+  }
+
+  /** What the session's calls in flight on this gateway hold of their max_total_tokens (token-budget.ts). */
+  private readonly holds = new TokenHolds();
+  /** Each engine's context length (by URL), asked once: it bounds every call's prompt plus answer. */
+  private readonly contextLengths = new Map<string, Promise<number | null>>();
+
+  private contextLength(call: EngineCall): Promise<number | null> {
+    const url = call.target.engine.url;
+    let known = this.contextLengths.get(url);
+    if (!known) {
+      known = engineTokenizer.maxModelLen(call).catch(() => {
+        this.contextLengths.delete(url);
+        return null;
+      });
+      this.contextLengths.set(url, known);
+    }
+    return known;
+  }
+
+  /**
+   * Fits the call into what its session has left of its max_total_tokens (token-budget.ts): its
+   * engine max_tokens is capped so that its prompt and answer fit. The prompt is counted when the
+   * gateway knows it (`promptIds`: a token-in call), else rendered by the engine's tokenizer once
+   * the engine's context no longer fits in what is left (`render` false: false is returned then,
+   * and nothing held). A call whose prompt alone does not fit is refused. While the session's other
+   * calls in flight hold what it needs, it waits for them. The session's counts are read here: the
+   * route's read may predate the record of a call of the session that ended since.
+   */
+  private async fitBudget(sid: string, seq: number, call: EngineCall, promptIds: number[] | null, limit: number, render = true): Promise<boolean> {
+    const asked = call.request.sampling.max_tokens;
+    const fitting = this.holds.fitting(sid);
+    try {
+      const contextLength = await this.contextLength(call);
+      let promptLength = promptIds?.length ?? null;
+      for (;;) {
+        fitting.since();
+        const now = await this.deps.sessions.get(sid);
+        if (!now || now.state !== "open") throw new CallRejected(`session ${sid} is closed`, 403, "session_closed");
+        const used = now.counts.prompt_tokens + now.counts.completion_tokens;
+        if (used >= limit) throw new CallRejected(`session used its max_total_tokens (${limit})`, 400, "session_token_limit");
+        // Computed and held with no wait in between: the session's calls fitted meanwhile are seen,
+        // and those released since the read counted as still held (they may not be in it).
+        const fit = fitCall(limit - used - this.holds.heldByOthers(sid, seq) - fitting.released(), promptLength, asked, contextLength);
+        if (fit.fits) {
+          this.holds.hold(sid, seq, fit.hold);
+          if (fit.maxTokens !== asked) call.request = { ...call.request, sampling: { ...call.request.sampling, max_tokens: fit.maxTokens } };
+          return true;
+        }
+        if (fit.why === "prompt_unknown") {
+          if (!render) return false;
+          promptLength = await engineTokenizer.renderChat(call, call.request.messages).then(
+            (rendered) => rendered.ids.length,
+            (err: unknown) => {
+              call.signal.throwIfAborted();
+              // No render (an engine without /tokenize): the answer alone is capped at what is left.
+              this.deps.log.warn({ session: sid, seq, err: (err as Error).message }, "cannot count the call's prompt: only its answer is capped at what the session has left");
+              return 0;
+            },
+          );
+          continue;
+        }
+        if (!this.holds.othersHold(sid, seq) && fitting.released() === 0) {
+          throw new CallRejected(
+            `the call's prompt (${promptLength} tokens) does not fit in what is left of the session's max_total_tokens (${limit}): ${limit - used} tokens`,
+            400,
+            "session_token_limit",
+          );
+        }
+        // The session's other calls hold the rest: once one of them is counted, what is left is read again.
+        if (this.holds.othersHold(sid, seq)) await this.holds.nextRelease(sid, call.signal);
+        call.signal.throwIfAborted();
+      }
+    } finally {
+      fitting.done();
+    }
   }
 
   /**
@@ -530,7 +617,10 @@ export class ChatCaller {
       return yield* this.answer(call, streamed, answer);
     } finally {
       // Failed, refused or left by the agent: no record will come.
-      if (!answer.recorded) this.deps.pending.settle(call.session.id, call.seq, call.tokenHash);
+      if (!answer.recorded) {
+        this.deps.pending.settle(call.session.id, call.seq, call.tokenHash);
+        this.holds.release(call.session.id, call.seq);
+      }
     }
   }
 
@@ -595,9 +685,9 @@ export class ChatCaller {
             // shutting down): the tokens so far are not the policy's answer, and every protocol
             // would show them as a finished turn. The call fails as the engine's (a lost call).
             else throw new EngineError(ABORTED, 502, "rejected");
-          } else if (event.type === "finish" && event.finish_reason === "error") {
-            // The engine failed the request part way (vLLM's FINISHED_ERROR): not an answer either.
-            throw new EngineError('the engine ended the call with finish_reason "error": its answer is incomplete', 502, "rejected");
+          } else if (event.type === "finish") {
+            // vLLM's "error" (the request failed part way) or any reason that is not the end of an answer.
+            checkFinish(event.finish_reason);
           }
           // The agent already has its start; usage is told once, for the whole answer.
           if ((event.type === "start" && cut) || (event.type === "usage" && (heldFinish || cut)) || heldFinish) continue;
@@ -786,6 +876,9 @@ export class ChatCaller {
       });
     });
     this.deps.pending.track(call.session.id, call.seq, written);
+    // Its tokens are in the session's counts once stored: its hold on the budget goes then.
+    const release = () => this.holds.release(call.session.id, call.seq);
+    written.then(release, release);
   }
 
   private recordOf(call: PreparedCall, result: EngineResult): CompletionRecord {

@@ -3,6 +3,7 @@ import { definedSampling, type CanonicalChatRequest, type ChatMessage, type Toke
 import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
+import { engineFinish } from "../answer-check.js";
 import { EngineError, outputAfterFinish, unreachable } from "../errors.js";
 import { ChatLogprob, checkedChunk, engineJson, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseEach, sseJson } from "../sse.js";
@@ -150,7 +151,7 @@ export function readVllmChunk(json: unknown): VllmChunk {
  * say which).
  */
 export function cutFinishReason(reason: string, outputTokens: number, maxTokens: number | undefined): string {
-  return reason === "tool_calls" && maxTokens !== undefined && outputTokens >= maxTokens ? "length" : reason;
+  return reason === "tool_calls" && maxTokens !== undefined && outputTokens >= maxTokens ? "length" : engineFinish(reason);
 }
 
 export const MISSING_TOKENS =
