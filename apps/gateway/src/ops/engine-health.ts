@@ -232,9 +232,11 @@ export class EngineHealth {
         return stale.get(engine)!;
       };
       const members = only ?? this.registry.members();
-      await this.watchReleases([...new Set(members.map((m) => parseRankMember(m).engine))]);
-      await Promise.all(
-        members.map(async (member) => {
+      // Read alongside the probes: a hung engine holds the round for one timeout, not two.
+      const releases = this.watchReleases([...new Set(members.map((m) => parseRankMember(m).engine))]);
+      await Promise.all([
+        releases,
+        ...members.map(async (member) => {
           const { engine, dpRank } = parseRankMember(member);
           const cfg = this.registry.engines[engine]!;
           const model = await this.registry.servedModel(engine).then(
@@ -277,7 +279,7 @@ export class EngineHealth {
             }
           }
         }),
-      );
+      ]);
       this.down = await this.router.downRanks();
     } finally {
       this.running = false;
