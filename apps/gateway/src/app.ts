@@ -183,7 +183,7 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
       continuation: env.ROLLGATE_CONTINUATION,
       countError: (what) => metrics.storeError(what),
       loadedWeights,
-      staleWeights: (engine, why) => void health.drainEngine(engine, why).catch((err: Error) => log.warn({ err: err.message, engine }, "cannot drain an engine on stale weights")),
+      staleWeights: (engine) => void health.checkStale(engine).catch((err: Error) => log.warn({ err: err.message, engine }, "cannot drain an engine on stale weights")),
     }),
     lostCalls,
     admin,

@@ -167,8 +167,8 @@ export class ChatCaller {
       pending: PendingCalls;
       /** Which engines the gateway loaded the current weights onto (their own version is checked there). */
       loadedWeights?: { loadedOn(engine: number, version: string): boolean };
-      /** Told of an engine whose answer came from weights other than the ones it was loaded with (its ranks are drained). */
-      staleWeights?: (engine: number, why: string) => void;
+      /** Told of an engine whose answer came from weights other than the ones it was loaded with (its ranks are drained once that is confirmed). */
+      staleWeights?: (engine: number) => void;
     },
   ) {}
 
@@ -773,15 +773,16 @@ export class ChatCaller {
    * weights: its tokens were then not sampled by the policy version the record would name. Such an
    * answer is not recorded under the gateway's version: the call fails as lost (its rollout is
    * retried, not trained on), and the engine's ranks are drained until its weights are loaded
-   * again. Where the gateway did not load the weights (a version set without `load`), the engine's
-   * label names nothing the gateway knows, and the call is recorded as before.
+   * again (once the health check confirms it: this replica may be the one behind). Where the
+   * gateway did not load the weights (a version set without `load`), the engine's label names
+   * nothing the gateway knows, and the call is recorded as before.
    */
   private checkEngineWeights(call: PreparedCall, engineVersion: string | undefined, recorded: string | null): void {
     if (engineVersion === undefined || recorded === null || engineVersion === recorded) return;
     if (!this.deps.loadedWeights?.loadedOn(call.target.engineIndex, recorded)) return;
     const why = `the engine reports weight version ${engineVersion}, not ${recorded} which it loaded: it restarted on other weights (pause, load the weights again, resume)`;
     this.deps.log.warn({ engine: call.target.engine.url, dp_rank: call.target.dpRank, engine_weight_version: engineVersion, weight_version: recorded }, "an engine answered from other weights than it was loaded with: the call is lost and the engine drained");
-    this.deps.staleWeights?.(call.target.engineIndex, why);
+    this.deps.staleWeights?.(call.target.engineIndex);
     throw new EngineError(
       `engine ${call.target.engine.url}: ${why}; the answer is not recorded`,
       502,

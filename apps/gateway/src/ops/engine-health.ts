@@ -198,9 +198,18 @@ export class EngineHealth {
   }
 
   /**
-   * Drains every rank of an engine at once (an answer of it showed weights other than the ones it
-   * was loaded with): its probes keep it drained while `staleWeights` still finds it so, and
-   * bring it back once its weights are loaded again.
+   * An answer of the engine named other weights than the ones it was loaded with: checked again
+   * against Redis and the engine itself (`staleWeights`), since a replica that missed a weights
+   * message would blame a sound engine, and the engine's ranks are drained at once if it holds.
+   */
+  async checkStale(engine: number): Promise<void> {
+    const why = await this.staleWeights(engine).catch(() => null);
+    if (why !== null) await this.drainEngine(engine, why);
+  }
+
+  /**
+   * Drains every rank of an engine at once: its probes keep it drained while `staleWeights` still
+   * finds it so, and bring it back once its weights are loaded again.
    */
   async drainEngine(engine: number, why: string): Promise<void> {
     const members = this.registry.members().filter((m) => parseRankMember(m).engine === engine);
