@@ -481,11 +481,11 @@ describe("an SGLang engine that restarts on other weights, before any health pro
     }
     throw new Error(`no session landed on engine ${engine}`);
   };
-  const call = (session: { id: string; token: string }, stream: boolean) =>
+  const call = (session: { id: string; token: string }) =>
     fetch(`${c.gw.ready}/s/${session.id}/v1/chat/completions`, {
       method: "POST",
       headers: { "content-type": "application/json", authorization: `Bearer ${session.token}` },
-      body: JSON.stringify({ model: "m", messages: [{ role: "user", content: PROMPT }], stream }),
+      body: JSON.stringify({ model: "m", messages: [{ role: "user", content: PROMPT }] }),
     });
   const load = async (version: string) => {
     await api("/admin/inference/pause", { body: { timeout_s: 5 } });
@@ -516,14 +516,14 @@ describe("an SGLang engine that restarts on other weights, before any health pro
     await load("v1");
     await restartSglang();
     const session = await sessionOn(1);
-    const res = await call(session, false);
+    const res = await call(session);
     expect(res.status).toBe(502);
     expect(await res.text()).toContain("weights other than the policy version v1");
     await expectLostAndDrained(session);
 
     await load("v2");
     const again = await sessionOn(1);
-    expect((await call(again, false)).status).toBe(200);
+    expect((await call(again)).status).toBe(200);
     const [record] = (await api(`/v1/sessions/${again.id}/completions`)).body.completions as CompletionRecord[];
     expect(record!.weight_version).toBe("v2");
     expect(record!.output_logprobs).toEqual(record!.output_ids.map((id, k) => simLogprob("v2", [...record!.prompt_ids, ...record!.output_ids.slice(0, k)], id)));
