@@ -446,4 +446,86 @@ describe("an engine that restarts on its old weights after a load", () => {
     await api("/admin/inference/resume", { body: {} });
     await expect.poll(async () => (await ranksOf(0)).map(([healthy]) => healthy), { timeout: 20_000, interval: 200 }).toEqual([true, true]);
   }, 60_000);
+
+  it("restarted as another release, it is probed again: what the gateway does with it follows what it can do now", async () => {
+    const preflightOf = async () => (await api("/admin/engines?wait_s=10")).body.engines[0].preflight as { version: string | null; pause: { abort_mode: string | null } };
+    expect(await preflightOf()).toMatchObject({ version: "0.28.0", pause: { abort_mode: "keep" } });
+
+    // Same address and weights (v2, as loaded above), but a vLLM before /pause?mode=keep: a pause
+    // that asked it to keep its calls would have them aborted instead.
+    const port = new URL(c.vllm.ready).port;
+    await stopChild(c.vllm.proc);
+    c.vllm = await startApp("engine-sim", ["--port", port, "--dp", "2", "--weight-version", "v2", "--vllm-version", "0.15.0"], {});
+
+    await expect.poll(async () => (await preflightOf()).version, { timeout: 20_000, interval: 200 }).toBe("0.15.0");
+    expect((await preflightOf()).pause.abort_mode).not.toBe("keep");
+    const paused = await api("/admin/inference/pause", { body: { mode: "abort", timeout_s: 5 } });
+    expect(paused.body.engines[0].plan).not.toBe("keep");
+    await api("/admin/inference/resume", { body: {} });
+    // Its weights are the policy's: it stays in service.
+    expect((await ranksOf(0)).map(([healthy]) => healthy)).toEqual([true, true]);
+  }, 60_000);
+});
+
+describe("an SGLang engine that restarts on other weights, before any health probe sees it", () => {
+  // No periodic probes: only the engine's own answer can tell the gateway.
+  const c = weightsCluster("weights-answer", { ROLLGATE_HEALTH_INTERVAL_S: "0" });
+  const api = apiClient(() => c.gw.ready);
+  type Rank = { dp_rank: number; healthy: boolean; detail: string | null };
+  const ranksOf = async (engine: number) => ((await api("/admin/engines")).body.engines[engine].ranks as Rank[]).map((r) => [r.healthy, r.detail]);
+  /** A session the router put on `engine`. */
+  const sessionOn = async (engine: number) => {
+    for (let i = 0; i < 40; i++) {
+      const created = (await api("/v1/sessions", { body: {} })).body as { id: string; token: string };
+      if ((await api(`/v1/sessions/${created.id}`)).body.assignment.engine === engine) return created;
+    }
+    throw new Error(`no session landed on engine ${engine}`);
+  };
+  const call = (session: { id: string; token: string }) =>
+    fetch(`${c.gw.ready}/s/${session.id}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${session.token}` },
+      body: JSON.stringify({ model: "m", messages: [{ role: "user", content: PROMPT }] }),
+    });
+  const load = async (version: string) => {
+    await api("/admin/inference/pause", { body: { timeout_s: 5 } });
+    expect((await api("/admin/inference/weights", { body: { version, load: { path: `/ckpt/${version}` } } })).status).toBe(200);
+    await api("/admin/inference/resume", { body: {} });
+    // Drained before: back in service once its probes see the weights loaded.
+    await expect.poll(async () => (await ranksOf(1)).map(([healthy]) => healthy), { timeout: 20_000, interval: 200 }).toEqual([true, true]);
+  };
+  /** The SGLang engine restarts (same address) on the weights it was started with: v0. */
+  const restartSglang = async () => {
+    const port = new URL(c.sglang.ready).port;
+    await stopChild(c.sglang.proc);
+    c.sglang = await startApp("engine-sim", ["--port", port, "--dp", "2", "--kind", "sglang", "--weight-version", "v0"], {});
+  };
+  /** The engine's v0 answer was not recorded as v1's; the call is the infrastructure's, and the engine drained. */
+  const expectLostAndDrained = async (session: { id: string }) => {
+    expect((await api(`/v1/sessions/${session.id}/completions`)).body.completions).toEqual([]);
+    expect((await api(`/v1/sessions/${session.id}`)).body.lost_calls.count).toBe(1);
+    const stale = "the engine reports weight version v0, not v1 which it loaded";
+    expect(await ranksOf(1)).toEqual([
+      [false, expect.stringContaining(stale)],
+      [false, expect.stringContaining(stale)],
+    ]);
+    expect((await ranksOf(0)).map(([healthy]) => healthy)).toEqual([true, true]);
+  };
+
+  it("an unstreamed call: 502, nothing recorded, a lost call, the engine drained; loaded again, its answers carry the version that made them", async () => {
+    await load("v1");
+    await restartSglang();
+    const session = await sessionOn(1);
+    const res = await call(session);
+    expect(res.status).toBe(502);
+    expect(await res.text()).toContain("weights other than the policy version v1");
+    await expectLostAndDrained(session);
+
+    await load("v2");
+    const again = await sessionOn(1);
+    expect((await call(again)).status).toBe(200);
+    const [record] = (await api(`/v1/sessions/${again.id}/completions`)).body.completions as CompletionRecord[];
+    expect(record!.weight_version).toBe("v2");
+    expect(record!.output_logprobs).toEqual(record!.output_ids.map((id, k) => simLogprob("v2", [...record!.prompt_ids, ...record!.output_ids.slice(0, k)], id)));
+  }, 60_000);
 });

@@ -5,6 +5,7 @@ import { serializerCompiler } from "fastify-type-provider-zod";
 import { getHeapStatistics } from "node:v8";
 import { pino, type Logger } from "pino";
 import type { GatewayContext } from "./context.js";
+import { engineVersion } from "./engines/capabilities.js";
 import { EngineRegistry } from "./engines/registry.js";
 import { frameworkErrors, lingerAfter413, notFoundHandler, parseJsonBody, queryGuard } from "./input-guards.js";
 import { ChatCaller } from "./llm/chat-call.js";
@@ -16,6 +17,7 @@ import { requestObservability } from "./observability/request-hooks.js";
 import { AdminChannel } from "./ops/admin-channel.js";
 import { BodyBudget } from "./ops/body-budget.js";
 import { EngineHealth } from "./ops/engine-health.js";
+import { LoadedWeights } from "./ops/loaded-weights.js";
 import { PauseGate } from "./ops/pause-gate.js";
 import { PreflightReports } from "./ops/preflight.js";
 import { RankHealthBus } from "./ops/rank-health.js";
@@ -129,6 +131,9 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
   const channel = new AdminChannel(admin, subscriber);
   const pause = new PauseGate(admin, channel, log, () => weights.get(), (operation) => metrics.backgroundError(operation));
   await pause.start();
+  const loadedWeights = new LoadedWeights(admin, channel, log);
+  await loadedWeights.start();
+  const preflight = new PreflightReports(registry, log);
   const rankHealth = new RankHealthBus(admin, channel);
   const health = new EngineHealth(
     registry,
@@ -144,6 +149,14 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
       return reported !== null && reported !== policy
         ? `the engine reports weight version ${reported}, not ${policy} which it loaded: it restarted on other weights (pause, load the weights again, resume)`
         : null;
+    },
+    {
+      engineVersion: (engine) => engineVersion(registry.dispatcher, registry.engines[engine]!),
+      // A restarted engine may be another release: probed again before its next call, and its preflight redone.
+      restarted: (engine) => {
+        registry.forgetCapabilities(engine);
+        void preflight.get(engine, { full: false, refresh: true });
+      },
     },
   );
   rankHealth.onChange((member, down) => health.heard(member, down));
@@ -175,12 +188,14 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
       },
       continuation: env.ROLLGATE_CONTINUATION,
       countError: (what) => metrics.storeError(what),
+      loadedWeights,
+      staleWeights: (engine) => void health.checkStale(engine).catch((err: Error) => log.warn({ err: err.message, engine }, "cannot drain an engine on stale weights")),
     }),
     lostCalls,
     admin,
     pause,
     health,
-    preflight: new PreflightReports(registry, log),
+    preflight,
     rollouts,
     rateLimit: new SessionRateLimiter(redis, prefix, env.ROLLGATE_SESSION_RATE, env.ROLLGATE_SESSION_BURST ?? Math.max(1, 2 * env.ROLLGATE_SESSION_RATE)),
     bodyBudget,

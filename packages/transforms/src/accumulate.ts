@@ -22,6 +22,7 @@ export class StreamAccumulator {
   private usage: EngineResult["usage"] | null = null;
   private finished = false;
   private routedExperts: RoutedExperts | null = null;
+  private engineWeightVersion: string | null = null;
 
   push(event: EngineStreamEvent): void {
     switch (event.type) {
@@ -60,6 +61,7 @@ export class StreamAccumulator {
         this.finished = true;
         if (event.routed_experts) this.routedExperts = event.routed_experts;
         if (event.prompt_ids) this.promptIds = event.prompt_ids;
+        if (event.engine_weight_version !== undefined) this.engineWeightVersion = event.engine_weight_version;
         break;
       case "usage":
         this.usage = event.usage;
@@ -92,6 +94,7 @@ export class StreamAccumulator {
       },
       ...(this.sawVersions ? { output_versions: this.versions } : {}),
       ...(this.routedExperts ? { routed_experts: this.routedExperts } : {}),
+      ...(this.engineWeightVersion !== null ? { engine_weight_version: this.engineWeightVersion } : {}),
     };
   }
 }
@@ -114,7 +117,13 @@ export function resultAsEvents(r: EngineResult): EngineStreamEvent[] {
       logprobs: r.logprobs,
       ...(r.output_versions ? { versions: r.output_versions } : {}),
     },
-    { type: "finish", finish_reason: r.finish_reason, stop_reason: r.stop_reason, ...(r.routed_experts ? { routed_experts: r.routed_experts } : {}) },
+    {
+      type: "finish",
+      finish_reason: r.finish_reason,
+      stop_reason: r.stop_reason,
+      ...(r.routed_experts ? { routed_experts: r.routed_experts } : {}),
+      ...(r.engine_weight_version !== undefined ? { engine_weight_version: r.engine_weight_version } : {}),
+    },
     { type: "usage", usage: r.usage },
   ];
 }

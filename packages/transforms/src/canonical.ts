@@ -20,6 +20,12 @@ export interface EngineResult {
   output_versions?: (string | null)[];
   /** The routed experts of prompt + output (all positions but the last), when the engine was asked for them. */
   routed_experts?: RoutedExperts;
+  /**
+   * The weight version the engine itself says the answer was sampled under (SGLang's
+   * `meta_info.weight_version` / `metadata.weight_version`); absent where the engine tells none
+   * (vLLM, SGLang's streamed chat). The gateway checks it against the version it stamps.
+   */
+  engine_weight_version?: string;
 }
 
 /** A streamed tool-call fragment, OpenAI-chunk shaped (the first fragment of a call has id and name). */
@@ -54,5 +60,7 @@ export type EngineStreamEvent =
        * streamed chat: PR #34488's sglext chunk). Its stream's start then carried none.
        */
       prompt_ids?: number[];
+      /** The weight version the engine says the answer was sampled under (EngineResult.engine_weight_version). */
+      engine_weight_version?: string;
     }
   | { type: "usage"; usage: Usage };

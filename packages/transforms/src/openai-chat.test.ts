@@ -3,7 +3,7 @@ import { describe, expect, it } from "vitest";
 import { ZodError } from "zod";
 import { agentRequests } from "./__fixtures__/agent-requests.js";
 import type { EngineResult } from "./canonical.js";
-import { StreamAccumulator } from "./accumulate.js";
+import { StreamAccumulator, resultAsEvents } from "./accumulate.js";
 import { OpenAIChatRequest, fromOpenAIChat, fromValidOpenAIChat, toOpenAIChatChunk, toOpenAIChatResponse } from "./openai-chat.js";
 import { applySessionSampling } from "./sampling.js";
 
@@ -219,6 +219,15 @@ describe("streaming", () => {
     acc.push({ type: "usage", usage: result.usage });
     expect(acc.isFinished).toBe(true);
     expect(acc.result()).toEqual(result);
+  });
+
+  it("keeps the weight version the engine tells with its finish, through a whole answer told as events and back", () => {
+    const acc = new StreamAccumulator();
+    for (const event of resultAsEvents({ ...result, engine_weight_version: "step-7" })) acc.push(event);
+    expect(acc.result()).toEqual({ ...result, engine_weight_version: "step-7" });
+    const none = new StreamAccumulator();
+    for (const event of resultAsEvents(result)) none.push(event);
+    expect(none.result()).not.toHaveProperty("engine_weight_version");
   });
 
   it("assembles streamed tool calls by index", () => {

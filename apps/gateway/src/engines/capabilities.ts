@@ -105,7 +105,8 @@ async function postJson(call: TokenizeCall, path: string, body: unknown, headers
   return { status: res.statusCode, text: await res.body.text() };
 }
 
-async function engineVersion(dispatcher: Dispatcher, engine: EngineConfig): Promise<string | null> {
+/** The engine's release (vLLM `GET /version`, SGLang `GET /server_info`), or null when it cannot say. */
+export async function engineVersion(dispatcher: Dispatcher, engine: EngineConfig): Promise<string | null> {
   try {
     if (engine.kind === "vllm") return VllmVersion.parse(await getJson(dispatcher, `${engine.url}/version`)).version;
     return SglangServerInfo.parse(await getJson(dispatcher, `${engine.url}/server_info`)).version;

@@ -166,6 +166,10 @@ export class ChatCaller {
       countError?: (what: string) => void;
       /** Records being written after their call was answered, and calls that ended without one. */
       pending: PendingCalls;
+      /** Which engines the gateway loaded the current weights onto (their own version is checked there). */
+      loadedWeights?: { loadedOn(engine: number, version: string): boolean };
+      /** Told of an engine whose answer came from weights other than the ones it was loaded with (its ranks are drained once that is confirmed). */
+      staleWeights?: (engine: number) => void;
     },
   ) {}
 
@@ -688,6 +692,8 @@ export class ChatCaller {
           } else if (event.type === "finish") {
             // vLLM's "error" (the request failed part way) or any reason that is not the end of an answer.
             checkFinish(event.finish_reason);
+            // The last token's version as it would be recorded: stamped as it came, or the attempt's.
+            this.checkEngineWeights(call, event.engine_weight_version, call.engineCall.stamp ? this.deps.pause.weights : version);
           }
           // The agent already has its start; usage is told once, for the whole answer.
           if ((event.type === "start" && cut) || (event.type === "usage" && (heldFinish || cut)) || heldFinish) continue;
@@ -847,6 +853,31 @@ export class ChatCaller {
       this.deps.countError?.("failed_call_note");
       this.deps.log.warn({ session_id: call.session.id, seq: call.seq, failure, err: (writeErr as Error).message }, "cannot note a failed engine call on its session");
     }
+  }
+
+  /**
+   * The engine's own weight version of an answer (SGLang tells it with each one) against the one
+   * the gateway records for its last token. Where the gateway loaded that version onto this engine
+   * the two agree, unless the engine restarted (or was reloaded behind the gateway) on other
+   * weights: its tokens were then not sampled by the policy version the record would name. Such an
+   * answer is not recorded under the gateway's version: the call fails as lost (its rollout is
+   * retried, not trained on), and the engine's ranks are drained until its weights are loaded
+   * again (once the health check confirms it: this replica may be the one behind). Where the
+   * gateway did not load the weights (a version set without `load`), the engine's label names
+   * nothing the gateway knows, and the call is recorded as before.
+   */
+  private checkEngineWeights(call: PreparedCall, engineVersion: string | undefined, recorded: string | null): void {
+    if (engineVersion === undefined || recorded === null || engineVersion === recorded) return;
+    if (!this.deps.loadedWeights?.loadedOn(call.target.engineIndex, recorded)) return;
+    const why = `the engine reports weight version ${engineVersion}, not ${recorded} which it loaded: it restarted on other weights (pause, load the weights again, resume)`;
+    this.deps.log.warn({ engine: call.target.engine.url, dp_rank: call.target.dpRank, engine_weight_version: engineVersion, weight_version: recorded }, "an engine answered from other weights than it was loaded with: the call is lost and the engine drained");
+    this.deps.staleWeights?.(call.target.engineIndex);
+    throw new EngineError(
+      `engine ${call.target.engine.url}: ${why}; the answer is not recorded`,
+      502,
+      "rejected",
+      `the engine answered from weights other than the policy version ${recorded}: the answer is not recorded`,
+    );
   }
 
   /**

@@ -57,7 +57,7 @@ export async function resumeEngine(dispatcher: Dispatcher, e: EngineConfig): Pro
  * One health probe of one rank: a one-token generation pinned to the rank (a whole-server
  * `/health` cannot tell which data-parallel rank is sick).
  */
-export async function probeRank(dispatcher: Dispatcher, e: EngineConfig, model: string, dpRank: number): Promise<{ ok: boolean; latencyMs: number; detail: string }> {
+export async function probeRank(dispatcher: Dispatcher, e: EngineConfig, model: string, dpRank: number): Promise<{ ok: boolean; reachable: boolean; latencyMs: number; detail: string }> {
   const started = Date.now();
   try {
     const res = await request(`${e.url}/v1/chat/completions`, {
@@ -74,8 +74,9 @@ export async function probeRank(dispatcher: Dispatcher, e: EngineConfig, model: 
       bodyTimeout: 10_000,
     });
     const text = await res.body.text();
-    return { ok: res.statusCode === 200, latencyMs: Date.now() - started, detail: res.statusCode === 200 ? "ok" : `${res.statusCode}: ${text.slice(0, 200)}` };
+    return { ok: res.statusCode === 200, reachable: true, latencyMs: Date.now() - started, detail: res.statusCode === 200 ? "ok" : `${res.statusCode}: ${text.slice(0, 200)}` };
   } catch (err) {
-    return { ok: false, latencyMs: Date.now() - started, detail: (err as Error).message };
+    // No HTTP answer at all (refused, reset, timed out): the engine may be down or restarting.
+    return { ok: false, reachable: false, latencyMs: Date.now() - started, detail: (err as Error).message };
   }
 }

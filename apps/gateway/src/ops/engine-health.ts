@@ -9,6 +9,19 @@ const RECENT_CALLS = 100;
 /** While some engine is not ready, how often its ranks are probed (whatever the health interval). */
 const READINESS_PROBE_MS = 1_000;
 
+/**
+ * How a health round tells that an engine restarted (the wire carries no start time on either
+ * kind): a rank it could not reach at all answers again, or the engine's release differs from the
+ * one seen before. What was probed of it once (capabilities.ts) is then forgotten, so it is probed
+ * again before the next call uses it; its weights are checked by the same round (`staleWeights`).
+ */
+export interface RestartWatch {
+  /** The engine's release as it reports it now (vLLM `/version`, SGLang `/server_info`), or null. */
+  engineVersion?: (engine: number) => Promise<string | null>;
+  /** Told of an engine that restarted, and why the round thinks so. */
+  restarted?: (engine: number, why: string) => void;
+}
+
 export interface RankHealth {
   member: string;
   healthy: boolean;
@@ -36,6 +49,10 @@ export class EngineHealth {
   /** Each engine's served model once read, or why it could not be. */
   private readonly models = new Map<number, { model: string | null; error: string | null }>();
   private readinessTimer: NodeJS.Timeout | null = null;
+  /** Engines a rank of which could not be reached at all since it last answered (down, or restarting). */
+  private readonly unreached = new Set<number>();
+  /** Each engine's release as last read. */
+  private readonly releases = new Map<number, string>();
 
   constructor(
     private readonly registry: EngineRegistry,
@@ -55,6 +72,7 @@ export class EngineHealth {
      * with a version that did not sample them.
      */
     private readonly staleWeights: (engine: number) => Promise<string | null> = async () => null,
+    private readonly restarts: RestartWatch = {},
   ) {
     for (const m of registry.members()) {
       this.state.set(m, { member: m, healthy: true, consecutiveFailures: 0, lastLatencyMs: null, lastCheck: null, detail: "not probed yet" });
@@ -159,6 +177,55 @@ export class EngineHealth {
     return { calls: sorted.length, p50_ms: at(0.5), p95_ms: at(0.95) };
   }
 
+  /** Reads each engine's release: one that differs from the release read before is a restart. */
+  private async watchReleases(engines: number[]): Promise<void> {
+    const read = this.restarts.engineVersion;
+    if (!read) return;
+    await Promise.all(
+      engines.map(async (engine) => {
+        const release = await read(engine).catch(() => null);
+        if (release === null) return;
+        const before = this.releases.get(engine);
+        this.releases.set(engine, release);
+        if (before !== undefined && before !== release) this.restarted(engine, `its release changed from ${before} to ${release}`);
+      }),
+    );
+  }
+
+  private restarted(engine: number, why: string): void {
+    this.log.warn({ engine, url: this.registry.engines[engine]?.url, why }, "engine restarted: what was probed of it is probed again before its next call");
+    this.restarts.restarted?.(engine, why);
+  }
+
+  /**
+   * An answer of the engine named other weights than the ones it was loaded with: checked again
+   * against Redis and the engine itself (`staleWeights`), since a replica that missed a weights
+   * message would blame a sound engine, and the engine's ranks are drained at once if it holds.
+   */
+  async checkStale(engine: number): Promise<void> {
+    const why = await this.staleWeights(engine).catch(() => null);
+    if (why !== null) await this.drainEngine(engine, why);
+  }
+
+  /**
+   * Drains every rank of an engine at once: its probes keep it drained while `staleWeights` still
+   * finds it so, and bring it back once its weights are loaded again.
+   */
+  async drainEngine(engine: number, why: string): Promise<void> {
+    const members = this.registry.members().filter((m) => parseRankMember(m).engine === engine);
+    for (const member of members) {
+      const h = this.state.get(member)!;
+      h.detail = why;
+      h.lastCheck = new Date().toISOString();
+      if (h.healthy) this.log.warn({ rank: member, detail: why }, "engine rank drained");
+      h.healthy = false;
+      // Announced first, so a replica has heard it by the time the shared set shows it.
+      this.down.add(member);
+      await this.announce(member, true);
+      await this.router.setDown(member, true);
+    }
+  }
+
   /**
    * One round of probes (also callable directly, e.g. from tests), of every rank or of `only`.
    * `drain: false` (readiness probes) only notes ranks that answer; failures count towards
@@ -173,8 +240,12 @@ export class EngineHealth {
         if (!stale.has(engine)) stale.set(engine, this.staleWeights(engine).catch(() => null));
         return stale.get(engine)!;
       };
-      await Promise.all(
-        (only ?? this.registry.members()).map(async (member) => {
+      const members = only ?? this.registry.members();
+      // Read alongside the probes: a hung engine holds the round for one timeout, not two.
+      const releases = this.watchReleases([...new Set(members.map((m) => parseRankMember(m).engine))]);
+      await Promise.all([
+        releases,
+        ...members.map(async (member) => {
           const { engine, dpRank } = parseRankMember(member);
           const cfg = this.registry.engines[engine]!;
           const model = await this.registry.servedModel(engine).then(
@@ -188,6 +259,8 @@ export class EngineHealth {
             },
           );
           const probe = await probeRank(this.registry.dispatcher, cfg, model, dpRank);
+          if (!probe.reachable && this.answered.has(member)) this.unreached.add(engine);
+          else if (probe.ok && this.unreached.delete(engine)) this.restarted(engine, "it answers again after it could not be reached");
           const staleWhy = probe.ok ? await staleOf(engine) : null;
           if (staleWhy !== null) Object.assign(probe, { ok: false, detail: staleWhy });
           const h = this.state.get(member)!;
@@ -215,7 +288,7 @@ export class EngineHealth {
             }
           }
         }),
-      );
+      ]);
       this.down = await this.router.downRanks();
     } finally {
       this.running = false;

@@ -169,6 +169,8 @@ const SglangChatResponse = z.object({
     .min(1),
   usage: OpenAIUsage.nullable().optional(),
   sglext: SglExt,
+  /** SGLang v0.5.x: the engine's weight version when it answered (later releases: `sglext.weight_version`). */
+  metadata: z.object({ weight_version: z.string().nullish() }).loose().nullish(),
 });
 
 
@@ -234,6 +236,8 @@ export async function sglangChat(call: EngineCall): Promise<EngineResult> {
   }
   const usage = parsed.data.usage;
   const routed = fromSglang(call.target, choice.sgl_ext?.routed_experts, promptIds.length, outputIds.length);
+  const ext = parsed.data.sglext?.weight_version;
+  const engineVersion = parsed.data.metadata?.weight_version ?? (typeof ext === "string" ? ext : null);
   return {
     prompt_ids: promptIds,
     output_ids: outputIds,
@@ -252,6 +256,7 @@ export async function sglangChat(call: EngineCall): Promise<EngineResult> {
     stop_reason: choice.matched_stop ?? null,
     usage: usageOf(usage, promptIds.length, outputIds.length),
     ...(routed ? { routed_experts: routed } : {}),
+    ...(engineVersion !== null ? { engine_weight_version: engineVersion } : {}),
   };
 }
 

@@ -56,6 +56,8 @@ const Meta = z.object({
   output_token_logprobs: z.array(Triple).nullable().optional(),
   output_top_logprobs: z.array(z.array(Triple).nullable()).nullable().optional(),
   routed_experts: z.string().nullish(),
+  /** The engine's weight version when it sent this output (SGLang's own label, "default" when never set). */
+  weight_version: z.string().nullish(),
 });
 const GenerateOut = z.object({ text: z.string(), output_ids: z.array(z.number().int()), meta_info: Meta });
 type GenerateOut = z.infer<typeof GenerateOut>;
@@ -182,7 +184,13 @@ async function generate(call: TokenInCall, parsing: Parsing): Promise<EngineResu
     stop_reason: finish.stop,
     usage: { prompt_tokens: out.meta_info.prompt_tokens, completion_tokens: out.meta_info.completion_tokens, cached_tokens: out.meta_info.cached_tokens ?? 0 },
     ...(routed ? { routed_experts: routed } : {}),
+    ...engineVersionOf(out.meta_info),
   };
+}
+
+/** The engine's own weight version of an output, where it tells one (EngineResult.engine_weight_version). */
+function engineVersionOf(meta: z.infer<typeof Meta>): { engine_weight_version?: string } {
+  return typeof meta.weight_version === "string" ? { engine_weight_version: meta.weight_version } : {};
 }
 
 function deltaEvent(d: ParsedDelta | null, ids: number[], logprobs: TokenLogprob[], stamp?: () => string | null): EngineStreamEvent | null {
@@ -237,7 +245,13 @@ async function* generateStream(call: TokenInCall, parsing: Parsing): AsyncGenera
       const tail = deltaEvent(await parser.end(), [], []);
       if (tail) yield tail;
       const routed = fromSglang(call.target, ev.meta_info.routed_experts, call.tokenIds.length, ids.length);
-      yield { type: "finish", finish_reason: chatFinishReason(finish.reason, parser.toolCalls), stop_reason: finish.stop, ...(routed ? { routed_experts: routed } : {}) };
+      yield {
+        type: "finish",
+        finish_reason: chatFinishReason(finish.reason, parser.toolCalls),
+        stop_reason: finish.stop,
+        ...(routed ? { routed_experts: routed } : {}),
+        ...engineVersionOf(ev.meta_info),
+      };
       yield {
         type: "usage",
         usage: { prompt_tokens: ev.meta_info.prompt_tokens, completion_tokens: ev.meta_info.completion_tokens, cached_tokens: ev.meta_info.cached_tokens ?? 0 },
