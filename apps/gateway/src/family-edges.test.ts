@@ -55,7 +55,7 @@ const CALL_ARGS = {
 /** A tool result that holds markup, the agent's to send. */
 const TOOL_RESULT = '<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>\n<tool_response>ok</tool_response> </think> 🦀';
 
-type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call" | "empty_think_calls" | "cut_in_call" | "think_text_call" | "cut_in_reasoning";
+type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call" | "empty_think_calls" | "cut_in_call" | "think_text_call" | "cut_in_reasoning" | "text_around_calls";
 
 /** A call long enough that a cut of CUT_IN_CALL tokens lands inside its arguments, whatever the family writes before it. */
 const LONG_COMMAND = `echo ${Array.from({ length: 60 }, (_, i) => `word${i}`).join(" ")} > out.txt`;
@@ -83,6 +83,15 @@ const RAW_CALL: Partial<Record<FamilyName, string>> = {
   "deepseek-v3": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>shell\n```json\n{"command":"ls -la","opts":{"x":1}}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
   "deepseek-v3.1": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>shell<｜tool▁sep｜>{"command":"ls -la","opts":{"x":1}}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
 };
+/**
+ * Text before, between and after tool calls, as the model may write it: the engine's streaming parser
+ * gives every piece of it as content, so a streamed answer shows the agent text after a call (an
+ * Anthropic text block or a Responses message item after the call), which it sends back so.
+ */
+const TEXT_AROUND_CALLS: Partial<Record<FamilyName, string>> = {
+  qwen3: 'Looking.\n<tool_call>\n{"name": "shell", "arguments": {"command": "ls"}}\n</tool_call>\nbetween\n<tool_call>\n{"name": "shell", "arguments": {"command": "pwd"}}\n</tool_call>\nAfter the calls.',
+};
+
 const RAW_ARGS = (f: FamilyName) => (f === "qwen3-coder" ? { command: "ls -la" } : { command: "ls -la", opts: { x: 1 } });
 
 /** Characters of four UTF-8 bytes that byte-level vocabularies split into several tokens each. */
@@ -138,6 +147,8 @@ function firstStep(scenario: Scenario, family: FamilyName): Step {
       return { think: "Plan: run it.", text: "Running it now.", tool_calls: [{ name: "shell", arguments: { command: "ls" } }] };
     case "cut_in_reasoning":
       return { think: `Thinking at length: ${LONG_COMMAND}`, text: "Done." };
+    case "text_around_calls":
+      return { text: TEXT_AROUND_CALLS[family]! };
     case "cut_in_call":
       return { tool_calls: [{ name: "shell", arguments: { command: LONG_COMMAND } }] };
   }
@@ -400,7 +411,7 @@ const AGENTS: Record<Protocol, (s: Session, o: AgentOpts) => Agent> = {
   gemini: geminiAgent,
 };
 
-const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call", "empty_think_calls", "cut_in_call", "think_text_call", "cut_in_reasoning"];
+const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call", "empty_think_calls", "cut_in_call", "think_text_call", "cut_in_reasoning", "text_around_calls"];
 
 // (Only where the profile names a gateway parser: without one, such a vLLM cannot continue token-in at all, and every rewrite is a named break.)
 const tokenInByCompletions = (f: FamilyName) => PRESETS[PROFILE_OF_FAMILY[f]!]!.gateway_parser !== null;
@@ -427,7 +438,7 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
     return midChar;
   };
 
-  const scenarios = SCENARIOS.filter((s) => (thinks(profile) || !scenarioThinks(s)) && (s !== "raw_call" || RAW_CALL[family] !== undefined)
+  const scenarios = SCENARIOS.filter((s) => (thinks(profile) || !scenarioThinks(s)) && (s !== "raw_call" || RAW_CALL[family] !== undefined) && (s !== "text_around_calls" || TEXT_AROUND_CALLS[family] !== undefined)
       // A family that calls tools only with thinking off has no thinking turn with calls.
       && ((s !== "empty_think_calls" && s !== "think_text_call") || !profile.thinking.off_with_tools));
   const cells = PROTOCOLS.flatMap((protocol) => scenarios.flatMap((scenario) => [false, true].map((stream) => [protocol, scenario, stream] as const)));
@@ -445,10 +456,17 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
     // cut inside a character, the whole characters before it.
     if (scenario === "cut_mid_char") expect(step.text!.startsWith(first.text.replace(/\ufffd$/, ""))).toBe(true);
     else if (scenario === "raw_call" || scenario === "cut_in_reasoning") expect(first.text.trim()).toBe("");
+    // Streamed, every piece of text around the calls; not streamed, the text before the first call (vLLM's two parsers).
+    else if (scenario === "text_around_calls") expect(["Looking. between After the calls.", "Looking."]).toContain(first.text.replace(/\s+/g, " ").trim());
     else if (scenario !== "markup") expect(first.text.trim()).toBe(step.text ?? "");
     if (scenario === "cut_in_reasoning") expect(step.think!.startsWith(first.reasoning.trim())).toBe(true);
     else if (think) expect(first.reasoning.trim()).toBe(step.think);
-    const calls = scenario === "raw_call" ? [{ name: "shell", arguments: RAW_ARGS(family) }] : (step.tool_calls ?? []);
+    const calls =
+      scenario === "raw_call"
+        ? [{ name: "shell", arguments: RAW_ARGS(family) }]
+        : scenario === "text_around_calls"
+          ? ["ls", "pwd"].map((command) => ({ name: "shell", arguments: { command } }))
+          : (step.tool_calls ?? []);
     // A call cut inside its arguments reaches the agent with what of them came (or {} where the protocol's arguments are an object).
     if (scenario === "cut_in_call") expect(first.calls.map((c) => c.name)).toEqual(["shell"]);
     else expect(first.calls).toEqual(calls.map((c) => ({ name: c.name, args: c.arguments })));

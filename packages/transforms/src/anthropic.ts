@@ -239,21 +239,28 @@ function assistantMessage(
   dropped: { count: number },
 ): ChatMessage {
   if (typeof m.content === "string") return { role: "assistant", content: m.content };
-  const texts: string[] = [];
+  let text = "";
+  let texts = 0;
+  let blockBetween = false;
   const reasoning: string[] = [];
   const toolCalls: ToolCall[] = [];
   for (const b of m.content) {
+    if (b.type === "tool_use") blockBetween = true;
     switch (b.type) {
       case "text":
-        texts.push(b.text);
+        // Adjacent text blocks join with "\n" (vLLM's join of text parts); text blocks with a call
+        // between them are pieces of one answer a stream split around the call, joined as written.
+        text += texts > 0 && !blockBetween ? `\n${b.text}` : b.text;
+        texts++;
+        blockBetween = false;
         break;
       case "thinking":
         if (key !== undefined && b.signature !== undefined && verifyReasoning(key, b.thinking, b.signature)) reasoning.push(b.thinking);
         else dropped.count++;
         break;
       case "redacted_thinking": {
-        const text = key !== undefined ? openReasoning(key, b.data) : null;
-        if (text !== null) reasoning.push(text);
+        const opened = key !== undefined ? openReasoning(key, b.data) : null;
+        if (opened !== null) reasoning.push(opened);
         else dropped.count++;
         break;
       }
@@ -266,7 +273,7 @@ function assistantMessage(
   // call only when content is non-empty, and the engine generated none.
   return {
     role: "assistant",
-    content: texts.join("\n"),
+    content: text,
     ...(reasoning.length > 0 ? { reasoning: reasoning.join("\n") } : {}),
     ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {}),
   };

@@ -164,6 +164,16 @@ describe("fromResponses", () => {
     expect(call.canonical.stream).toBe(false);
   });
 
+  it("keeps a message item after calls (text a streamed answer wrote after them) in their turn, until a tool output", () => {
+    const text = (t: string) => ({ type: "message", role: "assistant", content: [{ type: "output_text", text: t, annotations: [] }] });
+    const call = (id: string) => ({ type: "function_call", call_id: id, name: "shell", arguments: "{}" });
+    const got = fromResponses({
+      input: [{ role: "user", content: "q" }, text("Looking.\n"), call("c1"), text("\nbetween\n"), call("c2"), text("\nAfter."), { type: "function_call_output", call_id: "c1", output: "A" }, { type: "function_call_output", call_id: "c2", output: "B" }],
+    }).canonical.messages;
+    expect(got.map((m) => m.role)).toEqual(["user", "assistant", "tool", "tool"]);
+    expect(got[1]).toMatchObject({ content: "Looking.\n\nbetween\n\nAfter.", tool_calls: [{ id: "c1" }, { id: "c2" }] });
+  });
+
   it("accepts opencode's and pi's requests (agent suite): type-less system and user items, id-less calls, store", () => {
     // Shapes the real CLIs sent through the gateway in test/e2e-agents (our own text): the system
     // prompt as a `role: "system"` item, items without `type` or `id`, `store: false` and

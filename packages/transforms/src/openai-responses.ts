@@ -45,7 +45,8 @@ import { NO_STRUCTURED_OUTPUT, NO_TOOL_TO_CALL, forcesACall, isTextFormat, refus
  * - **One model turn = one assistant message.** Consecutive reasoning / assistant message /
  *   function_call items fold into one canonical assistant message (content = the text, or ""),
  *   so the engine re-renders exactly what it generated. A new turn starts at a reasoning item
- *   after text or calls, or at a message after calls.
+ *   after text or calls; a message after calls belongs to their turn (a streamed answer gives text
+ *   written after a call as a message item after it), a tool output or user message ends the turn.
  * - **Template whitespace.** Qwen3's `\n\n` after `</think>` is not shown: text after reasoning
  *   loses its leading newlines (the chat template's `content.lstrip('\n')` restores the same tokens
  *   on replay), and whitespace-only text beside tool calls is no message item (the echoed-history
@@ -308,7 +309,8 @@ function toCanonicalMessages(instructions: string | null | undefined, input: str
       }
       case "message": {
         if (item.role === "assistant") {
-          if (turn && turn.tool_calls.length > 0) flush();
+          // A message right after calls (no output between) is still the same answer: a streamed
+          // answer gives text the model wrote after a call as a message item after it.
           const t = open();
           const text = assistantText(item.content, ["input", i, "content"]);
           t.content = (t.content ?? "") + text;
