@@ -55,7 +55,7 @@ const CALL_ARGS = {
 /** A tool result that holds markup, the agent's to send. */
 const TOOL_RESULT = '<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>\n<tool_response>ok</tool_response> </think> 🦀';
 
-type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call" | "empty_think_calls" | "cut_in_call" | "think_text_call" | "cut_in_reasoning" | "text_around_calls";
+type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call" | "empty_think_calls" | "cut_in_call" | "think_text_call" | "cut_in_reasoning" | "text_around_calls" | "string_args";
 
 /** A call long enough that a cut of CUT_IN_CALL tokens lands inside its arguments, whatever the family writes before it. */
 const LONG_COMMAND = `echo ${Array.from({ length: 60 }, (_, i) => `word${i}`).join(" ")} > out.txt`;
@@ -90,6 +90,15 @@ const RAW_CALL: Partial<Record<FamilyName, string>> = {
  */
 const TEXT_AROUND_CALLS: Partial<Record<FamilyName, string>> = {
   qwen3: 'Looking.\n<tool_call>\n{"name": "shell", "arguments": {"command": "ls"}}\n</tool_call>\nbetween\n<tool_call>\n{"name": "shell", "arguments": {"command": "pwd"}}\n</tool_call>\nAfter the calls.',
+};
+
+/**
+ * A call whose arguments the model wrote as a JSON string, not an object: the engine's parser passes
+ * them on as that string, which an Anthropic tool_use cannot carry as its input (an object).
+ */
+const STRING_ARGS: Partial<Record<FamilyName, string>> = {
+  qwen3: '<tool_call>\n{"name": "shell", "arguments": "{\\"command\\": \\"ls\\"}"}\n</tool_call>',
+  "deepseek-v3.1": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>shell<｜tool▁sep｜>"ls -la"<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
 };
 
 const RAW_ARGS = (f: FamilyName) => (f === "qwen3-coder" ? { command: "ls -la" } : { command: "ls -la", opts: { x: 1 } });
@@ -149,6 +158,8 @@ function firstStep(scenario: Scenario, family: FamilyName): Step {
       return { think: `Thinking at length: ${LONG_COMMAND}`, text: "Done." };
     case "text_around_calls":
       return { text: TEXT_AROUND_CALLS[family]! };
+    case "string_args":
+      return { text: STRING_ARGS[family]! };
     case "cut_in_call":
       return { tool_calls: [{ name: "shell", arguments: { command: LONG_COMMAND } }] };
   }
@@ -411,7 +422,7 @@ const AGENTS: Record<Protocol, (s: Session, o: AgentOpts) => Agent> = {
   gemini: geminiAgent,
 };
 
-const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call", "empty_think_calls", "cut_in_call", "think_text_call", "cut_in_reasoning", "text_around_calls"];
+const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call", "empty_think_calls", "cut_in_call", "think_text_call", "cut_in_reasoning", "text_around_calls", "string_args"];
 
 // (Only where the profile names a gateway parser: without one, such a vLLM cannot continue token-in at all, and every rewrite is a named break.)
 const tokenInByCompletions = (f: FamilyName) => PRESETS[PROFILE_OF_FAMILY[f]!]!.gateway_parser !== null;
@@ -438,7 +449,7 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
     return midChar;
   };
 
-  const scenarios = SCENARIOS.filter((s) => (thinks(profile) || !scenarioThinks(s)) && (s !== "raw_call" || RAW_CALL[family] !== undefined) && (s !== "text_around_calls" || TEXT_AROUND_CALLS[family] !== undefined)
+  const scenarios = SCENARIOS.filter((s) => (thinks(profile) || !scenarioThinks(s)) && (s !== "raw_call" || RAW_CALL[family] !== undefined) && (s !== "text_around_calls" || TEXT_AROUND_CALLS[family] !== undefined) && (s !== "string_args" || STRING_ARGS[family] !== undefined)
       // A family that calls tools only with thinking off has no thinking turn with calls.
       && ((s !== "empty_think_calls" && s !== "think_text_call") || !profile.thinking.off_with_tools));
   const cells = PROTOCOLS.flatMap((protocol) => scenarios.flatMap((scenario) => [false, true].map((stream) => [protocol, scenario, stream] as const)));
@@ -455,7 +466,7 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
     // The agent sees exactly what the model wrote (before a call, with the separator the parser leaves);
     // cut inside a character, the whole characters before it.
     if (scenario === "cut_mid_char") expect(step.text!.startsWith(first.text.replace(/\ufffd$/, ""))).toBe(true);
-    else if (scenario === "raw_call" || scenario === "cut_in_reasoning") expect(first.text.trim()).toBe("");
+    else if (scenario === "raw_call" || scenario === "cut_in_reasoning" || scenario === "string_args") expect(first.text.trim()).toBe("");
     // Streamed, every piece of text around the calls; not streamed, the text before the first call (vLLM's two parsers).
     else if (scenario === "text_around_calls") expect(["Looking. between After the calls.", "Looking."]).toContain(first.text.replace(/\s+/g, " ").trim());
     else if (scenario !== "markup") expect(first.text.trim()).toBe(step.text ?? "");
@@ -469,6 +480,13 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
           : (step.tool_calls ?? []);
     // A call cut inside its arguments reaches the agent with what of them came (or {} where the protocol's arguments are an object).
     if (scenario === "cut_in_call") expect(first.calls.map((c) => c.name)).toEqual(["shell"]);
+    // Arguments that are no object: as the engine gave them where the protocol carries a string, {} in an
+    // Anthropic tool_use (streamed or not), wrapped as {"value": …} in a Gemini functionCall.
+    else if (scenario === "string_args") {
+      const written = JSON.parse(/(?:"arguments": |<｜tool▁sep｜>)("(?:[^"\\]|\\.)*")/.exec(step.text!)![1]!) as string;
+      const shown = protocol === "anthropic" ? {} : protocol === "gemini" ? { value: written } : written;
+      expect(first.calls).toEqual([{ name: "shell", args: shown }]);
+    }
     else expect(first.calls).toEqual(calls.map((c) => ({ name: c.name, args: c.arguments })));
     agent.echo();
     const second = await agent.call();

@@ -472,6 +472,21 @@ describe("AnthropicStreamEncoder", () => {
     }
   });
 
+  it("streams arguments that are no JSON object (a string, an array) as an empty input, as the non-streaming response gives them", () => {
+    for (const pieces of [[' "{\\"command\\": ', '\\"ls\\"}"'], ["[1, ", "2]"], ["  ", '{"a": ', "1}"]]) {
+      const events: EngineStreamEvent[] = [
+        { type: "start", prompt_ids: [1] },
+        delta({ tool_calls: [{ index: 0, id: "call_s", type: "function", function: { name: "shell" } }] }),
+        ...pieces.map((arguments_) => delta({ tool_calls: [{ index: 0, function: { arguments: arguments_ } }] })),
+        { type: "finish", finish_reason: "tool_calls", stop_reason: null },
+      ];
+      const acc = new StreamAccumulator();
+      events.forEach((e) => acc.push(e));
+      const whole = toAnthropicResponse(acc.result(), ctx);
+      expect(blocksOf(encode(events))).toEqual(whole.content);
+    }
+  });
+
   it("holds whitespace-only text until it knows there is no tool call", () => {
     const events: EngineStreamEvent[] = [{ type: "start", prompt_ids: [1] }, delta({ content: "\n\n" }), { type: "finish", finish_reason: "stop", stop_reason: null }];
     expect(blocksOf(encode(events))).toEqual([{ type: "text", text: "\n\n" }]);

@@ -485,6 +485,8 @@ export class AnthropicStreamEncoder {
   private reasoning = "";
   private pendingText = "";
   private readonly toolBlocks = new Map<number, number>();
+  /** Per tool block: its arguments are a JSON object, are not, or are only whitespace so far (held). */
+  private readonly toolArgs = new Map<number, { kind: "object" } | { kind: "other" } | { kind: "pending"; held: string }>();
   private sawToolCall = false;
   private finish: { finish_reason: string; stop_reason: string | number | null } | null = null;
   private usage: EngineResult["usage"] | null = null;
@@ -630,8 +632,31 @@ export class AnthropicStreamEncoder {
       return out;
     }
     const args = t.function?.arguments;
-    if (args) out += this.delta({ type: "input_json_delta", partial_json: args });
+    if (args) out += this.argsDelta(blockIndex, args);
     return out;
+  }
+
+  /**
+   * A call's arguments as `input_json_delta`s, only when they are a JSON object: a tool_use input is
+   * one, and arguments the model wrote as a string, a number or an array are `{}` (toolInput), streamed
+   * or not. Leading whitespace is held until the first character tells which.
+   */
+  private argsDelta(blockIndex: number, args: string): string {
+    const state = this.toolArgs.get(blockIndex) ?? { kind: "pending", held: "" };
+    if (state.kind === "other") return "";
+    if (state.kind === "object") return this.delta({ type: "input_json_delta", partial_json: args });
+    const seen = state.held + args;
+    const start = seen.trimStart();
+    if (start === "") {
+      this.toolArgs.set(blockIndex, { kind: "pending", held: seen });
+      return "";
+    }
+    if (!start.startsWith("{")) {
+      this.toolArgs.set(blockIndex, { kind: "other" });
+      return "";
+    }
+    this.toolArgs.set(blockIndex, { kind: "object" });
+    return this.delta({ type: "input_json_delta", partial_json: seen });
   }
 }
 
