@@ -168,6 +168,9 @@ function firstStep(scenario: Scenario, family: FamilyName): Step {
 /** The second answer: tool calls after a reasoning turn (generated token-in where the template drops that reasoning), else text. */
 function secondStep(scenario: Scenario, family: FamilyName, tools: boolean): Step {
   if (scenario === "reasoning_then_calls" && tools) return { tool_calls: [{ name: "shell", arguments: CALL_ARGS }] };
+  // Written again after the echo: generated token-in where the template rewrites the first answer (the
+  // gateway parses it where the engine's route does not), it must read as the first did.
+  if (scenario === "text_around_calls") return firstStep(scenario, family);
   void family;
   return { text: SECOND };
 }
@@ -491,8 +494,11 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
     agent.echo();
     const second = await agent.call();
     const next = secondStep(scenario, family, tools);
-    expect(second.text.trim()).toBe(next.text ?? "");
-    expect(second.calls).toEqual((next.tool_calls ?? []).map((c) => ({ name: c.name, args: c.arguments })));
+    if (scenario === "text_around_calls") expect([second.text, second.calls]).toEqual([first.text, first.calls]);
+    else {
+      expect(second.text.trim()).toBe(next.text ?? "");
+      expect(second.calls).toEqual((next.tool_calls ?? []).map((c) => ({ name: c.name, args: c.arguments })));
+    }
 
     if (second.calls.length) {
       // The calls' results go back too, and the conversation goes on: a third answer.
