@@ -55,7 +55,7 @@ const CALL_ARGS = {
 /** A tool result that holds markup, the agent's to send. */
 const TOOL_RESULT = '<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>\n<tool_response>ok</tool_response> </think> 🦀';
 
-type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call" | "empty_think_calls" | "cut_in_call" | "think_text_call" | "cut_in_reasoning" | "text_around_calls" | "string_args";
+type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call" | "empty_think_calls" | "cut_in_call" | "think_text_call" | "cut_in_reasoning" | "text_around_calls" | "string_args" | "reasoning_text_around_calls";
 
 /** A call long enough that a cut of CUT_IN_CALL tokens lands inside its arguments, whatever the family writes before it. */
 const LONG_COMMAND = `echo ${Array.from({ length: 60 }, (_, i) => `word${i}`).join(" ")} > out.txt`;
@@ -158,6 +158,9 @@ function firstStep(scenario: Scenario, family: FamilyName): Step {
       return { think: `Thinking at length: ${LONG_COMMAND}`, text: "Done." };
     case "text_around_calls":
       return { text: TEXT_AROUND_CALLS[family]! };
+    case "reasoning_text_around_calls":
+      // After reasoning, the text after a call keeps its newlines (only the template's after </think> are not shown).
+      return { think: "Plan: look 🔍.", text: TEXT_AROUND_CALLS[family]! };
     case "string_args":
       return { text: STRING_ARGS[family]! };
     case "cut_in_call":
@@ -170,13 +173,13 @@ function secondStep(scenario: Scenario, family: FamilyName, tools: boolean): Ste
   if (scenario === "reasoning_then_calls" && tools) return { tool_calls: [{ name: "shell", arguments: CALL_ARGS }] };
   // Written again after the echo: generated token-in where the template rewrites the first answer (the
   // gateway parses it where the engine's route does not), it must read as the first did.
-  if (scenario === "text_around_calls") return firstStep(scenario, family);
+  if (scenario === "text_around_calls" || scenario === "reasoning_text_around_calls") return firstStep(scenario, family);
   void family;
   return { text: SECOND };
 }
 
 const scenarioThinks = (s: Scenario) =>
-  s === "reasoning_only" || s === "unicode_reasoning" || s === "reasoning_then_calls" || s === "empty_think_calls" || s === "think_text_call" || s === "cut_in_reasoning";
+  s === "reasoning_only" || s === "unicode_reasoning" || s === "reasoning_then_calls" || s === "empty_think_calls" || s === "think_text_call" || s === "cut_in_reasoning" || s === "reasoning_text_around_calls";
 
 function script(scenario: Scenario, family: FamilyName, tools: boolean): string {
   return `#sim: ${pyNumbers(JSON.stringify([firstStep(scenario, family), secondStep(scenario, family, tools), { text: "Finished." }]))}`;
@@ -425,7 +428,7 @@ const AGENTS: Record<Protocol, (s: Session, o: AgentOpts) => Agent> = {
   gemini: geminiAgent,
 };
 
-const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call", "empty_think_calls", "cut_in_call", "think_text_call", "cut_in_reasoning", "text_around_calls", "string_args"];
+const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call", "empty_think_calls", "cut_in_call", "think_text_call", "cut_in_reasoning", "text_around_calls", "string_args", "reasoning_text_around_calls"];
 
 // (Only where the profile names a gateway parser: without one, such a vLLM cannot continue token-in at all, and every rewrite is a named break.)
 const tokenInByCompletions = (f: FamilyName) => PRESETS[PROFILE_OF_FAMILY[f]!]!.gateway_parser !== null;
@@ -452,7 +455,7 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
     return midChar;
   };
 
-  const scenarios = SCENARIOS.filter((s) => (thinks(profile) || !scenarioThinks(s)) && (s !== "raw_call" || RAW_CALL[family] !== undefined) && (s !== "text_around_calls" || TEXT_AROUND_CALLS[family] !== undefined) && (s !== "string_args" || STRING_ARGS[family] !== undefined)
+  const scenarios = SCENARIOS.filter((s) => (thinks(profile) || !scenarioThinks(s)) && (s !== "raw_call" || RAW_CALL[family] !== undefined) && ((s !== "text_around_calls" && s !== "reasoning_text_around_calls") || TEXT_AROUND_CALLS[family] !== undefined) && (s !== "string_args" || STRING_ARGS[family] !== undefined)
       // A family that calls tools only with thinking off has no thinking turn with calls.
       && ((s !== "empty_think_calls" && s !== "think_text_call") || !profile.thinking.off_with_tools));
   const cells = PROTOCOLS.flatMap((protocol) => scenarios.flatMap((scenario) => [false, true].map((stream) => [protocol, scenario, stream] as const)));
@@ -471,14 +474,14 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
     if (scenario === "cut_mid_char") expect(step.text!.startsWith(first.text.replace(/\ufffd$/, ""))).toBe(true);
     else if (scenario === "raw_call" || scenario === "cut_in_reasoning" || scenario === "string_args") expect(first.text.trim()).toBe("");
     // Streamed, every piece of text around the calls; not streamed, the text before the first call (vLLM's two parsers).
-    else if (scenario === "text_around_calls") expect(["Looking. between After the calls.", "Looking."]).toContain(first.text.replace(/\s+/g, " ").trim());
+    else if (scenario === "text_around_calls" || scenario === "reasoning_text_around_calls") expect(["Looking. between After the calls.", "Looking."]).toContain(first.text.replace(/\s+/g, " ").trim());
     else if (scenario !== "markup") expect(first.text.trim()).toBe(step.text ?? "");
     if (scenario === "cut_in_reasoning") expect(step.think!.startsWith(first.reasoning.trim())).toBe(true);
     else if (think) expect(first.reasoning.trim()).toBe(step.think);
     const calls =
       scenario === "raw_call"
         ? [{ name: "shell", arguments: RAW_ARGS(family) }]
-        : scenario === "text_around_calls"
+        : scenario === "text_around_calls" || scenario === "reasoning_text_around_calls"
           ? ["ls", "pwd"].map((command) => ({ name: "shell", arguments: { command } }))
           : (step.tool_calls ?? []);
     // A call cut inside its arguments reaches the agent with what of them came (or {} where the protocol's arguments are an object).
@@ -494,7 +497,7 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
     agent.echo();
     const second = await agent.call();
     const next = secondStep(scenario, family, tools);
-    if (scenario === "text_around_calls") expect([second.text, second.calls]).toEqual([first.text, first.calls]);
+    if (scenario === "text_around_calls" || scenario === "reasoning_text_around_calls") expect([second.text, second.calls]).toEqual([first.text, first.calls]);
     else {
       expect(second.text.trim()).toBe(next.text ?? "");
       expect(second.calls).toEqual((next.tool_calls ?? []).map((c) => ({ name: c.name, args: c.arguments })));

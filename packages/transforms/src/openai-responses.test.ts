@@ -526,6 +526,25 @@ describe("ResponsesStreamEncoder", () => {
     expect(replay.canonical.messages[1]).toEqual({ role: "assistant", content: "Hi", reasoning: "Greet." });
   });
 
+  it("keeps the newlines of text after a call that follows reasoning (only the template's after </think> are not shown); replayed, the turn's text is whole", () => {
+    const call = { id: "c1", type: "function" as const, function: { name: "shell", arguments: '{"command": "ls"}' } };
+    const result = engineResult({ content: "\n\nBefore.\n\nAfter.", reasoning: "Plan.", tool_calls: [call] }, ["<think>", "Plan.", "</think>", "\n\n", "Before.\n", "<tool_call>", "\nAfter.", "<|im_end|>"]);
+    const events = encode(
+      streamOf(result, [
+        delta({ reasoning: "Plan." }, ["<think>", "Plan.", "</think>"]),
+        delta({ content: "\n\nBefore.\n" }, ["\n\n", "Before.\n"]),
+        delta({ tool_calls: [{ index: 0, id: "c1", type: "function", function: { name: "shell", arguments: '{"command": "ls"}' } }] }, ["<tool_call>"]),
+        delta({ content: "\nAfter." }, ["\nAfter."]),
+        delta({}, ["<|im_end|>"]),
+      ]),
+      ctx(),
+    );
+    expect(events.filter((e) => e.type === "response.output_text.delta").map((e) => e.delta)).toEqual(["Before.\n", "\nAfter."]);
+    const output = (events.at(-1)!.response as { output: unknown[] }).output;
+    const replay = fromResponses({ input: [{ role: "user", content: "hi" }, ...output] } as never, { reasoningKey: KEY });
+    expect(replay.canonical.messages[1]).toMatchObject({ role: "assistant", content: "Before.\n\nAfter.", reasoning: "Plan." });
+  });
+
   it("gives an empty answer as a message with empty text, streamed or not, so the agent sends the turn back", () => {
     const result = engineResult({ content: "", reasoning: null, tool_calls: [] }, []);
     const final = toResponsesResponse(result, ctx());

@@ -759,6 +759,8 @@ export class ResponsesStreamEncoder {
   private readonly calls = new Map<number, OpenItem & { kind: "call" }>();
   private callCount = 0;
   private hadReasoning = false;
+  /** A message or call came after the last reasoning: later text is the model's own, not the template's newlines after `</think>`. */
+  private shownAfterReasoning = false;
   /** The tokens of `pendingText`. */
   private pendingLogprobs: TokenLogprob[] = [];
   /** Tokens that showed nothing since the message's last text (a piece of a character, or the stop token): given with the next text, if any. */
@@ -802,6 +804,7 @@ export class ResponsesStreamEncoder {
         };
         this.calls.set(d.index, open);
         this.current = open;
+        this.shownAfterReasoning = true;
         out.push(this.ev("response.output_item.added", { output_index: open.index, item: callItem(this.ctx, open.call, open.k, "in_progress") }));
       } else if (this.current !== open) {
         // Fragments of an earlier call after another item started: should not happen; keep them in that call.
@@ -822,6 +825,7 @@ export class ResponsesStreamEncoder {
     if (this.current?.kind !== "reasoning") {
       this.close(out);
       this.hadReasoning = true;
+      this.shownAfterReasoning = false;
       this.current = { kind: "reasoning", index: this.done.length, text: "" };
       const id = reasoningId(this.ctx);
       out.push(this.ev("response.output_item.added", { output_index: this.current.index, item: { id, type: "reasoning", summary: [] } }));
@@ -896,11 +900,12 @@ export class ResponsesStreamEncoder {
 
   /** The start of the answer's text as shown: after reasoning, without the template's newlines. */
   private leadingText(text: string): string {
-    return this.hadReasoning ? text.replace(/^\n+/, "") : text;
+    return this.hadReasoning && !this.shownAfterReasoning ? text.replace(/^\n+/, "") : text;
   }
 
   private openMessage(out: ResponsesStreamEvent[]) {
     this.close(out);
+    this.shownAfterReasoning = true;
     this.current = { kind: "message", index: this.done.length, text: "", logprobs: [] };
     const id = messageId(this.ctx);
     out.push(
