@@ -55,7 +55,7 @@ const CALL_ARGS = {
 /** A tool result that holds markup, the agent's to send. */
 const TOOL_RESULT = '<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>\n<tool_response>ok</tool_response> </think> 🦀';
 
-type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call" | "empty_think_calls" | "cut_in_call" | "think_text_call" | "cut_in_reasoning";
+type Scenario = "unicode" | "markup" | "parallel_calls" | "empty" | "reasoning_only" | "unicode_reasoning" | "reasoning_then_calls" | "cut_mid_char" | "system_prompt" | "raw_call" | "empty_think_calls" | "cut_in_call" | "think_text_call" | "cut_in_reasoning" | "text_around_calls" | "string_args" | "reasoning_text_around_calls";
 
 /** A call long enough that a cut of CUT_IN_CALL tokens lands inside its arguments, whatever the family writes before it. */
 const LONG_COMMAND = `echo ${Array.from({ length: 60 }, (_, i) => `word${i}`).join(" ")} > out.txt`;
@@ -83,6 +83,24 @@ const RAW_CALL: Partial<Record<FamilyName, string>> = {
   "deepseek-v3": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>shell\n```json\n{"command":"ls -la","opts":{"x":1}}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
   "deepseek-v3.1": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>shell<｜tool▁sep｜>{"command":"ls -la","opts":{"x":1}}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
 };
+/**
+ * Text before, between and after tool calls, as the model may write it: the engine's streaming parser
+ * gives every piece of it as content, so a streamed answer shows the agent text after a call (an
+ * Anthropic text block or a Responses message item after the call), which it sends back so.
+ */
+const TEXT_AROUND_CALLS: Partial<Record<FamilyName, string>> = {
+  qwen3: 'Looking.\n<tool_call>\n{"name": "shell", "arguments": {"command": "ls"}}\n</tool_call>\nbetween\n<tool_call>\n{"name": "shell", "arguments": {"command": "pwd"}}\n</tool_call>\nAfter the calls.',
+};
+
+/**
+ * A call whose arguments the model wrote as a JSON string, not an object: the engine's parser passes
+ * them on as that string, which an Anthropic tool_use cannot carry as its input (an object).
+ */
+const STRING_ARGS: Partial<Record<FamilyName, string>> = {
+  qwen3: '<tool_call>\n{"name": "shell", "arguments": "{\\"command\\": \\"ls\\"}"}\n</tool_call>',
+  "deepseek-v3.1": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>shell<｜tool▁sep｜>"ls -la"<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+};
+
 const RAW_ARGS = (f: FamilyName) => (f === "qwen3-coder" ? { command: "ls -la" } : { command: "ls -la", opts: { x: 1 } });
 
 /** Characters of four UTF-8 bytes that byte-level vocabularies split into several tokens each. */
@@ -138,6 +156,13 @@ function firstStep(scenario: Scenario, family: FamilyName): Step {
       return { think: "Plan: run it.", text: "Running it now.", tool_calls: [{ name: "shell", arguments: { command: "ls" } }] };
     case "cut_in_reasoning":
       return { think: `Thinking at length: ${LONG_COMMAND}`, text: "Done." };
+    case "text_around_calls":
+      return { text: TEXT_AROUND_CALLS[family]! };
+    case "reasoning_text_around_calls":
+      // After reasoning, the text after a call keeps its newlines (only the template's after </think> are not shown).
+      return { think: "Plan: look 🔍.", text: TEXT_AROUND_CALLS[family]! };
+    case "string_args":
+      return { text: STRING_ARGS[family]! };
     case "cut_in_call":
       return { tool_calls: [{ name: "shell", arguments: { command: LONG_COMMAND } }] };
   }
@@ -146,12 +171,15 @@ function firstStep(scenario: Scenario, family: FamilyName): Step {
 /** The second answer: tool calls after a reasoning turn (generated token-in where the template drops that reasoning), else text. */
 function secondStep(scenario: Scenario, family: FamilyName, tools: boolean): Step {
   if (scenario === "reasoning_then_calls" && tools) return { tool_calls: [{ name: "shell", arguments: CALL_ARGS }] };
+  // Written again after the echo: generated token-in where the template rewrites the first answer (the
+  // gateway parses it where the engine's route does not), it must read as the first did.
+  if (scenario === "text_around_calls" || scenario === "reasoning_text_around_calls") return firstStep(scenario, family);
   void family;
   return { text: SECOND };
 }
 
 const scenarioThinks = (s: Scenario) =>
-  s === "reasoning_only" || s === "unicode_reasoning" || s === "reasoning_then_calls" || s === "empty_think_calls" || s === "think_text_call" || s === "cut_in_reasoning";
+  s === "reasoning_only" || s === "unicode_reasoning" || s === "reasoning_then_calls" || s === "empty_think_calls" || s === "think_text_call" || s === "cut_in_reasoning" || s === "reasoning_text_around_calls";
 
 function script(scenario: Scenario, family: FamilyName, tools: boolean): string {
   return `#sim: ${pyNumbers(JSON.stringify([firstStep(scenario, family), secondStep(scenario, family, tools), { text: "Finished." }]))}`;
@@ -400,7 +428,7 @@ const AGENTS: Record<Protocol, (s: Session, o: AgentOpts) => Agent> = {
   gemini: geminiAgent,
 };
 
-const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call", "empty_think_calls", "cut_in_call", "think_text_call", "cut_in_reasoning"];
+const SCENARIOS: Scenario[] = ["unicode", "markup", "parallel_calls", "empty", "reasoning_only", "unicode_reasoning", "reasoning_then_calls", "cut_mid_char", "system_prompt", "raw_call", "empty_think_calls", "cut_in_call", "think_text_call", "cut_in_reasoning", "text_around_calls", "string_args", "reasoning_text_around_calls"];
 
 // (Only where the profile names a gateway parser: without one, such a vLLM cannot continue token-in at all, and every rewrite is a named break.)
 const tokenInByCompletions = (f: FamilyName) => PRESETS[PROFILE_OF_FAMILY[f]!]!.gateway_parser !== null;
@@ -427,7 +455,7 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
     return midChar;
   };
 
-  const scenarios = SCENARIOS.filter((s) => (thinks(profile) || !scenarioThinks(s)) && (s !== "raw_call" || RAW_CALL[family] !== undefined)
+  const scenarios = SCENARIOS.filter((s) => (thinks(profile) || !scenarioThinks(s)) && (s !== "raw_call" || RAW_CALL[family] !== undefined) && ((s !== "text_around_calls" && s !== "reasoning_text_around_calls") || TEXT_AROUND_CALLS[family] !== undefined) && (s !== "string_args" || STRING_ARGS[family] !== undefined)
       // A family that calls tools only with thinking off has no thinking turn with calls.
       && ((s !== "empty_think_calls" && s !== "think_text_call") || !profile.thinking.off_with_tools));
   const cells = PROTOCOLS.flatMap((protocol) => scenarios.flatMap((scenario) => [false, true].map((stream) => [protocol, scenario, stream] as const)));
@@ -444,19 +472,40 @@ describe.each(MAIN)("%s on %s", (family, engine) => {
     // The agent sees exactly what the model wrote (before a call, with the separator the parser leaves);
     // cut inside a character, the whole characters before it.
     if (scenario === "cut_mid_char") expect(step.text!.startsWith(first.text.replace(/\ufffd$/, ""))).toBe(true);
-    else if (scenario === "raw_call" || scenario === "cut_in_reasoning") expect(first.text.trim()).toBe("");
+    else if (scenario === "raw_call" || scenario === "cut_in_reasoning" || scenario === "string_args") expect(first.text.trim()).toBe("");
+    // Streamed, every piece of text around the calls; not streamed, the text before the first call (vLLM's two parsers).
+    else if (scenario === "text_around_calls" || scenario === "reasoning_text_around_calls") expect(["Looking. between After the calls.", "Looking."]).toContain(first.text.replace(/\s+/g, " ").trim());
     else if (scenario !== "markup") expect(first.text.trim()).toBe(step.text ?? "");
     if (scenario === "cut_in_reasoning") expect(step.think!.startsWith(first.reasoning.trim())).toBe(true);
     else if (think) expect(first.reasoning.trim()).toBe(step.think);
-    const calls = scenario === "raw_call" ? [{ name: "shell", arguments: RAW_ARGS(family) }] : (step.tool_calls ?? []);
+    const calls =
+      scenario === "raw_call"
+        ? [{ name: "shell", arguments: RAW_ARGS(family) }]
+        : scenario === "text_around_calls" || scenario === "reasoning_text_around_calls"
+          ? ["ls", "pwd"].map((command) => ({ name: "shell", arguments: { command } }))
+          : (step.tool_calls ?? []);
     // A call cut inside its arguments reaches the agent with what of them came (or {} where the protocol's arguments are an object).
-    if (scenario === "cut_in_call") expect(first.calls.map((c) => c.name)).toEqual(["shell"]);
+    if (scenario === "cut_in_call") {
+      expect(first.calls.map((c) => c.name)).toEqual(["shell"]);
+      // Never a truncated command the agent could take for a whole one: an Anthropic input is {}, streamed or not.
+      if (protocol === "anthropic") expect(first.calls[0]!.args).toEqual({});
+    }
+    // Arguments that are no object: as the engine gave them where the protocol carries a string, {} in an
+    // Anthropic tool_use (streamed or not), wrapped as {"value": …} in a Gemini functionCall.
+    else if (scenario === "string_args") {
+      const written = JSON.parse(/(?:"arguments": |<｜tool▁sep｜>)("(?:[^"\\]|\\.)*")/.exec(step.text!)![1]!) as string;
+      const shown = protocol === "anthropic" ? {} : protocol === "gemini" ? { value: written } : written;
+      expect(first.calls).toEqual([{ name: "shell", args: shown }]);
+    }
     else expect(first.calls).toEqual(calls.map((c) => ({ name: c.name, args: c.arguments })));
     agent.echo();
     const second = await agent.call();
     const next = secondStep(scenario, family, tools);
-    expect(second.text.trim()).toBe(next.text ?? "");
-    expect(second.calls).toEqual((next.tool_calls ?? []).map((c) => ({ name: c.name, args: c.arguments })));
+    if (scenario === "text_around_calls" || scenario === "reasoning_text_around_calls") expect([second.text, second.calls]).toEqual([first.text, first.calls]);
+    else {
+      expect(second.text.trim()).toBe(next.text ?? "");
+      expect(second.calls).toEqual((next.tool_calls ?? []).map((c) => ({ name: c.name, args: c.arguments })));
+    }
 
     if (second.calls.length) {
       // The calls' results go back too, and the conversation goes on: a third answer.

@@ -221,6 +221,16 @@ describe("fromAnthropic", () => {
     expect(call.canonical.enable_thinking).toBeUndefined();
   });
 
+  it("joins text blocks a call separates as written (a streamed answer's text around its calls), adjacent ones with a newline", () => {
+    const turn = (content: unknown[]) =>
+      fromAnthropic({ max_tokens: 8, messages: [{ role: "user", content: "q" }, { role: "assistant", content }, { role: "user", content: "go on" }] }).canonical.messages[1];
+    const use = (id: string) => ({ type: "tool_use", id, name: "shell", input: {} });
+    expect(turn([{ type: "text", text: "Looking.\n" }, use("t1"), { type: "text", text: "\nbetween\n" }, use("t2"), { type: "text", text: "\nAfter." }])).toMatchObject({
+      content: "Looking.\n\nbetween\n\nAfter.",
+    });
+    expect(turn([{ type: "text", text: "a" }, { type: "text", text: "b" }, use("t1")])).toMatchObject({ content: "a\nb" });
+  });
+
   it("trusts only thinking this session signed or sealed, and drops the rest", () => {
     const msg = (content: unknown[]) => ({ messages: [{ role: "user", content: "q" }, { role: "assistant", content }, { role: "user", content: "q2" }] });
     const ours = fromAnthropic(msg([{ type: "redacted_thinking", data: sealReasoning(KEY, "hidden") }, { type: "text", text: "a" }]), { reasoningKey: KEY });
@@ -455,6 +465,21 @@ describe("AnthropicStreamEncoder", () => {
 
   it("gives the same content blocks as the non-streaming response of the accumulated result", () => {
     for (const events of [textEvents, toolEvents]) {
+      const acc = new StreamAccumulator();
+      events.forEach((e) => acc.push(e));
+      const whole = toAnthropicResponse(acc.result(), ctx);
+      expect(blocksOf(encode(events))).toEqual(whole.content);
+    }
+  });
+
+  it("streams arguments that are no JSON object (a string, an array) as an empty input, as the non-streaming response gives them", () => {
+    for (const pieces of [[' "{\\"command\\": ', '\\"ls\\"}"'], ["[1, ", "2]"], ["  ", '{"a": ', "1}"]]) {
+      const events: EngineStreamEvent[] = [
+        { type: "start", prompt_ids: [1] },
+        delta({ tool_calls: [{ index: 0, id: "call_s", type: "function", function: { name: "shell" } }] }),
+        ...pieces.map((arguments_) => delta({ tool_calls: [{ index: 0, function: { arguments: arguments_ } }] })),
+        { type: "finish", finish_reason: "tool_calls", stop_reason: null },
+      ];
       const acc = new StreamAccumulator();
       events.forEach((e) => acc.push(e));
       const whole = toAnthropicResponse(acc.result(), ctx);

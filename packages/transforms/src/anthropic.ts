@@ -239,21 +239,28 @@ function assistantMessage(
   dropped: { count: number },
 ): ChatMessage {
   if (typeof m.content === "string") return { role: "assistant", content: m.content };
-  const texts: string[] = [];
+  let text = "";
+  let texts = 0;
+  let blockBetween = false;
   const reasoning: string[] = [];
   const toolCalls: ToolCall[] = [];
   for (const b of m.content) {
+    if (b.type === "tool_use") blockBetween = true;
     switch (b.type) {
       case "text":
-        texts.push(b.text);
+        // Adjacent text blocks join with "\n" (vLLM's join of text parts); text blocks with a call
+        // between them are pieces of one answer a stream split around the call, joined as written.
+        text += texts > 0 && !blockBetween ? `\n${b.text}` : b.text;
+        texts++;
+        blockBetween = false;
         break;
       case "thinking":
         if (key !== undefined && b.signature !== undefined && verifyReasoning(key, b.thinking, b.signature)) reasoning.push(b.thinking);
         else dropped.count++;
         break;
       case "redacted_thinking": {
-        const text = key !== undefined ? openReasoning(key, b.data) : null;
-        if (text !== null) reasoning.push(text);
+        const opened = key !== undefined ? openReasoning(key, b.data) : null;
+        if (opened !== null) reasoning.push(opened);
         else dropped.count++;
         break;
       }
@@ -266,7 +273,7 @@ function assistantMessage(
   // call only when content is non-empty, and the engine generated none.
   return {
     role: "assistant",
-    content: texts.join("\n"),
+    content: text,
     ...(reasoning.length > 0 ? { reasoning: reasoning.join("\n") } : {}),
     ...(toolCalls.length > 0 ? { tool_calls: toolCalls } : {}),
   };
@@ -478,6 +485,8 @@ export class AnthropicStreamEncoder {
   private reasoning = "";
   private pendingText = "";
   private readonly toolBlocks = new Map<number, number>();
+  /** Per tool block: its arguments are a JSON object, are not, or are only whitespace so far (held). */
+  private readonly toolArgs = new Map<number, { kind: "object" } | { kind: "other" } | { kind: "pending"; held: string }>();
   private sawToolCall = false;
   private finish: { finish_reason: string; stop_reason: string | number | null } | null = null;
   private usage: EngineResult["usage"] | null = null;
@@ -623,8 +632,31 @@ export class AnthropicStreamEncoder {
       return out;
     }
     const args = t.function?.arguments;
-    if (args) out += this.delta({ type: "input_json_delta", partial_json: args });
+    if (args) out += this.argsDelta(blockIndex, args);
     return out;
+  }
+
+  /**
+   * A call's arguments as `input_json_delta`s, only when they are a JSON object: a tool_use input is
+   * one, and arguments the model wrote as a string, a number or an array are `{}` (toolInput), streamed
+   * or not. Leading whitespace is held until the first character tells which.
+   */
+  private argsDelta(blockIndex: number, args: string): string {
+    const state = this.toolArgs.get(blockIndex) ?? { kind: "pending", held: "" };
+    if (state.kind === "other") return "";
+    if (state.kind === "object") return this.delta({ type: "input_json_delta", partial_json: args });
+    const seen = state.held + args;
+    const start = seen.trimStart();
+    if (start === "") {
+      this.toolArgs.set(blockIndex, { kind: "pending", held: seen });
+      return "";
+    }
+    if (!start.startsWith("{")) {
+      this.toolArgs.set(blockIndex, { kind: "other" });
+      return "";
+    }
+    this.toolArgs.set(blockIndex, { kind: "object" });
+    return this.delta({ type: "input_json_delta", partial_json: seen });
   }
 }
 

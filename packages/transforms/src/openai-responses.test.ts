@@ -164,6 +164,16 @@ describe("fromResponses", () => {
     expect(call.canonical.stream).toBe(false);
   });
 
+  it("keeps a message item after calls (text a streamed answer wrote after them) in their turn, until a tool output", () => {
+    const text = (t: string) => ({ type: "message", role: "assistant", content: [{ type: "output_text", text: t, annotations: [] }] });
+    const call = (id: string) => ({ type: "function_call", call_id: id, name: "shell", arguments: "{}" });
+    const got = fromResponses({
+      input: [{ role: "user", content: "q" }, text("Looking.\n"), call("c1"), text("\nbetween\n"), call("c2"), text("\nAfter."), { type: "function_call_output", call_id: "c1", output: "A" }, { type: "function_call_output", call_id: "c2", output: "B" }],
+    }).canonical.messages;
+    expect(got.map((m) => m.role)).toEqual(["user", "assistant", "tool", "tool"]);
+    expect(got[1]).toMatchObject({ content: "Looking.\n\nbetween\n\nAfter.", tool_calls: [{ id: "c1" }, { id: "c2" }] });
+  });
+
   it("accepts opencode's and pi's requests (agent suite): type-less system and user items, id-less calls, store", () => {
     // Shapes the real CLIs sent through the gateway in test/e2e-agents (our own text): the system
     // prompt as a `role: "system"` item, items without `type` or `id`, `store: false` and
@@ -514,6 +524,25 @@ describe("ResponsesStreamEncoder", () => {
     // Replayed, it is the same assistant turn (the template lstrips the content after reasoning).
     const replay = fromResponses({ input: [{ role: "user", content: "hi" }, ...final.output] }, { reasoningKey: KEY });
     expect(replay.canonical.messages[1]).toEqual({ role: "assistant", content: "Hi", reasoning: "Greet." });
+  });
+
+  it("keeps the newlines of text after a call that follows reasoning (only the template's after </think> are not shown); replayed, the turn's text is whole", () => {
+    const call = { id: "c1", type: "function" as const, function: { name: "shell", arguments: '{"command": "ls"}' } };
+    const result = engineResult({ content: "\n\nBefore.\n\nAfter.", reasoning: "Plan.", tool_calls: [call] }, ["<think>", "Plan.", "</think>", "\n\n", "Before.\n", "<tool_call>", "\nAfter.", "<|im_end|>"]);
+    const events = encode(
+      streamOf(result, [
+        delta({ reasoning: "Plan." }, ["<think>", "Plan.", "</think>"]),
+        delta({ content: "\n\nBefore.\n" }, ["\n\n", "Before.\n"]),
+        delta({ tool_calls: [{ index: 0, id: "c1", type: "function", function: { name: "shell", arguments: '{"command": "ls"}' } }] }, ["<tool_call>"]),
+        delta({ content: "\nAfter." }, ["\nAfter."]),
+        delta({}, ["<|im_end|>"]),
+      ]),
+      ctx(),
+    );
+    expect(events.filter((e) => e.type === "response.output_text.delta").map((e) => e.delta)).toEqual(["Before.\n", "\nAfter."]);
+    const output = (events.at(-1)!.response as { output: unknown[] }).output;
+    const replay = fromResponses({ input: [{ role: "user", content: "hi" }, ...output] } as never, { reasoningKey: KEY });
+    expect(replay.canonical.messages[1]).toMatchObject({ role: "assistant", content: "Before.\n\nAfter.", reasoning: "Plan." });
   });
 
   it("gives an empty answer as a message with empty text, streamed or not, so the agent sends the turn back", () => {

@@ -45,7 +45,8 @@ import { NO_STRUCTURED_OUTPUT, NO_TOOL_TO_CALL, forcesACall, isTextFormat, refus
  * - **One model turn = one assistant message.** Consecutive reasoning / assistant message /
  *   function_call items fold into one canonical assistant message (content = the text, or ""),
  *   so the engine re-renders exactly what it generated. A new turn starts at a reasoning item
- *   after text or calls, or at a message after calls.
+ *   after text or calls; a message after calls belongs to their turn (a streamed answer gives text
+ *   written after a call as a message item after it), a tool output or user message ends the turn.
  * - **Template whitespace.** Qwen3's `\n\n` after `</think>` is not shown: text after reasoning
  *   loses its leading newlines (the chat template's `content.lstrip('\n')` restores the same tokens
  *   on replay), and whitespace-only text beside tool calls is no message item (the echoed-history
@@ -308,7 +309,8 @@ function toCanonicalMessages(instructions: string | null | undefined, input: str
       }
       case "message": {
         if (item.role === "assistant") {
-          if (turn && turn.tool_calls.length > 0) flush();
+          // A message right after calls (no output between) is still the same answer: a streamed
+          // answer gives text the model wrote after a call as a message item after it.
           const t = open();
           const text = assistantText(item.content, ["input", i, "content"]);
           t.content = (t.content ?? "") + text;
@@ -757,6 +759,8 @@ export class ResponsesStreamEncoder {
   private readonly calls = new Map<number, OpenItem & { kind: "call" }>();
   private callCount = 0;
   private hadReasoning = false;
+  /** A message or call came after the last reasoning: later text is the model's own, not the template's newlines after `</think>`. */
+  private shownAfterReasoning = false;
   /** The tokens of `pendingText`. */
   private pendingLogprobs: TokenLogprob[] = [];
   /** Tokens that showed nothing since the message's last text (a piece of a character, or the stop token): given with the next text, if any. */
@@ -800,6 +804,7 @@ export class ResponsesStreamEncoder {
         };
         this.calls.set(d.index, open);
         this.current = open;
+        this.shownAfterReasoning = true;
         out.push(this.ev("response.output_item.added", { output_index: open.index, item: callItem(this.ctx, open.call, open.k, "in_progress") }));
       } else if (this.current !== open) {
         // Fragments of an earlier call after another item started: should not happen; keep them in that call.
@@ -820,6 +825,7 @@ export class ResponsesStreamEncoder {
     if (this.current?.kind !== "reasoning") {
       this.close(out);
       this.hadReasoning = true;
+      this.shownAfterReasoning = false;
       this.current = { kind: "reasoning", index: this.done.length, text: "" };
       const id = reasoningId(this.ctx);
       out.push(this.ev("response.output_item.added", { output_index: this.current.index, item: { id, type: "reasoning", summary: [] } }));
@@ -894,11 +900,12 @@ export class ResponsesStreamEncoder {
 
   /** The start of the answer's text as shown: after reasoning, without the template's newlines. */
   private leadingText(text: string): string {
-    return this.hadReasoning ? text.replace(/^\n+/, "") : text;
+    return this.hadReasoning && !this.shownAfterReasoning ? text.replace(/^\n+/, "") : text;
   }
 
   private openMessage(out: ResponsesStreamEvent[]) {
     this.close(out);
+    this.shownAfterReasoning = true;
     this.current = { kind: "message", index: this.done.length, text: "", logprobs: [] };
     const id = messageId(this.ctx);
     out.push(

@@ -66,6 +66,18 @@ const GOLDEN: { name: string; text: string; want: ReturnType<typeof whole> }[] =
     },
   },
   {
+    name: "text between and after calls is content (vLLM's streaming parser)",
+    text: 'Looking.\n<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\nbetween\n<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>\nAfter <tool the calls <tool_c',
+    want: {
+      content: "Looking.\n\nbetween\n\nAfter <tool the calls <tool_c",
+      reasoning: null,
+      calls: [
+        { name: "a", arguments: "{}" },
+        { name: "b", arguments: "{}" },
+      ],
+    },
+  },
+  {
     name: "arguments the model serialised itself are not encoded twice",
     text: '<tool_call>\n{"name": "get_db_config", "arguments": "{\\"param\\": \\"max_connections\\"}"}\n</tool_call>',
     want: { content: null, reasoning: null, calls: [{ name: "get_db_config", arguments: '{"param": "max_connections"}' }] },

@@ -13,8 +13,8 @@ import type { GatewayParser, OutputParser, ParsedDelta } from "./types.js";
  *   `<tool_call>{json}</tool_call>` becomes a call named `name` with `arguments` re-serialised as
  *   Python's `json.dumps(arguments, ensure_ascii=False)`, or passed on as they are when the model
  *   wrote them as a string holding a JSON object (already serialised), under a fresh
- *   `chatcmpl-tool-<hex>` id; the content is the text before the first `<tool_call>` (null when
- *   empty); text between or after calls is dropped; a call whose JSON does not parse is dropped,
+ *   `chatcmpl-tool-<hex>` id; the content is the text outside the calls, before, between and after
+ *   them, as vLLM's streaming parser gives it (null when empty); a call whose JSON does not parse is dropped,
  *   unless it is an unclosed one and no call came before it (an answer cut on length), which stays
  *   content as hermes leaves it.
  *
@@ -130,12 +130,16 @@ export class HermesOutputParser implements OutputParser {
         this.pending = p.slice(p.length - hold);
         break;
       }
-      // calls: complete <tool_call>…</tool_call> blocks become calls; text between them is dropped.
+      // calls: complete <tool_call>…</tool_call> blocks become calls; text between and after them is
+      // content, as vLLM's streaming hermes parser gives it (and so the engine's chat route, read as a stream).
       const start = p.indexOf(TOOL_START);
       if (start < 0) {
-        this.pending = p.slice(p.length - partialTag(p, TOOL_START));
+        const hold = partialTag(p, TOOL_START);
+        add(out, "content", p.slice(0, p.length - hold));
+        this.pending = p.slice(p.length - hold);
         break;
       }
+      add(out, "content", p.slice(0, start));
       const end = p.indexOf(TOOL_END, start);
       if (end < 0) {
         this.pending = p.slice(start);
@@ -158,7 +162,7 @@ export class HermesOutputParser implements OutputParser {
       const before = this.calls;
       this.emitCall(out, p.slice(TOOL_START.length));
       if (this.calls === before && before === 0) add(out, "content", p);
-    }
+    } else add(out, "content", p); // a held piece of "<tool_call>" that never became one
     return nonEmpty(out);
   }
 
