@@ -180,6 +180,31 @@ describe("replaying a recorded rollout", () => {
     }
   });
 
+  it("a replayed call's logprobs carry each token's text, as the engine spelled it for the source (chat completions, streamed or not; Responses output_text)", async () => {
+    const body = { model: "m", messages: [{ role: "user" as const, content: `hi\n#sim: ${JSON.stringify([{ text: "héllo there, naïve wörld" }])}` }], logprobs: true };
+    const src = await open(h);
+    const original = (await sdk(h, src).chat.completions.create(body)).choices[0]!.logprobs!.content!;
+    expect(original.length).toBeGreaterThan(3);
+    expect(original.every((l) => l.token !== "")).toBe(true);
+    const without = (ls: { token: string; logprob: number; bytes: number[] | null }[]) => ls.map((l) => ({ token: l.token, logprob: l.logprob, bytes: l.bytes }));
+    const branch = await open(h, { replay: { session_id: src.id, calls: 1 } });
+    const replayed = (await sdk(h, branch).chat.completions.create(body)).choices[0]!.logprobs!.content!;
+    expect(without(replayed)).toEqual(without(original));
+    // Streamed: the same tokens, chunk by chunk.
+    const streamedBranch = await open(h, { replay: { session_id: src.id, calls: 1 } });
+    const streamed: { token: string; logprob: number; bytes: number[] | null }[] = [];
+    for await (const chunk of await sdk(h, streamedBranch).chat.completions.create({ ...body, stream: true })) streamed.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+    expect(without(streamed)).toEqual(without(original));
+    // Responses: the output_text's own tokens, found by their text.
+    const rbody = { model: "m", input: `hi\n#sim: ${JSON.stringify([{ text: "hello there" }])}`, include: ["message.output_text.logprobs" as const] };
+    const rsrc = await open(h);
+    const textOf = (r: OpenAI.Responses.Response) => (r.output.find((o) => o.type === "message") as OpenAI.Responses.ResponseOutputMessage).content[0] as OpenAI.Responses.ResponseOutputText;
+    const rOriginal = textOf(await sdk(h, rsrc).responses.create(rbody)).logprobs!;
+    expect(rOriginal.length).toBeGreaterThan(0);
+    const rbranch = await open(h, { replay: { session_id: rsrc.id, calls: 1 } });
+    expect(textOf(await sdk(h, rbranch).responses.create(rbody)).logprobs).toEqual(rOriginal);
+  });
+
   it("an agent's calls sent together reach the gateway in another order than in the source (a title request beside the first step): each is replayed from the call that asked it", async () => {
     const title = { model: "m", messages: [{ role: "user" as const, content: "Write a title for: build a.txt" }] };
     const src = await open(h);

@@ -352,6 +352,14 @@ export class ChatCaller {
     return used;
   }
 
+  /** Each token's text by the engine's tokenizer: one (cached) detokenize per distinct id. */
+  private async tokenTexts(engineIndex: number, ids: readonly number[]): Promise<string[]> {
+    const distinct = [...new Set(ids)];
+    const texts = await Promise.all(distinct.map((id) => this.deps.registry.decode(engineIndex, [id])));
+    const byId = new Map(distinct.map((id, i) => [id, texts[i]!]));
+    return ids.map((id) => byId.get(id)!);
+  }
+
   private servedModel(engine: number): Promise<string> {
     return this.deps.registry.servedModel(engine).catch((err: Error) => {
       throw new EngineError(`cannot read the engine's model name: ${err.message}`, 502, "unreachable", "cannot read the engine's model name");
@@ -537,7 +545,9 @@ export class ChatCaller {
   private async *answer(call: PreparedCall, streamed: boolean, answer: { recorded: boolean }): AsyncGenerator<EngineStreamEvent, EngineResult> {
     // A branch's replayed call: the source's answer, no engine.
     if (call.replay) {
-      const result = recordedResult(call.replay);
+      // An agent that asked for logprobs reads their tokens' text, as it would a sampled answer's.
+      const texts = call.engineCall.request.client_logprobs ? await this.tokenTexts(call.target.engineIndex, call.replay.output_ids) : undefined;
+      const result = recordedResult(call.replay, texts);
       if (streamed) yield* resultAsEvents(result);
       this.record(call, result);
       answer.recorded = true;

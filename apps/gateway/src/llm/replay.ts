@@ -76,14 +76,24 @@ export function replayGap(records: readonly Pick<CompletionRecord, "seq">[], cal
   return null;
 }
 
-/** The recorded answer as the engine gave it: the same tokens, logprobs, message and finish. */
-export function recordedResult(r: CompletionRecord): EngineResult {
+/** The UTF-8 bytes of a token's text; none for a piece of a character (its text reads U+FFFD, its own bytes are not known). */
+const tokenBytes = (text: string): number[] | null => (text.includes("\uFFFD") ? null : [...Buffer.from(text, "utf8")]);
+
+/**
+ * The recorded answer as the engine gave it: the same tokens, logprobs, message and finish.
+ * `tokenTexts` (each output token's text, when the agent asked for logprobs) spells the logprobs'
+ * tokens as the engine did; without them a token's text is "".
+ */
+export function recordedResult(r: CompletionRecord, tokenTexts?: readonly string[]): EngineResult {
   return {
     prompt_ids: r.prompt_ids,
     output_ids: r.output_ids,
     output_logprobs: r.output_logprobs,
     // Per-token detail (top logprobs) is not recorded: the sampled token's logprob only.
-    logprobs: r.output_logprobs.map((logprob) => ({ token: "", logprob, bytes: null, top_logprobs: [] })),
+    logprobs: r.output_logprobs.map((logprob, i) => {
+      const token = tokenTexts?.[i] ?? "";
+      return { token, logprob, bytes: tokenTexts ? tokenBytes(token) : null, top_logprobs: [] };
+    }),
     message: r.message,
     finish_reason: r.finish_reason,
     stop_reason: null,
