@@ -205,6 +205,67 @@ describe("replaying a recorded rollout", () => {
     expect(textOf(await sdk(h, rbranch).responses.create(rbody)).logprobs).toEqual(rOriginal);
   });
 
+  it("a source call that failed (no record) leaves later branch points: the branch is answered by the source's retry, and samples once the source's answers below the point are given", async () => {
+    const fault = (mode: string) => h.sim.inject({ method: "POST", url: "/sim/faults", payload: { mode } });
+    const src = await open(h);
+    const client = sdk(h, src);
+    const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: user }];
+    for (let i = 0; i < 8; i++) {
+      if (i === 1) {
+        // The engine fails the second step once: the source's call 1 has no record; the agent asks again (call 2).
+        await fault("error");
+        await expect(client.chat.completions.create({ model: "m", messages, tools: TOOLS })).rejects.toThrow();
+        await fault("none");
+      }
+      const msg = (await client.chat.completions.create({ model: "m", messages, tools: TOOLS })).choices[0]!.message;
+      messages.push(msg);
+      if (!msg.tool_calls?.length) break;
+      for (const c of msg.tool_calls) messages.push({ role: "tool", tool_call_id: c.id, content: `ok ${i}` });
+    }
+    const srcRecords = await h.records(src.id);
+    expect(srcRecords.map((r) => r.seq)).toEqual([0, 2, 3, 4]);
+    // Branched at the source's call 3: the answers of its calls 0 and 2 are replayed, then the branch samples.
+    const branch = await open(h, { replay: { session_id: src.id, calls: 3 } });
+    expect(branch.status).toBe(201);
+    await runAgent(h, branch, user);
+    expect((await h.records(branch.id)).map((r) => r.replayed_from ?? null)).toEqual([srcRecords[0]!.id, srcRecords[1]!.id, null, null]);
+    expect((await session(h, branch.id)).replay_diverged).toBeNull();
+  });
+
+  it("calls sent together across the branch point (a title request beside the first step) arrive the other way round: the one before the point is replayed, the one after it sampled", async () => {
+    const title = { model: "m", messages: [{ role: "user" as const, content: "Write a title for: build a.txt" }] };
+    const src = await open(h);
+    await sdk(h, src).chat.completions.create(title);
+    await runAgent(h, src, user);
+    const srcRecords = await h.records(src.id);
+    // Branched at 1: the title request is replayed, the first step sampled; the first step reaches the gateway first.
+    const branch = await open(h, { replay: { session_id: src.id, calls: 1 } });
+    const firstStep = await sdk(h, branch).chat.completions.create({ model: "m", messages: [{ role: "user", content: user }], tools: TOOLS });
+    const titled = await sdk(h, branch).chat.completions.create(title);
+    expect(firstStep.choices[0]!.message.tool_calls).toHaveLength(1);
+    expect(titled.choices[0]!.message.content).toBe(srcRecords[0]!.message.content);
+    expect((await h.records(branch.id)).map((r) => r.replayed_from ?? null)).toEqual([null, srcRecords[0]!.id]);
+    expect((await session(h, branch.id)).replay_diverged).toBeNull();
+  });
+
+  it("a source deleted while its branch replays it: the branch's next replayed call is refused saying so, not blamed on the agent", async () => {
+    const src = await open(h);
+    await runAgent(h, src, user);
+    const branch = await open(h, { replay: { session_id: src.id, calls: 3 } });
+    const client = sdk(h, branch);
+    const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: user }];
+    const msg = (await client.chat.completions.create({ model: "m", messages, tools: TOOLS })).choices[0]!.message;
+    messages.push(msg, { role: "tool", tool_call_id: msg.tool_calls![0]!.id, content: "ok 0" });
+    expect((await fetch(`${h.url}/v1/sessions/${src.id}`, { method: "DELETE" })).status).toBe(204);
+    const err = await client.chat.completions.create({ model: "m", messages, tools: TOOLS }).then(
+      () => null,
+      (e: unknown) => e as InstanceType<typeof OpenAI.APIError>,
+    );
+    expect(err?.status).toBe(409);
+    expect(err?.message).toMatch(/source session .* was deleted/);
+    expect((await session(h, branch.id)).replay_diverged).toEqual({ call: 1, message: expect.stringMatching(/was deleted/) });
+  });
+
   it("an agent's calls sent together reach the gateway in another order than in the source (a title request beside the first step): each is replayed from the call that asked it", async () => {
     const title = { model: "m", messages: [{ role: "user" as const, content: "Write a title for: build a.txt" }] };
     const src = await open(h);

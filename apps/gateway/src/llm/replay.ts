@@ -65,14 +65,13 @@ export function replayDifference(recorded: CompletionRecord["request"], asked: C
 }
 
 /**
- * Why a rollout with these records cannot be replayed to call `calls` (each of its first `calls`
- * calls needs a record to answer from), or null when it can.
+ * Why a rollout that numbered `numbered` calls, with these records, cannot be replayed to call
+ * `calls`, or null when it can. A call of it that failed (no record) is no obstacle: its answer
+ * is the agent's retry's, a later call's (chat-call.ts `replaySource`).
  */
-export function replayGap(records: readonly Pick<CompletionRecord, "seq">[], calls: number): string | null {
-  const seqs = new Set(records.map((r) => r.seq));
-  for (let seq = 0; seq < calls; seq++) {
-    if (!seqs.has(seq)) return seq >= records.length ? `its rollout made ${records.length} LLM calls` : `its call ${seq} has no record (it failed)`;
-  }
+export function replayGap(records: readonly Pick<CompletionRecord, "seq">[], calls: number, numbered: number): string | null {
+  if (calls > numbered) return `its rollout made ${numbered} LLM calls`;
+  if (!records.some((r) => r.seq < calls)) return `none of its first ${calls} calls has a record (they failed)`;
   return null;
 }
 

@@ -78,7 +78,7 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
         // calls that have answered, on any replica (one that just answered may still be storing it).
         if (source.state === "closed") await ctx.caller.pending.settled(sourceId);
         else await ctx.caller.pending.earlierSettled(sourceId, calls);
-        const gap = replayGap(await ctx.sessions.recordHeads(sourceId), calls);
+        const gap = replayGap(await ctx.sessions.recordHeads(sourceId), calls, await ctx.sessions.numberedCalls(sourceId));
         if (gap) return reply.code(409).send(errorBody("conflict", `session ${sourceId} cannot be replayed to call ${calls}: ${gap}`));
       }
       const healthy = ctx.registry.members().filter((m) => !ctx.health.isDown(m));
