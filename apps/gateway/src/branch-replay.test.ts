@@ -266,6 +266,24 @@ describe("replaying a recorded rollout", () => {
     expect((await session(h, branch.id)).replay_diverged).toEqual({ call: 1, message: expect.stringMatching(/was deleted/) });
   });
 
+  it("a branch's session counts its replayed calls and their tokens, and its limits hold them: the branch has the budget its source had at the branch point", async () => {
+    const upTo2 = sourceRecords.slice(0, 2).reduce((n, r) => n + r.usage.prompt_tokens + r.usage.completion_tokens, 0);
+    const refused = async (limits: Record<string, number>) => {
+      const branch = await open(h, { replay: { session_id: source.id, calls: 2 }, limits });
+      const err = await runAgent(h, branch, user).then(
+        () => null,
+        (e: unknown) => e as InstanceType<typeof OpenAI.APIError>,
+      );
+      const s = await session(h, branch.id);
+      // The two replayed calls are the session's, though the engine spent nothing on them.
+      expect(s.counts).toMatchObject({ llm_calls: 2, prompt_tokens: sourceRecords[0]!.usage.prompt_tokens + sourceRecords[1]!.usage.prompt_tokens });
+      expect((await h.records(branch.id)).map((r) => r.replayed_from)).toEqual([sourceRecords[0]!.id, sourceRecords[1]!.id]);
+      return err;
+    };
+    expect((await refused({ max_total_tokens: upTo2 }))?.message).toMatch(/max_total_tokens/);
+    expect((await refused({ max_llm_calls: 2 }))?.status).toBe(400);
+  });
+
   it("an agent's calls sent together reach the gateway in another order than in the source (a title request beside the first step): each is replayed from the call that asked it", async () => {
     const title = { model: "m", messages: [{ role: "user" as const, content: "Write a title for: build a.txt" }] };
     const src = await open(h);
@@ -375,5 +393,28 @@ describe("replaying a recorded rollout", () => {
   it("a replay of a session that does not exist is refused when the session is opened", async () => {
     const res = await open(h, { replay: { session_id: "s-nope", calls: 1 } });
     expect(res.status).toBe(404);
+  });
+});
+
+describe("where a branch is sampled", () => {
+  it("on its source's rank (its prefix cache holds the replayed prefix) while that rank is not ROLLGATE_AFFINITY_MAX_SKEW sessions busier than the least-loaded one; then the source's next branches move, together", async () => {
+    const h = await startHarness("branch-spread", { dpSize: 4 }, { ROLLGATE_AFFINITY_MAX_SKEW: "2" });
+    try {
+      const src = await open(h);
+      await runAgent(h, src, `build a.txt\n#sim: ${JSON.stringify(steps)}`);
+      const rank = async (id: string) => (await session(h, id)).assignment!.dp_rank;
+      const home = await rank(src.id);
+      const ranks: number[] = [];
+      for (let i = 0; i < 4; i++) ranks.push(await rank((await open(h, { replay: { session_id: src.id, calls: 2 } })).id));
+      // Open sessions: the source's rank 1, the others 0. The first branch joins the source (2);
+      // the second would make it 3, two more than the least-loaded: it goes to another rank, and
+      // the third follows it there (the prefix it replays is now cached there too).
+      expect(ranks[0]).toBe(home);
+      expect(ranks[1]).not.toBe(home);
+      expect(ranks[2]).toBe(ranks[1]);
+      expect(new Set(ranks).size).toBeGreaterThan(1);
+    } finally {
+      await h.close();
+    }
   });
 });
