@@ -144,6 +144,49 @@ describe("replaying a recorded rollout", () => {
     expect(t.traces[0]!.response_logprobs.slice(spans[0]!.output_start, spans[0]!.end)).toEqual(sourceRecords[0]!.output_logprobs);
   });
 
+  it("the trainer formats of a branch: replayed answers are mask 0 with logprob 0, or the source's logprobs with train_replayed; sampled ones the engine's", async () => {
+    for (const train of [false, true]) {
+      const branch = await open(h, { replay: { session_id: source.id, calls: 2, train } });
+      await runAgent(h, branch, user);
+      const records = await h.records(branch.id);
+      const t = (await (await fetch(`${h.url}/v1/sessions/${branch.id}/trajectory`)).json()) as Trajectory;
+      const spans = t.stats.per_trace[0]!.spans;
+      const fetchFormat = async (format: string) => ((await (await fetch(`${h.url}/v1/sessions/${branch.id}/trajectory?format=${format}`)).json()) as { samples: Record<string, number[]>[] }).samples;
+      const [verl] = await fetchFormat("verl");
+      const [slime] = await fetchFormat("slime");
+      const [prime] = await fetchFormat("prime-rl");
+      for (const k of [0, 1, 2, 3]) {
+        // Spans index the response, as the formats' masks and logprobs do.
+        const from = spans[k]!.output_start;
+        const to = spans[k]!.end;
+        const replayed = k < 2;
+        const mask = replayed && !train ? 0 : 1;
+        const logprobs = replayed && !train ? records[k]!.output_ids.map(() => 0) : (replayed ? sourceRecords[k]! : records[k]!).output_logprobs;
+        for (const [m, l] of [
+          [verl!.response_mask, verl!.rollout_log_probs],
+          [slime!.loss_mask, slime!.rollout_log_probs],
+          [prime!.completion_mask, prime!.completion_logprobs],
+        ] as const) {
+          expect(m!.slice(from, to).every((x) => x === mask)).toBe(true);
+          expect(l!.slice(from, to)).toEqual(logprobs);
+        }
+      }
+    }
+  });
+
+  it("past the branch point nothing the agent asks makes the branch diverge (an agent cannot get its run unscored at will): a replayed request asked again, or anything else, is sampled", async () => {
+    const branch = await open(h, { replay: { session_id: source.id, calls: 1 } });
+    const client = sdk(h, branch);
+    const first = { model: "m", messages: [{ role: "user" as const, content: user }], tools: TOOLS };
+    await client.chat.completions.create(first);
+    // Calls 1 to 3: the first request again (its answer was given: not replayed twice), then stranger ones.
+    await client.chat.completions.create(first);
+    await client.chat.completions.create({ model: "m", messages: [{ role: "user", content: "something else entirely" }] });
+    await client.chat.completions.create({ model: "m", messages: [{ role: "user", content: "and another" }], reasoning_effort: "low" });
+    expect((await h.records(branch.id)).map((r) => r.replayed_from ?? null)).toEqual([sourceRecords[0]!.id, null, null, null]);
+    expect((await session(h, branch.id)).replay_diverged).toBeNull();
+  });
+
   it("a streaming agent gets the replayed answer as a stream in its protocol (Anthropic Messages)", async () => {
     const src = await open(h);
     const anthropic = (s: Opened) => new Anthropic({ baseURL: `${h.url}/s/${s.id}`, apiKey: s.token, maxRetries: 0 });
