@@ -10,7 +10,9 @@ import Anthropic from "@anthropic-ai/sdk";
 import type { CompletionRecord, Session, Trajectory } from "@rollgate/protocol";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startHarness, type Harness } from "./__fixtures__/harness.js";
+import { keys } from "@rollgate/store";
+import { Redis } from "ioredis";
+import { TEST_REDIS_URL, startHarness, type Harness } from "./__fixtures__/harness.js";
 
 const TOOLS: OpenAI.ChatCompletionTool[] = [{ type: "function", function: { name: "shell", parameters: { type: "object", properties: { command: { type: "string" } } } } }];
 const steps = [
@@ -185,6 +187,35 @@ describe("replaying a recorded rollout", () => {
     await client.chat.completions.create({ model: "m", messages: [{ role: "user", content: "and another" }], reasoning_effort: "low" });
     expect((await h.records(branch.id)).map((r) => r.replayed_from ?? null)).toEqual([sourceRecords[0]!.id, null, null, null]);
     expect((await session(h, branch.id)).replay_diverged).toBeNull();
+  });
+
+  it("a branch of a source still open over a call still running is refused saying so (it is no failed call: its answer is on its way)", async () => {
+    const src = await open(h);
+    const client = sdk(h, src);
+    const first = { model: "m", messages: [{ role: "user" as const, content: user }], tools: TOOLS };
+    await client.chat.completions.create(first);
+    const rank = (await session(h, src.id)).assignment!.dp_rank;
+    await h.sim.inject({ method: "POST", url: "/sim/faults", payload: { rank, mode: "slow", delay_ms: 3000 } });
+    try {
+      const stop = new AbortController();
+      const running = client.chat.completions.create({ model: "m", messages: [{ role: "user", content: "slow one" }] }, { signal: stop.signal }).catch(() => null);
+      // Branched once the gateway has numbered the running call.
+      const redis = new Redis(TEST_REDIS_URL, { maxRetriesPerRequest: 1 });
+      try {
+        while ((await redis.zcard(keys(h.prefix).pendingCalls(src.id))) === 0) await new Promise((r) => setTimeout(r, 20));
+      } finally {
+        redis.disconnect();
+      }
+      const res = await fetch(`${h.url}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ replay: { session_id: src.id, calls: 2 } }) });
+      expect(res.status).toBe(409);
+      expect(((await res.json()) as { error: { message: string } }).error.message).toMatch(/call 1 has not answered yet/);
+      stop.abort();
+      await running;
+    } finally {
+      await h.sim.inject({ method: "POST", url: "/sim/faults", payload: { mode: "none" } });
+    }
+    // Once it has ended (here without an answer: a failed call, no record), the branch point is there.
+    expect((await open(h, { replay: { session_id: src.id, calls: 2 } })).status).toBe(201);
   });
 
   it("a streaming agent gets the replayed answer as a stream in its protocol (Anthropic Messages)", async () => {

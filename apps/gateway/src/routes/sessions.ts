@@ -77,7 +77,13 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
         // Each replayed call needs a record to answer from. A source still open: the records of its
         // calls that have answered, on any replica (one that just answered may still be storing it).
         if (source.state === "closed") await ctx.caller.pending.settled(sourceId);
-        else await ctx.caller.pending.earlierSettled(sourceId, calls);
+        else {
+          // A call still running is no failed one (its answer is on its way): not a gap to replay over.
+          const running = await ctx.caller.pending.earlierSettled(sourceId, calls);
+          if (running.length > 0) {
+            return reply.code(409).send(errorBody("conflict", `session ${sourceId} cannot be replayed to call ${calls} yet: its call ${running[0]} has not answered yet`));
+          }
+        }
         const gap = replayGap(await ctx.sessions.recordHeads(sourceId), calls, await ctx.sessions.numberedCalls(sourceId));
         if (gap) return reply.code(409).send(errorBody("conflict", `session ${sourceId} cannot be replayed to call ${calls}: ${gap}`));
       }
