@@ -571,7 +571,13 @@ export class ChatCaller {
     // A branch's replayed call: the source's answer, no engine.
     if (call.replay) {
       // An agent that asked for logprobs reads their tokens' text, as it would a sampled answer's.
-      const texts = call.engineCall.request.client_logprobs ? await this.tokenTexts(call.target.engineIndex, call.replay.output_ids) : undefined;
+      // The engine is asked only to spell them: one that cannot leaves them unspelled, not the call failed.
+      const texts = call.engineCall.request.client_logprobs
+        ? await this.tokenTexts(call.target.engineIndex, call.replay.output_ids).catch((err: Error) => {
+            this.deps.log.warn({ session_id: call.session.id, seq: call.seq, err: err.message }, "cannot spell a replayed answer's tokens: its logprobs go without their text");
+            return undefined;
+          })
+        : undefined;
       const result = recordedResult(call.replay, texts);
       if (streamed) yield* resultAsEvents(result);
       this.record(call, result);
