@@ -184,7 +184,8 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       }
       for (const t of tasks) await submit(t);
       // Accepted on purpose (a whole-rollout replay is the cheapest replay-and-mask check), but said.
-      return reply.code(202).send({ group_id: groupId, task_ids: tasks.map((t) => t.id), whole_rollout: body.at_call >= made });
+      // (A rollout whose last call failed leaves that call to sample.)
+      return reply.code(202).send({ group_id: groupId, task_ids: tasks.map((t) => t.id), whole_rollout: body.at_call >= made && lastSeq === made - 1 });
     });
 
     const listSchema = {
