@@ -196,8 +196,9 @@ describe("replaying a recorded rollout", () => {
     await client.chat.completions.create(first);
     const rank = (await session(h, src.id)).assignment!.dp_rank;
     await h.sim.inject({ method: "POST", url: "/sim/faults", payload: { rank, mode: "slow", delay_ms: 3000 } });
+    // Ended however the test goes: a slow call left running would hold the harness's close.
+    const stop = new AbortController();
     try {
-      const stop = new AbortController();
       const running = client.chat.completions.create({ model: "m", messages: [{ role: "user", content: "slow one" }] }, { signal: stop.signal }).catch(() => null);
       // Branched once the gateway has numbered the running call.
       const redis = new Redis(TEST_REDIS_URL, { maxRetriesPerRequest: 1 });
@@ -212,6 +213,7 @@ describe("replaying a recorded rollout", () => {
       stop.abort();
       await running;
     } finally {
+      stop.abort();
       await h.sim.inject({ method: "POST", url: "/sim/faults", payload: { mode: "none" } });
     }
     // Once it has ended (here without an answer: a failed call, no record), the branch point is there.
