@@ -148,6 +148,14 @@ describe("branching a recorded rollout", () => {
     const far = await api(`/v1/tasks/${id}/branches`, { body: { at_call: 9, n: 2 } });
     expect(far.status).toBe(409);
     expect(JSON.stringify(far.body)).toMatch(/made 4 LLM calls/);
+    // At its last call a branch replays every call and samples nothing: accepted (the cheapest
+    // replay-and-mask check), and the answer says so.
+    const whole = await api(`/v1/tasks/${id}/branches`, { body: { at_call: 4, n: 1 } });
+    expect(whole.status).toBe(202);
+    expect(whole.body).toMatchObject({ whole_rollout: true });
+    const copy = await terminal((whole.body as { task_ids: string[] }).task_ids[0]!);
+    expect(copy.result).toMatchObject({ status: "completed", reward: 1 });
+    expect((copy.result!.trajectory as Trajectory).stats.trainable_tokens).toBe(0);
     expect((await api(`/v1/tasks/nope/branches`, { body: { at_call: 1, n: 1 } })).status).toBe(404);
     expect((await api(`/v1/tasks/${id}/branches`, { body: { at_call: 0, n: 1 } })).status).toBe(400);
 
@@ -158,6 +166,7 @@ describe("branching a recorded rollout", () => {
     expect(made.status).toBe(0);
     const { group_id, task_ids } = JSON.parse(made.stdout) as { group_id: string; task_ids: string[] };
     expect(task_ids).toEqual([`${group_id}-0`, `${group_id}-1`]);
+    expect(JSON.parse(made.stdout)).toMatchObject({ whole_rollout: false });
     for (const t of task_ids) expect((await terminal(t)).result).toMatchObject({ status: "completed", reward: 1 });
     const usage = cli("branch", id);
     expect(usage.status).toBe(2);

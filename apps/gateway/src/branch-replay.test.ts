@@ -10,7 +10,9 @@ import Anthropic from "@anthropic-ai/sdk";
 import type { CompletionRecord, Session, Trajectory } from "@rollgate/protocol";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startHarness, type Harness } from "./__fixtures__/harness.js";
+import { keys } from "@rollgate/store";
+import { Redis } from "ioredis";
+import { TEST_REDIS_URL, startHarness, type Harness } from "./__fixtures__/harness.js";
 
 const TOOLS: OpenAI.ChatCompletionTool[] = [{ type: "function", function: { name: "shell", parameters: { type: "object", properties: { command: { type: "string" } } } } }];
 const steps = [
@@ -144,6 +146,80 @@ describe("replaying a recorded rollout", () => {
     expect(t.traces[0]!.response_logprobs.slice(spans[0]!.output_start, spans[0]!.end)).toEqual(sourceRecords[0]!.output_logprobs);
   });
 
+  it("the trainer formats of a branch: replayed answers are mask 0 with logprob 0, or the source's logprobs with train_replayed; sampled ones the engine's", async () => {
+    for (const train of [false, true]) {
+      const branch = await open(h, { replay: { session_id: source.id, calls: 2, train } });
+      await runAgent(h, branch, user);
+      const records = await h.records(branch.id);
+      const t = (await (await fetch(`${h.url}/v1/sessions/${branch.id}/trajectory`)).json()) as Trajectory;
+      const spans = t.stats.per_trace[0]!.spans;
+      const fetchFormat = async (format: string) => ((await (await fetch(`${h.url}/v1/sessions/${branch.id}/trajectory?format=${format}`)).json()) as { samples: Record<string, number[]>[] }).samples;
+      const [verl] = await fetchFormat("verl");
+      const [slime] = await fetchFormat("slime");
+      const [prime] = await fetchFormat("prime-rl");
+      for (const k of [0, 1, 2, 3]) {
+        // Spans index the response, as the formats' masks and logprobs do.
+        const from = spans[k]!.output_start;
+        const to = spans[k]!.end;
+        const replayed = k < 2;
+        const mask = replayed && !train ? 0 : 1;
+        const logprobs = replayed && !train ? records[k]!.output_ids.map(() => 0) : (replayed ? sourceRecords[k]! : records[k]!).output_logprobs;
+        for (const [m, l] of [
+          [verl!.response_mask, verl!.rollout_log_probs],
+          [slime!.loss_mask, slime!.rollout_log_probs],
+          [prime!.completion_mask, prime!.completion_logprobs],
+        ] as const) {
+          expect(m!.slice(from, to).every((x) => x === mask)).toBe(true);
+          expect(l!.slice(from, to)).toEqual(logprobs);
+        }
+      }
+    }
+  });
+
+  it("past the branch point nothing the agent asks makes the branch diverge (an agent cannot get its run unscored at will): a replayed request asked again, or anything else, is sampled", async () => {
+    const branch = await open(h, { replay: { session_id: source.id, calls: 1 } });
+    const client = sdk(h, branch);
+    const first = { model: "m", messages: [{ role: "user" as const, content: user }], tools: TOOLS };
+    await client.chat.completions.create(first);
+    // Calls 1 to 3: the first request again (its answer was given: not replayed twice), then stranger ones.
+    await client.chat.completions.create(first);
+    await client.chat.completions.create({ model: "m", messages: [{ role: "user", content: "something else entirely" }] });
+    await client.chat.completions.create({ model: "m", messages: [{ role: "user", content: "and another" }], reasoning_effort: "low" });
+    expect((await h.records(branch.id)).map((r) => r.replayed_from ?? null)).toEqual([sourceRecords[0]!.id, null, null, null]);
+    expect((await session(h, branch.id)).replay_diverged).toBeNull();
+  });
+
+  it("a branch of a source still open over a call still running is refused saying so (it is no failed call: its answer is on its way)", async () => {
+    const src = await open(h);
+    const client = sdk(h, src);
+    const first = { model: "m", messages: [{ role: "user" as const, content: user }], tools: TOOLS };
+    await client.chat.completions.create(first);
+    const rank = (await session(h, src.id)).assignment!.dp_rank;
+    await h.sim.inject({ method: "POST", url: "/sim/faults", payload: { rank, mode: "slow", delay_ms: 3000 } });
+    // Ended however the test goes: a slow call left running would hold the harness's close.
+    const stop = new AbortController();
+    try {
+      const running = client.chat.completions.create({ model: "m", messages: [{ role: "user", content: "slow one" }] }, { signal: stop.signal }).catch(() => null);
+      // Branched once the gateway has numbered the running call.
+      const redis = new Redis(TEST_REDIS_URL, { maxRetriesPerRequest: 1 });
+      try {
+        while ((await redis.zcard(keys(h.prefix).pendingCalls(src.id))) === 0) await new Promise((r) => setTimeout(r, 20));
+      } finally {
+        redis.disconnect();
+      }
+      const res = await fetch(`${h.url}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ replay: { session_id: src.id, calls: 2 } }) });
+      expect(res.status).toBe(409);
+      expect(((await res.json()) as { error: { message: string } }).error.message).toMatch(/call 1 has not answered yet/);
+      stop.abort();
+      await running;
+    } finally {
+      stop.abort();
+      await h.sim.inject({ method: "POST", url: "/sim/faults", payload: { mode: "none" } });
+    }
+    // Once it has ended (here without an answer: a failed call, no record), the branch point is there.
+    expect((await open(h, { replay: { session_id: src.id, calls: 2 } })).status).toBe(201);
+  });
+
   it("a streaming agent gets the replayed answer as a stream in its protocol (Anthropic Messages)", async () => {
     const src = await open(h);
     const anthropic = (s: Opened) => new Anthropic({ baseURL: `${h.url}/s/${s.id}`, apiKey: s.token, maxRetries: 0 });
@@ -178,6 +254,110 @@ describe("replaying a recorded rollout", () => {
       expect(usage).toEqual(original.usage);
       expect((await h.records(branch.id))[0]!.replayed_from).toBe((await h.records(src.id))[0]!.id);
     }
+  });
+
+  it("a replayed call's logprobs carry each token's text, as the engine spelled it for the source (chat completions, streamed or not; Responses output_text)", async () => {
+    const body = { model: "m", messages: [{ role: "user" as const, content: `hi\n#sim: ${JSON.stringify([{ text: "héllo there, naïve wörld" }])}` }], logprobs: true };
+    const src = await open(h);
+    const original = (await sdk(h, src).chat.completions.create(body)).choices[0]!.logprobs!.content!;
+    expect(original.length).toBeGreaterThan(3);
+    expect(original.every((l) => l.token !== "")).toBe(true);
+    const without = (ls: { token: string; logprob: number; bytes: number[] | null }[]) => ls.map((l) => ({ token: l.token, logprob: l.logprob, bytes: l.bytes }));
+    const branch = await open(h, { replay: { session_id: src.id, calls: 1 } });
+    const replayed = (await sdk(h, branch).chat.completions.create(body)).choices[0]!.logprobs!.content!;
+    expect(without(replayed)).toEqual(without(original));
+    // Streamed: the same tokens, chunk by chunk.
+    const streamedBranch = await open(h, { replay: { session_id: src.id, calls: 1 } });
+    const streamed: { token: string; logprob: number; bytes: number[] | null }[] = [];
+    for await (const chunk of await sdk(h, streamedBranch).chat.completions.create({ ...body, stream: true })) streamed.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+    expect(without(streamed)).toEqual(without(original));
+    // Responses: the output_text's own tokens, found by their text.
+    const rbody = { model: "m", input: `hi\n#sim: ${JSON.stringify([{ text: "hello there" }])}`, include: ["message.output_text.logprobs" as const] };
+    const rsrc = await open(h);
+    const textOf = (r: OpenAI.Responses.Response) => (r.output.find((o) => o.type === "message") as OpenAI.Responses.ResponseOutputMessage).content[0] as OpenAI.Responses.ResponseOutputText;
+    const rOriginal = textOf(await sdk(h, rsrc).responses.create(rbody)).logprobs!;
+    expect(rOriginal.length).toBeGreaterThan(0);
+    const rbranch = await open(h, { replay: { session_id: rsrc.id, calls: 1 } });
+    expect(textOf(await sdk(h, rbranch).responses.create(rbody)).logprobs).toEqual(rOriginal);
+  });
+
+  it("a source call that failed (no record) leaves later branch points: the branch is answered by the source's retry, and samples once the source's answers below the point are given", async () => {
+    const fault = (mode: string) => h.sim.inject({ method: "POST", url: "/sim/faults", payload: { mode } });
+    const src = await open(h);
+    const client = sdk(h, src);
+    const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: user }];
+    for (let i = 0; i < 8; i++) {
+      if (i === 1) {
+        // The engine fails the second step once: the source's call 1 has no record; the agent asks again (call 2).
+        await fault("error");
+        await expect(client.chat.completions.create({ model: "m", messages, tools: TOOLS })).rejects.toThrow();
+        await fault("none");
+      }
+      const msg = (await client.chat.completions.create({ model: "m", messages, tools: TOOLS })).choices[0]!.message;
+      messages.push(msg);
+      if (!msg.tool_calls?.length) break;
+      for (const c of msg.tool_calls) messages.push({ role: "tool", tool_call_id: c.id, content: `ok ${i}` });
+    }
+    const srcRecords = await h.records(src.id);
+    expect(srcRecords.map((r) => r.seq)).toEqual([0, 2, 3, 4]);
+    // Branched at the source's call 3: the answers of its calls 0 and 2 are replayed, then the branch samples.
+    const branch = await open(h, { replay: { session_id: src.id, calls: 3 } });
+    expect(branch.status).toBe(201);
+    await runAgent(h, branch, user);
+    expect((await h.records(branch.id)).map((r) => r.replayed_from ?? null)).toEqual([srcRecords[0]!.id, srcRecords[1]!.id, null, null]);
+    expect((await session(h, branch.id)).replay_diverged).toBeNull();
+  });
+
+  it("calls sent together across the branch point (a title request beside the first step) arrive the other way round: the one before the point is replayed, the one after it sampled", async () => {
+    const title = { model: "m", messages: [{ role: "user" as const, content: "Write a title for: build a.txt" }] };
+    const src = await open(h);
+    await sdk(h, src).chat.completions.create(title);
+    await runAgent(h, src, user);
+    const srcRecords = await h.records(src.id);
+    // Branched at 1: the title request is replayed, the first step sampled; the first step reaches the gateway first.
+    const branch = await open(h, { replay: { session_id: src.id, calls: 1 } });
+    const firstStep = await sdk(h, branch).chat.completions.create({ model: "m", messages: [{ role: "user", content: user }], tools: TOOLS });
+    const titled = await sdk(h, branch).chat.completions.create(title);
+    expect(firstStep.choices[0]!.message.tool_calls).toHaveLength(1);
+    expect(titled.choices[0]!.message.content).toBe(srcRecords[0]!.message.content);
+    expect((await h.records(branch.id)).map((r) => r.replayed_from ?? null)).toEqual([null, srcRecords[0]!.id]);
+    expect((await session(h, branch.id)).replay_diverged).toBeNull();
+  });
+
+  it("a source deleted while its branch replays it: the branch's next replayed call is refused saying so, not blamed on the agent", async () => {
+    const src = await open(h);
+    await runAgent(h, src, user);
+    const branch = await open(h, { replay: { session_id: src.id, calls: 3 } });
+    const client = sdk(h, branch);
+    const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: user }];
+    const msg = (await client.chat.completions.create({ model: "m", messages, tools: TOOLS })).choices[0]!.message;
+    messages.push(msg, { role: "tool", tool_call_id: msg.tool_calls![0]!.id, content: "ok 0" });
+    expect((await fetch(`${h.url}/v1/sessions/${src.id}`, { method: "DELETE" })).status).toBe(204);
+    const err = await client.chat.completions.create({ model: "m", messages, tools: TOOLS }).then(
+      () => null,
+      (e: unknown) => e as InstanceType<typeof OpenAI.APIError>,
+    );
+    expect(err?.status).toBe(409);
+    expect(err?.message).toMatch(/source session .* was deleted/);
+    expect((await session(h, branch.id)).replay_diverged).toEqual({ call: 1, message: expect.stringMatching(/was deleted/) });
+  });
+
+  it("a branch's session counts its replayed calls and their tokens, and its limits hold them: the branch has the budget its source had at the branch point", async () => {
+    const upTo2 = sourceRecords.slice(0, 2).reduce((n, r) => n + r.usage.prompt_tokens + r.usage.completion_tokens, 0);
+    const refused = async (limits: Record<string, number>) => {
+      const branch = await open(h, { replay: { session_id: source.id, calls: 2 }, limits });
+      const err = await runAgent(h, branch, user).then(
+        () => null,
+        (e: unknown) => e as InstanceType<typeof OpenAI.APIError>,
+      );
+      const s = await session(h, branch.id);
+      // The two replayed calls are the session's, though the engine spent nothing on them.
+      expect(s.counts).toMatchObject({ llm_calls: 2, prompt_tokens: sourceRecords[0]!.usage.prompt_tokens + sourceRecords[1]!.usage.prompt_tokens });
+      expect((await h.records(branch.id)).map((r) => r.replayed_from)).toEqual([sourceRecords[0]!.id, sourceRecords[1]!.id]);
+      return err;
+    };
+    expect((await refused({ max_total_tokens: upTo2 }))?.message).toMatch(/max_total_tokens/);
+    expect((await refused({ max_llm_calls: 2 }))?.status).toBe(400);
   });
 
   it("an agent's calls sent together reach the gateway in another order than in the source (a title request beside the first step): each is replayed from the call that asked it", async () => {
@@ -289,5 +469,28 @@ describe("replaying a recorded rollout", () => {
   it("a replay of a session that does not exist is refused when the session is opened", async () => {
     const res = await open(h, { replay: { session_id: "s-nope", calls: 1 } });
     expect(res.status).toBe(404);
+  });
+});
+
+describe("where a branch is sampled", () => {
+  it("on its source's rank (its prefix cache holds the replayed prefix) while that rank is not ROLLGATE_AFFINITY_MAX_SKEW sessions busier than the least-loaded one; then the source's next branches move, together", async () => {
+    const h = await startHarness("branch-spread", { dpSize: 4 }, { ROLLGATE_AFFINITY_MAX_SKEW: "2" });
+    try {
+      const src = await open(h);
+      await runAgent(h, src, `build a.txt\n#sim: ${JSON.stringify(steps)}`);
+      const rank = async (id: string) => (await session(h, id)).assignment!.dp_rank;
+      const home = await rank(src.id);
+      const ranks: number[] = [];
+      for (let i = 0; i < 4; i++) ranks.push(await rank((await open(h, { replay: { session_id: src.id, calls: 2 } })).id));
+      // Open sessions: the source's rank 1, the others 0. The first branch joins the source (2);
+      // the second would make it 3, two more than the least-loaded: it goes to another rank, and
+      // the third follows it there (the prefix it replays is now cached there too).
+      expect(ranks[0]).toBe(home);
+      expect(ranks[1]).not.toBe(home);
+      expect(ranks[2]).toBe(ranks[1]);
+      expect(new Set(ranks).size).toBeGreaterThan(1);
+    } finally {
+      await h.close();
+    }
   });
 });

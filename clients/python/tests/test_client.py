@@ -77,6 +77,8 @@ class ClientTest(unittest.TestCase):
         source = c.wait(c.submit(answer_task())["id"], timeout=90, poll_interval=0.2)
         branched = c.branch(source["id"], at_call=1, n=2)
         self.assertEqual(len(branched["task_ids"]), 2)
+        # At the one-call task's last call on purpose: the gateway says the branches sample nothing.
+        self.assertIs(branched["whole_rollout"], True)
         results = c.wait_group(branched["group_id"], timeout=120, poll_interval=0.3)
         self.assertEqual([r["reward"] for r in results], [1, 1])
         for r in results:

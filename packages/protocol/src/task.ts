@@ -424,7 +424,15 @@ export const BranchRequest = z
   .strict();
 export type BranchRequest = z.infer<typeof BranchRequest>;
 
-export const BranchAccepted = z.object({ group_id: z.string(), task_ids: z.array(z.string()) });
+export const BranchAccepted = z.object({
+  group_id: z.string(),
+  task_ids: z.array(z.string()),
+  /**
+   * `at_call` is the number of calls the source made: every branch replays the whole rollout, its
+   * last answer included, and samples nothing (no trainable token unless `train_replayed`).
+   */
+  whole_rollout: z.boolean().default(false),
+});
 export type BranchAccepted = z.infer<typeof BranchAccepted>;
 
 export const TaskEventType = z.enum(["queued", "started", "llm_call", "evaluating", "terminal", "cancel_requested", "retrying"]);

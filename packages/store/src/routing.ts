@@ -112,6 +112,15 @@ export class RankRouter {
     return typeof res === "string" ? res : null;
   }
 
+  /**
+   * Sessions under `affinityKey` start on `member` unless the key already holds a rank (then
+   * `assign` with the affinity policy keeps them there, or moves the key when the rank is down or
+   * overloaded).
+   */
+  async prefer(affinityKey: string, member: string): Promise<void> {
+    await this.redis.set(this.k.affinity(affinityKey), member, "EX", this.affinityTtlSeconds, "NX");
+  }
+
   /** Marks a rank down (no new sessions; its sessions move on their next call) or up again. */
   async setDown(member: string, down: boolean): Promise<void> {
     if (down) await this.redis.sadd(this.k.downRanks(), member);

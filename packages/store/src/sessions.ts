@@ -522,6 +522,11 @@ export class SessionStore {
     return Number(await this.scripts.reassign(this.k.session(id), from, JSON.stringify(assignment), rankMember)) === 1;
   }
 
+  /** How many call numbers the session gave out (recorded, failed or lost calls alike). */
+  async numberedCalls(id: string): Promise<number> {
+    return Number((await this.redis.hget(this.k.session(id), "next_seq")) ?? 0);
+  }
+
   async rankMember(id: string): Promise<string | null> {
     return this.redis.hget(this.k.session(id), "rank_member");
   }

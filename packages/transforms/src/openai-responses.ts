@@ -61,8 +61,8 @@ import { NO_STRUCTURED_OUTPUT, NO_TOOL_TO_CALL, forcesACall, isTextFormat, refus
  *   given with the text delta that shows its character; one that never shows text of the message
  *   (the stop token, markup before a call) is in no `output_text`. Not streamed, the text is found
  *   among the tokens' texts (`textTokens`: a split character's pieces read U+FFFD, as vLLM spells
- *   them). Without token text (a branch's replayed answer) the text's tokens cannot be told:
- *   `logprobs` is `[]`.
+ *   them). Without token text the text's tokens cannot be told: `logprobs` is `[]` (a branch's replayed
+ *   answer has its tokens spelled by the gateway when logprobs are asked).
  * - `text.format` json_schema / json_object (structured output) is refused with a 400: the gateway
  *   does not constrain decoding, and an answer that ignored the schema would be trained as if it had
  *   followed it (unhonoured.ts). `{type: "text"}` is accepted.
@@ -647,8 +647,8 @@ function find(joined: string, text: string, from: number): [number, number] | nu
 /**
  * The tokens of `text` (the answer's text as shown) among an answer's tokens: those whose text
  * overlaps it, found after the reasoning and its end marker `end` (when there is any: a short text
- * could otherwise be found inside the marker). Empty when the tokens carry no text (a replayed
- * answer) or the text is not found in them.
+ * could otherwise be found inside the marker). Empty when the tokens carry no text or the text is
+ * not found in them.
  */
 export function textTokens(logprobs: readonly TokenLogprob[], reasoning: string | null, text: string, end?: string | null): TokenLogprob[] {
   if (text === "" || logprobs.length === 0) return [];

@@ -26,6 +26,7 @@ answers are loss_mask 0 unless --train-replayed. See docs/data-model.md#branches
     const s = ctx.style;
     ctx.out(`${s.bold(accepted.group_id)}: ${accepted.task_ids.length} branch(es) of ${id} at call ${at}`);
     for (const t of accepted.task_ids) ctx.out(`  ${t}`);
+    if (accepted.whole_rollout) ctx.out(s.yellow(`call ${at} is past the task's last call: every branch replays the whole rollout and samples nothing`));
     ctx.out(s.gray(`follow them: rollgate tasks --group ${accepted.group_id}`));
     return EXIT.ok;
   },

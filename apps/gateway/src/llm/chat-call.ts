@@ -291,10 +291,12 @@ export class ChatCaller {
     const viaGenerate = pauseMode === "in_place" && !guided && !chatStamps;
     if (pauseMode === "keep" || viaGenerate || chatStamps) engineCall.stamp = () => this.deps.pause.weights;
     if (caps?.streamedIds) engineCall.streamedIds = true;
-    const replayed = !!session.replay && seq < session.replay.calls;
-    let planned = history ? await this.restoreAndPlan(engineCall, history, tools, session.id, seq, caps, !replayed && !viaGenerate) : null;
-    // A branch's replayed call asks no engine: its tokens are its source's.
-    const tokenLimit = replayed ? undefined : limits.max_total_tokens;
+    // A branch's calls up to a few past its branch point may be replayed (calls sent together cross
+    // it in either order; a source call that failed leaves its answer to a later number).
+    const mayReplay = !!session.replay && seq < session.replay.calls + REPLAY_REORDER;
+    let planned = history ? await this.restoreAndPlan(engineCall, history, tools, session.id, seq, caps, !mayReplay && !viaGenerate) : null;
+    // Fitted only to calls the engine answers (a replayed call's tokens are its source's: it returns before).
+    const tokenLimit = limits.max_total_tokens;
     if (planned && "planning" in planned) {
       // Near the session's token limit the plan is made first: the call's prompt must be known to fit it.
       if (tokenLimit !== undefined && !(await this.fitBudget(session.id, seq, engineCall, null, tokenLimit, false))) planned = await planned.planning(null);
@@ -304,10 +306,8 @@ export class ChatCaller {
     }
     let tokenIn = planned;
     // A branch's replayed call, compared as the engine would have been asked (echoed turns restored and normalised).
-    if (replayed) {
-      const replay = await this.replaySource(session, seq, engineCall.request);
-      return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), toolsText: tools, engineCall, tokenIn: null, replay };
-    }
+    const replay = mayReplay ? await this.replaySource(session, seq, engineCall.request) : null;
+    if (replay) return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), toolsText: tools, engineCall, tokenIn: null, replay };
     if (viaGenerate && !tokenIn) {
       const rendered = await engineTokenizer.renderChat(engineCall, engineCall.request.messages);
       tokenIn = { route: SGLANG_GENERATE_ENGINE_PARSED, promptIds: rendered.ids, maxModelLen: rendered.maxModelLen, base: null };
@@ -404,28 +404,53 @@ export class ChatCaller {
   }
 
   /**
-   * The record that answers a branch's call `seq`: the source session's call of the same index,
-   * when the agent asked what the source asked; else a neighbouring replayed call that asked it
-   * (an agent that sends calls together, such as opencode's title request beside its first step,
-   * numbers them in whichever order they reach the gateway, in the source and in the branch alike).
-   * Otherwise the branch has left the recorded path: the session notes where (the rollout ends
-   * `replay_diverged`) and the call is refused.
+   * The record that answers a branch's call `seq`, or null when the call is past the branch point
+   * (sampled). The branch replays the source's recorded calls below `replay.calls`, each once: a
+   * call is answered by the source's call of its own number when it asked the same, or failing
+   * that by a neighbouring one that asked it and that no earlier call of the branch was answered
+   * with (an agent that sends calls together, such as opencode's title request beside its first
+   * step, numbers them in whichever order they reach the gateway; a source call that failed left
+   * no record, and the agent's retry took the next number). A call is past the branch point when
+   * its number is, when every recorded answer below the point has been given (the source's failed
+   * calls leave fewer answers than numbers), or when it asks what a source call from the point on
+   * asked (sent together with the last replayed one, it came first). Otherwise the branch has left
+   * the recorded path: the session notes where (the rollout ends `replay_diverged`) and the call
+   * is refused.
    */
-  private async replaySource(session: Session, seq: number, request: CanonicalChatRequest): Promise<CompletionRecord> {
+  private async replaySource(session: Session, seq: number, request: CanonicalChatRequest): Promise<CompletionRecord | null> {
     const replay = session.replay!;
-    const source = await this.deps.sessions.record(replay.session_id, seq);
-    const difference = source ? replayDifference(source.request, request) : `the source session ${replay.session_id} has no call ${seq}`;
-    if (source && !difference) return source;
+    const source = (n: number) => this.deps.sessions.record(replay.session_id, n);
+    const own = seq < replay.calls ? await source(seq) : null;
+    const difference = own ? replayDifference(own.request, request) : null;
+    if (own && !difference) return own;
+    const near: { record: CompletionRecord; asked: boolean }[] = [];
+    for (let other = Math.max(0, seq - REPLAY_REORDER); other < Math.min(replay.calls, seq + REPLAY_REORDER + 1); other++) {
+      const sibling = other === seq ? own : await source(other);
+      if (sibling) near.push({ record: sibling, asked: other !== seq && !replayDifference(sibling.request, request) });
+    }
+    // Past the point and asking nothing the source asked before it (every call of a branch that
+    // replayed in order): sampled, without waiting for the branch's earlier calls.
+    if (seq >= replay.calls && !near.some((n) => n.asked)) return null;
     // Two calls may ask the same and have been answered differently (parallel workers given one
     // prompt): a source call an earlier call of this branch was answered with is not given again.
     const used = await this.replayedEarlier(session.id, seq);
-    for (let other = Math.max(0, seq - REPLAY_REORDER); other < Math.min(replay.calls, seq + REPLAY_REORDER + 1); other++) {
-      if (other === seq) continue;
-      const sibling = await this.deps.sessions.record(replay.session_id, other);
-      if (sibling && !used.has(sibling.id) && !replayDifference(sibling.request, request)) return sibling;
+    const unused = near.filter((n) => !used.has(n.record.id));
+    const answer = unused.find((n) => n.asked);
+    if (answer) return answer.record;
+    if (seq >= replay.calls) return null;
+    // A deleted source has no records left: not a branch that diverged, and not one past its point.
+    if (!own && !(await this.deps.sessions.get(replay.session_id))) return this.diverged(session, seq, `the source session ${replay.session_id} was deleted while this branch replayed it`);
+    if (unused.length === 0) return null;
+    for (let later = replay.calls; later <= seq + REPLAY_REORDER; later++) {
+      const after = await source(later);
+      if (after && !replayDifference(after.request, request)) return null;
     }
-    await this.deps.sessions.markReplayDiverged(session.id, { call: seq, message: difference! });
-    throw new CallRejected(`the branch left the replayed rollout at call ${seq}: ${difference!}`, 409, "replay_diverged");
+    return this.diverged(session, seq, difference ?? `the source's call ${seq} has no record (it failed), and no call near it asked this`);
+  }
+
+  private async diverged(session: Session, seq: number, message: string): Promise<never> {
+    await this.deps.sessions.markReplayDiverged(session.id, { call: seq, message });
+    throw new CallRejected(`the branch left the replayed rollout at call ${seq}: ${message}`, 409, "replay_diverged");
   }
 
   /**
@@ -441,6 +466,14 @@ export class ChatCaller {
       if (replayedFrom) used.add(replayedFrom);
     }
     return used;
+  }
+
+  /** Each token's text by the engine's tokenizer: one (cached) detokenize per distinct id. */
+  private async tokenTexts(engineIndex: number, ids: readonly number[]): Promise<string[]> {
+    const distinct = [...new Set(ids)];
+    const texts = await Promise.all(distinct.map((id) => this.deps.registry.decode(engineIndex, [id])));
+    const byId = new Map(distinct.map((id, i) => [id, texts[i]!]));
+    return ids.map((id) => byId.get(id)!);
   }
 
   private servedModel(engine: number): Promise<string> {
@@ -631,7 +664,15 @@ export class ChatCaller {
   private async *answer(call: PreparedCall, streamed: boolean, answer: { recorded: boolean }): AsyncGenerator<EngineStreamEvent, EngineResult> {
     // A branch's replayed call: the source's answer, no engine.
     if (call.replay) {
-      const result = recordedResult(call.replay);
+      // An agent that asked for logprobs reads their tokens' text, as it would a sampled answer's.
+      // The engine is asked only to spell them: one that cannot leaves them unspelled, not the call failed.
+      const texts = call.engineCall.request.client_logprobs
+        ? await this.tokenTexts(call.target.engineIndex, call.replay.output_ids).catch((err: Error) => {
+            this.deps.log.warn({ session_id: call.session.id, seq: call.seq, err: err.message }, "cannot spell a replayed answer's tokens: its logprobs go without their text");
+            return undefined;
+          })
+        : undefined;
+      const result = recordedResult(call.replay, texts);
       if (streamed) yield* resultAsEvents(result);
       this.record(call, result);
       answer.recorded = true;

@@ -127,10 +127,10 @@ export class PendingCalls {
   /**
    * Waits until no call of the session numbered below `seq` is pending on any replica, at most
    * ECHO_WAIT_MS (an earlier call still running must not hold this one up long): its record, if it
-   * has one, is then stored.
+   * has one, is then stored. Returns the numbers of those still running.
    */
-  async earlierSettled(sid: string, seq: number): Promise<void> {
-    await this.settled(sid, { below: seq, timeoutMs: Math.min(this.deps.waitMs, ECHO_WAIT_MS) });
+  async earlierSettled(sid: string, seq: number): Promise<number[]> {
+    return this.settled(sid, { below: seq, timeoutMs: Math.min(this.deps.waitMs, ECHO_WAIT_MS) });
   }
 
   /**

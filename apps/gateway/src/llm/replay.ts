@@ -65,25 +65,34 @@ export function replayDifference(recorded: CompletionRecord["request"], asked: C
 }
 
 /**
- * Why a rollout with these records cannot be replayed to call `calls` (each of its first `calls`
- * calls needs a record to answer from), or null when it can.
+ * Why a rollout that numbered `numbered` calls, with these records, cannot be replayed to call
+ * `calls`, or null when it can. A call of it that failed (no record) is no obstacle: its answer
+ * is the agent's retry's, a later call's (chat-call.ts `replaySource`).
  */
-export function replayGap(records: readonly Pick<CompletionRecord, "seq">[], calls: number): string | null {
-  const seqs = new Set(records.map((r) => r.seq));
-  for (let seq = 0; seq < calls; seq++) {
-    if (!seqs.has(seq)) return seq >= records.length ? `its rollout made ${records.length} LLM calls` : `its call ${seq} has no record (it failed)`;
-  }
+export function replayGap(records: readonly Pick<CompletionRecord, "seq">[], calls: number, numbered: number): string | null {
+  if (calls > numbered) return `its rollout made ${numbered} LLM calls`;
+  if (!records.some((r) => r.seq < calls)) return `none of its first ${calls} calls has a record (they failed)`;
   return null;
 }
 
-/** The recorded answer as the engine gave it: the same tokens, logprobs, message and finish. */
-export function recordedResult(r: CompletionRecord): EngineResult {
+/** The UTF-8 bytes of a token's text; none for a piece of a character (its text reads U+FFFD, its own bytes are not known). */
+const tokenBytes = (text: string): number[] | null => (text.includes("\uFFFD") ? null : [...Buffer.from(text, "utf8")]);
+
+/**
+ * The recorded answer as the engine gave it: the same tokens, logprobs, message and finish.
+ * `tokenTexts` (each output token's text, when the agent asked for logprobs) spells the logprobs'
+ * tokens as the engine did; without them a token's text is "".
+ */
+export function recordedResult(r: CompletionRecord, tokenTexts?: readonly string[]): EngineResult {
   return {
     prompt_ids: r.prompt_ids,
     output_ids: r.output_ids,
     output_logprobs: r.output_logprobs,
     // Per-token detail (top logprobs) is not recorded: the sampled token's logprob only.
-    logprobs: r.output_logprobs.map((logprob) => ({ token: "", logprob, bytes: null, top_logprobs: [] })),
+    logprobs: r.output_logprobs.map((logprob, i) => {
+      const token = tokenTexts?.[i] ?? "";
+      return { token, logprob, bytes: tokenTexts ? tokenBytes(token) : null, top_logprobs: [] };
+    }),
     message: r.message,
     finish_reason: r.finish_reason,
     stop_reason: null,

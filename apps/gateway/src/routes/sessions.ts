@@ -77,15 +77,30 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
         // Each replayed call needs a record to answer from. A source still open: the records of its
         // calls that have answered, on any replica (one that just answered may still be storing it).
         if (source.state === "closed") await ctx.caller.pending.settled(sourceId);
-        else await ctx.caller.pending.earlierSettled(sourceId, calls);
-        const gap = replayGap(await ctx.sessions.recordHeads(sourceId), calls);
+        else {
+          // A call still running is no failed one (its answer is on its way): not a gap to replay over.
+          const running = await ctx.caller.pending.earlierSettled(sourceId, calls);
+          if (running.length > 0) {
+            return reply.code(409).send(errorBody("conflict", `session ${sourceId} cannot be replayed to call ${calls} yet: its call ${running[0]} has not answered yet`));
+          }
+        }
+        const gap = replayGap(await ctx.sessions.recordHeads(sourceId), calls, await ctx.sessions.numberedCalls(sourceId));
         if (gap) return reply.code(409).send(errorBody("conflict", `session ${sourceId} cannot be replayed to call ${calls}: ${gap}`));
       }
       const healthy = ctx.registry.members().filter((m) => !ctx.health.isDown(m));
-      // A branch goes to its source's rank while that rank is up: its prefix cache holds the replayed prefix.
-      const sourceRank = body.replay ? await ctx.sessions.rankMember(body.replay.session_id) : null;
-      const candidates = sourceRank && healthy.includes(sourceRank) ? [sourceRank] : healthy;
-      const member = await ctx.router.assign(candidates, body.affinity_key, ctx.env.ROLLGATE_ROUTING);
+      // A source's branches share its rank, whatever the routing policy: its prefix cache holds the
+      // replayed prefix. As a GRPO group's does, the rank stops taking them once it is up to
+      // ROLLGATE_AFFINITY_MAX_SKEW sessions busier than the least-loaded one (n branches at once
+      // would otherwise all land on it), and the next ones go together to another rank.
+      let affinityKey = body.affinity_key;
+      let policy = ctx.env.ROLLGATE_ROUTING;
+      if (body.replay) {
+        const sourceRank = await ctx.sessions.rankMember(body.replay.session_id);
+        affinityKey = `replay:${body.replay.session_id}`;
+        policy = "affinity";
+        if (sourceRank) await ctx.router.prefer(affinityKey, sourceRank);
+      }
+      const member = await ctx.router.assign(healthy, affinityKey, policy);
       if (!member) return reply.code(503).send(errorBody("no_engine", "no engine rank is available"));
       const { engine, dpRank } = parseRankMember(member);
       const target = ctx.registry.target(engine, dpRank);

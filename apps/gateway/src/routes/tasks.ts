@@ -149,9 +149,12 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       }
       // A deleted session took its records with it: no rollout is left to replay.
       const heads = (await ctx.sessions.get(source.session_id)) ? await ctx.sessions.recordHeads(source.session_id) : null;
-      const why = heads ? replayGap(heads, body.at_call) : `its session ${source.session_id} was deleted, and its records with it`;
+      const made = await ctx.sessions.numberedCalls(source.session_id);
+      const why = heads ? replayGap(heads, body.at_call, made) : `its session ${source.session_id} was deleted, and its records with it`;
       if (why) return reply.code(409).send(errorBody("conflict", `task ${source.id} cannot be replayed to call ${body.at_call}: ${why}`));
-      const last = (await ctx.sessions.record(source.session_id, body.at_call - 1))!;
+      // The last replayed answer (a call before the point may have failed: the last one recorded).
+      const lastSeq = Math.max(...heads!.filter((r) => r.seq < body.at_call).map((r) => r.seq));
+      const last = (await ctx.sessions.record(source.session_id, lastSeq))!;
       const groupId = body.group_id ?? `b-${randomUUID()}`;
       // A group id names one branch request. Sent again (a retry) it is that group: kept as it was
       // defined, its members submitted again (idempotent: only one a failed first send missed is
@@ -180,7 +183,9 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
         });
       }
       for (const t of tasks) await submit(t);
-      return reply.code(202).send({ group_id: groupId, task_ids: tasks.map((t) => t.id) });
+      // Accepted on purpose (a whole-rollout replay is the cheapest replay-and-mask check), but said.
+      // (A rollout whose last call failed leaves that call to sample.)
+      return reply.code(202).send({ group_id: groupId, task_ids: tasks.map((t) => t.id), whole_rollout: body.at_call >= made && lastSeq === made - 1 });
     });
 
     const listSchema = {
