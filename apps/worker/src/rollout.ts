@@ -252,7 +252,7 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
   if (record.status === "running" && record.session_id) {
     const orphan = record.session_id;
     const taken = await deps.tasks.requeue(record.id, orphan, { reason: "worker_lost", previous_worker: record.worker, previous_session: orphan });
-    await deps.failures.run(deps.log.child({ session_id: orphan }), "closing an orphaned session", () => deps.gateway.closeSession(orphan));
+    await closeSessionLeft(deps, orphan, "closing an orphaned session");
     if (!taken) {
       // The old attempt ended it (or another took it) in between: whatever follows its result.
       const now = await deps.tasks.get(record.id);
@@ -261,7 +261,11 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
       return;
     }
   }
-  const attempt: Attempt = { number: record.attempts + 1, last: job.attemptsMade + 1 >= (job.opts.attempts ?? 1), sessionId: null, running: false };
+  // A task queued again whose last attempt had a session: that session is closed before this
+  // attempt opens its own. Whoever queued it again closed it right after, unless it died in
+  // between (a worker that took an orphaned attempt back, one whose session open failed).
+  if (record.status === "queued" && record.session_id) await closeSessionLeft(deps, record.session_id, "closing the session of the previous attempt");
+  const attempt: Attempt = { number: record.attempts + 1, last: job.attemptsMade + 1 >= (job.opts.attempts ?? 1), sessionId: null, opened: false, running: false };
   try {
     await attemptRollout(deps, record, attempt, signal);
   } catch (err) {
@@ -269,8 +273,8 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
     // The same request would be refused again: the task fails now, saying what the gateway said.
     deps.log.warn({ status: err.status, code: err.code, err: err.message }, "the gateway refused a request: the task fails");
     const sid = attempt.sessionId;
-    if (sid) await deps.failures.run(deps.log.child({ session_id: sid }), "closing the session of a refused rollout", () => deps.gateway.closeSession(sid));
-    await finishTask(deps, record, attempt.number, sid, failedOutcome("gateway_refused", err.message), null, undefined, null, attempt.running ? sid : null);
+    if (sid) await closeSessionLeft(deps, sid, "closing the session of a refused rollout");
+    await finishTask(deps, record, attempt.number, attempt.opened ? sid : null, failedOutcome("gateway_refused", err.message), null, undefined, null, attempt.running ? sid : null);
   }
 }
 
@@ -302,9 +306,22 @@ export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err:
  * Quiet: a failure is logged; closing a closed session changes nothing.
  */
 async function closeLeftSession(deps: RolloutDeps, record: TaskRecord, why: string): Promise<void> {
-  const sid = record.session_id;
-  if (!sid) return;
-  await deps.failures.run(deps.log.child({ session_id: sid }), why, () => deps.gateway.closeSession(sid));
+  if (record.session_id) await closeSessionLeft(deps, record.session_id, why);
+}
+
+/**
+ * Closes a session an attempt may have left open. Quiet: a failure is logged; closing a closed
+ * session changes nothing, and one the gateway does not know (404) was never opened (its attempt
+ * was marked running and its worker died before the open reached the gateway): nothing to close.
+ */
+async function closeSessionLeft(deps: RolloutDeps, sessionId: string, why: string): Promise<void> {
+  await deps.failures.run(deps.log.child({ session_id: sessionId }), why, async () => {
+    try {
+      await deps.gateway.closeSession(sessionId);
+    } catch (err) {
+      if (!(err instanceof GatewayRefused && err.status === 404)) throw err;
+    }
+  });
 }
 
 interface Attempt {
@@ -312,8 +329,10 @@ interface Attempt {
   number: number;
   /** The retry budget is spent: a lost call ends the task instead of being retried. */
   last: boolean;
-  /** The session this attempt opened, once it has one. */
+  /** The session of this attempt, once it was marked running on it (it is opened after that). */
   sessionId: string | null;
+  /** The gateway answered the open of that session. */
+  opened: boolean;
   /** The task was marked running on this attempt's session: what it stores is fenced on that session. */
   running: boolean;
 }
@@ -325,28 +344,24 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
     await finishTask(deps, record, attempt.number, null, failedOutcome("sandbox_unavailable", `this worker cannot run runtime.kind ${task.runtime.kind}`), null);
     return;
   }
-  const session = await deps.gateway.openSession({
-    sampling: task.sampling,
-    limits: {
-      ...(task.limits.max_llm_calls ? { max_llm_calls: task.limits.max_llm_calls } : {}),
-      ...(task.limits.max_total_tokens ? { max_total_tokens: task.limits.max_total_tokens } : {}),
-    },
-    ...(task.agent.model ? { model: task.agent.model } : {}),
-    ...(task.group_id ? { affinity_key: task.group_id } : {}),
-    ...(task.branch ? { replay: { session_id: task.branch.session_id, calls: task.branch.at_call, train: task.branch.train_replayed } } : {}),
-    metadata: { task_id: task.id, attempt: attempt.number },
-  });
-  attempt.sessionId = session.id;
-  deps = { ...deps, log: deps.log.child({ session_id: session.id }) };
-  const closeQuietly = (why: string) => deps.failures.run(deps.log, why, () => deps.gateway.closeSession(session.id));
-  const started = await deps.tasks.markRunning(task.id, { worker: deps.workerName, attempt: attempt.number, sessionId: session.id, now: new Date() });
+  // The session's id is chosen here and the task marked running on it before the session is
+  // opened: a worker that dies anywhere after the open reached the gateway (even before its answer
+  // came back) leaves a task `running` on that session, which the next worker takes back and
+  // whose session it closes. Opened first, a session would be nobody's to close.
+  const sessionId = `s-${randomUUID()}`;
+  deps = { ...deps, log: deps.log.child({ session_id: sessionId }) };
+  const started = await deps.tasks.markRunning(task.id, { worker: deps.workerName, attempt: attempt.number, sessionId, now: new Date() });
   if (!started) {
     // Cancelled (or otherwise ended) while this worker was picking it up, or running under
     // another attempt that took it while this one stalled: leave it as it is.
-    await closeQuietly("closing the session of a task that ended before it started");
+    deps.log.info("the task ended or was taken over before it started: left as it is");
     return;
   }
+  attempt.sessionId = sessionId;
   attempt.running = true;
+  const session = await openAttemptSession(deps, task, attempt, sessionId);
+  attempt.opened = true;
+  const closeQuietly = (why: string) => deps.failures.run(deps.log, why, () => deps.gateway.closeSession(session.id));
   deps.log.info({ attempt: attempt.number, harness: task.agent.harness, runtime: task.runtime.kind }, "rollout started");
   let sandbox: Sandbox;
   try {
@@ -426,6 +441,35 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
   // A gateway that does not know `?trajectory=` answered the session alone: asked the old way.
   const trajectory = invalid ? null : (state.trajectory ?? (await deps.gateway.trajectory(session.id, task.trajectory.builder)));
   await finishTask(deps, record, attempt.number, session.id, outcome, trajectory, state.counts, evaluating, session.id);
+}
+
+/**
+ * Opens the session the task was marked running on. A gateway that fails or cannot be reached
+ * (the open may have reached it and only its answer been lost) puts the task back to queued and
+ * closes the session in case it was opened, then throws so BullMQ retries; a refusal (4xx) is
+ * thrown as it is (the task fails).
+ */
+async function openAttemptSession(deps: RolloutDeps, task: AcceptedTask, attempt: Attempt, sessionId: string) {
+  try {
+    return await deps.gateway.openSession({
+      id: sessionId,
+      sampling: task.sampling,
+      limits: {
+        ...(task.limits.max_llm_calls ? { max_llm_calls: task.limits.max_llm_calls } : {}),
+        ...(task.limits.max_total_tokens ? { max_total_tokens: task.limits.max_total_tokens } : {}),
+      },
+      ...(task.agent.model ? { model: task.agent.model } : {}),
+      ...(task.group_id ? { affinity_key: task.group_id } : {}),
+      ...(task.branch ? { replay: { session_id: task.branch.session_id, calls: task.branch.at_call, train: task.branch.train_replayed } } : {}),
+      metadata: { task_id: task.id, attempt: attempt.number },
+    });
+  } catch (err) {
+    if (err instanceof GatewayRefused) throw err;
+    const cause = `opening its session failed: ${(err as Error).message}`;
+    if (await deps.tasks.requeue(task.id, sessionId, { reason: "session_open_failed", cause, attempt: attempt.number, session_id: sessionId })) attempt.running = false;
+    await closeSessionLeft(deps, sessionId, "closing a session whose open failed");
+    throw err;
+  }
 }
 
 /** An event stored in the same step as the task's result, just before its terminal event. */

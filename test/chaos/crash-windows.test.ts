@@ -1,0 +1,135 @@
+/**
+ * Chaos: a worker SIGKILLed in the narrow windows of a rollout's start, each held open by a real
+ * TCP proxy between the worker and the gateway (the worker is killed while its request is held, at
+ * a point it cannot be seen from outside otherwise). Whatever the window, the task ends exactly
+ * once and no session of it is left open (an open session is one its agent, or anyone with its
+ * token, could keep writing into, and one that holds its engine rank's slot).
+ */
+import type { TaskRecord } from "@rollgate/protocol";
+import type { StartedChild } from "@rollgate/testkit";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { startApp, stopChild } from "../support/apps.js";
+import { startHoldingProxy, type HoldingProxy } from "../support/holding-proxy.js";
+import { apiClient } from "../support/http.js";
+import { poll, terminalTask } from "../support/poll.js";
+import { dropPrefix, uniquePrefix } from "../support/redis.js";
+
+const prefix = uniquePrefix("chaos-windows");
+const procs: StartedChild[] = [];
+/** The workers of the running test: stopped after it, so the next test's task goes to its own. */
+let workers: StartedChild[] = [];
+const proxies: HoldingProxy[] = [];
+let gatewayUrl = "";
+const api = apiClient(() => gatewayUrl);
+let n = 0;
+
+/** A worker on `gateway` (the gateway itself, or a proxy in front of it) that takes one rollout at a time. */
+async function worker(gateway = gatewayUrl): Promise<StartedChild> {
+  const w = await startApp("worker", [], {
+    ROLLGATE_KEY_PREFIX: prefix,
+    ROLLGATE_GATEWAY_URL: gateway,
+    ROLLGATE_WORKER_NAME: `ww${n++}`,
+    ROLLGATE_WORKER_CONCURRENCY: "1",
+    ROLLGATE_JOB_LOCK_MS: "2000",
+    ROLLGATE_STALLED_INTERVAL_MS: "1000",
+  });
+  workers.push(w);
+  return w;
+}
+
+async function proxy(opts: Parameters<typeof startHoldingProxy>[1]): Promise<HoldingProxy> {
+  const p = await startHoldingProxy(gatewayUrl, opts);
+  proxies.push(p);
+  return p;
+}
+
+const task = (command: string) => ({
+  instruction: 'Say done.\n#sim: [{"text": "done"}]',
+  agent: { harness: "command", command: ["bash", "-c", command] },
+  evaluator: { kind: "command", command: ["true"] },
+  limits: { timeout_s: 60 },
+});
+
+async function submit(body: unknown): Promise<string> {
+  const res = await api("/v1/tasks", { body });
+  expect(res.status).toBe(202);
+  return res.body.id as string;
+}
+
+async function sessionState(id: string): Promise<string> {
+  return (await api(`/v1/sessions/${id}`)).body.state as string;
+}
+
+/** The types of a task's events, in order (the events route is an SSE stream that ends with the task). */
+async function eventTypes(id: string): Promise<string[]> {
+  const sse = (await api(`/v1/tasks/${id}/events`)).body as string;
+  return [...sse.matchAll(/^event: (\S+)$/gm)].map((m) => m[1]!);
+}
+
+beforeAll(async () => {
+  const engine = await startApp("engine-sim", ["--port", "0", "--dp", "2"], {});
+  procs.push(engine);
+  const gw = await startApp("gateway", ["--port", "0"], {
+    ROLLGATE_KEY_PREFIX: prefix,
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2, profile: "qwen3" }]),
+  });
+  procs.push(gw);
+  gatewayUrl = gw.ready;
+}, 60_000);
+
+afterEach(async () => {
+  await Promise.all(workers.map((w) => stopChild(w.proc, 5_000)));
+  workers = [];
+});
+
+afterAll(async () => {
+  await Promise.all(proxies.map((p) => p.close()));
+  await Promise.all(procs.map((p) => stopChild(p.proc, 5_000)));
+  await dropPrefix(prefix);
+});
+
+describe("a worker killed in a narrow window of a rollout's start", () => {
+  it("after the gateway opened its session, before the worker heard back: that session is closed, the task ends once", async () => {
+    // The gateway opens the session; its answer (the id and token) never reaches the worker.
+    const hold = await proxy({ match: /^POST \/v1\/sessions /, at: "answer" });
+    const victim = await worker(hold.url);
+    const id = await submit(task("rollgate-example-agent"));
+    const answer = await poll(async () => hold.held[0]?.answer ?? "", (a) => a.includes('"token"'), 30_000, 50);
+    const heldSession = /"id":"([^"]+)"/.exec(answer)?.[1];
+    expect(heldSession, `no session answer was held: ${answer}`).toBeTruthy();
+    expect(await sessionState(heldSession!)).toBe("open");
+    victim.proc.kill("SIGKILL");
+
+    await worker();
+    const r = await terminalTask(api, id, 60_000);
+    expect(r.status).toBe("completed");
+    expect(r.session_id).not.toBe(heldSession);
+    // The session the dead worker never heard of is closed: nothing can write into it any more.
+    expect(await sessionState(heldSession!)).toBe("closed");
+    expect((await eventTypes(id)).filter((t) => t === "terminal")).toHaveLength(1);
+  }, 120_000);
+
+  it("after taking an orphaned attempt back, before closing its session: the next worker closes it, the task ends once", async () => {
+    // Attempt 1 runs on a worker that is killed mid-agent.
+    const first = await worker();
+    const id = await submit(task("sleep 3; rollgate-example-agent"));
+    const r1 = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.status === "running", 30_000, 50);
+    const orphan = r1.session_id!;
+    first.proc.kill("SIGKILL");
+
+    // The worker that takes the task over puts it back to queued, then its close of the orphaned
+    // session is held (never reaches the gateway) and it is killed there.
+    const hold = await proxy({ match: /^POST \/v1\/sessions\/[^/ ]+\/close/, at: "request" });
+    const second = await worker(hold.url);
+    await poll(async () => hold.held.length, (k) => k > 0, 30_000, 50);
+    expect(hold.held[0]!.request).toContain(orphan);
+    second.proc.kill("SIGKILL");
+
+    await worker();
+    const r = await terminalTask(api, id, 60_000);
+    expect(r.status).toBe("completed");
+    expect(r.session_id).not.toBe(orphan);
+    expect(await sessionState(orphan)).toBe("closed");
+    expect((await eventTypes(id)).filter((t) => t === "terminal")).toHaveLength(1);
+  }, 120_000);
+});
