@@ -132,4 +132,29 @@ describe("a worker killed in a narrow window of a rollout's start", () => {
     expect(await sessionState(orphan)).toBe("closed");
     expect((await eventTypes(id)).filter((t) => t === "terminal")).toHaveLength(1);
   }, 120_000);
+
+  it("while ending a task whose workers kept dying (the job stalled too often): the next worker ends it failed, worker_lost, its session closed", async () => {
+    const id = await submit(task("sleep 30; rollgate-example-agent"));
+    // Three workers in a row are killed mid-agent: the job has stalled more often than allowed.
+    const sessions: string[] = [];
+    for (let k = 0; k < 3; k++) {
+      const w = await worker();
+      const r = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.status === "running" && !sessions.includes(t.session_id!), 30_000, 50);
+      sessions.push(r.session_id!);
+      w.proc.kill("SIGKILL");
+    }
+    // The worker that gives the task up is killed as it closes the last attempt's session.
+    const hold = await proxy({ match: /^POST \/v1\/sessions\/[^/ ]+\/close/, at: "request" });
+    const ender = await worker(hold.url);
+    await poll(async () => hold.held.length, (k) => k > 0, 30_000, 50);
+    expect(hold.held[0]!.request).toContain(sessions[2]);
+    ender.proc.kill("SIGKILL");
+
+    await worker();
+    const r = await terminalTask(api, id, 45_000);
+    expect(r.status).toBe("failed");
+    expect(r.result.error?.kind).toBe("worker_lost");
+    for (const s of sessions) expect(await sessionState(s)).toBe("closed");
+    expect((await eventTypes(id)).filter((t) => t === "terminal")).toHaveLength(1);
+  }, 180_000);
 });

@@ -214,6 +214,9 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
   return { ...base, evalMs, evaluation: ev.evaluation, status: "completed", error: null, reward: ev.reward };
 }
 
+/** How many times a rollout job may lose its worker (stall) before its task ends `failed` (worker_lost). */
+export const ROLLOUT_MAX_STALLS = 2;
+
 /**
  * One rollout job (docs/architecture.md#the-life-of-a-task): open a session, run the agent in fresh sandbox folders, evaluate,
  * close the session, build the trajectory, store the result, queue the callback. Infrastructure
@@ -243,6 +246,15 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
     // that attempt's session would stay open, its agent free to write into it.
     await closeLeftSession(deps, record, "closing the session of a cancelled task's orphaned attempt");
     await finishTask(deps, record, record.attempts, record.session_id, { ...failedOutcome("cancelled", cancel), status: "cancelled" }, null);
+    return;
+  }
+  // Its workers kept dying (or stalling past their job locks) on it: it ends `failed`
+  // (worker_lost) here, in the job, instead of looping. Ended by BullMQ (maxStalledCount), it
+  // would be ended by a `failed` handler after the job was marked failed, and a worker killed in
+  // between would leave it `running` with no job left to end it (BullMQ's own limit stays above
+  // this one, as a last resort: see WorkerSet).
+  if (job.stalledCounter > ROLLOUT_MAX_STALLS) {
+    await onRolloutExhausted(deps, record.id, new Error(`its workers were lost ${job.stalledCounter} times (the job stalled more than ${ROLLOUT_MAX_STALLS} times)`), "worker_lost");
     return;
   }
   // A task found `running` was started by a worker whose job lock lapsed: dead, or only stalled

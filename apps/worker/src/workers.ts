@@ -6,7 +6,7 @@ import type { Logger } from "pino";
 import type { z } from "zod";
 import { deliverCallback, type CallbackDeps } from "./callbacks.js";
 import type { GatewayReadiness } from "./readiness.js";
-import { onRolloutExhausted, runRollout, type GaveUpKind, type RolloutDeps } from "./rollout.js";
+import { ROLLOUT_MAX_STALLS, onRolloutExhausted, runRollout, type GaveUpKind, type RolloutDeps } from "./rollout.js";
 
 export interface WorkerSetOptions {
   connection: RedisClient;
@@ -74,7 +74,10 @@ export class WorkerSet {
       concurrency: o.concurrency,
       lockDuration: o.lockMs,
       stalledInterval: o.stalledIntervalMs,
-      maxStalledCount: 2,
+      // The rollout itself ends a task whose job stalled more than ROLLOUT_MAX_STALLS times (in
+      // the job, so no worker death can come between the job's end and the task's); BullMQ fails
+      // the job only if the workers doing that keep dying too (then the `failed` handler ends it).
+      maxStalledCount: ROLLOUT_MAX_STALLS + 2,
       // With a readiness watcher, the first "ready" starts it.
       autorun: !o.readiness,
     });
