@@ -16,10 +16,11 @@ import { dropPrefix, uniquePrefix } from "../support/redis.js";
 
 const prefix = uniquePrefix("chaos-windows");
 const procs: StartedChild[] = [];
-/** The workers of the running test: stopped after it, so the next test's task goes to its own. */
+/** The workers (and extra replicas) of the running test: stopped after it, so the next test's task goes to its own. */
 let workers: StartedChild[] = [];
 const proxies: HoldingProxy[] = [];
 let gatewayUrl = "";
+let engineUrl = "";
 const api = apiClient(() => gatewayUrl);
 let n = 0;
 
@@ -69,9 +70,10 @@ async function eventTypes(id: string): Promise<string[]> {
 beforeAll(async () => {
   const engine = await startApp("engine-sim", ["--port", "0", "--dp", "2"], {});
   procs.push(engine);
+  engineUrl = engine.ready;
   const gw = await startApp("gateway", ["--port", "0"], {
     ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engine.ready, dp_size: 2, profile: "qwen3" }]),
+    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: 2, profile: "qwen3" }]),
   });
   procs.push(gw);
   gatewayUrl = gw.ready;
@@ -157,4 +159,30 @@ describe("a worker killed in a narrow window of a rollout's start", () => {
     for (const s of sessions) expect(await sessionState(s)).toBe("closed");
     expect((await eventTypes(id)).filter((t) => t === "terminal")).toHaveLength(1);
   }, 180_000);
+
+  it("while ending a task whose last attempt failed on infrastructure: the next worker ends it, its session closed", async () => {
+    // Submitted through a replica whose jobs get one attempt: the first infrastructure failure is the last.
+    const oneShot = await startApp("gateway", ["--port", "0"], {
+      ROLLGATE_KEY_PREFIX: prefix,
+      ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: 2, profile: "qwen3" }]),
+      ROLLGATE_ROLLOUT_ATTEMPTS: "1",
+    });
+    workers.push(oneShot);
+    const res = await fetch(`${oneShot.ready}/v1/tasks`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(task("rollgate-example-agent")) });
+    expect(res.status).toBe(202);
+    const id = ((await res.json()) as { id: string }).id;
+    // The worker's close with the trajectory fails (the gateway, as it sees it, went away): its
+    // only attempt is used up. It is killed as it closes the session to give the task up.
+    const hold = await proxy({ match: /^POST \/v1\/sessions\/[^/ ]+\/close /, at: "request", reset: /^POST \/v1\/sessions\/[^/ ]+\/close\?/ });
+    const ender = await worker(hold.url);
+    await poll(async () => hold.held.length, (k) => k > 0, 30_000, 50);
+    const session = /\/v1\/sessions\/([^/ ]+)\/close/.exec(hold.held[0]!.request)![1]!;
+    ender.proc.kill("SIGKILL");
+
+    await worker();
+    const r = await terminalTask(api, id, 45_000);
+    expect(["completed", "failed"]).toContain(r.status);
+    expect(await sessionState(session)).toBe("closed");
+    expect((await eventTypes(id)).filter((t) => t === "terminal")).toHaveLength(1);
+  }, 120_000);
 });

@@ -6,7 +6,8 @@ import type { AddressInfo } from "node:net";
  * chosen point, so a test can kill the client there: with `at: "answer"` the request reaches the
  * gateway (which acts on it) and its answer is kept from the client; with `at: "request"` the
  * request never reaches the gateway. Everything else passes untouched. Matched against the
- * request's first line (`match`, e.g. /^POST \/v1\/sessions /).
+ * request's first line (`match`, e.g. /^POST \/v1\/sessions /). A request matching `reset` never
+ * reaches the gateway either: its connection is reset (the gateway failed, as the client sees it).
  */
 export interface HoldingProxy {
   url: string;
@@ -15,7 +16,7 @@ export interface HoldingProxy {
   close: () => Promise<void>;
 }
 
-export async function startHoldingProxy(target: string, opts: { match: RegExp; at: "request" | "answer" }): Promise<HoldingProxy> {
+export async function startHoldingProxy(target: string, opts: { match: RegExp; at: "request" | "answer"; reset?: RegExp }): Promise<HoldingProxy> {
   const { hostname, port } = new URL(target);
   const open = new Set<net.Socket>();
   const held: HoldingProxy["held"] = [];
@@ -33,6 +34,7 @@ export async function startHoldingProxy(target: string, opts: { match: RegExp; a
     client.on("data", (chunk: Buffer) => {
       const text = chunk.toString("latin1");
       const line = text.split("\r\n", 1)[0] ?? "";
+      if (!holding && opts.reset?.test(line)) return void client.resetAndDestroy();
       if (!holding && opts.match.test(line)) {
         holding = { request: line, answer: "" };
         held.push(holding);

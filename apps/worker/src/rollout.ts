@@ -281,13 +281,31 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
   try {
     await attemptRollout(deps, record, attempt, signal);
   } catch (err) {
-    if (!(err instanceof GatewayRefused)) throw err;
+    if (!(err instanceof GatewayRefused)) {
+      if (attempt.last) await endLastAttempt(deps, record, attempt, err as Error);
+      throw err;
+    }
     // The same request would be refused again: the task fails now, saying what the gateway said.
     deps.log.warn({ status: err.status, code: err.code, err: err.message }, "the gateway refused a request: the task fails");
     const sid = attempt.sessionId;
     if (sid) await closeSessionLeft(deps, sid, "closing the session of a refused rollout");
     await finishTask(deps, record, attempt.number, attempt.opened ? sid : null, failedOutcome("gateway_refused", err.message), null, undefined, null, attempt.running ? sid : null);
   }
+}
+
+/**
+ * The job's last attempt failed on infrastructure (it throws on, so BullMQ records the job failed):
+ * the task ends `failed` (`infrastructure`) here, in the job, its session closed. Left to the
+ * `failed` handler, which runs after the job is marked failed, a worker killed in between would
+ * leave the task `running` with no job left to end it; killed here, the job stalls and runs again.
+ * A failure here is logged, and the handler tries again.
+ */
+async function endLastAttempt(deps: RolloutDeps, record: TaskRecord, attempt: Attempt, err: Error): Promise<void> {
+  const sid = attempt.sessionId;
+  await deps.failures.run(deps.log, "ending a task whose last attempt failed", async () => {
+    if (sid) await closeSessionLeft(deps, sid, "closing the session of a failed last attempt");
+    await finishTask(deps, record, attempt.number, attempt.opened ? sid : null, failedOutcome("infrastructure", err.message), null, undefined, null, attempt.running ? sid : null);
+  });
 }
 
 function failedOutcome(kind: string, message: string): Outcome {
