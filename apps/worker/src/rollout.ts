@@ -281,8 +281,11 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
   try {
     await attemptRollout(deps, record, attempt, signal);
   } catch (err) {
+    // A lost call's attempt was given back already (endLostAttempt).
+    if (err instanceof LostCallRetry) throw err;
     if (!(err instanceof GatewayRefused)) {
       if (attempt.last) await endLastAttempt(deps, record, attempt, err as Error);
+      else await giveBackAttempt(deps, record, attempt, err as Error);
       throw err;
     }
     // The same request would be refused again: the task fails now, saying what the gateway said.
@@ -291,6 +294,21 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
     if (sid) await closeSessionLeft(deps, sid, "closing the session of a refused rollout");
     await finishTask(deps, record, attempt.number, attempt.opened ? sid : null, failedOutcome("gateway_refused", err.message), null, undefined, null, attempt.running ? sid : null);
   }
+}
+
+/**
+ * An attempt failed on infrastructure within the retry budget (it throws on, so BullMQ runs the job
+ * again after its backoff): the task goes back to queued now, saying why, and its session is
+ * closed (the open may have reached the gateway even when its answer did not come back). Left
+ * running, the next run would take it back as if its worker had been lost.
+ */
+async function giveBackAttempt(deps: RolloutDeps, record: TaskRecord, attempt: Attempt, err: Error): Promise<void> {
+  const sid = attempt.sessionId;
+  if (!sid || !attempt.running) return;
+  await deps.failures.run(deps.log, "putting back a task whose attempt failed", async () => {
+    await deps.tasks.requeue(record.id, sid, { reason: "infrastructure", cause: err.message, attempt: attempt.number, session_id: sid });
+    await closeSessionLeft(deps, sid, "closing the session of a failed attempt");
+  });
 }
 
 /**
@@ -474,32 +492,23 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
 }
 
 /**
- * Opens the session the task was marked running on. A gateway that fails or cannot be reached
- * (the open may have reached it and only its answer been lost) puts the task back to queued and
- * closes the session in case it was opened, then throws so BullMQ retries; a refusal (4xx) is
- * thrown as it is (the task fails).
+ * Opens the session the task was marked running on, under the id it was marked with. A failure
+ * throws (the open may have reached the gateway and only its answer been lost: runRollout closes
+ * the session either way).
  */
-async function openAttemptSession(deps: RolloutDeps, task: AcceptedTask, attempt: Attempt, sessionId: string) {
-  try {
-    return await deps.gateway.openSession({
-      id: sessionId,
-      sampling: task.sampling,
-      limits: {
-        ...(task.limits.max_llm_calls ? { max_llm_calls: task.limits.max_llm_calls } : {}),
-        ...(task.limits.max_total_tokens ? { max_total_tokens: task.limits.max_total_tokens } : {}),
-      },
-      ...(task.agent.model ? { model: task.agent.model } : {}),
-      ...(task.group_id ? { affinity_key: task.group_id } : {}),
-      ...(task.branch ? { replay: { session_id: task.branch.session_id, calls: task.branch.at_call, train: task.branch.train_replayed } } : {}),
-      metadata: { task_id: task.id, attempt: attempt.number },
-    });
-  } catch (err) {
-    if (err instanceof GatewayRefused) throw err;
-    const cause = `opening its session failed: ${(err as Error).message}`;
-    if (await deps.tasks.requeue(task.id, sessionId, { reason: "session_open_failed", cause, attempt: attempt.number, session_id: sessionId })) attempt.running = false;
-    await closeSessionLeft(deps, sessionId, "closing a session whose open failed");
-    throw err;
-  }
+function openAttemptSession(deps: RolloutDeps, task: AcceptedTask, attempt: Attempt, sessionId: string) {
+  return deps.gateway.openSession({
+    id: sessionId,
+    sampling: task.sampling,
+    limits: {
+      ...(task.limits.max_llm_calls ? { max_llm_calls: task.limits.max_llm_calls } : {}),
+      ...(task.limits.max_total_tokens ? { max_total_tokens: task.limits.max_total_tokens } : {}),
+    },
+    ...(task.agent.model ? { model: task.agent.model } : {}),
+    ...(task.group_id ? { affinity_key: task.group_id } : {}),
+    ...(task.branch ? { replay: { session_id: task.branch.session_id, calls: task.branch.at_call, train: task.branch.train_replayed } } : {}),
+    metadata: { task_id: task.id, attempt: attempt.number },
+  });
 }
 
 /** An event stored in the same step as the task's result, just before its terminal event. */
