@@ -12,7 +12,8 @@ import { startApp, stopChild } from "../support/apps.js";
 import { startHoldingProxy, type HoldingProxy } from "../support/holding-proxy.js";
 import { apiClient } from "../support/http.js";
 import { poll, terminalTask } from "../support/poll.js";
-import { dropPrefix, uniquePrefix } from "../support/redis.js";
+import { TEST_REDIS_URL, dropPrefix, uniquePrefix } from "../support/redis.js";
+import { startTrainer } from "../support/trainer.js";
 
 const prefix = uniquePrefix("chaos-windows");
 const procs: StartedChild[] = [];
@@ -38,8 +39,8 @@ async function worker(gateway = gatewayUrl): Promise<StartedChild> {
   return w;
 }
 
-async function proxy(opts: Parameters<typeof startHoldingProxy>[1]): Promise<HoldingProxy> {
-  const p = await startHoldingProxy(gatewayUrl, opts);
+async function proxy(opts: Parameters<typeof startHoldingProxy>[1], target = gatewayUrl): Promise<HoldingProxy> {
+  const p = await startHoldingProxy(target, opts);
   proxies.push(p);
   return p;
 }
@@ -184,5 +185,52 @@ describe("a worker killed in a narrow window of a rollout's start", () => {
     expect(["completed", "failed"]).toContain(r.status);
     expect(await sessionState(session)).toBe("closed");
     expect((await eventTypes(id)).filter((t) => t === "terminal")).toHaveLength(1);
+  }, 120_000);
+});
+
+describe("an attempt failing on infrastructure", () => {
+  it("goes back to the queue saying so (not as a lost worker), its session closed; the last one ends the task failed", async () => {
+    // Every close that asks for the trajectory fails (the gateway went away, as the worker sees it).
+    const resetting = await proxy({ match: /^$never/, at: "request", reset: /^POST \/v1\/sessions\/[^/ ]+\/close\?/ });
+    await worker(resetting.url);
+    const id = await submit(task("rollgate-example-agent"));
+    const r = await terminalTask(api, id, 60_000);
+    expect(r.status).toBe("failed");
+    expect(r.result.error?.kind).toBe("infrastructure");
+    const sse = (await api(`/v1/tasks/${id}/events`)).body as string;
+    const retries = [...sse.matchAll(/^event: retrying\ndata: (.*)$/gm)].map((m) => (JSON.parse(m[1]!) as { data: { reason: string; session_id: string } }).data);
+    expect(retries.map((d) => d.reason)).toEqual(["infrastructure", "infrastructure"]);
+    for (const d of retries) expect(await sessionState(d.session_id)).toBe("closed");
+    expect(await sessionState(r.session_id!)).toBe("closed");
+  }, 120_000);
+});
+
+describe("a gateway replica killed in a narrow window of a cancel", () => {
+  it("before it stored the cancelled result of a queued task: the task still ends cancelled and its callback arrives", async () => {
+    const trainer = await startTrainer();
+    try {
+      // No worker yet: the task stays queued.
+      const id = await submit({ ...task("rollgate-example-agent"), callback: { url: trainer.url, secret: "s" } });
+      // A replica whose Redis connection holds the command that stores the cancelled result (its
+      // terminal event) and is killed there.
+      const hold = await proxy({ match: /"type":"terminal"/, at: "request", anywhere: true }, TEST_REDIS_URL);
+      const replica = await startApp("gateway", ["--port", "0"], {
+        ROLLGATE_KEY_PREFIX: prefix,
+        ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: 2, profile: "qwen3" }]),
+        REDIS_URL: hold.url.replace(/^http:/, "redis:"),
+      });
+      workers.push(replica);
+      void fetch(`${replica.ready}/v1/tasks/${id}`, { method: "DELETE" }).catch(() => undefined);
+      await poll(async () => hold.held.length, (k) => k > 0, 30_000, 50);
+      replica.proc.kill("SIGKILL");
+
+      await worker();
+      const r = await terminalTask(api, id, 45_000);
+      expect(r.status).toBe("cancelled");
+      const received = await trainer.waitFor(1, 45_000);
+      expect(new Set(received.map((c) => c.headers["x-rollgate-delivery"]))).toEqual(new Set([r.callback.delivery_id]));
+    } finally {
+      await trainer.close();
+    }
   }, 120_000);
 });

@@ -6,7 +6,8 @@ import type { AddressInfo } from "node:net";
  * chosen point, so a test can kill the client there: with `at: "answer"` the request reaches the
  * gateway (which acts on it) and its answer is kept from the client; with `at: "request"` the
  * request never reaches the gateway. Everything else passes untouched. Matched against the
- * request's first line (`match`, e.g. /^POST \/v1\/sessions /). A request matching `reset` never
+ * request's first line (`match`, e.g. /^POST \/v1\/sessions /), or with `anywhere` against all of
+ * a chunk the client sent (in front of Redis: a command by its arguments). A request matching `reset` never
  * reaches the gateway either: its connection is reset (the gateway failed, as the client sees it).
  */
 export interface HoldingProxy {
@@ -16,7 +17,7 @@ export interface HoldingProxy {
   close: () => Promise<void>;
 }
 
-export async function startHoldingProxy(target: string, opts: { match: RegExp; at: "request" | "answer"; reset?: RegExp }): Promise<HoldingProxy> {
+export async function startHoldingProxy(target: string, opts: { match: RegExp; at: "request" | "answer"; reset?: RegExp; anywhere?: boolean }): Promise<HoldingProxy> {
   const { hostname, port } = new URL(target);
   const open = new Set<net.Socket>();
   const held: HoldingProxy["held"] = [];
@@ -35,8 +36,8 @@ export async function startHoldingProxy(target: string, opts: { match: RegExp; a
       const text = chunk.toString("latin1");
       const line = text.split("\r\n", 1)[0] ?? "";
       if (!holding && opts.reset?.test(line)) return void client.resetAndDestroy();
-      if (!holding && opts.match.test(line)) {
-        holding = { request: line, answer: "" };
+      if (!holding && opts.match.test(opts.anywhere ? text : line)) {
+        holding = { request: opts.anywhere ? text : line, answer: "" };
         held.push(holding);
         if (opts.at === "request") return;
       }
