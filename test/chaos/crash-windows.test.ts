@@ -7,6 +7,8 @@
  */
 import type { TaskRecord } from "@rollgate/protocol";
 import type { StartedChild } from "@rollgate/testkit";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { startApp, stopChild } from "../support/apps.js";
 import { startHoldingProxy, type HoldingProxy } from "../support/holding-proxy.js";
@@ -26,7 +28,7 @@ const api = apiClient(() => gatewayUrl);
 let n = 0;
 
 /** A worker on `gateway` (the gateway itself, or a proxy in front of it) that takes one rollout at a time. */
-async function worker(gateway = gatewayUrl): Promise<StartedChild> {
+async function worker(gateway = gatewayUrl, env: Record<string, string> = {}): Promise<StartedChild> {
   const w = await startApp("worker", [], {
     ROLLGATE_KEY_PREFIX: prefix,
     ROLLGATE_GATEWAY_URL: gateway,
@@ -34,6 +36,7 @@ async function worker(gateway = gatewayUrl): Promise<StartedChild> {
     ROLLGATE_WORKER_CONCURRENCY: "1",
     ROLLGATE_JOB_LOCK_MS: "2000",
     ROLLGATE_STALLED_INTERVAL_MS: "1000",
+    ...env,
   });
   workers.push(w);
   return w;
@@ -233,4 +236,44 @@ describe("a gateway replica killed in a narrow window of a cancel", () => {
       await trainer.close();
     }
   }, 120_000);
+});
+
+describe("a worker killed while giving up a callback delivery", () => {
+  it("whose workers kept dying mid-delivery: the next worker marks it failed, never left pending", async () => {
+    // A trainer that takes each delivery and never answers: every worker is killed while it delivers.
+    const seen: string[] = [];
+    const trainer = http.createServer((req) => {
+      req.resume();
+      req.on("end", () => seen.push(String(req.headers["x-rollgate-delivery"])));
+    });
+    await new Promise<void>((r) => trainer.listen(0, "127.0.0.1", r));
+    const fast = { ROLLGATE_JOB_LOCK_MS: "1000", ROLLGATE_STALLED_INTERVAL_MS: "500" };
+    try {
+      const url = `http://127.0.0.1:${(trainer.address() as AddressInfo).port}/rollouts`;
+      const id = await submit({ ...task("rollgate-example-agent"), callback: { url, secret: "s" } });
+      // Eleven workers in a row are killed mid-delivery: more than the ten stalls a delivery may have.
+      let victim = await worker(gatewayUrl, fast);
+      for (let k = 1; k <= 11; k++) {
+        await poll(async () => seen.length, (c) => c >= k, 60_000, 50);
+        victim.proc.kill("SIGKILL");
+        if (k < 11) victim = await worker(gatewayUrl, fast);
+      }
+      // The worker that gives the delivery up is killed as it writes the `failed` state.
+      const hold = await proxy({ match: /"state":"failed"/, at: "request", anywhere: true }, TEST_REDIS_URL);
+      const ender = await worker(gatewayUrl, { ...fast, REDIS_URL: hold.url.replace(/^http:/, "redis:") });
+      expect(await poll(async () => hold.held.length, (k) => k > 0, 60_000, 50)).toBe(1);
+      ender.proc.kill("SIGKILL");
+
+      await worker(gatewayUrl, fast);
+      const done = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.callback.state !== "pending", 45_000, 200);
+      expect(done.callback.state).toBe("failed");
+      expect(done.callback.last_error).toMatch(/lost/);
+      expect(new Set(seen)).toEqual(new Set([done.callback.delivery_id]));
+    } finally {
+      await new Promise<void>((r) => {
+        trainer.closeAllConnections();
+        trainer.close(() => r());
+      });
+    }
+  }, 240_000);
 });
