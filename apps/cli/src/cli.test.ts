@@ -6,6 +6,7 @@ import { UsageError, findCommand, parseCommand } from "./framework.js";
 import { clip, makeStyle, prettyJson } from "./output.js";
 import { ProgressView, emptyCounts } from "./progress.js";
 import { ago } from "./commands/tasks.js";
+import { describeEvent } from "./commands/watch.js";
 import { describeCounts, describeExits, listIds, mean, memberOrder, nonzeroExit, statusRows, std } from "./summary.js";
 import { renderTable } from "./table.js";
 import { TasksFileError, readTasksFile } from "./tasks-file.js";
@@ -180,5 +181,15 @@ describe("clip", () => {
     // A lone surrogate half would not survive UTF-8 (it prints as �).
     expect(Buffer.from(cut, "utf8").toString("utf8")).toBe(cut);
     expect(clip("短い", 80)).toBe("短い");
+  });
+});
+
+describe("watch", () => {
+  const retrying = (data: Record<string, unknown>) => describeEvent(makeStyle(false), { id: "1-0", type: "retrying", at: "2026-01-01T00:00:00Z", data });
+
+  it("says why an attempt is run again: a lost call, a failure of the infrastructure, a lost worker", () => {
+    expect(retrying({ reason: "lost_call", attempt: 1, cause: "engine 503" })).toMatch(/attempt 1 lost an LLM call/);
+    expect(retrying({ reason: "infrastructure", attempt: 2, cause: "gateway unreachable" })).toBe("retrying: attempt 2 failed on infrastructure and is not scored; it runs again (gateway unreachable)");
+    expect(retrying({ reason: "worker_lost", previous_worker: "w1" })).toMatch(/the worker running it \(w1\) is gone/);
   });
 });

@@ -87,6 +87,16 @@ async function deliveryFor(deps: CallbackDeps, data: CallbackJob): Promise<Deliv
   return { ...spec, event: "group.completed", body };
 }
 
+/** How many times a callback delivery may lose its worker (stall) before it is given up (`failed`). */
+export const CALLBACK_MAX_STALLS = 10;
+
+/** A delivery given up because its workers were lost: `failed`, with why. */
+export async function markDeliveryLost(tasks: TaskStore, job: Job<CallbackJob>, why: string): Promise<void> {
+  const state: CallbackState = { state: "failed", delivery_id: job.data.delivery_id, attempts: job.attemptsMade, last_error: why, delivered_at: null };
+  if ("task_id" in job.data) await tasks.setCallback(job.data.task_id, state);
+  else await tasks.setGroupCallbackState(job.data.group_id, state);
+}
+
 /**
  * Delivers one callback. The body is the stored bytes, so the signature a trainer checks is over
  * what it receives; the delivery id is the same on every retry, the timestamp is each attempt's. A non-2xx answer or a network
@@ -97,6 +107,13 @@ export async function deliverCallback(deps: CallbackDeps, job: Job<CallbackJob>)
   // Every line about this delivery carries the task (or group) id and the delivery id.
   const ids = "task_id" in job.data ? { task_id: job.data.task_id } : { group_id: job.data.group_id };
   const log = deps.log.child({ ...ids, delivery_id: job.data.delivery_id, callback_attempt: attempt });
+  if (job.stalledCounter > CALLBACK_MAX_STALLS) {
+    // Given up here, in the job: marked failed by a `failed` handler after BullMQ ended the job, a
+    // worker killed in between would leave the delivery `pending` with nothing left to send it.
+    await markDeliveryLost(deps.tasks, job, `the workers delivering it were lost ${job.stalledCounter} times`);
+    log.warn({ stalls: job.stalledCounter }, "callback failed: its workers kept dying");
+    return;
+  }
   const delivery = await deliveryFor(deps, job.data);
   if (!delivery) {
     log.warn("callback with nothing to deliver: dropped");

@@ -216,6 +216,9 @@ async function runInSandbox(deps: RolloutDeps, r: SandboxRun): Promise<Outcome> 
   return { ...base, evalMs, evaluation: ev.evaluation, status: "completed", error: null, reward: ev.reward };
 }
 
+/** How many times a rollout job may lose its worker (stall) before its task ends `failed` (worker_lost). */
+export const ROLLOUT_MAX_STALLS = 2;
+
 /**
  * One rollout job (docs/architecture.md#the-life-of-a-task): open a session, run the agent in fresh sandbox folders, evaluate,
  * close the session, build the trajectory, store the result, queue the callback. Infrastructure
@@ -247,6 +250,15 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
     await finishTask(deps, record, record.attempts, record.session_id, { ...failedOutcome("cancelled", cancel), status: "cancelled" }, null);
     return;
   }
+  // Its workers kept dying (or stalling past their job locks) on it: it ends `failed`
+  // (worker_lost) here, in the job, instead of looping. Ended by BullMQ (maxStalledCount), it
+  // would be ended by a `failed` handler after the job was marked failed, and a worker killed in
+  // between would leave it `running` with no job left to end it (BullMQ's own limit stays above
+  // this one, as a last resort: see WorkerSet).
+  if (job.stalledCounter > ROLLOUT_MAX_STALLS) {
+    await onRolloutExhausted(deps, record.id, new Error(`its workers were lost ${job.stalledCounter} times (the job stalled more than ${ROLLOUT_MAX_STALLS} times)`), "worker_lost");
+    return;
+  }
   // A task found `running` was started by a worker whose job lock lapsed: dead, or only stalled
   // and still running it. The task is taken back first (queued again, which fences that attempt
   // out: it can no longer store a result or requeue the task), then its session is closed so an
@@ -254,7 +266,7 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
   if (record.status === "running" && record.session_id) {
     const orphan = record.session_id;
     const taken = await deps.tasks.requeue(record.id, orphan, { reason: "worker_lost", previous_worker: record.worker, previous_session: orphan });
-    await deps.failures.run(deps.log.child({ session_id: orphan }), "closing an orphaned session", () => deps.gateway.closeSession(orphan));
+    await closeSessionLeft(deps, orphan, "closing an orphaned session");
     if (!taken) {
       // The old attempt ended it (or another took it) in between: whatever follows its result.
       const now = await deps.tasks.get(record.id);
@@ -263,17 +275,57 @@ export async function runRollout(deps: RolloutDeps, job: Job<RolloutJob>, signal
       return;
     }
   }
-  const attempt: Attempt = { number: record.attempts + 1, last: job.attemptsMade + 1 >= (job.opts.attempts ?? 1), sessionId: null, running: false };
+  // A task queued again whose last attempt had a session: that session is closed before this
+  // attempt opens its own. Whoever queued it again closed it right after, unless it died in
+  // between (a worker that took an orphaned attempt back, one whose session open failed).
+  if (record.status === "queued" && record.session_id) await closeSessionLeft(deps, record.session_id, "closing the session of the previous attempt");
+  const attempt: Attempt = { number: record.attempts + 1, last: job.attemptsMade + 1 >= (job.opts.attempts ?? 1), sessionId: null, opened: false, running: false };
   try {
     await attemptRollout(deps, record, attempt, signal);
   } catch (err) {
-    if (!(err instanceof GatewayRefused)) throw err;
+    // A lost call's attempt was given back already (endLostAttempt).
+    if (err instanceof LostCallRetry) throw err;
+    if (!(err instanceof GatewayRefused)) {
+      if (attempt.last) await endLastAttempt(deps, record, attempt, err as Error);
+      else await giveBackAttempt(deps, record, attempt, err as Error);
+      throw err;
+    }
     // The same request would be refused again: the task fails now, saying what the gateway said.
     deps.log.warn({ status: err.status, code: err.code, err: err.message }, "the gateway refused a request: the task fails");
     const sid = attempt.sessionId;
-    if (sid) await deps.failures.run(deps.log.child({ session_id: sid }), "closing the session of a refused rollout", () => deps.gateway.closeSession(sid));
-    await finishTask(deps, record, attempt.number, sid, failedOutcome("gateway_refused", err.message), null, undefined, null, attempt.running ? sid : null);
+    if (sid) await closeSessionLeft(deps, sid, "closing the session of a refused rollout");
+    await finishTask(deps, record, attempt.number, attempt.opened ? sid : null, failedOutcome("gateway_refused", err.message), null, undefined, null, attempt.running ? sid : null);
   }
+}
+
+/**
+ * An attempt failed on infrastructure within the retry budget (it throws on, so BullMQ runs the job
+ * again after its backoff): the task goes back to queued now, saying why, and its session is
+ * closed (the open may have reached the gateway even when its answer did not come back). Left
+ * running, the next run would take it back as if its worker had been lost.
+ */
+async function giveBackAttempt(deps: RolloutDeps, record: TaskRecord, attempt: Attempt, err: Error): Promise<void> {
+  const sid = attempt.sessionId;
+  if (!sid || !attempt.running) return;
+  await deps.failures.run(deps.log, "putting back a task whose attempt failed", async () => {
+    await deps.tasks.requeue(record.id, sid, { reason: "infrastructure", cause: err.message, attempt: attempt.number, session_id: sid });
+    await closeSessionLeft(deps, sid, "closing the session of a failed attempt");
+  });
+}
+
+/**
+ * The job's last attempt failed on infrastructure (it throws on, so BullMQ records the job failed):
+ * the task ends `failed` (`infrastructure`) here, in the job, its session closed. Left to the
+ * `failed` handler, which runs after the job is marked failed, a worker killed in between would
+ * leave the task `running` with no job left to end it; killed here, the job stalls and runs again.
+ * A failure here is logged, and the handler tries again.
+ */
+async function endLastAttempt(deps: RolloutDeps, record: TaskRecord, attempt: Attempt, err: Error): Promise<void> {
+  const sid = attempt.sessionId;
+  await deps.failures.run(deps.log, "ending a task whose last attempt failed", async () => {
+    if (sid) await closeSessionLeft(deps, sid, "closing the session of a failed last attempt");
+    await finishTask(deps, record, attempt.number, attempt.opened ? sid : null, failedOutcome("infrastructure", err.message), null, undefined, null, attempt.running ? sid : null);
+  });
 }
 
 function failedOutcome(kind: string, message: string): Outcome {
@@ -304,9 +356,22 @@ export async function onRolloutExhausted(deps: RolloutDeps, taskId: string, err:
  * Quiet: a failure is logged; closing a closed session changes nothing.
  */
 async function closeLeftSession(deps: RolloutDeps, record: TaskRecord, why: string): Promise<void> {
-  const sid = record.session_id;
-  if (!sid) return;
-  await deps.failures.run(deps.log.child({ session_id: sid }), why, () => deps.gateway.closeSession(sid));
+  if (record.session_id) await closeSessionLeft(deps, record.session_id, why);
+}
+
+/**
+ * Closes a session an attempt may have left open. Quiet: a failure is logged; closing a closed
+ * session changes nothing, and one the gateway does not know (404) was never opened (its attempt
+ * was marked running and its worker died before the open reached the gateway): nothing to close.
+ */
+async function closeSessionLeft(deps: RolloutDeps, sessionId: string, why: string): Promise<void> {
+  await deps.failures.run(deps.log.child({ session_id: sessionId }), why, async () => {
+    try {
+      await deps.gateway.closeSession(sessionId);
+    } catch (err) {
+      if (!(err instanceof GatewayRefused && err.status === 404)) throw err;
+    }
+  });
 }
 
 interface Attempt {
@@ -314,8 +379,10 @@ interface Attempt {
   number: number;
   /** The retry budget is spent: a lost call ends the task instead of being retried. */
   last: boolean;
-  /** The session this attempt opened, once it has one. */
+  /** The session of this attempt, once it was marked running on it (it is opened after that). */
   sessionId: string | null;
+  /** The gateway answered the open of that session. */
+  opened: boolean;
   /** The task was marked running on this attempt's session: what it stores is fenced on that session. */
   running: boolean;
 }
@@ -327,28 +394,24 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
     await finishTask(deps, record, attempt.number, null, failedOutcome("sandbox_unavailable", `this worker cannot run runtime.kind ${task.runtime.kind}`), null);
     return;
   }
-  const session = await deps.gateway.openSession({
-    sampling: task.sampling,
-    limits: {
-      ...(task.limits.max_llm_calls ? { max_llm_calls: task.limits.max_llm_calls } : {}),
-      ...(task.limits.max_total_tokens ? { max_total_tokens: task.limits.max_total_tokens } : {}),
-    },
-    ...(task.agent.model ? { model: task.agent.model } : {}),
-    ...(task.group_id ? { affinity_key: task.group_id } : {}),
-    ...(task.branch ? { replay: { session_id: task.branch.session_id, calls: task.branch.at_call, train: task.branch.train_replayed } } : {}),
-    metadata: { task_id: task.id, attempt: attempt.number },
-  });
-  attempt.sessionId = session.id;
-  deps = { ...deps, log: deps.log.child({ session_id: session.id }) };
-  const closeQuietly = (why: string) => deps.failures.run(deps.log, why, () => deps.gateway.closeSession(session.id));
-  const started = await deps.tasks.markRunning(task.id, { worker: deps.workerName, attempt: attempt.number, sessionId: session.id, now: new Date() });
+  // The session's id is chosen here and the task marked running on it before the session is
+  // opened: a worker that dies anywhere after the open reached the gateway (even before its answer
+  // came back) leaves a task `running` on that session, which the next worker takes back and
+  // whose session it closes. Opened first, a session would be nobody's to close.
+  const sessionId = `s-${randomUUID()}`;
+  deps = { ...deps, log: deps.log.child({ session_id: sessionId }) };
+  const started = await deps.tasks.markRunning(task.id, { worker: deps.workerName, attempt: attempt.number, sessionId, now: new Date() });
   if (!started) {
     // Cancelled (or otherwise ended) while this worker was picking it up, or running under
     // another attempt that took it while this one stalled: leave it as it is.
-    await closeQuietly("closing the session of a task that ended before it started");
+    deps.log.info("the task ended or was taken over before it started: left as it is");
     return;
   }
+  attempt.sessionId = sessionId;
   attempt.running = true;
+  const session = await openAttemptSession(deps, task, attempt, sessionId);
+  attempt.opened = true;
+  const closeQuietly = (why: string) => deps.failures.run(deps.log, why, () => deps.gateway.closeSession(session.id));
   deps.log.info({ attempt: attempt.number, harness: task.agent.harness, runtime: task.runtime.kind }, "rollout started");
   let sandbox: Sandbox;
   try {
@@ -428,6 +491,26 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
   // A gateway that does not know `?trajectory=` answered the session alone: asked the old way.
   const trajectory = invalid ? null : (state.trajectory ?? (await deps.gateway.trajectory(session.id, task.trajectory.builder)));
   await finishTask(deps, record, attempt.number, session.id, outcome, trajectory, state.counts, evaluating, session.id);
+}
+
+/**
+ * Opens the session the task was marked running on, under the id it was marked with. A failure
+ * throws (the open may have reached the gateway and only its answer been lost: runRollout closes
+ * the session either way).
+ */
+function openAttemptSession(deps: RolloutDeps, task: AcceptedTask, attempt: Attempt, sessionId: string) {
+  return deps.gateway.openSession({
+    id: sessionId,
+    sampling: task.sampling,
+    limits: {
+      ...(task.limits.max_llm_calls ? { max_llm_calls: task.limits.max_llm_calls } : {}),
+      ...(task.limits.max_total_tokens ? { max_total_tokens: task.limits.max_total_tokens } : {}),
+    },
+    ...(task.agent.model ? { model: task.agent.model } : {}),
+    ...(task.group_id ? { affinity_key: task.group_id } : {}),
+    ...(task.branch ? { replay: { session_id: task.branch.session_id, calls: task.branch.at_call, train: task.branch.train_replayed } } : {}),
+    metadata: { task_id: task.id, attempt: attempt.number },
+  });
 }
 
 /** An event stored in the same step as the task's result, just before its terminal event. */

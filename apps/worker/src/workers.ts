@@ -1,12 +1,12 @@
-import { issuesMessage, type CallbackState } from "@rollgate/protocol";
+import { issuesMessage } from "@rollgate/protocol";
 import { CallbackJob, QueueName, RolloutJob, duplicateClient, queuePrefix } from "@rollgate/queue";
 import type { RedisClient } from "@rollgate/store";
 import { DelayedError, UnrecoverableError, Worker, type Job } from "bullmq";
 import type { Logger } from "pino";
 import type { z } from "zod";
-import { deliverCallback, type CallbackDeps } from "./callbacks.js";
+import { CALLBACK_MAX_STALLS, deliverCallback, markDeliveryLost, type CallbackDeps } from "./callbacks.js";
 import type { GatewayReadiness } from "./readiness.js";
-import { onRolloutExhausted, runRollout, type GaveUpKind, type RolloutDeps } from "./rollout.js";
+import { ROLLOUT_MAX_STALLS, onRolloutExhausted, runRollout, type GaveUpKind, type RolloutDeps } from "./rollout.js";
 
 export interface WorkerSetOptions {
   connection: RedisClient;
@@ -45,8 +45,6 @@ export function parseJob<S extends z.ZodType>(schema: S, queue: string, data: un
   return parsed.data;
 }
 
-/** How many times a callback delivery may lose its worker before it is given up (`failed`). */
-const CALLBACK_MAX_STALLS = 10;
 
 /** How long a rollout taken just as the gateway stopped being ready waits before it is offered again. */
 const NOT_READY_DELAY_MS = 1_000;
@@ -74,7 +72,10 @@ export class WorkerSet {
       concurrency: o.concurrency,
       lockDuration: o.lockMs,
       stalledInterval: o.stalledIntervalMs,
-      maxStalledCount: 2,
+      // The rollout itself ends a task whose job stalled more than ROLLOUT_MAX_STALLS times (in
+      // the job, so no worker death can come between the job's end and the task's); BullMQ fails
+      // the job only if the workers doing that keep dying too (then the `failed` handler ends it).
+      maxStalledCount: ROLLOUT_MAX_STALLS + 2,
       // With a readiness watcher, the first "ready" starts it.
       autorun: !o.readiness,
     });
@@ -89,7 +90,9 @@ export class WorkerSet {
         // is safe (same delivery id), so it may stall many times before it is given up.
         lockDuration: o.lockMs,
         stalledInterval: o.stalledIntervalMs,
-        maxStalledCount: CALLBACK_MAX_STALLS,
+        // deliverCallback gives up a delivery that stalled more than CALLBACK_MAX_STALLS times (in
+        // the job); BullMQ fails the job only if the workers doing that keep dying too.
+        maxStalledCount: CALLBACK_MAX_STALLS + 2,
       },
     );
     for (const w of [this.rollouts, this.callbacks] as Worker[]) {
@@ -102,15 +105,9 @@ export class WorkerSet {
       // Stalled too often (its workers kept dying): deliverCallback never ran to say so, and the
       // delivery must not stay `pending` with nothing left to send it.
       else if (job && gaveUpKind(job, err) === "worker_lost") {
-        const state: CallbackState = {
-          state: "failed",
-          delivery_id: job.data.delivery_id,
-          attempts: job.attemptsMade,
-          last_error: `the workers delivering it were lost ${CALLBACK_MAX_STALLS + 1} times: ${err.message}`,
-          delivered_at: null,
-        };
-        const write = "task_id" in job.data ? o.rollout.tasks.setCallback(job.data.task_id, state) : o.rollout.tasks.setGroupCallbackState(job.data.group_id, state);
-        void write.catch((e: Error) => o.log.error({ job: job.id, err: e.message }, "cannot mark a lost callback delivery failed"));
+        void markDeliveryLost(o.rollout.tasks, job, `the workers delivering it were lost ${CALLBACK_MAX_STALLS + 3} times: ${err.message}`).catch((e: Error) =>
+          o.log.error({ job: job.id, err: e.message }, "cannot mark a lost callback delivery failed"),
+        );
       }
     });
     this.rollouts.on("failed", (job, err) => {

@@ -15,6 +15,7 @@ export function describeEvent(s: Style, e: TaskEvent): string {
       return `${s.magenta("llm_call")} #${d.seq}: prompt ${d.prompt_tokens} · completion ${d.completion_tokens} · cached ${d.cached_tokens} · ${d.latency_ms}ms · ${d.finish_reason}${d.replayed ? ` · ${s.gray("replayed")}` : ""}`;
     case "retrying":
       if (d.reason === "lost_call") return `${s.yellow("retrying")}: attempt ${d.attempt} lost an LLM call and is not scored; it runs again in a fresh session (${d.cause})`;
+      if (d.reason === "infrastructure") return `${s.yellow("retrying")}: attempt ${d.attempt} failed on infrastructure and is not scored; it runs again (${printable(String(d.cause))})`;
       return `${s.yellow("retrying")}: the worker running it (${d.previous_worker ?? "?"}) is gone; it runs again`;
     case "evaluating":
       return `evaluating (agent exit ${d.agent_exit_code ?? "–"})`;

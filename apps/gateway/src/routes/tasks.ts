@@ -244,13 +244,9 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
       await ctx.tasks.requestCancel(id, reason, now);
       const job = await ctx.rollouts.getJob(id);
       const state = job ? await job.getState() : "unknown";
-      if (job && (state === "waiting" || state === "delayed" || state === "prioritized")) {
-        try {
-          await job.remove();
-        } catch {
-          // It became active just now: the worker sees the flag.
-        }
-      }
+      // Every step below leaves the task with a job that ends it should this replica die after
+      // it: the task's own job is removed only once the task has ended and a job for what follows
+      // its end is queued (a worker taking the task's job meanwhile finds the cancel flag).
       if (state !== "active") {
         const task = record.task as AcceptedTask;
         const callback = task.callback ? { state: "pending" as const, delivery_id: randomUUID(), attempts: 0, last_error: null, delivered_at: null } : null;
@@ -265,9 +261,14 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
               req.log.warn({ err, task_id: id, session_id: orphan }, "cancel: closing the last attempt's session failed"),
             );
           }
-          // Its callback and its group's are sent by a worker: the job goes back at the head of the
-          // queue, and a worker that finds the task ended queues what follows (and nothing else).
-          if (task.callback || task.group_id) await ctx.rollouts.add("rollout", { task_id: id }, { jobId: id, lifo: true });
+          // Its callback and its group's are sent by a worker: a job at the head of the queue (its
+          // id its own: the task's job may still be waiting), and a worker that finds the task
+          // ended queues what follows (and nothing else).
+          if (task.callback || task.group_id) await ctx.rollouts.add("rollout", { task_id: id }, { jobId: `${id}@cancelled-${randomUUID()}`, lifo: true });
+          if (job && (state === "waiting" || state === "delayed" || state === "prioritized")) {
+            // Not run at all now (a worker would only find the task ended).
+            await job.remove().catch(() => undefined); // it became active just now: that worker finds the task ended
+          }
           return reply.code(200).send({ id, status: "cancelled" });
         }
       }
