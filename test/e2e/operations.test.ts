@@ -59,6 +59,9 @@ describe("stateless replicas", () => {
       for (const call of msg.tool_calls ?? []) messages.push({ role: "tool", tool_call_id: call.id, content: "file.txt" });
     }
     expect(messages.at(-1)).toMatchObject({ role: "assistant", content: "done" });
+    // An agent is answered before its call's record is stored, and an open session's trajectory
+    // waits only for the records its own replica is writing: the last call went through A.
+    await poll(async () => (await b(`/v1/sessions/${s.id}/completions`)).body.completions as CompletionRecord[], (r) => r.length === 3, 5_000, 20);
     const traj = (await b(`/v1/sessions/${s.id}/trajectory`)).body;
     expect(traj.traces).toHaveLength(1);
     expect(traj.traces[0].completion_ids).toHaveLength(3);
