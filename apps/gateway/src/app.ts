@@ -102,7 +102,8 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
   app.addHook("onRequest", queryGuard);
   // Agent bodies held at once over every sandbox: past the budget a call waits, its body unread.
   const bodyBudget = new BodyBudget(bodyBudgetBytes(env), AGENT_BODY_LIMIT, env.ROLLGATE_AGENT_BODY_TIMEOUT_S * 1000, () => metrics.bodyTimedOut());
-  app.addHook("onRequest", (req, reply, done) => (req.url.startsWith("/s/") ? bodyBudget.hook(req, reply, done) : done()));
+  // Decided by the route, not the raw URL: Fastify decodes the path before routing ("/%73/<sid>/…" is an agent route).
+  app.addHook("onRequest", (req, reply, done) => (req.routeOptions.url?.startsWith("/s/") ? bodyBudget.hook(req, reply, done) : done()));
   // One onSend hook for every answer, callback-style (an async hook is a promise and a microtask
   // turn per request): a 413 keeps reading the rest of the body, so the client reads the answer
   // instead of a reset; a call refused by the session rate limit answers `retry-after` (whatever

@@ -147,6 +147,44 @@ describe("a gateway's agent body budget", () => {
     expect(state.lost_calls.count).toBe(0);
   });
 
+  it("a path that spells /s/ percent-encoded reaches the same route and waits its turn too", async () => {
+    const first = call(40 * MiB);
+    await until("the first call at the engine", async () => (await running()) === 1);
+    // Fastify decodes the path before routing: "/%73/<sid>/…" is the agent route of "/s/<sid>/…".
+    const encoded = fetch(`${session.urls.openai.replace("/s/", "/%73/")}/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${session.token}`, "content-type": "application/json" },
+      body: paddedBody(40 * MiB),
+    });
+    await until("the encoded call waiting", async () => (await metric("rollgate_agent_calls_waiting_for_body_budget")) === 1);
+    expect(await running()).toBe(1);
+    const answers = await Promise.all([first, encoded]);
+    expect(answers.map((a) => a.status)).toEqual([200, 200]);
+    await until("every byte given back", async () => (await metric("rollgate_agent_body_bytes")) === 0);
+  });
+
+  it("a connection that closes with pipelined calls still queued behind its first gives back every call's bytes, and both calls are left", async () => {
+    const port = Number(new URL(h.url).port);
+    const own = await h.openSession();
+    const body = paddedBody(1_000);
+    const head = `POST /s/${own.id}/v1/chat/completions HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer ${own.token}\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\n\r\n`;
+    const sock = net.connect(port, "127.0.0.1");
+    sock.on("error", () => undefined);
+    // Two calls in one write (HTTP/1.1 pipelining): the second's answer queues behind the first's.
+    sock.write(head + body + head + body);
+    await until("both bodies held", async () => (await metric("rollgate_agent_body_bytes")) === 2_000);
+    await until("both calls at the engine", async () => (await running()) === 2);
+    sock.destroy();
+    // Both calls end (the first's answer has nowhere to go, the second's was queued on a closed connection).
+    await until("every byte given back", async () => (await metric("rollgate_agent_body_bytes")) === 0);
+    // Neither answer can reach the agent: both engine calls are cancelled and neither is recorded
+    // (a recorded answer the agent never saw would be a turn of its trajectory it never took).
+    await until("the engine idle", async () => (await running()) === 0);
+    expect(await h.records(own.id)).toHaveLength(0);
+    // The budget still takes a call that needs all of it.
+    expect((await call(64 * MiB - 1_000)).status).toBe(200);
+  });
+
   it("an agent that leaves while its call waits leaves the queue", async () => {
     const first = call(40 * MiB);
     await until("the first call at the engine", async () => (await running()) === 1);

@@ -93,18 +93,28 @@ export class BodyBudget {
     const bytes = bodyBytes(req.headers, this.maxBody);
     if (bytes === 0) return done();
     let held = false;
+    let gone = false;
     const leave = this.reserve(bytes, () => {
       held = true;
       if (!req.raw.complete) this.watch(req, bytes);
       done();
     });
-    reply.raw.once("close", () => {
+    // The answer's end, or its connection's: an answer queued behind an earlier one on its
+    // connection (HTTP/1.1 pipelining) is given no "close" of its own when the connection goes.
+    const socket = req.raw.socket;
+    const ended = () => {
+      if (gone) return;
+      gone = true;
+      reply.raw.off("close", ended);
+      socket.off("close", ended);
       this.reading.delete(req);
       // The agent went away while its call waited: it leaves the queue, and the request goes no
       // further (its connection is closed; nothing was read, nothing is answered).
       if (held) this.release(bytes);
       else leave();
-    });
+    };
+    reply.raw.once("close", ended);
+    socket.once("close", ended);
   };
 
   private watch(req: FastifyRequest, bytes: number): void {

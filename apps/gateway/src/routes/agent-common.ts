@@ -148,9 +148,16 @@ export function clientAbortSignal(reply: FastifyReply): AbortSignal {
   // The request's metrics scope goes with its signal, which every engine call of it carries.
   const scope = requestScopeOf(reply.request);
   if (scope) bindRequestScope(abort.signal, scope);
-  reply.raw.on("close", () => {
+  // The answer's close, or its connection's: an answer queued behind an earlier one on its
+  // connection (HTTP/1.1 pipelining) gets no close of its own when the connection goes.
+  const socket = reply.request.raw.socket;
+  const closed = () => {
+    reply.raw.off("close", closed);
+    socket.off("close", closed);
     if (!reply.raw.writableFinished) abort.abort();
-  });
+  };
+  reply.raw.once("close", closed);
+  socket.once("close", closed);
   return abort.signal;
 }
 
