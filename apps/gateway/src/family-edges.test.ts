@@ -734,3 +734,53 @@ describe.each(SWITCHABLE.flatMap((family) => KINDS.map((kind) => [family, kind] 
     expect(r1.prompt_ids.slice(0, r0.prompt_ids.length + r0.output_ids.length)).toEqual([...r0.prompt_ids, ...r0.output_ids]);
   });
 });
+
+/**
+ * The same tokens give the agent the same answer whichever route produced them: a Qwen3 answer on a
+ * vLLM whose chat route takes no prompt ids is parsed by the engine's chat route when it is a
+ * conversation's first answer, and by the gateway's own parser when it was generated token-in (a
+ * later answer, /v1/completions). A call whose JSON is broken, or cut by max_tokens, must read the
+ * same both ways (the calls, the text, and a finish that says a cut answer was cut).
+ */
+const BROKEN_CALLS: Record<string, { text: string; cut?: number }> = {
+  // The call object's closing brace is missing: the name is readable, the JSON does not parse.
+  broken_json: { text: '<tool_call>\n{"name": "shell", "arguments": {"command": "ls -la"}\n</tool_call>' },
+  cut_in_arguments: { text: `<tool_call>\n{"name": "shell", "arguments": {"command": "${LONG_COMMAND}"}}\n</tool_call>`, cut: CUT_IN_CALL },
+  // A string of JSON as the arguments: the engine's route passes the string on.
+  string_arguments: { text: STRING_ARGS.qwen3! },
+};
+
+describe(`qwen3 on vllm@${OLD_VLLM}: a broken or cut call reads the same by either route`, () => {
+  const profile = PRESETS[PROFILE_OF_FAMILY.qwen3!]!;
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness("edges-broken-qwen3", { family: "qwen3", kind: "vllm", vllmVersion: OLD_VLLM }, { ROLLGATE_HEALTH_INTERVAL_S: "0" });
+  }, 60_000);
+  afterAll(async () => h?.close());
+
+  const cells = Object.keys(BROKEN_CALLS).flatMap((c) => PROTOCOLS.flatMap((p) => [false, true].map((stream) => [c, p, stream] as const)));
+  it.each(cells)("%s, %s (streamed %s): the engine's chat route and the gateway's token-in parse agree", async (name, protocol, stream) => {
+    const { text, cut } = BROKEN_CALLS[name]!;
+    const opts = { tools: true, think: false, profile, stream };
+    // The engine's chat route: the answer is the conversation's first.
+    const a = await h.openSession();
+    const byEngine = await AGENTS[protocol](a, { ...opts, prompt: `Do the task.\n#sim: ${JSON.stringify([{ text }])}` }).call(cut);
+    // Token-in: the same answer after a first one, generated on /v1/completions and parsed by the gateway.
+    const b = await h.openSession();
+    const agent = AGENTS[protocol](b, { ...opts, prompt: `Do the task.\n#sim: ${JSON.stringify([{ text: "ok" }, { text }])}` });
+    expect((await agent.call()).text).toBe("ok");
+    agent.echo();
+    const byGateway = await agent.call(cut);
+    const [r0, r1] = (await h.records(b.id)) as [CompletionRecord, CompletionRecord];
+    expect(r1.prompt_ids.slice(0, r0.prompt_ids.length + r0.output_ids.length), "generated token-in").toEqual([...r0.prompt_ids, ...r0.output_ids]);
+    const ra = (await h.records(a.id))[0]!;
+    const tok = getSimState(h.sim).tok;
+    expect(tok.decode(r1.output_ids)).toBe(tok.decode(ra.output_ids));
+
+    const seen = (x: Answer) => ({ text: x.text, calls: x.calls, finish: x.finish });
+    expect(seen(byGateway)).toEqual(seen(byEngine));
+    // A cut answer says so; the call reached the agent (an agent told "stop" may end its episode).
+    if (cut) expect(byEngine.finish).toBe(CUT_FINISH[protocol]);
+    if (stream || name === "string_arguments") expect(byEngine.calls.map((c) => c.name)).toEqual(["shell"]);
+  });
+});
