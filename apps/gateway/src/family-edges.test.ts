@@ -734,3 +734,163 @@ describe.each(SWITCHABLE.flatMap((family) => KINDS.map((kind) => [family, kind] 
     expect(r1.prompt_ids.slice(0, r0.prompt_ids.length + r0.output_ids.length)).toEqual([...r0.prompt_ids, ...r0.output_ids]);
   });
 });
+
+/**
+ * The same tokens give the agent the same answer whichever route produced them: a Qwen3 answer on a
+ * vLLM whose chat route takes no prompt ids is parsed by the engine's chat route when it is a
+ * conversation's first answer, and by the gateway's own parser when it was generated token-in (a
+ * later answer, /v1/completions). A call whose JSON is broken, or cut by max_tokens, must read the
+ * same both ways (the calls, the text, and a finish that says a cut answer was cut).
+ */
+const BROKEN_CALLS: Record<string, { text: string; cut?: number }> = {
+  // The call object's closing brace is missing: the name is readable, the JSON does not parse.
+  broken_json: { text: '<tool_call>\n{"name": "shell", "arguments": {"command": "ls -la"}\n</tool_call>' },
+  cut_in_arguments: { text: `<tool_call>\n{"name": "shell", "arguments": {"command": "${LONG_COMMAND}"}}\n</tool_call>`, cut: CUT_IN_CALL },
+  // A string of JSON as the arguments: the engine's route passes the string on.
+  string_arguments: { text: STRING_ARGS.qwen3! },
+};
+
+describe(`qwen3 on vllm@${OLD_VLLM}: a broken or cut call reads the same by either route`, () => {
+  const profile = PRESETS[PROFILE_OF_FAMILY.qwen3!]!;
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness("edges-broken-qwen3", { family: "qwen3", kind: "vllm", vllmVersion: OLD_VLLM }, { ROLLGATE_HEALTH_INTERVAL_S: "0" });
+  }, 60_000);
+  afterAll(async () => h?.close());
+
+  const cells = Object.keys(BROKEN_CALLS).flatMap((c) => PROTOCOLS.flatMap((p) => [false, true].map((stream) => [c, p, stream] as const)));
+  it.each(cells)("%s, %s (streamed %s): the engine's chat route and the gateway's token-in parse agree", async (name, protocol, stream) => {
+    const { text, cut } = BROKEN_CALLS[name]!;
+    const opts = { tools: true, think: false, profile, stream };
+    // The engine's chat route: the answer is the conversation's first.
+    const a = await h.openSession();
+    const byEngine = await AGENTS[protocol](a, { ...opts, prompt: `Do the task.\n#sim: ${JSON.stringify([{ text }])}` }).call(cut);
+    // Token-in: the same answer after a first one, generated on /v1/completions and parsed by the gateway.
+    const b = await h.openSession();
+    const agent = AGENTS[protocol](b, { ...opts, prompt: `Do the task.\n#sim: ${JSON.stringify([{ text: "ok" }, { text }])}` });
+    expect((await agent.call()).text).toBe("ok");
+    agent.echo();
+    const byGateway = await agent.call(cut);
+    const [r0, r1] = (await h.records(b.id)) as [CompletionRecord, CompletionRecord];
+    expect(r1.prompt_ids.slice(0, r0.prompt_ids.length + r0.output_ids.length), "generated token-in").toEqual([...r0.prompt_ids, ...r0.output_ids]);
+    const ra = (await h.records(a.id))[0]!;
+    const tok = getSimState(h.sim).tok;
+    expect(tok.decode(r1.output_ids)).toBe(tok.decode(ra.output_ids));
+
+    const seen = (x: Answer) => ({ text: x.text, calls: x.calls, finish: x.finish });
+    expect(seen(byGateway)).toEqual(seen(byEngine));
+    // A cut answer says so; the call reached the agent (an agent told "stop" may end its episode).
+    if (cut) expect(byEngine.finish).toBe(CUT_FINISH[protocol]);
+    expect(byEngine.calls.map((c) => c.name)).toEqual(["shell"]);
+  });
+});
+
+/**
+ * Llama 3.1 writing two JSON calls in one answer (`{…}; {…}`): the engine's parser gives both, but
+ * the family's chat template renders one call per turn and refuses more ("This model only supports
+ * single tool-calls at once!"). The agent sends the answer back with both calls' results; its next
+ * call must not fail on that render: the conversation goes on, continued from the recorded ids.
+ */
+describe.each(KINDS)("llama3.1 on %s: two tool calls in one answer, echoed back", (kind) => {
+  const profile = PRESETS[PROFILE_OF_FAMILY["llama3.1"]!]!;
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness(`edges-llama2calls-${kind}`, { family: "llama3.1", kind }, { ROLLGATE_HEALTH_INTERVAL_S: "0" });
+  }, 60_000);
+  afterAll(async () => h?.close());
+
+  const cells = PROTOCOLS.flatMap((p) => [false, true].map((stream) => [p, stream] as const));
+  it.each(cells)("%s (streamed %s)", async (protocol, stream) => {
+    const s = await h.openSession();
+    const calls = ["ls", "pwd"].map((command) => ({ name: "shell", arguments: { command } }));
+    const steps = [{ tool_calls: calls }, { text: SECOND }, { text: "Finished." }];
+    const agent = AGENTS[protocol](s, { prompt: `Do the task.\n#sim: ${JSON.stringify(steps)}`, tools: true, think: false, profile, stream });
+    const first = await agent.call();
+    expect(first.calls).toEqual(calls.map((c) => ({ name: c.name, args: c.arguments })));
+    agent.echo();
+    const second = await agent.call();
+    expect(second.text.trim()).toBe(SECOND);
+    agent.echo();
+    expect((await agent.call()).text.trim()).toBe("Finished.");
+
+    const records = await h.records(s.id);
+    expect(records).toHaveLength(3);
+    const closed = await fetch(`${h.url}/v1/sessions/${s.id}/close?trajectory=prefix_merging`, { method: "POST" });
+    const { trajectory } = (await closed.json()) as { trajectory: Trajectory };
+    expect(trajectory.stats.breaks, JSON.stringify(trajectory.stats.breaks)).toEqual([]);
+    records.slice(1).forEach((r, i) => {
+      const prev = records[i]!;
+      expect(r.prompt_ids.slice(0, prev.prompt_ids.length + prev.output_ids.length)).toEqual([...prev.prompt_ids, ...prev.output_ids]);
+    });
+  });
+});
+
+/**
+ * A stop string the agent asked for, matched inside a tool call's arguments: the answer was cut by
+ * the agent's own stop sequence, so the call is not whole. Every protocol says so as it says a stop
+ * sequence: OpenAI chat finish "stop" (never "tool_calls", which would have the agent run a cut
+ * call), Anthropic stop_reason "stop_sequence" naming the string; the cut call stays in the answer as
+ * the engine gave it (an Anthropic input {}), so the answer sent back continues the recorded ids.
+ */
+const STOP_IN_CALL = "word9";
+describe.each(KINDS)("qwen3 on %s: a stop string inside a tool call", (kind) => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness(`edges-stopcall-${kind}`, { family: "qwen3", kind }, { ROLLGATE_HEALTH_INTERVAL_S: "0" });
+  }, 60_000);
+  afterAll(async () => h?.close());
+
+  const cells = (["openai_chat", "anthropic"] as const).flatMap((p) => [false, true].map((stream) => [p, stream] as const));
+  it.each(cells)("%s (streamed %s)", async (protocol, stream) => {
+    const s = await h.openSession();
+    const prompt = `Do the task.\n#sim: ${JSON.stringify([{ tool_calls: [{ name: "shell", arguments: { command: LONG_COMMAND } }] }, { text: SECOND }])}`;
+    const tools = TOOLS.slice(0, 1);
+    let finish: string | null;
+    let sequence: string | null = null;
+    let calls: string[];
+    let second: string;
+    if (protocol === "openai_chat") {
+      const client = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 });
+      const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: prompt }];
+      const body = { model: "agent", messages, stop: [STOP_IN_CALL], tools: tools.map((f) => ({ type: "function" as const, function: f })), chat_template_kwargs: { enable_thinking: false } };
+      let message: OpenAI.ChatCompletionMessage;
+      if (!stream) {
+        const c = (await client.chat.completions.create(body)).choices[0]!;
+        [finish, message] = [c.finish_reason, c.message];
+      } else {
+        const got = await client.chat.completions.stream({ ...body, stream: true }).finalChatCompletion();
+        [finish, message] = [got.choices[0]!.finish_reason, got.choices[0]!.message];
+      }
+      calls = (message.tool_calls ?? []).map((c) => (c.type === "function" ? c.function.name : ""));
+      messages.push({ role: "assistant", content: message.content, ...(message.tool_calls?.length ? { tool_calls: message.tool_calls } : {}) });
+      for (const c of message.tool_calls ?? []) messages.push({ role: "tool", tool_call_id: c.id, content: TOOL_RESULT });
+      second = (await client.chat.completions.create({ ...body, stop: [] })).choices[0]!.message.content ?? "";
+    } else {
+      const client = new Anthropic({ apiKey: s.token, baseURL: s.urls.anthropic, maxRetries: 0 });
+      const messages: Anthropic.MessageParam[] = [{ role: "user", content: prompt }];
+      const body = { model: "claude-test", max_tokens: 512, messages, stop_sequences: [STOP_IN_CALL], tools: tools.map((f) => ({ name: f.name, description: f.description, input_schema: f.parameters })) };
+      const m = stream ? await client.messages.stream(body).finalMessage() : await client.messages.create(body);
+      [finish, sequence] = [m.stop_reason, m.stop_sequence];
+      const uses = m.content.filter((b) => b.type === "tool_use");
+      // Never a truncated command the agent could take for a whole one.
+      for (const u of uses) expect(u.input).toEqual({});
+      calls = uses.map((u) => u.name);
+      messages.push({ role: "assistant", content: m.content });
+      messages.push({ role: "user", content: uses.length ? uses.map((u) => ({ type: "tool_result" as const, tool_use_id: u.id, content: TOOL_RESULT })) : "go on" });
+      const next = await client.messages.create({ ...body, stop_sequences: [] });
+      second = next.content.map((b) => (b.type === "text" ? b.text : "")).join("");
+    }
+    expect([finish, sequence]).toEqual(protocol === "openai_chat" ? ["stop", null] : ["stop_sequence", STOP_IN_CALL]);
+    expect(calls).toEqual(["shell"]);
+    expect(second).toBe(SECOND);
+
+    const [r0, r1] = (await h.records(s.id)) as [CompletionRecord, CompletionRecord];
+    expect(r0.finish_reason).toBe("stop");
+    const tok = getSimState(h.sim).tok;
+    expect(tok.decode(r0.output_ids)).toContain(STOP_IN_CALL);
+    const closed = await fetch(`${h.url}/v1/sessions/${s.id}/close?trajectory=prefix_merging`, { method: "POST" });
+    const { trajectory } = (await closed.json()) as { trajectory: Trajectory };
+    expect(trajectory.stats.breaks, JSON.stringify(trajectory.stats.breaks)).toEqual([]);
+    expect(r1.prompt_ids.slice(0, r0.prompt_ids.length + r0.output_ids.length)).toEqual([...r0.prompt_ids, ...r0.output_ids]);
+  });
+});

@@ -94,6 +94,7 @@ const LLAMA3: ModelProfile = {
   chat_template_kwargs: "all",
   history_normalization: "empirical",
   token_in: "auto",
+  tool_calls_per_turn: 1,
   gateway_parser: null,
   tool_result_wrappers: [],
   reasoning_end: null,

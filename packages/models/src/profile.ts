@@ -50,6 +50,14 @@ export const ModelProfile = z
      */
     token_in: z.enum(["auto", "off"]),
     /**
+     * The most tool calls the family's chat template renders in one assistant turn (Llama 3.1's
+     * refuses more than one), when it has such a limit. The engine's parser may still give more
+     * (vLLM's llama3_json reads `{…}; {…}`); such a turn goes to the engine as consecutive turns of
+     * at most this many calls, so its template renders the conversation, and the call continues
+     * token-in from the recorded ids where it can (else the rewritten turn is a named break).
+     */
+    tool_calls_per_turn: z.number().int().positive().optional(),
+    /**
      * The parser the gateway may run on text it generated token-in (a route with no engine parser:
      * vLLM /v1/completions, or a pause continuation), or null: the gateway never parses this model's output.
      */
@@ -87,6 +95,7 @@ export const InlineProfile = z
     chat_template_kwargs: ModelProfile.shape.chat_template_kwargs.optional(),
     history_normalization: ModelProfile.shape.history_normalization.optional(),
     token_in: ModelProfile.shape.token_in.optional(),
+    tool_calls_per_turn: ModelProfile.shape.tool_calls_per_turn,
     gateway_parser: ModelProfile.shape.gateway_parser.optional(),
     tool_result_wrappers: ModelProfile.shape.tool_result_wrappers.optional(),
     reasoning_end: ModelProfile.shape.reasoning_end.optional(),

@@ -255,3 +255,4 @@ export function pyStrValue(v: PyValue): string {
   if (v instanceof PyDict) return `{${v.entries.map(([k, x]) => `${repr(k)}: ${repr(x)}`).join(", ")}}`;
   return `[${v.map(repr).join(", ")}]`;
 }
+export { stringEnd, valueEnd } from "./extent.js";

@@ -7,6 +7,7 @@ import {
   AnthropicRequest,
   AnthropicStreamEncoder,
   anthropicError,
+  anthropicStopReason,
   anthropicErrorType,
   fromAnthropic,
   fromValidAnthropic,
@@ -627,5 +628,17 @@ describe("fromAnthropic property", () => {
       }),
       { numRuns: 300 },
     );
+  });
+});
+
+describe("anthropicStopReason", () => {
+  it("names the agent's stop sequence that ended the answer, inside a tool call too", () => {
+    expect(anthropicStopReason("stop", "word9", true)).toEqual({ stop_reason: "stop_sequence", stop_sequence: "word9" });
+    expect(anthropicStopReason("stop", "word9", false)).toEqual({ stop_reason: "stop_sequence", stop_sequence: "word9" });
+    // An end token the engine matched is no stop sequence of the agent's.
+    expect(anthropicStopReason("stop", 151645, true)).toEqual({ stop_reason: "tool_use", stop_sequence: null });
+    expect(anthropicStopReason("tool_calls", null, true)).toEqual({ stop_reason: "tool_use", stop_sequence: null });
+    expect(anthropicStopReason("length", "x", true)).toEqual({ stop_reason: "max_tokens", stop_sequence: null });
+    expect(anthropicStopReason("stop", null, false)).toEqual({ stop_reason: "end_turn", stop_sequence: null });
   });
 });

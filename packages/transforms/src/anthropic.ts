@@ -371,8 +371,9 @@ export function anthropicStopReason(
   hasToolCalls: boolean,
 ): { stop_reason: AnthropicStopReason; stop_sequence: string | null } {
   if (finishReason === "length") return { stop_reason: "max_tokens", stop_sequence: null };
-  if (hasToolCalls || finishReason === "tool_calls") return { stop_reason: "tool_use", stop_sequence: null };
+  // One of the agent's stop sequences ended the answer, inside a tool call too (the call is cut).
   if (finishReason === "stop" && typeof stopReason === "string") return { stop_reason: "stop_sequence", stop_sequence: stopReason };
+  if (hasToolCalls || finishReason === "tool_calls") return { stop_reason: "tool_use", stop_sequence: null };
   return { stop_reason: "end_turn", stop_sequence: null };
 }
 

@@ -9,3 +9,4 @@ export * from "./openai-responses.js";
 export * from "./gemini.js";
 export * from "./reasoning-tokens.js";
 export * from "./history-normalization.js";
+export * from "./template-turns.js";

@@ -11,7 +11,7 @@ import type { Delta, ParsedOutput, ParseRequest, StreamingParser } from "../outp
 import { continueOpenAnswer, randomOutput, scriptedOutput } from "../policy.js";
 import { renderPrompt } from "../prompt.js";
 import { parseRankHeader, sglangRank } from "../ranks.js";
-import { ScriptError, findScriptStep } from "../script.js";
+import { ScriptError, findScriptInText, findScriptStep } from "../script.js";
 import { GuidedError, GuidedStreamer, forcedChoice, guidedCalls, guidedStep } from "../guided.js";
 import type { ForcedChoice } from "../guided.js";
 import { PyDict } from "@rollgate/pyjson";
@@ -205,7 +205,9 @@ function prepare(sim: SimState, req: FastifyRequest): Prepared {
   }
   let found;
   try {
-    found = findScriptStep(body.messages);
+    // A token-in prompt is what the model sees: its step is read from those ids, as on a raw prompt
+    // (the messages only drive tools and parsers, and may be shaped for the template).
+    found = tokenIn ? findScriptInText(prompt.text, sim.model.family) : findScriptStep(body.messages);
   } catch (e) {
     if (e instanceof ScriptError) throw new HttpError(400, `engine-sim: ${e.message}`);
     throw e;

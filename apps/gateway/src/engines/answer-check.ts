@@ -68,6 +68,16 @@ export function engineFinish(reason: string): string {
   return reason === "repetition" ? "length" : reason;
 }
 
+/**
+ * The finish reason of an answer one of the agent's stop strings ended (`stopReason`: the engine's
+ * matched stop, vLLM's `stop_reason`, SGLang's `matched_stop`; a string only for a stop string).
+ * The chat routes say "tool_calls" once a call was parsed, even when the stop string cut it; the
+ * agent is told "stop" (its stop sequence), never "tool_calls", which would have it run a cut call.
+ */
+export function stopStringFinish(reason: string, stopReason: string | number | null | undefined): string {
+  return reason === "tool_calls" && typeof stopReason === "string" ? "stop" : reason;
+}
+
 /** Fails the call unless `reason` ends an answer of the model (ANSWER_FINISHES). */
 export function checkFinish(reason: string): void {
   if (ANSWER_FINISHES.has(reason)) return;

@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { stopStringFinish } from "./answer-check.js";
 import { chatFinishReason } from "./chat-route-rules.js";
 import { cutFinishReason } from "./vllm/chat.js";
 
@@ -9,6 +10,15 @@ describe("the finish reason of an answer with tool calls", () => {
     expect(chatFinishReason("abort", 2)).toBe("abort");
     expect(chatFinishReason("stop", 0)).toBe("stop");
     expect(chatFinishReason("length", 0)).toBe("length");
+  });
+
+  it("an answer one of the agent's stop strings ended says stop, a call in it or not (an end token id is no stop string)", () => {
+    expect(chatFinishReason("stop", 1, "word9")).toBe("stop");
+    expect(chatFinishReason("stop", 1, 151645)).toBe("tool_calls");
+    expect(stopStringFinish("tool_calls", "word9")).toBe("stop");
+    expect(stopStringFinish("tool_calls", 151645)).toBe("tool_calls");
+    expect(stopStringFinish("tool_calls", null)).toBe("tool_calls");
+    expect(stopStringFinish("length", "word9")).toBe("length");
   });
 
   it("parsed by vLLM's chat route, which says tool_calls for a cut one too: length when it used every token it was allowed", () => {

@@ -18,9 +18,10 @@ export function parsesTools(call: Pick<TokenInCall, "request">): boolean {
  * itself; a cut (`length`, an abort) keeps its reason (vLLM's chat route would say "tool_calls" for
  * a call cut by max_tokens too: see vllm/chat.ts cutFinishReason).
  */
-export function chatFinishReason(engine: string, toolCalls: number): string {
+export function chatFinishReason(engine: string, toolCalls: number, stopReason?: string | number | null): string {
   const reason = engineFinish(engine);
-  return toolCalls > 0 && reason === "stop" ? "tool_calls" : reason;
+  // An answer one of the agent's stop strings ended stays "stop" (answer-check.ts stopStringFinish).
+  return toolCalls > 0 && reason === "stop" && typeof stopReason !== "string" ? "tool_calls" : reason;
 }
 
 /**

@@ -28,22 +28,41 @@ afterAll(async () => {
 
 const TOOLS = [{ type: "function", function: { name: "f", parameters: { type: "object" } } }];
 
-/** engine-sim's chat answer for a script, and the text it generated (decoded from its token ids). */
+/**
+ * engine-sim's chat answer for a script, read as a stream (as the gateway reads the engine's chat
+ * route), and the text it generated (decoded from its token ids).
+ */
 async function simAnswer(step: SimStep | string, tools: boolean) {
   const script = typeof step === "string" ? step : JSON.stringify([step]);
   const res = await sim.inject({
     method: "POST",
     url: "/v1/chat/completions",
-    payload: `{"messages": [{"role": "user", "content": "go\\n#sim: ${script.replaceAll("\\", "\\\\").replaceAll('"', '\\"')}"}], "return_token_ids": true${tools ? `, "tools": ${JSON.stringify(TOOLS)}` : ""}}`,
+    payload: `{"messages": [{"role": "user", "content": "go\\n#sim: ${script.replaceAll("\\", "\\\\").replaceAll('"', '\\"')}"}], "stream": true, "return_token_ids": true${tools ? `, "tools": ${JSON.stringify(TOOLS)}` : ""}}`,
     headers: { "content-type": "application/json" },
   });
   expect(res.statusCode, res.body).toBe(200);
-  const choice = res.json().choices[0] as {
-    message: { content: string | null; reasoning: string | null; tool_calls?: { function: { name: string; arguments: string } }[] };
-    finish_reason: string;
-    token_ids: number[];
-  };
-  return { message: choice.message, finish: choice.finish_reason, text: getTokenizer().decode(choice.token_ids, true) };
+  let content: string | null = null;
+  let reasoning: string | null = null;
+  let finish = "";
+  const ids: number[] = [];
+  const calls: { function: { name: string; arguments: string } }[] = [];
+  for (const line of res.body.split("\n")) {
+    if (!line.startsWith("data: {")) continue;
+    const choice = (JSON.parse(line.slice(6)) as { choices: Record<string, unknown>[] }).choices[0];
+    if (!choice) continue;
+    const delta = choice.delta as { content?: string; reasoning?: string; tool_calls?: { index: number; function: { name?: string; arguments?: string } }[] };
+    if (delta.content) content = (content ?? "") + delta.content;
+    if (delta.reasoning) reasoning = (reasoning ?? "") + delta.reasoning;
+    for (const t of delta.tool_calls ?? []) {
+      const c = (calls[t.index] ??= { function: { name: "", arguments: "" } });
+      c.function.name += t.function.name ?? "";
+      c.function.arguments += t.function.arguments ?? "";
+    }
+    ids.push(...((choice.token_ids as number[] | undefined) ?? []));
+    if (typeof choice.finish_reason === "string") finish = choice.finish_reason;
+  }
+  const message = { content, reasoning, tool_calls: calls.length ? calls : undefined };
+  return { message, finish, text: getTokenizer().decode(ids, true) };
 }
 
 const CASES: [string, SimStep | string][] = [
@@ -104,16 +123,19 @@ describe("Qwen3 output parsers (vLLM qwen3 reasoning + hermes tools)", () => {
     expect(p.push("\n</th")).toEqual({ reasoning: "\n" });
     expect(p.push("ink>\n\nSee <")).toEqual({ content: "\n\nSee " });
     expect(p.push("tool_call>\n{\"name\": \"f\", ")).toBeNull();
+    // Text after a call is content, as the engine's streaming parser gives it.
     expect(p.push('"arguments": {"a": 1.50}}\n</tool_call>\ntrailing')).toEqual({
+      content: "\ntrailing",
       tool_calls: [{ index: 0, id: "id", type: "function", function: { name: "f", arguments: '{"a": 1.5}' } }],
     });
     expect(p.end()).toBeNull();
     expect(p.toolCalls).toBe(1);
   });
 
-  it("an unclosed call: parsed when its JSON is whole, else content (an answer cut on length)", () => {
+  it("an unclosed call (an answer cut on length): a call once its name came, as the engine's streamed route gives it", () => {
     expect(parseQwen3Output('<tool_call>\n{"name": "f", "arguments": {}}', true).tool_calls).toHaveLength(1);
-    expect(parseQwen3Output('Hi\n<tool_call>\n{"name": "f", "argu', true)).toEqual({ content: 'Hi\n<tool_call>\n{"name": "f", "argu', reasoning: null, tool_calls: [] });
+    expect(parseQwen3Output('Hi\n<tool_call>\n{"name": "f", "argu', true)).toEqual({ content: "Hi\n", reasoning: null, tool_calls: [{ id: expect.any(String), type: "function", function: { name: "f", arguments: "" } }] });
+    expect(parseQwen3Output('Hi\n<tool_call>\n{"na', true)).toEqual({ content: "Hi\n", reasoning: null, tool_calls: [] });
     // Without tools (or tool_choice "none") tool-call text stays content, as in vLLM.
     expect(parseQwen3Output('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>', false).content).toBe('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>');
     // Cut inside the reasoning: what came is reasoning (vLLM's streaming behaviour, for both modes).

@@ -1,5 +1,6 @@
 import { templateFields } from "@rollgate/models";
 import type { ChatMessage } from "@rollgate/protocol";
+import { splitToolCallTurns } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
 import { detokenize } from "./detokenize.js";
@@ -67,7 +68,7 @@ export const engineTokenizer: EngineTokenizer = {
   async renderChat(call, messages) {
     const req = call.request;
     const r = await tokenize(call, {
-      messages: messages.map((m) => messageFor(call.target.engine.kind, m)),
+      messages: splitToolCallTurns(messages, call.target.profile.tool_calls_per_turn).map((m) => messageFor(call.target.engine.kind, m)),
       ...(call.target.engine.kind === "vllm" ? { add_generation_prompt: true } : {}),
       ...(req.tools ? { tools: req.tools } : {}),
       ...templateFields(call.target.profile, req),

@@ -44,9 +44,26 @@ const GOLDEN: { name: string; text: string; want: ReturnType<typeof whole> }[] =
     want: { content: null, reasoning: null, calls: [{ name: "final_answer", arguments: '{"trigger": true}' }] },
   },
   {
-    name: "invalid JSON is no call: the text stays content",
+    // The engine's chat route, read as a stream (as the gateway reads it), gives the call as soon as
+    // its name is readable; its arguments as written, up to where their value ends.
+    name: "an unclosed call whose JSON never closes is a call with its arguments as written",
     text: '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}',
-    want: { content: '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}', reasoning: null, calls: [] },
+    want: { content: null, reasoning: null, calls: [{ name: "final_answer", arguments: '{"trigger": true}' }] },
+  },
+  {
+    name: "a closed call whose JSON does not parse is a call with its arguments as written",
+    text: 'Run it.<tool_call>\n{"name": "shell", "arguments": {"command": "ls -la"}\n</tool_call>\nafter',
+    want: { content: "Run it.\nafter", reasoning: null, calls: [{ name: "shell", arguments: '{"command": "ls -la"}' }] },
+  },
+  {
+    name: "a call cut inside its arguments: what of them came",
+    text: '<tool_call>\n{"name": "shell", "arguments": {"command": "echo wor',
+    want: { content: null, reasoning: null, calls: [{ name: "shell", arguments: '{"command": "echo wor' }] },
+  },
+  {
+    name: "a call cut before its name is complete is dropped, as the engine's streaming parser drops it",
+    text: 'Text.<tool_call>\n{"name": "she',
+    want: { content: "Text.", reasoning: null, calls: [] },
   },
   {
     name: "content, then a call",
@@ -78,9 +95,10 @@ const GOLDEN: { name: string; text: string; want: ReturnType<typeof whole> }[] =
     },
   },
   {
-    name: "arguments the model serialised itself are not encoded twice",
+    // vLLM json.dumps whatever the arguments are: a string stays a JSON string (the agent gets what the engine's route gives).
+    name: "arguments the model wrote as a JSON string stay a JSON string",
     text: '<tool_call>\n{"name": "get_db_config", "arguments": "{\\"param\\": \\"max_connections\\"}"}\n</tool_call>',
-    want: { content: null, reasoning: null, calls: [{ name: "get_db_config", arguments: '{"param": "max_connections"}' }] },
+    want: { content: null, reasoning: null, calls: [{ name: "get_db_config", arguments: '"{\\"param\\": \\"max_connections\\"}"' }] },
   },
   {
     name: "arguments re-serialised as Python's json.dumps (floats stay floats, non-ASCII kept)",

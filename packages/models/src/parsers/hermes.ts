@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { PyDict, parsePyJson, pyDumps } from "@rollgate/pyjson";
+import { PyDict, parsePyJson, pyDumps, valueEnd } from "@rollgate/pyjson";
 import type { GatewayParser, OutputParser, ParsedDelta } from "./types.js";
 
 /**
@@ -11,12 +11,14 @@ import type { GatewayParser, OutputParser, ParsedDelta } from "./types.js";
  *   keeps what came as reasoning (vLLM's streaming behaviour).
  * - tools (only when the request has tools and tool_choice is not "none", as in vLLM): each
  *   `<tool_call>{json}</tool_call>` becomes a call named `name` with `arguments` re-serialised as
- *   Python's `json.dumps(arguments, ensure_ascii=False)`, or passed on as they are when the model
- *   wrote them as a string holding a JSON object (already serialised), under a fresh
- *   `chatcmpl-tool-<hex>` id; the content is the text outside the calls, before, between and after
- *   them, as vLLM's streaming parser gives it (null when empty); a call whose JSON does not parse is dropped,
- *   unless it is an unclosed one and no call came before it (an answer cut on length), which stays
- *   content as hermes leaves it.
+ *   Python's `json.dumps(arguments, ensure_ascii=False)` (a string stays a JSON string: vLLM
+ *   dumps whatever the model wrote), under a fresh `chatcmpl-tool-<hex>` id; the content is the
+ *   text outside the calls, before, between and after them, as vLLM's streaming parser gives it
+ *   (null when empty). The gateway reads the engine's chat route as a stream, so a call the model
+ *   broke reads as that route gives it too: one whose JSON does not parse, or that was cut before
+ *   its `</tool_call>` (max_tokens), is a call as soon as its name is readable, with its arguments
+ *   as written (up to where their value ends, or all that came); one whose name never became
+ *   readable is dropped, text and all, as vLLM's streaming parser drops it.
  *
  * Streaming holds back only what could be the start of a tag, and emits a tool call once its
  * `</tool_call>` closes (name and arguments in one delta).
@@ -40,30 +42,46 @@ function partialTag(text: string, tag: string): number {
   return 0;
 }
 
-/** Arguments the model serialised itself (a string holding a JSON object) are not encoded twice. */
-function argumentsText(args: unknown): string {
-  if (typeof args === "string") {
-    try {
-      if (parsePyJson(args) instanceof PyDict) return args;
-    } catch {
-      // a plain string: serialised below
-    }
-  }
-  return pyDumps(args as Parameters<typeof pyDumps>[0]);
-}
+/** The call object up to its name, and up to where its arguments value begins (vLLM's streaming parser reads these as they come). */
+const NAME_RE = /^\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"/;
+const ARGS_AT_RE = /^\s*\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"arguments"\s*:\s*/;
+/** An arguments object whose first key has a value begun: until then a cut call has streamed no arguments. */
+const ARGS_BEGUN_RE = /^\{\s*"(?:[^"\\]|\\.)*"\s*:\s*\S/;
 
-/** One `<tool_call>` body → a call, or null when hermes would reject it. */
-function parseCall(body: string): { name: string; arguments: string } | null {
+/**
+ * One `<tool_call>` body → a call, or null when the engine's streamed route gives none: a whole
+ * call as vLLM's hermes parser re-serialises it; a broken or cut one (`closed`: its `</tool_call>`
+ * came) as that route streamed it: its name, and its arguments as the model wrote them.
+ */
+function parseCall(body: string, closed: boolean): { name: string; arguments: string } | null {
   try {
     const obj = parsePyJson(body.trim());
-    if (!(obj instanceof PyDict)) return null;
-    const name = obj.get("name");
-    const args = obj.get("arguments");
-    if (typeof name !== "string" || args === undefined) return null;
-    return { name, arguments: argumentsText(args) };
+    if (obj instanceof PyDict) {
+      const name = obj.get("name");
+      const args = obj.get("arguments");
+      if (typeof name === "string" && args !== undefined) return { name, arguments: pyDumps(args) };
+    }
   } catch {
-    return null;
+    // not whole JSON: read as it was streamed, below
   }
+  const named = NAME_RE.exec(body);
+  if (!named) return null;
+  let name: string;
+  try {
+    name = JSON.parse(`"${named[1]}"`) as string;
+  } catch {
+    name = named[1]!;
+  }
+  return { name, arguments: writtenArguments(body, closed) };
+}
+
+/** A broken call's arguments as written: up to where their value ends, else all that came. */
+function writtenArguments(body: string, closed: boolean): string {
+  const at = ARGS_AT_RE.exec(body);
+  if (!at || at[0].length >= body.length) return "";
+  const end = valueEnd(body, at[0].length);
+  const written = body.slice(at[0].length, end < 0 ? undefined : end);
+  return end < 0 && !closed && !ARGS_BEGUN_RE.test(written) ? "" : written;
 }
 
 export class HermesOutputParser implements OutputParser {
@@ -145,7 +163,7 @@ export class HermesOutputParser implements OutputParser {
         this.pending = p.slice(start);
         break;
       }
-      this.emitCall(out, p.slice(start + TOOL_START.length, end));
+      this.emitCall(out, p.slice(start + TOOL_START.length, end), true);
       this.pending = p.slice(end + TOOL_END.length);
     }
     return nonEmpty(out);
@@ -158,16 +176,14 @@ export class HermesOutputParser implements OutputParser {
     if (this.phase === "start" || this.phase === "content") add(out, "content", p);
     else if (this.phase === "reasoning") add(out, "reasoning", p);
     else if (p.startsWith(TOOL_START)) {
-      // hermes: r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)" — an unclosed call still counts if it parses.
-      const before = this.calls;
-      this.emitCall(out, p.slice(TOOL_START.length));
-      if (this.calls === before && before === 0) add(out, "content", p);
+      // A call the answer ended inside (cut by max_tokens, or no </tool_call>): a call if its name came.
+      this.emitCall(out, p.slice(TOOL_START.length), false);
     } else add(out, "content", p); // a held piece of "<tool_call>" that never became one
     return nonEmpty(out);
   }
 
-  private emitCall(out: ParsedDelta, body: string): void {
-    const call = parseCall(body);
+  private emitCall(out: ParsedDelta, body: string, closed: boolean): void {
+    const call = parseCall(body, closed);
     if (!call) return;
     (out.tool_calls ??= []).push({ index: this.calls++, id: this.newId(), type: "function", function: call });
   }

@@ -1,8 +1,9 @@
 import { templateFields, type ModelProfile } from "@rollgate/models";
 import { definedSampling, type CanonicalChatRequest, type ChatMessage } from "@rollgate/protocol";
-import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
+import { StreamAccumulator, resultAsEvents, splitToolCallTurns, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
+import { stopStringFinish } from "../answer-check.js";
 import { EngineError, outputAfterFinish, unreachable } from "../errors.js";
 import { ChatLogprob, checkedChunk, engineJson, OpenAIUsage, isIntArray, isLogprob, isObj, isUsage, nullishInt, nullishIntArray, nullishStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseJson } from "../sse.js";
@@ -42,7 +43,7 @@ export function buildSglangChatBody(
   const s = req.sampling;
   const body: Record<string, unknown> = {
     model,
-    messages: req.messages.map(toSglangMessage),
+    messages: splitToolCallTurns(req.messages, profile.tool_calls_per_turn).map(toSglangMessage),
     stream: false,
     logprobs: true,
     top_logprobs: req.client_logprobs?.top_logprobs ?? 0,
@@ -252,7 +253,7 @@ export async function sglangChat(call: EngineCall): Promise<EngineResult> {
         function: { name: t.function.name ?? "", arguments: t.function.arguments ?? "" },
       })),
     },
-    finish_reason: choice.finish_reason ?? "stop",
+    finish_reason: stopStringFinish(choice.finish_reason ?? "stop", choice.matched_stop),
     stop_reason: choice.matched_stop ?? null,
     usage: usageOf(usage, promptIds.length, outputIds.length),
     ...(routed ? { routed_experts: routed } : {}),
@@ -323,7 +324,7 @@ export async function* sglangChatStream(call: EngineCall): AsyncGenerator<Engine
           logprobs: lps,
         };
       }
-      if (choice.finish_reason) finish = { type: "finish", finish_reason: choice.finish_reason, stop_reason: choice.matched_stop ?? null };
+      if (choice.finish_reason) finish = { type: "finish", finish_reason: stopStringFinish(choice.finish_reason, choice.matched_stop), stop_reason: choice.matched_stop ?? null };
     }
     if (c.usage) usage = c.usage;
     if (c.sglext?.input_ids) inputIds = c.sglext.input_ids;
@@ -344,7 +345,7 @@ export async function sglangCountTokens(call: Omit<EngineCall, "requestId">): Pr
   const req = call.request;
   const res = await sglangPost(call, "/tokenize", {
     model: call.model,
-    messages: req.messages.map(toSglangMessage),
+    messages: splitToolCallTurns(req.messages, call.target.profile.tool_calls_per_turn).map(toSglangMessage),
     ...(req.tools ? { tools: req.tools } : {}),
     ...templateFields(call.target.profile, req),
   });

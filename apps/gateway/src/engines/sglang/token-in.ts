@@ -180,7 +180,7 @@ async function generate(call: TokenInCall, parsing: Parsing): Promise<EngineResu
     output_logprobs: logprobs.map((l) => l.logprob),
     logprobs,
     message,
-    finish_reason: chatFinishReason(finish.reason, message.tool_calls.length),
+    finish_reason: chatFinishReason(finish.reason, message.tool_calls.length, finish.stop),
     stop_reason: finish.stop,
     usage: { prompt_tokens: out.meta_info.prompt_tokens, completion_tokens: out.meta_info.completion_tokens, cached_tokens: out.meta_info.cached_tokens ?? 0 },
     ...(routed ? { routed_experts: routed } : {}),
@@ -247,7 +247,7 @@ async function* generateStream(call: TokenInCall, parsing: Parsing): AsyncGenera
       const routed = fromSglang(call.target, ev.meta_info.routed_experts, call.tokenIds.length, ids.length);
       yield {
         type: "finish",
-        finish_reason: chatFinishReason(finish.reason, parser.toolCalls),
+        finish_reason: chatFinishReason(finish.reason, parser.toolCalls, finish.stop),
         stop_reason: finish.stop,
         ...(routed ? { routed_experts: routed } : {}),
         ...engineVersionOf(ev.meta_info),

@@ -1,9 +1,9 @@
 import { templateFields, type ModelProfile } from "@rollgate/models";
 import { definedSampling, type CanonicalChatRequest, type ChatMessage, type TokenLogprob } from "@rollgate/protocol";
-import { StreamAccumulator, resultAsEvents, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
+import { StreamAccumulator, resultAsEvents, splitToolCallTurns, type EngineResult, type EngineStreamEvent } from "@rollgate/transforms";
 import { request, type Dispatcher } from "undici";
 import { z } from "zod";
-import { engineFinish } from "../answer-check.js";
+import { engineFinish, stopStringFinish } from "../answer-check.js";
 import { EngineError, outputAfterFinish, unreachable } from "../errors.js";
 import { ChatLogprob, checkedChunk, engineJson, OpenAIUsage, isLogprob, isObj, isUsage, nullishIntArray, nullishStr, optInt, optStr, rejectUnlessOk, toTokenLogprob, usageOf } from "../openai-wire.js";
 import { sseEach, sseJson } from "../sse.js";
@@ -29,7 +29,7 @@ export function buildVllmChatBody(model: string, req: CanonicalChatRequest, prof
   const s = req.sampling;
   const body: Record<string, unknown> = {
     model,
-    messages: req.messages.map(toVllmMessage),
+    messages: splitToolCallTurns(req.messages, profile.tool_calls_per_turn).map(toVllmMessage),
     stream: req.stream,
     logprobs: true,
     top_logprobs: req.client_logprobs?.top_logprobs ?? 0,
@@ -242,7 +242,7 @@ export async function vllmChat(call: EngineCall): Promise<EngineResult> {
         function: { name: t.function.name ?? "", arguments: t.function.arguments ?? "" },
       })),
     },
-    finish_reason: cutFinishReason(choice.finish_reason ?? "stop", choice.token_ids.length, call.request.sampling.max_tokens),
+    finish_reason: stopStringFinish(cutFinishReason(choice.finish_reason ?? "stop", choice.token_ids.length, call.request.sampling.max_tokens), choice.stop_reason),
     stop_reason: choice.stop_reason ?? null,
     usage: usageOf(body.usage, body.prompt_token_ids.length, choice.token_ids.length),
     ...(routed ? { routed_experts: routed } : {}),
@@ -315,7 +315,7 @@ class VllmStreamReader {
       }
       if (choice.finish_reason) {
         this.finished = true;
-        out.push({ type: "finish", finish_reason: cutFinishReason(choice.finish_reason, this.tokens, this.maxTokens), stop_reason: choice.stop_reason ?? null });
+        out.push({ type: "finish", finish_reason: stopStringFinish(cutFinishReason(choice.finish_reason, this.tokens, this.maxTokens), choice.stop_reason), stop_reason: choice.stop_reason ?? null });
       }
     }
     if (c.usage) {
@@ -358,7 +358,7 @@ export async function vllmCountTokens(call: Omit<EngineCall, "requestId">): Prom
   const { target, request: req } = call;
   const body: Record<string, unknown> = {
     model: call.model,
-    messages: req.messages.map(toVllmMessage),
+    messages: splitToolCallTurns(req.messages, target.profile.tool_calls_per_turn).map(toVllmMessage),
     add_generation_prompt: true,
     ...(req.tools ? { tools: req.tools } : {}),
     ...templateFields(target.profile, req),

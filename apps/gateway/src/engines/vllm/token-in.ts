@@ -125,7 +125,7 @@ async function generate(call: TokenInCall): Promise<EngineResult> {
     output_logprobs: logprobs.map((l) => l.logprob),
     logprobs,
     message,
-    finish_reason: chatFinishReason(choice.finish_reason ?? "stop", message.tool_calls.length),
+    finish_reason: chatFinishReason(choice.finish_reason ?? "stop", message.tool_calls.length, choice.stop_reason),
     stop_reason: choice.stop_reason ?? null,
     usage: usageOf(body.usage, choice.prompt_token_ids.length, choice.token_ids.length),
     ...(routed ? { routed_experts: routed } : {}),
@@ -208,7 +208,7 @@ async function* generateStream(call: TokenInCall): AsyncGenerator<EngineStreamEv
         const routed = fromVllm(call.target, chunk.prompt_routed_experts, choice.routed_experts, promptLen, tokens);
         yield {
           type: "finish",
-          finish_reason: chatFinishReason(choice.finish_reason, parser.toolCalls),
+          finish_reason: chatFinishReason(choice.finish_reason, parser.toolCalls, choice.stop_reason),
           stop_reason: choice.stop_reason ?? null,
           ...(routed ? { routed_experts: routed } : {}),
         };
