@@ -115,8 +115,9 @@ connection.on("error", (err) => log.warn({ err: err.message }, "redis connection
 const tasks = new TaskStore(connection, env.ROLLGATE_KEY_PREFIX);
 const sandboxPath = env.ROLLGATE_SANDBOX_PATH ?? defaultSandboxPath(installRoot);
 
-// The sandbox runtimes this worker runs (ROLLGATE_RUNTIMES). Container runtimes first sweep what a
-// crashed predecessor of the same worker name left behind, before any job is taken.
+// The sandbox runtimes this worker runs (ROLLGATE_RUNTIMES). Each first sweeps what a crashed worker
+// left behind, before any job is taken: container runtimes a predecessor of the same worker name's
+// sandboxes, the local runtime those of any dead worker of the same ROLLGATE_SANDBOX_ROOT.
 const runtimes: RolloutDeps["runtimes"] = {};
 // Never reachable from a sealed sandbox, whatever its runtime.egress: Redis and the gateway (by
 // name and address), and ROLLGATE_SANDBOX_EGRESS_DENY (loopback and metadata are built in).
@@ -176,7 +177,7 @@ for (const [kind, runtime] of Object.entries(runtimes)) {
   if (!runtime.sweep) continue;
   try {
     const removed = await runtime.sweep();
-    if (removed > 0) log.info({ runtime: kind, removed }, "removed sandboxes left by an earlier run of this worker");
+    if (removed > 0) log.info({ runtime: kind, removed }, "removed sandboxes a crashed worker left behind");
   } catch (err) {
     console.error(`rollgate-worker: the ${kind} runtime is enabled but unusable: ${(err as Error).message}`);
     process.exit(2);

@@ -170,6 +170,8 @@ export class ChatCaller {
       loadedWeights?: { loadedOn(engine: number, version: string): boolean };
       /** Told of an engine whose answer came from weights other than the ones it was loaded with (its ranks are drained once that is confirmed). */
       staleWeights?: (engine: number) => void;
+      /** Told of a call that found its rank unreachable (the rank is probed at once, engine-health.ts). */
+      rankUnreachable?: (member: string) => void;
     },
   ) {}
 
@@ -749,6 +751,7 @@ export class ChatCaller {
           movedAfterFailure = true;
           continue;
         }
+        if (err instanceof EngineError && err.kind === "unreachable") this.deps.rankUnreachable?.(rankMember(call.target.engineIndex, call.target.dpRank));
         await this.noteFailure(call, err);
         throw err;
       } finally {

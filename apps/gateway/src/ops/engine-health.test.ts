@@ -27,7 +27,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await sim.close();
-  await dropPrefixes([prefix]);
+  await dropPrefixes([prefix, `${prefix}-calls`, `${prefix}-off`]);
   redis.disconnect();
 });
 
@@ -47,5 +47,31 @@ describe("EngineHealth", () => {
     await health.checkAll();
     expect(health.isDown("0:1")).toBe(true);
     expect(health.isDown("0:0")).toBe(false);
+  });
+
+  describe("a call that found its rank unreachable (ROLLGATE_HEALTH_FAILURES 2)", () => {
+    const withRounds = (intervalS: number, keyPrefix: string, paused = () => false) => {
+      const registry = new EngineRegistry([{ kind: "vllm", url: simUrl, dp_size: 2 }], 10_000);
+      const health = new EngineHealth(registry, new RankRouter(redis, keyPrefix), 2, pino({ level: "silent" }), async () => undefined, paused);
+      health.start(intervalS);
+      health.stop();
+      return health;
+    };
+
+    it("has its rank probed now: a probe that confirms it drains the rank (the call counted as one failure); a rank that answers stays", async () => {
+      const health = withRounds(600, `${prefix}-calls`);
+      await health.callFailed("0:1");
+      expect(health.isDown("0:1")).toBe(true);
+      expect(await new RankRouter(redis, `${prefix}-calls`).downRanks()).toEqual(new Set(["0:1"]));
+      await health.callFailed("0:0");
+      expect(health.isDown("0:0")).toBe(false);
+      expect(health.snapshot().find((h) => h.member === "0:0")).toMatchObject({ healthy: true, consecutiveFailures: 0 });
+    });
+
+    it("drains nothing without periodic rounds (nothing would bring the rank back) or while inference is paused", async () => {
+      await withRounds(0, `${prefix}-off`).callFailed("0:1");
+      await withRounds(600, `${prefix}-off`, () => true).callFailed("0:1");
+      expect(await new RankRouter(redis, `${prefix}-off`).downRanks()).toEqual(new Set());
+    });
   });
 });

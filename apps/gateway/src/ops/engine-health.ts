@@ -8,6 +8,8 @@ import { probeRank } from "./engine-control.js";
 const RECENT_CALLS = 100;
 /** While some engine is not ready, how often its ranks are probed (whatever the health interval). */
 const READINESS_PROBE_MS = 1_000;
+/** At most one probe per rank this often on calls that found it unreachable (they may come by the hundred). */
+const CALL_PROBE_MS = 1_000;
 
 /**
  * How a health round tells that an engine restarted (the wire carries no start time on either
@@ -53,6 +55,10 @@ export class EngineHealth {
   private readonly unreached = new Set<number>();
   /** Each engine's release as last read. */
   private readonly releases = new Map<number, string>();
+  /** When a failed call last had its rank probed (or is having it probed: not again until it ends), per rank. */
+  private readonly callProbes = new Map<string, number>();
+  /** Only with periodic rounds: they alone bring a drained rank of a ready engine back. */
+  private drainsOnCalls = false;
 
   constructor(
     private readonly registry: EngineRegistry,
@@ -89,6 +95,7 @@ export class EngineHealth {
     // rejection here would take the whole gateway down during a Redis restart.
     const round = (drain: boolean, only?: string[]) =>
       this.checkAll({ drain, ...(only ? { only } : {}) }).catch((err: Error) => this.log.warn({ err: err.message }, "engine health round failed"));
+    this.drainsOnCalls = intervalS > 0;
     if (intervalS > 0) {
       this.timer = setInterval(() => void round(true), intervalS * 1000);
       this.timer.unref();
@@ -227,6 +234,75 @@ export class EngineHealth {
   }
 
   /**
+   * A call found its rank unreachable: the rank is probed now, not at the next round
+   * (ROLLGATE_HEALTH_INTERVAL_S), during which every call of its sessions would fail as a lost
+   * call. A probe that confirms it drains the rank (the call counts as one failure), so its
+   * sessions move to healthy ranks on their next call (Rerouter). One probe per rank at a time and
+   * at most one a second; none while paused (a paused engine holds probes), none for a rank
+   * already drained (the rounds bring it back), and none without periodic rounds
+   * (ROLLGATE_HEALTH_INTERVAL_S=0: nothing would bring the rank back).
+   */
+  async callFailed(member: string): Promise<void> {
+    const last = this.callProbes.get(member);
+    if (!this.drainsOnCalls || !this.state.has(member) || this.down.has(member) || this.paused() || (last !== undefined && Date.now() - last < CALL_PROBE_MS)) return;
+    this.callProbes.set(member, Number.POSITIVE_INFINITY);
+    try {
+      await this.probeOne(member, true, (engine) => this.staleWeights(engine).catch(() => null), true);
+    } finally {
+      this.callProbes.set(member, Date.now());
+    }
+  }
+
+  /**
+   * Probes one rank and notes what it found. `callFailed`: a call just found the rank unreachable,
+   * which counts as a failure of its own, so a probe that confirms it drains the rank at once with
+   * the default ROLLGATE_HEALTH_FAILURES (2).
+   */
+  private async probeOne(member: string, drain: boolean, staleOf: (engine: number) => Promise<string | null>, callFailed = false): Promise<void> {
+      const { engine, dpRank } = parseRankMember(member);
+      const cfg = this.registry.engines[engine]!;
+      const model = await this.registry.servedModel(engine).then(
+        (m) => {
+          this.models.set(engine, { model: m, error: null });
+          return m;
+        },
+        (err: Error) => {
+          if (!this.models.get(engine)?.model) this.models.set(engine, { model: null, error: err.message });
+          return cfg.model ?? "";
+        },
+      );
+      const probe = await probeRank(this.registry.dispatcher, cfg, model, dpRank);
+      if (!probe.reachable && this.answered.has(member)) this.unreached.add(engine);
+      else if (probe.ok && this.unreached.delete(engine)) this.restarted(engine, "it answers again after it could not be reached");
+      const staleWhy = probe.ok ? await staleOf(engine) : null;
+      if (staleWhy !== null) Object.assign(probe, { ok: false, detail: staleWhy });
+      const h = this.state.get(member)!;
+      h.lastCheck = new Date().toISOString();
+      h.lastLatencyMs = probe.latencyMs;
+      h.detail = probe.detail;
+      if (probe.ok) {
+        if (!this.answered.has(member)) this.log.info({ rank: member, model }, "engine rank answers");
+        this.answered.add(member);
+        if (!h.healthy) this.log.warn({ rank: member }, "engine rank healthy again");
+        h.consecutiveFailures = 0;
+        h.healthy = true;
+        await this.router.setDown(member, false);
+        if (this.down.delete(member)) await this.announce(member, false);
+      } else if (drain) {
+        h.consecutiveFailures += callFailed ? 2 : 1;
+        // Stale weights are not a passing fault: drained at the first probe that sees them.
+        if ((h.consecutiveFailures >= this.failures || staleWhy !== null) && h.healthy) {
+          h.healthy = false;
+          this.log.warn({ rank: member, detail: probe.detail }, "engine rank failing health checks: drained");
+          // Announced first, so a replica has heard it by the time the shared set shows it.
+          this.down.add(member);
+          await this.announce(member, true);
+          await this.router.setDown(member, true);
+        }
+      }
+  }
+
+  /**
    * One round of probes (also callable directly, e.g. from tests), of every rank or of `only`.
    * `drain: false` (readiness probes) only notes ranks that answer; failures count towards
    * draining only in periodic rounds.
@@ -245,49 +321,7 @@ export class EngineHealth {
       const releases = this.watchReleases([...new Set(members.map((m) => parseRankMember(m).engine))]);
       await Promise.all([
         releases,
-        ...members.map(async (member) => {
-          const { engine, dpRank } = parseRankMember(member);
-          const cfg = this.registry.engines[engine]!;
-          const model = await this.registry.servedModel(engine).then(
-            (m) => {
-              this.models.set(engine, { model: m, error: null });
-              return m;
-            },
-            (err: Error) => {
-              if (!this.models.get(engine)?.model) this.models.set(engine, { model: null, error: err.message });
-              return cfg.model ?? "";
-            },
-          );
-          const probe = await probeRank(this.registry.dispatcher, cfg, model, dpRank);
-          if (!probe.reachable && this.answered.has(member)) this.unreached.add(engine);
-          else if (probe.ok && this.unreached.delete(engine)) this.restarted(engine, "it answers again after it could not be reached");
-          const staleWhy = probe.ok ? await staleOf(engine) : null;
-          if (staleWhy !== null) Object.assign(probe, { ok: false, detail: staleWhy });
-          const h = this.state.get(member)!;
-          h.lastCheck = new Date().toISOString();
-          h.lastLatencyMs = probe.latencyMs;
-          h.detail = probe.detail;
-          if (probe.ok) {
-            if (!this.answered.has(member)) this.log.info({ rank: member, model }, "engine rank answers");
-            this.answered.add(member);
-            if (!h.healthy) this.log.warn({ rank: member }, "engine rank healthy again");
-            h.consecutiveFailures = 0;
-            h.healthy = true;
-            await this.router.setDown(member, false);
-            if (this.down.delete(member)) await this.announce(member, false);
-          } else if (drain) {
-            h.consecutiveFailures++;
-            // Stale weights are not a passing fault: drained at the first probe that sees them.
-            if ((h.consecutiveFailures >= this.failures || staleWhy !== null) && h.healthy) {
-              h.healthy = false;
-              this.log.warn({ rank: member, detail: probe.detail }, "engine rank failing health checks: drained");
-              // Announced first, so a replica has heard it by the time the shared set shows it.
-              this.down.add(member);
-              await this.announce(member, true);
-              await this.router.setDown(member, true);
-            }
-          }
-        }),
+        ...members.map((member) => this.probeOne(member, drain, staleOf)),
       ]);
       this.down = await this.router.downRanks();
     } finally {

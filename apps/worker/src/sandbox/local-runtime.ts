@@ -7,6 +7,8 @@ import { sandboxEgressPolicy } from "../egress.js";
 import { CANNOT_START } from "./container-common.js";
 import { type BwrapSupport, type SandboxUser, INSIDE_HOME, INSIDE_TMP, INSIDE_WORKDIR, RELAY_SHIM, RELAY_SOCKET, SANDBOX_GATEWAY_PORT, bwrapArgv, hostMountArgs, probeBwrap } from "./isolation.js";
 import { type RunResult, runProcess } from "./process.js";
+import { sweepLeftovers } from "./leftovers.js";
+import { markOwner, unmarkOwner } from "./owner.js";
 import { type DiskQuota, QuotaUnavailable } from "./quota.js";
 import { RELAY_SHIM_SOURCE } from "./relay-shim.js";
 import { seccompFilterFile } from "./seccomp.js";
@@ -134,6 +136,14 @@ export class LocalRuntime implements SandboxRuntime {
     this.o.log?.warn({ what, path: where, err: (err as Error).message, cleanup_failures: this.cleanupFailures }, "cannot remove a sandbox's leftovers");
   }
 
+  /**
+   * Removes what sandboxes of a dead worker on the same root left (folders, mounted capped tmpfs):
+   * a worker killed mid-rollout (SIGKILL, OOM) could not. Live workers' sandboxes are not touched.
+   */
+  async sweep(): Promise<number> {
+    return sweepLeftovers(this.o.root ?? os.tmpdir(), this.o.log);
+  }
+
   async create(taskId: string, runtime: RuntimeSpec, opts: CreateOptions = {}): Promise<Sandbox> {
     const network = runtimeNetwork(runtime);
     const bwrap = runtime.isolation === "bwrap";
@@ -191,6 +201,7 @@ export class LocalRuntime implements SandboxRuntime {
   private async startRelay(taskId: string, runtime: RuntimeSpec, session: NonNullable<CreateOptions["session"]>, otherUser: boolean) {
     const dir = await mkdtemp(path.join(this.o.root ?? os.tmpdir(), `rollgate-relay-${taskId.slice(0, 40)}-`));
     try {
+      markOwner(dir);
       // The sandbox's user (not the worker's, when it is root) passes into it to reach the shim and the socket.
       if (otherUser) await chmod(dir, 0o711);
       await writeFile(path.join(dir, RELAY_SHIM), RELAY_SHIM_SOURCE, { mode: 0o444 });
@@ -273,6 +284,8 @@ export class LocalRuntime implements SandboxRuntime {
           await rm(relay.dir, { recursive: true, force: true }).catch((e: unknown) => this.cleanupFailed("relay folder", relay.dir, e));
         }
         if (!runtime.keep) await removeSandboxDirs(dirs).catch((e: unknown) => this.cleanupFailed("sandbox folder", dirs.base, e));
+        // A kept sandbox is never swept as a dead worker's leftover.
+        else unmarkOwner(dirs.base);
       },
       describe: () => dirs.base,
       limitsReached: async () => {

@@ -94,7 +94,7 @@ describe("LocalRuntime", () => {
     const rt = new LocalRuntime({ root });
     const spec: RuntimeSpec = { kind: "local", files: {}, prepare: [], image: null, keep: false, isolation: "none", egress: [] };
     const empty = await rt.create("t-empty", spec);
-    expect(readdir(empty.describe()).sort()).toEqual(["home", "tmp", "work"]);
+    expect(readdir(empty.describe()).sort()).toEqual([".rollgate-owner", "home", "tmp", "work"]);
     const filled = await rt.create("t-filled", spec);
     const r = await filled.exec(["sh", "-c", "mkdir -p deep/er && echo x > deep/er/f && echo y > \"$HOME/.rc\" && ln -s / link"], { env: { PATH: "/usr/bin:/bin", HOME: filled.home }, timeoutMs: 10_000 });
     expect(r.exitCode).toBe(0);

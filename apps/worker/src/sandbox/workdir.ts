@@ -4,6 +4,7 @@ import { lchown, lstat, mkdir, open, readdir, realpath, rm, stat } from "node:fs
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
+import { markOwner, unmarkOwner } from "./owner.js";
 import { type DiskQuota, mountQuota, unmountQuota } from "./quota.js";
 
 /** One rollout's folders: `work` (the agent's working directory), `home` (its HOME), `tmp`. */
@@ -151,6 +152,13 @@ export async function makeSandboxDirs(
     await mkdir(parent, { recursive: true });
     base = mkdtempSync(prefix);
   }
+  // Before anything is mounted in it: a worker killed from here on leaves it to the next one's sweep (leftovers.ts).
+  try {
+    markOwner(base);
+  } catch (err) {
+    rmdirSync(base);
+    throw err;
+  }
   // With a quota, the folders live on a capped tmpfs one level down: the base stays on the worker's
   // disk, for the evaluator's fresh folders (never inside what the agent filled).
   const data = quota ? path.join(base, "data") : base;
@@ -200,6 +208,7 @@ export async function removeTree(p: string): Promise<void> {
 }
 
 export async function removeSandboxDirs(dirs: SandboxDirs): Promise<void> {
+  unmarkOwner(dirs.base);
   if (dirs.quotaMount) {
     // Its contents go with the tmpfs.
     await unmountQuota(dirs.quotaMount);
