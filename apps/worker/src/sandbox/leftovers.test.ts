@@ -4,7 +4,7 @@
  * tmpfs is test/e2e/sandbox-leftovers.test.ts.
  */
 import { spawn } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import type { RuntimeSpec } from "@rollgate/protocol";
@@ -50,24 +50,26 @@ describe("sandbox folders' owner", () => {
     expect(existsSync(sb.describe())).toBe(false);
   });
 
-  it("removes a dead worker's folders (an exited pid, or a reused pid with another start time), not a live one's, another host's, or unmarked ones", async () => {
+  it("removes a dead worker's folders (an exited pid, or a reused pid with another start time), not a live one's, another host's or container's, or unmarked ones", async () => {
     // A kept sandbox (runtime.keep) is unmarked at destroy: never swept, whoever made it.
     const keptSandbox = await new LocalRuntime({ root, spawner: null }).create("t-kept", spec(true));
     await keptSandbox.destroy();
     expect(existsSync(path.join(keptSandbox.describe(), OWNER_FILE))).toBe(false);
-    const self = { host: os.hostname(), boot: readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim() };
+    const self = { host: os.hostname(), boot: readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim(), pidns: readlinkSync("/proc/self/ns/pid") };
     const ownStart = readFileSync(`/proc/${process.pid}/stat`, "utf8").split(") ")[1]!.split(" ")[19]!;
     const exited = leftover("rollgate-t-exited-aaaaaa", JSON.stringify({ ...self, pid: await deadPid(), start: "1" }));
     const reused = leftover("rollgate-relay-t-reused-bbbbbb", JSON.stringify({ ...self, pid: process.pid, start: String(Number(ownStart) - 1) }));
     const rebooted = leftover("rollgate-t-rebooted-cccccc", JSON.stringify({ ...self, boot: "another-boot", pid: process.pid, start: ownStart }));
     const live = leftover("rollgate-t-live-dddddd", JSON.stringify({ ...self, pid: process.pid, start: ownStart }));
     const otherHost = leftover("rollgate-t-elsewhere-eeeeee", JSON.stringify({ ...self, host: "another-host", pid: await deadPid(), start: "1" }));
+    // Another container with this host name, sharing the root: its pids are not this namespace's.
+    const otherContainer = leftover("rollgate-t-container-hhhhhh", JSON.stringify({ ...self, pidns: "pid:[1]", pid: await deadPid(), start: "1" }));
     const unmarked = leftover("rollgate-t-unmarked-ffffff", null);
     const garbled = leftover("rollgate-t-garbled-gggggg", "not json");
     const notOurs = leftover("something-else", JSON.stringify({ ...self, pid: await deadPid(), start: "1" }));
 
     expect(await sweepLeftovers(root)).toBe(3);
     for (const gone of [exited, reused, rebooted]) expect(existsSync(gone), gone).toBe(false);
-    for (const kept of [keptSandbox.describe(), live, otherHost, unmarked, garbled, notOurs]) expect(existsSync(path.join(kept, "work")), kept).toBe(true);
+    for (const kept of [keptSandbox.describe(), live, otherHost, otherContainer, unmarked, garbled, notOurs]) expect(existsSync(path.join(kept, "work")), kept).toBe(true);
   });
 });

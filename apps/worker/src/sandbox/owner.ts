@@ -1,4 +1,4 @@
-import { readFileSync, rmSync, writeFileSync } from "node:fs";
+import { readFileSync, readlinkSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 
@@ -7,13 +7,17 @@ import path from "node:path";
  * them, so that a worker starting on the same ROLLGATE_SANDBOX_ROOT can tell what a dead worker
  * left (its folders, its capped tmpfs still mounted and holding memory) from what a live one is
  * using. Several workers may share a root: a pid alone could be reused, so the process's start time
- * is kept with it; a worker on another host (a shared volume) cannot be checked, and is left alone.
+ * is kept with it; a worker on another host (a shared volume), or in another pid namespace (another
+ * container with the same host name: its pids are not ours to look up), cannot be checked, and is
+ * left alone.
  */
 export const OWNER_FILE = ".rollgate-owner";
 
 interface Owner {
   host: string;
   boot: string;
+  /** The pid namespace the pid is in (`pid:[inode]`). */
+  pidns: string;
   pid: number;
   start: string;
 }
@@ -21,6 +25,14 @@ interface Owner {
 function bootId(): string {
   try {
     return readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim();
+  } catch {
+    return "";
+  }
+}
+
+function pidNamespace(): string {
+  try {
+    return readlinkSync("/proc/self/ns/pid");
   } catch {
     return "";
   }
@@ -40,7 +52,7 @@ function startTime(pid: number): string | null {
 let self: string | undefined;
 
 function thisWorker(): string {
-  self ??= JSON.stringify({ host: os.hostname(), boot: bootId(), pid: process.pid, start: startTime(process.pid) ?? "" } satisfies Owner);
+  self ??= JSON.stringify({ host: os.hostname(), boot: bootId(), pidns: pidNamespace(), pid: process.pid, start: startTime(process.pid) ?? "" } satisfies Owner);
   return self;
 }
 
@@ -65,6 +77,8 @@ export function ownerDead(marker: string): boolean {
   if (typeof o.pid !== "number" || typeof o.start !== "string" || o.host !== os.hostname()) return false;
   // A host that booted again: every process of the earlier boot is gone (and its tmpfs with them).
   if (o.boot && o.boot !== bootId()) return true;
+  // Another container of this host name sees other pids: its worker cannot be looked up from here.
+  if (o.pidns !== pidNamespace()) return false;
   const now = startTime(o.pid);
   return now === null || now !== o.start;
 }
