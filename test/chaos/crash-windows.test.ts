@@ -16,6 +16,7 @@ import { apiClient } from "../support/http.js";
 import { poll, terminalTask } from "../support/poll.js";
 import { TEST_REDIS_URL, dropPrefix, uniquePrefix } from "../support/redis.js";
 import { startTrainer } from "../support/trainer.js";
+import { simEngines, startSimAndGateway } from "./support.js";
 
 const prefix = uniquePrefix("chaos-windows");
 const procs: StartedChild[] = [];
@@ -72,15 +73,7 @@ async function eventTypes(id: string): Promise<string[]> {
 }
 
 beforeAll(async () => {
-  const engine = await startApp("engine-sim", ["--port", "0", "--dp", "2"], {});
-  procs.push(engine);
-  engineUrl = engine.ready;
-  const gw = await startApp("gateway", ["--port", "0"], {
-    ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: 2, profile: "qwen3" }]),
-  });
-  procs.push(gw);
-  gatewayUrl = gw.ready;
+  ({ engineUrl, gatewayUrl } = await startSimAndGateway(prefix, procs));
 }, 60_000);
 
 afterEach(async () => {
@@ -168,7 +161,7 @@ describe("a worker killed in a narrow window of a rollout's start", () => {
     // Submitted through a replica whose jobs get one attempt: the first infrastructure failure is the last.
     const oneShot = await startApp("gateway", ["--port", "0"], {
       ROLLGATE_KEY_PREFIX: prefix,
-      ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: 2, profile: "qwen3" }]),
+      ROLLGATE_ENGINES: simEngines(engineUrl),
       ROLLGATE_ROLLOUT_ATTEMPTS: "1",
     });
     workers.push(oneShot);
@@ -219,7 +212,7 @@ describe("a gateway replica killed in a narrow window of a cancel", () => {
       const hold = await proxy({ match: /"type":"terminal"/, at: "request", anywhere: true }, TEST_REDIS_URL);
       const replica = await startApp("gateway", ["--port", "0"], {
         ROLLGATE_KEY_PREFIX: prefix,
-        ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: 2, profile: "qwen3" }]),
+        ROLLGATE_ENGINES: simEngines(engineUrl),
         REDIS_URL: hold.url.replace(/^http:/, "redis:"),
       });
       workers.push(replica);

@@ -1,11 +1,14 @@
 /**
  * What the chaos scenarios share: a redis-server of their own (AOF on, killed and restarted on the
  * same port and folder), a round-robin TCP balancer in front of gateway replicas, a process's
- * resident memory, and counting a batch's tasks by status.
+ * resident memory, counting a batch's tasks by status, and the engine-sim + gateway pair most
+ * scenarios start.
  */
 import { readFile } from "node:fs/promises";
 import net from "node:net";
 import type { TaskRecord } from "@rollgate/protocol";
+import type { StartedChild } from "@rollgate/testkit";
+import { startApp } from "../support/apps.js";
 import { poll } from "../support/poll.js";
 
 export { startOwnRedis, type OwnRedis } from "../support/own-redis.js";
@@ -102,4 +105,16 @@ export async function waitAllTerminal(api: Api, ids: string[], timeoutMs: number
     timeoutMs,
     1_000,
   );
+}
+
+/** ROLLGATE_ENGINES for one engine-sim of 2 ranks serving Qwen3. */
+export const simEngines = (url: string): string => JSON.stringify([{ kind: "vllm", url, dp_size: 2, profile: "qwen3" }]);
+
+/** An engine-sim of 2 ranks and a gateway on it under `prefix`; both go into `procs` (the caller stops them). */
+export async function startSimAndGateway(prefix: string, procs: StartedChild[]): Promise<{ engineUrl: string; gatewayUrl: string }> {
+  const engine = await startApp("engine-sim", ["--port", "0", "--dp", "2"], {});
+  procs.push(engine);
+  const gw = await startApp("gateway", ["--port", "0"], { ROLLGATE_KEY_PREFIX: prefix, ROLLGATE_ENGINES: simEngines(engine.ready) });
+  procs.push(gw);
+  return { engineUrl: engine.ready, gatewayUrl: gw.ready };
 }

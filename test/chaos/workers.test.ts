@@ -12,13 +12,12 @@ import { apiClient } from "../support/http.js";
 import { poll } from "../support/poll.js";
 import { dropPrefix, uniquePrefix } from "../support/redis.js";
 import { startTrainer } from "../support/trainer.js";
-import { byStatus, waitAllTerminal } from "./support.js";
+import { byStatus, startSimAndGateway, waitAllTerminal } from "./support.js";
 
 const prefix = uniquePrefix("chaos-workers");
 const procs: StartedChild[] = [];
 let gatewayUrl = "";
 const api = apiClient(() => gatewayUrl);
-let engineUrl = "";
 let n = 0;
 
 async function worker(): Promise<StartedChild> {
@@ -36,15 +35,7 @@ async function worker(): Promise<StartedChild> {
 }
 
 beforeAll(async () => {
-  const engine = await startApp("engine-sim", ["--port", "0", "--dp", "2"], {});
-  procs.push(engine);
-  engineUrl = engine.ready;
-  const gw = await startApp("gateway", ["--port", "0"], {
-    ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: engineUrl, dp_size: 2, profile: "qwen3" }]),
-  });
-  procs.push(gw);
-  gatewayUrl = gw.ready;
+  ({ gatewayUrl } = await startSimAndGateway(prefix, procs));
 }, 60_000);
 
 afterAll(async () => {

@@ -1,4 +1,5 @@
 import net from "node:net";
+import { connectPair } from "./socket-pair.js";
 import type { AddressInfo } from "node:net";
 
 /**
@@ -22,14 +23,7 @@ export async function startHoldingProxy(target: string, opts: { match: RegExp; a
   const open = new Set<net.Socket>();
   const held: HoldingProxy["held"] = [];
   const server = net.createServer((client) => {
-    const upstream = net.connect(Number(port), hostname);
-    for (const s of [client, upstream]) {
-      open.add(s);
-      s.on("close", () => open.delete(s));
-      s.on("error", () => undefined);
-    }
-    client.on("close", () => upstream.destroy());
-    upstream.on("close", () => client.destroy());
+    const upstream = connectPair(client, hostname, Number(port), open);
     // Once a connection holds, nothing more passes on it in the held direction.
     let holding: { request: string; answer: string } | null = null;
     client.on("data", (chunk: Buffer) => {

@@ -1,4 +1,5 @@
 import net from "node:net";
+import { connectPair } from "./socket-pair.js";
 import type { AddressInfo } from "node:net";
 
 /**
@@ -24,14 +25,7 @@ export async function startOutageProxy(target: string, opts: OutageProxyOptions 
   let seen = 0;
   const server = net.createServer((client) => {
     if (isDown) return void client.resetAndDestroy();
-    const upstream = net.connect(Number(port), hostname);
-    for (const s of [client, upstream]) {
-      open.add(s);
-      s.on("close", () => open.delete(s));
-      s.on("error", () => undefined);
-    }
-    client.on("close", () => upstream.destroy());
-    upstream.on("close", () => client.destroy());
+    const upstream = connectPair(client, hostname, Number(port), open);
     client.on("data", (chunk: Buffer) => {
       const watched = opts.downAfter;
       if (watched) seen += chunk.toString("latin1").split(`${watched.request} `).length - 1;
