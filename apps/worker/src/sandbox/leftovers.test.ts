@@ -12,6 +12,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { sweepLeftovers } from "./leftovers.js";
 import { LocalRuntime } from "./local-runtime.js";
 import { OWNER_FILE, ownerDead } from "./owner.js";
+import { removeDeadWorkersFilters } from "./seccomp.js";
 
 const spec = (keep: boolean): RuntimeSpec => ({ kind: "local", files: { "a.txt": "A" }, prepare: [], image: null, keep, isolation: "none", egress: [] });
 
@@ -71,5 +72,17 @@ describe("sandbox folders' owner", () => {
     expect(await sweepLeftovers(root)).toBe(3);
     for (const gone of [exited, reused, rebooted]) expect(existsSync(gone), gone).toBe(false);
     for (const kept of [keptSandbox.describe(), live, otherHost, otherContainer, unmarked, garbled, notOurs]) expect(existsSync(path.join(kept, "work")), kept).toBe(true);
+  });
+
+  it("the seccomp filter folders of dead workers go, by the same marker; a live one's and another container's stay", async () => {
+    const self = { host: os.hostname(), boot: readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim(), pidns: readlinkSync("/proc/self/ns/pid") };
+    const ownStart = readFileSync(`/proc/${process.pid}/stat`, "utf8").split(") ")[1]!.split(" ")[19]!;
+    const dead = leftover("rollgate-seccomp-1-aaaaaa", JSON.stringify({ ...self, pid: await deadPid(), start: "1" }));
+    const live = leftover("rollgate-seccomp-2-bbbbbb", JSON.stringify({ ...self, pid: process.pid, start: ownStart }));
+    const otherContainer = leftover("rollgate-seccomp-3-cccccc", JSON.stringify({ ...self, pidns: "pid:[1]", pid: await deadPid(), start: "1" }));
+    const unmarked = leftover("rollgate-seccomp-4-dddddd", null);
+    removeDeadWorkersFilters(root);
+    expect(existsSync(dead)).toBe(false);
+    for (const kept of [live, otherContainer, unmarked]) expect(existsSync(kept), kept).toBe(true);
   });
 });

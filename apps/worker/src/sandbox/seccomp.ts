@@ -1,6 +1,7 @@
-import { lstatSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { lstatSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import { OWNER_FILE, markOwner, ownerDead } from "./owner.js";
 
 /**
  * A seccomp filter for bubblewrap sandboxes (`bwrap --seccomp FD`): a short deny list of system
@@ -109,27 +110,32 @@ export function seccompFilter(arch: string = process.arch): Buffer | null {
 
 let written: string | null | undefined;
 
-/** The filter folders of this user's processes that are gone (killed before they could remove theirs). */
-function removeDeadWorkersFilters() {
+/**
+ * The filter folders in `tmp` of this user's workers that are gone (killed before they could
+ * remove theirs), told by the same owner marker as the sandbox folders (owner.ts: pid and start
+ * time, host, pid namespace), so a live worker of another container sharing the folder keeps its own.
+ */
+export function removeDeadWorkersFilters(tmp = os.tmpdir()): void {
   const uid = process.getuid?.();
   let names: string[];
   try {
-    names = readdirSync(os.tmpdir());
+    names = readdirSync(tmp);
   } catch {
     return;
   }
   for (const name of names) {
-    const pid = Number(/^rollgate-seccomp-(\d+)-/.exec(name)?.[1]);
-    if (!pid) continue;
-    const dir = path.join(os.tmpdir(), name);
+    if (!name.startsWith(FOLDER_PREFIX)) continue;
+    const dir = path.join(tmp, name);
     try {
       if (lstatSync(dir).uid !== uid) continue;
-      process.kill(pid, 0);
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === "ESRCH") rmSync(dir, { recursive: true, force: true });
+      if (ownerDead(readFileSync(path.join(dir, OWNER_FILE), "utf8"))) rmSync(dir, { recursive: true, force: true });
+    } catch {
+      // Gone meanwhile, or unmarked: not ours to judge.
     }
   }
 }
+
+const FOLDER_PREFIX = "rollgate-seccomp-";
 
 /**
  * The filter as a file the worker opens for each bubblewrap step (bwrap reads it from a
@@ -141,7 +147,8 @@ export function seccompFilterFile(): string | null {
   const filter = seccompFilter();
   if (!filter) return (written = null);
   removeDeadWorkersFilters();
-  const dir = mkdtempSync(path.join(os.tmpdir(), `rollgate-seccomp-${process.pid}-`));
+  const dir = mkdtempSync(path.join(os.tmpdir(), `${FOLDER_PREFIX}${process.pid}-`));
+  markOwner(dir);
   const file = path.join(dir, "filter.bpf");
   writeFileSync(file, filter, { mode: 0o444 });
   process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
