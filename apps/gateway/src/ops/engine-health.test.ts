@@ -68,6 +68,24 @@ describe("EngineHealth", () => {
       expect(health.snapshot().find((h) => h.member === "0:0")).toMatchObject({ healthy: true, consecutiveFailures: 0 });
     });
 
+    it("stays drained here when a round read the shared set before the drain was written there", async () => {
+      const keyPrefix = `${prefix}-race`;
+      const registry = new EngineRegistry([{ kind: "vllm", url: simUrl, dp_size: 2 }], 10_000);
+      // The round runs while the drain is being announced: its read of the shared set comes
+      // before the drain's write, as it does when a readiness round overlaps a failed call's probe.
+      let health: EngineHealth | null = null;
+      const announce = async (member: string, down: boolean) => {
+        if (member === "0:1" && down) await health!.checkAll({ drain: false });
+      };
+      health = new EngineHealth(registry, new RankRouter(redis, keyPrefix), 2, pino({ level: "silent" }), announce);
+      health.start(600);
+      health.stop();
+      await health.callFailed("0:1");
+      expect(await new RankRouter(redis, keyPrefix).downRanks()).toEqual(new Set(["0:1"]));
+      expect(health.isDown("0:1")).toBe(true);
+      await dropPrefixes([keyPrefix]);
+    });
+
     it("drains nothing without periodic rounds (nothing would bring the rank back) or while inference is paused", async () => {
       await withRounds(0, `${prefix}-off`).callFailed("0:1");
       await withRounds(600, `${prefix}-off`, () => true).callFailed("0:1");

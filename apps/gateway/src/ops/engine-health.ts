@@ -46,6 +46,10 @@ export class EngineHealth {
   private readonly recent = new Map<string, number[]>();
   /** Ranks down fleet-wide (the shared Redis set, refreshed every round). */
   private down = new Set<string>();
+  /** Down marks made here whose write to the shared set has not finished yet. */
+  private readonly unwritten = new Map<string, boolean>();
+  /** While a round reads the shared set: the marks made meanwhile, applied over what it read. */
+  private marksDuringRead: Array<[string, boolean]> | null = null;
   /** Ranks that have answered a probe since start: until then a rank cannot make its engine ready. */
   private readonly answered = new Set<string>();
   /** Each engine's served model once read, or why it could not be. */
@@ -159,8 +163,50 @@ export class EngineHealth {
 
   /** Another replica marked a rank down or up. */
   heard(member: string, down: boolean): void {
+    this.mark(member, down);
+  }
+
+  /** Marks a rank down or up here at once; `refreshDown` keeps the mark over an older read of the shared set. */
+  private mark(member: string, down: boolean): boolean {
+    const changed = down ? !this.down.has(member) : this.down.has(member);
     if (down) this.down.add(member);
     else this.down.delete(member);
+    this.marksDuringRead?.push([member, down]);
+    return changed;
+  }
+
+  /** Marks a rank down or up here, tells the other replicas, and writes the shared set. */
+  private async markShared(member: string, down: boolean): Promise<void> {
+    const changed = this.mark(member, down);
+    this.unwritten.set(member, down);
+    try {
+      // Announced first, so a replica has heard it by the time the shared set shows it.
+      if (down) await this.announce(member, true);
+      await this.router.setDown(member, down);
+      if (!down && changed) await this.announce(member, false);
+    } finally {
+      if (this.unwritten.get(member) === down) this.unwritten.delete(member);
+    }
+  }
+
+  /**
+   * Reads the shared down set. A mark made here or heard while the read runs, or made before it
+   * but not yet written, is newer than what the read may return, so it is kept over it: a rank a
+   * failed call had just drained would otherwise be routed to again until the next round.
+   */
+  private async refreshDown(): Promise<void> {
+    const marks: Array<[string, boolean]> = [...this.unwritten];
+    this.marksDuringRead = marks;
+    try {
+      const fleet = await this.router.downRanks();
+      for (const [member, down] of marks) {
+        if (down) fleet.add(member);
+        else fleet.delete(member);
+      }
+      this.down = fleet;
+    } finally {
+      this.marksDuringRead = null;
+    }
   }
 
   snapshot(): RankHealth[] {
@@ -226,10 +272,7 @@ export class EngineHealth {
       h.lastCheck = new Date().toISOString();
       if (h.healthy) this.log.warn({ rank: member, detail: why }, "engine rank drained");
       h.healthy = false;
-      // Announced first, so a replica has heard it by the time the shared set shows it.
-      this.down.add(member);
-      await this.announce(member, true);
-      await this.router.setDown(member, true);
+      await this.markShared(member, true);
     }
   }
 
@@ -286,18 +329,14 @@ export class EngineHealth {
         if (!h.healthy) this.log.warn({ rank: member }, "engine rank healthy again");
         h.consecutiveFailures = 0;
         h.healthy = true;
-        await this.router.setDown(member, false);
-        if (this.down.delete(member)) await this.announce(member, false);
+        await this.markShared(member, false);
       } else if (drain) {
         h.consecutiveFailures += callFailed ? 2 : 1;
         // Stale weights are not a passing fault: drained at the first probe that sees them.
         if ((h.consecutiveFailures >= this.failures || staleWhy !== null) && h.healthy) {
           h.healthy = false;
           this.log.warn({ rank: member, detail: probe.detail }, "engine rank failing health checks: drained");
-          // Announced first, so a replica has heard it by the time the shared set shows it.
-          this.down.add(member);
-          await this.announce(member, true);
-          await this.router.setDown(member, true);
+          await this.markShared(member, true);
         }
       }
   }
@@ -323,7 +362,7 @@ export class EngineHealth {
         releases,
         ...members.map((member) => this.probeOne(member, drain, staleOf)),
       ]);
-      this.down = await this.router.downRanks();
+      await this.refreshDown();
     } finally {
       this.running = false;
     }
