@@ -88,10 +88,14 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
   app.setSerializerCompiler(serializerCompiler);
   // Before any route: the OpenAPI document is collected from the routes as they are added.
   await registerDocs(app);
+  // Agent bodies held at once over every sandbox: past the budget a call waits, its body unread.
+  const bodyBudget = new BodyBudget(bodyBudgetBytes(env), AGENT_BODY_LIMIT, env.ROLLGATE_AGENT_BODY_TIMEOUT_S * 1000, () => metrics.bodyTimedOut());
   // JSON bodies: an empty body (a DELETE sent with a JSON content type) is no body; a malformed,
   // too deep or prototype-poisoning one is a 400 every route renders in its protocol's error shape.
   app.removeContentTypeParser("application/json");
-  app.addContentTypeParser("application/json", { parseAs: "string" }, (_req, body, done) => {
+  app.addContentTypeParser("application/json", { parseAs: "string" }, (req, body, done) => {
+    // A chunked agent body, held at the largest size until now, holds its own from here.
+    if (req.headers["content-length"] === undefined) bodyBudget.bodyRead(req, Buffer.byteLength(body as string));
     try {
       done(null, parseJsonBody(body as string));
     } catch (err) {
@@ -100,8 +104,6 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
   });
   // A query string that is not valid percent-encoding: 400 naming the parameter, on every route.
   app.addHook("onRequest", queryGuard);
-  // Agent bodies held at once over every sandbox: past the budget a call waits, its body unread.
-  const bodyBudget = new BodyBudget(bodyBudgetBytes(env), AGENT_BODY_LIMIT, env.ROLLGATE_AGENT_BODY_TIMEOUT_S * 1000, () => metrics.bodyTimedOut());
   // Decided by the route, not the raw URL: Fastify decodes the path before routing ("/%73/<sid>/…" is an agent route).
   app.addHook("onRequest", (req, reply, done) => (req.routeOptions.url?.startsWith("/s/") ? bodyBudget.hook(req, reply, done) : done()));
   // One onSend hook for every answer, callback-style (an async hook is a promise and a microtask

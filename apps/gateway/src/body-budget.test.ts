@@ -187,6 +187,29 @@ describe("a gateway's agent body budget", () => {
     expect((await call(64 * MiB - 1_000)).status).toBe(200);
   });
 
+  it("a chunked body holds the largest a body may be only until it has arrived: then its own bytes, and a call beside it is not held back", async () => {
+    // A chunked body's size is known only once it has arrived: held at the largest a body may be
+    // (the whole budget here) for the whole of its call, every other agent call on the gateway
+    // waited for its answer (one sandbox sending its small bodies chunked stalled all the others).
+    await until("the engine idle", async () => (await running()) === 0);
+    const port = Number(new URL(h.url).port);
+    const body = paddedBody(1_000);
+    const sock = net.connect(port, "127.0.0.1");
+    sock.on("error", () => undefined);
+    let answer = "";
+    sock.on("data", (d: Buffer) => (answer += d.toString()));
+    const chunk = `${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`;
+    sock.write(`POST /s/${session.id}/v1/chat/completions HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer ${session.token}\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n${chunk}`);
+    await until("the chunked call at the engine", async () => (await running()) === 1);
+    await until("its bytes held as they came", async () => (await metric("rollgate_agent_body_bytes")) === body.length);
+    const beside = call(1_000);
+    await until("the call beside it at the engine", async () => (await running()) === 2);
+    expect((await beside).status).toBe(200);
+    await until("the chunked call answered", async () => answer.startsWith("HTTP/1.1 200") && answer.includes("chat.completion"));
+    sock.destroy();
+    await until("every byte given back", async () => (await metric("rollgate_agent_body_bytes")) === 0);
+  });
+
   it("an agent that leaves while its call waits leaves the queue", async () => {
     const first = call(40 * MiB);
     await until("the first call at the engine", async () => (await running()) === 1);

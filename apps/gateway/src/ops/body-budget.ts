@@ -14,7 +14,7 @@ import type { FastifyReply, FastifyRequest } from "fastify";
  *
  * A body is held from the moment it may be read until its answer ends (the parsed request lives
  * as long as the call). Its size is its `content-length`; a chunked body, whose size is unknown
- * until it ends, holds the largest a body may be.
+ * until it ends, holds the largest a body may be until it has arrived, then its own size.
  *
  * A body that is granted its bytes must then arrive within `bodyTimeoutMs` and a second more per
  * MiB (a large body on a busy machine takes a while): a sandbox that sends its bodies a byte at a
@@ -26,6 +26,8 @@ export class BodyBudget {
   private readonly waiting: { bytes: number; grant: () => void }[] = [];
   /** Requests holding bytes whose body may still be arriving, with the time it must have arrived by. */
   private readonly reading = new Map<FastifyRequest, number>();
+  /** What each request holding bytes holds now (a chunked body's largest size until it has arrived). */
+  private readonly holding = new WeakMap<FastifyRequest, { bytes: number }>();
   private sweep: NodeJS.Timeout | null = null;
 
   constructor(
@@ -94,8 +96,10 @@ export class BodyBudget {
     if (bytes === 0) return done();
     let held = false;
     let gone = false;
+    const holds = { bytes };
     const leave = this.reserve(bytes, () => {
       held = true;
+      this.holding.set(req, holds);
       if (!req.raw.complete) this.watch(req, bytes);
       done();
     });
@@ -110,12 +114,25 @@ export class BodyBudget {
       this.reading.delete(req);
       // The agent went away while its call waited: it leaves the queue, and the request goes no
       // further (its connection is closed; nothing was read, nothing is answered).
-      if (held) this.release(bytes);
+      if (held) this.release(holds.bytes);
       else leave();
     };
     reply.raw.once("close", ended);
     socket.once("close", ended);
   };
+
+  /**
+   * The request's body has arrived whole, `bytes` long: a chunked body, held at the largest a body
+   * may be, holds its own size from now on (held at the largest for its whole call, a few small
+   * chunked calls held every other agent call back until they were answered).
+   */
+  bodyRead(req: FastifyRequest, bytes: number): void {
+    const holds = this.holding.get(req);
+    if (!holds || bytes >= holds.bytes) return;
+    const extra = holds.bytes - bytes;
+    holds.bytes = bytes;
+    this.release(extra);
+  }
 
   private watch(req: FastifyRequest, bytes: number): void {
     this.reading.set(req, Date.now() + this.bodyTimeoutMs + Math.floor((bytes / MiB) * 1000));
