@@ -55,5 +55,7 @@ export function unreachable(url: string, err: unknown, signal?: AbortSignal): un
   const e = err as { message?: string; code?: unknown };
   // The cause's message names the address it tried (ECONNREFUSED 10.0.0.5:8000): the agent gets its code only.
   const code = typeof e.code === "string" ? ` (${e.code})` : "";
-  return new EngineError(`engine ${url} is unreachable: ${e.message}`, 502, "unreachable", `the engine is unreachable${code}`, true);
+  // Past the engine timeout with no headers, the engine took the call and may still run it: not "before its answer".
+  const tookIt = e.code === "UND_ERR_HEADERS_TIMEOUT";
+  return new EngineError(`engine ${url} is unreachable: ${e.message}`, 502, "unreachable", `the engine is unreachable${code}`, !tookIt);
 }
