@@ -189,7 +189,8 @@ describe("with no retry budget left: an engine that refuses connections, and a G
   it("a group whose member lost its calls says so in the group callback: which member, and why it has no reward", async () => {
     const trainer = await startTrainer();
     try {
-      await fault(engine.ready, { rank: 1, mode: "down" });
+      // An engine error of its own (500): a rank that is down (503) would have the call made again on the other rank.
+      await fault(engine.ready, { rank: 1, mode: "error" });
       const groupId = `g-lost-${randomUUID().slice(0, 8)}`;
       const secret = "group-secret";
       const res = await pair.api("/v1/tasks/batch", { body: { group_id: groupId, n: 2, task: helloTask(), group_callback: { url: trainer.url, secret } } });
@@ -199,7 +200,7 @@ describe("with no retry budget left: an engine that refuses connections, and a G
       const body = JSON.parse(delivery!.rawBody) as GroupResult;
       expect(body.group_id).toBe(groupId);
       expect(body.summary).toMatchObject({ size: 2, statuses: { completed: 1, failed: 1 }, scored: 1 });
-      expect(body.summary.unscored).toEqual([{ id: expect.stringMatching(new RegExp(`^${groupId}-[01]$`)), status: "failed", error: { kind: "infrastructure", message: expect.stringMatching(/503/) } }]);
+      expect(body.summary.unscored).toEqual([{ id: expect.stringMatching(new RegExp(`^${groupId}-[01]$`)), status: "failed", error: { kind: "infrastructure", message: expect.stringMatching(/500/) } }]);
       const lost = body.tasks.find((t) => t?.id === body.summary.unscored[0]!.id)!;
       expect(lost).toMatchObject({ status: "failed", reward: null, error: { kind: "infrastructure" } });
       const scored = body.tasks.find((t) => t?.id !== lost.id)!;

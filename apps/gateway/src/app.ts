@@ -193,6 +193,7 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
       countError: (what) => metrics.storeError(what),
       loadedWeights,
       staleWeights: (engine) => void health.checkStale(engine).catch((err: Error) => log.warn({ err: err.message, engine }, "cannot drain an engine on stale weights")),
+      countRetry: (engine, dpRank, reason) => metrics.retriedCall(engine, dpRank, reason),
       rankUnreachable: (member) => void health.callFailed(member).catch((err: Error) => log.warn({ err: err.message, rank: member }, "cannot probe a rank a call found unreachable")),
     }),
     lostCalls,

@@ -12,6 +12,11 @@ export class EngineError extends Error {
     readonly status: number,
     readonly kind: "unreachable" | "rejected" | "bad_response",
     forAgent?: string,
+    /**
+     * The engine did nothing for the call: it could not be reached (no response headers) or it
+     * answered 503 (down). Such a call may be made again on another rank (chat-call.ts).
+     */
+    readonly beforeAnswer = false,
   ) {
     super(message);
     this.name = "EngineError";
@@ -50,5 +55,7 @@ export function unreachable(url: string, err: unknown, signal?: AbortSignal): un
   const e = err as { message?: string; code?: unknown };
   // The cause's message names the address it tried (ECONNREFUSED 10.0.0.5:8000): the agent gets its code only.
   const code = typeof e.code === "string" ? ` (${e.code})` : "";
-  return new EngineError(`engine ${url} is unreachable: ${e.message}`, 502, "unreachable", `the engine is unreachable${code}`);
+  // Past the engine timeout with no headers, the engine took the call and may still run it: not "before its answer".
+  const tookIt = e.code === "UND_ERR_HEADERS_TIMEOUT";
+  return new EngineError(`engine ${url} is unreachable: ${e.message}`, 502, "unreachable", `the engine is unreachable${code}`, !tookIt);
 }

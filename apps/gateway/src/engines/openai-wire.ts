@@ -126,7 +126,8 @@ export async function rejectUnlessOk(res: { statusCode: number; body: { text(): 
   if (res.statusCode === 200) return;
   const message = await errorBodyMessage(res);
   const status = res.statusCode >= 400 && res.statusCode < 500 ? res.statusCode : 502;
-  throw new EngineError(`engine ${url} answered ${res.statusCode}: ${message}`, status, "rejected", `the engine answered ${res.statusCode}: ${message}`);
+  // 503: the engine (or its rank) is down and took nothing of the call on.
+  throw new EngineError(`engine ${url} answered ${res.statusCode}: ${message}`, status, "rejected", `the engine answered ${res.statusCode}: ${message}`, res.statusCode === 503);
 }
 
 /**

@@ -66,6 +66,19 @@ function rankFailed(err: unknown): boolean {
 }
 
 /**
+ * Why a call's rank failed it before the engine produced anything for it, or null: it could not be
+ * reached (no response headers), it answered 503 (down), or a streamed call's engine stream broke
+ * off after its start and before its first token (`started`). Such a call may be made again on
+ * another rank: nothing of it was sampled, so asking again draws the answer afresh. An answer that
+ * broke off later, or an error of the engine's own (a 400, a 500), is not retried.
+ */
+function diedBeforeAnswer(err: unknown, streamed: boolean, started: boolean): "unreachable" | "down" | "broken_off" | null {
+  if (!(err instanceof EngineError)) return null;
+  if (err.beforeAnswer) return err.kind === "unreachable" ? "unreachable" : "down";
+  return streamed && started && err.kind === "unreachable" ? "broken_off" : null;
+}
+
+/**
  * Whether an echoed assistant turn of `agent`'s request is not surely matched to its producer:
  * none was found, or one was found by its text while the turn's tool calls carry an id that record
  * did not issue, or that record answered another conversation (`history`: the turns as restored).
@@ -170,6 +183,8 @@ export class ChatCaller {
       loadedWeights?: { loadedOn(engine: number, version: string): boolean };
       /** Told of an engine whose answer came from weights other than the ones it was loaded with (its ranks are drained once that is confirmed). */
       staleWeights?: (engine: number) => void;
+      /** Told of a call made again on another rank after its rank failed it before answering anything (metrics). */
+      countRetry?: (engine: number, dpRank: number, reason: string) => void;
       /** Told of a call that found its rank unreachable (the rank is probed at once, engine-health.ts). */
       rankUnreachable?: (member: string) => void;
     },
@@ -684,6 +699,10 @@ export class ChatCaller {
     const shown = streamed ? new StreamAccumulator() : null;
     let cut: CutGeneration | null = null;
     let movedAfterFailure = false;
+    /** Set once the call was made again on another rank after its own died before answering (once per call). */
+    let retriedElsewhere = false;
+    /** A streamed agent was sent the answer's start (its first frame): an attempt after it does not send it again. */
+    let startShown = false;
     for (;;) {
       const held = Date.now();
       // The gate throws only when the agent leaves while it holds the call (see LeftWhileHeld).
@@ -692,8 +711,11 @@ export class ChatCaller {
       });
       // Read once the gate is open: a call that waited through a pause runs on the new weights.
       const version = (call.weightVersion = this.deps.pause.weights);
-      if (cut) await this.moveCutCall(call, false);
+      if (cut) await this.moveCall(call, { failed: false, retry: false });
       let yielded = false;
+      /** What the engine sent on this attempt: its stream's start, and anything of its answer. */
+      let startCame = false;
+      let answerCame = false;
       let heldFinish = false;
       let piece: EngineResult | null = null;
       // A call whose plan is still being made goes to the chat route now, on a signal of its own.
@@ -726,6 +748,8 @@ export class ChatCaller {
             break;
           }
           const event = next.value;
+          if (event.type === "start") startCame = true;
+          else answerCame = true;
           if (event.type === "finish" && event.finish_reason === "abort") {
             if (this.canContinue(call) && (await this.cutByPause(event.finish_reason, slot))) heldFinish = true;
             // Cut short by the engine itself (another controller paused or aborted it, or it is
@@ -739,19 +763,34 @@ export class ChatCaller {
             this.checkEngineWeights(call, event.engine_weight_version, call.engineCall.stamp ? this.deps.pause.weights : version);
           }
           // The agent already has its start; usage is told once, for the whole answer.
-          if ((event.type === "start" && cut) || (event.type === "usage" && (heldFinish || cut)) || heldFinish) continue;
+          if ((event.type === "start" && (cut || startShown)) || (event.type === "usage" && (heldFinish || cut)) || heldFinish) continue;
           shown?.push(event);
           yielded = true;
+          if (event.type === "start") startShown = true;
           yield event;
         }
       } catch (err) {
         // A cut call whose rank failed while paused goes on elsewhere (once): it has tokens to
         // keep, if the agent has seen nothing of the continuation yet.
-        if (cut && !yielded && !movedAfterFailure && rankFailed(err) && (await this.moveCutCall(call, true))) {
+        if (cut && !yielded && !movedAfterFailure && rankFailed(err) && (await this.moveCall(call, { failed: true, retry: false }))) {
           movedAfterFailure = true;
           continue;
         }
-        if (err instanceof EngineError && err.kind === "unreachable") this.deps.rankUnreachable?.(rankMember(call.target.engineIndex, call.target.dpRank));
+        const from = call.target;
+        // A rank that died before it answered anything of the call (the agent has at most the
+        // answer's start): the call is made again on another healthy rank, once, instead of being
+        // lost. Not a cut call (it has tokens of its own), nor one whose engine answered anything.
+        const died = !cut && !answerCame && !retriedElsewhere ? diedBeforeAnswer(err, streamed, startCame) : null;
+        if (died || (err instanceof EngineError && err.kind === "unreachable")) this.deps.rankUnreachable?.(rankMember(from.engineIndex, from.dpRank));
+        if (died && (await this.moveCall(call, { failed: true, retry: true }))) {
+          retriedElsewhere = true;
+          this.deps.countRetry?.(from.engineIndex, from.dpRank, died);
+          this.deps.log.warn(
+            { session: call.session.id, seq: call.seq, from: { engine: from.engineIndex, dp_rank: from.dpRank }, to: { engine: call.target.engineIndex, dp_rank: call.target.dpRank }, reason: died, err: (err as Error).message },
+            "a call's rank failed before answering anything: the call is made again on another rank",
+          );
+          continue;
+        }
         await this.noteFailure(call, err);
         throw err;
       } finally {
@@ -825,20 +864,28 @@ export class ChatCaller {
   }
 
   /**
-   * A cut call goes on where it was, unless its rank was drained during the pause or (`failed`)
-   * just failed the continuation: then it moves like its session (the new rank prefills prompt +
-   * tokens so far; the record says where it came from). False when there was nowhere to go.
+   * Moves a call with its session to another rank. A cut call goes on where it was, unless its
+   * rank was drained during the pause or (`failed`) just failed the continuation: then it moves
+   * like its session (the new rank prefills prompt + tokens so far). A call whose rank died before
+   * answering anything (`retry`) is made again there. The record says where it came from. False
+   * when there was nowhere to go.
    */
-  private async moveCutCall(call: PreparedCall, failed: boolean): Promise<boolean> {
+  private async moveCall(call: PreparedCall, { failed, retry }: { failed: boolean; retry: boolean }): Promise<boolean> {
     const moved = failed ? await this.deps.rerouter.moveOff(call.session) : await this.deps.rerouter.ensureHealthy(call.session);
     const { session, reroutedFrom } = moved;
     if (!reroutedFrom || !session.assignment) return false;
     const target = this.deps.registry.target(session.assignment.engine, session.assignment.dp_rank);
     const adapter = adapterFor(target.engine.kind);
     if (!adapter) return false;
-    this.deps.log.info({ session: session.id, seq: call.seq, from: reroutedFrom, to: target.dpRank, failed }, "a cut call moves to another rank");
+    // A call made again keeps its prompt: sent as token ids (token-in) or with its ids on the chat
+    // route, those ids and their route hold only on an engine of the same kind and profile.
+    const sameEngine = target.engine.kind === call.target.engine.kind && target.profile.name === call.target.profile.name;
+    if (retry && (call.tokenIn || call.engineCall.promptIds) && !sameEngine) return false;
+    if (!retry) this.deps.log.info({ session: session.id, seq: call.seq, from: reroutedFrom, to: target.dpRank, failed }, "a cut call moves to another rank");
     const model = await this.servedModel(session.assignment.engine);
-    Object.assign(call, { session, target, adapter, reroutedFrom: call.reroutedFrom ?? reroutedFrom, engineCall: { ...call.engineCall, target, model } });
+    // Another request id: the failed rank may share its engine with the new one, and may not have let go of the first.
+    const requestId = retry ? `${call.engineCall.requestId}-retry` : call.engineCall.requestId;
+    Object.assign(call, { session, target, adapter, reroutedFrom: call.reroutedFrom ?? reroutedFrom, engineCall: { ...call.engineCall, target, model, requestId } });
     return true;
   }
 

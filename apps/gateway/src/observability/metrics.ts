@@ -76,6 +76,7 @@ export class GatewayMetrics {
     { labels: { protocol: string; engine: string; dp_rank: string }; calls: number; prompt: number; completion: number; cached: number; latency: Histogram.Internal<"protocol" | "engine" | "dp_rank"> }
   >();
   private readonly pauseCuts: Counter<"engine" | "dp_rank">;
+  private readonly retriedCalls: Counter<"engine" | "dp_rank" | "reason">;
   private readonly replayedCalls: Counter<"protocol">;
   private readonly httpRequests: Counter<"method" | "route" | "status_code">;
   private readonly refreshErrors: Counter<"source">;
@@ -117,6 +118,12 @@ export class GatewayMetrics {
       name: "rollgate_pause_cuts_total",
       help: "Times an abort-mode pause cut a call that was then continued token-in from its tokens, by rank.",
       labelNames: ["engine", "dp_rank"],
+      registers,
+    });
+    this.retriedCalls = new Counter({
+      name: "rollgate_engine_calls_retried_total",
+      help: "Calls whose rank failed before the engine answered anything (unreachable, down, or its stream broken off before the first token), made again on another rank; by the rank that failed and why.",
+      labelNames: ["engine", "dp_rank", "reason"],
       registers,
     });
     this.replayedCalls = new Counter({
@@ -268,6 +275,11 @@ export class GatewayMetrics {
       this.llmTokens.inc({ ...s.labels, kind: "cached" }, s.cached);
       s.calls = s.prompt = s.completion = s.cached = 0;
     }
+  }
+
+  /** A call made again on another rank after `engine`/`dpRank` failed it before answering anything. */
+  retriedCall(engine: number, dpRank: number, reason: string): void {
+    this.retriedCalls.inc({ engine: String(engine), dp_rank: String(dpRank), reason });
   }
 
   /** An agent call lost to infrastructure (its session is marked). */
