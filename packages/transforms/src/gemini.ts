@@ -31,7 +31,9 @@ import { NO_STRUCTURED_OUTPUT, forcesACall, isTextOnly, never, noToolToCall, ref
  *   `skip_thought_signature_validator`) is not trusted as the policy's reasoning and is dropped.
  * - Function calls without an id get a deterministic one (`gemini-call-<turn>-<k>`); a
  *   `functionResponse` pairs with an unanswered call by id, else by name in order, else in order.
- *   Its `response` object becomes the tool message content as JSON.
+ *   Its `response` object becomes the tool message content as JSON; media in its `parts` follow
+ *   that text as image parts of the tool message (inlineData images only; fileData and other media
+ *   are refused with 400, as in user turns).
  * - `inlineData` images become `image_url` parts (a data URL); `fileData` (an image by URI) is
  *   refused with 400 (content-parts.ts: the engine would fetch it, and the rollout would not hold
  *   it); other media, `executableCode` and `codeExecutionResult` parts are refused with 400 (the canonical
@@ -63,10 +65,13 @@ const FunctionCall = z.looseObject({
   name: z.string().min(1),
   args: z.record(z.string(), z.unknown()).optional(),
 });
+/** Media a function returns beside its `response` (a screenshot, a file it read). */
+const FunctionResponsePart = z.looseObject({ inlineData: Blob.optional(), fileData: FileData.optional() });
 const FunctionResponse = z.looseObject({
   id: z.string().optional(),
   name: z.string().min(1),
   response: z.record(z.string(), z.unknown()).optional(),
+  parts: z.array(FunctionResponsePart).optional(),
 });
 
 const Part = z.looseObject({
@@ -220,7 +225,7 @@ function systemText(si: NonNullable<GeminiRequest["systemInstruction"]>): string
     .join("\n");
 }
 
-function mediaPart(p: Part, path: (string | number)[]): ContentPart {
+function mediaPart(p: Pick<Part, "inlineData" | "fileData">, path: (string | number)[]): ContentPart {
   if (p.inlineData) {
     if (!p.inlineData.mimeType.startsWith("image/")) {
       throw invalid([...path, "inlineData", "mimeType"], `only image inlineData is supported, got ${p.inlineData.mimeType}`);
@@ -228,6 +233,21 @@ function mediaPart(p: Part, path: (string | number)[]): ContentPart {
     return { type: "image_url", image_url: { url: `data:${p.inlineData.mimeType};base64,${p.inlineData.data}` } };
   }
   throw invalid([...path, "fileData"], imageByUrlRefused("inlineData"));
+}
+
+/**
+ * A function response as the tool message's content: its `response` as JSON, then the media of its
+ * `parts` (images only, as in user turns) after it; a part the canonical form cannot carry is refused.
+ */
+function toolContent(fr: z.infer<typeof FunctionResponse>, path: (string | number)[]): string | ContentPart[] {
+  const json = JSON.stringify(fr.response ?? {});
+  if (!fr.parts || fr.parts.length === 0) return json;
+  const media = fr.parts.map((p, k) => {
+    const at = [...path, "parts", k];
+    if (!p.inlineData && !p.fileData) throw invalid(at, "a function response part holds inlineData or fileData");
+    return mediaPart(p, at);
+  });
+  return [{ type: "text", text: json }, ...media];
 }
 
 function userMessage(parts: ContentPart[]): ChatMessage {
@@ -312,7 +332,7 @@ export function fromGemini(body: unknown, opts: FromGeminiOptions = {}): GeminiC
         const match = pending[at];
         const id = fr.id ?? match?.id ?? `gemini-call-${ci}-${pi}`;
         if (match && (fr.id === undefined || match.id === fr.id)) pending.splice(at, 1);
-        messages.push({ role: "tool", tool_call_id: id, content: JSON.stringify(fr.response ?? {}) });
+        messages.push({ role: "tool", tool_call_id: id, content: toolContent(fr, [...path, "functionResponse"]) });
       } else if (p.inlineData || p.fileData) {
         buffer.push(mediaPart(p, path));
       } else if (p.text !== undefined && !p.thought) {
