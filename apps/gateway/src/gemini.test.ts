@@ -275,6 +275,24 @@ describe("Gemini API through the gateway with @google/genai", () => {
     expect((await ai.models.generateContent({ model: "m", contents: answer(undefined), config })).candidates).toHaveLength(1);
   });
 
+  it("takes a system instruction in each form an agent sends: a string, parts, a Content with role user, system or none", async () => {
+    const s = await openSession();
+    const ai = client(s);
+    const forms = [
+      "Be terse.",
+      { parts: [{ text: "Be terse." }] },
+      { role: "user", parts: [{ text: "Be terse." }] },
+      { role: "system", parts: [{ text: "Be terse." }] },
+    ];
+    for (const systemInstruction of forms) {
+      expect((await ai.models.generateContent({ model: "m", contents: "hi", config: { systemInstruction, maxOutputTokens: 4 } })).candidates).toHaveLength(1);
+    }
+    const prompts = (await records(s.id)).map((r) => getTokenizer().decode(r.prompt_ids, false));
+    expect(prompts).toHaveLength(forms.length);
+    for (const p of prompts) expect(p).toBe(prompts[0]);
+    expect(prompts[0]).toMatch(/^<\|im_start\|>system\nBe terse\.<\|im_end\|>/);
+  });
+
   it("answers an unreachable engine with 502 UNAVAILABLE", async () => {
     const env = GatewayEnv.parse({ REDIS_URL: TEST_REDIS_URL, ROLLGATE_KEY_PREFIX: h.prefix, ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: "http://127.0.0.1:9", dp_size: 1 }]) });
     const down = await buildGateway({ env, logger: pino({ level: "silent" }) });

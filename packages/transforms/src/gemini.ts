@@ -17,6 +17,7 @@ import { NO_STRUCTURED_OUTPUT, forcesACall, isTextOnly, never, noToolToCall, ref
  *   A part holding no data the gateway reads but some field it does not know is refused with 400
  *   rather than left out.
  * - `contents[].role` is `user` (or the legacy `function`) or `model`; a missing role is `user`.
+ *   The role of `systemInstruction` (a string, a Content or an array of parts) is not read.
  *   User turns become canonical `user` messages (one text part → a string, otherwise text and
  *   image parts), their `functionResponse` parts canonical `tool` messages in part order.
  * - A `model` turn becomes one assistant message: its text parts joined (they are pieces of one
@@ -145,7 +146,8 @@ const GenerationConfig = z.looseObject({
 export const GeminiRequest = z.looseObject({
   model: z.string().optional(),
   contents: z.array(Content).min(1, "contents must not be empty"),
-  systemInstruction: z.union([z.string(), Content, z.array(Part)]).optional(),
+  // Its role is not read: the SDK gives a string as role "user", and some agents send "system".
+  systemInstruction: z.union([z.string(), Content.extend({ role: z.string().optional() }), z.array(Part)]).optional(),
   tools: z.array(Tool).optional(),
   toolConfig: z
     .looseObject({
