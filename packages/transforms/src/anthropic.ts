@@ -3,7 +3,7 @@ import type { CanonicalChatRequest, ChatMessage, ContentPart, SamplingParams, To
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, signReasoning, verifyReasoning } from "./reasoning-seal.js";
 import { imageByUrlRefused } from "./content-parts.js";
-import { NO_STRUCTURED_OUTPUT, forcesACall, never, noToolToCall, refusedUnless } from "./unhonoured.js";
+import { NO_STRUCTURED_OUTPUT, forcesACall, namedToolNotOffered, never, noToolToCall, refusedUnless } from "./unhonoured.js";
 
 /**
  * Anthropic Messages ⇄ canonical chat, both directions, streaming included.
@@ -326,6 +326,8 @@ export function fromValidAnthropic(req: AnthropicRequest, opts: FromAnthropicOpt
   }
 
   if (req.tool_choice && tools.length === 0 && forcesACall(toolChoiceOf(req.tool_choice))) throw noToolToCall(["tool_choice"], req.tool_choice);
+  const unoffered = req.tool_choice ? namedToolNotOffered(toolChoiceOf(req.tool_choice), tools, ["tool_choice", "name"]) : null;
+  if (unoffered) throw unoffered;
   const sampling: SamplingParams = {};
   if (req.temperature != null) sampling.temperature = req.temperature;
   if (req.top_p != null) sampling.top_p = req.top_p;

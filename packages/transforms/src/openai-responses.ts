@@ -14,7 +14,7 @@ import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, sealReasoning } from "./reasoning-seal.js";
 import { reasoningTokensOf } from "./reasoning-tokens.js";
 import { imageByUrlRefused, isInlineImage, partError, stringOrArrayOf } from "./content-parts.js";
-import { NO_STRUCTURED_OUTPUT, NO_TOOL_TO_CALL, forcesACall, isTextFormat, refusedUnless } from "./unhonoured.js";
+import { NO_STRUCTURED_OUTPUT, NO_TOOL_TO_CALL, forcesACall, isTextFormat, namedToolNotOffered, refusedUnless } from "./unhonoured.js";
 
 /**
  * OpenAI Responses API ⇄ canonical chat. What Codex CLI (Responses only), opencode and pi send.
@@ -444,6 +444,10 @@ export function fromResponses(body: unknown, options: FromResponsesOptions = {})
   const choice = toCanonicalToolChoice(req.tool_choice);
   if (tools.length === 0 && (forcesACall(choice) || namesHostedTool(req.tool_choice))) zodFail(["tool_choice"], NO_TOOL_TO_CALL, req.tool_choice);
   const toolChoice = tools.length > 0 ? choice : undefined;
+  const named = req.tool_choice != null && typeof req.tool_choice === "object" ? req.tool_choice : null;
+  const shownName = typeof named?.namespace === "string" && named.namespace ? `${String(named.name)} (namespace ${named.namespace})` : undefined;
+  const unoffered = namedToolNotOffered(toolChoice, tools, ["tool_choice", "name"], shownName);
+  if (unoffered) throw unoffered;
   const effort = req.reasoning?.effort ?? null;
   const enableThinking = effort === null ? undefined : effort !== "none" && effort !== "minimal";
 
