@@ -48,8 +48,9 @@ import { NO_STRUCTURED_OUTPUT, forcesACall, isTextOnly, never, noToolToCall, ref
  *   responseLogprobs + logprobs map to canonical sampling / client logprobs; `candidateCount > 1`
  *   is a 400. `thinkingConfig.thinkingBudget: 0` or `thinkingLevel: "MINIMAL"` turn thinking
  *   off, any other budget or level turns it on; absent, the template default holds; a positive
- *   budget is not enforced as a token cap. A `thinkingLevel` is also kept, lower-cased, as the
- *   canonical `reasoning_effort`. `includeThoughts` decides whether `thought` parts are
+ *   budget is not enforced as a token cap. A `thinkingLevel` (one of the API's levels, any case;
+ *   THINKING_LEVEL_UNSPECIFIED counts as none) is also kept, lower-cased, as the canonical
+ *   `reasoning_effort`. `includeThoughts` decides whether `thought` parts are
  *   shown (the signature is always issued). Structured output (`responseMimeType` other than
  *   `text/plain`, `responseSchema`, `responseJsonSchema`) and output modalities other than text are
  *   refused with a 400: the gateway does not constrain decoding, and an answer that ignored the
@@ -114,6 +115,8 @@ const Tool = z.looseObject({ functionDeclarations: z.array(FunctionDeclaration).
 
 const FunctionCallingMode = z.enum(["MODE_UNSPECIFIED", "AUTO", "ANY", "NONE", "VALIDATED"]);
 
+const THINKING_LEVELS = new Set(["THINKING_LEVEL_UNSPECIFIED", "MINIMAL", "LOW", "MEDIUM", "HIGH"]);
+
 const GenerationConfig = z.looseObject({
   temperature: z.number().min(0).max(2).nullish(),
   topP: z.number().gt(0).max(1).nullish(),
@@ -138,7 +141,12 @@ const GenerationConfig = z.looseObject({
     .looseObject({
       includeThoughts: z.boolean().nullish(),
       thinkingBudget: z.number().int().nullish(),
-      thinkingLevel: z.string().nullish(),
+      // The API's ThinkingLevel enum (case aside); THINKING_LEVEL_UNSPECIFIED is no level at all.
+      thinkingLevel: z
+        .string()
+        .nullish()
+        .refine((v) => v == null || THINKING_LEVELS.has(v.toUpperCase()), { message: `expected one of ${[...THINKING_LEVELS].join(", ")}` })
+        .transform((v) => (v?.toUpperCase() === "THINKING_LEVEL_UNSPECIFIED" ? undefined : v)),
     })
     .nullish(),
 });
