@@ -398,3 +398,44 @@ describe("Gemini's snake_case field names (proto3 JSON; Google's REST examples s
     expect(generations).toEqual([]);
   });
 });
+
+describe("a thinking setting the provider's API has no value for is a 400 naming it, not a guess", () => {
+  it("Gemini thinkingLevel: an unknown level is refused; THINKING_LEVEL_UNSPECIFIED leaves the template's default", async () => {
+    const s = await openSession();
+    const ask = (thinkingLevel: string) => gemini(s).models.generateContent({ model: "m", contents: "hi", config: { maxOutputTokens: 4, thinkingConfig: { thinkingLevel: thinkingLevel as never } } });
+    const err = await ask("ULTRA").catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ApiError);
+    expect((err as ApiError).status).toBe(400);
+    expect((err as Error).message).toMatch(/generationConfig\.thinkingConfig\.thinkingLevel/);
+    expect(generations).toEqual([]);
+    await ask("THINKING_LEVEL_UNSPECIFIED");
+    const sent = generation();
+    expect(sent.chat_template_kwargs).toBeUndefined();
+    expect(sent.reasoning_effort).toBeUndefined();
+    generations.length = 0;
+    await ask("low");
+    expect(generation().chat_template_kwargs).toEqual({ enable_thinking: true });
+  });
+
+  it("Anthropic thinking.type: only enabled, adaptive and disabled", async () => {
+    const s = await openSession();
+    const base = { model: "m", max_tokens: 4, messages: [{ role: "user" as const, content: "hi" }] };
+    const err = await anthropic(s).messages.create({ ...base, thinking: { type: "turbo" } } as never).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(Anthropic.BadRequestError);
+    expect((err as Error).message).toMatch(/thinking\.type/);
+    expect(generations).toEqual([]);
+    await anthropic(s).messages.create({ ...base, thinking: { type: "adaptive" } });
+    expect(generation().chat_template_kwargs).toEqual({ enable_thinking: true });
+  });
+
+  it("OpenAI Responses reasoning.effort: only the SDK's efforts", async () => {
+    const s = await openSession();
+    const ask = (effort: string) => openai(s).responses.create({ model: "m", input: "hi", max_output_tokens: 4, reasoning: { effort: effort as never } });
+    const err = await ask("turbo").catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(OpenAI.BadRequestError);
+    expect((err as InstanceType<typeof OpenAI.BadRequestError>).param).toBe("reasoning.effort");
+    expect(generations).toEqual([]);
+    await ask("minimal");
+    expect(generation().chat_template_kwargs).toEqual({ enable_thinking: false });
+  });
+});

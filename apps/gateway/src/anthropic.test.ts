@@ -200,4 +200,16 @@ describe("Anthropic Messages through the gateway", () => {
     const closed = await s.client.messages.create({ model: "m", max_tokens: 16, messages: [{ role: "user", content: "hi" }] }).catch((e: unknown) => e);
     expect(closed).toBeInstanceOf(Anthropic.PermissionDeniedError);
   });
+  it("a tool_choice naming a tool that is not declared is a 400 naming tool_choice, and uses up none of the session's calls", async () => {
+    const opened = await fetch(`${h.url}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ limits: { max_llm_calls: 1 } }) });
+    const s = (await opened.json()) as { id: string; token: string; urls: { anthropic: string } };
+    const client = new Anthropic({ apiKey: s.token, baseURL: s.urls.anthropic, maxRetries: 0 });
+    const base = { model: "m", max_tokens: 8, tools, messages: [{ role: "user" as const, content: "hi" }] };
+    const refused = await client.messages.create({ ...base, tool_choice: { type: "tool", name: "no_such_tool" } }).catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(Anthropic.BadRequestError);
+    expect((refused as InstanceType<typeof Anthropic.BadRequestError>).message).toMatch(/tool_choice\.name: .*no_such_tool/);
+    // The one call the session allows is still there.
+    expect((await client.messages.create({ ...base, tool_choice: { type: "tool", name: tools[0]!.name } })).content.length).toBeGreaterThan(0);
+    expect((await records(s.id)).map((r) => r.seq)).toEqual([0]);
+  });
 });

@@ -2,7 +2,7 @@
  * The official @google/genai SDK against the gateway (listening on a real port) + in-process
  * engine-sim, on the real Redis under a unique key prefix.
  */
-import { GoogleGenAI, type Content, type GenerateContentResponse, type Part } from "@google/genai";
+import { GoogleGenAI, createFunctionResponsePartFromBase64, createFunctionResponsePartFromUri, createPartFromFunctionResponse, type Content, type GenerateContentResponse, type Part } from "@google/genai";
 import { getTokenizer } from "@rollgate/engine-sim";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -246,6 +246,51 @@ describe("Gemini API through the gateway with @google/genai", () => {
     expect((await generate({ contents: "hi" })).status).toBe(400);
     expect((await generate({ contents })).status).toBe(200);
     expect((await records(s.id)).map((r) => r.seq)).toEqual([0, 1]);
+  });
+
+  it("a function response's media parts reach the engine or are refused with 400, never left out", async () => {
+    const s = await openSession();
+    const ai = client(s);
+    const callTurn: Content = { role: "model", parts: [{ functionCall: { id: "c1", name: "run_shell", args: { command: "cat shot.png" } } }] };
+    const answer = (parts: Parameters<typeof createPartFromFunctionResponse>[3]): Content[] => [
+      USER,
+      callTurn,
+      { role: "user", parts: [createPartFromFunctionResponse("c1", "run_shell", { output: "the screenshot" }, parts)] },
+    ];
+    // A PNG goes to the engine as an image of the tool's answer: this text-only engine refuses it in so many words.
+    await expect(ai.models.generateContent({ model: "m", contents: answer([createFunctionResponsePartFromBase64("iVBORw0KGgo=", "image/png")]), config })).rejects.toMatchObject({
+      status: 400,
+      message: expect.stringMatching(/image_url/),
+    });
+    await expect(ai.models.generateContent({ model: "m", contents: answer([createFunctionResponsePartFromBase64("JVBERi0=", "application/pdf")]), config })).rejects.toMatchObject({
+      status: 400,
+      message: expect.stringMatching(/contents\[2\]\.parts\[0\]\.functionResponse\.parts\[0\]\.inlineData\.mimeType/),
+    });
+    await expect(ai.models.generateContent({ model: "m", contents: answer([createFunctionResponsePartFromUri("gs://bucket/shot.png", "image/png")]), config })).rejects.toMatchObject({
+      status: 400,
+      message: expect.stringMatching(/functionResponse\.parts\[0\]\.fileData/),
+    });
+    expect(await records(s.id)).toEqual([]);
+    // Without parts the same answer is served, and the session goes on.
+    expect((await ai.models.generateContent({ model: "m", contents: answer(undefined), config })).candidates).toHaveLength(1);
+  });
+
+  it("takes a system instruction in each form an agent sends: a string, parts, a Content with role user, system or none", async () => {
+    const s = await openSession();
+    const ai = client(s);
+    const forms = [
+      "Be terse.",
+      { parts: [{ text: "Be terse." }] },
+      { role: "user", parts: [{ text: "Be terse." }] },
+      { role: "system", parts: [{ text: "Be terse." }] },
+    ];
+    for (const systemInstruction of forms) {
+      expect((await ai.models.generateContent({ model: "m", contents: "hi", config: { systemInstruction, maxOutputTokens: 4 } })).candidates).toHaveLength(1);
+    }
+    const prompts = (await records(s.id)).map((r) => getTokenizer().decode(r.prompt_ids, false));
+    expect(prompts).toHaveLength(forms.length);
+    for (const p of prompts) expect(p).toBe(prompts[0]);
+    expect(prompts[0]).toMatch(/^<\|im_start\|>system\nBe terse\.<\|im_end\|>/);
   });
 
   it("answers an unreachable engine with 502 UNAVAILABLE", async () => {

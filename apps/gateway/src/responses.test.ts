@@ -233,6 +233,20 @@ describe("OpenAI Responses through the gateway", () => {
     expect(closed).toBeInstanceOf(OpenAI.PermissionDeniedError);
   });
 
+  it("a tool_choice naming a function that is not declared is a 400 naming tool_choice, and uses up none of the session's calls", async () => {
+    const opened = await fetch(`${h.url}/v1/sessions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ limits: { max_llm_calls: 1 } }) });
+    const s = (await opened.json()) as { id: string; token: string; urls: { openai: string } };
+    const client = new OpenAI({ apiKey: s.token, baseURL: s.urls.openai, maxRetries: 0 });
+    const tools: OpenAI.Responses.FunctionTool[] = [{ type: "function", name: "shell", parameters: { type: "object", properties: {} }, strict: false }];
+    for (const tool_choice of [{ type: "function" as const, name: "no_such_tool" }, { type: "function" as const, name: "shell", namespace: "elsewhere" }]) {
+      const refused = await client.responses.create({ model: "m", input: "hi", tools, tool_choice }).catch((e: unknown) => e);
+      expect(refused).toBeInstanceOf(OpenAI.BadRequestError);
+      expect(refused).toMatchObject({ param: "tool_choice.name", message: expect.stringMatching(/not declared/) });
+    }
+    expect((await client.responses.create({ model: "m", input: "hi", tools, tool_choice: { type: "function", name: "shell" }, max_output_tokens: 8 })).output.length).toBeGreaterThan(0);
+    expect((await records(s.id)).map((r) => r.seq)).toEqual([0]);
+  });
+
   it("answers an unreachable engine with 502 in OpenAI's shape, streaming or not", async () => {
     const p2 = `${h.prefix}-down`;
     const env = GatewayEnv.parse({ REDIS_URL: TEST_REDIS_URL, ROLLGATE_KEY_PREFIX: p2, ROLLGATE_ENGINES: JSON.stringify([{ kind: "vllm", url: "http://127.0.0.1:9", dp_size: 1 }]) });

@@ -3,7 +3,7 @@ import type { CanonicalChatRequest, ChatMessage, ContentPart, SamplingParams, To
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, signReasoning, verifyReasoning } from "./reasoning-seal.js";
 import { imageByUrlRefused } from "./content-parts.js";
-import { NO_STRUCTURED_OUTPUT, forcesACall, never, noToolToCall, refusedUnless } from "./unhonoured.js";
+import { NO_STRUCTURED_OUTPUT, forcesACall, namedToolNotOffered, never, noToolToCall, refusedUnless } from "./unhonoured.js";
 
 /**
  * Anthropic Messages ⇄ canonical chat, both directions, streaming included.
@@ -26,7 +26,7 @@ import { NO_STRUCTURED_OUTPUT, forcesACall, never, noToolToCall, refusedUnless }
  *   (another provider's thinking, a forged or edited block, no key) is dropped, not refused:
  *   agents replay whatever they hold, and dropping it only means the template renders that turn
  *   without reasoning. `droppedThinking` counts them so the route can log it.
- * - `thinking.type` `enabled` / `adaptive` → `enable_thinking: true`, `disabled` → false;
+ * - `thinking.type` `enabled` / `adaptive` → `enable_thinking: true`, `disabled` → false (any other type is a 400);
  *   `budget_tokens` and `display` are ignored (thinking is always shown; no engine caps thinking
  *   alone, and refusing the budget would refuse Claude Code, which always sends one). Without `thinking`,
  *   `output_config.effort` asks for thinking (`true`); without either the engine's template
@@ -115,7 +115,7 @@ export const AnthropicRequest = z.looseObject({
   top_k: z.number().int().nullable().optional(),
   stop_sequences: z.array(z.string()).nullable().optional(),
   stream: z.boolean().nullable().optional(),
-  thinking: z.looseObject({ type: z.string(), budget_tokens: z.number().int().optional() }).nullable().optional(),
+  thinking: z.looseObject({ type: z.enum(["enabled", "adaptive", "disabled"]), budget_tokens: z.number().int().optional() }).nullable().optional(),
   output_config: z
     .looseObject({ effort: z.string().nullable().optional(), format: refusedUnless(never, `output_config.format: ${NO_STRUCTURED_OUTPUT}`) })
     .nullable()
@@ -326,6 +326,8 @@ export function fromValidAnthropic(req: AnthropicRequest, opts: FromAnthropicOpt
   }
 
   if (req.tool_choice && tools.length === 0 && forcesACall(toolChoiceOf(req.tool_choice))) throw noToolToCall(["tool_choice"], req.tool_choice);
+  const unoffered = req.tool_choice ? namedToolNotOffered(toolChoiceOf(req.tool_choice), tools, ["tool_choice", "name"]) : null;
+  if (unoffered) throw unoffered;
   const sampling: SamplingParams = {};
   if (req.temperature != null) sampling.temperature = req.temperature;
   if (req.top_p != null) sampling.top_p = req.top_p;

@@ -26,7 +26,7 @@ const PART: MessageFields = {
   inlineData: LEAF,
   fileData: LEAF,
   functionCall: LEAF,
-  functionResponse: LEAF,
+  functionResponse: { parts: { inlineData: LEAF, fileData: LEAF } },
   executableCode: LEAF,
   codeExecutionResult: LEAF,
   videoMetadata: LEAF,

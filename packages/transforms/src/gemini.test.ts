@@ -259,7 +259,7 @@ describe("fromGemini", () => {
       contents: [
         { role: "user", parts: [{ text: "look" }, { inlineData: { mimeType: "image/png", data: "AAAA" } }] },
         { role: "model", parts: [{ functionCall: { name: "f", args: { snake_key: 1 } } }] },
-        { role: "user", parts: [{ functionResponse: { name: "f", response: { exit_code: 0 } } }] },
+        { role: "user", parts: [{ functionResponse: { name: "f", response: { exit_code: 0 }, parts: [{ inlineData: { mimeType: "image/png", data: "BBBB" } }] } }] },
       ],
       tools: [{ functionDeclarations: [{ name: "f", parametersJsonSchema: { type: "object", properties: { snake_key: { type: "integer" } } } }] }],
       toolConfig: { functionCallingConfig: { mode: "ANY", allowedFunctionNames: ["f"] } },
@@ -270,7 +270,7 @@ describe("fromGemini", () => {
       contents: [
         { role: "user", parts: [{ text: "look" }, { inline_data: { mime_type: "image/png", data: "AAAA" } }] },
         { role: "model", parts: [{ function_call: { name: "f", args: { snake_key: 1 } } }] },
-        { role: "user", parts: [{ function_response: { name: "f", response: { exit_code: 0 } } }] },
+        { role: "user", parts: [{ function_response: { name: "f", response: { exit_code: 0 }, parts: [{ inline_data: { mime_type: "image/png", data: "BBBB" } }] } }] },
       ],
       tools: [{ function_declarations: [{ name: "f", parameters_json_schema: { type: "object", properties: { snake_key: { type: "integer" } } } }] }],
       tool_config: { function_calling_config: { mode: "ANY", allowed_function_names: ["f"] } },
@@ -281,6 +281,14 @@ describe("fromGemini", () => {
     expect(fromCamel.sampling).toEqual({ max_tokens: 3, stop: ["END"], top_k: 2 });
     expect(JSON.stringify(fromCamel.messages)).toContain('"arguments":"{\\"snake_key\\":1}"');
     expect(JSON.stringify(fromCamel.messages)).toContain("exit_code");
+    expect(fromCamel.messages.at(-1)).toEqual({
+      role: "tool",
+      tool_call_id: expect.any(String),
+      content: [
+        { type: "text", text: '{"exit_code":0}' },
+        { type: "image_url", image_url: { url: "data:image/png;base64,BBBB" } },
+      ],
+    });
   });
 });
 

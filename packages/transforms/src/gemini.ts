@@ -17,6 +17,7 @@ import { NO_STRUCTURED_OUTPUT, forcesACall, isTextOnly, never, noToolToCall, ref
  *   A part holding no data the gateway reads but some field it does not know is refused with 400
  *   rather than left out.
  * - `contents[].role` is `user` (or the legacy `function`) or `model`; a missing role is `user`.
+ *   The role of `systemInstruction` (a string, a Content or an array of parts) is not read.
  *   User turns become canonical `user` messages (one text part → a string, otherwise text and
  *   image parts), their `functionResponse` parts canonical `tool` messages in part order.
  * - A `model` turn becomes one assistant message: its text parts joined (they are pieces of one
@@ -31,7 +32,9 @@ import { NO_STRUCTURED_OUTPUT, forcesACall, isTextOnly, never, noToolToCall, ref
  *   `skip_thought_signature_validator`) is not trusted as the policy's reasoning and is dropped.
  * - Function calls without an id get a deterministic one (`gemini-call-<turn>-<k>`); a
  *   `functionResponse` pairs with an unanswered call by id, else by name in order, else in order.
- *   Its `response` object becomes the tool message content as JSON.
+ *   Its `response` object becomes the tool message content as JSON; media in its `parts` follow
+ *   that text as image parts of the tool message (inlineData images only; fileData and other media
+ *   are refused with 400, as in user turns).
  * - `inlineData` images become `image_url` parts (a data URL); `fileData` (an image by URI) is
  *   refused with 400 (content-parts.ts: the engine would fetch it, and the rollout would not hold
  *   it); other media, `executableCode` and `codeExecutionResult` parts are refused with 400 (the canonical
@@ -45,8 +48,9 @@ import { NO_STRUCTURED_OUTPUT, forcesACall, isTextOnly, never, noToolToCall, ref
  *   responseLogprobs + logprobs map to canonical sampling / client logprobs; `candidateCount > 1`
  *   is a 400. `thinkingConfig.thinkingBudget: 0` or `thinkingLevel: "MINIMAL"` turn thinking
  *   off, any other budget or level turns it on; absent, the template default holds; a positive
- *   budget is not enforced as a token cap. A `thinkingLevel` is also kept, lower-cased, as the
- *   canonical `reasoning_effort`. `includeThoughts` decides whether `thought` parts are
+ *   budget is not enforced as a token cap. A `thinkingLevel` (one of the API's levels, any case;
+ *   THINKING_LEVEL_UNSPECIFIED counts as none) is also kept, lower-cased, as the canonical
+ *   `reasoning_effort`. `includeThoughts` decides whether `thought` parts are
  *   shown (the signature is always issued). Structured output (`responseMimeType` other than
  *   `text/plain`, `responseSchema`, `responseJsonSchema`) and output modalities other than text are
  *   refused with a 400: the gateway does not constrain decoding, and an answer that ignored the
@@ -63,10 +67,13 @@ const FunctionCall = z.looseObject({
   name: z.string().min(1),
   args: z.record(z.string(), z.unknown()).optional(),
 });
+/** Media a function returns beside its `response` (a screenshot, a file it read). */
+const FunctionResponsePart = z.looseObject({ inlineData: Blob.optional(), fileData: FileData.optional() });
 const FunctionResponse = z.looseObject({
   id: z.string().optional(),
   name: z.string().min(1),
   response: z.record(z.string(), z.unknown()).optional(),
+  parts: z.array(FunctionResponsePart).optional(),
 });
 
 const Part = z.looseObject({
@@ -108,6 +115,8 @@ const Tool = z.looseObject({ functionDeclarations: z.array(FunctionDeclaration).
 
 const FunctionCallingMode = z.enum(["MODE_UNSPECIFIED", "AUTO", "ANY", "NONE", "VALIDATED"]);
 
+const THINKING_LEVELS = new Set(["THINKING_LEVEL_UNSPECIFIED", "MINIMAL", "LOW", "MEDIUM", "HIGH"]);
+
 const GenerationConfig = z.looseObject({
   temperature: z.number().min(0).max(2).nullish(),
   topP: z.number().gt(0).max(1).nullish(),
@@ -132,7 +141,12 @@ const GenerationConfig = z.looseObject({
     .looseObject({
       includeThoughts: z.boolean().nullish(),
       thinkingBudget: z.number().int().nullish(),
-      thinkingLevel: z.string().nullish(),
+      // The API's ThinkingLevel enum (case aside); THINKING_LEVEL_UNSPECIFIED is no level at all.
+      thinkingLevel: z
+        .string()
+        .nullish()
+        .refine((v) => v == null || THINKING_LEVELS.has(v.toUpperCase()), { message: `expected one of ${[...THINKING_LEVELS].join(", ")}` })
+        .transform((v) => (v?.toUpperCase() === "THINKING_LEVEL_UNSPECIFIED" ? undefined : v)),
     })
     .nullish(),
 });
@@ -140,7 +154,8 @@ const GenerationConfig = z.looseObject({
 export const GeminiRequest = z.looseObject({
   model: z.string().optional(),
   contents: z.array(Content).min(1, "contents must not be empty"),
-  systemInstruction: z.union([z.string(), Content, z.array(Part)]).optional(),
+  // Its role is not read: the SDK gives a string as role "user", and some agents send "system".
+  systemInstruction: z.union([z.string(), Content.extend({ role: z.string().optional() }), z.array(Part)]).optional(),
   tools: z.array(Tool).optional(),
   toolConfig: z
     .looseObject({
@@ -220,7 +235,7 @@ function systemText(si: NonNullable<GeminiRequest["systemInstruction"]>): string
     .join("\n");
 }
 
-function mediaPart(p: Part, path: (string | number)[]): ContentPart {
+function mediaPart(p: Pick<Part, "inlineData" | "fileData">, path: (string | number)[]): ContentPart {
   if (p.inlineData) {
     if (!p.inlineData.mimeType.startsWith("image/")) {
       throw invalid([...path, "inlineData", "mimeType"], `only image inlineData is supported, got ${p.inlineData.mimeType}`);
@@ -228,6 +243,21 @@ function mediaPart(p: Part, path: (string | number)[]): ContentPart {
     return { type: "image_url", image_url: { url: `data:${p.inlineData.mimeType};base64,${p.inlineData.data}` } };
   }
   throw invalid([...path, "fileData"], imageByUrlRefused("inlineData"));
+}
+
+/**
+ * A function response as the tool message's content: its `response` as JSON, then the media of its
+ * `parts` (images only, as in user turns) after it; a part the canonical form cannot carry is refused.
+ */
+function toolContent(fr: z.infer<typeof FunctionResponse>, path: (string | number)[]): string | ContentPart[] {
+  const json = JSON.stringify(fr.response ?? {});
+  if (!fr.parts || fr.parts.length === 0) return json;
+  const media = fr.parts.map((p, k) => {
+    const at = [...path, "parts", k];
+    if (!p.inlineData && !p.fileData) throw invalid(at, "a function response part holds inlineData or fileData");
+    return mediaPart(p, at);
+  });
+  return [{ type: "text", text: json }, ...media];
 }
 
 function userMessage(parts: ContentPart[]): ChatMessage {
@@ -312,7 +342,7 @@ export function fromGemini(body: unknown, opts: FromGeminiOptions = {}): GeminiC
         const match = pending[at];
         const id = fr.id ?? match?.id ?? `gemini-call-${ci}-${pi}`;
         if (match && (fr.id === undefined || match.id === fr.id)) pending.splice(at, 1);
-        messages.push({ role: "tool", tool_call_id: id, content: JSON.stringify(fr.response ?? {}) });
+        messages.push({ role: "tool", tool_call_id: id, content: toolContent(fr, [...path, "functionResponse"]) });
       } else if (p.inlineData || p.fileData) {
         buffer.push(mediaPart(p, path));
       } else if (p.text !== undefined && !p.thought) {

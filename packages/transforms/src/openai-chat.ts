@@ -2,7 +2,7 @@ import { z } from "zod";
 import type { CanonicalChatRequest, ChatMessage, SamplingParams, TokenLogprob } from "@rollgate/protocol";
 import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { imageByUrlRefused, isInlineImage, partError, stringOrArrayOf } from "./content-parts.js";
-import { NO_STRUCTURED_OUTPUT, forcesACall, isEmpty, isFalse, isOne, isTextFormat, isTextOnly, isTrue, isZero, never, noToolToCall, notPassed, refusedUnless } from "./unhonoured.js";
+import { NO_STRUCTURED_OUTPUT, forcesACall, isEmpty, isFalse, isOne, isTextFormat, isTextOnly, isTrue, isZero, never, noToolToCall, notPassed, namedToolNotOffered, refusedUnless } from "./unhonoured.js";
 
 /**
  * OpenAI Chat Completions ⇄ canonical. The request schema accepts what the OpenAI SDK and agents
@@ -170,6 +170,8 @@ export function fromValidOpenAIChat(req: OpenAIChatRequest): OpenAIChatCall {
   }
   const hasTools = (req.tools?.length ?? 0) > 0;
   if (!hasTools && forcesACall(req.tool_choice ?? undefined)) throw noToolToCall(["tool_choice"], req.tool_choice);
+  const unoffered = namedToolNotOffered(req.tool_choice ?? undefined, req.tools ?? [], ["tool_choice", "function", "name"]);
+  if (unoffered) throw unoffered;
   const sampling: SamplingParams = {};
   if (req.temperature != null) sampling.temperature = req.temperature;
   if (req.top_p != null) sampling.top_p = req.top_p;

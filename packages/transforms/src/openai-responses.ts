@@ -14,7 +14,7 @@ import type { EngineResult, EngineStreamEvent } from "./canonical.js";
 import { openReasoning, sealReasoning } from "./reasoning-seal.js";
 import { reasoningTokensOf } from "./reasoning-tokens.js";
 import { imageByUrlRefused, isInlineImage, partError, stringOrArrayOf } from "./content-parts.js";
-import { NO_STRUCTURED_OUTPUT, NO_TOOL_TO_CALL, forcesACall, isTextFormat, refusedUnless } from "./unhonoured.js";
+import { NO_STRUCTURED_OUTPUT, NO_TOOL_TO_CALL, forcesACall, isTextFormat, namedToolNotOffered, refusedUnless } from "./unhonoured.js";
 
 /**
  * OpenAI Responses API ⇄ canonical chat. What Codex CLI (Responses only), opencode and pi send.
@@ -34,7 +34,7 @@ import { NO_STRUCTURED_OUTPUT, NO_TOOL_TO_CALL, forcesACall, isTextFormat, refus
  * - **allowed_tools.** A `tool_choice` of type `allowed_tools` offers only the functions it lists
  *   (as the Gemini route offers only ANY's allowed names), with its mode (auto / required).
  * - **Thinking.** `reasoning.effort` "none" or "minimal" → `enable_thinking: false`; any other
- *   effort → true; no effort → the chat template's default. The effort itself is kept as the
+ *   of OpenAI's efforts → true (one OpenAI does not list is a 400); no effort → the chat template's default. The effort itself is kept as the
  *   canonical `reasoning_effort` (forwarded where the model profile says the model reads it).
  * - **Reasoning items.** The engine's reasoning (Qwen3 `<think>`) is given to the client as one
  *   `summary_text` part of a `reasoning` item (streamed as `response.reasoning_summary_*`, which
@@ -169,6 +169,9 @@ const unsupportedState = (field: string) =>
       message: `${field} is not supported: this gateway stores no responses (store is always false); resend the whole conversation in input`,
     });
 
+/** The efforts OpenAI's API (and its SDK's `ReasoningEffort`) takes. */
+const REASONING_EFFORTS = ["none", "minimal", "low", "medium", "high", "xhigh", "max"] as const;
+
 export const OpenAIResponsesRequest = z.looseObject({
   model: z.string().nullable().optional(),
   instructions: z.string().nullable().optional(),
@@ -177,7 +180,7 @@ export const OpenAIResponsesRequest = z.looseObject({
   tool_choice: ToolChoiceParam.nullable().optional(),
   parallel_tool_calls: z.boolean().nullable().optional(),
   reasoning: z
-    .looseObject({ effort: z.string().nullable().optional(), summary: z.string().nullable().optional() })
+    .looseObject({ effort: z.enum(REASONING_EFFORTS).nullable().optional(), summary: z.string().nullable().optional() })
     .nullable()
     .optional(),
   include: z.array(z.string()).nullable().optional(),
@@ -444,6 +447,10 @@ export function fromResponses(body: unknown, options: FromResponsesOptions = {})
   const choice = toCanonicalToolChoice(req.tool_choice);
   if (tools.length === 0 && (forcesACall(choice) || namesHostedTool(req.tool_choice))) zodFail(["tool_choice"], NO_TOOL_TO_CALL, req.tool_choice);
   const toolChoice = tools.length > 0 ? choice : undefined;
+  const named = req.tool_choice != null && typeof req.tool_choice === "object" ? req.tool_choice : null;
+  const shownName = typeof named?.namespace === "string" && named.namespace ? `${String(named.name)} (namespace ${named.namespace})` : undefined;
+  const unoffered = namedToolNotOffered(toolChoice, tools, ["tool_choice", "name"], shownName);
+  if (unoffered) throw unoffered;
   const effort = req.reasoning?.effort ?? null;
   const enableThinking = effort === null ? undefined : effort !== "none" && effort !== "minimal";
 

@@ -1,4 +1,4 @@
-import type { ToolChoice } from "@rollgate/protocol";
+import type { ToolChoice, ToolDefinition } from "@rollgate/protocol";
 import { z } from "zod";
 
 /**
@@ -50,4 +50,16 @@ export const NO_TOOL_TO_CALL =
 
 export function noToolToCall(path: PropertyKey[], input: unknown): z.ZodError {
   return new z.ZodError([{ code: "custom", path, message: NO_TOOL_TO_CALL, input }]);
+}
+
+/**
+ * A tool choice naming a function the engine is not offered (undeclared, a hosted / server tool,
+ * or left out by the choice's own allowed list): refused here with the field's path, before the
+ * call takes one of the session's calls, rather than by the engine after it did.
+ */
+export function namedToolNotOffered(choice: ToolChoice | undefined, offered: readonly ToolDefinition[], path: PropertyKey[], shownName?: string): z.ZodError | null {
+  if (typeof choice !== "object" || choice === null) return null;
+  const name = choice.function.name;
+  if (offered.some((t) => t.function.name === name)) return null;
+  return new z.ZodError([{ code: "custom", path, message: `tool ${shownName ?? name} is not declared among the function tools offered to the engine`, input: name }]);
 }
