@@ -115,6 +115,32 @@ describe("records written after the answer", () => {
     expect(await replica.pendingCalls(s.id)).toEqual([]);
   });
 
+  it("a body that fails its schema after its session read took a number gives it back: the next call takes it, OpenAI and Anthropic alike", async () => {
+    const s = await open();
+    expect((await chat(s, [{ role: "user", content: sim("one") }])).statusCode).toBe(200);
+    // Known token: the session read (sent before the body's check) takes number 1 with it, then the body is refused.
+    const bad = await chat(s, [{ role: "user", content: "x" }], { temperature: "warm" });
+    expect(bad.statusCode).toBe(400);
+    expect((bad.json() as { error: { message: string } }).error.message).toMatch(/temperature/);
+    const anthropic = (body: Record<string, unknown>) =>
+      app.inject({
+        method: "POST",
+        url: `/s/${s.id}/v1/messages`,
+        headers: { "x-api-key": s.token, "content-type": "application/json" },
+        payload: JSON.stringify({ model: "m", max_tokens: 16, messages: [{ role: "user", content: sim("two") }], ...body }),
+      });
+    const badAnthropic = await anthropic({ temperature: "warm" });
+    expect(badAnthropic.statusCode).toBe(400);
+    expect((badAnthropic.json() as { type: string }).type).toBe("error");
+    expect((await anthropic({})).statusCode).toBe(200);
+    const closed = await close(s.id);
+    expect(closed.lost_calls.count).toBe(0);
+    expect(closed.counts.llm_calls).toBe(2);
+    // The refused bodies left no gap: the second good call is number 1.
+    expect((await replica.record(s.id, 1))?.request.messages.at(-1)?.content).toContain("two");
+    expect(await replica.pendingCalls(s.id)).toEqual([]);
+  });
+
   it("a record that cannot be stored after the answer went out: logged, counted, and the call is lost", async () => {
     const s = await open();
     // A real failure: the session's records key is not a hash, so the append script fails (WRONGTYPE).

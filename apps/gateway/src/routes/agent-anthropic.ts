@@ -22,6 +22,7 @@ import {
   agentSchema,
   failureOf,
   isAuthFailure,
+  readSessionEarly,
   rejectInvalid,
   startSse,
   type AuthorizedSession,
@@ -57,6 +58,9 @@ function sendAnthropicError(reply: FastifyReply, err: unknown) {
 
 type SidRequest = FastifyRequest & { params: { sid: string } };
 
+/** The session read of a call (`takeSeq`: one that goes to the engine); the same in readSessionEarly and the handler. */
+const messagesRead = (req: FastifyRequest, takeSeq: boolean) => ({ takeSeq, history: takeSeq && echoesAssistantTurn(req.body) });
+
 /** Authenticates and parses; answers the failure itself and returns null when there is one. */
 async function authorizeAndParse(
   ctx: GatewayContext,
@@ -64,7 +68,7 @@ async function authorizeAndParse(
   reply: FastifyReply,
   takeSeq = false,
 ): Promise<{ auth: AuthorizedSession; call: AnthropicCall } | null> {
-  const auth = await authorizeSession(ctx, req, req.params.sid, undefined, { takeSeq, history: takeSeq && echoesAssistantTurn(req.body) });
+  const auth = await authorizeSession(ctx, req, req.params.sid, undefined, messagesRead(req, takeSeq));
   if (isAuthFailure(auth)) {
     await reply.code(auth.status).send(anthropicError(anthropicErrorType(auth.status), auth.message));
     return null;
@@ -104,7 +108,9 @@ export function anthropicAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
     });
 
     const messagesSchema = agentSchema("Anthropic Messages", "Anthropic Messages, streamed (Server-Sent Events) or not.", AnthropicRequest);
-    app.post("/s/:sid/v1/messages", { bodyLimit: AGENT_BODY_LIMIT, attachValidation: true, schema: messagesSchema }, async (req, reply) => {
+    // The session read leaves before the body's schema check (readSessionEarly).
+    const preValidation = readSessionEarly(ctx, (req) => messagesRead(req, true));
+    app.post("/s/:sid/v1/messages", { bodyLimit: AGENT_BODY_LIMIT, attachValidation: true, schema: messagesSchema, preValidation }, async (req, reply) => {
       const ok = await authorizeAndParse(ctx, req, reply, true);
       if (!ok) return reply;
       const { auth, call } = ok;

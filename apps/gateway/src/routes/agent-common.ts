@@ -85,41 +85,88 @@ function remember(sid: string, tokenHash: string, replay: boolean): void {
   known.set(sid, { tokenHash, replay });
 }
 
+/** What a call route asks of its session read (see authorizeSession). */
+export interface SessionReadOptions {
+  takeSeq?: boolean;
+  history?: boolean;
+}
+
+/** A session read under way: sent before the body's schema check (readSessionEarly) or by authorizeSession. */
+interface SessionRead {
+  token: string | undefined;
+  /** The token hash this process already checked for the session, when the read also takes the call's number with it. */
+  early: string | undefined;
+  reading: ReturnType<GatewayContext["sessions"]["getForCall"]> | null;
+  heads: Promise<RecordHead[]> | undefined;
+}
+
+const earlyReads = new WeakMap<FastifyRequest, SessionRead>();
+
+function startSessionRead(ctx: GatewayContext, req: FastifyRequest, sid: string, extraToken: string | undefined, { takeSeq = false, history = false }: SessionReadOptions, bodyChecked: boolean): SessionRead {
+  const token = sessionToken(req) ?? extraToken;
+  if (token) presented.set(req, token);
+  const k = token && takeSeq ? known.get(sid) : undefined;
+  // Before the body's check (bodyChecked false) a number is taken too: a body that then fails its
+  // schema gives it back (agentFailure) before its agent is answered, as one failing translation does.
+  const early = k !== undefined && !k.replay && (!bodyChecked || !req.validationError) && !ctx.rateLimit?.enabled && tokenMatches(token!, k.tokenHash) ? k.tokenHash : undefined;
+  // The session and (early) the call's number in one step: one Redis command per call, not two.
+  // Taken only if that hash is still the session's: an old token of a session made again under its id takes nothing.
+  const reading = token ? ctx.sessions.getForCall(sid, early !== undefined ? { takeSeq: true, tokenHash: early } : {}) : null;
+  // Sent in the same tick as the session read: both leave in one write (auto-pipelined).
+  const heads = reading && history && (!bodyChecked || !req.validationError) && ctx.caller.pending.local(sid) === null ? ctx.sessions.recordHeads(sid) : undefined;
+  // Not wanted when the call is refused; a failed read is the call's failure only if it is used.
+  heads?.catch(() => undefined);
+  reading?.catch(() => undefined);
+  return { token, early, reading, heads };
+}
+
+/**
+ * A call route's `preValidation` hook: the session read (authorizeSession) is sent once the body
+ * is parsed, before the body's schema check, so that check and the Redis round trip overlap
+ * instead of adding up before the engine is called. The route's handler still calls
+ * authorizeSession first, with the same options, and gets this read's outcome.
+ */
+export function readSessionEarly(ctx: GatewayContext, options: (req: FastifyRequest) => SessionReadOptions & { extraToken?: string }) {
+  return (req: FastifyRequest, _reply: FastifyReply, done: () => void): void => {
+    const sid = (req.params as { sid?: unknown } | undefined)?.sid;
+    if (typeof sid === "string") {
+      const { extraToken, ...opts } = options(req);
+      earlyReads.set(req, startSessionRead(ctx, req, sid, extraToken, opts, false));
+    }
+    done();
+  };
+}
+
 /**
  * Checks the session token (Bearer, x-api-key, x-goog-api-key, or `extraToken` such as Gemini's ?key=).
  *
  * `takeSeq` (a call that goes to the engine if its session is open): when this process already
  * checked this token for this session, the call's sequence number is taken by the command that
- * reads the session (if it is open), not by one after, unless its body failed its schema, the
- * session rate limit is on (a refused call must not use up a number) or the session is a branch's
- * (its calls' numbers index the replayed rollout). A number taken by a call then refused (a limit)
- * is a gap like an aborted call's, which the records and trajectories already allow.
+ * reads the session (if it is open), not by one after, unless the session rate limit is on (a
+ * refused call must not use up a number) or the session is a branch's (its calls' numbers index
+ * the replayed rollout). A number taken by a call then refused (a limit) is a gap like an aborted
+ * call's, which the records and trajectories already allow; one taken by a call whose body then
+ * fails its schema is given back.
  *
  * `history` (the body echoes assistant turns): the session's record heads are read together with
  * the session (one round trip before the engine instead of two), unless a record of this session is
  * still being written by this process (the call then reads them once it is stored, as before).
+ *
+ * A read the route's readSessionEarly hook started for this request is the one used.
  */
 export async function authorizeSession(
   ctx: GatewayContext,
   req: FastifyRequest,
   sid: string,
   extraToken?: string,
-  { takeSeq = false, history = false }: { takeSeq?: boolean; history?: boolean } = {},
+  options: SessionReadOptions = {},
 ): Promise<AuthorizedSession | AuthFailure> {
-  const token = sessionToken(req) ?? extraToken;
-  if (token) presented.set(req, token);
-  const k = token && takeSeq ? known.get(sid) : undefined;
-  const early = k !== undefined && !k.replay && !req.validationError && !ctx.rateLimit?.enabled && tokenMatches(token!, k.tokenHash);
-  // The session and (early) the call's number in one step: one Redis command per call, not two.
-  // Taken only if that hash is still the session's: an old token of a session made again under its id takes nothing.
-  const reading = token ? ctx.sessions.getForCall(sid, early ? { takeSeq: true, tokenHash: k.tokenHash } : {}) : null;
-  // Sent in the same tick as the session read: both leave in one write (auto-pipelined).
-  const heads = reading && history && !req.validationError && ctx.caller.pending.local(sid) === null ? ctx.sessions.recordHeads(sid) : undefined;
-  // Not wanted when the call is refused; a failed read is the call's failure only if it is used.
-  heads?.catch(() => undefined);
+  const started = earlyReads.get(req);
+  earlyReads.delete(req);
+  const { token, early, reading, heads } = started ?? startSessionRead(ctx, req, sid, extraToken, options, true);
   const found = await reading;
   // (A token already checked against the known hash: that hash still being the session's suffices.)
-  if (!token || !found || !(early ? found.tokenHash === k.tokenHash : tokenMatches(token, found.tokenHash))) {
+  if (!token || !found || !(early !== undefined ? found.tokenHash === early : tokenMatches(token, found.tokenHash))) {
     // One answer for an unknown session and a wrong token: a sandbox learns nothing of others.
     return { status: 401, kind: "invalid_token", message: "invalid session token" };
   }

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { OpenAIChatRequest, fromValidOpenAIChat, openAIError, toOpenAIChatChunk, toOpenAIChatResponse } from "@rollgate/transforms";
-import type { FastifyPluginAsync } from "fastify";
+import type { FastifyPluginAsync, FastifyRequest } from "fastify";
 import type { ZodTypeProvider } from "fastify-type-provider-zod";
 import type { GatewayContext } from "../context.js";
 import { openAIErrorType, sendOpenAIAuthFailure, sendOpenAIError } from "./openai-errors.js";
@@ -12,6 +12,7 @@ import {
   agentFailure,
   agentSchema,
   isAuthFailure,
+  readSessionEarly,
   rejectInvalid,
   startSse,
 } from "./agent-common.js";
@@ -35,8 +36,11 @@ export function openAIAgentRoutes(ctx: GatewayContext): FastifyPluginAsync {
     });
 
     const chatSchema = agentSchema("OpenAI Chat Completions", "OpenAI Chat Completions, streamed (`stream: true`, Server-Sent Events) or not.", OpenAIChatRequest);
-    app.post("/s/:sid/v1/chat/completions", { bodyLimit: AGENT_BODY_LIMIT, attachValidation: true, schema: chatSchema }, async (req, reply) => {
-      const auth = await authorizeSession(ctx, req, req.params.sid, undefined, { takeSeq: true, history: echoesAssistantTurn(req.body) });
+    // The session read leaves before the body's schema check (readSessionEarly), with the options the handler gives.
+    const chatRead = (req: FastifyRequest) => ({ takeSeq: true, history: echoesAssistantTurn(req.body) });
+    const preValidation = readSessionEarly(ctx, chatRead);
+    app.post("/s/:sid/v1/chat/completions", { bodyLimit: AGENT_BODY_LIMIT, attachValidation: true, schema: chatSchema, preValidation }, async (req, reply) => {
+      const auth = await authorizeSession(ctx, req, req.params.sid, undefined, chatRead(req));
       if (isAuthFailure(auth)) return sendOpenAIAuthFailure(reply, auth);
       rejectInvalid(req);
       // The body passed its schema on the way in (rejectInvalid): not parsed a second time.
