@@ -189,6 +189,7 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
       },
       continuation: env.ROLLGATE_CONTINUATION,
       countError: (what) => metrics.storeError(what),
+      tokenHoldTtlMs: env.ROLLGATE_TOKEN_HOLD_TTL_S * 1000,
       loadedWeights,
       staleWeights: (engine) => void health.checkStale(engine).catch((err: Error) => log.warn({ err: err.message, engine }, "cannot drain an engine on stale weights")),
       rankUnreachable: (member) => void health.callFailed(member).catch((err: Error) => log.warn({ err: err.message, rank: member }, "cannot probe a rank a call found unreachable")),
