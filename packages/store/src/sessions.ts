@@ -5,7 +5,7 @@ import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
 import { decodeRecordIds, decodeRecords, encodeRecord, RecordBases, type Encoded } from "./records.js";
 import { scriptCommands, type LuaScript } from "./scripts.js";
-import { FIT_HOLD_SCRIPT, holdArgs, parseHoldAnswer, type HoldAnswer, type HoldRequest } from "./token-holds.js";
+import { FIT_HOLD_SCRIPT, HOLD_TOKENS_SCRIPT, holdArgs, parseHoldAnswer, type HoldAnswer, type HoldRequest } from "./token-holds.js";
 
 export type SessionAssignment = NonNullable<Session["assignment"]>;
 
@@ -302,7 +302,7 @@ function deepFreeze(o: object): void {
 }
 
 const sessionScripts = (redis: RedisClient) =>
-  scriptCommands(redis, { create: CREATE_SCRIPT, forCall: FOR_CALL_SCRIPT, nextSeq: NEXT_SEQ_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT, headsSince: RECORD_HEADS_SINCE_SCRIPT, settle: SETTLE_SCRIPT, giveBack: GIVE_BACK_SCRIPT, reassign: REASSIGN_SCRIPT, fitHold: FIT_HOLD_SCRIPT });
+  scriptCommands(redis, { create: CREATE_SCRIPT, forCall: FOR_CALL_SCRIPT, nextSeq: NEXT_SEQ_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT, headsSince: RECORD_HEADS_SINCE_SCRIPT, settle: SETTLE_SCRIPT, giveBack: GIVE_BACK_SCRIPT, reassign: REASSIGN_SCRIPT, fitHold: FIT_HOLD_SCRIPT, holdTokens: HOLD_TOKENS_SCRIPT });
 
 /** One session's record heads as last read, in call order, and where each is stored. */
 interface KnownHeads {
@@ -656,6 +656,14 @@ export class SessionStore {
    */
   async fitHold(id: string, seq: number, request: HoldRequest): Promise<HoldAnswer> {
     return parseHoldAnswer(await this.scripts.fitHold(this.k.session(id), this.k.tokenHolds(id), ...holdArgs(seq, request)));
+  }
+
+  /**
+   * Holds `tokens` of the session's max_total_tokens for call `seq` with no fit: a branch's
+   * replayed call, whose tokens are counted when its record is stored (released as fitHold's are).
+   */
+  async holdTokens(id: string, seq: number, tokens: number, ttlMs: number): Promise<void> {
+    await this.scripts.holdTokens(this.k.session(id), this.k.tokenHolds(id), String(seq), String(tokens), String(Math.max(1, Math.round(ttlMs))));
   }
 
   /** The session's calls whose record is not stored yet and that have not ended without one, in order. */

@@ -64,6 +64,21 @@ return {'fit', used, held, hold, max_tokens or -1}
 `,
 };
 
+// Holds exactly ARGV[2] tokens for call ARGV[1] of an open session, with no fit (a branch's
+// replayed call: its tokens are its source's, already spent). KEYS: session, token holds. ARGV:
+// seq, tokens, hold lifetime ms. Returns 1, or 0 when the session is not open.
+export const HOLD_TOKENS_SCRIPT: LuaScript = {
+  name: "rollgateSessionHoldTokens",
+  numberOfKeys: 2,
+  lua: `
+if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[2], ARGV[1], string.format('%d:%d', tonumber(ARGV[2]), now + tonumber(ARGV[3])))
+return 1
+`,
+};
+
 /** What a call asks of its session's budget. */
 export interface HoldRequest {
   limit: number;

@@ -318,7 +318,11 @@ export class ChatCaller {
     let tokenIn = planned;
     // A branch's replayed call, compared as the engine would have been asked (echoed turns restored and normalised).
     const replay = mayReplay ? await this.replaySource(session, seq, engineCall.request) : null;
-    if (replay) return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), toolsText: tools, engineCall, tokenIn: null, replay };
+    if (replay) {
+      // Not fitted (its source spent the tokens), but held until its record counts them: a call fitted meanwhile must not be given them too.
+      if (tokenLimit !== undefined) await this.deps.sessions.holdTokens(session.id, seq, replay.prompt_ids.length + replay.output_ids.length, this.tokenHoldTtlMs);
+      return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), toolsText: tools, engineCall, tokenIn: null, replay };
+    }
     if (viaGenerate && !tokenIn) {
       const rendered = await engineTokenizer.renderChat(engineCall, engineCall.request.messages);
       tokenIn = { route: SGLANG_GENERATE_ENGINE_PARSED, promptIds: rendered.ids, maxModelLen: rendered.maxModelLen, base: null };
@@ -329,6 +333,10 @@ export class ChatCaller {
 
   /** Wakes this gateway's calls waiting for their session's max_total_tokens when a call here releases its hold. */
   private readonly holds = new HoldReleases();
+
+  private get tokenHoldTtlMs(): number {
+    return this.deps.tokenHoldTtlMs ?? DEFAULT_TOKEN_HOLD_TTL_MS;
+  }
 
   /** A call of the session ended without a record: once its settle (which drops its hold) is stored, waiting calls look again. */
   private holdReleased(sid: string): void {
@@ -359,8 +367,8 @@ export class ChatCaller {
    * gateway knows it (`promptIds`: a token-in call), else rendered by the engine's tokenizer once
    * the engine's context no longer fits in what is left (`render` false: false is returned then,
    * and nothing held). A call whose prompt alone does not fit is refused. While the session's other
-   * calls in flight hold what it needs, it waits for them. The session's counts are read here: the
-   * route's read may predate the record of a call of the session that ended since.
+   * calls in flight, on any replica, hold what it needs, it waits for them. The session's counts are
+   * read here: the route's read may predate the record of a call of the session that ended since.
    */
   private async fitBudget(sid: string, seq: number, call: EngineCall, promptIds: number[] | null, limit: number, render = true): Promise<boolean> {
     const asked = call.request.sampling.max_tokens;
@@ -368,7 +376,7 @@ export class ChatCaller {
     let promptLength = promptIds?.length ?? null;
     for (;;) {
       // Read, fitted and held in one step on Redis: the session's calls on every replica are seen.
-      const fit = await this.deps.sessions.fitHold(sid, seq, { limit, promptLength, asked, contextLength, ttlMs: this.deps.tokenHoldTtlMs ?? DEFAULT_TOKEN_HOLD_TTL_MS });
+      const fit = await this.deps.sessions.fitHold(sid, seq, { limit, promptLength, asked, contextLength, ttlMs: this.tokenHoldTtlMs });
       if (fit.fits) {
         if (fit.maxTokens !== asked) call.request = { ...call.request, sampling: { ...call.request.sampling, max_tokens: fit.maxTokens } };
         return true;
