@@ -290,9 +290,9 @@ describe("SessionStore", () => {
     const store = new SessionStore(redis, `${prefix}-holds2`);
     await store.create("s-h2", session("s-h2"), hashToken("t"), assignment, "0:0", new Date());
     const ask = (ttlMs: number) => ({ limit: 100, promptLength: 10, asked: undefined, contextLength: 4_096, ttlMs });
-    expect(await store.fitHold("s-h2", 0, ask(50))).toMatchObject({ fits: true, hold: 100 });
+    expect(await store.fitHold("s-h2", 0, ask(1_000))).toMatchObject({ fits: true, hold: 100 });
     expect(await store.fitHold("s-h2", 1, ask(60_000))).toMatchObject({ fits: false, why: "over", heldByOthers: 100 });
-    await new Promise((r) => setTimeout(r, 80));
+    await new Promise((r) => setTimeout(r, 1_100));
     expect(await store.fitHold("s-h2", 1, ask(60_000))).toMatchObject({ fits: true, hold: 100, heldByOthers: 0 });
     expect(await store.delete("s-h2", new Date())).toBe(true);
     expect(await redis.exists(`${prefix}-holds2:{s:s-h2}:holds`)).toBe(0);
