@@ -191,6 +191,7 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
       },
       continuation: env.ROLLGATE_CONTINUATION,
       countError: (what) => metrics.storeError(what),
+      tokenHoldTtlMs: env.ROLLGATE_TOKEN_HOLD_TTL_S * 1000,
       loadedWeights,
       staleWeights: (engine) => void health.checkStale(engine).catch((err: Error) => log.warn({ err: err.message, engine }, "cannot drain an engine on stale weights")),
       countRetry: (engine, dpRank, reason) => metrics.retriedCall(engine, dpRank, reason),

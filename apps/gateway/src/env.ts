@@ -49,6 +49,13 @@ export const GatewayEnv = z.object({
   ROLLGATE_PUBLIC_URL: z.url().optional(),
   ROLLGATE_ENGINE_TIMEOUT_S: z.coerce.number().positive().default(600),
   /**
+   * How long a call's max_total_tokens hold (its worst case, kept in Redis for every replica to
+   * see) counts when its gateway never releases it: a replica that died must not block its
+   * sessions' budgets for ever. Longer than any call runs (engine timeout, pauses), else a call
+   * still running loses its hold and the session may pass its limit.
+   */
+  ROLLGATE_TOKEN_HOLD_TTL_S: z.coerce.number().positive().default(900),
+  /**
    * Connections to each engine URL at most (calls in flight beyond it wait in the pool). Every
    * agent session may have a call in flight: thousands of sessions need thousands of connections.
    */

@@ -6,3 +6,4 @@ export * from "./weights.js";
 export * from "./admin.js";
 export * from "./rate-limit.js";
 export * from "./client.js";
+export * from "./token-holds.js";

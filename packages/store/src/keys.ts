@@ -15,6 +15,7 @@ export function keys(prefix: string) {
     recordHeads: (id: string) => `${prefix}:{s:${id}}:heads`,
     failures: (id: string) => `${prefix}:{s:${id}}:failures`,
     pendingCalls: (id: string) => `${prefix}:{s:${id}}:pending`,
+    tokenHolds: (id: string) => `${prefix}:{s:${id}}:holds`,
     sessionRate: (id: string) => `${prefix}:{s:${id}}:rate`,
     rankLoad: () => `${prefix}:{routing}:load`,
     affinity: (key: string) => `${prefix}:{routing}:affinity:${key}`,

@@ -5,6 +5,7 @@ import { parseStored } from "./json.js";
 import { keys, type Keys } from "./keys.js";
 import { decodeRecordIds, decodeRecords, encodeRecord, RecordBases, type Encoded } from "./records.js";
 import { scriptCommands, type LuaScript } from "./scripts.js";
+import { FIT_HOLD_SCRIPT, HOLD_TOKENS_SCRIPT, holdArgs, parseHoldAnswer, type HoldAnswer, type HoldRequest } from "./token-holds.js";
 
 export type SessionAssignment = NonNullable<Session["assignment"]>;
 
@@ -38,13 +39,15 @@ return 1
 };
 
 // Closes an open session in one step and returns the rank it held, so a double close never frees
-// the slot twice. KEYS: session. ARGV: closed_at.
+// the slot twice. A closed session fits no more calls: its token holds (HOLDS) go. KEYS: session,
+// token holds. ARGV: closed_at.
 const CLOSE_SCRIPT: LuaScript = {
   name: "rollgateSessionClose",
-  numberOfKeys: 1,
+  numberOfKeys: 2,
   lua: `
 if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return false end
 redis.call('HSET', KEYS[1], 'state', 'closed', 'closed_at', ARGV[1])
+redis.call('DEL', KEYS[2])
 return redis.call('HGET', KEYS[1], 'rank_member') or ''
 `,
 };
@@ -55,16 +58,18 @@ return redis.call('HGET', KEYS[1], 'rank_member') or ''
 // With ARGV[2] "1" and none pending (its records and failed-call notes are final then), also its
 // records (HGETALL) and its failed-call notes (LRANGE) as a fifth and sixth: a trajectory asked
 // for with the close needs no read of its own.
-// KEYS: session, pending calls, records, failures. ARGV: closed_at, "1" for the records or "".
+// Its token holds (HOLDS) go. KEYS: session, pending calls, records, failures, token holds.
+// ARGV: closed_at, "1" for the records or "".
 const CLOSE_AND_GET_SCRIPT: LuaScript = {
   name: "rollgateSessionCloseAndGet",
-  numberOfKeys: 4,
+  numberOfKeys: 5,
   lua: `
 if not redis.call('HGET', KEYS[1], 'static') then return false end
 local closed = 0
 local member = ''
 if redis.call('HGET', KEYS[1], 'state') == 'open' then
   redis.call('HSET', KEYS[1], 'state', 'closed', 'closed_at', ARGV[1])
+  redis.call('DEL', KEYS[5])
   closed = 1
   member = redis.call('HGET', KEYS[1], 'rank_member') or ''
 end
@@ -129,7 +134,8 @@ return seq
 // step. A record stored as a delta of a base (records.ts) is written only if the base is still the
 // record it was encoded against (a session deleted and made again under its id has other records):
 // else nothing is written and 0 returned. The call stops being pending (PENDING) once its record
-// is stored. KEYS: records, record heads, session, pending calls. ARGV: seq, record,
+// is stored, and its token hold (HOLDS) goes: its tokens are in the counts now. KEYS: records,
+// record heads, session, pending calls, token holds. ARGV: seq, record,
 // head json, prompt, completion and cached tokens, base seq or "", how the base's JSON part starts
 // (its id; it follows the format byte, the base's own base seq, ";" and 4 bytes of length), the
 // hash of the token the call was authorised with or "": with one, nothing is written (-1) unless
@@ -137,7 +143,7 @@ return seq
 // id for another rollout, must not get the record, the counts, nor lose a pending mark of its own).
 const APPEND_RECORD_SCRIPT: LuaScript = {
   name: "rollgateSessionAppendRecord",
-  numberOfKeys: 4,
+  numberOfKeys: 5,
   lua: `
 if ARGV[9] ~= '' and redis.call('HGET', KEYS[3], 'token_hash') ~= ARGV[9] then return -1 end
 if ARGV[7] ~= '' then
@@ -153,6 +159,7 @@ redis.call('HINCRBY', KEYS[3], 'prompt_tokens', ARGV[4])
 redis.call('HINCRBY', KEYS[3], 'completion_tokens', ARGV[5])
 redis.call('HINCRBY', KEYS[3], 'cached_tokens', ARGV[6])
 redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
 return 1
 `,
 };
@@ -199,12 +206,14 @@ return 1
 // Gives back the number of a call that never was one (its body failed before anything was asked of
 // the engine), if the session still has the token it was taken under: it is no longer pending, and
 // when no later number was taken since, the next call takes it again (a session limit counts
-// numbers: a refused body must not use one up). KEYS: session, pending calls. ARGV: token hash, seq.
+// numbers: a refused body must not use one up). Its token hold (HOLDS), if any, goes. KEYS:
+// session, pending calls, token holds. ARGV: token hash, seq.
 const GIVE_BACK_SCRIPT: LuaScript = {
   name: "rollgateSessionGiveBack",
-  numberOfKeys: 2,
+  numberOfKeys: 3,
   lua: `
 if redis.call('HGET', KEYS[1], 'token_hash') ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[3], ARGV[2])
 if redis.call('ZREM', KEYS[2], ARGV[2]) == 1 and tonumber(redis.call('HGET', KEYS[1], 'next_seq')) == tonumber(ARGV[2]) + 1 then
   redis.call('HSET', KEYS[1], 'next_seq', ARGV[2])
   return 1
@@ -228,12 +237,14 @@ return 1
 
 // A call that ended without a record is no longer pending, if its session still has the token the
 // call was authorised with: a session deleted and made again under its id has pending calls of its
-// own under the same numbers. KEYS: session, pending calls. ARGV: token hash, seq.
+// own under the same numbers. Its token hold (HOLDS), if any, goes. KEYS: session, pending calls,
+// token holds. ARGV: token hash, seq.
 const SETTLE_SCRIPT: LuaScript = {
   name: "rollgateSessionSettleCall",
-  numberOfKeys: 2,
+  numberOfKeys: 3,
   lua: `
 if redis.call('HGET', KEYS[1], 'token_hash') ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[3], ARGV[2])
 return redis.call('ZREM', KEYS[2], ARGV[2])
 `,
 };
@@ -291,7 +302,7 @@ function deepFreeze(o: object): void {
 }
 
 const sessionScripts = (redis: RedisClient) =>
-  scriptCommands(redis, { create: CREATE_SCRIPT, forCall: FOR_CALL_SCRIPT, nextSeq: NEXT_SEQ_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT, headsSince: RECORD_HEADS_SINCE_SCRIPT, settle: SETTLE_SCRIPT, giveBack: GIVE_BACK_SCRIPT, reassign: REASSIGN_SCRIPT });
+  scriptCommands(redis, { create: CREATE_SCRIPT, forCall: FOR_CALL_SCRIPT, nextSeq: NEXT_SEQ_SCRIPT, close: CLOSE_SCRIPT, closeAndGet: CLOSE_AND_GET_SCRIPT, appendRecord: APPEND_RECORD_SCRIPT, recordChain: RECORD_CHAIN_SCRIPT, lostCalls: LOST_CALL_SCRIPT, release: RELEASE_SCRIPT, headsSince: RECORD_HEADS_SINCE_SCRIPT, settle: SETTLE_SCRIPT, giveBack: GIVE_BACK_SCRIPT, reassign: REASSIGN_SCRIPT, fitHold: FIT_HOLD_SCRIPT, holdTokens: HOLD_TOKENS_SCRIPT });
 
 /** One session's record heads as last read, in call order, and where each is stored. */
 interface KnownHeads {
@@ -534,7 +545,7 @@ export class SessionStore {
   /** Returns true when this call closed it, false when it was already closed. */
   async close(id: string, now: Date): Promise<boolean> {
     // Two steps, because the session and the routing keys live in different cluster slots.
-    const member = await this.scripts.close(this.k.session(id), now.toISOString());
+    const member = await this.scripts.close(this.k.session(id), this.k.tokenHolds(id), now.toISOString());
     if (typeof member !== "string") return false;
     this.bases.drop(id);
     this.heads.drop(id);
@@ -554,7 +565,7 @@ export class SessionStore {
     now: Date,
     { records = false }: { records?: boolean } = {},
   ): Promise<(SessionForCall & { pendingCalls: number; released: Promise<void>; final?: { records: CompletionRecord[]; failures: FailedCallNote[] } }) | null> {
-    const keys = [this.k.session(id), this.k.pendingCalls(id), this.k.records(id), this.k.failures(id)];
+    const keys = [this.k.session(id), this.k.pendingCalls(id), this.k.records(id), this.k.failures(id), this.k.tokenHolds(id)];
     let res: [number, string, string[], number, Buffer[]?, string[]?] | null;
     if (records) {
       // Binary: the records are stored as bytes (records.ts); the rest is read as the text it is.
@@ -614,7 +625,9 @@ export class SessionStore {
 
   /** A call that ends without a record (refused, failed, the agent left) is no longer pending. */
   async settleCall(id: string, ...seqs: number[]): Promise<void> {
-    if (seqs.length > 0) await this.redis.zrem(this.k.pendingCalls(id), ...seqs.map(String));
+    if (seqs.length === 0) return;
+    const fields = seqs.map(String);
+    await this.redis.multi().zrem(this.k.pendingCalls(id), ...fields).hdel(this.k.tokenHolds(id), ...fields).exec();
   }
 
   /**
@@ -623,7 +636,7 @@ export class SessionStore {
    * the new session's call of that number stays pending).
    */
   async settleOwnCall(id: string, seq: number, tokenHash: string): Promise<void> {
-    await this.scripts.settle(this.k.session(id), this.k.pendingCalls(id), tokenHash, String(seq));
+    await this.scripts.settle(this.k.session(id), this.k.pendingCalls(id), this.k.tokenHolds(id), tokenHash, String(seq));
   }
 
   /**
@@ -633,7 +646,24 @@ export class SessionStore {
    * later number was taken since (it stays a gap) or the session is no longer that token's.
    */
   async giveBackCall(id: string, seq: number, tokenHash: string): Promise<boolean> {
-    return Number(await this.scripts.giveBack(this.k.session(id), this.k.pendingCalls(id), tokenHash, String(seq))) === 1;
+    return Number(await this.scripts.giveBack(this.k.session(id), this.k.pendingCalls(id), this.k.tokenHolds(id), tokenHash, String(seq))) === 1;
+  }
+
+  /**
+   * Fits call `seq` into what the session has left of its max_total_tokens beside its other calls'
+   * live holds on every replica, and holds its worst case if it fits, in one step (token-holds.ts
+   * HOLDS). The hold goes when the call's record is stored or it ends without one.
+   */
+  async fitHold(id: string, seq: number, request: HoldRequest): Promise<HoldAnswer> {
+    return parseHoldAnswer(await this.scripts.fitHold(this.k.session(id), this.k.tokenHolds(id), ...holdArgs(seq, request)));
+  }
+
+  /**
+   * Holds `tokens` of the session's max_total_tokens for call `seq` with no fit: a branch's
+   * replayed call, whose tokens are counted when its record is stored (released as fitHold's are).
+   */
+  async holdTokens(id: string, seq: number, tokens: number, ttlMs: number): Promise<void> {
+    await this.scripts.holdTokens(this.k.session(id), this.k.tokenHolds(id), String(seq), String(tokens), String(Math.max(1, Math.round(ttlMs))));
   }
 
   /** The session's calls whose record is not stored yet and that have not ended without one, in order. */
@@ -658,6 +688,7 @@ export class SessionStore {
         this.k.recordHeads(sid),
         this.k.session(sid),
         this.k.pendingCalls(sid),
+        this.k.tokenHolds(sid),
         String(record.seq),
         encoded.value,
         headJson,
@@ -777,7 +808,7 @@ export class SessionStore {
     this.bases.drop(id);
     this.heads.drop(id);
     this.parsed.delete(id);
-    const n = await this.redis.del(this.k.session(id), this.k.records(id), this.k.recordHeads(id), this.k.failures(id), this.k.pendingCalls(id));
+    const n = await this.redis.del(this.k.session(id), this.k.records(id), this.k.recordHeads(id), this.k.failures(id), this.k.pendingCalls(id), this.k.tokenHolds(id));
     return n > 0;
   }
 }

@@ -258,6 +258,46 @@ describe("SessionStore", () => {
     expect(await store.records("s-2")).toEqual([]);
   });
 
+  it("max_total_tokens holds: shared by every store on the prefix, dropped with the call's record, settle or give-back, gone with a close", async () => {
+    const p = `${prefix}-holds`;
+    const [one, two] = [new SessionStore(redis, p), new SessionStore(redis, p)];
+    const holds = () => redis.hgetall(`${p}:{s:s-h}:holds`);
+    await one.create("s-h", session("s-h"), hashToken("t"), assignment, "0:0", new Date());
+    const ask = (promptLength: number, asked?: number) => ({ limit: 100, promptLength, asked, contextLength: 4_096, ttlMs: 60_000 });
+    const [a, b, c, d] = [(await one.nextSeq("s-h"))!, (await two.nextSeq("s-h"))!, (await one.nextSeq("s-h"))!, (await one.nextSeq("s-h"))!];
+    expect(await one.fitHold("s-h", a, ask(10, 20))).toEqual({ fits: true, maxTokens: 20, hold: 30, used: 0, heldByOthers: 0 });
+    // Another store (replica) sees that hold: its call gets only the rest.
+    expect(await two.fitHold("s-h", b, ask(10))).toEqual({ fits: true, maxTokens: 60, hold: 70, used: 0, heldByOthers: 30 });
+    expect(await one.fitHold("s-h", c, ask(5))).toEqual({ fits: false, why: "over", used: 0, heldByOthers: 100 });
+    // The record of call a is counted in the step that drops its hold: nothing is counted twice.
+    await appendWithHead(one, { ...smallRecord("s-h", a, "ca", "y"), usage: { prompt_tokens: 10, completion_tokens: 5, cached_tokens: 0 } });
+    expect(Object.keys(await holds())).toEqual([String(b)]);
+    expect(await one.fitHold("s-h", c, ask(5))).toEqual({ fits: true, maxTokens: 10, hold: 15, used: 15, heldByOthers: 70 });
+    await two.settleOwnCall("s-h", b, hashToken("t"));
+    expect(Object.keys(await holds())).toEqual([String(c)]);
+    await one.giveBackCall("s-h", c, hashToken("t"));
+    expect(await holds()).toEqual({});
+    await one.fitHold("s-h", d, ask(5));
+    await one.settleCall("s-h", d);
+    expect(await holds()).toEqual({});
+    await one.fitHold("s-h", d, ask(5));
+    expect(await one.close("s-h", new Date())).toBe(true);
+    expect(await holds()).toEqual({});
+    expect(await one.fitHold("s-h", d, ask(5))).toEqual({ fits: false, why: "closed" });
+  });
+
+  it("a max_total_tokens hold past its lifetime (its replica died) no longer counts", async () => {
+    const store = new SessionStore(redis, `${prefix}-holds2`);
+    await store.create("s-h2", session("s-h2"), hashToken("t"), assignment, "0:0", new Date());
+    const ask = (ttlMs: number) => ({ limit: 100, promptLength: 10, asked: undefined, contextLength: 4_096, ttlMs });
+    expect(await store.fitHold("s-h2", 0, ask(1_000))).toMatchObject({ fits: true, hold: 100 });
+    expect(await store.fitHold("s-h2", 1, ask(60_000))).toMatchObject({ fits: false, why: "over", heldByOthers: 100 });
+    await new Promise((r) => setTimeout(r, 1_100));
+    expect(await store.fitHold("s-h2", 1, ask(60_000))).toMatchObject({ fits: true, hold: 100, heldByOthers: 0 });
+    expect(await store.delete("s-h2", new Date())).toBe(true);
+    expect(await redis.exists(`${prefix}-holds2:{s:s-h2}:holds`)).toBe(0);
+  });
+
   it("stores a call's record, or clears its pending mark, only while its session still has the token the call was authorised with", async () => {
     const store = new SessionStore(redis, `${prefix}-s5`);
     const head = (r: CompletionRecord) => ({ id: r.id, seq: r.seq, message: r.message, finish_reason: r.finish_reason, message_count: 1, conversation_key: `k${r.seq}` });

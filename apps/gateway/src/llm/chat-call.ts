@@ -34,7 +34,7 @@ import type { PendingCalls } from "./pending-calls.js";
 import { LeftWhileHeld } from "./lost-calls.js";
 import { addCut, continuationPrompt, continuationRequest, joinContinuation, type CutGeneration } from "./pause-continuation.js";
 import { recordedResult, replayDifference } from "./replay.js";
-import { TokenHolds, fitCall } from "./token-budget.js";
+import { HoldReleases } from "./token-budget.js";
 
 /** A promise of the engine's prompt ids and the callback an adapter tells them with. */
 function promptIdsTold(): { ids: Promise<number[]>; tell: (ids: number[]) => void } {
@@ -57,6 +57,13 @@ function recordedUsage(result: EngineResult, reasoningEnd: string | null | undef
 
 /** How far from its own number a branch's call may find the source call it asks again (calls an agent sent together). */
 const REPLAY_REORDER = 4;
+/**
+ * How often a call waiting for its session's max_total_tokens looks again at the holds: a release
+ * on this gateway wakes it at once, one on another replica is seen at the next look.
+ */
+const HOLD_POLL_MS = 50;
+/** How long a call's max_total_tokens hold counts when its gateway never releases it (it died). */
+const DEFAULT_TOKEN_HOLD_TTL_MS = 900_000;
 
 const ABORTED = 'the engine aborted the call (finish_reason "abort") outside a pause of this gateway: its answer was cut short';
 
@@ -187,6 +194,8 @@ export class ChatCaller {
       countRetry?: (engine: number, dpRank: number, reason: string) => void;
       /** Told of a call that found its rank unreachable (the rank is probed at once, engine-health.ts). */
       rankUnreachable?: (member: string) => void;
+      /** ROLLGATE_TOKEN_HOLD_TTL_S: how long a call's max_total_tokens hold counts if its gateway never releases it. */
+      tokenHoldTtlMs?: number;
     },
   ) {}
 
@@ -222,7 +231,7 @@ export class ChatCaller {
       taken.seq?.then(
         (seq) => {
           this.deps.pending.settle(given.id, seq, auth.tokenHash);
-          this.holds.release(given.id, seq);
+          this.holdReleased(given.id);
         },
         () => undefined,
       );
@@ -324,7 +333,11 @@ export class ChatCaller {
     let tokenIn = planned;
     // A branch's replayed call, compared as the engine would have been asked (echoed turns restored and normalised).
     const replay = mayReplay ? await this.replaySource(session, seq, engineCall.request) : null;
-    if (replay) return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), toolsText: tools, engineCall, tokenIn: null, replay };
+    if (replay) {
+      // Not fitted (its source spent the tokens), but held until its record counts them: a call fitted meanwhile must not be given them too.
+      if (tokenLimit !== undefined) await this.deps.sessions.holdTokens(session.id, seq, replay.prompt_ids.length + replay.output_ids.length, this.tokenHoldTtlMs);
+      return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), toolsText: tools, engineCall, tokenIn: null, replay };
+    }
     if (viaGenerate && !tokenIn) {
       const rendered = await engineTokenizer.renderChat(engineCall, engineCall.request.messages);
       tokenIn = { route: SGLANG_GENERATE_ENGINE_PARSED, promptIds: rendered.ids, maxModelLen: rendered.maxModelLen, base: null };
@@ -333,8 +346,20 @@ export class ChatCaller {
     return { session, adapter, reroutedFrom, protocol, seq, target, weightVersion, startedAt: Date.now(), toolsText: tools, engineCall, tokenIn };
   }
 
-  /** What the session's calls in flight on this gateway hold of their max_total_tokens (token-budget.ts). */
-  private readonly holds = new TokenHolds();
+  /** Wakes this gateway's calls waiting for their session's max_total_tokens when a call here releases its hold. */
+  private readonly holds = new HoldReleases();
+
+  private get tokenHoldTtlMs(): number {
+    return this.deps.tokenHoldTtlMs ?? DEFAULT_TOKEN_HOLD_TTL_MS;
+  }
+
+  /** A call of the session ended without a record: once its settle (which drops its hold) is stored, waiting calls look again. */
+  private holdReleased(sid: string): void {
+    const writes = this.deps.pending.local(sid);
+    if (!writes) return this.holds.released(sid);
+    const wake = () => this.holds.released(sid);
+    writes.then(wake, wake);
+  }
   /** Each engine's context length (by URL), asked once: it bounds every call's prompt plus answer. */
   private readonly contextLengths = new Map<string, Promise<number | null>>();
 
@@ -357,55 +382,45 @@ export class ChatCaller {
    * gateway knows it (`promptIds`: a token-in call), else rendered by the engine's tokenizer once
    * the engine's context no longer fits in what is left (`render` false: false is returned then,
    * and nothing held). A call whose prompt alone does not fit is refused. While the session's other
-   * calls in flight hold what it needs, it waits for them. The session's counts are read here: the
-   * route's read may predate the record of a call of the session that ended since.
+   * calls in flight, on any replica, hold what it needs, it waits for them. The session's counts are
+   * read here: the route's read may predate the record of a call of the session that ended since.
    */
   private async fitBudget(sid: string, seq: number, call: EngineCall, promptIds: number[] | null, limit: number, render = true): Promise<boolean> {
     const asked = call.request.sampling.max_tokens;
-    const fitting = this.holds.fitting(sid);
-    try {
-      const contextLength = await this.contextLength(call);
-      let promptLength = promptIds?.length ?? null;
-      for (;;) {
-        fitting.since();
-        const now = await this.deps.sessions.get(sid);
-        if (!now || now.state !== "open") throw new CallRejected(`session ${sid} is closed`, 403, "session_closed");
-        const used = now.counts.prompt_tokens + now.counts.completion_tokens;
-        if (used >= limit) throw new CallRejected(`session used its max_total_tokens (${limit})`, 400, "session_token_limit");
-        // Computed and held with no wait in between: the session's calls fitted meanwhile are seen,
-        // and those released since the read counted as still held (they may not be in it).
-        const fit = fitCall(limit - used - this.holds.heldByOthers(sid, seq) - fitting.released(), promptLength, asked, contextLength);
-        if (fit.fits) {
-          this.holds.hold(sid, seq, fit.hold);
-          if (fit.maxTokens !== asked) call.request = { ...call.request, sampling: { ...call.request.sampling, max_tokens: fit.maxTokens } };
-          return true;
-        }
-        if (fit.why === "prompt_unknown") {
-          if (!render) return false;
-          promptLength = await engineTokenizer.renderChat(call, call.request.messages).then(
-            (rendered) => rendered.ids.length,
-            (err: unknown) => {
-              call.signal.throwIfAborted();
-              // No render (an engine without /tokenize): the answer alone is capped at what is left.
-              this.deps.log.warn({ session: sid, seq, err: (err as Error).message }, "cannot count the call's prompt: only its answer is capped at what the session has left");
-              return 0;
-            },
-          );
-          continue;
-        }
-        if (!this.holds.othersHold(sid, seq) && fitting.released() === 0) {
-          throw new CallRejected(
-            `the call's prompt (${promptLength} tokens) does not fit in what is left of the session's max_total_tokens (${limit}): ${limit - used} tokens`,
-            400,
-            "session_token_limit",
-          );
-        }
-        // The session's other calls hold the rest: once one of them is counted, what is left is read again.
-        if (this.holds.othersHold(sid, seq)) await this.holds.nextRelease(sid, call.signal);
-        call.signal.throwIfAborted();
+    const contextLength = await this.contextLength(call);
+    let promptLength = promptIds?.length ?? null;
+    for (;;) {
+      // Read, fitted and held in one step on Redis: the session's calls on every replica are seen.
+      const fit = await this.deps.sessions.fitHold(sid, seq, { limit, promptLength, asked, contextLength, ttlMs: this.tokenHoldTtlMs });
+      if (fit.fits) {
+        if (fit.maxTokens !== asked) call.request = { ...call.request, sampling: { ...call.request.sampling, max_tokens: fit.maxTokens } };
+        return true;
       }
-    } finally {
-      fitting.done();
+      if (fit.why === "closed") throw new CallRejected(`session ${sid} is closed`, 403, "session_closed");
+      if (fit.why === "limit") throw new CallRejected(`session used its max_total_tokens (${limit})`, 400, "session_token_limit");
+      if (fit.why === "prompt_unknown") {
+        if (!render) return false;
+        promptLength = await engineTokenizer.renderChat(call, call.request.messages).then(
+          (rendered) => rendered.ids.length,
+          (err: unknown) => {
+            call.signal.throwIfAborted();
+            // No render (an engine without /tokenize): the answer alone is capped at what is left.
+            this.deps.log.warn({ session: sid, seq, err: (err as Error).message }, "cannot count the call's prompt: only its answer is capped at what the session has left");
+            return 0;
+          },
+        );
+        continue;
+      }
+      if (fit.heldByOthers === 0) {
+        throw new CallRejected(
+          `the call's prompt (${promptLength} tokens) does not fit in what is left of the session's max_total_tokens (${limit}): ${limit - fit.used} tokens`,
+          400,
+          "session_token_limit",
+        );
+      }
+      // The session's other calls hold the rest: once one of them is counted, what is left is read again.
+      await this.holds.next(sid, call.signal, HOLD_POLL_MS);
+      call.signal.throwIfAborted();
     }
   }
 
@@ -673,7 +688,7 @@ export class ChatCaller {
       // Failed, refused or left by the agent: no record will come.
       if (!answer.recorded) {
         this.deps.pending.settle(call.session.id, call.seq, call.tokenHash);
-        this.holds.release(call.session.id, call.seq);
+        this.holdReleased(call.session.id);
       }
     }
   }
@@ -998,8 +1013,8 @@ export class ChatCaller {
       });
     });
     this.deps.pending.track(call.session.id, call.seq, written);
-    // Its tokens are in the session's counts once stored: its hold on the budget goes then.
-    const release = () => this.holds.release(call.session.id, call.seq);
+    // Its tokens are in the session's counts once stored, in the step that drops its hold on the budget.
+    const release = () => this.holds.released(call.session.id);
     written.then(release, release);
   }
 

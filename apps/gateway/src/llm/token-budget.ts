@@ -1,8 +1,9 @@
 /**
  * A session's `max_total_tokens` as a budget no call can overshoot (SECURITY.md "Limits on the
  * gateway's side"). A call may use at most what its session has left: its engine `max_tokens` is
- * capped so that its prompt plus its answer fit. Calls of one session in flight together on this
- * gateway share what is left: each holds its worst case until its record is stored.
+ * capped so that its prompt plus its answer fit. Calls of one session in flight together, on any
+ * gateway replica, share what is left: each holds its worst case in Redis until its record is
+ * stored (store token-holds.ts, which runs `fitCall` in Lua).
  */
 
 /** What the budget decides for one call. */
@@ -34,94 +35,40 @@ export function fitCall(left: number, promptLength: number | null, asked: number
   return { fits: true, maxTokens: room, hold: promptLength + room };
 }
 
-/** One session's calls in flight here: what each holds, what was released so far, how many are being fitted. */
-interface SessionHolds {
-  calls: Map<number, number>;
-  released: number;
-  fitting: number;
-  waiting: Set<() => void>;
-}
-
 /**
- * The worst cases held by each session's calls in flight on this gateway, from when a call is
- * fitted until its record is stored (its tokens are then in the session's counts) or it ends
- * without one. A call that does not fit while others hold part of the budget waits for them.
- * A call being fitted reads the session's counts, which may or may not include a call released
- * meanwhile: what was released since its read is counted as still held (never under-counted).
+ * Tells a session's calls waiting for budget on this gateway when one of its calls here released
+ * its hold (store token-holds.ts HOLDS: the holds themselves live in Redis, shared by every
+ * replica). A release on another replica is not told here: a waiting call also looks again after
+ * a short while.
  */
-export class TokenHolds {
-  private readonly sessions = new Map<string, SessionHolds>();
+export class HoldReleases {
+  private readonly waiting = new Map<string, Set<() => void>>();
 
-  private of(sid: string): SessionHolds {
-    let s = this.sessions.get(sid);
-    if (!s) this.sessions.set(sid, (s = { calls: new Map(), released: 0, fitting: 0, waiting: new Set() }));
-    return s;
-  }
-
-  private forget(sid: string, s: SessionHolds): void {
-    if (s.calls.size === 0 && s.fitting === 0 && s.waiting.size === 0) this.sessions.delete(sid);
-  }
-
-  /** A call of the session starts being fitted: `released()` tells what was released since; `done()` when it is fitted or refused. */
-  fitting(sid: string): { released: () => number; since: () => void; done: () => void } {
-    const s = this.of(sid);
-    s.fitting++;
-    let mark = s.released;
-    return {
-      released: () => s.released - mark,
-      since: () => (mark = s.released),
-      done: () => {
-        s.fitting--;
-        this.forget(sid, s);
-      },
-    };
-  }
-
-  /** What the session's other calls in flight hold. */
-  heldByOthers(sid: string, seq: number): number {
-    let sum = 0;
-    for (const [s, tokens] of this.sessions.get(sid)?.calls ?? []) if (s !== seq) sum += tokens;
-    return sum;
-  }
-
-  /** Whether another call of the session holds part of its budget. */
-  othersHold(sid: string, seq: number): boolean {
-    const calls = this.sessions.get(sid)?.calls;
-    return !!calls && (calls.size > 1 || (calls.size === 1 && !calls.has(seq)));
-  }
-
-  hold(sid: string, seq: number, tokens: number): void {
-    this.of(sid).calls.set(seq, tokens);
-  }
-
-  /** The call's tokens are counted (or it ended without any): its hold goes, and waiting calls look again. */
-  release(sid: string, seq: number): void {
-    const s = this.sessions.get(sid);
-    const tokens = s?.calls.get(seq);
-    if (!s || tokens === undefined) return;
-    s.calls.delete(seq);
-    s.released += tokens;
-    const waiters = [...s.waiting];
-    s.waiting.clear();
+  /** A call of the session released its hold: its waiting calls look again. */
+  released(sid: string): void {
+    const waiters = this.waiting.get(sid);
+    if (!waiters) return;
+    this.waiting.delete(sid);
     for (const wake of waiters) wake();
-    this.forget(sid, s);
   }
 
-  /** Resolves at the session's next release, or when `signal` aborts. */
-  nextRelease(sid: string, signal: AbortSignal): Promise<void> {
+  /** Resolves at the session's next release here, after `maxWaitMs`, or when `signal` aborts. */
+  next(sid: string, signal: AbortSignal, maxWaitMs: number): Promise<void> {
     return new Promise((resolve) => {
       if (signal.aborted) return resolve();
-      const s = this.of(sid);
-      const wake = () => {
-        signal.removeEventListener("abort", onAbort);
+      let waiters = this.waiting.get(sid);
+      if (!waiters) this.waiting.set(sid, (waiters = new Set()));
+      const set = waiters;
+      const done = () => {
+        clearTimeout(timer);
+        signal.removeEventListener("abort", done);
+        set.delete(done);
+        if (set.size === 0 && this.waiting.get(sid) === set) this.waiting.delete(sid);
         resolve();
       };
-      const onAbort = () => {
-        s.waiting.delete(wake);
-        resolve();
-      };
-      s.waiting.add(wake);
-      signal.addEventListener("abort", onAbort, { once: true });
+      const timer = setTimeout(done, maxWaitMs);
+      signal.addEventListener("abort", done, { once: true });
+      set.add(done);
     });
   }
 }
