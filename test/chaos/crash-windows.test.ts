@@ -231,6 +231,42 @@ describe("a gateway replica killed in a narrow window of a cancel", () => {
   }, 120_000);
 });
 
+describe("a gateway replica killed in a narrow window of a submit", () => {
+  it("between storing the task and queueing its job: a replica's submit sweep queues it, the task runs and ends once", async () => {
+    const id = `strand-${Math.random().toString(36).slice(2, 10)}`;
+    // A replica whose Redis connection holds the command that queues the task's job (its data
+    // names the task) and is killed there: the task is stored, its job never added.
+    const hold = await proxy({ match: new RegExp(`"task_id":"${id}"`), at: "request", anywhere: true }, TEST_REDIS_URL);
+    const replica = await startApp("gateway", ["--port", "0"], {
+      ROLLGATE_KEY_PREFIX: prefix,
+      ROLLGATE_ENGINES: simEngines(engineUrl),
+      REDIS_URL: hold.url.replace(/^http:/, "redis:"),
+    });
+    workers.push(replica);
+    void fetch(`${replica.ready}/v1/tasks`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ ...task("rollgate-example-agent"), id }) }).catch(() => undefined);
+    await poll(async () => hold.held.length, (k) => k > 0, 30_000, 50);
+    replica.proc.kill("SIGKILL");
+    expect((await api(`/v1/tasks/${id}`)).body.status).toBe("queued");
+
+    // A worker, and a replica whose sweep runs often (the suite's first gateway sweeps at the defaults).
+    await worker();
+    const healer = await startApp("gateway", ["--port", "0"], {
+      ROLLGATE_KEY_PREFIX: prefix,
+      ROLLGATE_ENGINES: simEngines(engineUrl),
+      ROLLGATE_SUBMIT_SWEEP_MS: "500",
+      ROLLGATE_SUBMIT_GRACE_MS: "2000",
+    });
+    workers.push(healer);
+    const r = await terminalTask(api, id, 25_000);
+    expect(r.status).toBe("completed");
+    expect(r.attempts).toBe(1);
+    expect((await eventTypes(id)).filter((t) => t === "terminal")).toHaveLength(1);
+    // Listed as a submitted task is.
+    const listed = (await api(`/v1/tasks?limit=50`)).body as { tasks: TaskRecord[] };
+    expect(listed.tasks.map((t) => t.id)).toContain(id);
+  }, 90_000);
+});
+
 describe("a worker killed while giving up a callback delivery", () => {
   it("whose workers kept dying mid-delivery: the next worker marks it failed, never left pending", async () => {
     // A trainer that takes each delivery and never answers: every worker is killed while it delivers.
