@@ -231,6 +231,39 @@ describe("a gateway replica killed in a narrow window of a cancel", () => {
   }, 120_000);
 });
 
+describe("a worker frozen in a narrow window of a rollout's start", () => {
+  it("after marking the task running, before opening its session, thawed after another worker took it over: its late open is refused, nothing runs in it, the task ends once on the other attempt", async () => {
+    // The frozen worker's open is held at the proxy, so it reaches the gateway only when released:
+    // after the takeover, as a thawed worker's would.
+    const hold = await proxy({ match: /^POST \/v1\/sessions /, at: "request" });
+    const frozen = await worker(hold.url);
+    const id = await submit(task("sleep 3; rollgate-example-agent"));
+    await poll(async () => hold.held.length, (k) => k > 0, 30_000, 50);
+    const late = ((await api(`/v1/tasks/${id}`)).body as TaskRecord).session_id!;
+    expect(late).toBeTruthy();
+    frozen.proc.kill("SIGSTOP");
+
+    // Its job lock lapses; another worker takes the task back (closing the session id it was
+    // marked running on, never opened) and runs attempt 2 on a session of its own.
+    await worker();
+    const taken = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.status === "running" && t.session_id !== late, 30_000, 50);
+    hold.release();
+    frozen.proc.kill("SIGCONT");
+    const answer = await poll(async () => hold.held[0]!.answer, (a) => a.includes("\r\n\r\n"), 30_000, 50);
+    // The late open is refused: no session under that id, so its agent has nothing to call through.
+    expect(answer).toMatch(/^HTTP\/1\.1 409 /);
+    expect((await api(`/v1/sessions/${late}`)).status).toBe(404);
+
+    const r = await terminalTask(api, id, 60_000);
+    expect(r.status).toBe("completed");
+    expect(r.session_id).toBe(taken.session_id);
+    expect(r.attempts).toBe(2);
+    expect(await sessionState(taken.session_id!)).toBe("closed");
+    expect((await eventTypes(id)).filter((t) => t === "terminal")).toHaveLength(1);
+    expect(frozen.proc.exitCode).toBeNull();
+  }, 120_000);
+});
+
 describe("a gateway replica killed in a narrow window of a submit", () => {
   it("between storing the task and queueing its job: a replica's submit sweep queues it, the task runs and ends once", async () => {
     const id = `strand-${Math.random().toString(36).slice(2, 10)}`;
