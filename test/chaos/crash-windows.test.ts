@@ -264,6 +264,34 @@ describe("a worker frozen in a narrow window of a rollout's start", () => {
   }, 120_000);
 });
 
+describe("a worker killed after evaluating, before storing the result", () => {
+  it("runs the whole rollout again (the sandbox the evaluator scored is gone): one result, scored on the trajectory it is delivered with", async () => {
+    // The victim's Redis connection holds the write of its result (its terminal event), after its evaluator ran.
+    const hold = await proxy({ match: /"type":"terminal"/, at: "request", anywhere: true }, TEST_REDIS_URL);
+    const victim = await worker(gatewayUrl, { REDIS_URL: hold.url.replace(/^http:/, "redis:") });
+    const id = await submit(task("rollgate-example-agent"));
+    await poll(async () => hold.held.length, (k) => k > 0, 30_000, 50);
+    const first = ((await api(`/v1/tasks/${id}`)).body as TaskRecord).session_id!;
+    victim.proc.kill("SIGKILL");
+
+    await worker();
+    const r = await terminalTask(api, id, 60_000);
+    expect(r.status).toBe("completed");
+    expect(r.reward).not.toBeNull();
+    // The result is the second attempt's: its trajectory and the reward its evaluator gave.
+    expect(r.attempts).toBe(2);
+    expect(r.session_id).not.toBe(first);
+    expect(await sessionState(first)).toBe("closed");
+    const sse = (await api(`/v1/tasks/${id}/events`)).body as string;
+    const evaluated = [...sse.matchAll(/^event: evaluating\ndata: (.*)$/gm)].map((m) => JSON.parse(m[1]!) as { data: Record<string, unknown> });
+    // The evaluator ran once per attempt: an evaluator with side effects sees two runs.
+    expect(evaluated).toHaveLength(2);
+    const retries = [...sse.matchAll(/^event: retrying\ndata: (.*)$/gm)].map((m) => (JSON.parse(m[1]!) as { data: { reason: string } }).data.reason);
+    expect(retries).toEqual(["worker_lost"]);
+    expect((await eventTypes(id)).filter((t) => t === "terminal")).toHaveLength(1);
+  }, 120_000);
+});
+
 describe("a gateway replica killed in a narrow window of a submit", () => {
   it("between storing the task and queueing its job: a replica's submit sweep queues it, the task runs and ends once", async () => {
     const id = `strand-${Math.random().toString(36).slice(2, 10)}`;
