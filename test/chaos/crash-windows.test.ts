@@ -277,7 +277,7 @@ describe("a worker killed after evaluating, before storing the result", () => {
     await worker();
     const r = await terminalTask(api, id, 60_000);
     expect(r.status).toBe("completed");
-    expect(r.reward).not.toBeNull();
+    expect(r.result.reward).not.toBeNull();
     // The result is the second attempt's: its trajectory and the reward its evaluator gave.
     expect(r.attempts).toBe(2);
     expect(r.session_id).not.toBe(first);
