@@ -231,6 +231,103 @@ describe("a gateway replica killed in a narrow window of a cancel", () => {
   }, 120_000);
 });
 
+describe("a worker frozen in a narrow window of a rollout's start", () => {
+  it("after marking the task running, before opening its session, thawed after another worker took it over: its late open is refused, nothing runs in it, the task ends once on the other attempt", async () => {
+    // The frozen worker's open is held at the proxy, so it reaches the gateway only when released:
+    // after the takeover, as a thawed worker's would.
+    const hold = await proxy({ match: /^POST \/v1\/sessions /, at: "request" });
+    const frozen = await worker(hold.url);
+    const id = await submit(task("sleep 3; rollgate-example-agent"));
+    await poll(async () => hold.held.length, (k) => k > 0, 30_000, 50);
+    const late = ((await api(`/v1/tasks/${id}`)).body as TaskRecord).session_id!;
+    expect(late).toBeTruthy();
+    frozen.proc.kill("SIGSTOP");
+
+    // Its job lock lapses; another worker takes the task back (closing the session id it was
+    // marked running on, never opened) and runs attempt 2 on a session of its own.
+    await worker();
+    const taken = await poll(async () => (await api(`/v1/tasks/${id}`)).body as TaskRecord, (t) => t.status === "running" && t.session_id !== late, 30_000, 50);
+    hold.release();
+    frozen.proc.kill("SIGCONT");
+    const answer = await poll(async () => hold.held[0]!.answer, (a) => a.includes("\r\n\r\n"), 30_000, 50);
+    // The late open is refused: no session under that id, so its agent has nothing to call through.
+    expect(answer).toMatch(/^HTTP\/1\.1 409 /);
+    expect((await api(`/v1/sessions/${late}`)).status).toBe(404);
+
+    const r = await terminalTask(api, id, 60_000);
+    expect(r.status).toBe("completed");
+    expect(r.session_id).toBe(taken.session_id);
+    expect(r.attempts).toBe(2);
+    expect(await sessionState(taken.session_id!)).toBe("closed");
+    expect((await eventTypes(id)).filter((t) => t === "terminal")).toHaveLength(1);
+    expect(frozen.proc.exitCode).toBeNull();
+  }, 120_000);
+});
+
+describe("a worker killed after evaluating, before storing the result", () => {
+  it("runs the whole rollout again (the sandbox the evaluator scored is gone): one result, scored on the trajectory it is delivered with", async () => {
+    // The victim's Redis connection holds the write of its result (its terminal event), after its evaluator ran.
+    const hold = await proxy({ match: /"type":"terminal"/, at: "request", anywhere: true }, TEST_REDIS_URL);
+    const victim = await worker(gatewayUrl, { REDIS_URL: hold.url.replace(/^http:/, "redis:") });
+    const id = await submit(task("rollgate-example-agent"));
+    await poll(async () => hold.held.length, (k) => k > 0, 30_000, 50);
+    const first = ((await api(`/v1/tasks/${id}`)).body as TaskRecord).session_id!;
+    victim.proc.kill("SIGKILL");
+
+    await worker();
+    const r = await terminalTask(api, id, 60_000);
+    expect(r.status).toBe("completed");
+    expect(r.result.reward).not.toBeNull();
+    // The result is the second attempt's: its trajectory and the reward its evaluator gave.
+    expect(r.attempts).toBe(2);
+    expect(r.session_id).not.toBe(first);
+    expect(await sessionState(first)).toBe("closed");
+    const sse = (await api(`/v1/tasks/${id}/events`)).body as string;
+    const evaluated = [...sse.matchAll(/^event: evaluating\ndata: (.*)$/gm)].map((m) => JSON.parse(m[1]!) as { data: Record<string, unknown> });
+    // The evaluator ran once per attempt: an evaluator with side effects sees two runs.
+    expect(evaluated).toHaveLength(2);
+    const retries = [...sse.matchAll(/^event: retrying\ndata: (.*)$/gm)].map((m) => (JSON.parse(m[1]!) as { data: { reason: string } }).data.reason);
+    expect(retries).toEqual(["worker_lost"]);
+    expect((await eventTypes(id)).filter((t) => t === "terminal")).toHaveLength(1);
+  }, 120_000);
+});
+
+describe("a gateway replica killed in a narrow window of a submit", () => {
+  it("between storing the task and queueing its job: a replica's submit sweep queues it, the task runs and ends once", async () => {
+    const id = `strand-${Math.random().toString(36).slice(2, 10)}`;
+    // A replica whose Redis connection holds the command that queues the task's job (its data
+    // names the task) and is killed there: the task is stored, its job never added.
+    const hold = await proxy({ match: new RegExp(`"task_id":"${id}"`), at: "request", anywhere: true }, TEST_REDIS_URL);
+    const replica = await startApp("gateway", ["--port", "0"], {
+      ROLLGATE_KEY_PREFIX: prefix,
+      ROLLGATE_ENGINES: simEngines(engineUrl),
+      REDIS_URL: hold.url.replace(/^http:/, "redis:"),
+    });
+    workers.push(replica);
+    void fetch(`${replica.ready}/v1/tasks`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ ...task("rollgate-example-agent"), id }) }).catch(() => undefined);
+    await poll(async () => hold.held.length, (k) => k > 0, 30_000, 50);
+    replica.proc.kill("SIGKILL");
+    expect((await api(`/v1/tasks/${id}`)).body.status).toBe("queued");
+
+    // A worker, and a replica whose sweep runs often (the suite's first gateway sweeps at the defaults).
+    await worker();
+    const healer = await startApp("gateway", ["--port", "0"], {
+      ROLLGATE_KEY_PREFIX: prefix,
+      ROLLGATE_ENGINES: simEngines(engineUrl),
+      ROLLGATE_SUBMIT_SWEEP_MS: "500",
+      ROLLGATE_SUBMIT_GRACE_MS: "2000",
+    });
+    workers.push(healer);
+    const r = await terminalTask(api, id, 25_000);
+    expect(r.status).toBe("completed");
+    expect(r.attempts).toBe(1);
+    expect((await eventTypes(id)).filter((t) => t === "terminal")).toHaveLength(1);
+    // Listed as a submitted task is.
+    const listed = (await api(`/v1/tasks?limit=50`)).body as { tasks: TaskRecord[] };
+    expect(listed.tasks.map((t) => t.id)).toContain(id);
+  }, 90_000);
+});
+
 describe("a worker killed while giving up a callback delivery", () => {
   it("whose workers kept dying mid-delivery: the next worker marks it failed, never left pending", async () => {
     // A trainer that takes each delivery and never answers: every worker is killed while it delivers.

@@ -22,6 +22,7 @@ import { PauseGate } from "./ops/pause-gate.js";
 import { PreflightReports } from "./ops/preflight.js";
 import { RankHealthBus } from "./ops/rank-health.js";
 import { SessionRateLimiter, retryAfterHeader } from "./ops/rate-limit.js";
+import { SubmitSweep } from "./ops/submit-sweep.js";
 import { Rerouter } from "./ops/reroute.js";
 import { unusedConnectionsCloser } from "./ops/unused-connections.js";
 import { engineWeightVersion } from "./ops/weight-loading.js";
@@ -166,6 +167,8 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
   await rankHealth.start();
   health.start(env.ROLLGATE_HEALTH_INTERVAL_S);
   const rerouter = new Rerouter(registry, router, sessions, health, env.ROLLGATE_ROUTING);
+  const submitSweep = new SubmitSweep(tasks, rollouts, log, { intervalMs: env.ROLLGATE_SUBMIT_SWEEP_MS, graceMs: env.ROLLGATE_SUBMIT_GRACE_MS });
+  submitSweep.start();
   const lostCalls = new LostCallLedger(sessions, log, { onNoted: (call) => metrics.lostCall(call.kind), storeReady: () => redis.status === "ready" });
   const ctx: GatewayContext = {
     env,
@@ -230,6 +233,7 @@ export async function buildGateway({ env, logger, onRoute }: BuildGatewayOptions
   });
   app.addHook("onClose", async () => {
     health.stop();
+    await submitSweep.stop();
     bodyBudget.close();
     // Answered calls whose records are still being written: stored (or marked lost) before Redis goes.
     await ctx.caller.pending.drain();

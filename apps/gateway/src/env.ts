@@ -102,6 +102,14 @@ export const GatewayEnv = z.object({
   ROLLGATE_ROLLOUT_ATTEMPTS: z.coerce.number().int().positive().default(3),
   /** Delay before a rollout's second attempt, doubled for each later one (with jitter). */
   ROLLGATE_ROLLOUT_BACKOFF_MS: z.coerce.number().int().nonnegative().default(2_000),
+  /**
+   * Milliseconds between rounds of the submit sweep (ops/submit-sweep.ts): one replica at a time
+   * queues the job of a task whose submission never got that far (its replica was killed between
+   * storing the task and queueing its job). 0 turns it off.
+   */
+  ROLLGATE_SUBMIT_SWEEP_MS: z.coerce.number().int().nonnegative().default(10_000),
+  /** How old an unfinished submission must be before the sweep finishes it (a live submit is far quicker). */
+  ROLLGATE_SUBMIT_GRACE_MS: z.coerce.number().int().positive().default(30_000),
   /** How long the record of a task the gateway ends itself (cancelled before it started) is kept: the workers' TTL, set the same. */
   ROLLGATE_RESULT_TTL_S: ResultTtlSeconds,
   LOG_LEVEL: LogLevel,

@@ -409,7 +409,19 @@ async function attemptRollout(deps: RolloutDeps, record: TaskRecord, attempt: At
   }
   attempt.sessionId = sessionId;
   attempt.running = true;
-  const session = await openAttemptSession(deps, task, attempt, sessionId);
+  let session: Awaited<ReturnType<typeof openAttemptSession>>;
+  try {
+    session = await openAttemptSession(deps, task, attempt, sessionId);
+  } catch (err) {
+    // This worker stalled between marking the task running and opening its session, long enough
+    // for another worker to take the task over and close the session id it had never seen opened:
+    // the gateway refuses to open it now. The task is the other attempt's; this one stops here.
+    if (err instanceof GatewayRefused && err.status === 409 && (await deps.tasks.get(task.id))?.session_id !== sessionId) {
+      deps.log.warn({ err: err.message }, "this attempt was taken over before it opened its session: it stops, leaving the task to the other attempt");
+      return;
+    }
+    throw err;
+  }
   attempt.opened = true;
   const closeQuietly = (why: string) => deps.failures.run(deps.log, why, () => deps.gateway.closeSession(session.id));
   deps.log.info({ attempt: attempt.number, harness: task.agent.harness, runtime: task.runtime.kind }, "rollout started");

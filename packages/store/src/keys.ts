@@ -7,10 +7,15 @@ export function keys(prefix: string) {
     task: (id: string) => `${prefix}:{t:${id}}:task`,
     taskEvents: (id: string) => `${prefix}:{t:${id}}:events`,
     taskIndex: () => `${prefix}:{tasks}:index`,
+    /** Task ids whose submission began and has not been seen through to a queued job (by submit time). */
+    submitting: () => `${prefix}:{tasks}:submitting`,
+    submitSweep: () => `${prefix}:{tasks}:submit-sweep`,
     group: (id: string) => `${prefix}:{g:${id}}:group`,
     groupTasks: (id: string) => `${prefix}:{g:${id}}:tasks`,
     groupFinished: (id: string) => `${prefix}:{g:${id}}:finished`,
     session: (id: string) => `${prefix}:{s:${id}}:session`,
+    /** Set when a session id is closed before any session was opened under it: it can no longer be opened. */
+    sessionClosedUnopened: (id: string) => `${prefix}:{s:${id}}:closed-unopened`,
     records: (id: string) => `${prefix}:{s:${id}}:records`,
     recordHeads: (id: string) => `${prefix}:{s:${id}}:heads`,
     failures: (id: string) => `${prefix}:{s:${id}}:failures`,

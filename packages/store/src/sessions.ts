@@ -26,12 +26,21 @@ export function tokenMatches(token: string, storedHash: string): boolean {
   return secretsEqual(hash("sha256", token, "buffer"), Buffer.from(storedHash, "hex"));
 }
 
-// Creates a session unless its id is taken, in one step. KEYS: session. ARGV: token hash, then
-// the other fields as name, value pairs.
+/**
+ * How long a session id closed before it was opened stays unopenable. Its attempt was taken over
+ * (or its task cancelled) while its worker had not opened it yet; that worker, stalled, may open
+ * it any time later. Bounded so ids closed at random do not pile up for good.
+ */
+const CLOSED_UNOPENED_TTL_S = 7 * 24 * 3600;
+
+// Creates a session unless its id is taken (0) or was closed before it was opened (-1), in one
+// step. KEYS: session, closed-unopened mark. ARGV: token hash, then the other fields as name,
+// value pairs.
 const CREATE_SCRIPT: LuaScript = {
   name: "rollgateSessionCreate",
-  numberOfKeys: 1,
+  numberOfKeys: 2,
   lua: `
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
 if redis.call('HSETNX', KEYS[1], 'token_hash', ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 return 1
@@ -58,13 +67,18 @@ return redis.call('HGET', KEYS[1], 'rank_member') or ''
 // With ARGV[2] "1" and none pending (its records and failed-call notes are final then), also its
 // records (HGETALL) and its failed-call notes (LRANGE) as a fifth and sixth: a trajectory asked
 // for with the close needs no read of its own.
-// Its token holds (HOLDS) go. KEYS: session, pending calls, records, failures, token holds.
-// ARGV: closed_at, "1" for the records or "".
+// Its token holds (HOLDS) go. A session id closed before anything was opened under it is marked
+// so (KEYS[6]): an attempt taken over before its stalled worker opened its session must not open
+// it later. KEYS: session, pending calls, records, failures, token holds, closed-unopened mark.
+// ARGV: closed_at, "1" for the records or "", the mark's ttl.
 const CLOSE_AND_GET_SCRIPT: LuaScript = {
   name: "rollgateSessionCloseAndGet",
-  numberOfKeys: 5,
+  numberOfKeys: 6,
   lua: `
-if not redis.call('HGET', KEYS[1], 'static') then return false end
+if not redis.call('HGET', KEYS[1], 'static') then
+  redis.call('SET', KEYS[6], ARGV[1], 'EX', ARGV[3])
+  return false
+end
 local closed = 0
 local member = ''
 if redis.call('HGET', KEYS[1], 'state') == 'open' then
@@ -412,7 +426,10 @@ export class SessionStore {
     this.heads = new RecordHeadCache(options.headCacheBytes ?? 64 * 2 ** 20);
   }
 
-  /** Creates a session; false when the id is taken. */
+  /**
+   * Creates a session: "taken" when the id is, "closed" when it was closed before it was opened
+   * (the rank's slot `assign` took for it is given back then).
+   */
   async create(
     id: string,
     req: CreateSessionRequest,
@@ -420,7 +437,7 @@ export class SessionStore {
     assignment: SessionAssignment,
     rankMember: string,
     now: Date,
-  ): Promise<boolean> {
+  ): Promise<"created" | "taken" | "closed"> {
     const fields = {
       static: JSON.stringify({
         id,
@@ -442,8 +459,15 @@ export class SessionStore {
       cached_tokens: "0",
       next_seq: "0",
     };
-    const created = await this.scripts.create(this.k.session(id), tokenHash, ...Object.entries(fields).flat());
-    return created === 1;
+    const created = await this.scripts.create(this.k.session(id), this.k.sessionClosedUnopened(id), tokenHash, ...Object.entries(fields).flat());
+    if (created === 1) return "created";
+    await this.scripts.release(this.k.rankLoad(), rankMember);
+    return created === -1 ? "closed" : "taken";
+  }
+
+  /** Whether this id was closed before a session was opened under it (it cannot be opened). */
+  async closedUnopened(id: string): Promise<boolean> {
+    return (await this.redis.exists(this.k.sessionClosedUnopened(id))) === 1;
   }
 
   /**
@@ -565,14 +589,14 @@ export class SessionStore {
     now: Date,
     { records = false }: { records?: boolean } = {},
   ): Promise<(SessionForCall & { pendingCalls: number; released: Promise<void>; final?: { records: CompletionRecord[]; failures: FailedCallNote[] } }) | null> {
-    const keys = [this.k.session(id), this.k.pendingCalls(id), this.k.records(id), this.k.failures(id), this.k.tokenHolds(id)];
+    const keys = [this.k.session(id), this.k.pendingCalls(id), this.k.records(id), this.k.failures(id), this.k.tokenHolds(id), this.k.sessionClosedUnopened(id)];
     let res: [number, string, string[], number, Buffer[]?, string[]?] | null;
     if (records) {
       // Binary: the records are stored as bytes (records.ts); the rest is read as the text it is.
-      const b = (await this.scripts.closeAndGetBuffer(...keys, now.toISOString(), "1")) as [number, Buffer, Buffer[], number, Buffer[]?, Buffer[]?] | null;
+      const b = (await this.scripts.closeAndGetBuffer(...keys, now.toISOString(), "1", String(CLOSED_UNOPENED_TTL_S))) as [number, Buffer, Buffer[], number, Buffer[]?, Buffer[]?] | null;
       res = b && [b[0], b[1].toString(), b[2].map(String), b[3], b[4], b[5]?.map(String)];
     } else {
-      res = (await this.scripts.closeAndGet(...keys, now.toISOString(), "")) as typeof res;
+      res = (await this.scripts.closeAndGet(...keys, now.toISOString(), "", String(CLOSED_UNOPENED_TTL_S))) as typeof res;
     }
     if (!res) return null;
     const [closedNow, member, flat, pendingCalls, recordsFlat, failuresRaw] = res;

@@ -103,8 +103,10 @@ describe("SessionStore", () => {
     const router = new RankRouter(redis, p);
     const member = (await router.assign(["0:0"], undefined))!;
     const token = "tok-" + randomUUID();
-    expect(await store.create("s-1", session("s-1"), hashToken(token), assignment, member, new Date())).toBe(true);
-    expect(await store.create("s-1", session("s-1"), hashToken("other"), assignment, member, new Date())).toBe(false);
+    expect(await store.create("s-1", session("s-1"), hashToken(token), assignment, member, new Date())).toBe("created");
+    // A refused create gives back the slot its own assign took.
+    const again = (await router.assign(["0:0"], undefined))!;
+    expect(await store.create("s-1", session("s-1"), hashToken("other"), assignment, again, new Date())).toBe("taken");
     const found = (await store.getForCall("s-1"))!;
     expect(tokenMatches(token, found.tokenHash)).toBe(true);
     expect(tokenMatches("wrong", found.tokenHash)).toBe(false);
@@ -116,12 +118,26 @@ describe("SessionStore", () => {
     expect((await store.get("s-1"))!.state).toBe("closed");
   });
 
+  it("an id closed before a session was opened under it can no longer be opened, and the refused open holds no rank slot", async () => {
+    const p = `${prefix}-s1c`;
+    const store = new SessionStore(redis, p);
+    const router = new RankRouter(redis, p);
+    expect(await store.closeAndGet("s-late", new Date())).toBeNull();
+    expect(await store.closedUnopened("s-late")).toBe(true);
+    const member = (await router.assign(["0:0"], undefined))!;
+    expect(await store.create("s-late", session("s-late"), hashToken("t"), assignment, member, new Date())).toBe("closed");
+    expect(await store.get("s-late")).toBeNull();
+    expect(await router.loads()).toEqual({ "0:0": 0 });
+    // Other ids are not touched.
+    expect(await store.closedUnopened("s-other")).toBe(false);
+  });
+
   it("closeAndGet answers the closed session and gives its rank slot back once, in `released`, sent before it answers", async () => {
     const p = `${prefix}-s1b`;
     const store = new SessionStore(redis, p);
     const router = new RankRouter(redis, p);
     const member = (await router.assign(["0:0"], undefined))!;
-    expect(await store.create("s-2", session("s-2"), hashToken("t"), assignment, member, new Date())).toBe(true);
+    expect(await store.create("s-2", session("s-2"), hashToken("t"), assignment, member, new Date())).toBe("created");
     const first = (await store.closeAndGet("s-2", new Date()))!;
     expect(first.session.state).toBe("closed");
     expect(first.pendingCalls).toBe(0);

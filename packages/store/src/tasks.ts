@@ -210,16 +210,68 @@ export class TaskStore {
     const at = now.toISOString();
     const created = await this.scripts.create(key, this.k.taskEvents(task.id), JSON.stringify(task), at, JSON.stringify(callback), task.group_id ?? "", eventJson("queued", {}, at), String(MAX_EVENTS));
     if (created !== 1) return false;
-    // Separate commands: the task, the index and the group live in different cluster slots.
-    await this.redis.zadd(this.k.taskIndex(), now.getTime(), task.id);
-    if (task.group_id) {
-      const g = task.group_id;
+    await this.index(task.id, task.group_id ?? null, now.getTime());
+    return true;
+  }
+
+  /**
+   * Puts a new task in the task index and its group's. Separate commands: the task, the index and
+   * the group live in different cluster slots (a replica killed before them leaves the task out of
+   * the lists until the submit sweep indexes it again: the same scores, so doing it twice is harmless).
+   */
+  private async index(id: string, groupId: string | null, createdMs: number): Promise<void> {
+    await this.redis.zadd(this.k.taskIndex(), createdMs, id);
+    if (groupId) {
       // A new task has not ended: should its id have ended in an earlier group of the same id
       // (whose tasks expired), it no longer counts as finished there, and that group's cached
       // body (its results) is not this group's.
-      await this.redis.multi().zadd(this.k.groupTasks(g), now.getTime(), task.id).srem(this.k.groupFinished(g), task.id).hdel(this.k.group(g), "body").exec();
+      await this.redis.multi().zadd(this.k.groupTasks(groupId), createdMs, id).srem(this.k.groupFinished(groupId), id).hdel(this.k.group(groupId), "body").exec();
     }
+  }
+
+  /**
+   * Notes that the submission of these tasks begins: storing a task and queueing its job are
+   * writes to different slots, and a replica killed between them would leave the task queued with
+   * no job, for good. The note stays until `submitted`; the submit sweep finishes what a note
+   * older than its grace period stands for.
+   */
+  async submitting(ids: string[], now: Date): Promise<void> {
+    if (ids.length === 0) return;
+    await this.redis.zadd(this.k.submitting(), ...ids.flatMap((id) => [now.getTime(), id]));
+  }
+
+  /** These tasks' submissions are through (each stored and, while queued, its job added). */
+  async submitted(ids: string[]): Promise<void> {
+    if (ids.length === 0) return;
+    await this.redis.zrem(this.k.submitting(), ...ids);
+  }
+
+  /** The oldest `limit` submissions begun before `before` and never noted through. */
+  async unfinishedSubmits(before: Date, limit: number): Promise<string[]> {
+    return this.redis.zrangebyscore(this.k.submitting(), "-inf", `(${before.getTime()}`, "LIMIT", 0, limit);
+  }
+
+  /**
+   * A still-queued task's index entries written again, as its creation wrote them (its replica may
+   * have been killed before it wrote them). False when the task is gone or no longer queued.
+   */
+  async reindexQueued(id: string): Promise<boolean> {
+    const [status, createdAt, groupId] = await this.redis.hmget(this.k.task(id), "status", "created_at", "group_id");
+    if (status !== "queued" || !createdAt) return false;
+    await this.index(id, groupId || null, Date.parse(createdAt));
     return true;
+  }
+
+  /**
+   * One replica at a time runs the submit sweep: true when this caller may (for `ttlMs`, or until
+   * `sweepDone`). Two sweeps at once would only repeat each other's idempotent adds.
+   */
+  async claimSubmitSweep(owner: string, ttlMs: number): Promise<boolean> {
+    return (await this.redis.set(this.k.submitSweep(), owner, "PX", ttlMs, "NX")) === "OK";
+  }
+
+  async sweepDone(owner: string): Promise<void> {
+    if ((await this.redis.get(this.k.submitSweep())) === owner) await this.redis.del(this.k.submitSweep());
   }
 
   async get(id: string): Promise<TaskRecord | null> {

@@ -46,6 +46,14 @@ function engineOf(ctx: GatewayContext, session: Session, records: readonly Compl
   return fromRecords >= 0 ? fromRecords : records.length === 0 ? (session.assignment?.engine ?? -1) : -1;
 }
 
+/**
+ * The open of a session id that was closed before it was opened: its attempt was taken over (or
+ * its task cancelled) while its worker, stalled, had not opened it yet.
+ */
+function closedUnopened(id: string) {
+  return errorBody("conflict", `session ${id} was closed before it was opened (its attempt was taken over or its task ended): it cannot be opened`);
+}
+
 export function sessionUrls(publicUrl: string, id: string): Pick<CreateSessionResponse, "base_url" | "urls"> {
   const base = `${publicUrl}/s/${id}`;
   return { base_url: base, urls: { openai: `${base}/v1`, anthropic: base, gemini: base } };
@@ -70,6 +78,7 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const id = body.id ?? `s-${randomUUID()}`;
       // An id this gateway made up is new (create's HSETNX still guards it): only a caller's own is looked up.
       if (body.id && (await ctx.sessions.get(id))) return reply.code(409).send(errorBody("conflict", `session ${id} exists`));
+      if (body.id && (await ctx.sessions.closedUnopened(id))) return reply.code(409).send(closedUnopened(id));
       if (body.replay) {
         const { session_id: sourceId, calls } = body.replay;
         const source = await ctx.sessions.get(sourceId);
@@ -108,7 +117,8 @@ export function sessionRoutes(ctx: GatewayContext): FastifyPluginAsync {
       const token = randomBytes(32).toString("base64url");
       const assignment = { engine, engine_url: target.engine.url, dp_rank: dpRank, served_model: servedModel };
       const created = await ctx.sessions.create(id, body, hashToken(token), assignment, member, new Date());
-      if (!created) return reply.code(409).send(errorBody("conflict", `session ${id} exists`));
+      if (created === "taken") return reply.code(409).send(errorBody("conflict", `session ${id} exists`));
+      if (created === "closed") return reply.code(409).send(closedUnopened(id));
       const response: CreateSessionResponse = { id, token, ...sessionUrls(ctx.publicUrl(), id) };
       return reply.code(201).send(response);
     });

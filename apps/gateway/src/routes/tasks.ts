@@ -65,12 +65,14 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
 
   /** Stores and enqueues one validated task; idempotent on its id. */
   async function submit(task: AcceptedTask): Promise<{ id: string; status: TaskStatus | null }> {
+    // Noted first: should this replica stop before the job is queued, the submit sweep queues it.
+    await ctx.tasks.submitting([task.id], new Date());
     const created = await ctx.tasks.create(task, new Date());
     if (created) await dropEndedJobs([task.id]);
     const status = created ? "queued" : await ctx.tasks.status(task.id);
-    // A task still queued is (re-)enqueued: the job id is the task id, so BullMQ keeps one job,
-    // and a crash between storing and enqueueing cannot strand a task.
+    // A task still queued is (re-)enqueued: the job id is the task id, so BullMQ keeps one job.
     if (status === "queued") await ctx.rollouts.add("rollout", { task_id: task.id }, { jobId: task.id });
+    await ctx.tasks.submitted([task.id]);
     return { id: task.id, status };
   }
 
@@ -82,11 +84,13 @@ export function taskRoutes(ctx: GatewayContext): FastifyPluginAsync {
     const out: { id: string; status: TaskStatus | null }[] = [];
     for (let i = 0; i < tasks.length; i += SUBMIT_CHUNK) {
       const chunk = tasks.slice(i, i + SUBMIT_CHUNK);
+      await ctx.tasks.submitting(chunk.map((t) => t.id), new Date());
       const created = await Promise.all(chunk.map((task) => ctx.tasks.create(task, new Date())));
       await dropEndedJobs(chunk.filter((_, k) => created[k]).map((t) => t.id));
       const statuses = await Promise.all(chunk.map((task, k) => (created[k] ? ("queued" as const) : ctx.tasks.status(task.id))));
       const queued = chunk.filter((_, k) => statuses[k] === "queued");
       if (queued.length > 0) await ctx.rollouts.addBulk(queued.map((task) => ({ name: "rollout", data: { task_id: task.id }, opts: { jobId: task.id } })));
+      await ctx.tasks.submitted(chunk.map((t) => t.id));
       chunk.forEach((task, k) => out.push({ id: task.id, status: statuses[k]! }));
     }
     return out;
