@@ -58,9 +58,10 @@ let slow: Harness;
 beforeAll(async () => {
   // The smallest budget there is: one largest body.
   [h, slow] = await Promise.all([
+    // Each call stays 3 s at the engine: long enough for a loaded machine to see it there.
     // No health rounds: a round that probes the engine again runs engine calls of its own, and the
     // tests count the calls running at the engine.
-    startHarness("body-budget", { ttftMs: 1_500 }, { ROLLGATE_AGENT_BODY_BUDGET_MB: "64", ROLLGATE_HEALTH_INTERVAL_S: "0" }),
+    startHarness("body-budget", { ttftMs: 3_000 }, { ROLLGATE_AGENT_BODY_BUDGET_MB: "64", ROLLGATE_HEALTH_INTERVAL_S: "0" }),
     startHarness("body-timeout", {}, { ROLLGATE_AGENT_BODY_TIMEOUT_S: "1" }),
   ]);
   session = await h.openSession();
