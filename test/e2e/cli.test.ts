@@ -468,7 +468,9 @@ describe("the rollgate CLI", () => {
       const run = rollgate(["watch", id], { ...env, ROLLGATE_URL: proxy.url });
       const client = new RollgateClient({ baseUrl: cluster.url, apiKey });
       await poll(async () => (await client.getTask(id)).status, (st) => st === "running", 20_000, 50);
-      await new Promise((r) => setTimeout(r, 300)); // the stream is open
+      // The outage must come once the stream is open (a CLI that cannot reach the gateway at its start says so and exits 3).
+      await poll(async () => proxy.seen(`GET /v1/tasks/${id}/events`), (n) => n > 0, 20_000, 50);
+      await new Promise((r) => setTimeout(r, 300));
       proxy.down();
       await new Promise((r) => setTimeout(r, 2_000));
       proxy.up();

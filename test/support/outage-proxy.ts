@@ -10,6 +10,8 @@ export interface OutageProxy {
   url: string;
   down: () => void;
   up: () => void;
+  /** How many requests whose line starts with `request` (e.g. "GET /v1/tasks/t-1/events") have come through. */
+  seen: (request: string) => number;
   close: () => Promise<void>;
 }
 
@@ -23,10 +25,13 @@ export async function startOutageProxy(target: string, opts: OutageProxyOptions 
   const open = new Set<net.Socket>();
   let isDown = false;
   let seen = 0;
+  /** What clients sent through, to count requests by their line. */
+  let sent = "";
   const server = net.createServer((client) => {
     if (isDown) return void client.resetAndDestroy();
     const upstream = connectPair(client, hostname, Number(port), open);
     client.on("data", (chunk: Buffer) => {
+      sent += chunk.toString("latin1");
       const watched = opts.downAfter;
       if (watched) seen += chunk.toString("latin1").split(`${watched.request} `).length - 1;
       if (watched && seen > watched.after) {
@@ -48,6 +53,7 @@ export async function startOutageProxy(target: string, opts: OutageProxyOptions 
     up: () => {
       isDown = false;
     },
+    seen: (request) => sent.split(`${request}`).length - 1,
     close: () =>
       new Promise((resolve) => {
         for (const s of open) s.destroy();
