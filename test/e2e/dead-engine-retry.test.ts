@@ -6,62 +6,40 @@
  * real gateway and Redis, the OpenAI SDK as agent; no health round comes during the test.
  */
 import type { CompletionRecord } from "@rollgate/protocol";
-import type { StartedChild } from "@rollgate/testkit";
-import OpenAI from "openai";
+import type OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startApp, stopChild } from "../support/apps.js";
-import { apiClient } from "../support/http.js";
+import { stopChild } from "../support/apps.js";
+import { EngineFleet, type FleetSession } from "../support/engine-fleet.js";
 import { poll } from "../support/poll.js";
-import { dropPrefix, uniquePrefix } from "../support/redis.js";
 
-const prefix = uniquePrefix("dead-engine-retry");
-let engines: StartedChild[] = [];
-let gw: StartedChild;
-const api = apiClient(() => gw.ready);
+const fleet = new EngineFleet("dead-engine-retry", 3, 5);
+const { api } = fleet;
+const open = fleet.open;
+const oa = fleet.openai;
 
-beforeAll(async () => {
-  engines = await Promise.all([0, 1, 2].map(() => startApp("engine-sim", ["--port", "0", "--dp", "1", "--tpot-ms", "5"], {})));
-  gw = await startApp("gateway", ["--port", "0"], {
-    ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify(engines.map((e) => ({ kind: "vllm", url: e.ready, dp_size: 1, profile: "qwen3" }))),
-    // No periodic round comes during the test: only a failed call can have a rank probed.
-    ROLLGATE_HEALTH_INTERVAL_S: "600",
-    ROLLGATE_HEALTH_FAILURES: "2",
-  });
-}, 60_000);
+beforeAll(fleet.start, 60_000);
+afterAll(fleet.stop);
 
-afterAll(async () => {
-  await stopChild(gw.proc, 5_000);
-  await Promise.all(engines.map((e) => stopChild(e.proc, 5_000)));
-  await dropPrefix(prefix);
-});
-
-type Sess = { id: string; token: string; engine: number };
-const open = async (): Promise<Sess> => {
-  const s = (await api("/v1/sessions", { body: {} })).body as { id: string; token: string };
-  return { ...s, engine: (await api(`/v1/sessions/${s.id}`)).body.assignment.engine as number };
-};
 /** Sessions until one is on `engine` (sessions go to the least-loaded rank). */
-const openOn = async (engine: number): Promise<Sess> => {
+const openOn = async (engine: number): Promise<FleetSession> => {
   for (let i = 0; i < 12; i++) {
     const s = await open();
     if (s.engine === engine) return s;
   }
   throw new Error(`no session was assigned to engine ${engine}`);
 };
-const oa = (s: Sess) => new OpenAI({ baseURL: `${gw.ready}/s/${s.id}/v1`, apiKey: s.token, maxRetries: 0 });
 const script = (text: string, tokens = 0) => `go\n#sim: ${JSON.stringify([{ text, ...(tokens ? { tokens } : {}) }])}`;
 const fault = (engine: number, body: Record<string, unknown>) =>
-  fetch(`${engines[engine]!.ready}/sim/faults`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
-const records = async (s: Sess) =>
+  fetch(`${fleet.engines[engine]!.ready}/sim/faults`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+const records = async (s: FleetSession) =>
   (await poll(async () => (await api(`/v1/sessions/${s.id}/completions`)).body.completions as CompletionRecord[], (r) => r.length >= 2, 5_000, 20)) as CompletionRecord[];
-const lostCount = async (s: Sess) => (await api(`/v1/sessions/${s.id}`)).body.lost_calls.count as number;
+const lostCount = async (s: FleetSession) => (await api(`/v1/sessions/${s.id}`)).body.lost_calls.count as number;
 
 /**
  * The session's two records are one token-exact trace: the second call's prompt is the first
  * call's prompt and answer token for token, and the trajectory merges them with no lost call.
  */
-async function expectWholeTrajectory(s: Sess, recs: CompletionRecord[]): Promise<void> {
+async function expectWholeTrajectory(s: FleetSession, recs: CompletionRecord[]): Promise<void> {
   const [first, second] = recs;
   const base = [...first!.prompt_ids, ...first!.output_ids];
   expect(second!.prompt_ids.slice(0, base.length)).toEqual(base);
@@ -118,8 +96,8 @@ describe("a call whose engine is dead before it answered anything", () => {
     expect(await lostCount(s)).toBe(0);
     const recs = await records(s);
     expect(recs.map((r) => r.seq)).toEqual([0, 1]);
-    expect(recs[0]).toMatchObject({ engine: engines[0]!.ready });
-    expect(recs[1]!.engine).not.toBe(engines[0]!.ready);
+    expect(recs[0]).toMatchObject({ engine: fleet.engines[0]!.ready });
+    expect(recs[1]!.engine).not.toBe(fleet.engines[0]!.ready);
     expect(recs[1]).toMatchObject({ rerouted_from: { engine: 0, dp_rank: 0 } });
     await expectWholeTrajectory(s, recs);
     expect(await retriedMetric()).toBe(before + 1);
@@ -131,14 +109,14 @@ describe("a call whose engine is dead before it answered anything", () => {
     const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: script("one") }];
     const first = await oa(s).chat.completions.create({ model: "m", messages });
     messages.push(first.choices[0]!.message, { role: "user", content: script("three") });
-    await stopChild(engines[1]!.proc, 5_000);
+    await stopChild(fleet.engines[1]!.proc, 5_000);
     const res = await oa(s).chat.completions.create({ model: "m", messages });
     expect(res.choices[0]!.message.content).toBe("three");
     expect(await lostCount(s)).toBe(0);
     const recs = await records(s);
     expect(recs.map((r) => r.seq)).toEqual([0, 1]);
-    expect(recs[0]).toMatchObject({ engine: engines[1]!.ready });
-    expect(recs[1]!.engine).not.toBe(engines[1]!.ready);
+    expect(recs[0]).toMatchObject({ engine: fleet.engines[1]!.ready });
+    expect(recs[1]!.engine).not.toBe(fleet.engines[1]!.ready);
     expect(recs[1]).toMatchObject({ rerouted_from: { engine: 1, dp_rank: 0 } });
     await expectWholeTrajectory(s, recs);
     expect(await retriedMetric()).toBe(before + 1);
@@ -164,7 +142,7 @@ describe("a call whose engine is dead before it answered anything", () => {
     expect(await lostCount(s)).toBe(0);
     const recs = await records(s);
     expect(recs.map((r) => r.seq)).toEqual([0, 1]);
-    expect(recs[1]).toMatchObject({ engine: engines[2]!.ready, rerouted_from: { engine: 0, dp_rank: 0 } });
+    expect(recs[1]).toMatchObject({ engine: fleet.engines[2]!.ready, rerouted_from: { engine: 0, dp_rank: 0 } });
     await expectWholeTrajectory(s, recs);
     expect(await retriedMetric()).toBe(before + 1);
   }, 30_000);

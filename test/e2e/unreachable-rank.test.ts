@@ -6,42 +6,18 @@
  * Two real engine-sim processes (one killed), a real gateway and Redis, the OpenAI SDK as agent.
  */
 import type { CompletionRecord } from "@rollgate/protocol";
-import type { StartedChild } from "@rollgate/testkit";
-import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startApp, stopChild } from "../support/apps.js";
-import { apiClient } from "../support/http.js";
+import { EngineFleet } from "../support/engine-fleet.js";
 import { poll } from "../support/poll.js";
-import { dropPrefix, uniquePrefix } from "../support/redis.js";
 
-const prefix = uniquePrefix("unreachable-rank");
-let engines: StartedChild[] = [];
-let gw: StartedChild;
-const api = apiClient(() => gw.ready);
+const fleet = new EngineFleet("unreachable-rank", 2, 20);
+const { api } = fleet;
+const open = fleet.open;
+const oa = fleet.openai;
 
-beforeAll(async () => {
-  engines = await Promise.all([0, 1].map(() => startApp("engine-sim", ["--port", "0", "--dp", "1", "--tpot-ms", "20"], {})));
-  gw = await startApp("gateway", ["--port", "0"], {
-    ROLLGATE_KEY_PREFIX: prefix,
-    ROLLGATE_ENGINES: JSON.stringify(engines.map((e) => ({ kind: "vllm", url: e.ready, dp_size: 1, profile: "qwen3" }))),
-    // No periodic round comes during the test: only the failed call can have the rank probed.
-    ROLLGATE_HEALTH_INTERVAL_S: "600",
-    ROLLGATE_HEALTH_FAILURES: "2",
-  });
-}, 60_000);
+beforeAll(fleet.start, 60_000);
+afterAll(fleet.stop);
 
-afterAll(async () => {
-  await stopChild(gw.proc, 5_000);
-  await Promise.all(engines.map((e) => stopChild(e.proc, 5_000)));
-  await dropPrefix(prefix);
-});
-
-type Sess = { id: string; token: string; engine: number };
-const open = async (): Promise<Sess> => {
-  const s = (await api("/v1/sessions", { body: {} })).body as { id: string; token: string };
-  return { ...s, engine: (await api(`/v1/sessions/${s.id}`)).body.assignment.engine as number };
-};
-const oa = (s: Sess) => new OpenAI({ baseURL: `${gw.ready}/s/${s.id}/v1`, apiKey: s.token, maxRetries: 0 });
 const script = (text: string, tokens = 0) => `go\n#sim: ${JSON.stringify([{ text, ...(tokens ? { tokens } : {}) }])}`;
 
 describe("a call that finds its engine unreachable", () => {
@@ -58,7 +34,7 @@ describe("a call that finds its engine unreachable", () => {
     const failed = (async () => {
       let first = true;
       for await (const _chunk of stream) {
-        if (first) engines[0]!.proc.kill("SIGKILL");
+        if (first) fleet.engines[0]!.proc.kill("SIGKILL");
         first = false;
       }
     })().catch((e: unknown) => e);
@@ -73,7 +49,7 @@ describe("a call that finds its engine unreachable", () => {
       const res = await oa(s).chat.completions.create({ model: "m", messages: [{ role: "user", content: script("two") }] });
       expect(res.choices[0]!.message.content).toBe("two");
       const recs = (await api(`/v1/sessions/${s.id}/completions`)).body.completions as CompletionRecord[];
-      expect(recs.at(-1)).toMatchObject({ engine: engines[1]!.ready, rerouted_from: { engine: 0, dp_rank: 0 } });
+      expect(recs.at(-1)).toMatchObject({ engine: fleet.engines[1]!.ready, rerouted_from: { engine: 0, dp_rank: 0 } });
       expect((await api(`/v1/sessions/${s.id}`)).body.lost_calls.count).toBe(0);
     }
     // The one call that was on the engine when it died is lost (its rollout is not scored).

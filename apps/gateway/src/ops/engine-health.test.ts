@@ -27,7 +27,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await sim.close();
-  await dropPrefixes([prefix, `${prefix}-calls`, `${prefix}-off`]);
+  await dropPrefixes([prefix, `${prefix}-calls`, `${prefix}-off`, `${prefix}-race`]);
   redis.disconnect();
 });
 
@@ -83,7 +83,6 @@ describe("EngineHealth", () => {
       await health.callFailed("0:1");
       expect(await new RankRouter(redis, keyPrefix).downRanks()).toEqual(new Set(["0:1"]));
       expect(health.isDown("0:1")).toBe(true);
-      await dropPrefixes([keyPrefix]);
     });
 
     it("drains nothing without periodic rounds (nothing would bring the rank back) or while inference is paused", async () => {
